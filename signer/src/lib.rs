@@ -1,0 +1,1 @@
+//! podca PKI core.

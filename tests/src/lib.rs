@@ -1,0 +1,1 @@
+//! The Kubernetes API emulator and end-to-end test support for podca.
