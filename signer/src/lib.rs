@@ -1,1 +1,17 @@
-//! podca PKI core.
+//! podca's PKI core: subject keys, CA key backends, CAs, issuance policy, validity math and the
+//! issuance ledger. No Kubernetes and no gRPC here: both edges call [`sign_request`].
+
+pub mod backend;
+pub mod ca;
+pub mod issue;
+pub mod keys;
+pub mod policy;
+pub mod schedule;
+pub mod x509;
+
+pub use backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};
+pub use ca::{CaCertificate, CaError, IssuingCa};
+pub use issue::{CertificateRequest, IssueError, IssuedCertificate, Outcome, sign_request};
+pub use keys::{KeyError, KeyType, SubjectKey};
+pub use policy::{Decision, SignerPolicy};
+pub use schedule::{Validity, ValidityError, plan_validity};

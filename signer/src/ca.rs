@@ -1,0 +1,425 @@
+//! Certificate authorities: CA certificates, and the issuing CA (key + certificate + chain).
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyIdMethod,
+    KeyUsagePurpose, PublicKeyData, SerialNumber,
+};
+use time::{Duration, OffsetDateTime};
+use x509_parser::extensions::ParsedExtension;
+
+use crate::backend::{BackendError, CaKey};
+use crate::x509::{self, CertError};
+
+/// Why a CA could not be built or loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaError {
+    #[error(transparent)]
+    Certificate(#[from] CertError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("certificate {subject:?} is not a CA (basicConstraints cA is not true)")]
+    NotACa { subject: String },
+    #[error("the CA key does not match the public key of certificate {subject:?}")]
+    KeyMismatch { subject: String },
+    #[error("certificate {subject:?} is not signed by {issuer:?}: {detail}")]
+    BrokenChain {
+        subject: String,
+        issuer: String,
+        detail: String,
+    },
+    #[error("certificate {subject:?} has expired (notAfter {not_after})")]
+    Expired {
+        subject: String,
+        not_after: OffsetDateTime,
+    },
+    #[error("building a certificate failed: {0}")]
+    Build(String),
+}
+
+/// A parsed CA (or any) certificate with the facts podca needs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CaCertificate {
+    der: Vec<u8>,
+    subject: String,
+    issuer: String,
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+    is_ca: bool,
+    spki: Vec<u8>,
+    subject_key_id: Option<Vec<u8>>,
+    signature_oid: String,
+    tbs: Vec<u8>,
+    signature: Vec<u8>,
+}
+
+impl fmt::Debug for CaCertificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CaCertificate")
+            .field("subject", &self.subject)
+            .field("not_after", &self.not_after)
+            .field("sha256", &self.fingerprint())
+            .finish()
+    }
+}
+
+impl CaCertificate {
+    /// Parses a DER certificate.
+    pub fn from_der(der: &[u8]) -> Result<Self, CertError> {
+        let cert = x509::parse_certificate(der, 0)?;
+        let is_ca = cert
+            .basic_constraints()
+            .ok()
+            .flatten()
+            .is_some_and(|bc| bc.value.ca);
+        let subject_key_id = cert.extensions().iter().find_map(|e| match e.parsed_extension() {
+            ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0.to_vec()),
+            _ => None,
+        });
+        Ok(CaCertificate {
+            der: der.to_vec(),
+            subject: cert.subject().to_string(),
+            issuer: cert.issuer().to_string(),
+            not_before: x509::to_offset(cert.validity().not_before),
+            not_after: x509::to_offset(cert.validity().not_after),
+            is_ca,
+            spki: cert.public_key().raw.to_vec(),
+            subject_key_id,
+            signature_oid: cert.signature_algorithm.algorithm.to_id_string(),
+            tbs: cert.tbs_certificate.as_ref().to_vec(),
+            signature: cert.signature_value.data.to_vec(),
+        })
+    }
+
+    /// Parses every certificate of a PEM bundle.
+    pub fn all_from_pem(text: &str) -> Result<Vec<Self>, CertError> {
+        x509::certificates_from_pem(text)?
+            .iter()
+            .enumerate()
+            .map(|(i, der)| {
+                Self::from_der(der).map_err(|e| match e {
+                    CertError::Parse { detail, .. } => CertError::Parse { index: i, detail },
+                    other => other,
+                })
+            })
+            .collect()
+    }
+
+    pub fn der(&self) -> &[u8] {
+        &self.der
+    }
+    pub fn pem(&self) -> String {
+        x509::certificates_to_pem([self.der.as_slice()])
+    }
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+    pub fn not_before(&self) -> OffsetDateTime {
+        self.not_before
+    }
+    pub fn not_after(&self) -> OffsetDateTime {
+        self.not_after
+    }
+    pub fn is_ca(&self) -> bool {
+        self.is_ca
+    }
+    pub fn spki_der(&self) -> &[u8] {
+        &self.spki
+    }
+    /// SHA-256 fingerprint of the DER certificate, lowercase hex.
+    pub fn fingerprint(&self) -> String {
+        x509::sha256_hex(&self.der)
+    }
+    /// Whether the certificate names itself as issuer and its signature verifies with its key.
+    pub fn is_self_signed(&self) -> bool {
+        self.subject == self.issuer && self.verify_signed_by(self).is_ok()
+    }
+
+    /// Checks that `issuer`'s key signed this certificate.
+    pub fn verify_signed_by(&self, issuer: &CaCertificate) -> Result<(), CaError> {
+        x509::verify_signature(&issuer.spki, &self.signature_oid, &self.tbs, &self.signature)
+            .map_err(|e| CaError::BrokenChain {
+                subject: self.subject.clone(),
+                issuer: issuer.subject.clone(),
+                detail: e.to_string(),
+            })
+    }
+}
+
+/// The rcgen signing key of an issuing CA: a shared [`CaKey`] plus the last backend error.
+struct SharedKey {
+    key: Arc<dyn CaKey>,
+    error: Mutex<Option<BackendError>>,
+}
+
+impl PublicKeyData for SharedKey {
+    fn der_bytes(&self) -> &[u8] {
+        self.key.public_key_raw()
+    }
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        self.key.algorithm().rcgen()
+    }
+}
+
+impl rcgen::SigningKey for SharedKey {
+    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+        self.key.sign(msg).map_err(|e| {
+            if let Ok(mut slot) = self.error.lock() {
+                *slot = Some(e);
+            }
+            rcgen::Error::RemoteKeyError
+        })
+    }
+}
+
+/// A CA that signs: its key, its certificate, the intermediates that lead to a root, and the
+/// root(s) that relying parties trust.
+pub struct IssuingCa {
+    certificate: CaCertificate,
+    /// Certificates sent after a leaf: the issuing certificate unless it is a root, then every
+    /// intermediate up to (never including) the root.
+    chain: Vec<CaCertificate>,
+    roots: Vec<CaCertificate>,
+    issuer: rcgen::Issuer<'static, SharedKey>,
+}
+
+impl fmt::Debug for IssuingCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IssuingCa")
+            .field("certificate", &self.certificate)
+            .field("chain_len", &self.chain.len())
+            .field("roots", &self.roots)
+            .field("key", &self.issuer.key().key)
+            .finish()
+    }
+}
+
+impl IssuingCa {
+    /// A self-signed root that issues leaves directly.
+    pub fn self_signed_root(
+        key: Arc<dyn CaKey>,
+        common_name: &str,
+        now: OffsetDateTime,
+        validity: Duration,
+    ) -> Result<Self, CaError> {
+        let params = ca_params(common_name, now, validity, None)?;
+        let signing = shared(Arc::clone(&key));
+        let cert = params.self_signed(&signing).map_err(|e| build_error(e, &signing))?;
+        let certificate = CaCertificate::from_der(cert.der())?;
+        Self::assemble(key, certificate.clone(), vec![], vec![certificate])
+    }
+
+    /// Signs a new intermediate CA for `key` with this CA. The intermediate cannot outlive
+    /// this CA.
+    pub fn sign_intermediate(
+        &self,
+        key: Arc<dyn CaKey>,
+        common_name: &str,
+        now: OffsetDateTime,
+        validity: Duration,
+    ) -> Result<IssuingCa, CaError> {
+        let not_after_cap = self.certificate.not_after;
+        let mut params = ca_params(common_name, now, validity, Some(0))?;
+        if params.not_after > not_after_cap {
+            params.not_after = not_after_cap;
+        }
+        let signing = shared(Arc::clone(&key));
+        let cert = params
+            .signed_by(&signing, &self.issuer)
+            .map_err(|e| build_error(e, self.issuer.key()))?;
+        let certificate = CaCertificate::from_der(cert.der())?;
+        let mut chain = vec![certificate.clone()];
+        chain.extend(self.chain.iter().cloned());
+        Self::assemble(key, certificate, chain, self.roots.clone())
+    }
+
+    /// Loads an issuing CA from its key and PEM certificates: `chain_pem` holds the issuing
+    /// certificate first, then any intermediates, optionally ending with the root;
+    /// `roots_pem` holds the trust anchors (may be empty when the chain ends in a root).
+    /// Checks that the key matches, that every certificate is a CA and that the chain links up
+    /// to one of the roots.
+    pub fn from_pem(
+        key: Arc<dyn CaKey>,
+        chain_pem: &str,
+        roots_pem: Option<&str>,
+    ) -> Result<Self, CaError> {
+        let mut certs = CaCertificate::all_from_pem(chain_pem)?;
+        let mut roots = match roots_pem {
+            Some(text) if !text.trim().is_empty() => CaCertificate::all_from_pem(text)?,
+            _ => vec![],
+        };
+        if let Some(last) = certs.last()
+            && last.is_self_signed()
+            && (certs.len() > 1 || roots.is_empty())
+        {
+            let root = certs.pop().expect("last() returned Some");
+            if !roots.contains(&root) {
+                roots.push(root.clone());
+            }
+            if certs.is_empty() {
+                // The issuing certificate is itself the root.
+                return Self::assemble(key, root, vec![], roots);
+            }
+        }
+        let certificate = certs[0].clone();
+        Self::assemble(key, certificate, certs, roots)
+    }
+
+    fn assemble(
+        key: Arc<dyn CaKey>,
+        certificate: CaCertificate,
+        chain: Vec<CaCertificate>,
+        roots: Vec<CaCertificate>,
+    ) -> Result<Self, CaError> {
+        if key.public_key_spki() != certificate.spki {
+            return Err(CaError::KeyMismatch {
+                subject: certificate.subject.clone(),
+            });
+        }
+        for c in chain.iter().chain(&roots).chain([&certificate]) {
+            if !c.is_ca {
+                return Err(CaError::NotACa {
+                    subject: c.subject.clone(),
+                });
+            }
+        }
+        // Each chain certificate must be signed by the next, the last by one of the roots.
+        for pair in chain.windows(2) {
+            pair[0].verify_signed_by(&pair[1])?;
+        }
+        let top = chain.last().unwrap_or(&certificate);
+        let anchored = roots.iter().any(|r| top.verify_signed_by(r).is_ok());
+        if !anchored {
+            return Err(CaError::BrokenChain {
+                subject: top.subject.clone(),
+                issuer: "any configured trust anchor".into(),
+                detail: "no root verifies it".into(),
+            });
+        }
+        let issuer = rcgen::Issuer::from_ca_cert_der(&certificate.der.as_slice().into(), shared(key))
+            .map_err(|e| CaError::Build(e.to_string()))?;
+        Ok(IssuingCa {
+            certificate,
+            chain,
+            roots,
+            issuer,
+        })
+    }
+
+    /// The certificate whose key signs leaves.
+    pub fn certificate(&self) -> &CaCertificate {
+        &self.certificate
+    }
+    /// The certificates that follow a leaf in an issued chain (never a root).
+    pub fn chain(&self) -> &[CaCertificate] {
+        &self.chain
+    }
+    /// The trust anchors.
+    pub fn roots(&self) -> &[CaCertificate] {
+        &self.roots
+    }
+    /// The CA key.
+    pub fn key(&self) -> &Arc<dyn CaKey> {
+        &self.issuer.key().key
+    }
+    /// The issuing certificate followed by the chain up to the root, as PEM.
+    pub fn chain_pem(&self) -> String {
+        let mut ders: Vec<&[u8]> = vec![];
+        if self.chain.first() != Some(&self.certificate) {
+            ders.push(&self.certificate.der);
+        }
+        ders.extend(self.chain.iter().map(|c| c.der.as_slice()));
+        x509::certificates_to_pem(ders)
+    }
+    /// The trust anchors as PEM.
+    pub fn roots_pem(&self) -> String {
+        x509::certificates_to_pem(self.roots.iter().map(|c| c.der.as_slice()))
+    }
+    /// The earliest notAfter along the chain: no leaf may outlive it.
+    pub fn not_after(&self) -> OffsetDateTime {
+        self.chain
+            .iter()
+            .chain([&self.certificate])
+            .map(|c| c.not_after)
+            .min()
+            .unwrap_or(self.certificate.not_after)
+    }
+
+    pub(crate) fn rcgen_issuer(&self) -> &rcgen::Issuer<'static, impl rcgen::SigningKey> {
+        &self.issuer
+    }
+
+    pub(crate) fn take_backend_error(&self) -> Option<BackendError> {
+        self.issuer
+            .key()
+            .error
+            .lock()
+            .map(|mut e| e.take())
+            .unwrap_or(None)
+    }
+}
+
+fn shared(key: Arc<dyn CaKey>) -> SharedKey {
+    SharedKey {
+        key,
+        error: Mutex::new(None),
+    }
+}
+
+fn build_error(e: rcgen::Error, signing: &SharedKey) -> CaError {
+    let backend = signing.error.lock().map(|mut s| s.take()).unwrap_or(None);
+    match backend {
+        Some(b) => CaError::Backend(b),
+        None => CaError::Build(e.to_string()),
+    }
+}
+
+/// A random positive serial of 16 bytes (126 bits of entropy; the top two bits are fixed so the
+/// DER encoding is always 16 bytes and never negative).
+pub(crate) fn random_serial() -> SerialNumber {
+    let mut bytes = [0u8; 16];
+    // aws-lc-rs's system RNG only fails if the OS has no entropy source at all.
+    aws_lc_rs::rand::fill(&mut bytes).expect("the system random number generator failed");
+    bytes[0] = (bytes[0] & 0x3f) | 0x40;
+    SerialNumber::from_slice(&bytes)
+}
+
+fn ca_params(
+    common_name: &str,
+    now: OffsetDateTime,
+    validity: Duration,
+    path_len: Option<u8>,
+) -> Result<CertificateParams, CaError> {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "podca");
+    dn.push(DnType::CommonName, common_name);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(match path_len {
+        Some(n) => BasicConstraints::Constrained(n),
+        None => BasicConstraints::Unconstrained,
+    });
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.key_identifier_method = KeyIdMethod::Sha256;
+    params.use_authority_key_identifier_extension = path_len.is_some();
+    let start = whole_seconds(now) - Duration::minutes(5);
+    params.not_before = start;
+    params.not_after = start + validity;
+    params.serial_number = Some(random_serial());
+    Ok(params)
+}
+
+/// Truncates to a whole second: certificates and Kubernetes timestamps carry no fractions.
+pub fn whole_seconds(t: OffsetDateTime) -> OffsetDateTime {
+    t.replace_nanosecond(0).unwrap_or(t)
+}

@@ -1,0 +1,198 @@
+//! Leaf issuance with the X.509-SVID profile, and the one entry point callers use:
+//! [`sign_request`] (policy → validity → certificate).
+
+use std::collections::BTreeMap;
+
+use rcgen::{
+    CertificateParams, DistinguishedName, ExtendedKeyUsagePurpose, IsCa, KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+use crate::backend::BackendError;
+use crate::ca::{IssuingCa, random_serial};
+use crate::keys::{KeyError, SubjectKey};
+use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy, reason};
+use crate::schedule::{Validity, ValidityError, ValidityInput, plan_validity};
+use crate::x509;
+
+/// A certificate podca issued.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssuedCertificate {
+    /// Leaf then intermediates, header-less PEM CERTIFICATE blocks (never the root).
+    pub chain_pem: String,
+    pub leaf_der: Vec<u8>,
+    /// Serial number, lowercase hex.
+    pub serial: String,
+    pub validity: Validity,
+    pub spiffe_id: String,
+    pub dns_names: Vec<String>,
+    /// SHA-256 of the subject SPKI, lowercase hex.
+    pub spki_sha256: String,
+    /// SHA-256 fingerprint of the issuing CA certificate.
+    pub issuer_fingerprint: String,
+}
+
+/// Why building a leaf failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IssueError {
+    /// The CA key backend could not sign; transient ones should be retried.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// rcgen refused the parameters (a bug or a bad template).
+    #[error("building the certificate failed: {0}")]
+    Build(String),
+}
+
+impl IssuingCa {
+    /// Signs a leaf for `subject` with the SVID profile.
+    pub fn issue(
+        &self,
+        subject: &SubjectKey,
+        spiffe_id: &str,
+        dns_names: &[String],
+        validity: &Validity,
+    ) -> Result<IssuedCertificate, IssueError> {
+        let mut params = CertificateParams::default();
+        // X.509-SVID: empty subject, the SPIFFE ID as the only URI SAN (critical, because the
+        // subject is empty: rcgen marks it so).
+        params.distinguished_name = DistinguishedName::new();
+        let uri = spiffe_id
+            .to_owned()
+            .try_into()
+            .map_err(|e: rcgen::Error| IssueError::Build(format!("SPIFFE ID: {e}")))?;
+        params.subject_alt_names = vec![SanType::URI(uri)];
+        for name in dns_names {
+            let dns = name
+                .clone()
+                .try_into()
+                .map_err(|e: rcgen::Error| IssueError::Build(format!("DNS name {name:?}: {e}")))?;
+            params.subject_alt_names.push(SanType::DnsName(dns));
+        }
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if subject.key_type().is_rsa() {
+            params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
+        }
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        params.not_before = validity.not_before;
+        params.not_after = validity.not_after;
+        let serial = random_serial();
+        let serial_hex = hex::encode(serial.as_ref());
+        params.serial_number = Some(serial);
+
+        let leaf = params
+            .signed_by(subject, self.rcgen_issuer())
+            .map_err(|e| match self.take_backend_error() {
+                Some(b) => IssueError::Backend(b),
+                None => IssueError::Build(e.to_string()),
+            })?;
+        let leaf_der = leaf.der().to_vec();
+        let mut ders: Vec<&[u8]> = vec![&leaf_der];
+        ders.extend(self.chain().iter().map(|c| c.der()));
+        Ok(IssuedCertificate {
+            chain_pem: x509::certificates_to_pem(ders),
+            serial: serial_hex,
+            validity: *validity,
+            spiffe_id: spiffe_id.to_owned(),
+            dns_names: dns_names.to_vec(),
+            spki_sha256: hex::encode(subject.spki_sha256()),
+            issuer_fingerprint: self.certificate().fingerprint(),
+            leaf_der,
+        })
+    }
+}
+
+/// A request for a certificate, from a PodCertificateRequest or the gRPC API.
+#[derive(Debug, Clone)]
+pub struct CertificateRequest {
+    /// The subject key, or why it was not accepted (an unsupported key is a Denied answer).
+    pub key: Result<SubjectKey, KeyError>,
+    pub namespace: String,
+    pub service_account: String,
+    pub pod_name: Option<String>,
+    /// `spec.maxExpirationSeconds` (PodCertificateRequests only).
+    pub max_expiration: Option<Duration>,
+    /// Lifetime the client asked for (gRPC only).
+    pub requested_lifetime: Option<Duration>,
+    pub user_annotations: BTreeMap<String, String>,
+}
+
+/// The answer to a [`CertificateRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Issued(Box<IssuedCertificate>),
+    /// Permanent refusal (kubelet never retries).
+    Denied { reason: &'static str, message: String },
+    /// Permanent inability to issue (kubelet never retries).
+    Failed { reason: &'static str, message: String },
+    /// Transient trouble (CA backend unavailable): leave the request pending and retry.
+    Retry(BackendError),
+}
+
+/// Decides and, when policy allows, issues: policy → validity → leaf.
+pub fn sign_request(
+    policy: &SignerPolicy,
+    ca: &IssuingCa,
+    request: &CertificateRequest,
+    now: OffsetDateTime,
+) -> Outcome {
+    let facts = RequestFacts {
+        namespace: &request.namespace,
+        service_account: &request.service_account,
+        pod_name: request.pod_name.as_deref(),
+        key_type: request.key.as_ref().map(SubjectKey::key_type),
+        user_annotations: &request.user_annotations,
+    };
+    let plan: LeafPlan = match policy.decide(&facts) {
+        Decision::Issue(plan) => plan,
+        Decision::Deny { reason, message } => return Outcome::Denied { reason, message },
+        Decision::Fail { reason, message } => return Outcome::Failed { reason, message },
+    };
+    let Ok(subject) = &request.key else {
+        // decide() denies every key error, so this is unreachable in practice; answer anyway.
+        return Outcome::Denied {
+            reason: reason::MALFORMED_PUBLIC_KEY,
+            message: "the request carries no usable public key".into(),
+        };
+    };
+    let validity = match plan_validity(&ValidityInput {
+        now,
+        requested: request.requested_lifetime,
+        policy_default: plan.policy_default,
+        policy_max: plan.policy_max,
+        max_expiration: request.max_expiration,
+        ca_not_before: ca.certificate().not_before(),
+        ca_not_after: ca.not_after(),
+    }) {
+        Ok(v) => v,
+        Err(e @ ValidityError::CaExpiresTooSoon { .. }) => {
+            return Outcome::Failed {
+                reason: reason::CA_EXPIRES_TOO_SOON,
+                message: e.to_string(),
+            };
+        }
+        Err(e) => {
+            return Outcome::Failed {
+                reason: reason::LIFETIME_NOT_SATISFIABLE,
+                message: e.to_string(),
+            };
+        }
+    };
+    match ca.issue(subject, &plan.spiffe_id, &plan.dns_names, &validity) {
+        Ok(cert) => Outcome::Issued(Box::new(cert)),
+        Err(IssueError::Backend(b)) if b.is_transient() => Outcome::Retry(b),
+        Err(IssueError::Backend(b)) => Outcome::Failed {
+            reason: "CAKeyUnusable",
+            message: b.to_string(),
+        },
+        Err(IssueError::Build(m)) => Outcome::Failed {
+            reason: "CertificateBuildFailed",
+            message: m,
+        },
+    }
+}

@@ -1,0 +1,409 @@
+//! Subject public keys: what a PodCertificateRequest or a CSR asks us to certify.
+//!
+//! The key is taken from a DER PKCS#10 stub CSR (the 1.36+ and v1 field), from a DER
+//! SubjectPublicKeyInfo plus proof of possession (the legacy v1beta1 fields), or from a
+//! CSR whose self-signature we check ourselves (the gRPC path, where no kube-apiserver did).
+//! The SPKI bytes are kept verbatim and end up unchanged in the certificate (spec §5.2.5).
+
+use std::fmt;
+use std::str::FromStr;
+
+use aws_lc_rs::digest;
+use aws_lc_rs::signature::{self, RsaPssSaltLength, UnparsedPublicKey, VerificationAlgorithm};
+use rcgen::PublicKeyData;
+use x509_parser::certification_request::X509CertificationRequest;
+use x509_parser::prelude::FromDer;
+use x509_parser::public_key::PublicKey;
+use x509_parser::x509::SubjectPublicKeyInfo;
+
+/// The subject key types kubelet can request (spec §1.5, §5.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub enum KeyType {
+    #[serde(rename = "RSA3072")]
+    Rsa3072,
+    #[serde(rename = "RSA4096")]
+    Rsa4096,
+    #[serde(rename = "ECDSAP256")]
+    EcdsaP256,
+    #[serde(rename = "ECDSAP384")]
+    EcdsaP384,
+    #[serde(rename = "ECDSAP521")]
+    EcdsaP521,
+    #[serde(rename = "ED25519")]
+    Ed25519,
+}
+
+impl KeyType {
+    /// Every supported key type, in kubelet's order.
+    pub const ALL: [KeyType; 6] = [
+        KeyType::Rsa3072,
+        KeyType::Rsa4096,
+        KeyType::EcdsaP256,
+        KeyType::EcdsaP384,
+        KeyType::EcdsaP521,
+        KeyType::Ed25519,
+    ];
+
+    /// The name kubelet and the `podCertificate` projection use (`ECDSAP256`, …).
+    pub fn kubelet_name(self) -> &'static str {
+        match self {
+            KeyType::Rsa3072 => "RSA3072",
+            KeyType::Rsa4096 => "RSA4096",
+            KeyType::EcdsaP256 => "ECDSAP256",
+            KeyType::EcdsaP384 => "ECDSAP384",
+            KeyType::EcdsaP521 => "ECDSAP521",
+            KeyType::Ed25519 => "ED25519",
+        }
+    }
+
+    /// Whether certificates for this key get keyEncipherment (RSA only).
+    pub fn is_rsa(self) -> bool {
+        matches!(self, KeyType::Rsa3072 | KeyType::Rsa4096)
+    }
+
+    /// A comma-separated list of every supported kubelet name, for error messages.
+    pub fn supported_list() -> String {
+        KeyType::ALL.map(KeyType::kubelet_name).join(", ")
+    }
+}
+
+impl fmt::Display for KeyType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kubelet_name())
+    }
+}
+
+impl FromStr for KeyType {
+    type Err = KeyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        KeyType::ALL
+            .into_iter()
+            .find(|k| k.kubelet_name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| KeyError::UnsupportedKeyType {
+                found: format!("key type name {s:?}"),
+            })
+    }
+}
+
+/// Why a subject key could not be accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The input is not well-formed DER of the expected structure.
+    #[error("malformed {what}: {detail}")]
+    Malformed { what: &'static str, detail: String },
+    /// A well-formed key of a type podca does not certify.
+    #[error("unsupported key type: {found}; supported key types are {}", KeyType::supported_list())]
+    UnsupportedKeyType { found: String },
+    /// The CSR self-signature or the proof of possession does not verify.
+    #[error("{what} does not verify against the subject public key")]
+    BadSignature { what: &'static str },
+}
+
+/// A public key that podca will certify, with its SPKI bytes exactly as requested.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SubjectKey {
+    key_type: KeyType,
+    spki_der: Vec<u8>,
+    /// The BIT STRING content of the SPKI (what rcgen calls the public key DER).
+    raw_public_key: Vec<u8>,
+    algorithm: &'static rcgen::SignatureAlgorithm,
+}
+
+impl fmt::Debug for SubjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubjectKey")
+            .field("key_type", &self.key_type)
+            .field("spki_sha256", &hex::encode(self.spki_sha256()))
+            .finish()
+    }
+}
+
+impl SubjectKey {
+    /// Parses and classifies a DER SubjectPublicKeyInfo.
+    pub fn from_spki_der(der: &[u8]) -> Result<Self, KeyError> {
+        let (rest, spki) = SubjectPublicKeyInfo::from_der(der).map_err(|e| KeyError::Malformed {
+            what: "SubjectPublicKeyInfo",
+            detail: e.to_string(),
+        })?;
+        if !rest.is_empty() {
+            return Err(KeyError::Malformed {
+                what: "SubjectPublicKeyInfo",
+                detail: format!("{} trailing bytes", rest.len()),
+            });
+        }
+        Self::from_parsed_spki(&spki, der)
+    }
+
+    /// Takes the key from a DER PKCS#10 stub CSR without checking its self-signature.
+    ///
+    /// This is the PodCertificateRequest path: kube-apiserver verified the signature at create
+    /// time (spec rule 8.2), so we do not pay for it again. Nothing but the key is used.
+    pub fn from_stub_csr(der: &[u8]) -> Result<Self, KeyError> {
+        let csr = parse_csr(der)?;
+        let spki = &csr.certification_request_info.subject_pki;
+        Self::from_parsed_spki(spki, spki.raw)
+    }
+
+    /// Takes the key from a DER PKCS#10 CSR and verifies the CSR's self-signature.
+    ///
+    /// This is the gRPC path, where no kube-apiserver checked the request.
+    pub fn from_csr_verified(der: &[u8]) -> Result<Self, KeyError> {
+        let csr = parse_csr(der)?;
+        let spki = &csr.certification_request_info.subject_pki;
+        let key = Self::from_parsed_spki(spki, spki.raw)?;
+        let sig_oid = csr.signature_algorithm.algorithm.to_id_string();
+        let alg = csr_verification_algorithm(key.key_type, &sig_oid).ok_or_else(|| {
+            KeyError::Malformed {
+                what: "CSR",
+                detail: format!(
+                    "signature algorithm {sig_oid} does not fit a {} key",
+                    key.key_type
+                ),
+            }
+        })?;
+        let signed = csr.certification_request_info.raw;
+        UnparsedPublicKey::new(alg, &key.raw_public_key)
+            .verify(signed, &csr.signature_value.data)
+            .map_err(|_| KeyError::BadSignature {
+                what: "CSR self-signature",
+            })?;
+        Ok(key)
+    }
+
+    /// Takes the key from the legacy `pkixPublicKey` and checks `proofOfPossession`, a
+    /// signature over the ASCII pod UID (spec §5.3).
+    pub fn from_pkix_with_proof(
+        spki_der: &[u8],
+        proof_of_possession: &[u8],
+        pod_uid: &str,
+    ) -> Result<Self, KeyError> {
+        let key = Self::from_spki_der(spki_der)?;
+        let message = pod_uid.as_bytes();
+        let verified = match key.key_type {
+            KeyType::Ed25519 => verify(&signature::ED25519, &key, message, proof_of_possession),
+            KeyType::EcdsaP256 => verify(
+                &signature::ECDSA_P256_SHA256_ASN1,
+                &key,
+                message,
+                proof_of_possession,
+            ),
+            KeyType::EcdsaP384 => verify(
+                &signature::ECDSA_P384_SHA256_ASN1,
+                &key,
+                message,
+                proof_of_possession,
+            ),
+            KeyType::EcdsaP521 => verify(
+                &signature::ECDSA_P521_SHA256_ASN1,
+                &key,
+                message,
+                proof_of_possession,
+            ),
+            // Go's SignPSS with nil options uses the largest salt; accept the digest-length
+            // salt too, which other signers use.
+            KeyType::Rsa3072 | KeyType::Rsa4096 => {
+                verify(
+                    &const {
+                        signature::RSA_PSS_2048_8192_SHA256
+                            .with_pss_salt_length(RsaPssSaltLength::Max)
+                    },
+                    &key,
+                    message,
+                    proof_of_possession,
+                ) || verify(
+                    &signature::RSA_PSS_2048_8192_SHA256,
+                    &key,
+                    message,
+                    proof_of_possession,
+                )
+            }
+        };
+        if verified {
+            Ok(key)
+        } else {
+            Err(KeyError::BadSignature {
+                what: "proof of possession",
+            })
+        }
+    }
+
+    /// The classified key type.
+    pub fn key_type(&self) -> KeyType {
+        self.key_type
+    }
+
+    /// The SubjectPublicKeyInfo DER exactly as it was requested.
+    pub fn spki_der(&self) -> &[u8] {
+        &self.spki_der
+    }
+
+    /// SHA-256 of the SPKI DER: the key fingerprint recorded in the ledger.
+    pub fn spki_sha256(&self) -> [u8; 32] {
+        let d = digest::digest(&digest::SHA256, &self.spki_der);
+        let mut out = [0u8; 32];
+        out.copy_from_slice(d.as_ref());
+        out
+    }
+
+    fn from_parsed_spki(spki: &SubjectPublicKeyInfo<'_>, der: &[u8]) -> Result<Self, KeyError> {
+        let key_type = classify(spki)?;
+        let key = rcgen::SubjectPublicKeyInfo::from_der(der).map_err(|e| KeyError::Malformed {
+            what: "SubjectPublicKeyInfo",
+            detail: e.to_string(),
+        })?;
+        let this = SubjectKey {
+            key_type,
+            spki_der: der.to_vec(),
+            raw_public_key: key.der_bytes().to_vec(),
+            algorithm: key.algorithm(),
+        };
+        // rcgen writes the SPKI from (algorithm, key bits). Insist that this reproduces the
+        // requested bytes, so the certificate carries the request's SPKI verbatim.
+        if this.subject_public_key_info() != der {
+            return Err(KeyError::Malformed {
+                what: "SubjectPublicKeyInfo",
+                detail: "not in canonical DER form".into(),
+            });
+        }
+        Ok(this)
+    }
+}
+
+impl PublicKeyData for SubjectKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.raw_public_key
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        self.algorithm
+    }
+}
+
+fn verify(
+    alg: &'static dyn VerificationAlgorithm,
+    key: &SubjectKey,
+    message: &[u8],
+    sig: &[u8],
+) -> bool {
+    UnparsedPublicKey::new(alg, &key.raw_public_key)
+        .verify(message, sig)
+        .is_ok()
+}
+
+fn parse_csr(der: &[u8]) -> Result<X509CertificationRequest<'_>, KeyError> {
+    let (rest, csr) = X509CertificationRequest::from_der(der).map_err(|e| KeyError::Malformed {
+        what: "CSR",
+        detail: e.to_string(),
+    })?;
+    if !rest.is_empty() {
+        return Err(KeyError::Malformed {
+            what: "CSR",
+            detail: format!("{} trailing bytes", rest.len()),
+        });
+    }
+    Ok(csr)
+}
+
+const OID_RSA_ENCRYPTION: &str = "1.2.840.113549.1.1.1";
+const OID_EC_PUBLIC_KEY: &str = "1.2.840.10045.2.1";
+const OID_ED25519: &str = "1.3.101.112";
+const OID_P256: &str = "1.2.840.10045.3.1.7";
+const OID_P384: &str = "1.3.132.0.34";
+const OID_P521: &str = "1.3.132.0.35";
+
+fn classify(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyType, KeyError> {
+    let alg = spki.algorithm.algorithm.to_id_string();
+    match alg.as_str() {
+        OID_RSA_ENCRYPTION => {
+            let bits = match spki.parsed() {
+                Ok(PublicKey::RSA(rsa)) => rsa.key_size(),
+                _ => {
+                    return Err(KeyError::Malformed {
+                        what: "RSA public key",
+                        detail: "cannot parse the modulus".into(),
+                    });
+                }
+            };
+            match bits {
+                3072 => Ok(KeyType::Rsa3072),
+                4096 => Ok(KeyType::Rsa4096),
+                n => Err(KeyError::UnsupportedKeyType {
+                    found: format!("RSA-{n}"),
+                }),
+            }
+        }
+        OID_EC_PUBLIC_KEY => {
+            let curve = spki
+                .algorithm
+                .parameters
+                .as_ref()
+                .and_then(|p| p.as_oid().ok())
+                .map(|o| o.to_id_string())
+                .ok_or_else(|| KeyError::Malformed {
+                    what: "EC public key",
+                    detail: "no named curve".into(),
+                })?;
+            match curve.as_str() {
+                OID_P256 => Ok(KeyType::EcdsaP256),
+                OID_P384 => Ok(KeyType::EcdsaP384),
+                OID_P521 => Ok(KeyType::EcdsaP521),
+                other => Err(KeyError::UnsupportedKeyType {
+                    found: format!("EC curve {}", curve_name(other)),
+                }),
+            }
+        }
+        OID_ED25519 => Ok(KeyType::Ed25519),
+        other => Err(KeyError::UnsupportedKeyType {
+            found: format!("algorithm {}", algorithm_name(other)),
+        }),
+    }
+}
+
+fn curve_name(oid: &str) -> String {
+    let name = match oid {
+        "1.3.132.0.10" => "secp256k1",
+        "1.2.840.10045.3.1.1" => "P-192",
+        "1.3.132.0.33" => "P-224",
+        "1.3.36.3.3.2.8.1.1.7" => "brainpoolP256r1",
+        _ => return oid.to_owned(),
+    };
+    format!("{name} ({oid})")
+}
+
+fn algorithm_name(oid: &str) -> String {
+    let name = match oid {
+        "1.2.840.10040.4.1" => "DSA",
+        "1.3.101.113" => "Ed448",
+        "1.3.101.110" => "X25519",
+        "2.16.840.1.101.3.4.3.17" => "ML-DSA-44",
+        "2.16.840.1.101.3.4.3.18" => "ML-DSA-65",
+        "2.16.840.1.101.3.4.3.19" => "ML-DSA-87",
+        "1.2.840.113549.1.1.10" => "RSASSA-PSS",
+        _ => return oid.to_owned(),
+    };
+    format!("{name} ({oid})")
+}
+
+/// The aws-lc-rs algorithm that checks a CSR signed with `sig_oid` by a `key_type` key.
+fn csr_verification_algorithm(
+    key_type: KeyType,
+    sig_oid: &str,
+) -> Option<&'static dyn VerificationAlgorithm> {
+    use KeyType::*;
+    Some(match (key_type, sig_oid) {
+        (Rsa3072 | Rsa4096, "1.2.840.113549.1.1.11") => &signature::RSA_PKCS1_2048_8192_SHA256,
+        (Rsa3072 | Rsa4096, "1.2.840.113549.1.1.12") => &signature::RSA_PKCS1_2048_8192_SHA384,
+        (Rsa3072 | Rsa4096, "1.2.840.113549.1.1.13") => &signature::RSA_PKCS1_2048_8192_SHA512,
+        (EcdsaP256, "1.2.840.10045.4.3.2") => &signature::ECDSA_P256_SHA256_ASN1,
+        (EcdsaP256, "1.2.840.10045.4.3.3") => &signature::ECDSA_P256_SHA384_ASN1,
+        (EcdsaP384, "1.2.840.10045.4.3.2") => &signature::ECDSA_P384_SHA256_ASN1,
+        (EcdsaP384, "1.2.840.10045.4.3.3") => &signature::ECDSA_P384_SHA384_ASN1,
+        (EcdsaP521, "1.2.840.10045.4.3.2") => &signature::ECDSA_P521_SHA256_ASN1,
+        (EcdsaP521, "1.2.840.10045.4.3.3") => &signature::ECDSA_P521_SHA384_ASN1,
+        (EcdsaP521, "1.2.840.10045.4.3.4") => &signature::ECDSA_P521_SHA512_ASN1,
+        (Ed25519, "1.3.101.112") => &signature::ED25519,
+        _ => return None,
+    })
+}

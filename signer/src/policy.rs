@@ -1,0 +1,512 @@
+//! Issuance policy: request facts in, `Issue | Deny | Fail` out. Pure; no clock, no I/O.
+//!
+//! One [`SignerPolicy`] per signer name, read from the config file. The identity is always the
+//! X.509-SVID `spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>`; DNS SANs come from
+//! templates and, where policy allows the name, from the `podca.dev/dns-names` user annotation.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use time::Duration;
+
+use crate::keys::{KeyError, KeyType};
+
+/// The only user-annotation key podca recognises: extra DNS SANs, comma-separated.
+pub const DNS_NAMES_ANNOTATION: &str = "podca.dev/dns-names";
+
+/// Condition reasons podca writes. Each matches `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`
+/// (spec rule 33).
+pub mod reason {
+    pub const ISSUED: &str = "Issued";
+    pub const UNSUPPORTED_KEY_TYPE: &str = "UnsupportedKeyType";
+    pub const INVALID_USER_ANNOTATIONS: &str = "InvalidUnverifiedUserAnnotations";
+    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
+    pub const SERVICE_ACCOUNT_NOT_ALLOWED: &str = "ServiceAccountNotAllowed";
+    pub const MALFORMED_PUBLIC_KEY: &str = "MalformedPublicKey";
+    pub const CA_EXPIRES_TOO_SOON: &str = "CAExpiresTooSoon";
+    pub const LIFETIME_NOT_SATISFIABLE: &str = "LifetimeNotSatisfiable";
+    pub const UNKNOWN_SIGNER: &str = "UnknownSigner";
+    pub const INVALID_DNS_NAME_TEMPLATE: &str = "InvalidDNSNameTemplate";
+
+    /// Every reason above, for tests and docs.
+    pub const ALL: &[&str] = &[
+        ISSUED,
+        UNSUPPORTED_KEY_TYPE,
+        INVALID_USER_ANNOTATIONS,
+        NAMESPACE_NOT_ALLOWED,
+        SERVICE_ACCOUNT_NOT_ALLOWED,
+        MALFORMED_PUBLIC_KEY,
+        CA_EXPIRES_TOO_SOON,
+        LIFETIME_NOT_SATISFIABLE,
+        UNKNOWN_SIGNER,
+        INVALID_DNS_NAME_TEMPLATE,
+    ];
+}
+
+/// The policy of one signer name, as written in the config file.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignerPolicy {
+    /// SPIFFE trust domain, e.g. `cluster.local`.
+    pub trust_domain: String,
+    /// Namespaces that may get certificates (globs, `*` matches anything).
+    #[serde(default = "everything")]
+    pub namespaces: Vec<String>,
+    /// Namespaces that never get certificates, even when `namespaces` matches.
+    #[serde(default)]
+    pub excluded_namespaces: Vec<String>,
+    /// `namespace/service-account` globs that may get certificates.
+    #[serde(default = "every_service_account")]
+    pub service_accounts: Vec<String>,
+    /// Lifetime when the request names none, in seconds.
+    #[serde(default = "default_lifetime")]
+    pub default_lifetime_seconds: u32,
+    /// Longest lifetime this signer issues, in seconds.
+    #[serde(default = "max_lifetime")]
+    pub max_lifetime_seconds: u32,
+    /// Subject key types this signer accepts (kubelet names).
+    #[serde(default = "all_key_types")]
+    pub key_types: Vec<KeyType>,
+    /// DNS SANs every certificate gets; `{ns}`, `{sa}` and `{pod}` are replaced.
+    #[serde(default)]
+    pub dns_name_templates: Vec<String>,
+    /// DNS names a workload may request with the `podca.dev/dns-names` annotation (globs, with
+    /// `{ns}` and `{sa}` replaced). Empty: the annotation is refused.
+    #[serde(default)]
+    pub allowed_dns_names: Vec<String>,
+}
+
+fn everything() -> Vec<String> {
+    vec!["*".into()]
+}
+fn every_service_account() -> Vec<String> {
+    vec!["*/*".into()]
+}
+fn default_lifetime() -> u32 {
+    86_400
+}
+fn max_lifetime() -> u32 {
+    7 * 86_400
+}
+fn all_key_types() -> Vec<KeyType> {
+    KeyType::ALL.to_vec()
+}
+
+/// What is known about a request when policy decides.
+#[derive(Debug, Clone)]
+pub struct RequestFacts<'a> {
+    pub namespace: &'a str,
+    pub service_account: &'a str,
+    pub pod_name: Option<&'a str>,
+    /// The subject key's type, or why the key was not accepted.
+    pub key_type: Result<KeyType, &'a KeyError>,
+    pub user_annotations: &'a BTreeMap<String, String>,
+}
+
+/// What to put into the certificate when policy says yes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeafPlan {
+    pub spiffe_id: String,
+    pub dns_names: Vec<String>,
+    pub policy_default: Duration,
+    pub policy_max: Duration,
+}
+
+/// The policy's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Issue(LeafPlan),
+    Deny { reason: &'static str, message: String },
+    Fail { reason: &'static str, message: String },
+}
+
+/// A policy that cannot work as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid signer policy: {0}")]
+pub struct PolicyError(pub String);
+
+impl SignerPolicy {
+    /// A permissive policy for a trust domain: every namespace and key type, 24 h default.
+    pub fn permissive(trust_domain: &str) -> Self {
+        SignerPolicy {
+            trust_domain: trust_domain.into(),
+            namespaces: everything(),
+            excluded_namespaces: vec![],
+            service_accounts: every_service_account(),
+            default_lifetime_seconds: default_lifetime(),
+            max_lifetime_seconds: max_lifetime(),
+            key_types: all_key_types(),
+            dns_name_templates: vec![],
+            allowed_dns_names: vec![],
+        }
+    }
+
+    /// Checks the policy for mistakes that would make every request fail.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if !is_dns_name(&self.trust_domain) {
+            return Err(PolicyError(format!(
+                "trust_domain {:?} is not a DNS name",
+                self.trust_domain
+            )));
+        }
+        if self.max_lifetime_seconds < 3600 {
+            return Err(PolicyError(format!(
+                "max_lifetime_seconds {} is below the 3600 s Kubernetes minimum",
+                self.max_lifetime_seconds
+            )));
+        }
+        if self.default_lifetime_seconds < 3600
+            || self.default_lifetime_seconds > self.max_lifetime_seconds
+        {
+            return Err(PolicyError(format!(
+                "default_lifetime_seconds {} must be between 3600 and max_lifetime_seconds ({})",
+                self.default_lifetime_seconds, self.max_lifetime_seconds
+            )));
+        }
+        if self.key_types.is_empty() {
+            return Err(PolicyError("key_types is empty".into()));
+        }
+        for sa in &self.service_accounts {
+            if sa.split('/').count() != 2 {
+                return Err(PolicyError(format!(
+                    "service_accounts entry {sa:?} must be namespace/name"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decides a request.
+    pub fn decide(&self, facts: &RequestFacts<'_>) -> Decision {
+        let key_type = match facts.key_type {
+            Ok(k) => k,
+            Err(KeyError::UnsupportedKeyType { .. }) => {
+                return Decision::Deny {
+                    reason: reason::UNSUPPORTED_KEY_TYPE,
+                    message: format!(
+                        "{}; use keyType {} (supported here: {})",
+                        facts.key_type.err().map(|e| e.to_string()).unwrap_or_default(),
+                        self.suggested_key_type(),
+                        self.key_type_list()
+                    ),
+                };
+            }
+            Err(e) => {
+                return Decision::Deny {
+                    reason: reason::MALFORMED_PUBLIC_KEY,
+                    message: e.to_string(),
+                };
+            }
+        };
+        if !self.key_types.contains(&key_type) {
+            return Decision::Deny {
+                reason: reason::UNSUPPORTED_KEY_TYPE,
+                message: format!(
+                    "key type {key_type} is not allowed by this signer's policy; use keyType {} \
+                     (allowed: {})",
+                    self.suggested_key_type(),
+                    self.key_type_list()
+                ),
+            };
+        }
+        let ns = facts.namespace;
+        if !self.namespaces.iter().any(|p| glob(p, ns))
+            || self.excluded_namespaces.iter().any(|p| glob(p, ns))
+        {
+            return Decision::Deny {
+                reason: reason::NAMESPACE_NOT_ALLOWED,
+                message: format!("namespace {ns:?} may not get certificates from this signer"),
+            };
+        }
+        let sa = facts.service_account;
+        if !self.service_accounts.iter().any(|p| {
+            p.split_once('/')
+                .is_some_and(|(pn, ps)| glob(pn, ns) && glob(ps, sa))
+        }) {
+            return Decision::Deny {
+                reason: reason::SERVICE_ACCOUNT_NOT_ALLOWED,
+                message: format!(
+                    "service account {ns}/{sa} may not get certificates from this signer"
+                ),
+            };
+        }
+        let mut dns_names = Vec::new();
+        for template in &self.dns_name_templates {
+            let name = expand(template, facts);
+            if !is_dns_name(&name) {
+                return Decision::Fail {
+                    reason: reason::INVALID_DNS_NAME_TEMPLATE,
+                    message: format!(
+                        "DNS name template {template:?} gives {name:?}, which is not a DNS name"
+                    ),
+                };
+            }
+            push_unique(&mut dns_names, name);
+        }
+        for (key, value) in facts.user_annotations {
+            if key != DNS_NAMES_ANNOTATION {
+                return Decision::Deny {
+                    reason: reason::INVALID_USER_ANNOTATIONS,
+                    message: format!(
+                        "unrecognised user annotation {key:?}; this signer recognises only \
+                         {DNS_NAMES_ANNOTATION:?}"
+                    ),
+                };
+            }
+            for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                let name = name.to_ascii_lowercase();
+                if !is_dns_name(&name) {
+                    return Decision::Deny {
+                        reason: reason::INVALID_USER_ANNOTATIONS,
+                        message: format!("{DNS_NAMES_ANNOTATION}: {name:?} is not a DNS name"),
+                    };
+                }
+                let allowed = self
+                    .allowed_dns_names
+                    .iter()
+                    .any(|p| glob(&expand(p, facts), &name));
+                if !allowed {
+                    return Decision::Deny {
+                        reason: reason::INVALID_USER_ANNOTATIONS,
+                        message: format!(
+                            "{DNS_NAMES_ANNOTATION}: DNS name {name:?} is not allowed for \
+                             {ns}/{sa} by this signer's policy"
+                        ),
+                    };
+                }
+                push_unique(&mut dns_names, name);
+            }
+        }
+        Decision::Issue(LeafPlan {
+            spiffe_id: format!("spiffe://{}/ns/{ns}/sa/{sa}", self.trust_domain),
+            dns_names,
+            policy_default: Duration::seconds(self.default_lifetime_seconds.into()),
+            policy_max: Duration::seconds(self.max_lifetime_seconds.into()),
+        })
+    }
+
+    fn suggested_key_type(&self) -> KeyType {
+        if self.key_types.contains(&KeyType::EcdsaP256) {
+            KeyType::EcdsaP256
+        } else {
+            self.key_types.first().copied().unwrap_or(KeyType::EcdsaP256)
+        }
+    }
+
+    fn key_type_list(&self) -> String {
+        self.key_types
+            .iter()
+            .map(|k| k.kubelet_name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+fn push_unique(names: &mut Vec<String>, name: String) {
+    if !names.contains(&name) {
+        names.push(name);
+    }
+}
+
+fn expand(template: &str, facts: &RequestFacts<'_>) -> String {
+    template
+        .replace("{ns}", facts.namespace)
+        .replace("{sa}", facts.service_account)
+        .replace("{pod}", facts.pod_name.unwrap_or(""))
+}
+
+/// `*` matches any run of characters (including none); everything else matches itself.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let Some((head, rest)) = pattern.split_once('*') else {
+        return pattern == text;
+    };
+    let Some(mut remaining) = text.strip_prefix(head) else {
+        return false;
+    };
+    let mut parts: Vec<&str> = rest.split('*').collect();
+    let tail = parts.pop().unwrap_or("");
+    for part in parts {
+        match remaining.find(part) {
+            Some(i) => remaining = &remaining[i + part.len()..],
+            None => return false,
+        }
+    }
+    remaining.len() >= tail.len() && remaining.ends_with(tail)
+}
+
+/// A DNS name kube-apiserver accepts in a leaf (rule 16.3) and that is sane: lowercase
+/// labels of 1–63 `[a-z0-9-]`, no leading or trailing hyphen, at most 253 characters.
+pub fn is_dns_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts<'a>(
+        ns: &'a str,
+        sa: &'a str,
+        key: Result<KeyType, &'a KeyError>,
+        ann: &'a BTreeMap<String, String>,
+    ) -> RequestFacts<'a> {
+        RequestFacts {
+            namespace: ns,
+            service_account: sa,
+            pod_name: Some("web-0"),
+            key_type: key,
+            user_annotations: ann,
+        }
+    }
+
+    fn reason_of(d: &Decision) -> &'static str {
+        match d {
+            Decision::Issue(_) => reason::ISSUED,
+            Decision::Deny { reason, .. } | Decision::Fail { reason, .. } => reason,
+        }
+    }
+
+    #[test]
+    fn table() {
+        let none = BTreeMap::new();
+        let unknown: BTreeMap<String, String> =
+            [("example.com/flavour".to_string(), "x".to_string())].into();
+        let dns_ok: BTreeMap<String, String> =
+            [(DNS_NAMES_ANNOTATION.to_string(), "web.prod.example.com".to_string())].into();
+        let dns_bad: BTreeMap<String, String> =
+            [(DNS_NAMES_ANNOTATION.to_string(), "evil.attacker.com".to_string())].into();
+        let dns_garbage: BTreeMap<String, String> =
+            [(DNS_NAMES_ANNOTATION.to_string(), "..bad".to_string())].into();
+        let rsa2048 = KeyError::UnsupportedKeyType {
+            found: "RSA-2048".into(),
+        };
+        let malformed = KeyError::Malformed {
+            what: "CSR",
+            detail: "x".into(),
+        };
+        let mut policy = SignerPolicy::permissive("cluster.local");
+        policy.excluded_namespaces = vec!["kube-*".into()];
+        policy.service_accounts = vec!["prod/*".into(), "*/default".into()];
+        policy.key_types = vec![KeyType::EcdsaP256, KeyType::Ed25519];
+        policy.allowed_dns_names = vec!["*.{ns}.example.com".into()];
+
+        let cases: Vec<(RequestFacts<'_>, &str)> = vec![
+            (facts("prod", "web", Ok(KeyType::EcdsaP256), &none), reason::ISSUED),
+            (facts("dev", "default", Ok(KeyType::Ed25519), &none), reason::ISSUED),
+            (facts("dev", "web", Ok(KeyType::EcdsaP256), &none), reason::SERVICE_ACCOUNT_NOT_ALLOWED),
+            (facts("kube-system", "default", Ok(KeyType::EcdsaP256), &none), reason::NAMESPACE_NOT_ALLOWED),
+            (facts("prod", "web", Ok(KeyType::Rsa4096), &none), reason::UNSUPPORTED_KEY_TYPE),
+            (facts("prod", "web", Err(&rsa2048), &none), reason::UNSUPPORTED_KEY_TYPE),
+            (facts("prod", "web", Err(&malformed), &none), reason::MALFORMED_PUBLIC_KEY),
+            (facts("prod", "web", Ok(KeyType::EcdsaP256), &unknown), reason::INVALID_USER_ANNOTATIONS),
+            (facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_ok), reason::ISSUED),
+            (facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_bad), reason::INVALID_USER_ANNOTATIONS),
+            (facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_garbage), reason::INVALID_USER_ANNOTATIONS),
+        ];
+        for (f, want) in cases {
+            let d = policy.decide(&f);
+            assert_eq!(reason_of(&d), want, "{f:?} → {d:?}");
+        }
+    }
+
+    #[test]
+    fn issue_plan_has_spiffe_id_and_dns_names() {
+        let mut policy = SignerPolicy::permissive("example.org");
+        policy.dns_name_templates = vec!["{sa}.{ns}.svc".into(), "{sa}.{ns}.svc".into()];
+        policy.allowed_dns_names = vec!["*.{ns}.example.com".into()];
+        let ann: BTreeMap<String, String> =
+            [(DNS_NAMES_ANNOTATION.to_string(), "a.prod.example.com, B.prod.example.com".to_string())]
+                .into();
+        let Decision::Issue(plan) =
+            policy.decide(&facts("prod", "web", Ok(KeyType::EcdsaP384), &ann))
+        else {
+            panic!("expected Issue");
+        };
+        assert_eq!(plan.spiffe_id, "spiffe://example.org/ns/prod/sa/web");
+        assert_eq!(
+            plan.dns_names,
+            ["web.prod.svc", "a.prod.example.com", "b.prod.example.com"]
+        );
+    }
+
+    #[test]
+    fn unsupported_key_message_suggests_a_type() {
+        let policy = SignerPolicy::permissive("cluster.local");
+        let e = KeyError::UnsupportedKeyType {
+            found: "RSA-2048".into(),
+        };
+        let none = BTreeMap::new();
+        match policy.decide(&facts("a", "b", Err(&e), &none)) {
+            Decision::Deny { reason, message } => {
+                assert_eq!(reason, reason::UNSUPPORTED_KEY_TYPE);
+                assert!(message.contains("use keyType ECDSAP256"), "{message}");
+                assert!(message.contains("RSA-2048"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn reasons_satisfy_rule_33() {
+        for r in reason::ALL.iter() {
+            let bytes = r.as_bytes();
+            assert!(bytes[0].is_ascii_alphabetic(), "{r}");
+            assert!(
+                bytes.iter().all(|b| b.is_ascii_alphanumeric() || b"_,:".contains(b)),
+                "{r}"
+            );
+            assert!(bytes[bytes.len() - 1].is_ascii_alphanumeric() || bytes[bytes.len() - 1] == b'_');
+            assert!(r.len() <= 1024);
+        }
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob("*", ""));
+        assert!(glob("team-*", "team-a"));
+        assert!(!glob("team-*", "xteam-a"));
+        assert!(glob("*.example.com", "a.example.com"));
+        assert!(!glob("*.example.com", "example.com"));
+        assert!(glob("a*b*c", "aXXbYYc"));
+        assert!(!glob("a*b*c", "aXXbYY"));
+        assert!(glob("exact", "exact"));
+    }
+
+    #[test]
+    fn validate_catches_bad_lifetimes_and_domains() {
+        let mut p = SignerPolicy::permissive("cluster.local");
+        assert!(p.validate().is_ok());
+        p.max_lifetime_seconds = 60;
+        assert!(p.validate().is_err());
+        let mut p = SignerPolicy::permissive("Not A Domain");
+        assert!(p.validate().is_err());
+        p.trust_domain = "ok.example".into();
+        p.service_accounts = vec!["nope".into()];
+        assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn config_parses_from_toml() {
+        let p: SignerPolicy = toml::from_str(
+            r#"
+            trust_domain = "cluster.local"
+            key_types = ["ECDSAP256", "ED25519"]
+            max_lifetime_seconds = 172800
+            "#,
+        )
+        .unwrap();
+        assert_eq!(p.key_types, [KeyType::EcdsaP256, KeyType::Ed25519]);
+        assert_eq!(p.namespaces, ["*"]);
+        assert!(toml::from_str::<SignerPolicy>("trust_domain = \"a.b\"\nbogus = 1").is_err());
+    }
+}

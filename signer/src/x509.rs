@@ -1,0 +1,136 @@
+//! Small X.509 helpers: PEM handling, parsed facts about a certificate, signature checks.
+
+use aws_lc_rs::digest;
+use aws_lc_rs::signature::{self, UnparsedPublicKey, VerificationAlgorithm};
+use time::OffsetDateTime;
+use x509_parser::prelude::{FromDer, X509Certificate};
+use x509_parser::x509::SubjectPublicKeyInfo;
+
+/// Why certificate material was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CertError {
+    #[error("not PEM: {0}")]
+    Pem(String),
+    #[error("PEM block {index} is {label:?}, expected CERTIFICATE")]
+    NotACertificate { index: usize, label: String },
+    #[error("no CERTIFICATE block found")]
+    Empty,
+    #[error("certificate {index} does not parse: {detail}")]
+    Parse { index: usize, detail: String },
+    #[error("{0}")]
+    Signature(String),
+}
+
+/// Splits PEM text into the DER of its CERTIFICATE blocks; any other block is an error.
+pub fn certificates_from_pem(text: &str) -> Result<Vec<Vec<u8>>, CertError> {
+    let blocks = pem::parse_many(text).map_err(|e| CertError::Pem(e.to_string()))?;
+    if blocks.is_empty() {
+        return Err(CertError::Empty);
+    }
+    blocks
+        .into_iter()
+        .enumerate()
+        .map(|(index, b)| {
+            if b.tag() == "CERTIFICATE" {
+                Ok(b.into_contents())
+            } else {
+                Err(CertError::NotACertificate {
+                    index,
+                    label: b.tag().to_owned(),
+                })
+            }
+        })
+        .collect()
+}
+
+/// PEM-encodes DER certificates as header-less `CERTIFICATE` blocks, LF line endings.
+pub fn certificates_to_pem<'a>(ders: impl IntoIterator<Item = &'a [u8]>) -> String {
+    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    ders.into_iter()
+        .map(|der| pem::encode_config(&pem::Pem::new("CERTIFICATE", der.to_vec()), config))
+        .collect()
+}
+
+pub(crate) fn parse_certificate(der: &[u8], index: usize) -> Result<X509Certificate<'_>, CertError> {
+    let (rest, cert) = X509Certificate::from_der(der).map_err(|e| CertError::Parse {
+        index,
+        detail: e.to_string(),
+    })?;
+    if !rest.is_empty() {
+        return Err(CertError::Parse {
+            index,
+            detail: "trailing bytes after the certificate".into(),
+        });
+    }
+    Ok(cert)
+}
+
+pub(crate) fn to_offset(t: x509_parser::time::ASN1Time) -> OffsetDateTime {
+    t.to_datetime()
+}
+
+/// SHA-256 of some bytes as lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(digest::digest(&digest::SHA256, bytes))
+}
+
+/// Checks that `signed` carries a valid signature by the key in `issuer_spki_der`.
+pub fn verify_signature(
+    issuer_spki_der: &[u8],
+    signature_oid: &str,
+    signed: &[u8],
+    sig: &[u8],
+) -> Result<(), CertError> {
+    let (_, spki) = SubjectPublicKeyInfo::from_der(issuer_spki_der)
+        .map_err(|e| CertError::Signature(format!("issuer key does not parse: {e}")))?;
+    let alg = verification_algorithm(&spki, signature_oid).ok_or_else(|| {
+        CertError::Signature(format!(
+            "signature algorithm {signature_oid} is not supported for this issuer key"
+        ))
+    })?;
+    UnparsedPublicKey::new(alg, &spki.subject_public_key.data)
+        .verify(signed, sig)
+        .map_err(|_| CertError::Signature("signature does not verify".into()))
+}
+
+fn verification_algorithm(
+    spki: &SubjectPublicKeyInfo<'_>,
+    sig_oid: &str,
+) -> Option<&'static dyn VerificationAlgorithm> {
+    let key_oid = spki.algorithm.algorithm.to_id_string();
+    let curve = spki
+        .algorithm
+        .parameters
+        .as_ref()
+        .and_then(|p| p.as_oid().ok())
+        .map(|o| o.to_id_string());
+    Some(match (key_oid.as_str(), curve.as_deref(), sig_oid) {
+        ("1.2.840.113549.1.1.1", _, "1.2.840.113549.1.1.11") => {
+            &signature::RSA_PKCS1_2048_8192_SHA256
+        }
+        ("1.2.840.113549.1.1.1", _, "1.2.840.113549.1.1.12") => {
+            &signature::RSA_PKCS1_2048_8192_SHA384
+        }
+        ("1.2.840.113549.1.1.1", _, "1.2.840.113549.1.1.13") => {
+            &signature::RSA_PKCS1_2048_8192_SHA512
+        }
+        ("1.2.840.10045.2.1", Some("1.2.840.10045.3.1.7"), "1.2.840.10045.4.3.2") => {
+            &signature::ECDSA_P256_SHA256_ASN1
+        }
+        ("1.2.840.10045.2.1", Some("1.2.840.10045.3.1.7"), "1.2.840.10045.4.3.3") => {
+            &signature::ECDSA_P256_SHA384_ASN1
+        }
+        ("1.2.840.10045.2.1", Some("1.3.132.0.34"), "1.2.840.10045.4.3.2") => {
+            &signature::ECDSA_P384_SHA256_ASN1
+        }
+        ("1.2.840.10045.2.1", Some("1.3.132.0.34"), "1.2.840.10045.4.3.3") => {
+            &signature::ECDSA_P384_SHA384_ASN1
+        }
+        ("1.2.840.10045.2.1", Some("1.3.132.0.35"), "1.2.840.10045.4.3.4") => {
+            &signature::ECDSA_P521_SHA512_ASN1
+        }
+        ("1.3.101.112", _, "1.3.101.112") => &signature::ED25519,
+        _ => return None,
+    })
+}
