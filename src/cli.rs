@@ -1,0 +1,80 @@
+//! Command-line parsing and dispatch. One clap `Args` per command.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::{commands, dev, serve};
+
+#[derive(Debug, Parser)]
+#[command(name = "podca", version, about = "A certificate authority for Kubernetes workloads")]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "PODCA_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `podca=debug`.
+    #[arg(long, global = true, env = "PODCA_LOG", default_value = "info")]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create, import and show the CA.
+    #[command(subcommand)]
+    Ca(commands::ca::CaCommand),
+    /// Issue a certificate from a CSR, or for a generated key, and write a credential bundle.
+    Issue(commands::issue::IssueArgs),
+    /// Print the trust anchors (PEM).
+    Bundle(commands::bundle::BundleArgs),
+    /// Decode a certificate or bundle: subject, SANs, validity, fingerprints, chain check.
+    Inspect(commands::inspect::InspectArgs),
+    /// Query the issuance ledger.
+    #[command(subcommand)]
+    Ledger(commands::ledger::LedgerCommand),
+    /// Run in a cluster: the PodCertificateRequest signer, gRPC API and admin server.
+    Serve(serve::ServeArgs),
+    /// Run on a laptop with no cluster: local CA, gRPC on loopback, SPIFFE Workload API.
+    Dev(dev::DevArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format, &cli.log);
+    let result = match cli.command {
+        Command::Ca(c) => c.run(),
+        Command::Issue(a) => a.run(),
+        Command::Bundle(a) => a.run(),
+        Command::Inspect(a) => a.run(),
+        Command::Ledger(c) => c.run(),
+        Command::Serve(a) => serve::run(a),
+        Command::Dev(a) => dev::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One clear line: the context chain, outermost first.
+            eprintln!("podca: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
