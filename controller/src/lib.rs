@@ -1,0 +1,1 @@
+//! podca and the Kubernetes API.

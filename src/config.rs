@@ -1,0 +1,232 @@
+//! The configuration file (TOML), one schema for `podca serve` and `podca dev`.
+//!
+//! ```toml
+//! [ca]
+//! backend = "file"              # file | secret | pkcs11
+//! dir = "/var/lib/podca"        # file backend: the CA data directory
+//!
+//! [signers."example.com/workload"]   # one table per signer name (a SignerPolicy)
+//! trust_domain = "cluster.local"
+//! key_types = ["ECDSAP256", "ED25519"]
+//!
+//! [grpc]
+//! listen = "127.0.0.1:8443"
+//! signer = "example.com/workload"    # whose policy gRPC requests get
+//!
+//! [controller]
+//! workers = 8
+//! ```
+//! Unknown keys are errors, so a typo never silently falls back to a default.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use podca_signer::SignerPolicy;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub ca: CaConfig,
+    /// Signer name → policy.
+    #[serde(default)]
+    pub signers: BTreeMap<String, SignerPolicy>,
+    #[serde(default)]
+    pub grpc: GrpcConfig,
+    #[serde(default)]
+    pub workload_api: WorkloadApiConfig,
+    #[serde(default)]
+    pub dev: DevConfig,
+    #[serde(default)]
+    pub controller: ControllerConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+}
+
+/// Where the CA key lives.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CaConfig {
+    #[serde(default)]
+    pub backend: CaBackend,
+    /// File backend: the CA data directory (see `podca ca init`).
+    pub dir: Option<PathBuf>,
+    /// Secret backend: `namespace/name` of a `kubernetes.io/tls` Secret.
+    pub secret: Option<String>,
+    /// PKCS#11 backend: RFC 7512 URI of the CA key (module path, token, object).
+    pub pkcs11_uri: Option<String>,
+    /// PKCS#11 backend: file holding the user PIN (never put the PIN itself here).
+    pub pkcs11_pin_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum CaBackend {
+    #[default]
+    File,
+    Secret,
+    Pkcs11,
+}
+
+/// The podca.v1 gRPC API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcConfig {
+    #[serde(default = "default_grpc_listen")]
+    pub listen: SocketAddr,
+    /// The signer name whose policy gRPC requests get; defaults to the only one configured.
+    pub signer: Option<String>,
+    /// Audience that service-account tokens must carry (TokenReview).
+    #[serde(default = "default_audience")]
+    pub token_audience: String,
+    /// `namespace/name` of service accounts allowed to call IssueForPod (node-level proxies).
+    #[serde(default)]
+    pub node_proxy_service_accounts: Vec<String>,
+    /// Requests per second allowed per identity (token bucket), 0 = unlimited.
+    #[serde(default = "default_rate")]
+    pub rate_limit_per_identity: u32,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig {
+            listen: default_grpc_listen(),
+            signer: None,
+            token_audience: default_audience(),
+            node_proxy_service_accounts: vec![],
+            rate_limit_per_identity: default_rate(),
+        }
+    }
+}
+
+/// The SPIFFE Workload API.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadApiConfig {
+    /// Unix socket path; defaults to `<data dir>/workload.sock` in dev mode.
+    pub socket: Option<PathBuf>,
+}
+
+/// `podca dev` only: who the local callers are.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DevConfig {
+    /// Unix-socket callers (by uid) mapped to identities.
+    #[serde(default)]
+    pub identities: Vec<DevIdentity>,
+    /// Identities whose credential bundles `podca dev` keeps on disk and refreshes.
+    #[serde(default)]
+    pub bundles: Vec<DevBundle>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevIdentity {
+    pub uid: u32,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevBundle {
+    pub namespace: String,
+    pub service_account: String,
+    #[serde(default = "default_key_type")]
+    pub key_type: podca_signer::KeyType,
+}
+
+/// The PodCertificateRequest controller.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    /// Concurrent PCR workers.
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            workers: default_workers(),
+        }
+    }
+}
+
+/// /metrics, /livez, /readyz.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: default_admin_listen(),
+        }
+    }
+}
+
+fn default_grpc_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8443))
+}
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9090))
+}
+fn default_audience() -> String {
+    "podca".into()
+}
+fn default_rate() -> u32 {
+    0
+}
+fn default_workers() -> usize {
+    8
+}
+fn default_key_type() -> podca_signer::KeyType {
+    podca_signer::KeyType::EcdsaP256
+}
+
+impl Config {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("config file {}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<Config> {
+        let config: Config = toml::from_str(text)?;
+        for (name, policy) in &config.signers {
+            policy
+                .validate()
+                .with_context(|| format!("signer {name:?}"))?;
+        }
+        Ok(config)
+    }
+
+    /// The policy gRPC requests get: `grpc.signer`, or the only configured signer.
+    pub fn grpc_signer(&self) -> anyhow::Result<(&str, &SignerPolicy)> {
+        match &self.grpc.signer {
+            Some(name) => self
+                .signers
+                .get_key_value(name)
+                .map(|(k, v)| (k.as_str(), v))
+                .with_context(|| format!("grpc.signer {name:?} is not a configured signer")),
+            None if self.signers.len() == 1 => self
+                .signers
+                .iter()
+                .next()
+                .map(|(k, v)| (k.as_str(), v))
+                .context("no signer configured"),
+            None => anyhow::bail!(
+                "{} signers are configured; set grpc.signer to choose one for gRPC requests",
+                self.signers.len()
+            ),
+        }
+    }
+}
