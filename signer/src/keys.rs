@@ -407,3 +407,61 @@ fn csr_verification_algorithm(
         _ => return None,
     })
 }
+
+/// A freshly generated subject key pair, as kubelet would make for a projection.
+pub struct GeneratedKey {
+    /// The public half, ready to certify.
+    pub public: SubjectKey,
+    pair: rcgen::KeyPair,
+}
+
+impl fmt::Debug for GeneratedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GeneratedKey")
+            .field("public", &self.public)
+            .field("private_key", &"<redacted>")
+            .finish()
+    }
+}
+
+impl GeneratedKey {
+    /// Generates a key of `key_type` (RSA-4096 takes a second or more).
+    pub fn generate(key_type: KeyType) -> Result<Self, KeyError> {
+        let pair = match key_type {
+            KeyType::Rsa3072 => {
+                rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_3072)
+            }
+            KeyType::Rsa4096 => {
+                rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_4096)
+            }
+            KeyType::EcdsaP256 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+            KeyType::EcdsaP384 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+            KeyType::EcdsaP521 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512),
+            KeyType::Ed25519 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519),
+        }
+        .map_err(|e| KeyError::Malformed {
+            what: "generated key",
+            detail: e.to_string(),
+        })?;
+        let public = SubjectKey::from_spki_der(&pair.subject_public_key_info())?;
+        Ok(GeneratedKey { public, pair })
+    }
+
+    /// The private key as a PKCS#8 `PRIVATE KEY` PEM block (kubelet's credential-bundle form).
+    pub fn private_key_pem(&self) -> String {
+        self.pair.serialize_pem()
+    }
+
+    /// A DER PKCS#10 CSR with an empty subject, signed by this key (a kubelet stub CSR).
+    pub fn stub_csr_der(&self) -> Result<Vec<u8>, KeyError> {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .serialize_request(&self.pair)
+            .map(|csr| csr.der().to_vec())
+            .map_err(|e| KeyError::Malformed {
+                what: "CSR",
+                detail: e.to_string(),
+            })
+    }
+}

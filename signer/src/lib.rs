@@ -5,8 +5,10 @@ pub mod backend;
 pub mod ca;
 pub mod issue;
 pub mod keys;
+pub mod ledger;
 pub mod policy;
 pub mod schedule;
+pub mod store;
 pub mod x509;
 
 pub use backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};
@@ -15,3 +17,5 @@ pub use issue::{CertificateRequest, IssueError, IssuedCertificate, Outcome, sign
 pub use keys::{KeyError, KeyType, SubjectKey};
 pub use policy::{Decision, SignerPolicy};
 pub use schedule::{Validity, ValidityError, plan_validity};
+pub use store::{FileStore, InitOptions, StoreError};
+pub use ledger::{Ledger, LedgerError, LedgerRecord};
