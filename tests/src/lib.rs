@@ -1,1 +1,12 @@
 //! The Kubernetes API emulator and end-to-end test support for podca.
+//!
+//! * [`emulator`]: an in-process HTTP server that speaks the parts of the
+//!   Kubernetes API a PodCertificateRequest signer uses, enforcing the
+//!   rules of `spec/pod-certificates-api.md` with kube-apiserver's answers.
+//! * [`kubelet`]: a kubelet simulator that files PCRs and checks the result.
+
+pub mod client;
+pub mod emulator;
+pub mod kubelet;
+
+pub use emulator::{Emulator, EmulatorConfig};
