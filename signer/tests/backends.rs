@@ -1,0 +1,163 @@
+//! Every CA key backend passes the same contract; keys stay out of Debug output and off
+//! world-readable files.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use podca_signer::backend::contract;
+use podca_signer::{CaAlgorithm, CaKey, FileKey, FileStore, InitOptions, MemoryKey};
+use time::{Duration, OffsetDateTime};
+
+#[test]
+fn memory_backend_passes_the_contract() {
+    for alg in [CaAlgorithm::EcdsaP256, CaAlgorithm::EcdsaP384, CaAlgorithm::Ed25519] {
+        let key = MemoryKey::generate(alg).unwrap();
+        contract::check(Arc::new(key), "PRIVATE KEY");
+    }
+}
+
+#[test]
+fn file_backend_passes_the_contract_and_writes_0600() {
+    let dir = tempfile::tempdir().unwrap();
+    for alg in [CaAlgorithm::EcdsaP256, CaAlgorithm::EcdsaP384, CaAlgorithm::Ed25519] {
+        let path = dir.path().join(format!("{alg}.key"));
+        let created = FileKey::create(&path, alg).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{alg} key file mode");
+        let pem = std::fs::read_to_string(&path).unwrap();
+        assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"), "PKCS#8 PEM");
+        // A chunk of the base64 body: must never show up in Debug output.
+        let marker = pem.lines().nth(1).unwrap()[..24].to_string();
+        let loaded = FileKey::load(&path).unwrap();
+        assert_eq!(loaded.public_key_raw(), created.public_key_raw());
+        contract::check(Arc::new(loaded), &marker);
+        assert!(FileKey::create(&path, alg).is_err(), "never overwrite a key file");
+    }
+}
+
+#[test]
+fn ca_debug_output_never_contains_key_material() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path().join("ca"));
+    let ca = store
+        .init(&InitOptions::default(), OffsetDateTime::now_utc())
+        .unwrap();
+    let key_pem = std::fs::read_to_string(store.issuing_key_path()).unwrap();
+    let root_pem = std::fs::read_to_string(store.root_key_path()).unwrap();
+    let debug = format!("{ca:?} {:?} {:?}", ca.key(), store);
+    for pem_text in [&key_pem, &root_pem] {
+        for line in pem_text.lines().filter(|l| !l.starts_with("-----")) {
+            assert!(!debug.contains(&line[..16.min(line.len())]), "key bytes in Debug: {debug}");
+        }
+    }
+    assert!(debug.contains("<redacted>"));
+    for path in [store.issuing_key_path(), store.root_key_path()] {
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", path.display());
+    }
+    let dir_mode = std::fs::metadata(store.dir()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(dir_mode, 0o700);
+}
+
+#[test]
+fn store_refuses_to_overwrite_and_reloads_the_same_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path());
+    assert!(store.load().unwrap_err().to_string().contains("podca ca init"));
+    let ca = store
+        .init(&InitOptions::default(), OffsetDateTime::now_utc())
+        .unwrap();
+    let err = store
+        .init(&InitOptions::default(), OffsetDateTime::now_utc())
+        .unwrap_err();
+    assert!(err.to_string().contains("refusing to overwrite"), "{err}");
+    let again = store.load().unwrap();
+    assert_eq!(again.certificate(), ca.certificate());
+    assert_eq!(again.roots(), ca.roots());
+}
+
+#[test]
+fn import_of_an_openssl_made_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(d)
+            .output()
+            .expect("the `openssl` binary is required: apt-get install -y openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    // A root with a SEC1 "EC PRIVATE KEY" (as `openssl ecparam` and cfssl write them).
+    run(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "root.key"]);
+    run(&[
+        "req", "-x509", "-new", "-key", "root.key", "-subj", "/CN=openssl root", "-days", "30",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-out", "root.pem",
+    ]);
+    let store = FileStore::new(d.join("store"));
+    let ca = store
+        .import(
+            &std::fs::read_to_string(d.join("root.pem")).unwrap(),
+            &std::fs::read_to_string(d.join("root.key")).unwrap(),
+            None,
+        )
+        .unwrap();
+    assert_eq!(ca.roots().len(), 1);
+    let reloaded = store.load().unwrap();
+    let (_, cert) = common::issue_for(&reloaded, podca_signer::KeyType::EcdsaP384, &[]);
+    let (ok, out) = common::openssl_verify(d, &reloaded.roots_pem(), &cert.chain_pem);
+    assert!(ok, "{out}");
+
+    // A key that does not belong to the certificate is refused before anything is written.
+    let other = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
+    let wrong = FileStore::new(d.join("wrong"));
+    let e = wrong
+        .import(
+            &std::fs::read_to_string(d.join("root.pem")).unwrap(),
+            &rcgen_pem_of(&other),
+            None,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("does not match"), "{e}");
+    assert!(!wrong.dir().join("issuing.key").exists());
+}
+
+fn rcgen_pem_of(_: &MemoryKey) -> String {
+    // A fresh PKCS#8 key in PEM form, unrelated to any certificate.
+    let pair = rcgen::KeyPair::generate().unwrap();
+    pair.serialize_pem()
+}
+
+#[test]
+fn issuing_ca_with_less_than_an_hour_left_fails_cleanly() {
+    let now = OffsetDateTime::now_utc();
+    let root = podca_signer::IssuingCa::self_signed_root(
+        Arc::new(MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap()),
+        "short root",
+        now,
+        // ca_params backdates by 5 minutes: this CA ends ~55 minutes from now.
+        Duration::hours(1),
+    )
+    .unwrap();
+    let key = podca_signer::keys::GeneratedKey::generate(podca_signer::KeyType::EcdsaP256).unwrap();
+    let request = podca_signer::CertificateRequest {
+        key: Ok(key.public.clone()),
+        namespace: "a".into(),
+        service_account: "b".into(),
+        pod_name: None,
+        max_expiration: None,
+        requested_lifetime: None,
+        user_annotations: Default::default(),
+    };
+    let policy = podca_signer::SignerPolicy::permissive("t.example");
+    match podca_signer::sign_request(&policy, &root, &request, now) {
+        podca_signer::Outcome::Failed { reason, message } => {
+            assert_eq!(reason, "CAExpiresTooSoon");
+            assert!(message.contains("rotate the CA"), "{message}");
+        }
+        other => panic!("expected Failed, got {other:?}"),
+    }
+}

@@ -1,0 +1,256 @@
+//! Issuance end to end: every subject key type, checked by independent verifiers (the openssl
+//! binary, webpki) and by a real mutual-TLS handshake.
+
+mod common;
+
+use std::sync::Arc;
+
+use podca_signer::{CaAlgorithm, KeyType, SubjectKey};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use common::{issue_for, openssl_verify, two_level_ca};
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+fn ders(pem_text: &str) -> Vec<CertificateDer<'static>> {
+    pem::parse_many(pem_text)
+        .unwrap()
+        .into_iter()
+        .map(|p| CertificateDer::from(p.into_contents()))
+        .collect()
+}
+
+#[test]
+fn every_key_type_verifies_with_openssl_and_webpki() {
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    let dir = tempfile::tempdir().unwrap();
+    let algs = provider().signature_verification_algorithms.all;
+    let anchors: Vec<_> = ders(&ca.roots_pem())
+        .iter()
+        .map(|d| webpki::anchor_from_trusted_cert(d).unwrap().to_owned())
+        .collect();
+    for key_type in KeyType::ALL {
+        let (key, cert) = issue_for(&ca, key_type, &[]);
+        let (ok, out) = openssl_verify(dir.path(), &ca.roots_pem(), &cert.chain_pem);
+        assert!(ok, "openssl verify failed for {key_type}: {out}");
+
+        let chain = ders(&cert.chain_pem);
+        assert_eq!(chain.len(), 2, "leaf + issuing intermediate, never the root");
+        let leaf = webpki::EndEntityCert::try_from(&chain[0]).unwrap();
+        leaf.verify_for_usage(
+            algs,
+            &anchors,
+            &chain[1..],
+            UnixTime::now(),
+            webpki::KeyUsage::client_auth(),
+            None,
+            None,
+        )
+        .unwrap_or_else(|e| panic!("webpki rejected the {key_type} leaf: {e:?}"));
+
+        // The SPKI in the certificate is the requested one, byte for byte.
+        let (_, parsed) = X509Certificate::from_der(&chain[0]).unwrap();
+        assert_eq!(parsed.public_key().raw, key.public.spki_der(), "{key_type}");
+        assert_eq!(
+            SubjectKey::from_spki_der(parsed.public_key().raw)
+                .unwrap()
+                .key_type(),
+            key_type
+        );
+    }
+}
+
+#[test]
+fn leaf_follows_the_x509_svid_profile() {
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    for key_type in [KeyType::EcdsaP256, KeyType::Rsa3072] {
+        let (_, cert) = issue_for(&ca, key_type, &["web.prod.svc"]);
+        let chain = ders(&cert.chain_pem);
+        let (_, leaf) = X509Certificate::from_der(&chain[0]).unwrap();
+        assert!(leaf.subject().iter().next().is_none(), "empty subject");
+        let san = leaf.subject_alternative_name().unwrap().unwrap();
+        assert!(san.critical, "SAN must be critical with an empty subject");
+        let uris: Vec<_> = san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::URI(u) => Some(*u),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(uris, ["spiffe://test.example/ns/prod/sa/web"]);
+        let bc = leaf.basic_constraints().unwrap().unwrap();
+        assert!(bc.critical && !bc.value.ca, "basicConstraints CA:false, critical");
+        let ku = leaf.key_usage().unwrap().unwrap().value;
+        assert!(ku.digital_signature());
+        assert_eq!(ku.key_encipherment(), key_type.is_rsa());
+        assert!(!ku.key_cert_sign());
+        let eku = leaf.extended_key_usage().unwrap().unwrap().value;
+        assert!(eku.server_auth && eku.client_auth);
+        let ski = leaf
+            .extensions()
+            .iter()
+            .any(|e| e.oid.to_id_string() == "2.5.29.14");
+        let aki = leaf
+            .extensions()
+            .iter()
+            .any(|e| e.oid.to_id_string() == "2.5.29.35");
+        assert!(ski && aki, "SKI and AKI present");
+        // Random serial: positive, at least 64 bits.
+        let serial = leaf.raw_serial();
+        assert!(serial.len() >= 9 || (serial.len() == 8 && serial[0] != 0));
+        assert!(serial[0] & 0x80 == 0, "positive serial");
+        assert_eq!(hex::encode(serial), cert.serial);
+        // Times in the certificate are the ones reported.
+        assert_eq!(leaf.validity().not_before.to_datetime(), cert.validity.not_before);
+        assert_eq!(leaf.validity().not_after.to_datetime(), cert.validity.not_after);
+    }
+}
+
+#[test]
+fn serials_do_not_repeat_for_the_same_key() {
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    let (_, a) = issue_for(&ca, KeyType::EcdsaP256, &[]);
+    let (_, b) = issue_for(&ca, KeyType::EcdsaP256, &[]);
+    assert_ne!(a.serial, b.serial);
+}
+
+#[test]
+fn other_ca_algorithms_issue_verifiable_chains() {
+    let dir = tempfile::tempdir().unwrap();
+    for alg in [CaAlgorithm::EcdsaP384, CaAlgorithm::Ed25519] {
+        let ca = two_level_ca(alg);
+        let (_, cert) = issue_for(&ca, KeyType::EcdsaP256, &[]);
+        let (ok, out) = openssl_verify(dir.path(), &ca.roots_pem(), &cert.chain_pem);
+        assert!(ok, "{alg}: {out}");
+    }
+}
+
+#[test]
+fn openssl_rejects_a_chain_against_another_ca() {
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    let other = two_level_ca(CaAlgorithm::EcdsaP256);
+    let dir = tempfile::tempdir().unwrap();
+    let (_, cert) = issue_for(&ca, KeyType::EcdsaP256, &[]);
+    let (ok, _) = openssl_verify(dir.path(), &other.roots_pem(), &cert.chain_pem);
+    assert!(!ok, "a chain must not verify against an unrelated root");
+}
+
+/// Server and client each hold a podca certificate; both verify the peer against the roots.
+async fn mtls_handshake(
+    server_roots: &str,
+    client_roots: &str,
+    server: (&str, &str),
+    client: (&str, &str),
+) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn roots(pem_text: &str) -> Arc<rustls::RootCertStore> {
+        let mut store = rustls::RootCertStore::empty();
+        for d in ders(pem_text) {
+            store.add(d).unwrap();
+        }
+        Arc::new(store)
+    }
+    fn key(pem_text: &str) -> PrivateKeyDer<'static> {
+        let block = pem::parse(pem_text).unwrap();
+        PrivateKeyDer::Pkcs8(block.into_contents().into())
+    }
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(server_roots), provider())
+            .build()
+            .unwrap();
+    let server_config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(ders(server.1), key(server.0))
+        .unwrap();
+    let client_config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots(client_roots))
+        .with_client_auth_cert(ders(client.1), key(client.0))
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_config));
+    let server_task = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.map_err(|e| e.to_string())?;
+        let mut tls = acceptor.accept(tcp).await.map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 4];
+        tls.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
+        tls.write_all(b"pong").await.map_err(|e| e.to_string())?;
+        tls.shutdown().await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(())
+    });
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let client_result = async {
+        let mut tls = connector
+            .connect(ServerName::try_from("server.test").unwrap(), tcp)
+            .await
+            .map_err(|e| e.to_string())?;
+        tls.write_all(b"ping").await.map_err(|e| e.to_string())?;
+        let mut buf = [0u8; 4];
+        tls.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
+        if &buf != b"pong" {
+            return Err("bad reply".to_string());
+        }
+        Ok(())
+    }
+    .await;
+    let server_result = server_task.await.unwrap();
+    client_result.and(server_result)
+}
+
+#[tokio::test]
+async fn mutual_tls_between_two_issued_certificates() {
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    let other = two_level_ca(CaAlgorithm::EcdsaP256);
+    for key_type in KeyType::ALL {
+        let (skey, scert) = issue_for(&ca, key_type, &["server.test"]);
+        let (ckey, ccert) = issue_for(&ca, KeyType::EcdsaP256, &[]);
+        let server = (skey.private_key_pem(), scert.chain_pem.clone());
+        let client = (ckey.private_key_pem(), ccert.chain_pem.clone());
+        mtls_handshake(
+            &ca.roots_pem(),
+            &ca.roots_pem(),
+            (&server.0, &server.1),
+            (&client.0, &client.1),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("mTLS with a {key_type} server certificate failed: {e}"));
+
+        // The client trusts another CA: the handshake must fail.
+        let err = mtls_handshake(
+            &ca.roots_pem(),
+            &other.roots_pem(),
+            (&server.0, &server.1),
+            (&client.0, &client.1),
+        )
+        .await
+        .expect_err("a client trusting another CA must reject the server");
+        assert!(err.to_lowercase().contains("certificate"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn server_rejects_a_client_from_another_ca() {
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    let other = two_level_ca(CaAlgorithm::EcdsaP256);
+    let (skey, scert) = issue_for(&ca, KeyType::EcdsaP256, &["server.test"]);
+    let (ckey, ccert) = issue_for(&other, KeyType::EcdsaP256, &[]);
+    let result = mtls_handshake(
+        &ca.roots_pem(),
+        &ca.roots_pem(),
+        (&skey.private_key_pem(), &scert.chain_pem),
+        (&ckey.private_key_pem(), &ccert.chain_pem),
+    )
+    .await;
+    assert!(result.is_err(), "a client certificate from another CA must be refused");
+}

@@ -1,0 +1,134 @@
+//! The ledger: queries by serial, identity and time; and crash safety under `kill -9`.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration as StdDuration, Instant};
+
+use podca_signer::{Ledger, LedgerError, LedgerRecord};
+use time::{Duration, OffsetDateTime};
+
+fn record(i: u64, identity: &str, issued_at: OffsetDateTime) -> LedgerRecord {
+    LedgerRecord {
+        serial: format!("{:032x}", 0x4000_0000_0000_0000_u128 + u128::from(i)),
+        source: "test".into(),
+        request_uid: Some(format!("uid-{i}")),
+        request_name: Some(format!("ns/req-{i}")),
+        identity: identity.into(),
+        dns_names: vec![],
+        not_before: issued_at,
+        not_after: issued_at + Duration::hours(24),
+        spki_sha256: format!("{i:064x}"),
+        issuer_fingerprint: "ab".repeat(32),
+        issued_at,
+    }
+}
+
+#[test]
+fn queries_by_serial_identity_and_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(&dir.path().join("l.redb")).unwrap();
+    assert!(ledger.is_empty().unwrap());
+    let t0 = time::macros::datetime!(2026-11-29 10:00 UTC);
+    let records: Vec<_> = (0..30)
+        .map(|i| {
+            let who = if i % 3 == 0 { "spiffe://t/ns/a/sa/x" } else { "spiffe://t/ns/b/sa/y" };
+            record(i, who, t0 + Duration::minutes(i as i64))
+        })
+        .collect();
+    ledger.append(&records[..10]).unwrap();
+    ledger.append(&records[10..]).unwrap();
+    assert_eq!(ledger.len().unwrap(), 30);
+
+    let r7 = ledger.by_serial(&records[7].serial.to_uppercase()).unwrap().unwrap();
+    assert_eq!(r7, records[7]);
+    assert!(ledger.by_serial("00").unwrap().is_none());
+
+    let a = ledger.by_identity("spiffe://t/ns/a/sa/x").unwrap();
+    assert_eq!(a.len(), 10);
+    assert!(a.iter().all(|r| r.identity == "spiffe://t/ns/a/sa/x"));
+
+    let window = ledger
+        .issued_between(t0 + Duration::minutes(5), t0 + Duration::minutes(8), 100)
+        .unwrap();
+    assert_eq!(
+        window.iter().map(|r| r.request_uid.clone().unwrap()).collect::<Vec<_>>(),
+        ["uid-5", "uid-6", "uid-7"]
+    );
+    let latest = ledger.latest(2).unwrap();
+    assert_eq!(latest[0], records[29]);
+    assert_eq!(latest[1], records[28]);
+}
+
+#[test]
+fn a_second_writer_gets_a_clear_in_use_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.redb");
+    let _first = Ledger::open(&path).unwrap();
+    // Within one process redb refuses a second handle the same way another process would.
+    match Ledger::open(&path) {
+        Err(e @ LedgerError::InUse { .. }) => assert!(e.to_string().contains("another podca")),
+        other => panic!("expected InUse, got {other:?}"),
+    }
+}
+
+const CHILD_ENV: &str = "PODCA_LEDGER_CRASH_CHILD";
+
+/// Not a test on its own: the body of the child process that `survives_kill_9` kills.
+#[test]
+fn crash_child_writer() {
+    let Ok(path) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let ledger = Ledger::open(std::path::Path::new(&path)).unwrap();
+    let start = OffsetDateTime::now_utc();
+    let mut i = 0u64;
+    loop {
+        let batch: Vec<_> = (0..50)
+            .map(|j| record(i * 50 + j, "spiffe://t/ns/crash/sa/w", start))
+            .collect();
+        ledger.append(&batch).unwrap();
+        i += 1;
+        // Tell the parent how many batches are durable.
+        println!("committed {i}");
+    }
+}
+
+#[test]
+fn survives_kill_9_mid_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crash.redb");
+    let exe = std::env::current_exe().unwrap();
+    for round in 0..3 {
+        let mut child = Command::new(&exe)
+            .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, &path)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Let it commit for a while, then kill it without warning.
+        let deadline = Instant::now() + StdDuration::from_millis(700 + 300 * round);
+        while Instant::now() < deadline {
+            std::thread::sleep(StdDuration::from_millis(50));
+        }
+        child.kill().unwrap(); // SIGKILL
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let acknowledged = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("committed "))
+            .filter_map(|n| n.trim().parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        assert!(acknowledged > 0, "round {round}: the child committed nothing: {stdout}");
+
+        let ledger = Ledger::open(&path).expect("the ledger reopens after kill -9");
+        let n = ledger.len().unwrap();
+        // Every batch the child reported is there; batches are whole (all 50 or none).
+        assert_eq!(n % 50, 0, "round {round}: a torn batch ({n} records)");
+        let records = ledger.by_identity("spiffe://t/ns/crash/sa/w").unwrap();
+        assert_eq!(records.len() as u64, n, "indexes agree with the records table");
+        let per_round_floor = acknowledged * 50;
+        assert!(n >= per_round_floor, "round {round}: {n} records, acknowledged {per_round_floor}+");
+        drop(ledger);
+    }
+}
