@@ -7,6 +7,7 @@ pub mod issue;
 pub mod keys;
 pub mod ledger;
 pub mod policy;
+pub mod rotation;
 pub mod schedule;
 pub mod store;
 pub mod x509;

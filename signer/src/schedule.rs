@@ -206,8 +206,10 @@ mod tests {
     #[test]
     fn ca_with_less_than_an_hour_left_fails() {
         let now = input().now;
+        // notBefore is backdated 60 s, so 59 minutes from now still fits a one-hour leaf;
+        // 58 minutes does not.
         let e = plan_validity(&ValidityInput {
-            ca_not_after: now + Duration::minutes(59),
+            ca_not_after: now + Duration::minutes(58),
             ..input()
         })
         .unwrap_err();
