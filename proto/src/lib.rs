@@ -1,1 +1,20 @@
-//! Generated gRPC code.
+//! Generated gRPC code: podca's own API (`podca.v1`) and the SPIFFE Workload API.
+//!
+//! The .proto files live in `proto/proto/`; `build.rs` compiles them with protox and
+//! tonic-prost-build.
+
+/// podca's own API.
+pub mod podca {
+    /// Version 1.
+    #[allow(missing_docs, clippy::all, clippy::pedantic, missing_debug_implementations)]
+    pub mod v1 {
+        tonic::include_proto!("podca.v1");
+    }
+}
+
+/// The SPIFFE Workload API. The upstream proto declares no package, so the RPC paths are
+/// `/SpiffeWorkloadAPI/<Method>` and prost names the generated file `_.rs`.
+#[allow(missing_docs, clippy::all, clippy::pedantic, missing_debug_implementations)]
+pub mod workload {
+    include!(concat!(env!("OUT_DIR"), "/_.rs"));
+}
