@@ -8,12 +8,14 @@ use std::fmt;
 
 mod file;
 mod memory;
+pub mod pkcs11;
 
 #[doc(hidden)]
 pub mod contract;
 
 pub use file::FileKey;
 pub use memory::MemoryKey;
+pub use pkcs11::{PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Stats, Pkcs11Uri};
 
 /// The CA key algorithms podca can sign with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
