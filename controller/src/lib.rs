@@ -1,1 +1,139 @@
-//! podca and the Kubernetes API.
+//! podca and the Kubernetes API: the PodCertificateRequest signer.
+//!
+//! [`run`] discovers the served `certificates.k8s.io` versions, optionally takes a leader Lease,
+//! watches PCRs of the configured signer names, and answers each with exactly one `/status`
+//! write: fetch → [`decide`] (pure, via `podca_signer::sign_request`) → write.
+
+pub mod admin;
+mod controller;
+pub mod decide;
+pub mod discovery;
+mod error;
+pub mod metrics;
+pub mod queue;
+pub mod request;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use podca_signer::{IssuingCa, SignerPolicy};
+
+pub use controller::run;
+pub use error::Error;
+
+/// Leader election on a `coordination.k8s.io/v1` Lease.
+#[derive(Debug, Clone)]
+pub struct LeaderElection {
+    pub lease_name: String,
+    pub lease_namespace: String,
+    /// This process's identity in the Lease.
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// Everything [`run`] needs.
+#[derive(Clone)]
+pub struct Options {
+    /// Signer name → policy; one watch per name.
+    pub signers: BTreeMap<String, SignerPolicy>,
+    pub ca: Arc<IssuingCa>,
+    /// Concurrent PCR workers.
+    pub workers: usize,
+    /// Bound of the work queue.
+    pub queue_capacity: usize,
+    pub leader_election: Option<LeaderElection>,
+    /// `/metrics`, `/livez`, `/readyz`; `None`: no admin listener.
+    pub admin_listen: Option<SocketAddr>,
+    /// How long shutdown waits for in-flight writes.
+    pub drain_timeout: Duration,
+    /// The controller name in Events.
+    pub reporting_controller: String,
+    /// The instance name in Events (pod name).
+    pub reporting_instance: Option<String>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("signers", &self.signers.keys().collect::<Vec<_>>())
+            .field("ca", &self.ca.certificate().subject())
+            .field("workers", &self.workers)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("leader_election", &self.leader_election)
+            .field("admin_listen", &self.admin_listen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Options {
+    /// Defaults for everything but the signers and the CA.
+    pub fn new(signers: BTreeMap<String, SignerPolicy>, ca: Arc<IssuingCa>) -> Self {
+        Options {
+            signers,
+            ca,
+            workers: 8,
+            queue_capacity: 4096,
+            leader_election: None,
+            admin_listen: None,
+            drain_timeout: Duration::from_secs(10),
+            reporting_controller: "podca.dev/signer".into(),
+            reporting_instance: None,
+        }
+    }
+}
+
+/// A client from a kubeconfig file, or else the usual inference (`KUBECONFIG`,
+/// `~/.kube/config`, in-cluster service account).
+pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Resolves when SIGTERM or SIGINT arrives.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Runs until `shutdown` resolves (see [`run`]); a convenience for tests and the binary.
+pub async fn run_until(
+    client: kube::Client,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), Error> {
+    run(client, options, shutdown).await
+}

@@ -1,0 +1,690 @@
+//! The running controller: discovery, leadership, watches, workers, writes.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::certificates::{v1, v1beta1};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use podca_signer::{IssuingCa, Outcome, SignerPolicy, sign_request};
+use serde_json::Value;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{Instrument, debug, error, info, info_span, warn};
+
+use crate::admin::{self, Health};
+use crate::decide::{self, ErrorClass, Settlement};
+use crate::discovery::{self, Served};
+use crate::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
+use crate::queue::{Item, WorkQueue};
+use crate::request::{ApiVersion, KeySource, Pcr};
+use crate::{Error, LeaderElection, Options};
+
+/// Reason of the Failed condition for a legacy request that cannot be read.
+pub const LEGACY_REQUEST_UNREADABLE: &str = "LegacyRequestUnreadable";
+
+struct Ctx {
+    client: Client,
+    served: Served,
+    version: ApiVersion,
+    signers: BTreeMap<String, SignerPolicy>,
+    ca: Arc<IssuingCa>,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    leading: watch::Receiver<bool>,
+}
+
+/// Runs the controller until `shutdown` resolves.
+///
+/// Shutdown order: readiness turns false, the queue stops handing out work, in-flight writes
+/// finish (up to `drain_timeout`), watches stop, the Lease is released, the admin listener stops.
+pub async fn run(
+    client: Client,
+    options: Options,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), Error> {
+    let Options {
+        signers,
+        ca,
+        workers,
+        queue_capacity,
+        leader_election,
+        admin_listen,
+        drain_timeout,
+        reporting_controller,
+        reporting_instance,
+    } = options;
+    if signers.is_empty() {
+        return Err(Error::NoSigners);
+    }
+    let metrics = Arc::new(Metrics::new());
+    metrics.ca_not_after.set(ca.not_after().unix_timestamp());
+    let health = Arc::new(Health::default());
+    let (admin_stop, admin_stop_rx) = watch::channel(false);
+    let admin_task = match admin_listen {
+        Some(addr) => {
+            let listener = admin::bind(addr).await?;
+            info!(%addr, "admin listener: /metrics /livez /readyz");
+            Some(TaskGuard::new(tokio::spawn(admin::serve(
+                listener,
+                Arc::clone(&metrics),
+                Arc::clone(&health),
+                admin_stop_rx,
+            ))))
+        }
+        None => None,
+    };
+
+    let served = discovery::discover(&client).await?;
+    let version = served.watch_version()?;
+    info!(
+        v1 = served.v1,
+        v1beta1 = served.v1beta1,
+        watch = version.as_str(),
+        signers = ?signers.keys().collect::<Vec<_>>(),
+        "certificates.k8s.io discovered"
+    );
+
+    let (leading_tx, leading) = watch::channel(leader_election.is_none());
+    let (lease_stop, lease_stop_rx) = watch::channel(false);
+    let lease_task = match leader_election {
+        Some(le) => Some(TaskGuard::new(
+            start_lease(client.clone(), le, leading_tx, lease_stop_rx).await?,
+        )),
+        None => {
+            drop(lease_stop_rx);
+            None
+        }
+    };
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: reporting_controller,
+            instance: reporting_instance,
+        },
+    );
+    let ctx = Arc::new(Ctx {
+        client,
+        served,
+        version,
+        signers,
+        ca,
+        metrics: Arc::clone(&metrics),
+        recorder,
+        leading: leading.clone(),
+    });
+    health.set_ready(true);
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut leading_rx = leading;
+    'outer: loop {
+        // Standby: wait to lead.
+        metrics.leader.set(0);
+        tokio::select! {
+            _ = &mut shutdown => break 'outer,
+            ok = async { leading_rx.wait_for(|l| *l).await.is_ok() } => if !ok { break 'outer },
+        }
+        metrics.leader.set(1);
+        info!("leading: starting watches and workers");
+        let session = Session::start(&ctx, workers, queue_capacity);
+        tokio::select! {
+            _ = &mut shutdown => {
+                health.set_ready(false);
+                info!("shutting down: draining in-flight work");
+                session.drain(drain_timeout).await;
+                break 'outer;
+            }
+            _ = async { let _ = leading_rx.wait_for(|l| !*l).await; } => {
+                warn!("lost the leader Lease: stopping all work");
+                session.abort();
+            }
+        }
+    }
+    health.set_ready(false);
+    metrics.leader.set(0);
+    let _ = lease_stop.send(true);
+    if let Some(task) = lease_task {
+        task.join().await;
+    }
+    let _ = admin_stop.send(true);
+    if let Some(task) = admin_task {
+        task.join().await;
+    }
+    info!("stopped");
+    Ok(())
+}
+
+async fn start_lease(
+    client: Client,
+    le: LeaderElection,
+    leading: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, Error> {
+    let duration = le.lease_duration.as_secs().max(1);
+    let grace = duration
+        .saturating_sub(le.renew_deadline.as_secs())
+        .clamp(1, duration.saturating_sub(1).max(1));
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, le.lease_name.clone())
+        .with_namespace(le.lease_namespace.clone())
+        .with_identity(le.identity.clone())
+        .with_duration(duration)
+        .with_grace(grace)
+        .build()
+        .await?;
+    info!(
+        lease = %le.lease_name,
+        namespace = %le.lease_namespace,
+        identity = %le.identity,
+        "leader election on"
+    );
+    let retry = le.retry_period;
+    Ok(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                r = manager.changed() => match r {
+                    Ok(is_leader) => {
+                        info!(is_leader, "leadership changed");
+                        let _ = leading.send(is_leader);
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "leader election");
+                        tokio::time::sleep(retry).await;
+                    }
+                },
+                _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
+            }
+        }
+        let _ = leading.send(false);
+        match manager.release().await {
+            Ok(()) => info!("leader Lease released"),
+            Err(e) => warn!(error = %e, "releasing the leader Lease"),
+        }
+    }))
+}
+
+/// Aborts a task when dropped, so that a cancelled [`run`] (a "killed" controller in tests, or a
+/// caller dropping the future) leaves no watch, worker or Lease renewal behind.
+struct TaskGuard(Option<JoinHandle<()>>);
+
+impl TaskGuard {
+    fn new(handle: JoinHandle<()>) -> Self {
+        TaskGuard(Some(handle))
+    }
+
+    async fn join(mut self) {
+        if let Some(handle) = self.0.take() {
+            let _ = handle.await;
+        }
+    }
+}
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            handle.abort();
+        }
+    }
+}
+
+/// Watches and workers of one leadership term.
+struct Session {
+    queue: Arc<WorkQueue>,
+    watches: Vec<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
+    gauge: JoinHandle<()>,
+}
+
+impl Session {
+    fn start(ctx: &Arc<Ctx>, workers: usize, capacity: usize) -> Session {
+        let queue = Arc::new(WorkQueue::new(capacity));
+        let watches = ctx
+            .signers
+            .keys()
+            .map(|signer| {
+                tokio::spawn(watch_signer(
+                    Arc::clone(ctx),
+                    Arc::clone(&queue),
+                    signer.clone(),
+                ))
+            })
+            .collect();
+        let workers = (0..workers.max(1))
+            .map(|_| tokio::spawn(worker(Arc::clone(ctx), Arc::clone(&queue))))
+            .collect();
+        let gauge = {
+            let queue = Arc::clone(&queue);
+            let metrics = Arc::clone(&ctx.metrics);
+            tokio::spawn(async move {
+                loop {
+                    metrics.queue_depth.set(queue.len() as i64);
+                    metrics.in_flight.set(queue.in_flight() as i64);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            })
+        };
+        Session {
+            queue,
+            watches,
+            workers,
+            gauge,
+        }
+    }
+
+    async fn drain(mut self, timeout: Duration) {
+        self.queue.close();
+        for w in &self.watches {
+            w.abort();
+        }
+        let all = futures::future::join_all(self.workers.iter_mut());
+        if tokio::time::timeout(timeout, all).await.is_err() {
+            warn!("in-flight work did not finish within {timeout:?}");
+        }
+        // Drop aborts whatever is left.
+    }
+
+    fn abort(self) {
+        // Drop does it.
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.queue.close();
+        for h in self.watches.iter().chain(&self.workers) {
+            h.abort();
+        }
+        self.gauge.abort();
+    }
+}
+
+async fn watch_signer(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, signer: String) {
+    let config = watcher::Config::default().fields(&format!("spec.signerName={signer}"));
+    match ctx.version {
+        ApiVersion::V1 => {
+            let api: Api<v1::PodCertificateRequest> = Api::all(ctx.client.clone());
+            let stream = watcher(api, config).default_backoff();
+            feed(stream, Pcr::from_v1, &queue, &ctx.metrics, &signer).await;
+        }
+        ApiVersion::V1Beta1 => {
+            let api: Api<v1beta1::PodCertificateRequest> = Api::all(ctx.client.clone());
+            let stream = watcher(api, config).default_backoff();
+            feed(stream, Pcr::from_v1beta1, &queue, &ctx.metrics, &signer).await;
+        }
+    }
+}
+
+async fn feed<K>(
+    stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+    convert: fn(K) -> Option<Pcr>,
+    queue: &WorkQueue,
+    metrics: &Metrics,
+    signer: &str,
+) {
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+                let Some(pcr) = convert(obj) else { continue };
+                // The field selector already filters; a wrong signer here would be an API bug.
+                if pcr.terminal.is_some() || pcr.signer_name != signer {
+                    continue;
+                }
+                queue.push(Item::new(pcr)).await;
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                if let Some(pcr) = convert(obj) {
+                    queue.forget(&pcr.uid);
+                }
+            }
+            Ok(watcher::Event::Init) => debug!(signer, "watch (re)listing"),
+            Ok(watcher::Event::InitDone) => info!(signer, "watch synced"),
+            Err(e) => {
+                metrics.watch_errors.inc();
+                warn!(signer, error = %e, "PodCertificateRequest watch");
+            }
+        }
+    }
+}
+
+/// What became of one attempt.
+enum Step {
+    /// Answered, by us or by someone else, or gone: never look at it again.
+    Settled,
+    /// Given up without an answer (a later relist may try again).
+    Dropped,
+    /// Try again after a backoff.
+    Retry(Item, &'static str),
+}
+
+async fn worker(ctx: Arc<Ctx>, queue: Arc<WorkQueue>) {
+    while let Some(item) = queue.pop().await {
+        let uid = item.pcr.uid.clone();
+        let span = info_span!(
+            "pcr",
+            namespace = %item.pcr.namespace,
+            name = %item.pcr.name,
+            uid = %uid,
+            signer = %item.pcr.signer_name,
+            attempt = item.attempt,
+        );
+        match reconcile(&ctx, item).instrument(span).await {
+            Step::Settled => queue.done(&uid, true),
+            Step::Dropped => queue.done(&uid, false),
+            Step::Retry(mut item, cause) => {
+                ctx.metrics
+                    .retries
+                    .get_or_create(&CauseLabels { cause })
+                    .inc();
+                queue.done(&uid, false);
+                let delay = decide::backoff(item.attempt, rand::random::<f64>());
+                debug!(uid, cause, ?delay, "retrying");
+                item.attempt = item.attempt.saturating_add(1);
+                let queue = Arc::clone(&queue);
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    queue.push_retry(item);
+                });
+            }
+        }
+    }
+}
+
+async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
+    // Fetch: the watched copy on the first try; a fresh read on retries.
+    if item.attempt > 0 {
+        match fetch(ctx, ctx.version, &item.pcr.namespace, &item.pcr.name).await {
+            Ok(Some(pcr)) if pcr.uid == item.pcr.uid => {
+                if pcr.terminal.is_some() {
+                    return Step::Settled;
+                }
+                item.pcr = Arc::new(pcr);
+            }
+            Ok(_) => {
+                debug!("gone before it was answered");
+                return Step::Settled;
+            }
+            Err(e) => {
+                debug!(error = %e, "re-reading");
+                return Step::Retry(item, "read");
+            }
+        }
+    }
+    if item.pcr.terminal.is_some() {
+        return Step::Settled;
+    }
+    let pcr = Arc::clone(&item.pcr);
+
+    // Decide.
+    let now = OffsetDateTime::now_utc();
+    let (settlement, patch, outcome) = match decide_pcr(ctx, &mut item, now).await {
+        Decided::Write(s, p, o) => (s, p, o),
+        Decided::Retry(cause) => return Step::Retry(item, cause),
+    };
+
+    // Write, only while leading.
+    if !*ctx.leading.borrow() {
+        return Step::Dropped;
+    }
+    match write_status(ctx, &pcr, &patch).await {
+        Ok(()) => {
+            record_settled(ctx, &pcr, settlement, &outcome, now).await;
+            Step::Settled
+        }
+        Err(e) => match decide::classify(&e) {
+            ErrorClass::Gone => {
+                late(ctx, "gone");
+                Step::Settled
+            }
+            ErrorClass::SettledElsewhere => {
+                late(ctx, "settled_elsewhere");
+                Step::Settled
+            }
+            ErrorClass::Conflict => {
+                match fetch(ctx, ctx.version, &pcr.namespace, &pcr.name).await {
+                    Ok(Some(fresh)) if fresh.uid == pcr.uid && fresh.terminal.is_none() => {
+                        Step::Retry(item, "conflict")
+                    }
+                    Ok(_) => {
+                        late(ctx, "conflict");
+                        Step::Settled
+                    }
+                    Err(_) => Step::Retry(item, "conflict"),
+                }
+            }
+            ErrorClass::Transient => {
+                debug!(error = %e, "status write failed; will retry");
+                Step::Retry(item, "write")
+            }
+            ErrorClass::Rejected => {
+                ctx.metrics.writes_rejected.inc();
+                error!(error = %e, "the API server refused the status write");
+                Step::Dropped
+            }
+        },
+    }
+}
+
+enum Decided {
+    Write(Settlement, Value, Outcome),
+    Retry(&'static str),
+}
+
+async fn decide_pcr(ctx: &Ctx, item: &mut Item, now: OffsetDateTime) -> Decided {
+    let pcr = Arc::clone(&item.pcr);
+    // A certificate signed on an earlier attempt is re-sent while it is fresh (rule 16.8).
+    if let Some(cert) = &item.signed {
+        if !decide::needs_reissue(cert.validity.not_before, now) {
+            let outcome = Outcome::Issued(Box::new((**cert).clone()));
+            if let Some((s, p)) = decide::status_patch(&outcome, now) {
+                return Decided::Write(s, p, outcome);
+            }
+        }
+        debug!("re-issuing: the earlier certificate is too old to send");
+        item.signed = None;
+    }
+    let Some(policy) = ctx.signers.get(&pcr.signer_name).cloned() else {
+        let outcome = Outcome::Failed {
+            reason: podca_signer::policy::reason::UNKNOWN_SIGNER,
+            message: format!("podca does not serve signer {:?}", pcr.signer_name),
+        };
+        return match decide::status_patch(&outcome, now) {
+            Some((s, p)) => Decided::Write(s, p, outcome),
+            None => Decided::Retry("policy"),
+        };
+    };
+    // A legacy request read through v1 shows an empty stub: read it through v1beta1 (§1.6).
+    let source = match pcr.key_source() {
+        KeySource::LegacyHiddenByV1 if ctx.served.legacy_readable() => {
+            match fetch(ctx, ApiVersion::V1Beta1, &pcr.namespace, &pcr.name).await {
+                Ok(Some(beta)) if beta.uid == pcr.uid => Arc::new(beta),
+                Ok(_) => return Decided::Retry("read"),
+                Err(_) => return Decided::Retry("read"),
+            }
+        }
+        KeySource::LegacyHiddenByV1 => {
+            let message = "the request has no stubPKCS10Request; it carries a legacy \
+                           pkixPublicKey/proofOfPossession that only certificates.k8s.io/v1beta1 \
+                           shows, and this cluster does not serve v1beta1";
+            let outcome = Outcome::Failed {
+                reason: LEGACY_REQUEST_UNREADABLE,
+                message: message.into(),
+            };
+            return Decided::Write(
+                Settlement::Failed,
+                decide::failed_patch(LEGACY_REQUEST_UNREADABLE, message, now),
+                outcome,
+            );
+        }
+        _ => Arc::clone(&pcr),
+    };
+    let ca = Arc::clone(&ctx.ca);
+    // Signing is CPU work: off the async threads.
+    let outcome = match tokio::task::spawn_blocking(move || {
+        let request = source.to_certificate_request();
+        sign_request(&policy, &ca, &request, now)
+    })
+    .await
+    {
+        Ok(o) => o,
+        Err(e) => {
+            error!(error = %e, "signing task failed");
+            return Decided::Retry("sign");
+        }
+    };
+    match decide::status_patch(&outcome, now) {
+        Some((s, p)) => {
+            if let Outcome::Issued(cert) = &outcome {
+                item.signed = Some(Arc::new((**cert).clone()));
+            }
+            Decided::Write(s, p, outcome)
+        }
+        None => {
+            if let Outcome::Retry(e) = &outcome {
+                warn!(error = %e, "CA backend unavailable; leaving the request pending");
+            }
+            Decided::Retry("ca_backend")
+        }
+    }
+}
+
+fn late(ctx: &Ctx, cause: &'static str) {
+    debug!(
+        cause,
+        "late status write: someone else settled or deleted the request"
+    );
+    ctx.metrics
+        .late_writes
+        .get_or_create(&CauseLabels { cause })
+        .inc();
+}
+
+fn api_resource(version: ApiVersion) -> ApiResource {
+    let v = match version {
+        ApiVersion::V1 => "v1",
+        ApiVersion::V1Beta1 => "v1beta1",
+    };
+    ApiResource {
+        group: "certificates.k8s.io".into(),
+        version: v.into(),
+        api_version: version.as_str().into(),
+        kind: "PodCertificateRequest".into(),
+        plural: "podcertificaterequests".into(),
+    }
+}
+
+async fn write_status(ctx: &Ctx, pcr: &Pcr, patch: &Value) -> Result<(), kube::Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ctx.client.clone(),
+        &pcr.namespace,
+        &api_resource(pcr.version),
+    );
+    api.patch_status(&pcr.name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+}
+
+async fn fetch(
+    ctx: &Ctx,
+    version: ApiVersion,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<Pcr>, kube::Error> {
+    match version {
+        ApiVersion::V1 => {
+            let api: Api<v1::PodCertificateRequest> =
+                Api::namespaced(ctx.client.clone(), namespace);
+            Ok(api.get_opt(name).await?.and_then(Pcr::from_v1))
+        }
+        ApiVersion::V1Beta1 => {
+            let api: Api<v1beta1::PodCertificateRequest> =
+                Api::namespaced(ctx.client.clone(), namespace);
+            Ok(api.get_opt(name).await?.and_then(Pcr::from_v1beta1))
+        }
+    }
+}
+
+async fn record_settled(
+    ctx: &Ctx,
+    pcr: &Pcr,
+    settlement: Settlement,
+    outcome: &Outcome,
+    now: OffsetDateTime,
+) {
+    let (family, reason, message) = match outcome {
+        Outcome::Issued(cert) => {
+            info!(serial = %cert.serial, spiffe_id = %cert.spiffe_id, "issued");
+            (
+                &ctx.metrics.issued,
+                podca_signer::policy::reason::ISSUED,
+                None,
+            )
+        }
+        Outcome::Denied { reason, message } => {
+            info!(reason, message, "denied");
+            (&ctx.metrics.denied, *reason, Some(message.as_str()))
+        }
+        Outcome::Failed { reason, message } => {
+            warn!(reason, message, "failed");
+            (&ctx.metrics.failed, *reason, Some(message.as_str()))
+        }
+        Outcome::Retry(_) => return,
+    };
+    family
+        .get_or_create(&SettleLabels {
+            signer: pcr.signer_name.clone(),
+            reason: reason.to_owned(),
+        })
+        .inc();
+    if let Some(created) = pcr.created {
+        let seconds = (now - created).as_seconds_f64().max(0.0);
+        ctx.metrics
+            .settle_seconds
+            .get_or_create(&SignerLabels {
+                signer: pcr.signer_name.clone(),
+            })
+            .observe(seconds);
+    }
+    if let Some(message) = message {
+        debug_assert!(settlement != Settlement::Issued);
+        publish_event(ctx, pcr, settlement, reason, message).await;
+    }
+}
+
+/// A Warning Event regarding the PCR (events.k8s.io/v1). Best effort: an Event that cannot be
+/// written never holds up or undoes the answer.
+async fn publish_event(ctx: &Ctx, pcr: &Pcr, settlement: Settlement, reason: &str, message: &str) {
+    let note: String = message.chars().take(1000).collect();
+    let event = KubeEvent {
+        type_: EventType::Warning,
+        reason: decide::sanitize_reason(reason),
+        note: Some(note),
+        action: settlement.condition_type().into(),
+        secondary: None,
+    };
+    let reference = ObjectReference {
+        api_version: Some(pcr.version.as_str().into()),
+        kind: Some("PodCertificateRequest".into()),
+        name: Some(pcr.name.clone()),
+        namespace: Some(pcr.namespace.clone()),
+        uid: Some(pcr.uid.clone()),
+        ..Default::default()
+    };
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        ctx.recorder.publish(&event, &reference),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "could not record an Event"),
+        Err(_) => warn!("recording an Event timed out"),
+    }
+}

@@ -1,0 +1,191 @@
+//! Prometheus metrics (prefix `podca_`): one registry, seconds as the unit, low-cardinality labels.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SettleLabels {
+    pub signer: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignerLabels {
+    pub signer: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 5 ms … ~20 min.
+    Histogram::new(exponential_buckets(0.005, 2.0, 18))
+}
+
+/// Every metric the controller exports.
+#[derive(Debug)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub issued: Family<SettleLabels, Counter>,
+    pub denied: Family<SettleLabels, Counter>,
+    pub failed: Family<SettleLabels, Counter>,
+    pub settle_seconds: Family<SignerLabels, Histogram, fn() -> Histogram>,
+    pub queue_depth: Gauge,
+    pub in_flight: Gauge,
+    pub ca_not_after: Gauge,
+    pub leader: Gauge,
+    /// Writes that found the PCR deleted (404) or already settled by someone else (409/422).
+    pub late_writes: Family<CauseLabels, Counter>,
+    /// Transient failures that were retried, by cause.
+    pub retries: Family<CauseLabels, Counter>,
+    /// Writes the API server refused for a reason retrying cannot fix.
+    pub writes_rejected: Counter,
+    pub watch_errors: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("podca");
+        let issued = Family::<SettleLabels, Counter>::default();
+        let denied = Family::<SettleLabels, Counter>::default();
+        let failed = Family::<SettleLabels, Counter>::default();
+        let settle_seconds =
+            Family::<SignerLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_histogram,
+            );
+        let queue_depth = Gauge::default();
+        let in_flight = Gauge::default();
+        let ca_not_after = Gauge::default();
+        let leader = Gauge::default();
+        let late_writes = Family::<CauseLabels, Counter>::default();
+        let retries = Family::<CauseLabels, Counter>::default();
+        let writes_rejected = Counter::default();
+        let watch_errors = Counter::default();
+        registry.register(
+            "pcr_issued",
+            "PodCertificateRequests issued",
+            issued.clone(),
+        );
+        registry.register(
+            "pcr_denied",
+            "PodCertificateRequests denied",
+            denied.clone(),
+        );
+        registry.register(
+            "pcr_failed",
+            "PodCertificateRequests failed",
+            failed.clone(),
+        );
+        registry.register(
+            "pcr_settle_seconds",
+            "Seconds from PodCertificateRequest creation to a settled status",
+            settle_seconds.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "PodCertificateRequests waiting for a worker",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "in_flight",
+            "PodCertificateRequests being worked on",
+            in_flight.clone(),
+        );
+        registry.register(
+            "ca_not_after_timestamp_seconds",
+            "notAfter of the issuing CA certificate (Unix seconds)",
+            ca_not_after.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 when this process holds the leader Lease (or runs without election)",
+            leader.clone(),
+        );
+        registry.register(
+            "late_writes",
+            "Status writes that found the PodCertificateRequest gone or settled by someone else",
+            late_writes.clone(),
+        );
+        registry.register(
+            "retries",
+            "Transient failures that were retried",
+            retries.clone(),
+        );
+        registry.register(
+            "status_writes_rejected",
+            "Status writes the API server refused permanently",
+            writes_rejected.clone(),
+        );
+        registry.register(
+            "watch_errors",
+            "Errors on PodCertificateRequest watches",
+            watch_errors.clone(),
+        );
+        Metrics {
+            registry,
+            issued,
+            denied,
+            failed,
+            settle_seconds,
+            queue_depth,
+            in_flight,
+            ca_not_after,
+            leader,
+            late_writes,
+            retries,
+            writes_rejected,
+            watch_errors,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_prefix() {
+        let m = Metrics::new();
+        m.issued
+            .get_or_create(&SettleLabels {
+                signer: "example.com/s".into(),
+                reason: "Issued".into(),
+            })
+            .inc();
+        m.settle_seconds
+            .get_or_create(&SignerLabels {
+                signer: "example.com/s".into(),
+            })
+            .observe(0.2);
+        m.ca_not_after.set(1_900_000_000);
+        let text = m.encode();
+        for name in [
+            "podca_pcr_issued_total{signer=\"example.com/s\",reason=\"Issued\"} 1",
+            "podca_pcr_settle_seconds_bucket",
+            "podca_queue_depth 0",
+            "podca_ca_not_after_timestamp_seconds 1900000000",
+        ] {
+            assert!(text.contains(name), "{name} missing in:\n{text}");
+        }
+    }
+}
