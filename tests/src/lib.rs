@@ -8,5 +8,6 @@
 pub mod client;
 pub mod emulator;
 pub mod kubelet;
+pub mod testca;
 
 pub use emulator::{Emulator, EmulatorConfig};

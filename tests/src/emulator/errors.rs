@@ -176,7 +176,7 @@ pub struct ApiError {
     /// `Status.reason`; empty for an unknown reason (plain 500).
     pub reason: String,
     pub message: String,
-    pub details: Option<Details>,
+    pub details: Option<Box<Details>>,
     /// Extra headers (e.g. Retry-After).
     pub retry_after: Option<u64>,
 }
@@ -203,13 +203,13 @@ impl ApiError {
     }
 
     fn with_details(mut self, name: &str, group: &str, kind: &str) -> Self {
-        self.details = Some(Details {
+        self.details = Some(Box::new(Details {
             name: name.to_string(),
             group: group.to_string(),
             kind: kind.to_string(),
             uid: None,
             causes: Vec::new(),
-        });
+        }));
         self
     }
 

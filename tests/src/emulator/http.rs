@@ -86,10 +86,10 @@ fn json_response(code: u16, v: &Value) -> Response<RespBody> {
 
 fn error_response(e: &ApiError) -> Response<RespBody> {
     let mut r = json_response(e.code, &e.to_status());
-    if let Some(s) = e.retry_after {
-        if let Ok(v) = hyper::header::HeaderValue::from_str(&s.to_string()) {
-            r.headers_mut().insert(hyper::header::RETRY_AFTER, v);
-        }
+    if let Some(s) = e.retry_after
+        && let Ok(v) = hyper::header::HeaderValue::from_str(&s.to_string())
+    {
+        r.headers_mut().insert(hyper::header::RETRY_AFTER, v);
     }
     r
 }
@@ -397,10 +397,10 @@ fn parse_target(segs: &[&str], mode: ApiMode) -> Option<Target> {
     {
         return None;
     }
-    if let Some(s) = &sub {
-        if s != "status" || !res.has_status() {
-            return None;
-        }
+    if let Some(s) = &sub
+        && (s != "status" || !res.has_status())
+    {
+        return None;
     }
     Some(Target {
         res,
@@ -547,9 +547,9 @@ async fn dispatch(
         (&Method::DELETE, true) => "delete",
         (&Method::DELETE, false) => "deletecollection",
         _ => {
-            return Err(ApiError::method_not_allowed(format!(
-                "the server does not allow this method on the requested resource"
-            )));
+            return Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource".to_string(),
+            ));
         }
     };
     let ns = t.namespace.clone().unwrap_or_default();
@@ -639,10 +639,10 @@ fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<RespBody>, ApiE
     let mut next_key = None;
     let mut remaining = 0u64;
     for o in &all {
-        if let Some(s) = &start_after {
-            if key_of(o) <= *s {
-                continue;
-            }
+        if let Some(s) = &start_after
+            && key_of(o) <= *s
+        {
+            continue;
         }
         if !fsel.matches(o) || !lsel.matches(o) {
             continue;
@@ -826,7 +826,7 @@ fn watch(shared: &Arc<Shared>, r: &Req, t: &Target) -> Result<Response<RespBody>
 fn parse_body(r: &Req) -> Result<Value, ApiError> {
     let ct = r.content_type.split(';').next().unwrap_or("").trim();
     if ct.contains("yaml") {
-        return patch::parse_apply_yaml(&r.body).map_err(|e| ApiError::bad_request(e));
+        return patch::parse_apply_yaml(&r.body).map_err(ApiError::bad_request);
     }
     serde_json::from_slice(&r.body).map_err(|e| {
         ApiError::bad_request(format!(
@@ -837,20 +837,20 @@ fn parse_body(r: &Req) -> Result<Value, ApiError> {
 
 fn check_api_version(body: &Value, res: Res, version: &str) -> Result<(), ApiError> {
     let want = res.api_version(version);
-    if let Some(av) = body.get("apiVersion").and_then(Value::as_str) {
-        if av != want {
-            return Err(ApiError::bad_request(format!(
-                "the API version in the data ({av}) does not match the expected API version ({want})"
-            )));
-        }
+    if let Some(av) = body.get("apiVersion").and_then(Value::as_str)
+        && av != want
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({av}) does not match the expected API version ({want})"
+        )));
     }
-    if let Some(k) = body.get("kind").and_then(Value::as_str) {
-        if k != res.kind() {
-            return Err(ApiError::bad_request(format!(
-                "the kind in the data ({k}) does not match the expected kind ({})",
-                res.kind()
-            )));
-        }
+    if let Some(k) = body.get("kind").and_then(Value::as_str)
+        && k != res.kind()
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({k}) does not match the expected kind ({})",
+            res.kind()
+        )));
     }
     Ok(())
 }
@@ -914,7 +914,7 @@ fn validate_meta_labels(meta: &Map<String, Value>) -> Vec<FieldError> {
             }
             let vs = v.as_str().unwrap_or("");
             for m in super::names::is_valid_label_value(vs) {
-                errs.push(FieldError::invalid_str(&format!("metadata.labels"), vs, m));
+                errs.push(FieldError::invalid_str("metadata.labels", vs, m));
             }
         }
     }
@@ -1511,10 +1511,10 @@ fn update(
     if let Value::Object(m) = &mut new_v {
         m.remove("apiVersion");
         m.remove("kind");
-        if res == Res::Pcr {
-            if let Some(spec) = m.get_mut("spec") {
-                resources::pcr_spec_from_version(spec, &t.version, md, old.get("spec"));
-            }
+        if res == Res::Pcr
+            && let Some(spec) = m.get_mut("spec")
+        {
+            resources::pcr_spec_from_version(spec, &t.version, md, old.get("spec"));
         }
     }
     // Managed fields (computed before the strategy resets anything).
@@ -1626,10 +1626,7 @@ fn update(
                     res.plural(),
                     res.group(),
                     &name,
-                    &format!(
-                        "unexpected operation {}",
-                        if verb == "update" { "UPDATE" } else { "UPDATE" }
-                    ),
+                    "unexpected operation UPDATE",
                 ));
             }
             new_obj["status"] = old.get("status").cloned().unwrap_or_else(|| json!({}));
@@ -1810,33 +1807,33 @@ fn delete(shared: &Arc<Shared>, r: &Req, t: &Target) -> Result<Response<RespBody
         return Err(ApiError::not_found(t.res.plural(), t.res.group(), &name));
     };
     let pre = &opts["preconditions"];
-    if let Some(uid) = pre["uid"].as_str() {
-        if uid != meta_str(&old, "uid") {
-            return Err(ApiError::new(
-                409,
-                "Conflict",
-                format!(
-                    "Operation cannot be fulfilled on {} {}: Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    super::errors::qualified(t.res.plural(), t.res.group()),
-                    super::errors::go_quote(&name),
-                    meta_str(&old, "uid")
-                ),
-            ));
-        }
+    if let Some(uid) = pre["uid"].as_str()
+        && uid != meta_str(&old, "uid")
+    {
+        return Err(ApiError::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} {}: Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                super::errors::qualified(t.res.plural(), t.res.group()),
+                super::errors::go_quote(&name),
+                meta_str(&old, "uid")
+            ),
+        ));
     }
-    if let Some(rv) = pre["resourceVersion"].as_str() {
-        if rv != meta_str(&old, "resourceVersion") {
-            return Err(ApiError::new(
-                409,
-                "Conflict",
-                format!(
-                    "Operation cannot be fulfilled on {} {}: Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in meta: {}",
-                    super::errors::qualified(t.res.plural(), t.res.group()),
-                    super::errors::go_quote(&name),
-                    meta_str(&old, "resourceVersion")
-                ),
-            ));
-        }
+    if let Some(rv) = pre["resourceVersion"].as_str()
+        && rv != meta_str(&old, "resourceVersion")
+    {
+        return Err(ApiError::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} {}: Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in meta: {}",
+                super::errors::qualified(t.res.plural(), t.res.group()),
+                super::errors::go_quote(&name),
+                meta_str(&old, "resourceVersion")
+            ),
+        ));
     }
     let uid = meta_str(&old, "uid").to_string();
     if !r.dry_run() {

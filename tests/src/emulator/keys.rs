@@ -185,23 +185,35 @@ pub fn verify_pop(spki_der: &[u8], pod_uid: &str, pop: &[u8]) -> bool {
 pub fn verify_csr_signature(
     csr: &x509_parser::certification_request::X509CertificationRequest<'_>,
 ) -> bool {
-    let info = csr.certification_request_info.raw;
-    let spki = &csr.certification_request_info.subject_pki;
+    verify_signature(
+        &csr.signature_algorithm,
+        &csr.certification_request_info.subject_pki,
+        csr.certification_request_info.raw,
+        csr.signature_value.data.as_ref(),
+    )
+}
+
+/// Verify `sig` over `msg` made with `sig_alg` by the key in `spki`
+/// (RSA PKCS#1 v1.5 and PSS, ECDSA P-256/384/521 with SHA-2, Ed25519).
+pub fn verify_signature(
+    sig_alg: &x509_parser::x509::AlgorithmIdentifier<'_>,
+    spki: &SubjectPublicKeyInfo<'_>,
+    msg: &[u8],
+    sig: &[u8],
+) -> bool {
     let key = spki.subject_public_key.data.as_ref();
-    let sig = csr.signature_value.data.as_ref();
-    let sig_alg = oid_str(&csr.signature_algorithm.algorithm);
+    let alg_oid = oid_str(&sig_alg.algorithm);
     let pk = match pubkey_from_spki(spki) {
         Ok(pk) => pk,
         Err(_) => return false,
     };
-    let alg: &'static dyn VerificationAlgorithm = match (sig_alg.as_str(), &pk) {
+    let alg: &'static dyn VerificationAlgorithm = match (alg_oid.as_str(), &pk) {
         ("1.2.840.113549.1.1.11", PubKey::Rsa { .. }) => &signature::RSA_PKCS1_2048_8192_SHA256,
         ("1.2.840.113549.1.1.12", PubKey::Rsa { .. }) => &signature::RSA_PKCS1_2048_8192_SHA384,
         ("1.2.840.113549.1.1.13", PubKey::Rsa { .. }) => &signature::RSA_PKCS1_2048_8192_SHA512,
         ("1.2.840.113549.1.1.10", PubKey::Rsa { .. }) => {
             // RSASSA-PSS: pick the hash from the parameters (default SHA-256 here).
-            let params = csr
-                .signature_algorithm
+            let params = sig_alg
                 .parameters
                 .as_ref()
                 .map(|p| p.as_bytes().to_vec())
@@ -230,7 +242,7 @@ pub fn verify_csr_signature(
         ("1.3.101.112", PubKey::Ed25519(_)) => &signature::ED25519,
         _ => return false,
     };
-    verify(alg, key, info, sig)
+    verify(alg, key, msg, sig)
 }
 
 /// Go `PublicKey.Equal` on two parsed keys.

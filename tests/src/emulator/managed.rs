@@ -109,6 +109,7 @@ fn union(into: &mut Map<String, Value>, from: &Map<String, Value>) {
 
 /// Record `set` for (manager, operation, subresource) in `obj`'s
 /// managedFields. Returns whether managedFields changed.
+#[allow(clippy::too_many_arguments)]
 pub fn record(
     obj: &mut Value,
     manager: &str,

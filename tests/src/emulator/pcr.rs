@@ -636,7 +636,7 @@ fn validate_stub(spec: &PcrSpec, errs: &mut Vec<FieldError>) {
         return;
     }
     let csr = match x509_parser::certification_request::X509CertificationRequest::from_der(stub) {
-        Ok((rest, csr)) if rest.is_empty() => csr,
+        Ok(([], csr)) => csr,
         _ => {
             errs.push(FieldError::invalid_omitted(
                 STUB,
@@ -1087,7 +1087,7 @@ pub fn validate_trust_bundle(bundle: &str) -> Vec<FieldError> {
         }
         let parsed = x509_parser::certificate::X509Certificate::from_der(&b.bytes);
         let cert = match parsed {
-            Ok((rest, c)) if rest.is_empty() => c,
+            Ok(([], c)) => c,
             _ => {
                 errs.push(FieldError::invalid_raw(
                     P,

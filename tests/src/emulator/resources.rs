@@ -174,14 +174,14 @@ pub fn to_version(res: Res, hub: &Value, version: &str, mode: ApiMode) -> Value 
     if let Value::Object(m) = &mut v {
         m.insert("apiVersion".into(), json!(res.api_version(version)));
         m.insert("kind".into(), json!(res.kind()));
-        if res == Res::Pcr {
-            if let Some(Value::Object(spec)) = m.get_mut("spec") {
-                if version == "v1" {
-                    spec.remove("pkixPublicKey");
-                    spec.remove("proofOfPossession");
-                } else if mode == ApiMode::V1Beta1Legacy {
-                    spec.remove("stubPKCS10Request");
-                }
+        if res == Res::Pcr
+            && let Some(Value::Object(spec)) = m.get_mut("spec")
+        {
+            if version == "v1" {
+                spec.remove("pkixPublicKey");
+                spec.remove("proofOfPossession");
+            } else if mode == ApiMode::V1Beta1Legacy {
+                spec.remove("stubPKCS10Request");
             }
         }
     }
