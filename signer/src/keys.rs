@@ -249,15 +249,20 @@ impl SubjectKey {
 
     fn from_parsed_spki(spki: &SubjectPublicKeyInfo<'_>, der: &[u8]) -> Result<Self, KeyError> {
         let key_type = classify(spki)?;
-        let key = rcgen::SubjectPublicKeyInfo::from_der(der).map_err(|e| KeyError::Malformed {
-            what: "SubjectPublicKeyInfo",
-            detail: e.to_string(),
-        })?;
+        // The subject key's algorithm only tells rcgen how to write the SPKI's
+        // AlgorithmIdentifier; for P-521 any of rcgen's three P-521 entries writes the same one.
+        let algorithm: &'static rcgen::SignatureAlgorithm = match key_type {
+            KeyType::Rsa3072 | KeyType::Rsa4096 => &rcgen::PKCS_RSA_SHA256,
+            KeyType::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+            KeyType::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
+            KeyType::EcdsaP521 => &rcgen::PKCS_ECDSA_P521_SHA512,
+            KeyType::Ed25519 => &rcgen::PKCS_ED25519,
+        };
         let this = SubjectKey {
             key_type,
             spki_der: der.to_vec(),
-            raw_public_key: key.der_bytes().to_vec(),
-            algorithm: key.algorithm(),
+            raw_public_key: spki.subject_public_key.data.to_vec(),
+            algorithm,
         };
         // rcgen writes the SPKI from (algorithm, key bits). Insist that this reproduces the
         // requested bytes, so the certificate carries the request's SPKI verbatim.

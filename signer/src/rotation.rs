@@ -56,6 +56,10 @@ pub struct Generation {
     pub activated_at: Option<OffsetDateTime>,
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub retired_at: Option<OffsetDateTime>,
+    /// Prepared on demand (`podca ca rotate`): take over as soon as the propagation window is
+    /// over instead of at the scheduled point.
+    #[serde(default)]
+    pub activate_asap: bool,
     /// The latest notAfter of any certificate this CA signed (None: it signed nothing yet).
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub last_leaf_not_after: Option<OffsetDateTime>,
@@ -196,7 +200,7 @@ pub fn plan(generations: &[Generation], schedule: &Schedule, now: OffsetDateTime
             let due = now >= a.life_point(schedule.activate_at);
             // Never let the active CA run out while the prepared one waits: past its notAfter it
             // cannot sign at all, so an expired active CA is replaced as soon as the window allows.
-            if ready(p) && (due || now >= a.ca_not_after) {
+            if ready(p) && (due || p.activate_asap || now >= a.ca_not_after) {
                 steps.push(Step::Activate(p.id));
                 steps.push(Step::Retire(a.id));
             }
@@ -238,11 +242,14 @@ pub fn next_event(
     if let Some(a) = active {
         match prepared {
             None => times.push(a.life_point(schedule.prepare_at)),
-            Some(p) => times.push(
-                a.life_point(schedule.activate_at)
-                    .min(a.ca_not_after)
-                    .max(p.prepared_at + schedule.propagation()),
-            ),
+            Some(p) => {
+                let due = if p.activate_asap {
+                    p.prepared_at
+                } else {
+                    a.life_point(schedule.activate_at).min(a.ca_not_after)
+                };
+                times.push(due.max(p.prepared_at + schedule.propagation()));
+            }
         }
     }
     for g in generations.iter().filter(|g| g.phase == Phase::Retired) {
@@ -295,6 +302,7 @@ mod tests {
             prepared_at: start,
             activated_at: (phase != Phase::Prepared).then_some(start),
             retired_at: None,
+            activate_asap: false,
             last_leaf_not_after: None,
         }
     }
@@ -383,6 +391,7 @@ mod tests {
                             prepared_at: now,
                             activated_at: None,
                             retired_at: None,
+                            activate_asap: false,
                             last_leaf_not_after: None,
                         });
                         next_id += 1;

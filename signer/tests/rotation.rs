@@ -1,0 +1,102 @@
+//! Rotation on disk: a forced rotation publishes the next root before it signs, keeps the old
+//! root while its leaves live, then drops it and deletes its keys.
+
+mod common;
+
+use podca_signer::rotation::{Phase, Schedule, Step};
+use podca_signer::{FileStore, InitOptions, KeyType};
+use time::{Duration, OffsetDateTime};
+
+#[test]
+fn forced_rotation_overlaps_then_drops_the_old_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path().join("ca"));
+    let t0 = OffsetDateTime::now_utc();
+    let schedule = Schedule {
+        ca_lifetime_seconds: 30 * 86400,
+        ..Schedule::default()
+    };
+    let max_leaf = Duration::hours(24);
+    let first = store.init(&InitOptions::default(), t0).unwrap();
+    assert_eq!(store.roots().unwrap().len(), 1);
+    // Nothing due yet.
+    assert!(store.rotate(&schedule, max_leaf, false, t0).unwrap().is_empty());
+
+    // `podca ca rotate`: the next CA is prepared, published, but does not sign yet.
+    assert_eq!(store.rotate(&schedule, max_leaf, true, t0).unwrap(), [Step::Prepare]);
+    let roots = store.roots().unwrap();
+    assert_eq!(roots.len(), 2, "old and next root both published");
+    assert_eq!(store.load().unwrap().certificate(), first.certificate());
+    let (_, old_leaf) = common::issue_for(&store.load().unwrap(), KeyType::EcdsaP256, &[]);
+
+    // Inside the propagation window nothing changes, even when forced again.
+    let t1 = t0 + Duration::minutes(10);
+    assert!(store.rotate(&schedule, max_leaf, true, t1).unwrap().is_empty());
+    // A forced rotation activates as soon as the window is over, not at the scheduled point.
+    let t3 = t0 + schedule.propagation();
+    let steps = store.rotate(&schedule, max_leaf, false, t3 - Duration::seconds(1)).unwrap();
+    assert!(steps.is_empty(), "one second early: {steps:?}");
+    assert_eq!(store.next_rotation_event(&schedule, t1).unwrap(), Some(t3));
+    let steps = store.rotate(&schedule, max_leaf, false, t3).unwrap();
+    assert_eq!(steps, [Step::Activate(2), Step::Retire(1)]);
+    let second = store.load().unwrap();
+    assert_ne!(second.certificate(), first.certificate());
+    let gens = store.generations().unwrap();
+    assert_eq!(
+        gens.iter().map(|g| g.generation.phase).collect::<Vec<_>>(),
+        [Phase::Retired, Phase::Active]
+    );
+
+    // During the overlap both old and new leaves verify against the published bundle.
+    let bundle: String = store.roots().unwrap().iter().map(|r| r.pem()).collect();
+    let (_, new_leaf) = common::issue_for(&second, KeyType::EcdsaP256, &[]);
+    for chain in [&old_leaf.chain_pem, &new_leaf.chain_pem] {
+        let (ok, out) = common::openssl_verify(dir.path(), &bundle, chain);
+        assert!(ok, "{out}");
+    }
+
+    // After the old CA's last possible leaf expired, its root leaves and its keys go.
+    let t4 = t3 + max_leaf;
+    assert_eq!(store.rotate(&schedule, max_leaf, false, t4).unwrap(), [Step::Drop(1)]);
+    assert_eq!(store.roots().unwrap().len(), 1);
+    assert!(!store.generation_dir(1).join("issuing.key").exists());
+    assert!(!store.generation_dir(1).join("root.key").exists());
+    let bundle: String = store.roots().unwrap().iter().map(|r| r.pem()).collect();
+    let (ok, _) = common::openssl_verify(dir.path(), &bundle, &old_leaf.chain_pem);
+    assert!(!ok, "the dropped root no longer anchors anything");
+}
+
+#[test]
+fn imported_ca_cannot_self_rotate_but_a_second_import_is_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = common::two_level_ca(podca_signer::CaAlgorithm::EcdsaP256);
+    let store = FileStore::new(dir.path().join("ca"));
+    let key_pem = |ca: &podca_signer::IssuingCa| {
+        // The test CA keys live in memory; re-create a matching import from a fresh root.
+        let _ = ca;
+        let pair = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "imported root");
+        let cert = params.self_signed(&pair).unwrap();
+        (cert.pem(), pair.serialize_pem())
+    };
+    let (cert1, key1) = key_pem(&a);
+    store.import(&cert1, &key1, None).unwrap();
+    let err = store
+        .rotate(&Schedule::default(), Duration::hours(24), true, OffsetDateTime::now_utc())
+        .unwrap_err();
+    assert!(err.to_string().contains("imported"), "{err}");
+    let (cert2, key2) = key_pem(&a);
+    store.import(&cert2, &key2, None).unwrap();
+    let phases: Vec<_> = store
+        .generations()
+        .unwrap()
+        .iter()
+        .map(|g| g.generation.phase)
+        .collect();
+    assert_eq!(phases, [Phase::Active, Phase::Prepared]);
+    assert_eq!(store.roots().unwrap().len(), 2, "the next anchor is published at once");
+}
