@@ -4,6 +4,9 @@
 //! issuance = stub CSR DER → subject key (no signature re-check) → policy → validity →
 //! signed leaf → PEM chain: exactly the PodCertificateRequest path.
 
+// A benchmark binary: a failed setup step should abort it loudly.
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,7 +47,8 @@ fn rate(mut op: impl FnMut()) -> f64 {
 fn main() {
     let rng = SystemRandom::new();
     let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
-    let raw_key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref()).unwrap();
+    let raw_key =
+        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref()).unwrap();
     // About the size of a leaf's TBSCertificate.
     let message = vec![0x5au8; 420];
     let raw = rate(|| {
@@ -92,5 +96,8 @@ fn main() {
     println!("one core, release build, median of 3 × {}s", RUN.as_secs());
     println!("raw ECDSA P-256 signatures/s (aws-lc-rs): {raw:>10.0}");
     println!("leaf issuance/s (stub CSR → PEM chain):   {issue:>10.0}");
-    println!("issuance / raw signing:                   {:>10.1} %", 100.0 * issue / raw);
+    println!(
+        "issuance / raw signing:                   {:>10.1} %",
+        100.0 * issue / raw
+    );
 }

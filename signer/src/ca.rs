@@ -75,10 +75,13 @@ impl CaCertificate {
             .ok()
             .flatten()
             .is_some_and(|bc| bc.value.ca);
-        let subject_key_id = cert.extensions().iter().find_map(|e| match e.parsed_extension() {
-            ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0.to_vec()),
-            _ => None,
-        });
+        let subject_key_id = cert
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0.to_vec()),
+                _ => None,
+            });
         Ok(CaCertificate {
             der: der.to_vec(),
             subject: cert.subject().to_string(),
@@ -143,12 +146,17 @@ impl CaCertificate {
 
     /// Checks that `issuer`'s key signed this certificate.
     pub fn verify_signed_by(&self, issuer: &CaCertificate) -> Result<(), CaError> {
-        x509::verify_signature(&issuer.spki, &self.signature_oid, &self.tbs, &self.signature)
-            .map_err(|e| CaError::BrokenChain {
-                subject: self.subject.clone(),
-                issuer: issuer.subject.clone(),
-                detail: e.to_string(),
-            })
+        x509::verify_signature(
+            &issuer.spki,
+            &self.signature_oid,
+            &self.tbs,
+            &self.signature,
+        )
+        .map_err(|e| CaError::BrokenChain {
+            subject: self.subject.clone(),
+            issuer: issuer.subject.clone(),
+            detail: e.to_string(),
+        })
     }
 }
 
@@ -210,7 +218,9 @@ impl IssuingCa {
     ) -> Result<Self, CaError> {
         let params = ca_params(common_name, now, validity, None)?;
         let signing = shared(Arc::clone(&key));
-        let cert = params.self_signed(&signing).map_err(|e| build_error(e, &signing))?;
+        let cert = params
+            .self_signed(&signing)
+            .map_err(|e| build_error(e, &signing))?;
         let certificate = CaCertificate::from_der(cert.der())?;
         Self::assemble(key, certificate.clone(), vec![], vec![certificate])
     }
@@ -302,8 +312,9 @@ impl IssuingCa {
                 detail: "no root verifies it".into(),
             });
         }
-        let issuer = rcgen::Issuer::from_ca_cert_der(&certificate.der.as_slice().into(), shared(key))
-            .map_err(|e| CaError::Build(e.to_string()))?;
+        let issuer =
+            rcgen::Issuer::from_ca_cert_der(&certificate.der.as_slice().into(), shared(key))
+                .map_err(|e| CaError::Build(e.to_string()))?;
         Ok(IssuingCa {
             certificate,
             chain,

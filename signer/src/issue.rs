@@ -127,9 +127,15 @@ pub struct CertificateRequest {
 pub enum Outcome {
     Issued(Box<IssuedCertificate>),
     /// Permanent refusal (kubelet never retries).
-    Denied { reason: &'static str, message: String },
+    Denied {
+        reason: &'static str,
+        message: String,
+    },
     /// Permanent inability to issue (kubelet never retries).
-    Failed { reason: &'static str, message: String },
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
     /// Transient trouble (CA backend unavailable): leave the request pending and retry.
     Retry(BackendError),
 }

@@ -17,7 +17,9 @@ use x509_parser::public_key::PublicKey;
 use x509_parser::x509::SubjectPublicKeyInfo;
 
 /// The subject key types kubelet can request (spec §1.5, §5.1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum KeyType {
     #[serde(rename = "RSA3072")]
     Rsa3072,
@@ -94,7 +96,10 @@ pub enum KeyError {
     #[error("malformed {what}: {detail}")]
     Malformed { what: &'static str, detail: String },
     /// A well-formed key of a type podca does not certify.
-    #[error("unsupported key type: {found}; supported key types are {}", KeyType::supported_list())]
+    #[error(
+        "unsupported key type: {found}; supported key types are {}",
+        KeyType::supported_list()
+    )]
     UnsupportedKeyType { found: String },
     /// The CSR self-signature or the proof of possession does not verify.
     #[error("{what} does not verify against the subject public key")]
@@ -123,10 +128,11 @@ impl fmt::Debug for SubjectKey {
 impl SubjectKey {
     /// Parses and classifies a DER SubjectPublicKeyInfo.
     pub fn from_spki_der(der: &[u8]) -> Result<Self, KeyError> {
-        let (rest, spki) = SubjectPublicKeyInfo::from_der(der).map_err(|e| KeyError::Malformed {
-            what: "SubjectPublicKeyInfo",
-            detail: e.to_string(),
-        })?;
+        let (rest, spki) =
+            SubjectPublicKeyInfo::from_der(der).map_err(|e| KeyError::Malformed {
+                what: "SubjectPublicKeyInfo",
+                detail: e.to_string(),
+            })?;
         if !rest.is_empty() {
             return Err(KeyError::Malformed {
                 what: "SubjectPublicKeyInfo",

@@ -138,11 +138,11 @@ impl Ledger {
                 .open_multimap_table(BY_IDENTITY)
                 .map_err(|e| self.storage(e))?;
             let mut by_time = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
-            let mut seq = table
+            let first = table
                 .last()
                 .map_err(|e| self.storage(e))?
                 .map_or(0, |(k, _)| k.value() + 1);
-            for record in records {
+            for (seq, record) in (first..).zip(records) {
                 let json = serde_json::to_vec(record).map_err(|e| self.storage(e))?;
                 table
                     .insert(seq, json.as_slice())
@@ -156,7 +156,6 @@ impl Ledger {
                 by_time
                     .insert((record.issued_at.unix_timestamp(), seq), ())
                     .map_err(|e| self.storage(e))?;
-                seq += 1;
             }
         }
         tx.commit().map_err(|e| self.storage(e))

@@ -116,8 +116,14 @@ pub struct LeafPlan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     Issue(LeafPlan),
-    Deny { reason: &'static str, message: String },
-    Fail { reason: &'static str, message: String },
+    Deny {
+        reason: &'static str,
+        message: String,
+    },
+    Fail {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 /// A policy that cannot work as written.
@@ -185,7 +191,11 @@ impl SignerPolicy {
                     reason: reason::UNSUPPORTED_KEY_TYPE,
                     message: format!(
                         "{}; use keyType {} (supported here: {})",
-                        facts.key_type.err().map(|e| e.to_string()).unwrap_or_default(),
+                        facts
+                            .key_type
+                            .err()
+                            .map(|e| e.to_string())
+                            .unwrap_or_default(),
                         self.suggested_key_type(),
                         self.key_type_list()
                     ),
@@ -289,7 +299,10 @@ impl SignerPolicy {
         if self.key_types.contains(&KeyType::EcdsaP256) {
             KeyType::EcdsaP256
         } else {
-            self.key_types.first().copied().unwrap_or(KeyType::EcdsaP256)
+            self.key_types
+                .first()
+                .copied()
+                .unwrap_or(KeyType::EcdsaP256)
         }
     }
 
@@ -381,10 +394,16 @@ mod tests {
         let none = BTreeMap::new();
         let unknown: BTreeMap<String, String> =
             [("example.com/flavour".to_string(), "x".to_string())].into();
-        let dns_ok: BTreeMap<String, String> =
-            [(DNS_NAMES_ANNOTATION.to_string(), "web.prod.example.com".to_string())].into();
-        let dns_bad: BTreeMap<String, String> =
-            [(DNS_NAMES_ANNOTATION.to_string(), "evil.attacker.com".to_string())].into();
+        let dns_ok: BTreeMap<String, String> = [(
+            DNS_NAMES_ANNOTATION.to_string(),
+            "web.prod.example.com".to_string(),
+        )]
+        .into();
+        let dns_bad: BTreeMap<String, String> = [(
+            DNS_NAMES_ANNOTATION.to_string(),
+            "evil.attacker.com".to_string(),
+        )]
+        .into();
         let dns_garbage: BTreeMap<String, String> =
             [(DNS_NAMES_ANNOTATION.to_string(), "..bad".to_string())].into();
         let rsa2048 = KeyError::UnsupportedKeyType {
@@ -401,17 +420,50 @@ mod tests {
         policy.allowed_dns_names = vec!["*.{ns}.example.com".into()];
 
         let cases: Vec<(RequestFacts<'_>, &str)> = vec![
-            (facts("prod", "web", Ok(KeyType::EcdsaP256), &none), reason::ISSUED),
-            (facts("dev", "default", Ok(KeyType::Ed25519), &none), reason::ISSUED),
-            (facts("dev", "web", Ok(KeyType::EcdsaP256), &none), reason::SERVICE_ACCOUNT_NOT_ALLOWED),
-            (facts("kube-system", "default", Ok(KeyType::EcdsaP256), &none), reason::NAMESPACE_NOT_ALLOWED),
-            (facts("prod", "web", Ok(KeyType::Rsa4096), &none), reason::UNSUPPORTED_KEY_TYPE),
-            (facts("prod", "web", Err(&rsa2048), &none), reason::UNSUPPORTED_KEY_TYPE),
-            (facts("prod", "web", Err(&malformed), &none), reason::MALFORMED_PUBLIC_KEY),
-            (facts("prod", "web", Ok(KeyType::EcdsaP256), &unknown), reason::INVALID_USER_ANNOTATIONS),
-            (facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_ok), reason::ISSUED),
-            (facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_bad), reason::INVALID_USER_ANNOTATIONS),
-            (facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_garbage), reason::INVALID_USER_ANNOTATIONS),
+            (
+                facts("prod", "web", Ok(KeyType::EcdsaP256), &none),
+                reason::ISSUED,
+            ),
+            (
+                facts("dev", "default", Ok(KeyType::Ed25519), &none),
+                reason::ISSUED,
+            ),
+            (
+                facts("dev", "web", Ok(KeyType::EcdsaP256), &none),
+                reason::SERVICE_ACCOUNT_NOT_ALLOWED,
+            ),
+            (
+                facts("kube-system", "default", Ok(KeyType::EcdsaP256), &none),
+                reason::NAMESPACE_NOT_ALLOWED,
+            ),
+            (
+                facts("prod", "web", Ok(KeyType::Rsa4096), &none),
+                reason::UNSUPPORTED_KEY_TYPE,
+            ),
+            (
+                facts("prod", "web", Err(&rsa2048), &none),
+                reason::UNSUPPORTED_KEY_TYPE,
+            ),
+            (
+                facts("prod", "web", Err(&malformed), &none),
+                reason::MALFORMED_PUBLIC_KEY,
+            ),
+            (
+                facts("prod", "web", Ok(KeyType::EcdsaP256), &unknown),
+                reason::INVALID_USER_ANNOTATIONS,
+            ),
+            (
+                facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_ok),
+                reason::ISSUED,
+            ),
+            (
+                facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_bad),
+                reason::INVALID_USER_ANNOTATIONS,
+            ),
+            (
+                facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_garbage),
+                reason::INVALID_USER_ANNOTATIONS,
+            ),
         ];
         for (f, want) in cases {
             let d = policy.decide(&f);
@@ -424,9 +476,11 @@ mod tests {
         let mut policy = SignerPolicy::permissive("example.org");
         policy.dns_name_templates = vec!["{sa}.{ns}.svc".into(), "{sa}.{ns}.svc".into()];
         policy.allowed_dns_names = vec!["*.{ns}.example.com".into()];
-        let ann: BTreeMap<String, String> =
-            [(DNS_NAMES_ANNOTATION.to_string(), "a.prod.example.com, B.prod.example.com".to_string())]
-                .into();
+        let ann: BTreeMap<String, String> = [(
+            DNS_NAMES_ANNOTATION.to_string(),
+            "a.prod.example.com, B.prod.example.com".to_string(),
+        )]
+        .into();
         let Decision::Issue(plan) =
             policy.decide(&facts("prod", "web", Ok(KeyType::EcdsaP384), &ann))
         else {
@@ -462,10 +516,14 @@ mod tests {
             let bytes = r.as_bytes();
             assert!(bytes[0].is_ascii_alphabetic(), "{r}");
             assert!(
-                bytes.iter().all(|b| b.is_ascii_alphanumeric() || b"_,:".contains(b)),
+                bytes
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_,:".contains(b)),
                 "{r}"
             );
-            assert!(bytes[bytes.len() - 1].is_ascii_alphanumeric() || bytes[bytes.len() - 1] == b'_');
+            assert!(
+                bytes[bytes.len() - 1].is_ascii_alphanumeric() || bytes[bytes.len() - 1] == b'_'
+            );
             assert!(r.len() <= 1024);
         }
     }

@@ -140,7 +140,8 @@ impl Schedule {
     }
 
     pub fn validate(&self) -> Result<(), ScheduleError> {
-        if !(0.0 < self.prepare_at && self.prepare_at < self.activate_at && self.activate_at < 1.0) {
+        if !(0.0 < self.prepare_at && self.prepare_at < self.activate_at && self.activate_at < 1.0)
+        {
             return Err(ScheduleError(format!(
                 "need 0 < prepare_at ({}) < activate_at ({}) < 1",
                 self.prepare_at, self.activate_at
@@ -318,7 +319,10 @@ mod tests {
     fn prepares_at_half_life_and_not_before() {
         let g = [generation(1, Phase::Active, T0)];
         assert!(plan(&g, &schedule(), T0 + Duration::minutes(299)).is_empty());
-        assert_eq!(plan(&g, &schedule(), T0 + Duration::minutes(300)), [Step::Prepare]);
+        assert_eq!(
+            plan(&g, &schedule(), T0 + Duration::minutes(300)),
+            [Step::Prepare]
+        );
     }
 
     #[test]
@@ -421,7 +425,10 @@ mod tests {
             let anchors = published(&gens, now);
             for (issuer, expires) in &leaves {
                 if *expires > now {
-                    assert!(anchors.contains(issuer), "live leaf of {issuer} unanchored at {now}");
+                    assert!(
+                        anchors.contains(issuer),
+                        "live leaf of {issuer} unanchored at {now}"
+                    );
                 }
             }
             now += Duration::minutes(7);
@@ -432,14 +439,21 @@ mod tests {
     #[test]
     fn schedule_validation() {
         assert!(Schedule::default().validate().is_ok());
-        let mut s = Schedule::default();
-        s.propagation_seconds = 60;
-        assert!(s.validate().is_err());
-        let mut s = Schedule::default();
-        s.prepare_at = 0.9;
-        assert!(s.validate().is_err());
-        let mut s = Schedule::default();
-        s.ca_lifetime_seconds = 1800;
-        assert!(s.validate().is_err());
+        for broken in [
+            Schedule {
+                propagation_seconds: 60,
+                ..Schedule::default()
+            },
+            Schedule {
+                prepare_at: 0.9,
+                ..Schedule::default()
+            },
+            Schedule {
+                ca_lifetime_seconds: 1800,
+                ..Schedule::default()
+            },
+        ] {
+            assert!(broken.validate().is_err(), "{broken:?}");
+        }
     }
 }

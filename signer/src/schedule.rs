@@ -249,7 +249,10 @@ mod tests {
                 ..input()
             })
             .unwrap();
-            assert!(v.begin_refresh_at - v.not_before >= REFRESH_MARGIN, "{secs}");
+            assert!(
+                v.begin_refresh_at - v.not_before >= REFRESH_MARGIN,
+                "{secs}"
+            );
             assert!(v.not_after - v.begin_refresh_at >= REFRESH_MARGIN, "{secs}");
             assert_eq!(v.lifetime(), Duration::seconds(secs));
         }

@@ -151,7 +151,11 @@ impl FileStore {
     }
 
     /// Creates the first generation (a root and an issuing intermediate) and activates it.
-    pub fn init(&self, options: &InitOptions, now: OffsetDateTime) -> Result<IssuingCa, StoreError> {
+    pub fn init(
+        &self,
+        options: &InitOptions,
+        now: OffsetDateTime,
+    ) -> Result<IssuingCa, StoreError> {
         self.refuse_existing()?;
         self.prepare_dir()?;
         let (generation, ca) = self.create_generation(1, options, now)?;
@@ -199,7 +203,8 @@ impl FileStore {
             + 1;
         let gdir = self.generation_dir(id);
         fs::create_dir_all(&gdir).map_err(|e| io(&gdir, &e))?;
-        let key = FileKey::store(&gdir.join("issuing.key"), key).map_err(|e| self.backend_error(e))?;
+        let key =
+            FileKey::store(&gdir.join("issuing.key"), key).map_err(|e| self.backend_error(e))?;
         let roots = probe.roots_pem();
         write_public(&gdir.join("root.pem"), &roots)?;
         let mut chain = probe.chain_pem();
@@ -258,8 +263,13 @@ impl FileStore {
         let gdir = self.generation_dir(1);
         fs::create_dir_all(&gdir).map_err(|e| io(&gdir, &e))?;
         let location = key.location();
-        let ca = IssuingCa::self_signed_root(key, &format!("{} root 1", options.name), now, options.root_validity)
-            .map_err(|e| self.ca_error(&gdir.join("root.pem"), e))?;
+        let ca = IssuingCa::self_signed_root(
+            key,
+            &format!("{} root 1", options.name),
+            now,
+            options.root_validity,
+        )
+        .map_err(|e| self.ca_error(&gdir.join("root.pem"), e))?;
         write_public(&gdir.join("root.pem"), &ca.certificate().pem())?;
         write_public(&gdir.join("issuing.pem"), &ca.certificate().pem())?;
         let mut state = State {
@@ -302,8 +312,7 @@ impl FileStore {
             )));
         }
         let gdir = self.generation_dir(id);
-        let key =
-            FileKey::load(&gdir.join("issuing.key")).map_err(|e| self.backend_error(e))?;
+        let key = FileKey::load(&gdir.join("issuing.key")).map_err(|e| self.backend_error(e))?;
         self.load_generation(id, Arc::new(key))
     }
 
@@ -379,11 +388,8 @@ impl FileStore {
             .map_err(|e| StoreError::Rotation(e.to_string()))?;
         let mut state = self.read_state()?;
         let mut taken = vec![];
-        let mut force = force_prepare
-            && !state
-                .generations
-                .iter()
-                .any(|g| g.phase == Phase::Prepared);
+        let mut force =
+            force_prepare && !state.generations.iter().any(|g| g.phase == Phase::Prepared);
         // Steps can enable each other (prepare, then later activate); loop to a fixed point.
         for _ in 0..8 {
             let mut steps = rotation::plan(&state.generations, schedule, now);
@@ -432,7 +438,11 @@ impl FileStore {
             self.write_state(&state, now)?;
             if taken.iter().any(|s| matches!(s, Step::Drop(_))) {
                 // A dropped generation signs nothing and is trusted by nobody: remove its keys.
-                for g in state.generations.iter().filter(|g| g.phase == Phase::Dropped) {
+                for g in state
+                    .generations
+                    .iter()
+                    .filter(|g| g.phase == Phase::Dropped)
+                {
                     for file in ["root.key", "issuing.key"] {
                         let _ = fs::remove_file(self.generation_dir(g.id).join(file));
                     }

@@ -52,7 +52,10 @@ pub fn certificates_to_pem<'a>(ders: impl IntoIterator<Item = &'a [u8]>) -> Stri
         .collect()
 }
 
-pub(crate) fn parse_certificate(der: &[u8], index: usize) -> Result<X509Certificate<'_>, CertError> {
+pub(crate) fn parse_certificate(
+    der: &[u8],
+    index: usize,
+) -> Result<X509Certificate<'_>, CertError> {
     let (rest, cert) = X509Certificate::from_der(der).map_err(|e| CertError::Parse {
         index,
         detail: e.to_string(),

@@ -1,6 +1,9 @@
 //! Every CA key backend passes the same contract; keys stay out of Debug output and off
 //! world-readable files.
 
+// Test code: an unexpected error should fail the test where it happens.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
@@ -12,7 +15,11 @@ use time::{Duration, OffsetDateTime};
 
 #[test]
 fn memory_backend_passes_the_contract() {
-    for alg in [CaAlgorithm::EcdsaP256, CaAlgorithm::EcdsaP384, CaAlgorithm::Ed25519] {
+    for alg in [
+        CaAlgorithm::EcdsaP256,
+        CaAlgorithm::EcdsaP384,
+        CaAlgorithm::Ed25519,
+    ] {
         let key = MemoryKey::generate(alg).unwrap();
         contract::check(Arc::new(key), "PRIVATE KEY");
     }
@@ -21,7 +28,11 @@ fn memory_backend_passes_the_contract() {
 #[test]
 fn file_backend_passes_the_contract_and_writes_0600() {
     let dir = tempfile::tempdir().unwrap();
-    for alg in [CaAlgorithm::EcdsaP256, CaAlgorithm::EcdsaP384, CaAlgorithm::Ed25519] {
+    for alg in [
+        CaAlgorithm::EcdsaP256,
+        CaAlgorithm::EcdsaP384,
+        CaAlgorithm::Ed25519,
+    ] {
         let path = dir.path().join(format!("{alg}.key"));
         let created = FileKey::create(&path, alg).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
@@ -33,7 +44,10 @@ fn file_backend_passes_the_contract_and_writes_0600() {
         let loaded = FileKey::load(&path).unwrap();
         assert_eq!(loaded.public_key_raw(), created.public_key_raw());
         contract::check(Arc::new(loaded), &marker);
-        assert!(FileKey::create(&path, alg).is_err(), "never overwrite a key file");
+        assert!(
+            FileKey::create(&path, alg).is_err(),
+            "never overwrite a key file"
+        );
     }
 }
 
@@ -49,7 +63,10 @@ fn ca_debug_output_never_contains_key_material() {
     let debug = format!("{ca:?} {:?} {:?}", ca.key(), store);
     for pem_text in [&key_pem, &root_pem] {
         for line in pem_text.lines().filter(|l| !l.starts_with("-----")) {
-            assert!(!debug.contains(&line[..16.min(line.len())]), "key bytes in Debug: {debug}");
+            assert!(
+                !debug.contains(&line[..16.min(line.len())]),
+                "key bytes in Debug: {debug}"
+            );
         }
     }
     assert!(debug.contains("<redacted>"));
@@ -65,7 +82,13 @@ fn ca_debug_output_never_contains_key_material() {
 fn store_refuses_to_overwrite_and_reloads_the_same_ca() {
     let dir = tempfile::tempdir().unwrap();
     let store = FileStore::new(dir.path());
-    assert!(store.load().unwrap_err().to_string().contains("podca ca init"));
+    assert!(
+        store
+            .load()
+            .unwrap_err()
+            .to_string()
+            .contains("podca ca init")
+    );
     let ca = store
         .init(&InitOptions::default(), OffsetDateTime::now_utc())
         .unwrap();
@@ -88,14 +111,38 @@ fn import_of_an_openssl_made_ca() {
             .current_dir(d)
             .output()
             .expect("the `openssl` binary is required: apt-get install -y openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     // A root with a SEC1 "EC PRIVATE KEY" (as `openssl ecparam` and cfssl write them).
-    run(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "root.key"]);
     run(&[
-        "req", "-x509", "-new", "-key", "root.key", "-subj", "/CN=openssl root", "-days", "30",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-        "-out", "root.pem",
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        "root.key",
+    ]);
+    run(&[
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "root.key",
+        "-subj",
+        "/CN=openssl root",
+        "-days",
+        "30",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        "-out",
+        "root.pem",
     ]);
     let store = FileStore::new(d.join("store"));
     let ca = store
@@ -112,23 +159,17 @@ fn import_of_an_openssl_made_ca() {
     assert!(ok, "{out}");
 
     // A key that does not belong to the certificate is refused before anything is written.
-    let other = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
+    let unrelated_key = rcgen::KeyPair::generate().unwrap().serialize_pem();
     let wrong = FileStore::new(d.join("wrong"));
     let e = wrong
         .import(
             &std::fs::read_to_string(d.join("root.pem")).unwrap(),
-            &rcgen_pem_of(&other),
+            &unrelated_key,
             None,
         )
         .unwrap_err();
     assert!(e.to_string().contains("does not match"), "{e}");
     assert!(!wrong.dir().join("issuing.key").exists());
-}
-
-fn rcgen_pem_of(_: &MemoryKey) -> String {
-    // A fresh PKCS#8 key in PEM form, unrelated to any certificate.
-    let pair = rcgen::KeyPair::generate().unwrap();
-    pair.serialize_pem()
 }
 
 #[test]

@@ -1,6 +1,9 @@
 //! Bad input gets a typed error, never a panic: unsupported key types, broken signatures,
 //! truncated and random DER, and the legacy proof of possession.
 
+// Test code: an unexpected error should fail the test where it happens.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use aws_lc_rs::encoding::AsDer;
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{self, EcdsaKeyPair, Ed25519KeyPair, KeyPair, RsaKeyPair};
@@ -46,18 +49,28 @@ fn bit_string(bytes: &[u8]) -> Vec<u8> {
 fn ec_spki(curve_oid: &str, point_len: usize) -> Vec<u8> {
     let mut point = vec![4u8];
     point.extend((0..point_len).map(|i| i as u8));
-    seq(&[seq(&[oid("1.2.840.10045.2.1"), oid(curve_oid)]), bit_string(&point)])
+    seq(&[
+        seq(&[oid("1.2.840.10045.2.1"), oid(curve_oid)]),
+        bit_string(&point),
+    ])
 }
 /// A CSR around `spki` with a junk signature (the stub path does not check it).
 fn csr_around(spki: &[u8]) -> Vec<u8> {
     let info = seq(&[tlv(0x02, &[0]), seq(&[]), spki.to_vec(), tlv(0xa0, &[])]);
-    seq(&[info, seq(&[oid("1.2.840.10045.4.3.2")]), bit_string(&[1, 2, 3])])
+    seq(&[
+        info,
+        seq(&[oid("1.2.840.10045.4.3.2")]),
+        bit_string(&[1, 2, 3]),
+    ])
 }
 
 fn unsupported_spkis() -> Vec<(&'static str, Vec<u8>)> {
     let rsa2048 = RsaKeyPair::generate(aws_lc_rs::rsa::KeySize::Rsa2048).unwrap();
     vec![
-        ("RSA-2048", rsa2048.public_key().as_der().unwrap().as_ref().to_vec()),
+        (
+            "RSA-2048",
+            rsa2048.public_key().as_der().unwrap().as_ref().to_vec(),
+        ),
         ("secp256k1", ec_spki("1.3.132.0.10", 64)),
         ("P-192", ec_spki("1.2.840.10045.3.1.1", 48)),
         ("P-224", ec_spki("1.3.132.0.33", 56)),
@@ -71,16 +84,31 @@ fn unsupported_spkis() -> Vec<(&'static str, Vec<u8>)> {
                 bit_string(&tlv(0x02, &[3])),
             ]),
         ),
-        ("ML-DSA-44", seq(&[seq(&[oid("2.16.840.1.101.3.4.3.17")]), bit_string(&[7u8; 1312])])),
-        ("unknown OID", seq(&[seq(&[oid("1.2.3.4.5.6")]), bit_string(&[1, 2, 3])])),
-        ("Ed448", seq(&[seq(&[oid("1.3.101.113")]), bit_string(&[9u8; 57])])),
+        (
+            "ML-DSA-44",
+            seq(&[
+                seq(&[oid("2.16.840.1.101.3.4.3.17")]),
+                bit_string(&[7u8; 1312]),
+            ]),
+        ),
+        (
+            "unknown OID",
+            seq(&[seq(&[oid("1.2.3.4.5.6")]), bit_string(&[1, 2, 3])]),
+        ),
+        (
+            "Ed448",
+            seq(&[seq(&[oid("1.3.101.113")]), bit_string(&[9u8; 57])]),
+        ),
     ]
 }
 
 #[test]
 fn unsupported_key_types_are_typed_errors_listing_the_supported_ones() {
     for (name, spki) in unsupported_spkis() {
-        for result in [SubjectKey::from_spki_der(&spki), SubjectKey::from_stub_csr(&csr_around(&spki))] {
+        for result in [
+            SubjectKey::from_spki_der(&spki),
+            SubjectKey::from_stub_csr(&csr_around(&spki)),
+        ] {
             match result {
                 Err(e @ KeyError::UnsupportedKeyType { .. }) => {
                     let text = e.to_string();
@@ -111,7 +139,10 @@ fn every_supported_type_parses_from_a_stub_and_a_verified_csr() {
     for key_type in KeyType::ALL {
         let key = GeneratedKey::generate(key_type).unwrap();
         let csr = key.stub_csr_der().unwrap();
-        assert_eq!(SubjectKey::from_stub_csr(&csr).unwrap().key_type(), key_type);
+        assert_eq!(
+            SubjectKey::from_stub_csr(&csr).unwrap().key_type(),
+            key_type
+        );
         let verified = SubjectKey::from_csr_verified(&csr).unwrap();
         assert_eq!(verified.spki_der(), key.public.spki_der());
     }
@@ -119,7 +150,12 @@ fn every_supported_type_parses_from_a_stub_and_a_verified_csr() {
 
 #[test]
 fn broken_csr_signature_is_refused_in_verify_mode_only() {
-    for key_type in [KeyType::EcdsaP256, KeyType::Ed25519, KeyType::Rsa3072, KeyType::EcdsaP521] {
+    for key_type in [
+        KeyType::EcdsaP256,
+        KeyType::Ed25519,
+        KeyType::Rsa3072,
+        KeyType::EcdsaP521,
+    ] {
         let key = GeneratedKey::generate(key_type).unwrap();
         let mut csr = key.stub_csr_der().unwrap();
         let last = csr.len() - 2;
@@ -149,7 +185,10 @@ fn garbage_and_truncated_der_are_malformed_errors() {
             SubjectKey::from_spki_der(&csr[..cut]),
         ] {
             assert!(
-                matches!(result, Err(KeyError::Malformed { .. } | KeyError::UnsupportedKeyType { .. })),
+                matches!(
+                    result,
+                    Err(KeyError::Malformed { .. } | KeyError::UnsupportedKeyType { .. })
+                ),
                 "prefix of {cut} bytes: {result:?}"
             );
         }
@@ -212,8 +251,14 @@ fn legacy_proof_of_possession_verifies_for_every_key_type() {
     // ECDSA: a DER signature over SHA-256(podUID), whatever the curve (spec §5.3).
     let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, POD_UID.as_bytes());
     for (kt, alg) in [
-        (KeyType::EcdsaP256, &signature::ECDSA_P256_SHA256_ASN1_SIGNING),
-        (KeyType::EcdsaP521, &signature::ECDSA_P521_SHA256_ASN1_SIGNING),
+        (
+            KeyType::EcdsaP256,
+            &signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+        ),
+        (
+            KeyType::EcdsaP521,
+            &signature::ECDSA_P521_SHA256_ASN1_SIGNING,
+        ),
     ] {
         let pair = EcdsaKeyPair::generate(alg).unwrap();
         let sig = pair.sign_digest(&digest).unwrap();
@@ -242,8 +287,13 @@ fn legacy_proof_of_possession_verifies_for_every_key_type() {
     ] {
         let pair = RsaKeyPair::generate(size).unwrap();
         let mut sig = vec![0u8; pair.public_modulus_len()];
-        pair.sign(encoding, &rng, POD_UID.as_bytes(), &mut sig).unwrap();
-        cases.push((kt, pair.public_key().as_der().unwrap().as_ref().to_vec(), sig));
+        pair.sign(encoding, &rng, POD_UID.as_bytes(), &mut sig)
+            .unwrap();
+        cases.push((
+            kt,
+            pair.public_key().as_der().unwrap().as_ref().to_vec(),
+            sig,
+        ));
     }
     for (kt, spki, sig) in cases {
         let key = SubjectKey::from_pkix_with_proof(&spki, &sig, POD_UID)
@@ -269,12 +319,28 @@ fn openssl_p384_proof() -> (KeyType, Vec<u8>, Vec<u8>) {
             .current_dir(d)
             .output()
             .expect("the `openssl` binary is required: apt-get install -y openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     std::fs::write(d.join("uid"), POD_UID).unwrap();
-    run(&["ecparam", "-name", "secp384r1", "-genkey", "-noout", "-out", "k.pem"]);
-    run(&["pkey", "-in", "k.pem", "-pubout", "-outform", "DER", "-out", "spki.der"]);
-    run(&["dgst", "-sha256", "-sign", "k.pem", "-out", "sig.der", "uid"]);
+    run(&[
+        "ecparam",
+        "-name",
+        "secp384r1",
+        "-genkey",
+        "-noout",
+        "-out",
+        "k.pem",
+    ]);
+    run(&[
+        "pkey", "-in", "k.pem", "-pubout", "-outform", "DER", "-out", "spki.der",
+    ]);
+    run(&[
+        "dgst", "-sha256", "-sign", "k.pem", "-out", "sig.der", "uid",
+    ]);
     (
         KeyType::EcdsaP384,
         std::fs::read(d.join("spki.der")).unwrap(),

@@ -1,6 +1,9 @@
 //! Issuance end to end: every subject key type, checked by independent verifiers (the openssl
 //! binary, webpki) and by a real mutual-TLS handshake.
 
+// Test code: an unexpected error should fail the test where it happens.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;
@@ -38,7 +41,11 @@ fn every_key_type_verifies_with_openssl_and_webpki() {
         assert!(ok, "openssl verify failed for {key_type}: {out}");
 
         let chain = ders(&cert.chain_pem);
-        assert_eq!(chain.len(), 2, "leaf + issuing intermediate, never the root");
+        assert_eq!(
+            chain.len(),
+            2,
+            "leaf + issuing intermediate, never the root"
+        );
         let leaf = webpki::EndEntityCert::try_from(&chain[0]).unwrap();
         leaf.verify_for_usage(
             algs,
@@ -84,7 +91,10 @@ fn leaf_follows_the_x509_svid_profile() {
             .collect();
         assert_eq!(uris, ["spiffe://test.example/ns/prod/sa/web"]);
         let bc = leaf.basic_constraints().unwrap().unwrap();
-        assert!(bc.critical && !bc.value.ca, "basicConstraints CA:false, critical");
+        assert!(
+            bc.critical && !bc.value.ca,
+            "basicConstraints CA:false, critical"
+        );
         let ku = leaf.key_usage().unwrap().unwrap().value;
         assert!(ku.digital_signature());
         assert_eq!(ku.key_encipherment(), key_type.is_rsa());
@@ -106,8 +116,14 @@ fn leaf_follows_the_x509_svid_profile() {
         assert!(serial[0] & 0x80 == 0, "positive serial");
         assert_eq!(hex::encode(serial), cert.serial);
         // Times in the certificate are the ones reported.
-        assert_eq!(leaf.validity().not_before.to_datetime(), cert.validity.not_before);
-        assert_eq!(leaf.validity().not_after.to_datetime(), cert.validity.not_after);
+        assert_eq!(
+            leaf.validity().not_before.to_datetime(),
+            cert.validity.not_before
+        );
+        assert_eq!(
+            leaf.validity().not_after.to_datetime(),
+            cert.validity.not_after
+        );
     }
 }
 
@@ -160,10 +176,12 @@ async fn mtls_handshake(
         let block = pem::parse(pem_text).unwrap();
         PrivateKeyDer::Pkcs8(block.into_contents().into())
     }
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(server_roots), provider())
-            .build()
-            .unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        roots(server_roots),
+        provider(),
+    )
+    .build()
+    .unwrap();
     let server_config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .unwrap()
@@ -252,5 +270,8 @@ async fn server_rejects_a_client_from_another_ca() {
         (&ckey.private_key_pem(), &ccert.chain_pem),
     )
     .await;
-    assert!(result.is_err(), "a client certificate from another CA must be refused");
+    assert!(
+        result.is_err(),
+        "a client certificate from another CA must be refused"
+    );
 }

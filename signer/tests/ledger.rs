@@ -1,5 +1,8 @@
 //! The ledger: queries by serial, identity and time; and crash safety under `kill -9`.
 
+// Test code: an unexpected error should fail the test where it happens.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::{Command, Stdio};
 use std::time::{Duration as StdDuration, Instant};
 
@@ -30,7 +33,11 @@ fn queries_by_serial_identity_and_time() {
     let t0 = time::macros::datetime!(2026-11-29 10:00 UTC);
     let records: Vec<_> = (0..30)
         .map(|i| {
-            let who = if i % 3 == 0 { "spiffe://t/ns/a/sa/x" } else { "spiffe://t/ns/b/sa/y" };
+            let who = if i % 3 == 0 {
+                "spiffe://t/ns/a/sa/x"
+            } else {
+                "spiffe://t/ns/b/sa/y"
+            };
             record(i, who, t0 + Duration::minutes(i as i64))
         })
         .collect();
@@ -38,7 +45,10 @@ fn queries_by_serial_identity_and_time() {
     ledger.append(&records[10..]).unwrap();
     assert_eq!(ledger.len().unwrap(), 30);
 
-    let r7 = ledger.by_serial(&records[7].serial.to_uppercase()).unwrap().unwrap();
+    let r7 = ledger
+        .by_serial(&records[7].serial.to_uppercase())
+        .unwrap()
+        .unwrap();
     assert_eq!(r7, records[7]);
     assert!(ledger.by_serial("00").unwrap().is_none());
 
@@ -50,7 +60,10 @@ fn queries_by_serial_identity_and_time() {
         .issued_between(t0 + Duration::minutes(5), t0 + Duration::minutes(8), 100)
         .unwrap();
     assert_eq!(
-        window.iter().map(|r| r.request_uid.clone().unwrap()).collect::<Vec<_>>(),
+        window
+            .iter()
+            .map(|r| r.request_uid.clone().unwrap())
+            .collect::<Vec<_>>(),
         ["uid-5", "uid-6", "uid-7"]
     );
     let latest = ledger.latest(2).unwrap();
@@ -99,7 +112,12 @@ fn survives_kill_9_mid_write() {
     let exe = std::env::current_exe().unwrap();
     for round in 0..3 {
         let mut child = Command::new(&exe)
-            .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash_child_writer",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, &path)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -119,16 +137,26 @@ fn survives_kill_9_mid_write() {
             .filter_map(|n| n.trim().parse::<u64>().ok())
             .max()
             .unwrap_or(0);
-        assert!(acknowledged > 0, "round {round}: the child committed nothing: {stdout}");
+        assert!(
+            acknowledged > 0,
+            "round {round}: the child committed nothing: {stdout}"
+        );
 
         let ledger = Ledger::open(&path).expect("the ledger reopens after kill -9");
         let n = ledger.len().unwrap();
         // Every batch the child reported is there; batches are whole (all 50 or none).
         assert_eq!(n % 50, 0, "round {round}: a torn batch ({n} records)");
         let records = ledger.by_identity("spiffe://t/ns/crash/sa/w").unwrap();
-        assert_eq!(records.len() as u64, n, "indexes agree with the records table");
+        assert_eq!(
+            records.len() as u64,
+            n,
+            "indexes agree with the records table"
+        );
         let per_round_floor = acknowledged * 50;
-        assert!(n >= per_round_floor, "round {round}: {n} records, acknowledged {per_round_floor}+");
+        assert!(
+            n >= per_round_floor,
+            "round {round}: {n} records, acknowledged {per_round_floor}+"
+        );
         drop(ledger);
     }
 }

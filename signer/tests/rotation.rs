@@ -1,6 +1,9 @@
 //! Rotation on disk: a forced rotation publishes the next root before it signs, keeps the old
 //! root while its leaves live, then drops it and deletes its keys.
 
+// Test code: an unexpected error should fail the test where it happens.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use podca_signer::rotation::{Phase, Schedule, Step};
@@ -20,10 +23,18 @@ fn forced_rotation_overlaps_then_drops_the_old_root() {
     let first = store.init(&InitOptions::default(), t0).unwrap();
     assert_eq!(store.roots().unwrap().len(), 1);
     // Nothing due yet.
-    assert!(store.rotate(&schedule, max_leaf, false, t0).unwrap().is_empty());
+    assert!(
+        store
+            .rotate(&schedule, max_leaf, false, t0)
+            .unwrap()
+            .is_empty()
+    );
 
     // `podca ca rotate`: the next CA is prepared, published, but does not sign yet.
-    assert_eq!(store.rotate(&schedule, max_leaf, true, t0).unwrap(), [Step::Prepare]);
+    assert_eq!(
+        store.rotate(&schedule, max_leaf, true, t0).unwrap(),
+        [Step::Prepare]
+    );
     let roots = store.roots().unwrap();
     assert_eq!(roots.len(), 2, "old and next root both published");
     assert_eq!(store.load().unwrap().certificate(), first.certificate());
@@ -31,10 +42,17 @@ fn forced_rotation_overlaps_then_drops_the_old_root() {
 
     // Inside the propagation window nothing changes, even when forced again.
     let t1 = t0 + Duration::minutes(10);
-    assert!(store.rotate(&schedule, max_leaf, true, t1).unwrap().is_empty());
+    assert!(
+        store
+            .rotate(&schedule, max_leaf, true, t1)
+            .unwrap()
+            .is_empty()
+    );
     // A forced rotation activates as soon as the window is over, not at the scheduled point.
     let t3 = t0 + schedule.propagation();
-    let steps = store.rotate(&schedule, max_leaf, false, t3 - Duration::seconds(1)).unwrap();
+    let steps = store
+        .rotate(&schedule, max_leaf, false, t3 - Duration::seconds(1))
+        .unwrap();
     assert!(steps.is_empty(), "one second early: {steps:?}");
     assert_eq!(store.next_rotation_event(&schedule, t1).unwrap(), Some(t3));
     let steps = store.rotate(&schedule, max_leaf, false, t3).unwrap();
@@ -57,7 +75,10 @@ fn forced_rotation_overlaps_then_drops_the_old_root() {
 
     // After the old CA's last possible leaf expired, its root leaves and its keys go.
     let t4 = t3 + max_leaf;
-    assert_eq!(store.rotate(&schedule, max_leaf, false, t4).unwrap(), [Step::Drop(1)]);
+    assert_eq!(
+        store.rotate(&schedule, max_leaf, false, t4).unwrap(),
+        [Step::Drop(1)]
+    );
     assert_eq!(store.roots().unwrap().len(), 1);
     assert!(!store.generation_dir(1).join("issuing.key").exists());
     assert!(!store.generation_dir(1).join("root.key").exists());
@@ -86,7 +107,12 @@ fn imported_ca_cannot_self_rotate_but_a_second_import_is_prepared() {
     let (cert1, key1) = key_pem(&a);
     store.import(&cert1, &key1, None).unwrap();
     let err = store
-        .rotate(&Schedule::default(), Duration::hours(24), true, OffsetDateTime::now_utc())
+        .rotate(
+            &Schedule::default(),
+            Duration::hours(24),
+            true,
+            OffsetDateTime::now_utc(),
+        )
         .unwrap_err();
     assert!(err.to_string().contains("imported"), "{err}");
     let (cert2, key2) = key_pem(&a);
@@ -98,5 +124,9 @@ fn imported_ca_cannot_self_rotate_but_a_second_import_is_prepared() {
         .map(|g| g.generation.phase)
         .collect();
     assert_eq!(phases, [Phase::Active, Phase::Prepared]);
-    assert_eq!(store.roots().unwrap().len(), 2, "the next anchor is published at once");
+    assert_eq!(
+        store.roots().unwrap().len(),
+        2,
+        "the next anchor is published at once"
+    );
 }

@@ -54,7 +54,10 @@ fn public_key_is_consistent(key: &dyn CaKey) {
     match (key.algorithm(), parsed) {
         (CaAlgorithm::RsaSha256, Ok(_)) | (CaAlgorithm::RsaSha256, Err(_)) => {}
         (_, Ok(_)) => {}
-        (alg, Err(e)) => panic!("{}: {alg} public key SPKI does not parse: {e}", key.location()),
+        (alg, Err(e)) => panic!(
+            "{}: {alg} public key SPKI does not parse: {e}",
+            key.location()
+        ),
     }
     assert!(!key.location().is_empty(), "location must describe the key");
 }
@@ -87,7 +90,10 @@ fn debug_is_redacted(key: &dyn CaKey, secret_marker: &str) {
         "{}: Debug output reveals private key material: {debug}",
         key.location()
     );
-    assert!(!debug.contains("PRIVATE KEY"), "Debug output holds a PEM key");
+    assert!(
+        !debug.contains("PRIVATE KEY"),
+        "Debug output holds a PEM key"
+    );
 }
 
 fn signs_a_ca_that_issues(key: Arc<dyn CaKey>) {

@@ -25,10 +25,9 @@ impl MemoryKey {
     /// Generates a fresh key.
     pub fn generate(algorithm: CaAlgorithm) -> Result<Self, BackendError> {
         let pair = match algorithm {
-            CaAlgorithm::RsaSha256 => rcgen::KeyPair::generate_rsa_for(
-                &rcgen::PKCS_RSA_SHA256,
-                rcgen::RsaKeySize::_3072,
-            ),
+            CaAlgorithm::RsaSha256 => {
+                rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_3072)
+            }
             other => rcgen::KeyPair::generate_for(other.rcgen()),
         }
         .map_err(|e| BackendError::InvalidKey(format!("key generation failed: {e}")))?;

@@ -1,5 +1,7 @@
 //! Shared helpers for the signer's integration tests.
 #![allow(dead_code)]
+// Test support: a failed setup step should fail the test that called it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::path::Path;
