@@ -44,6 +44,9 @@ pub struct Config {
     pub controller: ControllerConfig,
     #[serde(default)]
     pub admin: AdminConfig,
+    /// CA rotation schedule (podca-made CAs).
+    #[serde(default)]
+    pub rotation: podca_signer::rotation::Schedule,
 }
 
 /// Where the CA key lives.
@@ -88,6 +91,9 @@ pub struct GrpcConfig {
     /// Requests per second allowed per identity (token bucket), 0 = unlimited.
     #[serde(default = "default_rate")]
     pub rate_limit_per_identity: u32,
+    /// Server streams (WatchTrustBundle, Workload API) open at once, across all callers.
+    #[serde(default = "default_max_open_streams")]
+    pub max_open_streams: usize,
 }
 
 impl Default for GrpcConfig {
@@ -98,6 +104,7 @@ impl Default for GrpcConfig {
             token_audience: default_audience(),
             node_proxy_service_accounts: vec![],
             rate_limit_per_identity: default_rate(),
+            max_open_streams: default_max_open_streams(),
         }
     }
 }
@@ -183,6 +190,9 @@ fn default_audience() -> String {
 }
 fn default_rate() -> u32 {
     0
+}
+fn default_max_open_streams() -> usize {
+    10_000
 }
 fn default_workers() -> usize {
     8

@@ -11,8 +11,30 @@ use time::{Duration, OffsetDateTime};
 pub enum CaCommand {
     /// Create a root and an issuing CA in the data directory, or import an existing CA.
     Init(InitArgs),
-    /// Show every CA certificate in the data directory: role, subject, validity, fingerprint.
+    /// Show every CA generation: phase, subject, validity, fingerprint.
     Show(ShowArgs),
+    /// Rotate: prepare the next CA now (published at once, signing after the propagation
+    /// window), and apply any step the schedule has due (activate, retire, drop).
+    Rotate(RotateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RotateArgs {
+    /// CA data directory.
+    #[arg(long, env = "PODCA_DATA_DIR")]
+    pub dir: Option<PathBuf>,
+    /// Only apply what the schedule has due; do not start a rotation.
+    #[arg(long)]
+    pub scheduled_only: bool,
+    /// Lifetime of the new CA, in days.
+    #[arg(long, default_value_t = 365)]
+    pub ca_lifetime_days: i64,
+    /// Minimum time the new anchor is published before it signs, in seconds (≥ 600).
+    #[arg(long, default_value_t = 900)]
+    pub propagation_seconds: i64,
+    /// Longest leaf lifetime issued (bounds how long the old anchor must stay), in seconds.
+    #[arg(long, default_value_t = 7 * 86400)]
+    pub max_leaf_lifetime_seconds: i64,
 }
 
 #[derive(Debug, Args)]
@@ -42,6 +64,17 @@ pub struct InitArgs {
     /// Trust anchors of the imported CA (PEM), when --import-cert does not end in a root.
     #[arg(long, requires = "import_cert")]
     pub import_roots: Option<PathBuf>,
+    /// Keep the CA key in an HSM: the RFC 7512 URI of the key, e.g.
+    /// `pkcs11:token=podca;object=podca-ca?module-path=/usr/lib/softhsm/libsofthsm2.so`.
+    /// The CA is then a self-signed root whose key, inside the token, signs every leaf.
+    #[arg(long, conflicts_with_all = ["import_cert", "import_key"])]
+    pub pkcs11_uri: Option<String>,
+    /// With --pkcs11-uri: generate the key pair inside the token (sensitive, non-extractable)
+    /// instead of using an existing one.
+    #[arg(long, requires = "pkcs11_uri")]
+    pub pkcs11_generate: bool,
+    #[command(flatten)]
+    pub hsm: super::HsmArgs,
 }
 
 #[derive(Debug, Args)]
@@ -49,6 +82,8 @@ pub struct ShowArgs {
     /// CA data directory.
     #[arg(long, env = "PODCA_DATA_DIR")]
     pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub hsm: super::HsmArgs,
 }
 
 impl CaCommand {
@@ -56,6 +91,7 @@ impl CaCommand {
         match self {
             CaCommand::Init(a) => a.run(),
             CaCommand::Show(a) => a.run(),
+            CaCommand::Rotate(a) => a.run(),
         }
     }
 }
@@ -71,8 +107,43 @@ impl InitArgs {
             import_cert,
             import_key,
             import_roots,
+            pkcs11_uri,
+            pkcs11_generate,
+            hsm,
         } = self;
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        let options = InitOptions {
+            algorithm,
+            name,
+            root_validity: Duration::days(root_days),
+            issuing_validity: Duration::days(issuing_days),
+        };
+        if let Some(uri) = pkcs11_uri {
+            let config = hsm.config(&uri)?;
+            let key = if pkcs11_generate {
+                podca_signer::backend::Pkcs11Key::generate(&config, algorithm)
+                    .with_context(|| format!("generating the CA key in {uri}"))?
+            } else {
+                podca_signer::backend::Pkcs11Key::open(&config)
+                    .with_context(|| format!("opening the CA key {uri}"))?
+            };
+            let ca = store.init_with_key(
+                std::sync::Arc::new(key),
+                &options,
+                OffsetDateTime::now_utc(),
+            )?;
+            println!(
+                "CA ready in {} (key in the HSM: {uri})",
+                store.dir().display()
+            );
+            println!(
+                "  root: {} (expires {})",
+                ca.certificate().subject(),
+                ca.not_after()
+            );
+            println!("  trust anchors: {}", store.root_cert_path().display());
+            return Ok(());
+        }
         let ca = match (import_cert, import_key) {
             (Some(cert), Some(key)) => {
                 let cert_pem = read(&cert)?;
@@ -88,15 +159,7 @@ impl InitArgs {
                         "--issuing-days ({issuing_days}) must be between 1 and --root-days ({root_days})"
                     );
                 }
-                store.init(
-                    &InitOptions {
-                        algorithm,
-                        name,
-                        root_validity: Duration::days(root_days),
-                        issuing_validity: Duration::days(issuing_days),
-                    },
-                    OffsetDateTime::now_utc(),
-                )?
+                store.init(&options, OffsetDateTime::now_utc())?
             }
         };
         println!("CA ready in {}", store.dir().display());
@@ -106,7 +169,11 @@ impl InitArgs {
             ca.not_after()
         );
         for root in ca.roots() {
-            println!("  root:    {} (expires {})", root.subject(), root.not_after());
+            println!(
+                "  root:    {} (expires {})",
+                root.subject(),
+                root.not_after()
+            );
         }
         println!("  trust anchors: {}", store.root_cert_path().display());
         Ok(())
@@ -115,18 +182,39 @@ impl InitArgs {
 
 impl ShowArgs {
     fn run(self) -> anyhow::Result<()> {
-        let Self { dir } = self;
+        let Self { dir, hsm } = self;
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
-        let ca = store.load()?;
+        let ca = super::open_active_ca(&store, &hsm)?;
         let now = OffsetDateTime::now_utc();
         println!("CA data directory: {}", store.dir().display());
-        println!("key: {} ({})", ca.key().location(), ca.key().algorithm());
-        print_cert("issuing (active)", ca.certificate(), now);
-        for c in ca.chain().iter().filter(|c| *c != ca.certificate()) {
-            print_cert("intermediate", c, now);
-        }
-        for r in ca.roots() {
-            print_cert("root (trust anchor)", r, now);
+        println!(
+            "signing key: {} ({})",
+            ca.key().location(),
+            ca.key().algorithm()
+        );
+        println!(
+            "published trust anchors: {} in {}",
+            store.roots()?.len(),
+            store.root_cert_path().display()
+        );
+        for info in store.generations()? {
+            let g = &info.generation;
+            println!();
+            println!("generation {} — {}", g.id, g.phase);
+            println!("  prepared:   {}", g.prepared_at);
+            if let Some(t) = g.activated_at {
+                println!("  activated:  {t}");
+            }
+            if let Some(t) = g.retired_at {
+                println!("  retired:    {t}");
+            }
+            if g.phase == podca_signer::rotation::Phase::Retired {
+                println!("  anchor published until: {}", g.anchor_needed_until());
+            }
+            print_cert("issuing", &info.issuing, now);
+            for r in &info.roots {
+                print_cert("root", r, now);
+            }
         }
         Ok(())
     }
@@ -139,14 +227,72 @@ fn print_cert(role: &str, c: &CaCertificate, now: OffsetDateTime) {
     } else {
         format!("{} days left", left.whole_days())
     };
-    println!("{role}:");
-    println!("  subject:    {}", c.subject());
-    println!("  issuer:     {}", c.issuer());
-    println!("  not before: {}", c.not_before());
-    println!("  not after:  {} ({state})", c.not_after());
-    println!("  sha256:     {}", c.fingerprint());
+    println!("  {role}:");
+    println!("    subject:    {}", c.subject());
+    println!("    issuer:     {}", c.issuer());
+    println!("    not before: {}", c.not_before());
+    println!("    not after:  {} ({state})", c.not_after());
+    println!("    sha256:     {}", c.fingerprint());
 }
 
 fn read(path: &std::path::Path) -> anyhow::Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+impl RotateArgs {
+    fn run(self) -> anyhow::Result<()> {
+        let Self {
+            dir,
+            scheduled_only,
+            ca_lifetime_days,
+            propagation_seconds,
+            max_leaf_lifetime_seconds,
+        } = self;
+        let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        let schedule = podca_signer::rotation::Schedule {
+            ca_lifetime_seconds: ca_lifetime_days * 86400,
+            propagation_seconds,
+            ..Default::default()
+        };
+        let now = OffsetDateTime::now_utc();
+        let steps = store.rotate(
+            &schedule,
+            Duration::seconds(max_leaf_lifetime_seconds),
+            !scheduled_only,
+            now,
+        )?;
+        if steps.is_empty() {
+            println!("nothing to do now");
+        }
+        for step in &steps {
+            println!("{}", describe(*step, &schedule, now));
+        }
+        if let Some(next) = store.next_rotation_event(&schedule, now)? {
+            println!(
+                "next rotation step due at {next} (run `podca ca rotate --scheduled-only`, or let podca serve/dev do it)"
+            );
+        }
+        Ok(())
+    }
+}
+
+fn describe(
+    step: podca_signer::rotation::Step,
+    schedule: &podca_signer::rotation::Schedule,
+    now: OffsetDateTime,
+) -> String {
+    use podca_signer::rotation::Step;
+    match step {
+        Step::Prepare => format!(
+            "prepared the next CA: its root is published now and it signs from {} on",
+            now + schedule.propagation()
+        ),
+        Step::Activate(id) => format!("generation {id} is now the signing CA"),
+        Step::Retire(id) => format!(
+            "generation {id} retired: it signs nothing, its root stays published while its certificates live"
+        ),
+        Step::Drop(id) => {
+            format!("generation {id} dropped: its root left the bundle and its keys were deleted")
+        }
+    }
 }

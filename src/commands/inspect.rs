@@ -83,7 +83,10 @@ impl InspectArgs {
                 Some(a) => println!("chain: anchored in {} ({})", a.subject(), a.fingerprint()),
                 None => {
                     ok = false;
-                    println!("chain: NOT anchored in any of the {} trust anchors", anchors.len());
+                    println!(
+                        "chain: NOT anchored in any of the {} trust anchors",
+                        anchors.len()
+                    );
                 }
             }
         }
@@ -105,7 +108,10 @@ fn describe(i: usize, cert: &X509Certificate<'_>, der: &[u8], now: OffsetDateTim
     println!("certificate {i}:");
     println!("  subject:    {}", cert.subject());
     println!("  issuer:     {}", cert.issuer());
-    println!("  serial:     {}", cert.raw_serial_as_string().replace(':', ""));
+    println!(
+        "  serial:     {}",
+        cert.raw_serial_as_string().replace(':', "")
+    );
     println!("  not before: {}", cert.validity().not_before.to_datetime());
     println!("  not after:  {not_after} ({state})");
     let key = SubjectKey::from_spki_der(cert.public_key().raw)

@@ -8,8 +8,7 @@ use clap::Args;
 use podca_signer::keys::GeneratedKey;
 use podca_signer::policy::DNS_NAMES_ANNOTATION;
 use podca_signer::{
-    CertificateRequest, FileStore, KeyType, Ledger, LedgerRecord, Outcome, SignerPolicy,
-    SubjectKey,
+    CertificateRequest, FileStore, KeyType, Ledger, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -43,6 +42,8 @@ pub struct IssueArgs {
     /// Write the result here (mode 0600 when it holds a private key) instead of stdout.
     #[arg(long, short)]
     pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub hsm: super::HsmArgs,
 }
 
 impl IssueArgs {
@@ -57,13 +58,14 @@ impl IssueArgs {
             dns_names,
             lifetime_seconds,
             out,
+            hsm,
         } = self;
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
-        let ca = store.load()?;
+        let ca = super::open_active_ca(&store, &hsm)?;
         let (subject, private_pem) = match (&csr, key_type) {
             (Some(path), _) => {
-                let bytes =
-                    std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
                 let der = csr_der(&bytes)
                     .with_context(|| format!("{}: not a PEM or DER CSR", path.display()))?;
                 let key = SubjectKey::from_csr_verified(&der)

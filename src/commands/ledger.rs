@@ -83,8 +83,14 @@ impl ListArgs {
             json,
         } = self;
         let ledger = open(dir)?;
-        let since = since.as_deref().map(|s| parse_time("--since", s)).transpose()?;
-        let until = until.as_deref().map(|s| parse_time("--until", s)).transpose()?;
+        let since = since
+            .as_deref()
+            .map(|s| parse_time("--since", s))
+            .transpose()?;
+        let until = until
+            .as_deref()
+            .map(|s| parse_time("--until", s))
+            .transpose()?;
         let mut records = match (&identity, since, until) {
             (Some(id), _, _) => ledger.by_identity(id)?,
             (None, None, None) => ledger.latest(limit)?,
@@ -103,7 +109,10 @@ impl ListArgs {
                 println!("{}", serde_json::to_string(r)?);
             }
         } else {
-            println!("{:<34} {:<20} {:<20} IDENTITY", "SERIAL", "ISSUED", "NOT AFTER");
+            println!(
+                "{:<34} {:<20} {:<20} IDENTITY",
+                "SERIAL", "ISSUED", "NOT AFTER"
+            );
             for r in &records {
                 println!(
                     "{:<34} {:<20} {:<20} {}",

@@ -7,6 +7,57 @@ pub mod issue;
 pub mod ledger;
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use podca_signer::backend::{PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Uri};
+use podca_signer::{FileStore, IssuingCa};
+
+/// How to unlock a CA key held in an HSM. The PIN itself is never a command-line value.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct HsmArgs {
+    /// File holding the PKCS#11 user PIN.
+    #[arg(long, env = "PODCA_PKCS11_PIN_FILE", conflicts_with = "pkcs11_pin_env")]
+    pub pkcs11_pin_file: Option<PathBuf>,
+    /// Name of an environment variable holding the PKCS#11 user PIN.
+    #[arg(long)]
+    pub pkcs11_pin_env: Option<String>,
+    /// PKCS#11 module (overrides the URI's module-path), e.g. /usr/lib/softhsm/libsofthsm2.so.
+    #[arg(long, env = "PODCA_PKCS11_MODULE")]
+    pub pkcs11_module: Option<PathBuf>,
+}
+
+impl HsmArgs {
+    /// The PKCS#11 configuration for `uri`, or a clear error when no PIN source was given.
+    pub fn config(&self, uri: &str) -> anyhow::Result<Pkcs11Config> {
+        let uri = Pkcs11Uri::parse(uri)?;
+        let pin = match (&self.pkcs11_pin_file, &self.pkcs11_pin_env) {
+            (Some(file), _) => PinSource::File(file.clone()),
+            (None, Some(var)) => PinSource::Env(var.clone()),
+            (None, None) => anyhow::bail!(
+                "the CA key is in an HSM ({uri}): give --pkcs11-pin-file FILE or \
+                 --pkcs11-pin-env VAR"
+            ),
+        };
+        let mut config = Pkcs11Config::new(uri, pin);
+        if self.pkcs11_module.is_some() {
+            config.module_path = self.pkcs11_module.clone();
+        }
+        Ok(config)
+    }
+}
+
+/// Opens the active CA of a data directory, with its file key or its HSM key.
+pub fn open_active_ca(store: &FileStore, hsm: &HsmArgs) -> anyhow::Result<IssuingCa> {
+    match store.external_key_location()? {
+        Some(location) => {
+            let config = hsm.config(&location)?;
+            let key = Pkcs11Key::open(&config).with_context(|| format!("opening {location}"))?;
+            Ok(store.load_with_key(Arc::new(key))?)
+        }
+        None => Ok(store.load()?),
+    }
+}
 
 /// Where the CA lives unless `--dir` says otherwise: `$PODCA_DATA_DIR`, else
 /// `$XDG_DATA_HOME/podca`, else `~/.local/share/podca`.
