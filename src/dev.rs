@@ -1,15 +1,390 @@
 //! `podca dev`: the same CA on a laptop with no cluster.
+//!
+//! Creates (first run) or reuses a local CA in the data directory, serves the `podca.v1` gRPC
+//! API on loopback and the SPIFFE Workload API on a Unix socket, keeps kubelet-layout credential
+//! bundles for chosen identities, and reloads the CA from the data directory on SIGHUP (so a
+//! rotation done by another command reaches every open stream).
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
 use clap::Args;
+use podca_signer::{FileStore, InitOptions, KeyType, SignerPolicy, SubjectKey};
+use rcgen::PublicKeyData;
+use time::OffsetDateTime;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::commands::default_data_dir;
+use crate::config::{Config, DevBundle, DevIdentity};
+use crate::grpc::auth::{DevAuthenticator, Identity};
+use crate::grpc::{Api, ApiOptions, CaHandle, server};
+
+/// The signer `podca dev` uses when the config names none.
+pub const DEFAULT_SIGNER: &str = "podca.dev/default";
+/// Its trust domain.
+pub const DEFAULT_TRUST_DOMAIN: &str = "podca.dev.local";
 
 #[derive(Debug, Args)]
 pub struct DevArgs {
-    /// Data directory for the CA and ledger.
+    /// Data directory for the CA, the Workload API socket and credential bundles.
     #[arg(long, env = "PODCA_DATA_DIR")]
-    pub data_dir: Option<std::path::PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    /// Config file (TOML); without one: a permissive signer for `podca.dev.local` and the
+    /// current user as default/default.
+    #[arg(long, env = "PODCA_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address of the podca.v1 gRPC API; loopback only (port 0 picks a free port).
+    #[arg(long)]
+    pub grpc_listen: Option<SocketAddr>,
+    /// Path of the SPIFFE Workload API socket [default: <data-dir>/workload.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Keep a credential bundle for this identity (`namespace/service-account`); repeatable.
+    #[arg(long = "bundle", value_name = "NS/SA")]
+    pub bundles: Vec<String>,
 }
 
 pub fn run(args: DevArgs) -> anyhow::Result<()> {
-    let DevArgs { data_dir: _ } = args;
-    anyhow::bail!("`podca dev` is not implemented yet")
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(run_async(args))
+}
+
+async fn run_async(args: DevArgs) -> anyhow::Result<()> {
+    let DevArgs {
+        data_dir,
+        config,
+        grpc_listen,
+        socket,
+        bundles,
+    } = args;
+    let data_dir = data_dir.unwrap_or_else(default_data_dir);
+    let mut config = match &config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if config.signers.is_empty() {
+        config.signers.insert(
+            DEFAULT_SIGNER.into(),
+            SignerPolicy::permissive(DEFAULT_TRUST_DOMAIN),
+        );
+    }
+    let (signer_name, _) = config.grpc_signer()?;
+    let signer_name = signer_name.to_owned();
+
+    let store = FileStore::new(&data_dir);
+    let created = !store.is_initialised();
+    if created {
+        let options = InitOptions {
+            name: "podca dev".into(),
+            ..InitOptions::default()
+        };
+        store
+            .init(&options, OffsetDateTime::now_utc())
+            .with_context(|| format!("creating a CA in {}", data_dir.display()))?;
+    }
+    let ca = CaHandle::new(store.load()?, store.roots()?);
+
+    let identities = if config.dev.identities.is_empty() {
+        vec![DevIdentity {
+            uid: current_uid(&data_dir)?,
+            namespace: "default".into(),
+            service_account: "default".into(),
+        }]
+    } else {
+        config.dev.identities.clone()
+    };
+    let mut bundle_specs = config.dev.bundles.clone();
+    for spec in &bundles {
+        let (namespace, service_account) = spec
+            .split_once('/')
+            .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty())
+            .with_context(|| format!("--bundle {spec:?}: expected namespace/service-account"))?;
+        bundle_specs.push(DevBundle {
+            namespace: namespace.into(),
+            service_account: service_account.into(),
+            key_type: KeyType::EcdsaP256,
+        });
+    }
+
+    let listen = grpc_listen.unwrap_or(config.grpc.listen);
+    anyhow::ensure!(
+        listen.ip().is_loopback(),
+        "podca dev serves gRPC on loopback only; {listen} is not a loopback address"
+    );
+    let tcp = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    let listen = tcp.local_addr()?;
+    let socket = socket
+        .or_else(|| config.workload_api.socket.clone())
+        .unwrap_or_else(|| data_dir.join("workload.sock"));
+    let unix = bind_socket(&socket)?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let api = Arc::new(Api::new(
+        ApiOptions {
+            signers: config.signers.clone(),
+            default_signer: signer_name.clone(),
+            node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
+            rate_limit_per_identity: config.grpc.rate_limit_per_identity,
+            max_open_streams: config.grpc.max_open_streams,
+        },
+        ca.clone(),
+        Arc::new(DevAuthenticator::new(&identities)),
+        None,
+        stop_rx.clone(),
+    )?);
+
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let tcp_server = tokio::spawn(server::serve_tcp(
+        tcp,
+        Arc::clone(&api),
+        stopped(stop_rx.clone()),
+    ));
+    let unix_server = tokio::spawn(server::serve_unix(
+        unix,
+        Arc::clone(&api),
+        stopped(stop_rx.clone()),
+    ));
+
+    let bundle_dir = data_dir.join("bundles");
+    let mut bundle_paths = Vec::new();
+    for spec in bundle_specs {
+        let dir = bundle_dir.join(&spec.namespace).join(&spec.service_account);
+        bundle_paths.push((
+            format!("{}/{}", spec.namespace, spec.service_account),
+            dir.clone(),
+        ));
+        tokio::spawn(keep_bundle(Arc::clone(&api), spec, dir, stop_rx.clone()));
+    }
+
+    print_banner(&Banner {
+        data_dir: &data_dir,
+        created,
+        signer: &signer_name,
+        trust_domain: &config.signers[&signer_name].trust_domain,
+        listen,
+        socket: &socket,
+        identities: &identities,
+        bundles: &bundle_paths,
+    });
+
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = hup.recv() => match reload(&store, &ca) {
+                Ok(generation) => println!("podca dev: reloaded the CA from {} (generation {generation})", data_dir.display()),
+                Err(e) => eprintln!("podca dev: reloading the CA failed, keeping the current one: {e:#}"),
+            },
+        }
+    }
+    println!("podca dev: stopping");
+    let _ = stop_tx.send(true);
+    let drain = async {
+        let _ = tcp_server.await;
+        let _ = unix_server.await;
+    };
+    if tokio::time::timeout(Duration::from_secs(5), drain)
+        .await
+        .is_err()
+    {
+        eprintln!("podca dev: connections still open after 5 s; exiting anyway");
+    }
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
+
+/// Re-reads the CA and anchors from the data directory and swaps them in.
+fn reload(store: &FileStore, ca: &CaHandle) -> anyhow::Result<u64> {
+    let issuing = store.load()?;
+    let anchors = store.roots()?;
+    Ok(ca.replace(issuing, anchors))
+}
+
+/// The uid this process runs as, without libc: the owner of `/proc/self`, or of a file we create.
+fn current_uid(data_dir: &Path) -> anyhow::Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(meta) = std::fs::metadata("/proc/self") {
+        return Ok(meta.uid());
+    }
+    let probe = data_dir.join(".uid-probe");
+    std::fs::write(&probe, b"")?;
+    let uid = std::fs::metadata(&probe)?.uid();
+    let _ = std::fs::remove_file(&probe);
+    Ok(uid)
+}
+
+/// Binds the Workload API socket, replacing a stale one left by a crash.
+fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        anyhow::ensure!(
+            meta.file_type().is_socket(),
+            "{} exists and is not a socket; refusing to replace it",
+            path.display()
+        );
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!("{} is in use by another process", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+}
+
+struct Banner<'a> {
+    data_dir: &'a Path,
+    created: bool,
+    signer: &'a str,
+    trust_domain: &'a str,
+    listen: SocketAddr,
+    socket: &'a Path,
+    identities: &'a [DevIdentity],
+    bundles: &'a [(String, PathBuf)],
+}
+
+fn print_banner(b: &Banner<'_>) {
+    let Banner {
+        data_dir,
+        created,
+        signer,
+        trust_domain,
+        listen,
+        socket,
+        identities,
+        bundles,
+    } = b;
+    let verb = if *created { "created" } else { "reusing" };
+    println!("podca dev: {verb} the CA in {}", data_dir.display());
+    println!(
+        "podca dev: trust anchors: {}",
+        data_dir.join("root.pem").display()
+    );
+    println!("podca dev: signer {signer} (trust domain {trust_domain})");
+    for i in *identities {
+        println!(
+            "podca dev: uid {} is {}/{} (spiffe://{trust_domain}/ns/{}/sa/{})",
+            i.uid, i.namespace, i.service_account, i.namespace, i.service_account
+        );
+    }
+    println!("podca dev: gRPC API (podca.v1) on {listen}");
+    println!(
+        "podca dev: SPIFFE Workload API on unix://{}",
+        socket.display()
+    );
+    println!(
+        "  export SPIFFE_ENDPOINT_SOCKET=unix://{}",
+        socket.display()
+    );
+    println!(
+        "  grpcurl -plaintext -import-path proto/proto -proto podca/v1/podca.proto \
+         -H 'x-podca-namespace: default' -H 'x-podca-service-account: default' \
+         {listen} podca.v1.PodCA/GetTrustBundle"
+    );
+    for (identity, dir) in *bundles {
+        println!(
+            "podca dev: credential bundle for {identity}: {} (trust bundle {})",
+            dir.join("credentialbundle.pem").display(),
+            dir.join("trust-bundle.pem").display()
+        );
+    }
+    println!("podca dev: SIGHUP reloads the CA from the data directory; Ctrl-C stops");
+    println!("podca dev: ready");
+}
+
+/// Keeps `<dir>/credentialbundle.pem` (PKCS#8 key, then the chain) and `<dir>/trust-bundle.pem`
+/// fresh: renewed at beginRefreshAt and whenever the CA changes.
+async fn keep_bundle(
+    api: Arc<Api>,
+    spec: DevBundle,
+    dir: PathBuf,
+    mut stop: watch::Receiver<bool>,
+) {
+    let identity = Identity::service_account(&spec.namespace, &spec.service_account);
+    let mut ca = api.ca().subscribe();
+    loop {
+        let snapshot = Arc::clone(&ca.borrow_and_update());
+        let wait = match write_bundle(&api, &identity, spec.key_type, snapshot, &dir).await {
+            Ok(refresh_at) => (refresh_at - OffsetDateTime::now_utc())
+                .try_into()
+                .unwrap_or_default(),
+            Err(e) => {
+                eprintln!(
+                    "podca dev: credential bundle for {}: {e:#}; retrying in 30 s",
+                    identity.key()
+                );
+                Duration::from_secs(30)
+            }
+        };
+        tokio::select! {
+            changed = ca.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(wait) => {},
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+async fn write_bundle(
+    api: &Api,
+    identity: &Identity,
+    key_type: KeyType,
+    snapshot: Arc<crate::grpc::trust::CaSnapshot>,
+    dir: &Path,
+) -> anyhow::Result<OffsetDateTime> {
+    let key_pair = tokio::task::spawn_blocking(move || generate_key(key_type)).await??;
+    let subject = SubjectKey::from_spki_der(&key_pair.subject_public_key_info())?;
+    let issued = api.issue_for_key(identity, subject, snapshot).await?;
+    std::fs::create_dir_all(dir)?;
+    let mut credential = key_pair.serialize_pem();
+    credential.push_str(&issued.certificate.chain_pem);
+    write_atomic(&dir.join("credentialbundle.pem"), &credential, 0o600)?;
+    write_atomic(&dir.join("trust-bundle.pem"), &issued.anchors_pem, 0o644)?;
+    Ok(issued.certificate.validity.begin_refresh_at)
+}
+
+/// A fresh key of a kubelet key type.
+pub fn generate_key(key_type: KeyType) -> anyhow::Result<rcgen::KeyPair> {
+    use rcgen::{KeyPair, RsaKeySize};
+    let key = match key_type {
+        KeyType::EcdsaP256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
+        KeyType::EcdsaP384 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
+        KeyType::EcdsaP521 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512),
+        KeyType::Ed25519 => KeyPair::generate_for(&rcgen::PKCS_ED25519),
+        KeyType::Rsa3072 => KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, RsaKeySize::_3072),
+        KeyType::Rsa4096 => KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, RsaKeySize::_4096),
+    };
+    key.with_context(|| format!("generating a {key_type} key"))
+}
+
+fn write_atomic(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
 }

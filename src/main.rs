@@ -4,6 +4,7 @@ mod cli;
 mod commands;
 mod config;
 mod dev;
+mod grpc;
 mod serve;
 
 fn main() -> std::process::ExitCode {

@@ -1,0 +1,274 @@
+//! What the services share: configuration, the CA handle, authentication, limits, and the
+//! issuing path (CSR → policy → certificate). No `tonic::Status` here: errors are [`ApiError`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use podca_signer::policy::reason;
+use podca_signer::{
+    CertificateRequest, IssuedCertificate, Outcome, SignerPolicy, SubjectKey, sign_request,
+};
+use time::{Duration, OffsetDateTime};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
+use super::errors::ApiError;
+use super::ratelimit::RateLimiter;
+use super::trust::{CaHandle, CaSnapshot};
+
+/// Largest request message the servers accept.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// The knobs of the gRPC API.
+#[derive(Debug, Clone)]
+pub struct ApiOptions {
+    /// Signer name → policy.
+    pub signers: BTreeMap<String, SignerPolicy>,
+    /// The signer used when a request names none (`grpc.signer`).
+    pub default_signer: String,
+    /// `namespace/name` of service accounts allowed to call IssueForPod.
+    pub node_proxy_service_accounts: Vec<String>,
+    /// Requests per second per identity; 0 = unlimited.
+    pub rate_limit_per_identity: u32,
+    /// Open server streams (WatchTrustBundle, Workload API) across all callers.
+    pub max_open_streams: usize,
+}
+
+/// A certificate request as the API receives it.
+#[derive(Debug, Clone, Default)]
+pub struct IssueInput {
+    pub csr: Vec<u8>,
+    pub requested_lifetime_seconds: Option<i64>,
+    pub user_annotations: BTreeMap<String, String>,
+    pub signer_name: String,
+}
+
+/// A certificate and the anchors that verify it.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    pub certificate: IssuedCertificate,
+    pub anchors_pem: String,
+    pub anchors_der: Vec<u8>,
+}
+
+/// The state every service shares.
+#[derive(Debug)]
+pub struct Api {
+    options: ApiOptions,
+    ca: CaHandle,
+    auth: Arc<dyn Authenticator>,
+    pods: Option<Arc<dyn PodDirectory>>,
+    limiter: RateLimiter,
+    streams: Arc<Semaphore>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Api {
+    pub fn new(
+        options: ApiOptions,
+        ca: CaHandle,
+        auth: Arc<dyn Authenticator>,
+        pods: Option<Arc<dyn PodDirectory>>,
+        shutdown: watch::Receiver<bool>,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            options.signers.contains_key(&options.default_signer),
+            "grpc.signer {:?} is not a configured signer",
+            options.default_signer
+        );
+        Ok(Api {
+            limiter: RateLimiter::new(options.rate_limit_per_identity),
+            streams: Arc::new(Semaphore::new(options.max_open_streams)),
+            options,
+            ca,
+            auth,
+            pods,
+            shutdown,
+        })
+    }
+
+    pub fn ca(&self) -> &CaHandle {
+        &self.ca
+    }
+
+    /// Resolves when the server is shutting down (streams end then).
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown.clone()
+    }
+
+    pub async fn identify(
+        &self,
+        peer: &Peer,
+        credentials: &Credentials,
+    ) -> Result<Identity, ApiError> {
+        Ok(self.auth.authenticate(peer, credentials).await?)
+    }
+
+    /// Spends one token of the caller's bucket.
+    pub fn check_rate(&self, identity: &Identity) -> Result<(), ApiError> {
+        if self.limiter.try_acquire(&identity.key()) {
+            Ok(())
+        } else {
+            Err(ApiError::RateLimited(self.limiter.rate()))
+        }
+    }
+
+    /// A slot for one open stream, held for as long as the stream lives.
+    pub fn open_stream(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        Arc::clone(&self.streams)
+            .try_acquire_owned()
+            .map_err(|_| ApiError::TooManyStreams(self.options.max_open_streams))
+    }
+
+    /// The signer a request names, or the default one.
+    pub fn signer(&self, name: &str) -> Result<(&str, &SignerPolicy), ApiError> {
+        let name = if name.is_empty() {
+            self.options.default_signer.as_str()
+        } else {
+            name
+        };
+        self.options
+            .signers
+            .get_key_value(name)
+            .map(|(k, v)| (k.as_str(), v))
+            .ok_or_else(|| ApiError::UnknownSigner(name.to_owned()))
+    }
+
+    /// IssueCertificate: a certificate for the caller's own identity.
+    pub async fn issue(&self, identity: &Identity, input: IssueInput) -> Result<Issued, ApiError> {
+        let (_, policy) = self.signer(&input.signer_name)?;
+        let policy = policy.clone();
+        let requested_lifetime = match input.requested_lifetime_seconds {
+            None => None,
+            Some(s) if s <= 0 => return Err(ApiError::BadLifetime(s)),
+            // Longer than any policy allows: plan_validity clamps it to the policy maximum.
+            Some(s) => Some(Duration::seconds(s.min(i64::from(u32::MAX)))),
+        };
+        if input.csr.is_empty() {
+            return Err(ApiError::EmptyCsr);
+        }
+        let snapshot = self.ca.current();
+        let identity = identity.clone();
+        // CSR verification and signing are CPU work (RSA-4096 takes milliseconds).
+        tokio::task::spawn_blocking(move || {
+            let key = SubjectKey::from_csr_verified(&input.csr).map_err(ApiError::Key)?;
+            issue_blocking(
+                &policy,
+                &snapshot,
+                &identity,
+                key,
+                requested_lifetime,
+                input.user_annotations,
+            )
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))?
+    }
+
+    /// IssueForPod: a certificate for a pod on the caller's node (node-level proxies).
+    pub async fn issue_for_pod(
+        &self,
+        caller: &Identity,
+        pod_namespace: &str,
+        pod_name: &str,
+        input: IssueInput,
+    ) -> Result<Issued, ApiError> {
+        let Some(pods) = &self.pods else {
+            return Err(ApiError::NoPodDirectory);
+        };
+        if !self
+            .options
+            .node_proxy_service_accounts
+            .iter()
+            .any(|sa| *sa == caller.key())
+        {
+            return Err(ApiError::NotNodeProxy(format!(
+                "service account {} may not request certificates for other pods (it is not in \
+                 grpc.node_proxy_service_accounts)",
+                caller.key()
+            )));
+        }
+        let Some(caller_node) = &caller.node_name else {
+            return Err(ApiError::NotNodeProxy(
+                "the caller's token names no node; use a pod-bound service-account token".into(),
+            ));
+        };
+        let pod = pods
+            .pod(pod_namespace, pod_name)
+            .await
+            .map_err(|e| ApiError::Auth(super::auth::AuthError::Unavailable(e)))?
+            .ok_or_else(|| {
+                ApiError::PodNotFound(format!("pod {pod_namespace}/{pod_name} not found"))
+            })?;
+        if pod.node_name.as_deref() != Some(caller_node.as_str()) {
+            return Err(ApiError::PodOnOtherNode(format!(
+                "pod {pod_namespace}/{pod_name} does not run on the caller's node {caller_node}"
+            )));
+        }
+        let subject = Identity {
+            namespace: pod_namespace.to_owned(),
+            service_account: pod.service_account,
+            pod_name: Some(pod_name.to_owned()),
+            pod_uid: pod.uid,
+            node_name: pod.node_name,
+        };
+        self.issue(&subject, input).await
+    }
+
+    /// A certificate for a key podca generated itself (the Workload API, credential bundles).
+    pub async fn issue_for_key(
+        &self,
+        identity: &Identity,
+        key: SubjectKey,
+        snapshot: Arc<CaSnapshot>,
+    ) -> Result<Issued, ApiError> {
+        let (_, policy) = self.signer("")?;
+        let policy = policy.clone();
+        let identity = identity.clone();
+        tokio::task::spawn_blocking(move || {
+            issue_blocking(&policy, &snapshot, &identity, key, None, BTreeMap::new())
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))?
+    }
+
+    /// The trust domain of the default signer.
+    pub fn trust_domain(&self) -> Result<String, ApiError> {
+        Ok(self.signer("")?.1.trust_domain.clone())
+    }
+}
+
+fn issue_blocking(
+    policy: &SignerPolicy,
+    snapshot: &CaSnapshot,
+    identity: &Identity,
+    key: SubjectKey,
+    requested_lifetime: Option<Duration>,
+    user_annotations: BTreeMap<String, String>,
+) -> Result<Issued, ApiError> {
+    let request = CertificateRequest {
+        key: Ok(key),
+        namespace: identity.namespace.clone(),
+        service_account: identity.service_account.clone(),
+        pod_name: identity.pod_name.clone(),
+        max_expiration: None,
+        requested_lifetime,
+        user_annotations,
+    };
+    match sign_request(policy, &snapshot.ca, &request, OffsetDateTime::now_utc()) {
+        Outcome::Issued(certificate) => Ok(Issued {
+            certificate: *certificate,
+            anchors_pem: snapshot.anchors_pem.clone(),
+            anchors_der: snapshot.anchors_der(),
+        }),
+        Outcome::Denied { reason, message } if reason == reason::UNSUPPORTED_KEY_TYPE => {
+            Err(ApiError::KeyTypeNotAllowed { reason, message })
+        }
+        Outcome::Denied { reason, message } => Err(ApiError::Denied { reason, message }),
+        Outcome::Failed { reason, message } if reason == "CertificateBuildFailed" => {
+            Err(ApiError::Internal(format!("{reason}: {message}")))
+        }
+        Outcome::Failed { reason, message } => Err(ApiError::Failed { reason, message }),
+        Outcome::Retry(e) => Err(ApiError::Unavailable(e)),
+    }
+}

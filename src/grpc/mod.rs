@@ -1,0 +1,58 @@
+//! podca's gRPC edge: the `podca.v1` API (TCP, and the Unix socket in dev mode) and the SPIFFE
+//! Workload API (Unix socket).
+//!
+//! # Status codes
+//!
+//! Every refusal is a precise gRPC status; the message says what to change. Nothing here ever
+//! puts a token or a private key into a status message or a log line.
+//!
+//! | Situation | Code |
+//! | --- | --- |
+//! | `csr` empty, not DER, not a PKCS#10 CSR, trailing bytes | `INVALID_ARGUMENT` |
+//! | CSR self-signature does not verify (or its algorithm does not fit the key) | `INVALID_ARGUMENT` |
+//! | key type podca never certifies (e.g. RSA-2048, secp256k1); the message lists the supported ones | `INVALID_ARGUMENT` |
+//! | key type supported by podca but not allowed by the signer's policy (`key_types`); the message lists the allowed ones | `FAILED_PRECONDITION` |
+//! | `signer_name` is not a configured signer | `NOT_FOUND` |
+//! | no credentials, malformed or unknown bearer token, expired token, wrong audience, not a service-account token | `UNAUTHENTICATED` |
+//! | dev mode: Unix-socket caller whose uid is not in `[dev] identities`; metadata identity from a non-loopback peer | `PERMISSION_DENIED` |
+//! | policy denial (namespace, service account, DNS-name annotation, unknown annotation); message = `<Reason>: <detail>` | `PERMISSION_DENIED` |
+//! | `requested_lifetime_seconds` ≤ 0 | `INVALID_ARGUMENT` |
+//! | `requested_lifetime_seconds` above the policy maximum | clamped, not an error: the answer's `not_after` tells the real lifetime (below 3600 s it is raised to 3600 s) |
+//! | policy cannot issue at all (CA expires too soon, lifetime not satisfiable, bad DNS template) | `FAILED_PRECONDITION` |
+//! | request larger than 64 KiB | `OUT_OF_RANGE` (tonic's decoder limit) |
+//! | CA key backend unavailable (`Outcome::Retry`): retry later | `UNAVAILABLE` |
+//! | TokenReview / Kubernetes API unreachable | `UNAVAILABLE` |
+//! | per-identity rate limit (`grpc.rate_limit_per_identity`, token bucket) exceeded | `RESOURCE_EXHAUSTED` |
+//! | open streams above `grpc.max_open_streams` | `RESOURCE_EXHAUSTED` |
+//! | `IssueForPod`: caller not in `grpc.node_proxy_service_accounts`, or pod on another node | `PERMISSION_DENIED` |
+//! | `IssueForPod`: pod does not exist | `NOT_FOUND` |
+//! | `IssueForPod` in `podca dev` (no Kubernetes API to check pods against) | `FAILED_PRECONDITION` |
+//! | Workload API call without the `workload.spiffe.io: true` metadata | `INVALID_ARGUMENT` |
+//! | Workload API JWT RPCs (`FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`) | `UNIMPLEMENTED` |
+//! | a bug (certificate building failed) | `INTERNAL` |
+//!
+//! # Who the caller is
+//!
+//! * In a cluster (`podca serve`): `authorization: Bearer <service-account token>`, checked with
+//!   a TokenReview for the audience `grpc.token_audience` ([`auth::TokenReviewAuthenticator`]).
+//! * In `podca dev` ([`auth::DevAuthenticator`]): Unix-socket callers by their uid
+//!   (SO_PEERCRED), mapped through `[dev] identities`; TCP callers on loopback name their
+//!   identity with the metadata `x-podca-namespace` and `x-podca-service-account` (defaulting
+//!   to the first `[dev] identities` entry). Anything that can reach a loopback port can claim
+//!   any identity that way: this is a development convenience, refused from other addresses.
+
+// The in-cluster authenticator (TokenReview) and pod lookups are wired by `podca serve` in a
+// later issue; until then only the unit tests reach them.
+#[allow(dead_code)]
+pub mod auth;
+pub mod core;
+pub mod errors;
+pub mod podca_service;
+pub mod ratelimit;
+pub mod server;
+pub mod trust;
+pub mod uds_authority;
+pub mod workload;
+
+pub use self::core::{Api, ApiOptions};
+pub use self::trust::CaHandle;

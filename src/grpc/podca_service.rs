@@ -1,0 +1,226 @@
+//! The `podca.v1.PodCA` service: the gRPC edge over [`Api`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use podca_proto::podca::v1::pod_ca_server::PodCa;
+use podca_proto::podca::v1::{
+    GetTrustBundleRequest, IssueCertificateRequest, IssueCertificateResponse, IssueForPodRequest,
+    TrustBundle,
+};
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Response, Status};
+
+use super::auth::{AuthError, BearerToken, Credentials, Identity, Peer};
+use super::core::{Api, IssueInput, Issued};
+use super::errors::ApiError;
+use super::trust::CaSnapshot;
+
+/// `podca.v1.PodCA`.
+#[derive(Debug, Clone)]
+pub struct PodCaService {
+    api: Arc<Api>,
+}
+
+impl PodCaService {
+    pub fn new(api: Arc<Api>) -> Self {
+        PodCaService { api }
+    }
+}
+
+/// Where a request came from: a Unix-socket peer (with its uid) or a TCP address.
+pub fn peer_of<T>(request: &Request<T>) -> Peer {
+    if let Some(info) = request.extensions().get::<UdsConnectInfo>() {
+        return Peer::Unix {
+            uid: info.peer_cred.map(|c| c.uid()),
+        };
+    }
+    request.remote_addr().map_or(Peer::Unknown, Peer::Tcp)
+}
+
+/// The credentials a request carries.
+pub fn credentials_of<T>(request: &Request<T>) -> Result<Credentials, ApiError> {
+    let metadata = request.metadata();
+    let text = |key: &str| {
+        metadata
+            .get(key)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    let bearer = match metadata.get("authorization") {
+        None => None,
+        Some(value) => {
+            let value = value.to_str().unwrap_or("");
+            let token = value
+                .strip_prefix("Bearer ")
+                .or_else(|| value.strip_prefix("bearer "))
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| {
+                    ApiError::Auth(AuthError::Invalid(
+                        "the authorization metadata must be `Bearer <token>`".into(),
+                    ))
+                })?;
+            Some(BearerToken::new(token))
+        }
+    };
+    Ok(Credentials {
+        bearer,
+        dev_namespace: text("x-podca-namespace"),
+        dev_service_account: text("x-podca-service-account"),
+    })
+}
+
+impl PodCaService {
+    async fn caller<T>(&self, request: &Request<T>) -> Result<Identity, ApiError> {
+        let credentials = credentials_of(request)?;
+        let identity = self.api.identify(&peer_of(request), &credentials).await?;
+        self.api.check_rate(&identity)?;
+        Ok(identity)
+    }
+}
+
+fn input(request: IssueCertificateRequest) -> IssueInput {
+    let IssueCertificateRequest {
+        csr,
+        requested_lifetime_seconds,
+        user_annotations,
+        signer_name,
+    } = request;
+    IssueInput {
+        csr,
+        requested_lifetime_seconds,
+        user_annotations: user_annotations.into_iter().collect(),
+        signer_name,
+    }
+}
+
+fn timestamp(t: OffsetDateTime) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.unix_timestamp(),
+        nanos: 0,
+    }
+}
+
+fn response(issued: Issued) -> IssueCertificateResponse {
+    let c = issued.certificate;
+    IssueCertificateResponse {
+        certificate_chain_pem: c.chain_pem,
+        not_before: Some(timestamp(c.validity.not_before)),
+        not_after: Some(timestamp(c.validity.not_after)),
+        begin_refresh_at: Some(timestamp(c.validity.begin_refresh_at)),
+        trust_anchors_pem: issued.anchors_pem,
+        spiffe_id: c.spiffe_id,
+        serial: c.serial,
+    }
+}
+
+fn bundle(signer_name: &str, snapshot: &CaSnapshot) -> TrustBundle {
+    TrustBundle {
+        signer_name: signer_name.to_owned(),
+        trust_anchors_pem: snapshot.anchors_pem.clone(),
+        generation: snapshot.generation,
+    }
+}
+
+type BundleStream = Pin<Box<dyn Stream<Item = Result<TrustBundle, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl PodCa for PodCaService {
+    async fn issue_certificate(
+        &self,
+        request: Request<IssueCertificateRequest>,
+    ) -> Result<Response<IssueCertificateResponse>, Status> {
+        let identity = self.caller(&request).await?;
+        let issued = self
+            .api
+            .issue(&identity, input(request.into_inner()))
+            .await?;
+        tracing::info!(
+            identity = %identity.key(),
+            serial = %issued.certificate.serial,
+            spiffe_id = %issued.certificate.spiffe_id,
+            "issued a certificate over gRPC"
+        );
+        Ok(Response::new(response(issued)))
+    }
+
+    async fn issue_for_pod(
+        &self,
+        request: Request<IssueForPodRequest>,
+    ) -> Result<Response<IssueCertificateResponse>, Status> {
+        let caller = self.caller(&request).await?;
+        let IssueForPodRequest {
+            pod_namespace,
+            pod_name,
+            request: inner,
+        } = request.into_inner();
+        let issued = self
+            .api
+            .issue_for_pod(
+                &caller,
+                &pod_namespace,
+                &pod_name,
+                input(inner.unwrap_or_default()),
+            )
+            .await?;
+        tracing::info!(
+            caller = %caller.key(),
+            pod = %format!("{pod_namespace}/{pod_name}"),
+            serial = %issued.certificate.serial,
+            "issued a certificate for a pod over gRPC"
+        );
+        Ok(Response::new(response(issued)))
+    }
+
+    async fn get_trust_bundle(
+        &self,
+        request: Request<GetTrustBundleRequest>,
+    ) -> Result<Response<TrustBundle>, Status> {
+        self.caller(&request).await?;
+        let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
+        Ok(Response::new(bundle(name, &self.api.ca().current())))
+    }
+
+    type WatchTrustBundleStream = BundleStream;
+
+    async fn watch_trust_bundle(
+        &self,
+        request: Request<GetTrustBundleRequest>,
+    ) -> Result<Response<Self::WatchTrustBundleStream>, Status> {
+        self.caller(&request).await?;
+        let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
+        let name = name.to_owned();
+        let permit = self.api.open_stream()?;
+        let mut anchors = self.api.ca().subscribe();
+        let mut shutdown = self.api.shutdown_signal();
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut last_pem = String::new();
+            loop {
+                let snapshot = Arc::clone(&anchors.borrow_and_update());
+                // A CA swap that keeps the same anchors (a new issuing CA under the same root)
+                // is not news to relying parties.
+                if snapshot.anchors_pem != last_pem {
+                    last_pem.clone_from(&snapshot.anchors_pem);
+                    if tx.send(Ok(bundle(&name, &snapshot))).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    changed = anchors.changed() => if changed.is_err() { return },
+                    _ = tx.closed() => return,
+                    _ = shutdown.wait_for(|stop| *stop) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

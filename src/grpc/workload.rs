@@ -1,0 +1,214 @@
+//! The SPIFFE Workload API (X.509-SVID profile) on the Unix socket.
+//!
+//! `FetchX509SVID` generates a fresh P-256 key for the caller, issues an SVID for its identity,
+//! and streams a new one before the old one's beginRefreshAt and on every CA swap.
+//! `FetchX509Bundles` streams the trust bundle. The JWT profile is not implemented.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use podca_proto::workload::spiffe_workload_api_server::SpiffeWorkloadApi;
+use podca_proto::workload::{
+    JwtBundlesRequest, JwtBundlesResponse, JwtsvidRequest, JwtsvidResponse, ValidateJwtsvidRequest,
+    ValidateJwtsvidResponse, X509BundlesRequest, X509BundlesResponse, X509svid, X509svidRequest,
+    X509svidResponse,
+};
+use podca_signer::SubjectKey;
+use rcgen::PublicKeyData;
+use time::OffsetDateTime;
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::auth::Identity;
+use super::core::Api;
+use super::errors::ApiError;
+use super::podca_service::{credentials_of, peer_of};
+use super::trust::CaSnapshot;
+
+/// `SpiffeWorkloadAPI`.
+#[derive(Debug, Clone)]
+pub struct WorkloadService {
+    api: Arc<Api>,
+}
+
+impl WorkloadService {
+    pub fn new(api: Arc<Api>) -> Self {
+        WorkloadService { api }
+    }
+
+    async fn caller<T>(&self, request: &Request<T>) -> Result<Identity, ApiError> {
+        let header = request
+            .metadata()
+            .get("workload.spiffe.io")
+            .and_then(|v| v.to_str().ok());
+        if header != Some("true") {
+            return Err(ApiError::MissingWorkloadHeader);
+        }
+        let credentials = credentials_of(request)?;
+        let identity = self.api.identify(&peer_of(request), &credentials).await?;
+        self.api.check_rate(&identity)?;
+        Ok(identity)
+    }
+}
+
+/// One SVID message and when to send the next.
+async fn svid_response(
+    api: &Api,
+    identity: &Identity,
+    snapshot: Arc<CaSnapshot>,
+) -> Result<(X509svidResponse, OffsetDateTime), ApiError> {
+    let (key_pair, subject) = tokio::task::spawn_blocking(|| {
+        let key_pair = rcgen::KeyPair::generate()
+            .map_err(|e| ApiError::Internal(format!("generating the SVID key: {e}")))?;
+        let subject = SubjectKey::from_spki_der(&key_pair.subject_public_key_info())
+            .map_err(|e| ApiError::Internal(format!("the generated key: {e}")))?;
+        Ok::<_, ApiError>((key_pair, subject))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("key generation task failed: {e}")))??;
+    let issued = api.issue_for_key(identity, subject, snapshot).await?;
+    let chain_der: Vec<u8> =
+        podca_signer::x509::certificates_from_pem(&issued.certificate.chain_pem)
+            .map_err(|e| ApiError::Internal(format!("re-reading the issued chain: {e}")))?
+            .concat();
+    let refresh = issued.certificate.validity.begin_refresh_at;
+    let response = X509svidResponse {
+        svids: vec![X509svid {
+            spiffe_id: issued.certificate.spiffe_id,
+            x509_svid: chain_der,
+            x509_svid_key: key_pair.serialize_der(),
+            bundle: issued.anchors_der,
+            hint: String::new(),
+        }],
+        crl: vec![],
+        federated_bundles: HashMap::new(),
+    };
+    Ok((response, refresh))
+}
+
+fn bundles_response(trust_domain: &str, snapshot: &CaSnapshot) -> X509BundlesResponse {
+    X509BundlesResponse {
+        crl: vec![],
+        bundles: HashMap::from([(format!("spiffe://{trust_domain}"), snapshot.anchors_der())]),
+    }
+}
+
+type SvidStream = Pin<Box<dyn Stream<Item = Result<X509svidResponse, Status>> + Send>>;
+type BundlesStream = Pin<Box<dyn Stream<Item = Result<X509BundlesResponse, Status>> + Send>>;
+type JwtBundlesStream = Pin<Box<dyn Stream<Item = Result<JwtBundlesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl SpiffeWorkloadApi for WorkloadService {
+    async fn fetch_jwtsvid(
+        &self,
+        _request: Request<JwtsvidRequest>,
+    ) -> Result<Response<JwtsvidResponse>, Status> {
+        Err(Status::unimplemented("podca does not issue JWT-SVIDs"))
+    }
+
+    type FetchJWTBundlesStream = JwtBundlesStream;
+
+    async fn fetch_jwt_bundles(
+        &self,
+        _request: Request<JwtBundlesRequest>,
+    ) -> Result<Response<Self::FetchJWTBundlesStream>, Status> {
+        Err(Status::unimplemented("podca does not issue JWT-SVIDs"))
+    }
+
+    async fn validate_jwtsvid(
+        &self,
+        _request: Request<ValidateJwtsvidRequest>,
+    ) -> Result<Response<ValidateJwtsvidResponse>, Status> {
+        Err(Status::unimplemented("podca does not issue JWT-SVIDs"))
+    }
+
+    type FetchX509SVIDStream = SvidStream;
+
+    async fn fetch_x509svid(
+        &self,
+        request: Request<X509svidRequest>,
+    ) -> Result<Response<Self::FetchX509SVIDStream>, Status> {
+        let identity = self.caller(&request).await?;
+        let permit = self.api.open_stream()?;
+        let mut ca = self.api.ca().subscribe();
+        // The first SVID is issued before answering, so that a refusal is the call's status.
+        let snapshot = Arc::clone(&ca.borrow_and_update());
+        let (first, mut refresh_at) = svid_response(&self.api, &identity, snapshot).await?;
+        let api = Arc::clone(&self.api);
+        let mut shutdown = api.shutdown_signal();
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut next = Some(first);
+            loop {
+                if let Some(message) = next.take()
+                    && tx.send(Ok(message)).await.is_err()
+                {
+                    return;
+                }
+                let wait = refresh_at - OffsetDateTime::now_utc();
+                let sleep = tokio::time::sleep(wait.try_into().unwrap_or_default());
+                tokio::select! {
+                    changed = ca.changed() => if changed.is_err() { return },
+                    () = sleep => {},
+                    () = tx.closed() => return,
+                    _ = shutdown.wait_for(|stop| *stop) => return,
+                }
+                let snapshot = Arc::clone(&ca.borrow_and_update());
+                match svid_response(&api, &identity, snapshot).await {
+                    Ok((message, at)) => {
+                        next = Some(message);
+                        refresh_at = at;
+                    }
+                    Err(e) => {
+                        tracing::warn!(identity = %identity.key(), error = %e, "renewing an SVID failed");
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type FetchX509BundlesStream = BundlesStream;
+
+    async fn fetch_x509_bundles(
+        &self,
+        request: Request<X509BundlesRequest>,
+    ) -> Result<Response<Self::FetchX509BundlesStream>, Status> {
+        self.caller(&request).await?;
+        let trust_domain = self.api.trust_domain()?;
+        let permit = self.api.open_stream()?;
+        let mut ca = self.api.ca().subscribe();
+        let mut shutdown = self.api.shutdown_signal();
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut last = Vec::new();
+            loop {
+                let snapshot = Arc::clone(&ca.borrow_and_update());
+                let der = snapshot.anchors_der();
+                if der != last {
+                    last = der;
+                    if tx
+                        .send(Ok(bundles_response(&trust_domain, &snapshot)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    changed = ca.changed() => if changed.is_err() { return },
+                    () = tx.closed() => return,
+                    _ = shutdown.wait_for(|stop| *stop) => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
