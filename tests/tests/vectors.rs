@@ -424,3 +424,329 @@ async fn every_recorded_write_is_answered_like_kube_apiserver() {
         problems.join("\n")
     );
 }
+
+fn keys_of(v: &Value) -> Vec<String> {
+    let mut k: Vec<String> = v
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    k.sort();
+    k
+}
+
+/// The five list/watch observations, as far as an emulator can reproduce
+/// them (resourceVersions and UIDs differ by nature).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_watch_observations_match_the_recording() {
+    use base64::Engine as _;
+    use podca_tests::kubelet::{KeyType, SubjectKey};
+    use podca_tests::testca::TestCa;
+
+    let d = load();
+    let obs: Vec<&Value> = d["watch"].as_array().expect("watch").iter().collect();
+    assert_eq!(obs.len(), 5);
+    let by_id = |id: &str| {
+        *obs.iter()
+            .find(|o| o["id"] == id)
+            .unwrap_or_else(|| panic!("{id}"))
+    };
+    let mut p = Vec::new();
+    let emu = environment(
+        &d,
+        by_id("list-pcrs-by-signer")["server_time"]
+            .as_str()
+            .expect("time"),
+    )
+    .await;
+    let fx = &d["environment"]["fixtures"];
+    let node = client(&emu, "node");
+    let signer = client(&emu, "signer-with-sign");
+    let admin = client(&emu, "admin");
+    let key = SubjectKey::generate(KeyType::EcdsaP256).expect("key");
+    let pcr_body = |name: &str| {
+        json!({
+            "apiVersion": "certificates.k8s.io/v1beta1", "kind": "PodCertificateRequest",
+            "metadata": {"name": name, "namespace": fx["namespace"]},
+            "spec": {
+                "signerName": d["environment"]["signerName"], "podName": fx["pod"]["name"], "podUID": fx["pod"]["uid"],
+                "serviceAccountName": fx["serviceAccount"]["name"], "serviceAccountUID": fx["serviceAccount"]["uid"],
+                "nodeName": fx["node"]["name"], "nodeUID": fx["node"]["uid"],
+                "stubPKCS10Request": base64::engine::general_purpose::STANDARD.encode(key.stub_csr_der().expect("csr")),
+            }
+        })
+    };
+    let ns = fx["namespace"].as_str().expect("ns");
+    let base = format!("/apis/certificates.k8s.io/v1beta1/namespaces/{ns}/podcertificaterequests");
+    for n in ["obs-1", "obs-2"] {
+        let r = node.post(&base, &pcr_body(n)).await.expect("create");
+        assert_eq!(r.status, 201, "{}", r.json());
+    }
+
+    // list-pcrs-by-signer
+    let o = by_id("list-pcrs-by-signer");
+    let r = signer
+        .get(o["request"]["path"].as_str().expect("path"))
+        .await
+        .expect("list");
+    let l = r.json();
+    diff(
+        &mut p,
+        "list",
+        "code",
+        &o["expect"]["code"],
+        &json!(r.status),
+    );
+    diff(&mut p, "list", "kind", &o["expect"]["kind"], &l["kind"]);
+    diff(
+        &mut p,
+        "list",
+        "apiVersion",
+        &o["expect"]["apiVersion"],
+        &l["apiVersion"],
+    );
+    diff(
+        &mut p,
+        "list",
+        "metadata keys",
+        &json!(keys_of(&o["expect"]["metadata"])),
+        &json!(keys_of(&l["metadata"])),
+    );
+    let list_rv = l["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    if list_rv.is_empty() || !list_rv.bytes().all(|b| b.is_ascii_digit()) {
+        p.push(format!("list: resourceVersion {list_rv:?} is not decimal"));
+    }
+    diff(
+        &mut p,
+        "list",
+        "item count",
+        &o["expect"]["item_count_at_recording"],
+        &json!(l["items"].as_array().map_or(0, Vec::len)),
+    );
+    let kind_present = l["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|i| i.get("kind").is_some() || i.get("apiVersion").is_some());
+    diff(
+        &mut p,
+        "list",
+        "item kind present",
+        &o["expect"]["item_kind_field_present"],
+        &json!(kind_present),
+    );
+
+    // watch-pcrs-by-signer
+    let o = by_id("watch-pcrs-by-signer");
+    let path = o["request"]["path"]
+        .as_str()
+        .expect("path")
+        .replace("{listResourceVersion}", &list_rv);
+    let mut w = signer.watch(&path).await.expect("watch");
+    diff(
+        &mut p,
+        "watch",
+        "code",
+        &o["expect"]["code"],
+        &json!(w.status),
+    );
+    diff(
+        &mut p,
+        "watch",
+        "content type",
+        &o["expect"]["content_type"],
+        &json!(w.header("content-type")),
+    );
+    diff(
+        &mut p,
+        "watch",
+        "transfer encoding",
+        &o["expect"]["transfer_encoding"],
+        &json!(w.header("transfer-encoding")),
+    );
+    let r = node
+        .post(&base, &pcr_body("watch-pcr"))
+        .await
+        .expect("create");
+    assert_eq!(r.status, 201);
+    let ca = TestCa::new("vec test root CA").expect("ca");
+    let patch = ca.issue_patch(&key, emu.now(), 86400).expect("patch");
+    let r = signer
+        .merge_patch(&format!("{base}/watch-pcr/status"), &patch)
+        .await
+        .expect("issue");
+    assert_eq!(r.status, 200, "{}", r.json());
+    let r = admin
+        .delete(&format!("{base}/watch-pcr"))
+        .await
+        .expect("delete");
+    assert_eq!(r.status, 200);
+    let want = o["expect"]["events"].as_array().expect("events");
+    let mut last_rv = 0u64;
+    for (i, we) in want.iter().enumerate() {
+        let ev = match w.next_event(std::time::Duration::from_secs(10)).await {
+            Ok(Some(ev)) => ev,
+            other => {
+                p.push(format!("watch: event {i} missing: {other:?}"));
+                break;
+            }
+        };
+        let ctx = format!("watch event {i}");
+        diff(&mut p, &ctx, "type", &we["type"], &ev["type"]);
+        let (wo, go) = (&we["object"], &ev["object"]);
+        for k in ["kind", "apiVersion"] {
+            diff(&mut p, &ctx, k, &wo[k], &go[k]);
+        }
+        diff(
+            &mut p,
+            &ctx,
+            "object keys",
+            &json!(keys_of(wo)),
+            &json!(keys_of(go)),
+        );
+        diff(
+            &mut p,
+            &ctx,
+            "metadata.name",
+            &wo["metadata"]["name"],
+            &go["metadata"]["name"],
+        );
+        let mut go_meta = go["metadata"].clone();
+        if let Some(m) = go_meta.as_object_mut() {
+            m.remove("managedFields");
+        }
+        diff(
+            &mut p,
+            &ctx,
+            "metadata keys",
+            &json!(keys_of(&wo["metadata"])),
+            &json!(keys_of(&go_meta)),
+        );
+        diff(
+            &mut p,
+            &ctx,
+            "spec keys",
+            &json!(keys_of(&wo["spec"])),
+            &json!(keys_of(&go["spec"])),
+        );
+        diff(
+            &mut p,
+            &ctx,
+            "status keys",
+            &json!(keys_of(&wo["status"])),
+            &json!(keys_of(&go["status"])),
+        );
+        for k in ["pkixPublicKey", "proofOfPossession"] {
+            diff(&mut p, &ctx, k, &wo["spec"][k], &go["spec"][k]);
+        }
+        let rv: u64 = go["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if rv <= last_rv {
+            p.push(format!("{ctx}: resourceVersion {rv} not increasing"));
+        }
+        last_rv = rv;
+    }
+
+    // watch-too-old-resource-version
+    let o = by_id("watch-too-old-resource-version");
+    let mut w = signer
+        .watch(o["request"]["path"].as_str().expect("path"))
+        .await
+        .expect("watch");
+    diff(
+        &mut p,
+        "too-old watch",
+        "code",
+        &o["expect"]["code"],
+        &json!(w.status),
+    );
+    diff(
+        &mut p,
+        "too-old watch",
+        "content type",
+        &o["expect"]["content_type"],
+        &json!(w.header("content-type")),
+    );
+    match w.next_event(std::time::Duration::from_secs(10)).await {
+        Ok(Some(ev)) => {
+            let want = &o["expect"]["first_event"];
+            diff(&mut p, "too-old watch", "type", &want["type"], &ev["type"]);
+            let mut got_obj = ev["object"].clone();
+            let msg = got_obj["message"].as_str().unwrap_or("").to_string();
+            let ok = msg.starts_with("too old resource version: 1 (")
+                && msg.ends_with(')')
+                && msg["too old resource version: 1 (".len()..msg.len() - 1]
+                    .bytes()
+                    .all(|b| b.is_ascii_digit());
+            if !ok {
+                p.push(format!("too-old watch: message {msg:?}"));
+            }
+            got_obj["message"] = want["object"]["message"].clone();
+            diff(&mut p, "too-old watch", "object", &want["object"], &got_obj);
+        }
+        other => p.push(format!("too-old watch: no first event: {other:?}")),
+    }
+
+    // list-too-old-resource-version-exact
+    let o = by_id("list-too-old-resource-version-exact");
+    let r = signer
+        .get(o["request"]["path"].as_str().expect("path"))
+        .await
+        .expect("list");
+    diff(
+        &mut p,
+        "exact list",
+        "code",
+        &o["expect"]["code"],
+        &json!(r.status),
+    );
+    diff(
+        &mut p,
+        "exact list",
+        "body",
+        &o["expect"]["body"],
+        &r.json(),
+    );
+
+    // list-too-old-resource-version-not-older-than
+    let o = by_id("list-too-old-resource-version-not-older-than");
+    let r = signer
+        .get(o["request"]["path"].as_str().expect("path"))
+        .await
+        .expect("list");
+    let l = r.json();
+    diff(
+        &mut p,
+        "not-older-than list",
+        "code",
+        &o["expect"]["code"],
+        &json!(r.status),
+    );
+    diff(
+        &mut p,
+        "not-older-than list",
+        "kind",
+        &o["expect"]["kind"],
+        &l["kind"],
+    );
+    diff(
+        &mut p,
+        "not-older-than list",
+        "item count",
+        &o["expect"]["item_count_at_recording"],
+        &json!(l["items"].as_array().map_or(0, Vec::len)),
+    );
+    diff(
+        &mut p,
+        "not-older-than list",
+        "metadata keys",
+        &json!(keys_of(&o["expect"]["metadata"])),
+        &json!(keys_of(&l["metadata"])),
+    );
+
+    assert!(p.is_empty(), "{} mismatches:\n{}", p.len(), p.join("\n"));
+}

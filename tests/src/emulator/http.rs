@@ -554,6 +554,9 @@ async fn dispatch(
     };
     let ns = t.namespace.clone().unwrap_or_default();
     let name = t.name.clone().unwrap_or_default();
+    if t.res.namespaced() && ns.is_empty() && !matches!(verb, "list" | "watch") {
+        return Err(not_found_path(&r.path));
+    }
     authorize(
         shared,
         user,
@@ -666,7 +669,12 @@ fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<RespBody>, ApiE
         let token = json!({"v": "meta.k8s.io/v1", "rv": current, "start": k});
         meta["continue"] =
             json!(base64::engine::general_purpose::STANDARD.encode(token.to_string()));
-        meta["remainingItemCount"] = json!(remaining);
+        // kube-apiserver only counts the rest when no selector filters it.
+        if r.q("fieldSelector").unwrap_or("").is_empty()
+            && r.q("labelSelector").unwrap_or("").is_empty()
+        {
+            meta["remainingItemCount"] = json!(remaining);
+        }
     }
     Ok(json_response(
         200,

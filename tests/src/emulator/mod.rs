@@ -91,7 +91,7 @@ impl Default for EmulatorConfig {
         Self {
             api_mode: ApiMode::default(),
             initial_resource_version: 1000,
-            watch_history_limit: 50_000,
+            watch_history_limit: 20_000,
             broadcast_capacity: 65_536,
             bookmark_interval: Duration::from_secs(5),
             cleaner: CleanerConfig::default(),
