@@ -157,13 +157,13 @@ fn client(emu: &Emulator, who: &str) -> KubeClient {
 
 fn with_chain_sha(status: &Value) -> Value {
     let mut s = status.clone();
-    if let Some(m) = s.as_object_mut() {
-        if let Some(Value::String(chain)) = m.remove("certificateChain") {
-            m.insert(
-                "certificateChain_sha256".into(),
-                json!(sha256_hex(chain.as_bytes())),
-            );
-        }
+    if let Some(m) = s.as_object_mut()
+        && let Some(Value::String(chain)) = m.remove("certificateChain")
+    {
+        m.insert(
+            "certificateChain_sha256".into(),
+            json!(sha256_hex(chain.as_bytes())),
+        );
     }
     s
 }
