@@ -1767,6 +1767,11 @@ fn apply_create(
     cfg: Value,
 ) -> Result<Response<RespBody>, ApiError> {
     check_api_version(&cfg, t.res, &t.version)?;
+    if !cfg.is_object() {
+        return Err(ApiError::bad_request(
+            "the apply configuration must be an object",
+        ));
+    }
     let name = t.name.clone().unwrap_or_default();
     let mut body = cfg;
     if let Some(Value::Object(m)) = body.get_mut("metadata") {
