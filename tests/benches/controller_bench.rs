@@ -1,0 +1,243 @@
+//! Controller throughput and latency against the in-process API emulator.
+//!
+//! `cargo bench -p podca-tests --bench controller_bench -- burst [count]`
+//!   files `count` (default 10,000) PCRs at once, reports the time until all are Issued (PCR/s)
+//!   and the process peak RSS (emulator + controller: they share the process).
+//! `cargo bench -p podca-tests --bench controller_bench -- rate [per_second] [seconds]`
+//!   offers PCRs at a steady rate (default 1,000/s for 30 s) and reports p50/p99/max
+//!   creation-to-Issued latency, observed through a watch.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
+use podca_tests::client::KubeClient;
+use podca_tests::emulator::{ApiMode, Res};
+use podca_tests::{Emulator, EmulatorConfig};
+use rcgen::{CertificateParams, DistinguishedName, KeyPair};
+use serde_json::json;
+
+const SIGNER: &str = "example.com/workload";
+const USER: &str = "system:serviceaccount:podca:podca";
+
+fn main() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let mode = args.first().map(String::as_str).unwrap_or("burst");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    match mode {
+        "burst" => {
+            let count = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
+            runtime.block_on(burst(count));
+        }
+        "rate" => {
+            let per_second = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1_000);
+            let seconds = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(30);
+            runtime.block_on(rate(per_second, seconds));
+        }
+        other => panic!("unknown mode {other:?}: burst [count] | rate [per_second] [seconds]"),
+    }
+}
+
+async fn setup() -> (
+    Emulator,
+    tempfile::TempDir,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let emu = Emulator::start(EmulatorConfig {
+        api_mode: ApiMode::V1Only,
+        auto_create_namespaces: true,
+        ..Default::default()
+    })
+    .await
+    .expect("emulator");
+    emu.add_identity("podca", USER, &["system:authenticated"]);
+    emu.grant_signer_role(USER, SIGNER);
+    emu.add_namespace("bench");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    emu.write_kubeconfig(&kubeconfig, "podca")
+        .expect("kubeconfig");
+    let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).expect("key");
+    let ca = IssuingCa::self_signed_root(
+        Arc::new(key),
+        "bench CA",
+        time::OffsetDateTime::now_utc(),
+        time::Duration::days(30),
+    )
+    .expect("CA");
+    let client = podca_controller::connect(Some(&kubeconfig))
+        .await
+        .expect("client");
+    let mut options = podca_controller::Options::new(
+        BTreeMap::from([(
+            SIGNER.to_string(),
+            SignerPolicy::permissive("cluster.local"),
+        )]),
+        Arc::new(ca),
+    );
+    options.workers = std::env::var("PODCA_BENCH_WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(32);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(podca_controller::run(client, options, async move {
+        let _ = rx.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (emu, dir, tx)
+}
+
+fn csrs() -> Vec<String> {
+    (0..16)
+        .map(|_| {
+            let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+            let mut p = CertificateParams::default();
+            p.distinguished_name = DistinguishedName::new();
+            base64::engine::general_purpose::STANDARD
+                .encode(p.serialize_request(&key).expect("csr").der())
+        })
+        .collect()
+}
+
+fn pcr(name: &str, csr: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name, "namespace": "bench"},
+        "spec": {
+            "signerName": SIGNER, "podName": format!("pod-{name}"),
+            "podUID": podca_tests::emulator::new_uid(),
+            "serviceAccountName": "app", "serviceAccountUID": "sa-uid",
+            "nodeName": "node-1", "nodeUID": "node-uid", "maxExpirationSeconds": 86400,
+            "stubPKCS10Request": csr,
+        },
+        "status": {},
+    })
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+async fn burst(count: usize) {
+    let (emu, _dir, stop) = setup().await;
+    let csrs = csrs();
+    let rss_before = peak_rss_kib();
+    let start = Instant::now();
+    for i in 0..count {
+        emu.seed_object(Res::Pcr, pcr(&format!("b-{i}"), &csrs[i % csrs.len()]));
+    }
+    let filed = start.elapsed();
+    loop {
+        let c = emu.counters();
+        if c.issued as usize >= count {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(600),
+            "stuck at {}",
+            c.issued
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = start.elapsed();
+    let c = emu.counters();
+    println!(
+        "burst: {count} PCRs filed in {filed:.2?}, all Issued after {took:.2?} => {:.0} PCR/s; \
+         validation rejections {}; peak RSS (emulator + controller) {} MiB (before filing {} MiB)",
+        count as f64 / took.as_secs_f64(),
+        c.validation_rejections,
+        peak_rss_kib() / 1024,
+        rss_before / 1024,
+    );
+    let _ = stop.send(());
+}
+
+async fn rate(per_second: u64, seconds: u64) {
+    let (emu, _dir, stop) = setup().await;
+    let csrs = csrs();
+    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+    let rv = emu.resource_version();
+    let mut watch = admin
+        .watch(&format!(
+            "/apis/certificates.k8s.io/v1/podcertificaterequests?watch=true&resourceVersion={rv}"
+        ))
+        .await
+        .expect("watch");
+    let total = per_second * seconds;
+    let created: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
+    let filer_created = Arc::clone(&created);
+    let filer = async {
+        let created = filer_created;
+        let emu_seed = move |name: String, csr: &str| {
+            created
+                .lock()
+                .expect("lock")
+                .insert(name.clone(), Instant::now());
+            pcr(&name, csr)
+        };
+        let tick = Duration::from_millis(10);
+        let per_tick = (per_second / 100).max(1);
+        let mut interval = tokio::time::interval(tick);
+        let mut i = 0u64;
+        while i < total {
+            interval.tick().await;
+            for _ in 0..per_tick {
+                if i >= total {
+                    break;
+                }
+                let object = emu_seed(format!("r-{i}"), &csrs[(i as usize) % csrs.len()]);
+                emu.seed_object(Res::Pcr, object);
+                i += 1;
+            }
+        }
+    };
+    let mut latencies = Vec::with_capacity(total as usize);
+    let watcher = async {
+        while (latencies.len() as u64) < total {
+            let Ok(Some(ev)) = watch.next_event(Duration::from_secs(60)).await else {
+                break;
+            };
+            let o = &ev["object"];
+            if o["status"]["conditions"][0]["type"] == "Issued" {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                if let Some(t) = created.lock().expect("lock").remove(name) {
+                    latencies.push(t.elapsed());
+                }
+            }
+        }
+    };
+    tokio::join!(filer, watcher);
+    latencies.sort();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    println!(
+        "rate: offered {per_second}/s for {seconds} s ({total} PCRs); observed {} Issued; \
+         creation-to-Issued p50 {:.1?} p99 {:.1?} max {:.1?}; validation rejections {}; peak RSS {} MiB",
+        latencies.len(),
+        pct(0.50),
+        pct(0.99),
+        latencies.last().copied().unwrap_or_default(),
+        emu.counters().validation_rejections,
+        peak_rss_kib() / 1024,
+    );
+    let _ = stop.send(());
+}
