@@ -703,9 +703,7 @@ fn the_strict_check_catches_unknown_and_misplaced_fields() {
     let mut typo = deployment.clone();
     typo["spec"]["template"]["spec"]["containers"][0]["securityContxt"] =
         serde_json::json!({"privileged": true});
-    let err = strict::<Deployment>(&typo)
-        .err()
-        .expect("a typo must be caught");
+    let err = strict::<Deployment>(&typo).expect_err("a typo must be caught");
     assert!(err.contains("securityContxt"), "{err}");
 
     let mut misplaced = deployment.clone();
