@@ -6,7 +6,12 @@
 /// podca's own API.
 pub mod podca {
     /// Version 1.
-    #[allow(missing_docs, clippy::all, clippy::pedantic, missing_debug_implementations)]
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        missing_debug_implementations
+    )]
     pub mod v1 {
         tonic::include_proto!("podca.v1");
     }
@@ -14,7 +19,12 @@ pub mod podca {
 
 /// The SPIFFE Workload API. The upstream proto declares no package, so the RPC paths are
 /// `/SpiffeWorkloadAPI/<Method>` and prost names the generated file `_.rs`.
-#[allow(missing_docs, clippy::all, clippy::pedantic, missing_debug_implementations)]
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    missing_debug_implementations
+)]
 pub mod workload {
     include!(concat!(env!("OUT_DIR"), "/_.rs"));
 }
