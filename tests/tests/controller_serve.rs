@@ -1,0 +1,264 @@
+//! End-to-end with the real `podca serve` binary: two processes with leader election against the
+//! API emulator. Build the binary first: `cargo build -p podca` (same CARGO_TARGET_DIR), or point
+//! PODCA_BIN at it.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use podca_tests::client::KubeClient;
+use podca_tests::emulator::{ApiMode, Res};
+use podca_tests::{Emulator, EmulatorConfig};
+use rcgen::{CertificateParams, DistinguishedName, KeyPair};
+use serde_json::json;
+
+const SIGNER: &str = "example.com/workload";
+const USER: &str = "system:serviceaccount:podca:podca";
+
+fn podca_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("PODCA_BIN") {
+        return p.into();
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("debug/podca");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build -p podca` first (or set PODCA_BIN)",
+        bin.display()
+    );
+    bin
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((code, body))
+}
+
+struct Serve {
+    child: Child,
+    admin: u16,
+}
+
+impl Serve {
+    fn start(config: &std::path::Path, kubeconfig: &std::path::Path, identity: &str) -> Serve {
+        let admin = free_port();
+        let child = Command::new(podca_bin())
+            .args(["serve", "--config"])
+            .arg(config)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args([
+                "--leader-elect",
+                "--lease-namespace",
+                "default",
+                "--lease-identity",
+                identity,
+            ])
+            .args([
+                "--lease-duration",
+                "4s",
+                "--lease-renew-deadline",
+                "3s",
+                "--lease-retry-period",
+                "1s",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn podca serve");
+        Serve { child, admin }
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "podca serve did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn file(admin: &KubeClient, name: &str) {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    let csr = p.serialize_request(&key).expect("csr");
+    let body = json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "PodCertificateRequest",
+        "metadata": {"name": name, "namespace": "apps"},
+        "spec": {
+            "signerName": SIGNER, "podName": "p", "podUID": podca_tests::emulator::new_uid(),
+            "serviceAccountName": "app", "serviceAccountUID": "sa-uid", "nodeName": "node-1",
+            "nodeUID": "node-uid", "maxExpirationSeconds": 86400,
+            "stubPKCS10Request": base64::engine::general_purpose::STANDARD.encode(csr.der()),
+        },
+    });
+    let r = admin
+        .post(
+            "/apis/certificates.k8s.io/v1/namespaces/apps/podcertificaterequests",
+            &body,
+        )
+        .await
+        .expect("POST");
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+}
+
+async fn wait_issued(emu: &Emulator, name: &str, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let o = emu.get_object(Res::Pcr, "apps", name).expect("PCR exists");
+        if let Some(t) = o["status"]["conditions"][0]["type"].as_str() {
+            assert_eq!(t, "Issued", "{o:#}");
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "{name} not issued within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
+    let emu = Emulator::start(EmulatorConfig {
+        api_mode: ApiMode::V1Only,
+        auto_create_namespaces: true,
+        ..Default::default()
+    })
+    .await
+    .expect("emulator");
+    emu.add_identity("podca", USER, &["system:authenticated"]);
+    emu.grant_signer_role(USER, SIGNER);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    emu.write_kubeconfig(&kubeconfig, "podca")
+        .expect("kubeconfig");
+    let ca_dir = dir.path().join("ca");
+    let init = Command::new(podca_bin())
+        .args(["ca", "init", "--dir"])
+        .arg(&ca_dir)
+        .stdout(Stdio::null())
+        .status()
+        .expect("podca ca init");
+    assert!(init.success());
+    let config = dir.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n",
+            ca_dir.display().to_string()
+        ),
+    )
+    .expect("config");
+    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+    let holder = || {
+        emu.get_object(Res::Lease, "default", "podca-controller")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+            .filter(|h| !h.is_empty())
+    };
+
+    let mut a = Serve::start(&config, &kubeconfig, "a");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while holder().as_deref() != Some("a") {
+        assert!(Instant::now() < deadline, "a never took the Lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut b = Serve::start(&config, &kubeconfig, "b");
+    file(&admin, "one").await;
+    wait_issued(&emu, "one", Duration::from_secs(30)).await;
+    assert_eq!(holder().as_deref(), Some("a"));
+
+    // The admin listener of the leader.
+    let (code, _) = http_get(a.admin, "/livez").expect("livez");
+    assert_eq!(code, 200);
+    let (code, _) = http_get(a.admin, "/readyz").expect("readyz");
+    assert_eq!(code, 200);
+    let (code, metrics) = http_get(a.admin, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains(
+            "podca_pcr_issued_total{signer=\"example.com/workload\",reason=\"Issued\"} 1"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("podca_ca_not_after_timestamp_seconds"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("podca_leader 1"), "{metrics}");
+    let (_, standby) = http_get(b.admin, "/metrics").expect("standby metrics");
+    assert!(standby.contains("podca_leader 0"), "{standby}");
+
+    // SIGTERM: a drains, releases the Lease and exits 0; b takes over well within the lease.
+    a.signal("-TERM");
+    let status = a.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let stopped = Instant::now();
+    file(&admin, "two").await;
+    wait_issued(&emu, "two", Duration::from_secs(20)).await;
+    let took = stopped.elapsed();
+    assert_eq!(holder().as_deref(), Some("b"));
+    eprintln!("standby issued {took:?} after the leader stopped");
+
+    // A crash (SIGKILL, no release): a new process takes over after the lease expires.
+    b.signal("-KILL");
+    b.wait_exit(Duration::from_secs(10));
+    let _c = Serve::start(&config, &kubeconfig, "c");
+    let killed = Instant::now();
+    file(&admin, "three").await;
+    wait_issued(&emu, "three", Duration::from_secs(30)).await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(4 + 15),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert_eq!(holder().as_deref(), Some("c"));
+    assert_eq!(
+        emu.counters().validation_rejections,
+        0,
+        "{:?}",
+        emu.counters().rejections_by_cause
+    );
+}
