@@ -272,3 +272,87 @@ fn issue_blocking(
         Outcome::Retry(e) => Err(ApiError::Unavailable(e)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grpc::auth::DevAuthenticator;
+    use podca_signer::{BackendError, CaAlgorithm, CaKey, IssuingCa, MemoryKey};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tonic::Code;
+
+    /// A CA key whose backend can be switched off, like an HSM that went away.
+    #[derive(Debug)]
+    struct FlakyKey {
+        key: MemoryKey,
+        down: AtomicBool,
+    }
+
+    impl CaKey for FlakyKey {
+        fn algorithm(&self) -> CaAlgorithm {
+            self.key.algorithm()
+        }
+        fn public_key_raw(&self) -> &[u8] {
+            self.key.public_key_raw()
+        }
+        fn sign(&self, message: &[u8]) -> Result<Vec<u8>, BackendError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(BackendError::Unavailable("token removed".into()));
+            }
+            self.key.sign(message)
+        }
+        fn location(&self) -> String {
+            "memory:flaky".into()
+        }
+    }
+
+    fn csr() -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&key)
+            .unwrap()
+            .der()
+            .to_vec()
+    }
+
+    #[tokio::test]
+    async fn backend_unavailable_is_unavailable() {
+        let key = Arc::new(FlakyKey {
+            key: MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap(),
+            down: AtomicBool::new(false),
+        });
+        let ca = IssuingCa::self_signed_root(
+            key.clone(),
+            "test root",
+            OffsetDateTime::now_utc(),
+            time::Duration::days(30),
+        )
+        .unwrap();
+        let (_stop, stop_rx) = watch::channel(false);
+        let api = Api::new(
+            ApiOptions {
+                signers: BTreeMap::from([("s".into(), SignerPolicy::permissive("example.org"))]),
+                default_signer: "s".into(),
+                node_proxy_service_accounts: vec![],
+                rate_limit_per_identity: 0,
+                max_open_streams: 10,
+            },
+            CaHandle::new(ca, vec![]),
+            Arc::new(DevAuthenticator::new(&[])),
+            None,
+            stop_rx,
+        )
+        .unwrap();
+        let who = Identity::service_account("default", "default");
+        let input = || IssueInput {
+            csr: csr(),
+            ..Default::default()
+        };
+        assert!(api.issue(&who, input()).await.is_ok());
+        key.down.store(true, Ordering::SeqCst);
+        let err = api.issue(&who, input()).await.unwrap_err();
+        assert!(matches!(err, ApiError::Unavailable(_)), "{err:?}");
+        assert_eq!(tonic::Status::from(err).code(), Code::Unavailable);
+    }
+}

@@ -6,6 +6,8 @@
 //! 2. Workload API fan-out: 1,000 open FetchX509Bundles streams on the Unix socket; time from the
 //!    CA reload (SIGHUP) until every stream has received the rotated bundle.
 
+#![allow(clippy::unwrap_used)] // a benchmark: any failure should stop it loudly
+
 #[path = "../tests/grpc_support/mod.rs"]
 mod grpc_support;
 

@@ -1,5 +1,7 @@
 //! `podca dev` as a command: CA creation and reuse, credential bundles, clean shutdown.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
 mod grpc_support;
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The podca.v1 gRPC API of `podca dev`, end to end: issuance for every key type checked with
 //! `openssl verify`, every documented refusal, limits, and trust-bundle rotation.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
 mod grpc_support;
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The SPIFFE Workload API of `podca dev`, driven by a third-party client (the `spiffe` crate)
 //! and by hand-made HTTP/2 frames for the `:authority` interop fix.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
 mod grpc_support;
 
 use std::io::{Read, Write};

@@ -1,7 +1,8 @@
 //! Shared helpers for the gRPC and `podca dev` tests: build the `podca` binary once, run
 //! `podca dev` as a child process, talk to it over TCP and the Unix socket.
 
-#![allow(dead_code)]
+// Test support: panicking on a broken fixture is the point.
+#![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -50,7 +51,7 @@ fn build_podca(extra: &[&str]) -> PathBuf {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "podca")
             .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .last()
+            .next_back()
             .expect("cargo did not report the podca executable")
     }
 }
