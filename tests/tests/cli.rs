@@ -1,0 +1,464 @@
+//! The `podca` command line as a user runs it: the real binary, real openssl, real SoftHSM2.
+
+// Test code: an unexpected error should fail the test where it happens.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// Builds `podca` with the cargo running this test and returns its path.
+fn podca_path() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let out = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "-p",
+                "podca",
+                "--bin",
+                "podca",
+                "--message-format=json",
+            ])
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .output()
+            .expect("running cargo build");
+        assert!(
+            out.status.success(),
+            "cargo build -p podca failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "podca")
+            .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+            .last()
+            .expect("cargo did not report the podca executable")
+    })
+}
+
+fn podca(args: &[&str]) -> Output {
+    Command::new(podca_path())
+        .args(args)
+        .env_remove("PODCA_DATA_DIR")
+        .env("PODCA_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = podca(args);
+    assert!(
+        out.status.success(),
+        "podca {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a failing command and returns its one-line error.
+fn fails(args: &[&str]) -> String {
+    let out = podca(args);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "podca {args:?} should fail with status 1"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<_> = stderr
+        .lines()
+        .filter(|l| l.starts_with("podca: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    lines[0].to_string()
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Output {
+    Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the `openssl` binary is required: apt-get install -y openssl")
+}
+
+/// Splits a credential bundle into the leaf and the rest, and runs `openssl verify`.
+fn openssl_verify_bundle(dir: &Path, roots: &Path, bundle: &Path) -> Output {
+    let text = std::fs::read_to_string(bundle).unwrap();
+    let blocks = pem::parse_many(&text).unwrap();
+    assert_eq!(
+        blocks[0].tag(),
+        "PRIVATE KEY",
+        "kubelet layout: PKCS#8 key first"
+    );
+    let certs: Vec<_> = blocks.iter().filter(|b| b.tag() == "CERTIFICATE").collect();
+    std::fs::write(dir.join("leaf.pem"), pem::encode(certs[0])).unwrap();
+    let rest: String = certs[1..].iter().map(|b| pem::encode(b)).collect();
+    std::fs::write(dir.join("untrusted.pem"), rest).unwrap();
+    openssl(
+        dir,
+        &[
+            "verify",
+            "-x509_strict",
+            "-CAfile",
+            roots.to_str().unwrap(),
+            "-untrusted",
+            "untrusted.pem",
+            "leaf.pem",
+        ],
+    )
+}
+
+#[test]
+fn init_issue_every_key_type_inspect_and_query_the_ledger() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ca");
+    let d = dir.to_str().unwrap();
+    ok(&["ca", "init", "--dir", d]);
+    let roots = tmp.path().join("roots.pem");
+    ok(&["bundle", "--dir", d, "-o", roots.to_str().unwrap()]);
+    for key_type in [
+        "RSA3072",
+        "RSA4096",
+        "ECDSAP256",
+        "ECDSAP384",
+        "ECDSAP521",
+        "ED25519",
+    ] {
+        let out = tmp.path().join(format!("{key_type}.pem"));
+        let o = out.to_str().unwrap();
+        ok(&[
+            "issue",
+            "--dir",
+            d,
+            "-n",
+            "prod",
+            "--service-account",
+            "web",
+            "--key-type",
+            key_type,
+            "--dns",
+            "web.prod.svc",
+            "-o",
+            o,
+        ]);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "a bundle holding a private key is private");
+        let v = openssl_verify_bundle(tmp.path(), &roots, &out);
+        assert!(
+            v.status.success(),
+            "{key_type}: {}",
+            String::from_utf8_lossy(&v.stderr)
+        );
+        let shown = ok(&["inspect", "--dir", d, o]);
+        assert!(
+            shown.contains(&format!("key:        {key_type}")),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("URI:spiffe://cluster.local/ns/prod/sa/web"),
+            "{shown}"
+        );
+        assert!(shown.contains("DNS:web.prod.svc"), "{shown}");
+        assert!(
+            shown.contains("private key: matches certificate 0"),
+            "{shown}"
+        );
+        assert!(shown.contains("chain: anchored in"), "{shown}");
+    }
+    let listed = ok(&["ledger", "list", "--dir", d, "--json"]);
+    let records: Vec<serde_json::Value> = listed
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 6);
+    assert!(
+        records
+            .iter()
+            .all(|r| r["identity"] == "spiffe://cluster.local/ns/prod/sa/web"
+                && r["source"] == "cli")
+    );
+    let serial = records[0]["serial"].as_str().unwrap();
+    let shown = ok(&["ledger", "show", "--dir", d, serial]);
+    assert!(shown.contains(serial));
+    let by_id = ok(&[
+        "ledger",
+        "list",
+        "--dir",
+        d,
+        "--identity",
+        "spiffe://cluster.local/ns/prod/sa/web",
+    ]);
+    assert_eq!(by_id.lines().count(), 7, "header + 6 rows: {by_id}");
+    let missing = fails(&["ledger", "show", "--dir", d, "00ff"]);
+    assert!(
+        missing.contains("no certificate with serial 00ff"),
+        "{missing}"
+    );
+}
+
+#[test]
+fn issue_from_an_openssl_csr_and_refuse_a_tampered_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let d = t.join("ca");
+    let d = d.to_str().unwrap();
+    ok(&["ca", "init", "--dir", d, "--algorithm", "ecdsa-p384"]);
+    for args in [
+        &[
+            "ecparam",
+            "-name",
+            "secp384r1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "k.pem",
+        ][..],
+        &[
+            "req",
+            "-new",
+            "-key",
+            "k.pem",
+            "-subj",
+            "/CN=ignored",
+            "-out",
+            "req.pem",
+        ],
+        &[
+            "req", "-in", "req.pem", "-outform", "DER", "-out", "req.der",
+        ],
+    ] {
+        let o = openssl(t, args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    for csr in ["req.pem", "req.der"] {
+        let chain = ok(&[
+            "issue",
+            "--dir",
+            d,
+            "--csr",
+            t.join(csr).to_str().unwrap(),
+            "-n",
+            "a",
+            "--service-account",
+            "b",
+        ]);
+        assert!(
+            chain.starts_with("-----BEGIN CERTIFICATE-----"),
+            "chain only, no key: {chain}"
+        );
+    }
+    let mut der = std::fs::read(t.join("req.der")).unwrap();
+    let n = der.len();
+    der[n - 3] ^= 0x40;
+    std::fs::write(t.join("bad.der"), der).unwrap();
+    let e = fails(&[
+        "issue",
+        "--dir",
+        d,
+        "--csr",
+        t.join("bad.der").to_str().unwrap(),
+        "-n",
+        "a",
+        "--service-account",
+        "b",
+    ]);
+    assert!(
+        e.contains("bad.der") && e.contains("does not verify"),
+        "{e}"
+    );
+}
+
+#[test]
+fn errors_are_one_clear_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("none");
+    let d = d.to_str().unwrap();
+    let e = fails(&["issue", "--dir", d, "-n", "a", "--service-account", "b"]);
+    assert!(e.contains("podca ca init"), "{e}");
+    let e = fails(&["ca", "show", "--dir", d]);
+    assert!(e.contains(d), "{e}");
+    ok(&["ca", "init", "--dir", d]);
+    let e = fails(&["ca", "init", "--dir", d]);
+    assert!(e.contains("refusing to overwrite"), "{e}");
+    let garbage = tmp.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    let e = fails(&["inspect", garbage.to_str().unwrap()]);
+    assert!(e.contains("garbage.pem"), "{e}");
+    let e = fails(&[
+        "issue",
+        "--dir",
+        d,
+        "-n",
+        "a",
+        "--service-account",
+        "b",
+        "--trust-domain",
+        "Not Valid",
+    ]);
+    assert!(e.contains("trust-domain"), "{e}");
+    let e = fails(&[
+        "issue",
+        "--dir",
+        d,
+        "-n",
+        "a",
+        "--service-account",
+        "b",
+        "--dns",
+        "bad..name",
+    ]);
+    assert!(
+        e.contains("InvalidUnverifiedUserAnnotations") || e.contains("not a DNS name"),
+        "{e}"
+    );
+}
+
+#[test]
+fn rotate_publishes_the_next_root_before_it_signs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("ca");
+    let d = d.to_str().unwrap();
+    ok(&["ca", "init", "--dir", d]);
+    let before = ok(&["bundle", "--dir", d]);
+    assert_eq!(before.matches("BEGIN CERTIFICATE").count(), 1);
+    let said = ok(&["ca", "rotate", "--dir", d]);
+    assert!(said.contains("prepared the next CA"), "{said}");
+    let after = ok(&["bundle", "--dir", d]);
+    assert_eq!(
+        after.matches("BEGIN CERTIFICATE").count(),
+        2,
+        "old and next roots"
+    );
+    let shown = ok(&["ca", "show", "--dir", d]);
+    assert!(shown.contains("generation 1 — active"), "{shown}");
+    assert!(shown.contains("generation 2 — prepared"), "{shown}");
+    // Still signing with generation 1 inside the propagation window.
+    let chain = ok(&["issue", "--dir", d, "-n", "a", "--service-account", "b"]);
+    let cert = tmp.path().join("c.pem");
+    std::fs::write(&cert, &chain).unwrap();
+    let shown = ok(&["inspect", "--dir", d, cert.to_str().unwrap()]);
+    assert!(
+        shown.contains("issuer:     O=podca, CN=podca issuing 1"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn ca_key_in_softhsm2_through_the_cli() {
+    let module = Path::new("/usr/lib/softhsm/libsofthsm2.so");
+    assert!(
+        module.exists(),
+        "SoftHSM2 is required for this test: apt-get install -y -t bookworm softhsm2"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    std::fs::create_dir(t.join("tokens")).unwrap();
+    let conf = t.join("softhsm2.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "directories.tokendir = {}/tokens\nobjectstore.backend = file\n",
+            t.display()
+        ),
+    )
+    .unwrap();
+    let init = Command::new("softhsm2-util")
+        .args([
+            "--init-token",
+            "--free",
+            "--label",
+            "clitest",
+            "--so-pin",
+            "87654321",
+            "--pin",
+            "123456",
+        ])
+        .env("SOFTHSM2_CONF", &conf)
+        .output()
+        .expect("softhsm2-util is required: apt-get install -y -t bookworm softhsm2");
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    std::fs::write(t.join("pin"), "123456\n").unwrap();
+    std::fs::write(t.join("bad-pin"), "000000\n").unwrap();
+    let d = t.join("ca");
+    let (d, pin, bad) = (d.to_str().unwrap(), t.join("pin"), t.join("bad-pin"));
+    let uri = format!(
+        "pkcs11:token=clitest;object=ca?module-path={}",
+        module.display()
+    );
+    let run = |args: &[&str]| {
+        Command::new(podca_path())
+            .args(args)
+            .env("SOFTHSM2_CONF", &conf)
+            .env("PODCA_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "ca",
+        "init",
+        "--dir",
+        d,
+        "--pkcs11-uri",
+        &uri,
+        "--pkcs11-generate",
+        "--pkcs11-pin-file",
+        pin.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        !std::fs::read_dir(t.join("ca/generations/1"))
+            .unwrap()
+            .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".key")),
+        "no key file on disk for an HSM CA"
+    );
+    let bundle = t.join("b.pem");
+    let o = run(&[
+        "issue",
+        "--dir",
+        d,
+        "-n",
+        "a",
+        "--service-account",
+        "b",
+        "--key-type",
+        "ECDSAP521",
+        "-o",
+        bundle.to_str().unwrap(),
+        "--pkcs11-pin-file",
+        pin.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = openssl_verify_bundle(t, &t.join("ca/root.pem"), &bundle);
+    assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr));
+    let o = run(&[
+        "issue",
+        "--dir",
+        d,
+        "-n",
+        "a",
+        "--service-account",
+        "b",
+        "--pkcs11-pin-file",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("the user PIN is incorrect"), "{stderr}");
+    assert!(
+        !stderr.contains("000000"),
+        "the PIN never appears in errors"
+    );
+    let o = run(&["issue", "--dir", d, "-n", "a", "--service-account", "b"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--pkcs11-pin-file"));
+}
