@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use crate::{commands, dev, serve};
 
 #[derive(Debug, Parser)]
-#[command(name = "podca", version, about = "A certificate authority for Kubernetes workloads")]
+#[command(
+    name = "podca",
+    version,
+    about = "A certificate authority for Kubernetes workloads"
+)]
 pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "PODCA_LOG_FORMAT", default_value = "text")]
