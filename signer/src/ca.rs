@@ -195,6 +195,10 @@ pub struct IssuingCa {
     chain: Vec<CaCertificate>,
     roots: Vec<CaCertificate>,
     issuer: rcgen::Issuer<'static, SharedKey>,
+    /// Computed once: every issued chain ends with this PEM, and every ledger record names the
+    /// issuer's fingerprint.
+    chain_suffix_pem: String,
+    fingerprint: String,
 }
 
 impl fmt::Debug for IssuingCa {
@@ -315,11 +319,15 @@ impl IssuingCa {
         let issuer =
             rcgen::Issuer::from_ca_cert_der(&certificate.der.as_slice().into(), shared(key))
                 .map_err(|e| CaError::Build(e.to_string()))?;
+        let chain_suffix_pem = x509::certificates_to_pem(chain.iter().map(|c| c.der.as_slice()));
+        let fingerprint = certificate.fingerprint();
         Ok(IssuingCa {
             certificate,
             chain,
             roots,
             issuer,
+            chain_suffix_pem,
+            fingerprint,
         })
     }
 
@@ -360,6 +368,16 @@ impl IssuingCa {
             .map(|c| c.not_after)
             .min()
             .unwrap_or(self.certificate.not_after)
+    }
+
+    /// The PEM of the certificates that follow a leaf (see [`IssuingCa::chain`]).
+    pub(crate) fn chain_suffix_pem(&self) -> &str {
+        &self.chain_suffix_pem
+    }
+
+    /// SHA-256 fingerprint of the issuing certificate.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     pub(crate) fn rcgen_issuer(&self) -> &rcgen::Issuer<'static, impl rcgen::SigningKey> {

@@ -92,16 +92,16 @@ impl IssuingCa {
                 None => IssueError::Build(e.to_string()),
             })?;
         let leaf_der = leaf.der().to_vec();
-        let mut ders: Vec<&[u8]> = vec![&leaf_der];
-        ders.extend(self.chain().iter().map(|c| c.der()));
+        let mut chain_pem = x509::certificates_to_pem([leaf_der.as_slice()]);
+        chain_pem.push_str(self.chain_suffix_pem());
         Ok(IssuedCertificate {
-            chain_pem: x509::certificates_to_pem(ders),
+            chain_pem,
             serial: serial_hex,
             validity: *validity,
             spiffe_id: spiffe_id.to_owned(),
             dns_names: dns_names.to_vec(),
             spki_sha256: hex::encode(subject.spki_sha256()),
-            issuer_fingerprint: self.certificate().fingerprint(),
+            issuer_fingerprint: self.fingerprint().to_owned(),
             leaf_der,
         })
     }

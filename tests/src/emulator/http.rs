@@ -880,6 +880,20 @@ fn generate_suffix() -> String {
         .collect()
 }
 
+/// A free name for `generateName`: kube-apiserver retries a generated name that collides
+/// (RetryGenerateName, GA since 1.32), so a random clash never fails a create.
+fn generated_name(shared: &Shared, res: Res, ns: &str, prefix: &str) -> String {
+    let st = lock(&shared.store);
+    let mut name = format!("{prefix}{}", generate_suffix());
+    for _ in 0..8 {
+        if st.get(res, ns, &name).is_none() {
+            break;
+        }
+        name = format!("{prefix}{}", generate_suffix());
+    }
+    name
+}
+
 /// Build the server-side metadata of a new object.
 fn new_metadata(
     shared: &Shared,
@@ -982,7 +996,7 @@ fn create(
                 ));
             }
             if name.is_empty() {
-                name = format!("{generate}{}", generate_suffix());
+                name = generated_name(shared, t.res, &ns, &generate);
             }
             ensure_namespace(shared, &ns)?;
             let mut meta = new_metadata(shared, body.get("metadata"), &ns, &name);
@@ -1075,7 +1089,7 @@ fn create_pcr(
         spec.max_expiration_seconds = Some(pcr::DEFAULT_MAX_EXPIRATION);
     }
     if name.is_empty() && !generate.is_empty() {
-        name = format!("{generate}{}", generate_suffix());
+        name = generated_name(shared, Res::Pcr, ns, &generate);
     }
     // Mutating admission: NodeRestriction.
     if let Some(node) = user.node_name() {
@@ -1331,7 +1345,7 @@ fn create_ctb(
     let (signer, bundle) = ctb_spec(body, &t.version)?;
     let generate = meta_str(body, "generateName").to_string();
     if name.is_empty() && !generate.is_empty() {
-        name = format!("{generate}{}", generate_suffix());
+        name = generated_name(shared, Res::Ctb, "", &generate);
     }
     let errs = validate_ctb(&name, body, &signer, &bundle, true);
     if !errs.is_empty() {
