@@ -168,6 +168,11 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         tokio::spawn(keep_bundle(Arc::clone(&api), spec, dir, stop_rx.clone()));
     }
 
+    // Handlers first: the banner says "ready", and a signal right after it must stop us cleanly
+    // rather than kill the process with the socket left behind.
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     print_banner(&Banner {
         data_dir: &data_dir,
         created,
@@ -179,11 +184,9 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         bundles: &bundle_paths,
     });
 
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
+            _ = int.recv() => break,
             _ = term.recv() => break,
             _ = hup.recv() => match reload(&store, &ca) {
                 Ok(generation) => println!("podca dev: reloaded the CA from {} (generation {generation})", data_dir.display()),
