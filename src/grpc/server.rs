@@ -41,9 +41,16 @@ pub async fn serve_tcp(
     api: Arc<Api>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    // Without TCP_NODELAY, small unary answers wait on delayed ACKs (~40 ms each).
+    let incoming = TcpListenerStream::new(listener).map(|conn| {
+        conn.and_then(|stream| {
+            stream.set_nodelay(true)?;
+            Ok(stream)
+        })
+    });
     builder()
         .add_service(podca(&api))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 

@@ -5,6 +5,10 @@
 //!    identity from dev metadata (a map lookup: the equivalent of a cached TokenReview).
 //! 2. Workload API fan-out: 1,000 open FetchX509Bundles streams on the Unix socket; time from the
 //!    CA reload (SIGHUP) until every stream has received the rotated bundle.
+//!
+//! Measured on the 2-core dev machine (release, client and server on the same cores):
+//! 5,116 certificates/s, p50 12.4 ms, p99 22.9 ms; 1,000 streams all had the rotated bundle
+//! 25–36 ms after SIGHUP. Before TCP_NODELAY on accepted connections: 1,445/s, p50 44 ms.
 
 #![allow(clippy::unwrap_used)] // a benchmark: any failure should stop it loudly
 
