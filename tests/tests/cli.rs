@@ -35,7 +35,7 @@ fn podca_path() -> &'static Path {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "podca")
             .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .last()
+            .next_back()
             .expect("cargo did not report the podca executable")
     })
 }

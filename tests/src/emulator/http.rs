@@ -1089,7 +1089,7 @@ fn create_pcr(
         spec.max_expiration_seconds = Some(pcr::DEFAULT_MAX_EXPIRATION);
     }
     if name.is_empty() && !generate.is_empty() {
-        name = generated_name(shared, Res::Pcr, ns, &generate);
+        name = generated_name(shared, Res::Pcr, ns, generate);
     }
     // Mutating admission: NodeRestriction.
     if let Some(node) = user.node_name() {
