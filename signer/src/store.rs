@@ -215,17 +215,7 @@ impl FileStore {
         write_public(&gdir.join("issuing.pem"), &chain)?;
         let ca = IssuingCa::from_pem(Arc::new(key), &chain, Some(&roots))
             .map_err(|e| self.ca_error(&gdir.join("issuing.pem"), e))?;
-        let generation = Generation {
-            id,
-            phase: Phase::Prepared,
-            ca_not_before: ca.certificate().not_before(),
-            ca_not_after: ca.not_after(),
-            prepared_at: now,
-            activated_at: None,
-            retired_at: None,
-            activate_asap: false,
-            last_leaf_not_after: None,
-        };
+        let generation = prepared_generation(id, &ca, now);
         let state = match existing {
             Some(mut state) => {
                 // The operator brought the next CA: it takes over once its anchor propagated.
@@ -273,17 +263,7 @@ impl FileStore {
         write_public(&gdir.join("root.pem"), &ca.certificate().pem())?;
         write_public(&gdir.join("issuing.pem"), &ca.certificate().pem())?;
         let mut state = State {
-            generations: vec![Generation {
-                id: 1,
-                phase: Phase::Prepared,
-                ca_not_before: ca.certificate().not_before(),
-                ca_not_after: ca.not_after(),
-                prepared_at: now,
-                activated_at: None,
-                retired_at: None,
-                activate_asap: false,
-                last_leaf_not_after: None,
-            }],
+            generations: vec![prepared_generation(1, &ca, now)],
             options: options.clone(),
             self_managed: false,
             external_keys: [(1, location)].into(),
@@ -491,17 +471,7 @@ impl FileStore {
             .map_err(|e| self.ca_error(&gdir.join("issuing.pem"), e))?;
         write_public(&gdir.join("root.pem"), &root.certificate().pem())?;
         write_public(&gdir.join("issuing.pem"), &issuing.chain_pem())?;
-        let generation = Generation {
-            id,
-            phase: Phase::Prepared,
-            ca_not_before: issuing.certificate().not_before(),
-            ca_not_after: issuing.not_after(),
-            prepared_at: now,
-            activated_at: None,
-            retired_at: None,
-            activate_asap: false,
-            last_leaf_not_after: None,
-        };
+        let generation = prepared_generation(id, &issuing, now);
         Ok((generation, issuing))
     }
 
@@ -575,6 +545,21 @@ impl FileStore {
             path: path.display().to_string(),
             source,
         }
+    }
+}
+
+/// The record of a CA generation that was just created: prepared, nothing signed yet.
+fn prepared_generation(id: u32, ca: &IssuingCa, now: OffsetDateTime) -> Generation {
+    Generation {
+        id,
+        phase: Phase::Prepared,
+        ca_not_before: ca.certificate().not_before(),
+        ca_not_after: ca.not_after(),
+        prepared_at: now,
+        activated_at: None,
+        retired_at: None,
+        activate_asap: false,
+        last_leaf_not_after: None,
     }
 }
 
