@@ -12,7 +12,7 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use podca_signer::{IssuingCa, Outcome, SignerPolicy, sign_request};
+use podca_signer::{Outcome, SignerPolicy, sign_request};
 use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::watch;
@@ -25,6 +25,7 @@ use crate::discovery::{self, Served};
 use crate::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
 use crate::queue::{Item, WorkQueue};
 use crate::request::{ApiVersion, KeySource, Pcr};
+use crate::trust::{CaHandle, CaSnapshot, Clock};
 use crate::{Error, LeaderElection, Options};
 
 /// Reason of the Failed condition for a legacy request that cannot be read.
@@ -35,7 +36,8 @@ struct Ctx {
     served: Served,
     version: ApiVersion,
     signers: BTreeMap<String, SignerPolicy>,
-    ca: Arc<IssuingCa>,
+    ca: CaHandle,
+    clock: Clock,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: watch::Receiver<bool>,
@@ -53,6 +55,8 @@ pub async fn run(
     let Options {
         signers,
         ca,
+        clock,
+        metrics,
         workers,
         queue_capacity,
         leader_election,
@@ -64,8 +68,11 @@ pub async fn run(
     if signers.is_empty() {
         return Err(Error::NoSigners);
     }
-    let metrics = Arc::new(Metrics::new());
-    metrics.ca_not_after.set(ca.not_after().unix_timestamp());
+    // The issuing CA's notAfter follows every swap (rotation, reload).
+    let _ca_gauge = TaskGuard::new(tokio::spawn(track_ca_not_after(
+        ca.subscribe(),
+        Arc::clone(&metrics),
+    )));
     let health = Arc::new(Health::default());
     let (admin_stop, admin_stop_rx) = watch::channel(false);
     let admin_task = match admin_listen {
@@ -117,6 +124,7 @@ pub async fn run(
         version,
         signers,
         ca,
+        clock,
         metrics: Arc::clone(&metrics),
         recorder,
         leading: leading.clone(),
@@ -423,7 +431,7 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
     let pcr = Arc::clone(&item.pcr);
 
     // Decide.
-    let now = OffsetDateTime::now_utc();
+    let now = (ctx.clock)();
     let (settlement, patch, outcome) = match decide_pcr(ctx, &mut item, now).await {
         Decided::Write(s, p, o) => (s, p, o),
         Decided::Retry(cause) => return Step::Retry(item, cause),
@@ -525,7 +533,7 @@ async fn decide_pcr(ctx: &Ctx, item: &mut Item, now: OffsetDateTime) -> Decided 
         }
         _ => Arc::clone(&pcr),
     };
-    let ca = Arc::clone(&ctx.ca);
+    let ca = Arc::clone(&ctx.ca.current().ca);
     // Signing is CPU work: off the async threads.
     let outcome = match tokio::task::spawn_blocking(move || {
         let request = source.to_certificate_request();
@@ -686,5 +694,16 @@ async fn publish_event(ctx: &Ctx, pcr: &Pcr, settlement: Settlement, reason: &st
         Ok(Ok(())) => {}
         Ok(Err(e)) => warn!(error = %e, "could not record an Event"),
         Err(_) => warn!("recording an Event timed out"),
+    }
+}
+
+/// Keeps `podca_ca_not_after_timestamp_seconds` on the CA in force.
+async fn track_ca_not_after(mut rx: watch::Receiver<Arc<CaSnapshot>>, metrics: Arc<Metrics>) {
+    loop {
+        let not_after = rx.borrow_and_update().ca.not_after().unix_timestamp();
+        metrics.ca_not_after.set(not_after);
+        if rx.changed().await.is_err() {
+            return;
+        }
     }
 }

@@ -12,6 +12,7 @@ mod error;
 pub mod metrics;
 pub mod queue;
 pub mod request;
+pub mod trust;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -20,7 +21,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use podca_signer::{IssuingCa, SignerPolicy};
+use podca_signer::SignerPolicy;
+
+pub use trust::{CaHandle, CaSnapshot, Clock, system_clock};
 
 pub use controller::run;
 pub use error::Error;
@@ -42,7 +45,12 @@ pub struct LeaderElection {
 pub struct Options {
     /// Signer name → policy; one watch per name.
     pub signers: BTreeMap<String, SignerPolicy>,
-    pub ca: Arc<IssuingCa>,
+    /// The signing CA; swapped by rotations and reloads.
+    pub ca: CaHandle,
+    /// The time used for certificates and latency figures.
+    pub clock: Clock,
+    /// Where the controller's metrics go (shared with the publisher and the rotation driver).
+    pub metrics: Arc<metrics::Metrics>,
     /// Concurrent PCR workers.
     pub workers: usize,
     /// Bound of the work queue.
@@ -62,7 +70,7 @@ impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Options")
             .field("signers", &self.signers.keys().collect::<Vec<_>>())
-            .field("ca", &self.ca.certificate().subject())
+            .field("ca", &self.ca.current().ca.certificate().subject())
             .field("workers", &self.workers)
             .field("queue_capacity", &self.queue_capacity)
             .field("leader_election", &self.leader_election)
@@ -73,10 +81,12 @@ impl std::fmt::Debug for Options {
 
 impl Options {
     /// Defaults for everything but the signers and the CA.
-    pub fn new(signers: BTreeMap<String, SignerPolicy>, ca: Arc<IssuingCa>) -> Self {
+    pub fn new(signers: BTreeMap<String, SignerPolicy>, ca: impl Into<CaHandle>) -> Self {
         Options {
             signers,
-            ca,
+            ca: ca.into(),
+            clock: system_clock(),
+            metrics: Arc::new(metrics::Metrics::new()),
             workers: 8,
             queue_capacity: 4096,
             leader_election: None,

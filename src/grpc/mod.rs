@@ -50,7 +50,7 @@ pub mod errors;
 pub mod podca_service;
 pub mod ratelimit;
 pub mod server;
-pub mod trust;
+pub use podca_controller::trust;
 pub mod uds_authority;
 pub mod workload;
 

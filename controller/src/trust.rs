@@ -1,9 +1,14 @@
-//! The CA and trust anchors every service reads, in one shared handle: a rotation swaps a new
-//! snapshot in and every open stream (WatchTrustBundle, the Workload API) sees it at once.
+//! The CA and trust anchors every part of podca reads, in one shared handle: a rotation (or a
+//! reload) swaps a new snapshot in, and the PCR controller, the ClusterTrustBundle publisher and
+//! every open gRPC stream (WatchTrustBundle, the Workload API) see it at once.
+//!
+//! Also the [`Clock`] everything time-dependent reads, so tests can run a CA's whole life in
+//! simulated time.
 
 use std::sync::Arc;
 
 use podca_signer::{CaCertificate, IssuingCa};
+use time::OffsetDateTime;
 use tokio::sync::watch;
 
 /// The CA in force and the anchors relying parties must trust right now.
@@ -37,6 +42,11 @@ pub struct CaHandle {
 impl CaHandle {
     /// `anchors` empty means the CA's own roots.
     pub fn new(ca: IssuingCa, anchors: Vec<CaCertificate>) -> Self {
+        Self::from_arc(Arc::new(ca), anchors)
+    }
+
+    /// Like [`CaHandle::new`] for a CA that is already shared.
+    pub fn from_arc(ca: Arc<IssuingCa>, anchors: Vec<CaCertificate>) -> Self {
         let (tx, _) = watch::channel(Arc::new(snapshot(ca, anchors, 1)));
         CaHandle { tx: Arc::new(tx) }
     }
@@ -51,6 +61,11 @@ impl CaHandle {
 
     /// Swaps a new CA in (after a rotation or a reload) and wakes every watcher.
     pub fn replace(&self, ca: IssuingCa, anchors: Vec<CaCertificate>) -> u64 {
+        self.replace_arc(Arc::new(ca), anchors)
+    }
+
+    /// Like [`CaHandle::replace`] for a CA that is already shared.
+    pub fn replace_arc(&self, ca: Arc<IssuingCa>, anchors: Vec<CaCertificate>) -> u64 {
         let mut generation = 0;
         self.tx.send_modify(|current| {
             generation = current.generation + 1;
@@ -60,7 +75,27 @@ impl CaHandle {
     }
 }
 
-fn snapshot(ca: IssuingCa, anchors: Vec<CaCertificate>, generation: u64) -> CaSnapshot {
+impl From<IssuingCa> for CaHandle {
+    fn from(ca: IssuingCa) -> Self {
+        CaHandle::new(ca, vec![])
+    }
+}
+
+impl From<Arc<IssuingCa>> for CaHandle {
+    fn from(ca: Arc<IssuingCa>) -> Self {
+        CaHandle::from_arc(ca, vec![])
+    }
+}
+
+/// Where podca reads the time: the system clock in production, a settable one in tests.
+pub type Clock = Arc<dyn Fn() -> OffsetDateTime + Send + Sync>;
+
+/// The system clock.
+pub fn system_clock() -> Clock {
+    Arc::new(OffsetDateTime::now_utc)
+}
+
+fn snapshot(ca: Arc<IssuingCa>, anchors: Vec<CaCertificate>, generation: u64) -> CaSnapshot {
     let anchors = if anchors.is_empty() {
         ca.roots().to_vec()
     } else {
@@ -68,7 +103,7 @@ fn snapshot(ca: IssuingCa, anchors: Vec<CaCertificate>, generation: u64) -> CaSn
     };
     let anchors_pem = anchors.iter().map(CaCertificate::pem).collect::<String>();
     CaSnapshot {
-        ca: Arc::new(ca),
+        ca,
         anchors,
         anchors_pem,
         generation,
