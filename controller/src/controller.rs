@@ -23,6 +23,7 @@ use crate::admin::{self, Health};
 use crate::decide::{self, ErrorClass, Settlement};
 use crate::discovery::{self, Served};
 use crate::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
+use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
 use crate::request::{ApiVersion, KeySource, Pcr};
 use crate::trust::{CaHandle, CaSnapshot, Clock};
@@ -64,10 +65,16 @@ pub async fn run(
         drain_timeout,
         reporting_controller,
         reporting_instance,
+        publisher,
     } = options;
     if signers.is_empty() {
         return Err(Error::NoSigners);
     }
+    // A bad bundle name or instance label is a configuration error: refuse to start.
+    let publisher = publisher
+        .map(|o| Publisher::new(signers.keys(), &o))
+        .transpose()
+        .map_err(|e| Error::Config(e.to_string()))?;
     // The issuing CA's notAfter follows every swap (rotation, reload).
     let _ca_gauge = TaskGuard::new(tokio::spawn(track_ca_not_after(
         ca.subscribe(),
@@ -143,6 +150,15 @@ pub async fn run(
         metrics.leader.set(1);
         info!("leading: starting watches and workers");
         let session = Session::start(&ctx, workers, queue_capacity);
+        // Dropped (aborted) with this term, like the session.
+        let _publishing = publisher.clone().map(|p| {
+            TaskGuard::new(tokio::spawn(p.run(
+                ctx.client.clone(),
+                ctx.ca.clone(),
+                Arc::clone(&metrics),
+                ctx.leading.clone(),
+            )))
+        });
         tokio::select! {
             _ = &mut shutdown => {
                 health.set_ready(false);

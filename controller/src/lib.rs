@@ -10,6 +10,7 @@ pub mod decide;
 pub mod discovery;
 mod error;
 pub mod metrics;
+pub mod publisher;
 pub mod queue;
 pub mod request;
 pub mod trust;
@@ -64,6 +65,8 @@ pub struct Options {
     pub reporting_controller: String,
     /// The instance name in Events (pod name).
     pub reporting_instance: Option<String>,
+    /// Publish a ClusterTrustBundle per signer name while leading; `None`: no publishing.
+    pub publisher: Option<publisher::PublisherOptions>,
 }
 
 impl std::fmt::Debug for Options {
@@ -75,6 +78,7 @@ impl std::fmt::Debug for Options {
             .field("queue_capacity", &self.queue_capacity)
             .field("leader_election", &self.leader_election)
             .field("admin_listen", &self.admin_listen)
+            .field("publisher", &self.publisher)
             .finish_non_exhaustive()
     }
 }
@@ -94,6 +98,7 @@ impl Options {
             drain_timeout: Duration::from_secs(10),
             reporting_controller: "podca.dev/signer".into(),
             reporting_instance: None,
+            publisher: None,
         }
     }
 }

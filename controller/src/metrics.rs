@@ -23,6 +23,12 @@ pub struct CauseLabels {
     pub cause: &'static str,
 }
 
+/// The kind of a ClusterTrustBundle write: `create`, `update` or `delete`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 5 ms … ~20 min.
     Histogram::new(exponential_buckets(0.005, 2.0, 18))
@@ -47,6 +53,12 @@ pub struct Metrics {
     /// Writes the API server refused for a reason retrying cannot fix.
     pub writes_rejected: Counter,
     pub watch_errors: Counter,
+    /// ClusterTrustBundle writes, by operation (create, update, delete).
+    pub ctb_writes: Family<OpLabels, Counter>,
+    /// Bundles restored after someone else changed or deleted them.
+    pub ctb_drift_repairs: Counter,
+    /// Failed ClusterTrustBundle requests (retried) and anchors that could not be published.
+    pub ctb_publish_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -73,6 +85,9 @@ impl Metrics {
         let retries = Family::<CauseLabels, Counter>::default();
         let writes_rejected = Counter::default();
         let watch_errors = Counter::default();
+        let ctb_writes = Family::<OpLabels, Counter>::default();
+        let ctb_drift_repairs = Counter::default();
+        let ctb_publish_errors = Counter::default();
         registry.register(
             "pcr_issued",
             "PodCertificateRequests issued",
@@ -133,6 +148,21 @@ impl Metrics {
             "Errors on PodCertificateRequest watches",
             watch_errors.clone(),
         );
+        registry.register(
+            "ctb_writes",
+            "ClusterTrustBundle writes, by op (create, update, delete)",
+            ctb_writes.clone(),
+        );
+        registry.register(
+            "ctb_drift_repairs",
+            "ClusterTrustBundle writes that restored a bundle someone else edited or deleted",
+            ctb_drift_repairs.clone(),
+        );
+        registry.register(
+            "ctb_publish_errors",
+            "Failed ClusterTrustBundle requests and trust anchors that could not be published",
+            ctb_publish_errors.clone(),
+        );
         Metrics {
             registry,
             issued,
@@ -147,6 +177,9 @@ impl Metrics {
             retries,
             writes_rejected,
             watch_errors,
+            ctb_writes,
+            ctb_drift_repairs,
+            ctb_publish_errors,
         }
     }
 
@@ -178,12 +211,16 @@ mod tests {
             })
             .observe(0.2);
         m.ca_not_after.set(1_900_000_000);
+        m.ctb_writes.get_or_create(&OpLabels { op: "create" }).inc();
         let text = m.encode();
         for name in [
             "podca_pcr_issued_total{signer=\"example.com/s\",reason=\"Issued\"} 1",
             "podca_pcr_settle_seconds_bucket",
             "podca_queue_depth 0",
             "podca_ca_not_after_timestamp_seconds 1900000000",
+            "podca_ctb_writes_total{op=\"create\"} 1",
+            "podca_ctb_drift_repairs_total 0",
+            "podca_ctb_publish_errors_total 0",
         ] {
             assert!(text.contains(name), "{name} missing in:\n{text}");
         }
