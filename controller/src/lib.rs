@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod publisher;
 pub mod queue;
 pub mod request;
+pub mod rotation;
 pub mod trust;
 
 use std::collections::BTreeMap;

@@ -57,8 +57,16 @@ pub struct Metrics {
     pub ctb_writes: Family<OpLabels, Counter>,
     /// Bundles restored after someone else changed or deleted them.
     pub ctb_drift_repairs: Counter,
-    /// Failed ClusterTrustBundle requests (retried) and anchors that could not be published.
+    /// Failed ClusterTrustBundle reads or writes (retried).
     pub ctb_publish_errors: Counter,
+    /// notAfter of each CA generation's issuing certificate, by generation and state.
+    pub ca_generation_not_after: Family<crate::rotation::CaLabels, Gauge>,
+    /// When the rotation schedule next has something to do (0: nothing planned).
+    pub ca_next_rotation: Gauge,
+    /// Rotation steps taken, by step.
+    pub rotation_steps: Family<crate::rotation::StepLabels, Counter>,
+    /// Rotation checks that failed (the CA in force stays).
+    pub rotation_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -88,6 +96,30 @@ impl Metrics {
         let ctb_writes = Family::<OpLabels, Counter>::default();
         let ctb_drift_repairs = Counter::default();
         let ctb_publish_errors = Counter::default();
+        let ca_generation_not_after = Family::<crate::rotation::CaLabels, Gauge>::default();
+        let ca_next_rotation = Gauge::default();
+        let rotation_steps = Family::<crate::rotation::StepLabels, Counter>::default();
+        let rotation_errors = Counter::default();
+        registry.register(
+            "ca_generation_not_after_timestamp_seconds",
+            "notAfter of each CA generation's issuing certificate (Unix seconds), by state",
+            ca_generation_not_after.clone(),
+        );
+        registry.register(
+            "ca_next_rotation_timestamp_seconds",
+            "When the CA rotation schedule next takes a step (Unix seconds; 0: none planned)",
+            ca_next_rotation.clone(),
+        );
+        registry.register(
+            "ca_rotation_steps",
+            "CA rotation steps taken (prepare, activate, retire, drop)",
+            rotation_steps.clone(),
+        );
+        registry.register(
+            "ca_rotation_errors",
+            "CA rotation checks that failed (the CA in force stays)",
+            rotation_errors.clone(),
+        );
         registry.register(
             "pcr_issued",
             "PodCertificateRequests issued",
@@ -180,6 +212,10 @@ impl Metrics {
             ctb_writes,
             ctb_drift_repairs,
             ctb_publish_errors,
+            ca_generation_not_after,
+            ca_next_rotation,
+            rotation_steps,
+            rotation_errors,
         }
     }
 

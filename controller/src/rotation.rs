@@ -1,0 +1,258 @@
+//! The rotation driver: runs the CA schedule ([`podca_signer::rotation`]) while podca serves, and
+//! swaps the CA and trust anchors in the shared [`CaHandle`] whenever they change — after a step
+//! it took itself, or after someone changed the CA data directory (`podca ca rotate`, a new
+//! import), so no restart and no SIGHUP is needed.
+//!
+//! One [`Rotator::tick`] is synchronous and reads its time from the [`Clock`], so tests drive a
+//! CA's whole life in simulated time; [`Rotator::run`] calls it when the schedule has something to
+//! do, and at least every `poll` to notice outside changes.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration as StdDuration;
+
+use podca_signer::rotation::{Phase, Schedule, Step};
+use podca_signer::{CaCertificate, FileStore, IssuingCa};
+use prometheus_client::encoding::EncodeLabelSet;
+use time::{Duration, OffsetDateTime};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::trust::{CaHandle, Clock};
+
+/// Opens the active CA of a store (file key, or a key held in an HSM).
+pub type Opener = Arc<dyn Fn(&FileStore) -> Result<IssuingCa, String> + Send + Sync>;
+
+/// Labels of the per-generation CA gauges.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CaLabels {
+    pub generation: String,
+    pub state: String,
+}
+
+/// Labels of the rotation-step counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StepLabels {
+    pub step: &'static str,
+}
+
+/// What the driver needs.
+#[derive(Clone)]
+pub struct RotatorOptions {
+    pub store: FileStore,
+    pub schedule: Schedule,
+    /// Take scheduled steps (prepare, activate, retire, drop); false: only follow changes made
+    /// by others (e.g. a read-only CA directory, or a standby replica).
+    pub automatic: bool,
+    /// Bounds the life of a retired CA's leaves (the largest policy maximum lifetime).
+    pub max_leaf_lifetime: Duration,
+    /// Longest sleep between checks for outside changes.
+    pub poll: StdDuration,
+    pub open: Opener,
+    /// Reopen the active CA when this says so, even if the store did not change (e.g. an
+    /// in-memory intermediate that is due for re-issuance).
+    pub refresh_when: Option<RefreshWhen>,
+}
+
+/// See [`RotatorOptions::refresh_when`].
+pub type RefreshWhen = Arc<dyn Fn(&IssuingCa, OffsetDateTime) -> bool + Send + Sync>;
+
+impl std::fmt::Debug for RotatorOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RotatorOptions")
+            .field("dir", &self.store.dir())
+            .field("schedule", &self.schedule)
+            .field("automatic", &self.automatic)
+            .field("max_leaf_lifetime", &self.max_leaf_lifetime)
+            .field("poll", &self.poll)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The result of one [`Rotator::tick`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tick {
+    /// Steps taken by this tick.
+    pub steps: Vec<Step>,
+    /// Whether a new CA or anchor set was swapped into the handle.
+    pub swapped: bool,
+    /// When the schedule next has something to do.
+    pub next: Option<OffsetDateTime>,
+}
+
+/// Runs the schedule and keeps the [`CaHandle`] on the store's active CA and published anchors.
+pub struct Rotator {
+    options: RotatorOptions,
+    ca: CaHandle,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    /// What the handle was last loaded from: state.json and root.pem as read then.
+    seen: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
+}
+
+impl std::fmt::Debug for Rotator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rotator")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rotator {
+    /// `ca` must already hold the store's active CA (see [`load`]).
+    pub fn new(options: RotatorOptions, ca: CaHandle, clock: Clock, metrics: Arc<Metrics>) -> Self {
+        let seen = fingerprint(&options.store).ok();
+        let rotator = Rotator {
+            options,
+            ca,
+            clock,
+            metrics,
+            seen: Mutex::new(seen),
+        };
+        rotator.update_metrics((rotator.clock)());
+        rotator
+    }
+
+    pub fn handle(&self) -> &CaHandle {
+        &self.ca
+    }
+
+    /// Takes the steps that are due (when automatic), then reloads the handle if the store
+    /// changed. An error leaves the current CA in place; the next tick tries again.
+    pub fn tick(&self) -> Result<Tick, String> {
+        let now = (self.clock)();
+        let store = &self.options.store;
+        let mut out = Tick::default();
+        if self.options.automatic {
+            out.steps = store
+                .rotate(
+                    &self.options.schedule,
+                    self.options.max_leaf_lifetime,
+                    false,
+                    now,
+                )
+                .map_err(|e| format!("running the rotation schedule: {e}"))?;
+            for step in &out.steps {
+                let (name, generation) = describe(*step);
+                self.metrics
+                    .rotation_steps
+                    .get_or_create(&StepLabels { step: name })
+                    .inc();
+                info!(step = name, generation, dir = %store.dir().display(), "CA rotation step");
+            }
+        }
+        let current = fingerprint(store).map_err(|e| format!("reading the CA state: {e}"))?;
+        let changed = self.seen.lock().map(|s| s.as_ref() != Some(&current));
+        let due = self
+            .options
+            .refresh_when
+            .as_ref()
+            .is_some_and(|f| f(&self.ca.current().ca, now));
+        if changed.unwrap_or(true) || due {
+            let (ca, anchors) = load(store, &self.options.open)?;
+            let subject = ca.certificate().subject().to_string();
+            let generation = self.ca.replace(ca, anchors);
+            info!(
+                issuing = %subject,
+                anchors = self.ca.current().anchors.len(),
+                generation,
+                "CA reloaded"
+            );
+            if let Ok(mut seen) = self.seen.lock() {
+                *seen = Some(current);
+            }
+            out.swapped = true;
+        }
+        out.next = store
+            .next_rotation_event(&self.options.schedule, now)
+            .ok()
+            .flatten();
+        self.update_metrics(now);
+        Ok(out)
+    }
+
+    /// Ticks until `shutdown` turns true: when the schedule is due, and at least every `poll`.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let wait = match self.tick() {
+                Ok(t) => match t.next {
+                    Some(next) => {
+                        let until = (next - (self.clock)()).max(Duration::ZERO);
+                        // A second past the due time, so the planner sees it as due.
+                        StdDuration::try_from(until + Duration::SECOND)
+                            .unwrap_or(self.options.poll)
+                            .min(self.options.poll)
+                    }
+                    None => self.options.poll,
+                },
+                Err(e) => {
+                    self.metrics.rotation_errors.inc();
+                    warn!(error = %e, "CA rotation check failed; keeping the current CA");
+                    self.options.poll.min(StdDuration::from_secs(30))
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
+            }
+        }
+    }
+
+    fn update_metrics(&self, now: OffsetDateTime) {
+        let Ok(generations) = self.options.store.generations() else {
+            return;
+        };
+        self.metrics.ca_generation_not_after.clear();
+        for info in &generations {
+            if info.generation.phase == Phase::Dropped {
+                continue;
+            }
+            self.metrics
+                .ca_generation_not_after
+                .get_or_create(&CaLabels {
+                    generation: info.generation.id.to_string(),
+                    state: info.generation.phase.to_string(),
+                })
+                .set(info.issuing.not_after().unix_timestamp());
+        }
+        let next = self
+            .options
+            .store
+            .next_rotation_event(&self.options.schedule, now)
+            .ok()
+            .flatten();
+        self.metrics
+            .ca_next_rotation
+            .set(next.map(|t| t.unix_timestamp()).unwrap_or(0));
+    }
+}
+
+/// The store's active CA and the anchors to publish now.
+pub fn load(store: &FileStore, open: &Opener) -> Result<(IssuingCa, Vec<CaCertificate>), String> {
+    let ca = open(store)?;
+    let anchors = store
+        .roots()
+        .map_err(|e| format!("reading the trust anchors: {e}"))?;
+    Ok((ca, anchors))
+}
+
+/// The file opener: every generation's key is a file in the store.
+pub fn file_opener() -> Opener {
+    Arc::new(|store: &FileStore| store.load().map_err(|e| e.to_string()))
+}
+
+fn fingerprint(store: &FileStore) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
+    Ok((
+        std::fs::read(store.state_path())?,
+        std::fs::read(store.root_cert_path())?,
+    ))
+}
+
+fn describe(step: Step) -> (&'static str, Option<u32>) {
+    match step {
+        Step::Prepare => ("prepare", None),
+        Step::Activate(id) => ("activate", Some(id)),
+        Step::Retire(id) => ("retire", Some(id)),
+        Step::Drop(id) => ("drop", Some(id)),
+    }
+}
