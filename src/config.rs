@@ -50,7 +50,7 @@ pub struct Config {
 }
 
 /// Where the CA key lives.
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CaConfig {
     #[serde(default)]
@@ -63,6 +63,52 @@ pub struct CaConfig {
     pub pkcs11_uri: Option<String>,
     /// PKCS#11 backend: file holding the user PIN (never put the PIN itself here).
     pub pkcs11_pin_file: Option<PathBuf>,
+    /// PKCS#11 backend: name of an environment variable holding the user PIN.
+    pub pkcs11_pin_env: Option<String>,
+    /// PKCS#11 backend: the module (overrides the URI's module-path).
+    pub pkcs11_module: Option<PathBuf>,
+    /// PKCS#11 backend: who signs leaves (see the operator guide for the trade-off).
+    #[serde(default)]
+    pub pkcs11_mode: Pkcs11Mode,
+    /// PKCS#11 `intermediate` mode: lifetime of the in-memory intermediate (re-issued by the
+    /// HSM at two thirds of it). Default: three times the largest leaf lifetime, at least 1 day.
+    pub intermediate_lifetime_seconds: Option<u32>,
+    /// Run the `[rotation]` schedule (file and PKCS#11 backends, single replica). Off, podca
+    /// still follows changes made with `podca ca rotate` without a restart.
+    #[serde(default = "yes")]
+    pub automatic_rotation: bool,
+}
+
+impl Default for CaConfig {
+    fn default() -> Self {
+        CaConfig {
+            backend: CaBackend::default(),
+            dir: None,
+            secret: None,
+            pkcs11_uri: None,
+            pkcs11_pin_file: None,
+            pkcs11_pin_env: None,
+            pkcs11_module: None,
+            pkcs11_mode: Pkcs11Mode::default(),
+            intermediate_lifetime_seconds: None,
+            automatic_rotation: true,
+        }
+    }
+}
+
+/// Who signs leaves when the CA key is in an HSM.
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Pkcs11Mode {
+    /// The HSM key signs every leaf: the key never leaves the token, one HSM operation per leaf.
+    #[default]
+    HsmSignsLeaves,
+    /// The HSM key signs a short-lived intermediate kept in memory, which signs leaves.
+    Intermediate,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]

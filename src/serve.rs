@@ -1,4 +1,5 @@
-//! `podca serve`: the in-cluster signer (controller, admin server).
+//! `podca serve`: the in-cluster signer: the PodCertificateRequest controller, the gRPC API
+//! (TokenReview-authenticated), the CA rotation driver and the admin server.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,10 +8,18 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use podca_controller::{LeaderElection, Options};
-use podca_signer::FileStore;
+use podca_controller::metrics::Metrics;
+use podca_controller::rotation::{self, Rotator, RotatorOptions};
+use podca_controller::{CaHandle, LeaderElection, Options};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::info;
 
-use crate::config::{CaBackend, Config};
+use crate::ca_source::CaSource;
+use crate::config::Config;
+use crate::grpc::auth::{KubePodDirectory, KubeTokenReviewer, TokenReviewAuthenticator};
+use crate::grpc::{Api, ApiOptions, server};
+use crate::hsm_metrics::HsmMetrics;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -53,6 +62,12 @@ pub struct ServeArgs {
     /// How long shutdown waits for in-flight status writes.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
+    /// gRPC listener (podca.v1, TokenReview-authenticated); overrides `[grpc] listen`.
+    #[arg(long, env = "PODCA_GRPC_LISTEN")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// Do not serve the gRPC API (PodCertificateRequests only).
+    #[arg(long)]
+    pub no_grpc: bool,
 }
 
 /// `15s`, `2m`, `500ms` or plain seconds.
@@ -88,6 +103,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         lease_renew_deadline,
         lease_retry_period,
         drain_timeout,
+        grpc_listen,
+        no_grpc,
     } = args;
     let config_path = config.context("--config is required for `podca serve`")?;
     let config = Config::load(&config_path)?;
@@ -97,28 +114,74 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             config_path.display()
         );
     }
-    let ca = match config.ca.backend {
-        CaBackend::File => {
-            let dir = config
-                .ca
-                .dir
-                .clone()
-                .context("[ca] dir is required for the file backend")?;
-            FileStore::new(&dir)
-                .load()
-                .with_context(|| format!("loading the CA from {}", dir.display()))?
-        }
-        CaBackend::Secret => {
-            bail!("[ca] backend = \"secret\" is not supported by `podca serve` yet; use \"file\"")
-        }
-        CaBackend::Pkcs11 => {
-            bail!("[ca] backend = \"pkcs11\" is not supported by `podca serve` yet; use \"file\"")
-        }
-    };
     if lease_renew_deadline >= lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
     }
-    let mut options = Options::new(config.signers.clone(), Arc::new(ca));
+    let max_leaf_lifetime = time::Duration::seconds(
+        config
+            .signers
+            .values()
+            .map(|p| i64::from(p.max_lifetime_seconds))
+            .max()
+            .unwrap_or(86_400),
+    );
+    let source = CaSource::from_config(&config.ca, max_leaf_lifetime)?;
+    // Opening the CA here makes a wrong PIN, a missing token or a broken data directory a
+    // start-up error rather than a stream of pending requests.
+    let (ca, anchors) = rotation::load(&source.store, &source.open)
+        .map_err(|e| anyhow::anyhow!("opening the CA: {e}"))?;
+    let handle = CaHandle::new(ca, anchors);
+    let mut metrics = Metrics::new();
+    let hsm_metrics = source
+        .hsm
+        .as_ref()
+        .map(|_| HsmMetrics::register(&mut metrics.registry));
+    let metrics = Arc::new(metrics);
+    let clock = podca_controller::system_clock();
+
+    let mut automatic = config.ca.automatic_rotation;
+    if automatic && leader_elect {
+        // Replicas do not share a writable data directory: each would make its own CA.
+        info!(
+            "automatic CA rotation is off with --leader-elect; rotate with `podca ca rotate` on \
+             the CA data directory (every replica follows the change without a restart)"
+        );
+        automatic = false;
+    }
+    if automatic && !dir_writable(source.store.dir()) {
+        info!(
+            dir = %source.store.dir().display(),
+            "the CA data directory is read-only: automatic CA rotation is off (changes to it are \
+             still followed)"
+        );
+        automatic = false;
+    }
+    if automatic {
+        config.rotation.validate()?;
+    }
+    let refresh_when: Option<rotation::RefreshWhen> = source.intermediate_lifetime.map(|_| {
+        Arc::new(|ca: &podca_signer::IssuingCa, now| {
+            podca_signer::backend::pkcs11::intermediate_needs_renewal(ca.certificate(), now)
+        }) as rotation::RefreshWhen
+    });
+    let rotator = Rotator::new(
+        RotatorOptions {
+            store: source.store.clone(),
+            schedule: config.rotation,
+            automatic,
+            max_leaf_lifetime,
+            poll: Duration::from_secs(30),
+            open: Arc::clone(&source.open),
+            refresh_when,
+        },
+        handle.clone(),
+        Arc::clone(&clock),
+        Arc::clone(&metrics),
+    );
+
+    let mut options = Options::new(config.signers.clone(), handle.clone());
+    options.clock = clock;
+    options.metrics = Arc::clone(&metrics);
     options.workers = workers.unwrap_or(config.controller.workers).max(1);
     options.queue_capacity = queue_capacity.max(1);
     options.admin_listen = Some(admin_listen.unwrap_or(config.admin.listen));
@@ -137,6 +200,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             retry_period: lease_retry_period,
         });
     }
+    let grpc = if no_grpc {
+        None
+    } else {
+        let (signer_name, _) = config.grpc_signer()?;
+        Some((
+            grpc_listen.unwrap_or(config.grpc.listen),
+            ApiOptions {
+                signers: config.signers.clone(),
+                default_signer: signer_name.to_owned(),
+                node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
+                rate_limit_per_identity: config.grpc.rate_limit_per_identity,
+                max_open_streams: config.grpc.max_open_streams,
+            },
+            config.grpc.token_audience.clone(),
+        ))
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -144,9 +223,58 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let client = podca_controller::connect(kubeconfig.as_deref()).await?;
-        podca_controller::run(client, options, podca_controller::shutdown_signal()).await?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        if let Some((listen, api_options, audience)) = grpc {
+            let tcp = TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("gRPC: listening on {listen}"))?;
+            info!(addr = %tcp.local_addr()?, audience, "gRPC API (podca.v1) listening");
+            let api = Arc::new(Api::new(
+                api_options,
+                handle.clone(),
+                Arc::new(TokenReviewAuthenticator::new(
+                    Arc::new(KubeTokenReviewer::new(client.clone())),
+                    audience,
+                )),
+                Some(Arc::new(KubePodDirectory::new(client.clone()))),
+                stop_rx.clone(),
+            )?);
+            let mut stop = stop_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                if let Err(e) = server::serve_tcp(tcp, api, shutdown).await {
+                    tracing::error!(error = %e, "gRPC server failed");
+                }
+            }));
+        }
+        tasks.push(tokio::spawn(rotator.run(stop_rx.clone())));
+        if let (Some(slot), Some(hsm_metrics)) = (source.hsm.clone(), hsm_metrics) {
+            tasks.push(tokio::spawn(hsm_metrics.export(slot, stop_rx.clone())));
+        }
+        let result =
+            podca_controller::run(client, options, podca_controller::shutdown_signal()).await;
+        let _ = stop_tx.send(true);
+        for task in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        result?;
         Ok(())
     })
+}
+
+/// Whether podca may write the CA state in `dir` (a Secret mount is read-only).
+fn dir_writable(dir: &std::path::Path) -> bool {
+    let probe = dir.join(format!(".podca-write-probe-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 fn rand_suffix() -> u32 {
