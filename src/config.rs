@@ -47,6 +47,48 @@ pub struct Config {
     /// CA rotation schedule (podca-made CAs).
     #[serde(default)]
     pub rotation: podca_signer::rotation::Schedule,
+    /// ClusterTrustBundle publishing (`podca serve`).
+    #[serde(default)]
+    pub trust_bundles: TrustBundlesConfig,
+}
+
+/// One ClusterTrustBundle per signer name, named `<signer with / → :>:<suffix>`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustBundlesConfig {
+    /// Publish (and keep) the bundles; off: manage them yourself.
+    #[serde(default = "yes")]
+    pub publish: bool,
+    /// The end of every bundle name (a DNS-1123 subdomain).
+    #[serde(default = "default_bundle_suffix")]
+    pub suffix: String,
+    /// The `podca.dev/instance` label: keeps two podca installations out of each other's bundles.
+    #[serde(default = "default_bundle_instance")]
+    pub instance: String,
+    /// Full re-check of the bundles on top of the watches, in seconds.
+    #[serde(default = "default_bundle_resync")]
+    pub resync_seconds: u64,
+}
+
+impl Default for TrustBundlesConfig {
+    fn default() -> Self {
+        TrustBundlesConfig {
+            publish: true,
+            suffix: default_bundle_suffix(),
+            instance: default_bundle_instance(),
+            resync_seconds: default_bundle_resync(),
+        }
+    }
+}
+
+fn default_bundle_suffix() -> String {
+    podca_controller::publisher::DEFAULT_SUFFIX.into()
+}
+fn default_bundle_instance() -> String {
+    podca_controller::publisher::DEFAULT_INSTANCE.into()
+}
+fn default_bundle_resync() -> u64 {
+    podca_controller::publisher::DEFAULT_RESYNC.as_secs()
 }
 
 /// Where the CA key lives.

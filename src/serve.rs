@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use podca_controller::metrics::Metrics;
+use podca_controller::publisher::PublisherOptions;
 use podca_controller::rotation::{self, Rotator, RotatorOptions};
 use podca_controller::{CaHandle, LeaderElection, Options};
 use tokio::net::TcpListener;
@@ -170,7 +171,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             schedule: config.rotation,
             automatic,
             max_leaf_lifetime,
-            poll: Duration::from_secs(30),
+            poll: Duration::from_secs(5),
             open: Arc::clone(&source.open),
             refresh_when,
         },
@@ -187,6 +188,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     options.admin_listen = Some(admin_listen.unwrap_or(config.admin.listen));
     options.drain_timeout = drain_timeout;
     options.reporting_instance = std::env::var("POD_NAME").ok();
+    if config.trust_bundles.publish {
+        options.publisher = Some(PublisherOptions {
+            suffix: config.trust_bundles.suffix.clone(),
+            instance: config.trust_bundles.instance.clone(),
+            resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
+        });
+    }
     if leader_elect {
         let base = std::env::var("POD_NAME")
             .or_else(|_| std::env::var("HOSTNAME"))

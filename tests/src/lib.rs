@@ -8,6 +8,7 @@
 pub mod client;
 pub mod emulator;
 pub mod kubelet;
+pub mod process;
 pub mod testca;
 
 pub use emulator::{Emulator, EmulatorConfig};

@@ -1,8 +1,6 @@
 //! End-to-end with the real `podca serve` binary: two processes with leader election against the
-//! API emulator. Build the binary first: `cargo build -p podca` (same CARGO_TARGET_DIR), or point
-//! PODCA_BIN at it.
+//! API emulator. The binary is built by the test (or taken from PODCA_BIN).
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,6 +8,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use podca_tests::client::KubeClient;
 use podca_tests::emulator::{ApiMode, Res};
+use podca_tests::process::{free_port, http_get, podca_binary};
 use podca_tests::{Emulator, EmulatorConfig};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 use serde_json::json;
@@ -18,42 +17,7 @@ const SIGNER: &str = "example.com/workload";
 const USER: &str = "system:serviceaccount:podca:podca";
 
 fn podca_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("PODCA_BIN") {
-        return p.into();
-    }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let bin = target.join("debug/podca");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build -p podca` first (or set PODCA_BIN)",
-        bin.display()
-    );
-    bin
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((code, body))
+    podca_binary()
 }
 
 struct Serve {
@@ -70,6 +34,7 @@ impl Serve {
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(["--grpc-listen", &format!("127.0.0.1:{}", free_port())])
             .args([
                 "--leader-elect",
                 "--lease-namespace",

@@ -1,0 +1,392 @@
+//! The real `podca serve` binary against the API emulator, with each CA backend it runs on:
+//! a file CA (ClusterTrustBundles published, `podca ca rotate` followed without a restart, the
+//! gRPC API up) and a CA key in SoftHSM2 (both PKCS#11 modes, HSM metrics, a wrong PIN refused at
+//! start-up). Every issued chain is checked with `openssl verify` against the published bundle.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use podca_tests::client::KubeClient;
+use podca_tests::emulator::{ApiMode, Res};
+use podca_tests::kubelet::trust_anchors_for_signer;
+use podca_tests::process::{free_port, http_get, podca_binary};
+use podca_tests::{Emulator, EmulatorConfig};
+use rcgen::{CertificateParams, DistinguishedName, KeyPair};
+use serde_json::json;
+
+const SIGNER: &str = "example.com/workload";
+const USER: &str = "system:serviceaccount:podca:podca";
+const SOFTHSM: &str = "/usr/lib/softhsm/libsofthsm2.so";
+
+struct Serve {
+    child: Child,
+    admin: u16,
+    grpc: u16,
+}
+
+impl Serve {
+    fn start(config: &Path, kubeconfig: &Path, env: &[(&str, &Path)]) -> Serve {
+        let admin = free_port();
+        let grpc = free_port();
+        let mut cmd = Command::new(podca_binary());
+        cmd.args(["serve", "--config"])
+            .arg(config)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Serve {
+            child: cmd.spawn().expect("spawn podca serve"),
+            admin,
+            grpc,
+        }
+    }
+
+    fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Cluster {
+    emu: Emulator,
+    admin: KubeClient,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+async fn cluster() -> Cluster {
+    let emu = Emulator::start(EmulatorConfig {
+        api_mode: ApiMode::V1Only,
+        auto_create_namespaces: true,
+        ..Default::default()
+    })
+    .await
+    .expect("emulator");
+    emu.add_identity("podca", USER, &["system:authenticated"]);
+    emu.grant_signer_role(USER, SIGNER);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    emu.write_kubeconfig(&kubeconfig, "podca")
+        .expect("kubeconfig");
+    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+    Cluster {
+        emu,
+        admin,
+        dir,
+        kubeconfig,
+    }
+}
+
+fn podca(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(podca_binary());
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run podca")
+}
+
+/// Files a PCR with a fresh P-256 stub and returns its name.
+async fn file(admin: &KubeClient, name: &str) {
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    let csr = p.serialize_request(&key).expect("csr");
+    let body = json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "PodCertificateRequest",
+        "metadata": {"name": name, "namespace": "apps"},
+        "spec": {
+            "signerName": SIGNER, "podName": "p", "podUID": podca_tests::emulator::new_uid(),
+            "serviceAccountName": "app", "serviceAccountUID": "sa-uid", "nodeName": "node-1",
+            "nodeUID": "node-uid", "maxExpirationSeconds": 86400,
+            "stubPKCS10Request": base64::engine::general_purpose::STANDARD.encode(csr.der()),
+        },
+    });
+    let r = admin
+        .post(
+            "/apis/certificates.k8s.io/v1/namespaces/apps/podcertificaterequests",
+            &body,
+        )
+        .await
+        .expect("POST");
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+}
+
+/// Waits for the PCR to be issued and returns its chain.
+async fn issued_chain(emu: &Emulator, name: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = emu.get_object(Res::Pcr, "apps", name).expect("PCR exists");
+        if let Some(t) = o["status"]["conditions"][0]["type"].as_str() {
+            assert_eq!(t, "Issued", "{o:#}");
+            return o["status"]["certificateChain"]
+                .as_str()
+                .expect("chain")
+                .to_owned();
+        }
+        assert!(Instant::now() < deadline, "{name} not issued in time");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the published bundle for SIGNER holds `n` anchors and returns it.
+async fn published(admin: &KubeClient, n: usize, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let pem_text = trust_anchors_for_signer(admin, "v1", SIGNER)
+            .await
+            .unwrap_or_default();
+        if pem_text.matches("BEGIN CERTIFICATE").count() == n {
+            return pem_text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the published bundle never held {n} anchors; now:\n{pem_text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `openssl verify` of a PEM chain (leaf first) against a PEM bundle of anchors.
+fn openssl_verify(dir: &Path, anchors: &str, chain: &str) {
+    let blocks: Vec<&str> = chain
+        .split_inclusive("-----END CERTIFICATE-----\n")
+        .collect();
+    std::fs::write(dir.join("anchors.pem"), anchors).expect("write");
+    std::fs::write(dir.join("leaf.pem"), blocks[0]).expect("write");
+    std::fs::write(dir.join("untrusted.pem"), blocks[1..].concat()).expect("write");
+    let mut cmd = Command::new("openssl");
+    cmd.arg("verify")
+        .arg("-CAfile")
+        .arg(dir.join("anchors.pem"));
+    if blocks.len() > 1 {
+        cmd.arg("-untrusted").arg(dir.join("untrusted.pem"));
+    }
+    let out = cmd
+        .arg(dir.join("leaf.pem"))
+        .output()
+        .expect("openssl is required: apt-get install -y openssl");
+    assert!(
+        out.status.success(),
+        "openssl verify: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn write_config(path: &Path, ca_table: &str) {
+    std::fs::write(
+        path,
+        format!("{ca_table}\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n"),
+    )
+    .expect("config");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_publishes_bundles_follows_ca_rotate_and_serves_grpc() {
+    let c = cluster().await;
+    let ca_dir = c.dir.path().join("ca");
+    let ca = ca_dir.to_str().expect("utf-8");
+    let o = podca(&["ca", "init", "--dir", ca], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let config = c.dir.path().join("podca.toml");
+    write_config(&config, &format!("[ca]\ndir = {ca:?}\n"));
+    let serve = Serve::start(&config, &c.kubeconfig, &[]);
+
+    // The anchor is published under the documented name and labels.
+    let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;
+    assert_eq!(
+        bundle.trim(),
+        std::fs::read_to_string(ca_dir.join("root.pem"))
+            .expect("root.pem")
+            .trim()
+    );
+    let ctb = c
+        .emu
+        .get_object(Res::Ctb, "", "example.com:workload:podca")
+        .expect("the bundle has the documented name");
+    assert_eq!(
+        ctb["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "podca"
+    );
+    file(&c.admin, "one").await;
+    let chain = issued_chain(&c.emu, "one").await;
+    openssl_verify(c.dir.path(), &bundle, &chain);
+
+    // `podca ca rotate` on the data directory: the next root is published without a restart,
+    // and the current CA keeps signing until the propagation window is over.
+    let o = podca(&["ca", "rotate", "--dir", ca], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let both = published(&c.admin, 2, Duration::from_secs(30)).await;
+    file(&c.admin, "two").await;
+    let chain = issued_chain(&c.emu, "two").await;
+    openssl_verify(c.dir.path(), &bundle, &chain);
+    openssl_verify(c.dir.path(), &both, &chain);
+    let metrics = serve.metrics();
+    assert!(
+        metrics.contains(
+            "podca_ca_generation_not_after_timestamp_seconds{generation=\"2\",state=\"prepared\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("podca_ctb_writes_total{op=\"update\"} 1"),
+        "{metrics}"
+    );
+
+    // The gRPC API is up and asks for a service-account token.
+    let mut client = podca_proto::podca::v1::pod_ca_client::PodCaClient::connect(format!(
+        "http://127.0.0.1:{}",
+        serve.grpc
+    ))
+    .await
+    .expect("gRPC connects");
+    let err = client
+        .get_trust_bundle(podca_proto::podca::v1::GetTrustBundleRequest::default())
+        .await
+        .expect_err("no token");
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
+    assert_eq!(c.emu.counters().validation_rejections, 0);
+}
+
+/// A fresh SoftHSM2 token in `dir`; returns the SOFTHSM2_CONF path.
+fn softhsm_token(dir: &Path, label: &str) -> PathBuf {
+    assert!(
+        Path::new(SOFTHSM).exists(),
+        "SoftHSM2 is required for this test: apt-get install -y softhsm2"
+    );
+    std::fs::create_dir_all(dir.join("tokens")).expect("tokens dir");
+    let conf = dir.join("softhsm2.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "directories.tokendir = {}/tokens\nobjectstore.backend = file\n",
+            dir.display()
+        ),
+    )
+    .expect("softhsm2.conf");
+    let out = Command::new("softhsm2-util")
+        .args(["--init-token", "--free", "--label", label])
+        .args(["--so-pin", "87654321", "--pin", "123456"])
+        .env("SOFTHSM2_CONF", &conf)
+        .output()
+        .expect("softhsm2-util is required: apt-get install -y softhsm2");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    conf
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
+    let c = cluster().await;
+    let t = c.dir.path();
+    let conf = softhsm_token(t, "serve");
+    std::fs::write(t.join("pin"), "123456\n").expect("pin");
+    std::fs::write(t.join("bad-pin"), "999999\n").expect("pin");
+    let ca = t.join("ca");
+    let ca = ca.to_str().expect("utf-8");
+    let uri = format!("pkcs11:token=serve;object=podca-ca?module-path={SOFTHSM}");
+    let env = [("SOFTHSM2_CONF", conf.as_path())];
+    let pin = t.join("pin");
+    let o = podca(
+        &[
+            "ca",
+            "init",
+            "--dir",
+            ca,
+            "--pkcs11-uri",
+            &uri,
+            "--pkcs11-generate",
+            "--pkcs11-pin-file",
+            pin.to_str().expect("utf-8"),
+        ],
+        &env,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    for (mode, expected_chain_len) in [("hsm-signs-leaves", 2), ("intermediate", 3)] {
+        let config = t.join(format!("{mode}.toml"));
+        write_config(
+            &config,
+            &format!(
+                "[ca]\nbackend = \"pkcs11\"\ndir = {ca:?}\npkcs11_pin_file = {:?}\npkcs11_mode = \"{mode}\"\n",
+                pin.to_str().expect("utf-8")
+            ),
+        );
+        let serve = Serve::start(&config, &c.kubeconfig, &env);
+        let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;
+        let name = format!("hsm-{mode}");
+        file(&c.admin, &name).await;
+        let chain = issued_chain(&c.emu, &name).await;
+        assert_eq!(
+            chain.matches("BEGIN CERTIFICATE").count(),
+            expected_chain_len,
+            "{mode}: {chain}"
+        );
+        openssl_verify(t, &bundle, &chain);
+        // The HSM statistics reach /metrics (exported every 5 s).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let metrics = serve.metrics();
+            let signs = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix("podca_hsm_signatures_total "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            // Per-leaf mode signs the leaf in the HSM; intermediate mode signs the intermediate.
+            if signs >= 1 && metrics.contains("podca_hsm_session_pool_size") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{mode}: no HSM metrics:\n{metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        drop(serve);
+    }
+
+    // A wrong PIN is a start-up error that names the problem and not the PIN.
+    let config = t.join("bad.toml");
+    write_config(
+        &config,
+        &format!(
+            "[ca]\nbackend = \"pkcs11\"\ndir = {ca:?}\npkcs11_pin_file = {:?}\n",
+            t.join("bad-pin").to_str().expect("utf-8")
+        ),
+    );
+    let out = Command::new(podca_binary())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(&c.kubeconfig)
+        .env("SOFTHSM2_CONF", &conf)
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the user PIN is incorrect"), "{stderr}");
+    assert!(
+        !stderr.contains("999999"),
+        "the PIN never appears: {stderr}"
+    );
+}
