@@ -1118,8 +1118,20 @@ fn the_config_map_holds_a_valid_podca_config() {
         "controller",
         "admin",
         "rotation",
+        "trust_bundles",
     ];
-    const CA: &[&str] = &["backend", "dir", "secret", "pkcs11_uri", "pkcs11_pin_file"];
+    const CA: &[&str] = &[
+        "backend",
+        "dir",
+        "secret",
+        "pkcs11_uri",
+        "pkcs11_pin_file",
+        "pkcs11_pin_env",
+        "pkcs11_module",
+        "pkcs11_mode",
+        "intermediate_lifetime_seconds",
+        "automatic_rotation",
+    ];
     const GRPC: &[&str] = &[
         "listen",
         "signer",
