@@ -11,6 +11,7 @@ use time::{Duration, OffsetDateTime};
 use x509_parser::extensions::ParsedExtension;
 
 use crate::backend::{BackendError, CaKey};
+use crate::leaf::{self, LeafTemplate};
 use crate::x509::{self, CertError};
 
 /// Why a CA could not be built or loaded.
@@ -45,6 +46,8 @@ pub enum CaError {
 pub struct CaCertificate {
     der: Vec<u8>,
     subject: String,
+    /// The subject Name as DER, for the issuer field of the certificates this one signs.
+    subject_der: Vec<u8>,
     issuer: String,
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
@@ -85,6 +88,7 @@ impl CaCertificate {
         Ok(CaCertificate {
             der: der.to_vec(),
             subject: cert.subject().to_string(),
+            subject_der: cert.subject().as_raw().to_vec(),
             issuer: cert.issuer().to_string(),
             not_before: x509::to_offset(cert.validity().not_before),
             not_after: x509::to_offset(cert.validity().not_after),
@@ -194,7 +198,10 @@ pub struct IssuingCa {
     /// intermediate up to (never including) the root.
     chain: Vec<CaCertificate>,
     roots: Vec<CaCertificate>,
+    /// Signs intermediates.
     issuer: rcgen::Issuer<'static, SharedKey>,
+    /// Everything in a leaf that only depends on this CA, encoded once.
+    leaf_template: LeafTemplate,
     /// Computed once: every issued chain ends with this PEM, and every ledger record names the
     /// issuer's fingerprint.
     chain_suffix_pem: String,
@@ -316,6 +323,13 @@ impl IssuingCa {
                 detail: "no root verifies it".into(),
             });
         }
+        // Leaves name the CA key by its certificate's subjectKeyIdentifier or, when it has none,
+        // by the identifier podca gives every key (rcgen chose the same way).
+        let key_id = match &certificate.subject_key_id {
+            Some(id) => id.clone(),
+            None => leaf::key_identifier(&certificate.spki),
+        };
+        let leaf_template = LeafTemplate::new(key.algorithm(), &certificate.subject_der, &key_id);
         let issuer =
             rcgen::Issuer::from_ca_cert_der(&certificate.der.as_slice().into(), shared(key))
                 .map_err(|e| CaError::Build(e.to_string()))?;
@@ -326,6 +340,7 @@ impl IssuingCa {
             chain,
             roots,
             issuer,
+            leaf_template,
             chain_suffix_pem,
             fingerprint,
         })
@@ -380,17 +395,8 @@ impl IssuingCa {
         &self.fingerprint
     }
 
-    pub(crate) fn rcgen_issuer(&self) -> &rcgen::Issuer<'static, impl rcgen::SigningKey> {
-        &self.issuer
-    }
-
-    pub(crate) fn take_backend_error(&self) -> Option<BackendError> {
-        self.issuer
-            .key()
-            .error
-            .lock()
-            .map(|mut e| e.take())
-            .unwrap_or(None)
+    pub(crate) fn leaf_template(&self) -> &LeafTemplate {
+        &self.leaf_template
     }
 }
 
@@ -411,12 +417,12 @@ fn build_error(e: rcgen::Error, signing: &SharedKey) -> CaError {
 
 /// A random positive serial of 16 bytes (126 bits of entropy; the top two bits are fixed so the
 /// DER encoding is always 16 bytes and never negative).
-pub(crate) fn random_serial() -> SerialNumber {
+pub(crate) fn random_serial() -> [u8; 16] {
     let mut bytes = [0u8; 16];
     // aws-lc-rs's system RNG only fails if the OS has no entropy source at all.
     aws_lc_rs::rand::fill(&mut bytes).expect("the system random number generator failed");
     bytes[0] = (bytes[0] & 0x3f) | 0x40;
-    SerialNumber::from_slice(&bytes)
+    bytes
 }
 
 fn ca_params(
@@ -444,7 +450,7 @@ fn ca_params(
     let start = whole_seconds(now) - Duration::minutes(5);
     params.not_before = start;
     params.not_after = start + validity;
-    params.serial_number = Some(random_serial());
+    params.serial_number = Some(SerialNumber::from_slice(&random_serial()));
     Ok(params)
 }
 

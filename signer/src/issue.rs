@@ -3,14 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use rcgen::{
-    CertificateParams, DistinguishedName, ExtendedKeyUsagePurpose, IsCa, KeyUsagePurpose, SanType,
-};
 use time::{Duration, OffsetDateTime};
 
 use crate::backend::BackendError;
 use crate::ca::{IssuingCa, random_serial};
 use crate::keys::{KeyError, SubjectKey};
+use crate::leaf::LeafFields;
 use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy, reason};
 use crate::schedule::{Validity, ValidityError, ValidityInput, plan_validity};
 use crate::x509;
@@ -39,13 +37,15 @@ pub enum IssueError {
     /// The CA key backend could not sign; transient ones should be retried.
     #[error(transparent)]
     Backend(#[from] BackendError),
-    /// rcgen refused the parameters (a bug or a bad template).
+    /// The leaf cannot be encoded (a name that is not ASCII, a time no certificate can hold).
     #[error("building the certificate failed: {0}")]
     Build(String),
 }
 
 impl IssuingCa {
-    /// Signs a leaf for `subject` with the SVID profile.
+    /// Signs a leaf for `subject` with the X.509-SVID profile: empty subject, the SPIFFE ID as
+    /// the only URI SAN (critical) plus `dns_names`, CA:false, digitalSignature (and
+    /// keyEncipherment for RSA subjects), serverAuth and clientAuth, SKI and AKI.
     pub fn issue(
         &self,
         subject: &SubjectKey,
@@ -53,54 +53,32 @@ impl IssuingCa {
         dns_names: &[String],
         validity: &Validity,
     ) -> Result<IssuedCertificate, IssueError> {
-        let mut params = CertificateParams::default();
-        // X.509-SVID: empty subject, the SPIFFE ID as the only URI SAN (critical, because the
-        // subject is empty: rcgen marks it so).
-        params.distinguished_name = DistinguishedName::new();
-        let uri = spiffe_id
-            .to_owned()
-            .try_into()
-            .map_err(|e: rcgen::Error| IssueError::Build(format!("SPIFFE ID: {e}")))?;
-        params.subject_alt_names = vec![SanType::URI(uri)];
-        for name in dns_names {
-            let dns = name
-                .clone()
-                .try_into()
-                .map_err(|e: rcgen::Error| IssueError::Build(format!("DNS name {name:?}: {e}")))?;
-            params.subject_alt_names.push(SanType::DnsName(dns));
-        }
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        if subject.key_type().is_rsa() {
-            params.key_usages.push(KeyUsagePurpose::KeyEncipherment);
-        }
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        params.not_before = validity.not_before;
-        params.not_after = validity.not_after;
         let serial = random_serial();
-        let serial_hex = hex::encode(serial.as_ref());
-        params.serial_number = Some(serial);
-
-        let leaf = params
-            .signed_by(subject, self.rcgen_issuer())
-            .map_err(|e| match self.take_backend_error() {
-                Some(b) => IssueError::Backend(b),
-                None => IssueError::Build(e.to_string()),
-            })?;
-        let leaf_der = leaf.der().to_vec();
+        // One digest gives the ledger's key fingerprint and, as its first 20 bytes, the subject
+        // key identifier (see `leaf::key_identifier`).
+        let spki_sha256 = subject.spki_sha256();
+        let template = self.leaf_template();
+        let tbs = template.tbs_certificate(&LeafFields {
+            serial: &serial,
+            not_before: validity.not_before,
+            not_after: validity.not_after,
+            spki: subject.spki_der(),
+            subject_key_id: &spki_sha256[..20],
+            key_encipherment: subject.key_type().is_rsa(),
+            spiffe_id,
+            dns_names,
+        })?;
+        let signature = self.key().sign(&tbs)?;
+        let leaf_der = template.certificate(&tbs, &signature);
         let mut chain_pem = x509::certificates_to_pem([leaf_der.as_slice()]);
         chain_pem.push_str(self.chain_suffix_pem());
         Ok(IssuedCertificate {
             chain_pem,
-            serial: serial_hex,
+            serial: hex::encode(serial),
             validity: *validity,
             spiffe_id: spiffe_id.to_owned(),
             dns_names: dns_names.to_vec(),
-            spki_sha256: hex::encode(subject.spki_sha256()),
+            spki_sha256: hex::encode(spki_sha256),
             issuer_fingerprint: self.fingerprint().to_owned(),
             leaf_der,
         })

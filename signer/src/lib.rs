@@ -3,8 +3,10 @@
 
 pub mod backend;
 pub mod ca;
+mod der;
 pub mod issue;
 pub mod keys;
+mod leaf;
 pub mod ledger;
 pub mod policy;
 pub mod rotation;

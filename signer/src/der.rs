@@ -1,0 +1,132 @@
+//! A minimal DER writer: tag, definite length, content. Just enough for leaf certificates
+//! (`leaf.rs`) and canonical SubjectPublicKeyInfos (`keys.rs`); it writes what it is told and
+//! checks no ASN.1 schema, so every structure built with it is tested against a parser.
+
+pub(crate) const BOOLEAN: u8 = 0x01;
+pub(crate) const INTEGER: u8 = 0x02;
+pub(crate) const BIT_STRING: u8 = 0x03;
+pub(crate) const OCTET_STRING: u8 = 0x04;
+pub(crate) const NULL: u8 = 0x05;
+pub(crate) const OID: u8 = 0x06;
+pub(crate) const UTC_TIME: u8 = 0x17;
+pub(crate) const GENERALIZED_TIME: u8 = 0x18;
+pub(crate) const SEQUENCE: u8 = 0x30;
+
+/// `[n] IMPLICIT` of a primitive type (GeneralName's dNSName is `[2]`, URI `[6]`, and
+/// AuthorityKeyIdentifier's keyIdentifier `[0]`).
+pub(crate) const fn context_primitive(n: u8) -> u8 {
+    0x80 | n
+}
+
+/// `[n] EXPLICIT` (TBSCertificate's version is `[0]`, its extensions `[3]`).
+pub(crate) const fn context_constructed(n: u8) -> u8 {
+    0xa0 | n
+}
+
+/// Appends DER length octets: short form below 128, else the minimal long form.
+pub(crate) fn push_len(out: &mut Vec<u8>, len: usize) {
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+}
+
+/// Appends one value whose content is already encoded.
+pub(crate) fn push(out: &mut Vec<u8>, tag: u8, content: &[u8]) {
+    out.push(tag);
+    push_len(out, content.len());
+    out.extend_from_slice(content);
+}
+
+/// Appends one value whose content `write` appends in place; the length is filled in after, so
+/// nested structures need no intermediate buffers.
+pub(crate) fn push_nested(out: &mut Vec<u8>, tag: u8, write: impl FnOnce(&mut Vec<u8>)) {
+    out.push(tag);
+    let len_at = out.len();
+    // One length octet is right for content below 128 bytes; longer content moves right by the
+    // extra octets of the long form.
+    out.push(0);
+    write(out);
+    let len = out.len() - len_at - 1;
+    if len < 0x80 {
+        out[len_at] = len as u8;
+    } else {
+        let bytes = len.to_be_bytes();
+        let digits = &bytes[bytes.iter().take_while(|b| **b == 0).count()..];
+        let first = 0x80 | digits.len() as u8;
+        out.splice(
+            len_at..=len_at,
+            std::iter::once(first).chain(digits.iter().copied()),
+        );
+    }
+}
+
+/// Appends a DER INTEGER holding the unsigned big-endian `magnitude`: leading zeros dropped, a
+/// zero octet added when the top bit would make it negative.
+pub(crate) fn push_unsigned(out: &mut Vec<u8>, magnitude: &[u8]) {
+    let start = magnitude.iter().take_while(|b| **b == 0).count();
+    let digits = &magnitude[start..];
+    let pad = digits.first().is_none_or(|b| b & 0x80 != 0);
+    out.push(INTEGER);
+    push_len(out, digits.len() + usize::from(pad));
+    if pad {
+        out.push(0);
+    }
+    out.extend_from_slice(digits);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_use_the_minimal_form() {
+        let encoded = |len: usize| {
+            let mut out = vec![];
+            push_len(&mut out, len);
+            out
+        };
+        assert_eq!(encoded(0), [0x00]);
+        assert_eq!(encoded(127), [0x7f]);
+        assert_eq!(encoded(128), [0x81, 0x80]);
+        assert_eq!(encoded(255), [0x81, 0xff]);
+        assert_eq!(encoded(256), [0x82, 0x01, 0x00]);
+        assert_eq!(encoded(70_000), [0x83, 0x01, 0x11, 0x70]);
+    }
+
+    #[test]
+    fn nested_values_get_their_length_in_front() {
+        for len in [0usize, 1, 127, 128, 255, 256, 1000, 70_000] {
+            let content: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let mut expected = vec![0xaa];
+            push(&mut expected, SEQUENCE, &content);
+            let mut out = vec![0xaa];
+            push_nested(&mut out, SEQUENCE, |o| o.extend_from_slice(&content));
+            assert_eq!(out, expected, "content of {len} bytes");
+        }
+        let mut out = vec![];
+        push_nested(&mut out, SEQUENCE, |o| {
+            push_nested(o, SEQUENCE, |o| push(o, NULL, &[]));
+            push(o, BOOLEAN, &[0xff]);
+        });
+        assert_eq!(out, [0x30, 0x07, 0x30, 0x02, 0x05, 0x00, 0x01, 0x01, 0xff]);
+    }
+
+    #[test]
+    fn unsigned_integers_are_minimal_and_positive() {
+        let encoded = |magnitude: &[u8]| {
+            let mut out = vec![];
+            push_unsigned(&mut out, magnitude);
+            out
+        };
+        assert_eq!(encoded(&[0, 0, 5]), [0x02, 0x01, 0x05]);
+        assert_eq!(encoded(&[0x80]), [0x02, 0x02, 0x00, 0x80]);
+        assert_eq!(encoded(&[0x7f, 0xff]), [0x02, 0x02, 0x7f, 0xff]);
+        assert_eq!(encoded(&[]), [0x02, 0x01, 0x00]);
+        assert_eq!(encoded(&[0, 0]), [0x02, 0x01, 0x00]);
+    }
+}
