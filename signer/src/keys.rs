@@ -11,10 +11,13 @@ use std::str::FromStr;
 use aws_lc_rs::digest;
 use aws_lc_rs::signature::{self, RsaPssSaltLength, UnparsedPublicKey, VerificationAlgorithm};
 use rcgen::PublicKeyData;
+use x509_parser::asn1_rs::oid;
 use x509_parser::certification_request::X509CertificationRequest;
 use x509_parser::prelude::FromDer;
 use x509_parser::public_key::PublicKey;
 use x509_parser::x509::SubjectPublicKeyInfo;
+
+use crate::der;
 
 /// The subject key types kubelet can request (spec §1.5, §5.1).
 #[derive(
@@ -255,8 +258,17 @@ impl SubjectKey {
 
     fn from_parsed_spki(spki: &SubjectPublicKeyInfo<'_>, der: &[u8]) -> Result<Self, KeyError> {
         let key_type = classify(spki)?;
-        // The subject key's algorithm only tells rcgen how to write the SPKI's
-        // AlgorithmIdentifier; for P-521 any of rcgen's three P-521 entries writes the same one.
+        let raw_public_key = &spki.subject_public_key.data;
+        // The SPKI goes into the certificate verbatim: accept only its one canonical DER form
+        // (the one Go, openssl and rcgen write), so every verifier reads the same key from it.
+        if canonical_spki(key_type, raw_public_key) != der {
+            return Err(KeyError::Malformed {
+                what: "SubjectPublicKeyInfo",
+                detail: "not in canonical DER form".into(),
+            });
+        }
+        // Only tells rcgen how to write the SPKI's AlgorithmIdentifier; for P-521 any of
+        // rcgen's three P-521 entries writes the same one.
         let algorithm: &'static rcgen::SignatureAlgorithm = match key_type {
             KeyType::Rsa3072 | KeyType::Rsa4096 => &rcgen::PKCS_RSA_SHA256,
             KeyType::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
@@ -264,21 +276,12 @@ impl SubjectKey {
             KeyType::EcdsaP521 => &rcgen::PKCS_ECDSA_P521_SHA512,
             KeyType::Ed25519 => &rcgen::PKCS_ED25519,
         };
-        let this = SubjectKey {
+        Ok(SubjectKey {
             key_type,
             spki_der: der.to_vec(),
-            raw_public_key: spki.subject_public_key.data.to_vec(),
+            raw_public_key: raw_public_key.to_vec(),
             algorithm,
-        };
-        // rcgen writes the SPKI from (algorithm, key bits). Insist that this reproduces the
-        // requested bytes, so the certificate carries the request's SPKI verbatim.
-        if this.subject_public_key_info() != der {
-            return Err(KeyError::Malformed {
-                what: "SubjectPublicKeyInfo",
-                detail: "not in canonical DER form".into(),
-            });
-        }
-        Ok(this)
+        })
     }
 }
 
@@ -317,17 +320,18 @@ fn parse_csr(der: &[u8]) -> Result<X509CertificationRequest<'_>, KeyError> {
     Ok(csr)
 }
 
-const OID_RSA_ENCRYPTION: &str = "1.2.840.113549.1.1.1";
-const OID_EC_PUBLIC_KEY: &str = "1.2.840.10045.2.1";
-const OID_ED25519: &str = "1.3.101.112";
-const OID_P256: &str = "1.2.840.10045.3.1.7";
-const OID_P384: &str = "1.3.132.0.34";
-const OID_P521: &str = "1.3.132.0.35";
+// Object identifiers, as the content octets of a DER OBJECT IDENTIFIER.
+const RSA_ENCRYPTION: &[u8] = &oid!(raw 1.2.840.113549.1.1.1);
+const EC_PUBLIC_KEY: &[u8] = &oid!(raw 1.2.840.10045.2.1);
+const ED25519: &[u8] = &oid!(raw 1.3.101.112);
+const P256: &[u8] = &oid!(raw 1.2.840.10045.3.1.7);
+const P384: &[u8] = &oid!(raw 1.3.132.0.34);
+const P521: &[u8] = &oid!(raw 1.3.132.0.35);
 
 fn classify(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyType, KeyError> {
-    let alg = spki.algorithm.algorithm.to_id_string();
-    match alg.as_str() {
-        OID_RSA_ENCRYPTION => {
+    let alg = &spki.algorithm.algorithm;
+    match alg.as_bytes() {
+        RSA_ENCRYPTION => {
             let bits = match spki.parsed() {
                 Ok(PublicKey::RSA(rsa)) => rsa.key_size(),
                 _ => {
@@ -345,31 +349,59 @@ fn classify(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyType, KeyError> {
                 }),
             }
         }
-        OID_EC_PUBLIC_KEY => {
+        EC_PUBLIC_KEY => {
             let curve = spki
                 .algorithm
                 .parameters
                 .as_ref()
                 .and_then(|p| p.as_oid().ok())
-                .map(|o| o.to_id_string())
                 .ok_or_else(|| KeyError::Malformed {
                     what: "EC public key",
                     detail: "no named curve".into(),
                 })?;
-            match curve.as_str() {
-                OID_P256 => Ok(KeyType::EcdsaP256),
-                OID_P384 => Ok(KeyType::EcdsaP384),
-                OID_P521 => Ok(KeyType::EcdsaP521),
-                other => Err(KeyError::UnsupportedKeyType {
-                    found: format!("EC curve {}", curve_name(other)),
+            match curve.as_bytes() {
+                P256 => Ok(KeyType::EcdsaP256),
+                P384 => Ok(KeyType::EcdsaP384),
+                P521 => Ok(KeyType::EcdsaP521),
+                _ => Err(KeyError::UnsupportedKeyType {
+                    found: format!("EC curve {}", curve_name(&curve.to_id_string())),
                 }),
             }
         }
-        OID_ED25519 => Ok(KeyType::Ed25519),
-        other => Err(KeyError::UnsupportedKeyType {
-            found: format!("algorithm {}", algorithm_name(other)),
+        ED25519 => Ok(KeyType::Ed25519),
+        _ => Err(KeyError::UnsupportedKeyType {
+            found: format!("algorithm {}", algorithm_name(&alg.to_id_string())),
         }),
     }
+}
+
+/// The DER SubjectPublicKeyInfo of a `key_type` key whose BIT STRING holds `public_key`
+/// (RFC 3279 §2.3.1 with NULL parameters for RSA, RFC 5480 named curves, RFC 8410 for Ed25519).
+fn canonical_spki(key_type: KeyType, public_key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(public_key.len() + 32);
+    der::push_nested(&mut out, der::SEQUENCE, |spki| {
+        der::push_nested(spki, der::SEQUENCE, |alg| {
+            let (oid, curve) = match key_type {
+                KeyType::Rsa3072 | KeyType::Rsa4096 => (RSA_ENCRYPTION, None),
+                KeyType::EcdsaP256 => (EC_PUBLIC_KEY, Some(P256)),
+                KeyType::EcdsaP384 => (EC_PUBLIC_KEY, Some(P384)),
+                KeyType::EcdsaP521 => (EC_PUBLIC_KEY, Some(P521)),
+                KeyType::Ed25519 => (ED25519, None),
+            };
+            der::push(alg, der::OID, oid);
+            match curve {
+                Some(curve) => der::push(alg, der::OID, curve),
+                None if key_type.is_rsa() => der::push(alg, der::NULL, &[]),
+                None => {}
+            }
+        });
+        der::push_nested(spki, der::BIT_STRING, |bits| {
+            // No unused bits.
+            bits.push(0);
+            bits.extend_from_slice(public_key);
+        });
+    });
+    out
 }
 
 fn curve_name(oid: &str) -> String {
@@ -474,5 +506,46 @@ impl GeneratedKey {
                 what: "CSR",
                 detail: e.to_string(),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_spki_is_what_rcgen_and_aws_lc_write() {
+        for key_type in KeyType::ALL {
+            let generated = GeneratedKey::generate(key_type).unwrap_or_else(|e| panic!("{e}"));
+            let from_rcgen = generated.pair.subject_public_key_info();
+            let key = &generated.public;
+            assert_eq!(
+                canonical_spki(key_type, &key.raw_public_key),
+                from_rcgen,
+                "{key_type}"
+            );
+            assert_eq!(key.spki_der(), from_rcgen, "{key_type}");
+            assert_eq!(key.subject_public_key_info(), from_rcgen, "{key_type}");
+        }
+    }
+
+    #[test]
+    fn a_non_canonical_spki_is_refused() {
+        let key = GeneratedKey::generate(KeyType::Rsa3072).unwrap_or_else(|e| panic!("{e}"));
+        // The same RSA key with the AlgorithmIdentifier's NULL parameters left out.
+        let mut spki = vec![];
+        der::push_nested(&mut spki, der::SEQUENCE, |spki| {
+            der::push_nested(spki, der::SEQUENCE, |alg| {
+                der::push(alg, der::OID, RSA_ENCRYPTION)
+            });
+            der::push_nested(spki, der::BIT_STRING, |bits| {
+                bits.push(0);
+                bits.extend_from_slice(&key.public.raw_public_key);
+            });
+        });
+        assert!(matches!(
+            SubjectKey::from_spki_der(&spki),
+            Err(KeyError::Malformed { detail, .. }) if detail.contains("canonical")
+        ));
     }
 }
