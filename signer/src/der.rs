@@ -1,6 +1,7 @@
 //! A minimal DER writer: tag, definite length, content. Just enough for leaf certificates
-//! (`leaf.rs`) and canonical SubjectPublicKeyInfos (`keys.rs`); it writes what it is told and
-//! checks no ASN.1 schema, so every structure built with it is tested against a parser.
+//! (`leaf.rs`), canonical SubjectPublicKeyInfos (`keys.rs`) and the PKCS#11 backend's
+//! conversions (`backend/pkcs11/der.rs`). It writes what it is told and checks no ASN.1 schema,
+//! so every structure built with it is tested against a parser.
 
 pub(crate) const BOOLEAN: u8 = 0x01;
 pub(crate) const INTEGER: u8 = 0x02;

@@ -1,38 +1,7 @@
 //! The few DER encodings the PKCS#11 backend needs: ECDSA r‖s → ECDSA-Sig-Value, the
 //! CKA_EC_POINT OCTET STRING wrapper, PKCS#1 RSAPublicKey and the SHA-256 DigestInfo.
 
-/// DER length octets.
-fn push_len(out: &mut Vec<u8>, len: usize) {
-    if len < 0x80 {
-        out.push(len as u8);
-    } else {
-        let bytes = len.to_be_bytes();
-        let skip = bytes.iter().take_while(|b| **b == 0).count();
-        out.push(0x80 | (bytes.len() - skip) as u8);
-        out.extend_from_slice(&bytes[skip..]);
-    }
-}
-
-/// A DER INTEGER holding the unsigned big-endian `magnitude`.
-fn push_uint(out: &mut Vec<u8>, magnitude: &[u8]) {
-    let start = magnitude.iter().take_while(|b| **b == 0).count();
-    let digits = &magnitude[start..];
-    let pad = digits.first().is_none_or(|b| b & 0x80 != 0);
-    out.push(0x02);
-    push_len(out, digits.len() + usize::from(pad));
-    if pad {
-        out.push(0);
-    }
-    out.extend_from_slice(digits);
-}
-
-fn sequence(content: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(content.len() + 4);
-    out.push(0x30);
-    push_len(&mut out, content.len());
-    out.extend_from_slice(content);
-    out
-}
+use crate::der;
 
 /// Converts a PKCS#11 ECDSA signature (r‖s, each `coordinate_len` bytes) into the X.509
 /// form, `SEQUENCE { r INTEGER, s INTEGER }`. `None` when the length is not 2 × `coordinate_len`.
@@ -41,10 +10,12 @@ pub(crate) fn ecdsa_raw_to_der(raw: &[u8], coordinate_len: usize) -> Option<Vec<
         return None;
     }
     let (r, s) = raw.split_at(coordinate_len);
-    let mut content = Vec::with_capacity(raw.len() + 6);
-    push_uint(&mut content, r);
-    push_uint(&mut content, s);
-    Some(sequence(&content))
+    let mut out = Vec::with_capacity(raw.len() + 8);
+    der::push_nested(&mut out, der::SEQUENCE, |sig| {
+        der::push_unsigned(sig, r);
+        der::push_unsigned(sig, s);
+    });
+    Some(out)
 }
 
 /// The uncompressed point from CKA_EC_POINT, which PKCS#11 says is a DER OCTET STRING but some
@@ -77,10 +48,12 @@ pub(crate) fn ec_point_from_attribute(value: &[u8], point_len: usize) -> Option<
 /// PKCS#1 `RSAPublicKey ::= SEQUENCE { modulus INTEGER, publicExponent INTEGER }`: the SPKI
 /// BIT STRING content of an RSA key.
 pub(crate) fn rsa_public_key(modulus: &[u8], exponent: &[u8]) -> Vec<u8> {
-    let mut content = Vec::with_capacity(modulus.len() + exponent.len() + 12);
-    push_uint(&mut content, modulus);
-    push_uint(&mut content, exponent);
-    sequence(&content)
+    let mut out = Vec::with_capacity(modulus.len() + exponent.len() + 16);
+    der::push_nested(&mut out, der::SEQUENCE, |key| {
+        der::push_unsigned(key, modulus);
+        der::push_unsigned(key, exponent);
+    });
+    out
 }
 
 /// `DigestInfo` prefix for SHA-256 (RFC 8017 §9.2 note 1), for CKM_RSA_PKCS.
