@@ -1,8 +1,12 @@
 //! Controller throughput and latency against the in-process API emulator.
 //!
+//! By default the controller is the real `podca serve` binary (release build, its own process, so
+//! its peak RSS is its own); `PODCA_BENCH_IN_PROCESS=1` runs `podca_controller::run` inside the
+//! bench process instead (for profiling; the RSS then includes the emulator).
+//!
 //! `cargo bench -p podca-tests --bench controller_bench -- burst [count]`
 //!   files `count` (default 10,000) PCRs at once, reports the time until all are Issued (PCR/s)
-//!   and the process peak RSS (emulator + controller: they share the process).
+//!   and the controller's peak RSS.
 //! `cargo bench -p podca-tests --bench controller_bench -- rate [per_second] [seconds]`
 //!   offers PCRs at a steady rate (default 1,000/s for 30 s) and reports p50/p99/max
 //!   creation-to-Issued latency, observed through a watch.
@@ -15,6 +19,7 @@ use base64::Engine;
 use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
 use podca_tests::client::KubeClient;
 use podca_tests::emulator::{ApiMode, Res};
+use podca_tests::process::{free_port, http_get, podca_binary_release};
 use podca_tests::{Emulator, EmulatorConfig};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 use serde_json::json;
@@ -47,11 +52,51 @@ fn main() {
     }
 }
 
-async fn setup() -> (
-    Emulator,
-    tempfile::TempDir,
-    tokio::sync::oneshot::Sender<()>,
-) {
+/// The controller under test: a `podca serve` process, or a task in this process.
+enum Controller {
+    Process(std::process::Child),
+    Task(tokio::sync::oneshot::Sender<()>),
+}
+
+impl Controller {
+    /// Peak RSS of the controller (KiB): the serve process's, or this whole process's.
+    fn peak_rss_kib(&self) -> u64 {
+        match self {
+            Controller::Process(child) => peak_rss_of(&format!("/proc/{}/status", child.id())),
+            Controller::Task(_) => peak_rss_of("/proc/self/status"),
+        }
+    }
+
+    fn what(&self) -> &'static str {
+        match self {
+            Controller::Process(_) => "podca serve process",
+            Controller::Task(_) => "bench process: emulator + controller",
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Controller::Process(mut child) => {
+                let _ = std::process::Command::new("kill")
+                    .args(["-TERM", &child.id().to_string()])
+                    .status();
+                let _ = child.wait();
+            }
+            Controller::Task(tx) => {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
+
+fn workers() -> usize {
+    std::env::var("PODCA_BENCH_WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(32)
+}
+
+async fn setup() -> (Emulator, tempfile::TempDir, Controller) {
     let emu = Emulator::start(EmulatorConfig {
         api_mode: ApiMode::V1Only,
         auto_create_namespaces: true,
@@ -66,6 +111,10 @@ async fn setup() -> (
     let kubeconfig = dir.path().join("kubeconfig");
     emu.write_kubeconfig(&kubeconfig, "podca")
         .expect("kubeconfig");
+    if std::env::var_os("PODCA_BENCH_IN_PROCESS").is_none() {
+        let controller = start_serve(&emu, dir.path(), &kubeconfig).await;
+        return (emu, dir, controller);
+    }
     let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).expect("key");
     let ca = IssuingCa::self_signed_root(
         Arc::new(key),
@@ -84,16 +133,57 @@ async fn setup() -> (
         )]),
         Arc::new(ca),
     );
-    options.workers = std::env::var("PODCA_BENCH_WORKERS")
-        .ok()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or(32);
+    options.workers = workers();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(podca_controller::run(client, options, async move {
         let _ = rx.await;
     }));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    (emu, dir, tx)
+    (emu, dir, Controller::Task(tx))
+}
+
+/// `podca ca init` + `podca serve` (release), ready when /readyz answers 200.
+async fn start_serve(
+    _emu: &Emulator,
+    dir: &std::path::Path,
+    kubeconfig: &std::path::Path,
+) -> Controller {
+    let bin = podca_binary_release();
+    let ca = dir.join("ca");
+    let init = std::process::Command::new(&bin)
+        .args(["ca", "init", "--dir"])
+        .arg(&ca)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("podca ca init");
+    assert!(init.success());
+    let config = dir.join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n",
+            ca.display().to_string()
+        ),
+    )
+    .expect("config");
+    let admin = free_port();
+    let child = std::process::Command::new(&bin)
+        .args(["serve", "--config"])
+        .arg(&config)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}"), "--no-grpc"])
+        .args(["--workers", &workers().to_string()])
+        .env("PODCA_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("podca serve");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(admin, "/readyz").map(|(c, _)| c) != Some(200) {
+        assert!(Instant::now() < deadline, "podca serve never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Controller::Process(child)
 }
 
 fn csrs() -> Vec<String> {
@@ -122,8 +212,8 @@ fn pcr(name: &str, csr: &str) -> serde_json::Value {
     })
 }
 
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+fn peak_rss_of(status: &str) -> u64 {
+    std::fs::read_to_string(status)
         .ok()
         .and_then(|s| {
             s.lines()
@@ -134,9 +224,9 @@ fn peak_rss_kib() -> u64 {
 }
 
 async fn burst(count: usize) {
-    let (emu, _dir, stop) = setup().await;
+    let (emu, _dir, controller) = setup().await;
     let csrs = csrs();
-    let rss_before = peak_rss_kib();
+    let rss_before = controller.peak_rss_kib();
     let start = Instant::now();
     for i in 0..count {
         emu.seed_object(Res::Pcr, pcr(&format!("b-{i}"), &csrs[i % csrs.len()]));
@@ -158,17 +248,18 @@ async fn burst(count: usize) {
     let c = emu.counters();
     println!(
         "burst: {count} PCRs filed in {filed:.2?}, all Issued after {took:.2?} => {:.0} PCR/s; \
-         validation rejections {}; peak RSS (emulator + controller) {} MiB (before filing {} MiB)",
+         validation rejections {}; peak RSS ({}) {} MiB (before filing {} MiB)",
         count as f64 / took.as_secs_f64(),
         c.validation_rejections,
-        peak_rss_kib() / 1024,
+        controller.what(),
+        controller.peak_rss_kib() / 1024,
         rss_before / 1024,
     );
-    let _ = stop.send(());
+    controller.stop();
 }
 
 async fn rate(per_second: u64, seconds: u64) {
-    let (emu, _dir, stop) = setup().await;
+    let (emu, _dir, controller) = setup().await;
     let csrs = csrs();
     let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
     let rv = emu.resource_version();
@@ -231,13 +322,14 @@ async fn rate(per_second: u64, seconds: u64) {
     };
     println!(
         "rate: offered {per_second}/s for {seconds} s ({total} PCRs); observed {} Issued; \
-         creation-to-Issued p50 {:.1?} p99 {:.1?} max {:.1?}; validation rejections {}; peak RSS {} MiB",
+         creation-to-Issued p50 {:.1?} p99 {:.1?} max {:.1?}; validation rejections {}; peak RSS ({}) {} MiB",
         latencies.len(),
         pct(0.50),
         pct(0.99),
         latencies.last().copied().unwrap_or_default(),
         emu.counters().validation_rejections,
-        peak_rss_kib() / 1024,
+        controller.what(),
+        controller.peak_rss_kib() / 1024,
     );
-    let _ = stop.send(());
+    controller.stop();
 }

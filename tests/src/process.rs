@@ -10,35 +10,43 @@ use std::time::Duration;
 /// runs the tests, in the same target directory.
 pub fn podca_binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Ok(p) = std::env::var("PODCA_BIN") {
-            return p.into();
-        }
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let out = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "-p",
-                "podca",
-                "--bin",
-                "podca",
-                "--message-format=json",
-            ])
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("running cargo build");
-        assert!(out.status.success(), "cargo build -p podca failed");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "podca")
-            .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .next_back()
-            .expect("cargo did not report the podca executable")
-    })
-    .clone()
+    BIN.get_or_init(|| build(&[])).clone()
+}
+
+/// The release build of `podca` (benchmarks); `PODCA_BIN` overrides it too.
+pub fn podca_binary_release() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build(&["--release"])).clone()
+}
+
+fn build(extra: &[&str]) -> PathBuf {
+    if let Ok(p) = std::env::var("PODCA_BIN") {
+        return p.into();
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "-p",
+            "podca",
+            "--bin",
+            "podca",
+            "--message-format=json",
+        ])
+        .args(extra)
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running cargo build");
+    assert!(out.status.success(), "cargo build -p podca failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "podca")
+        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .next_back()
+        .expect("cargo did not report the podca executable")
 }
 
 /// A TCP port nobody listens on right now.
