@@ -14,6 +14,7 @@ pub mod publisher;
 pub mod queue;
 pub mod request;
 pub mod rotation;
+pub mod secret_ca;
 pub mod trust;
 
 use std::collections::BTreeMap;

@@ -553,7 +553,16 @@ async fn dispatch(
         }
     };
     let ns = t.namespace.clone().unwrap_or_default();
-    let name = t.name.clone().unwrap_or_default();
+    let mut name = t.name.clone().unwrap_or_default();
+    // kube-apiserver's RequestInfoFactory: a list or watch with the field selector
+    // `metadata.name=<name>` is authorized as a request for that name (resourceNames apply).
+    if name.is_empty()
+        && matches!(verb, "list" | "watch")
+        && let Ok(fsel) = FieldSelector::parse(r.q("fieldSelector").unwrap_or(""), t.res)
+        && let Some(n) = fsel.required("metadata.name")
+    {
+        name = n.to_string();
+    }
     if t.res.namespaced() && ns.is_empty() && !matches!(verb, "list" | "watch") {
         return Err(not_found_path(&r.path));
     }

@@ -1,0 +1,736 @@
+//! The Secret CA backend against the API emulator, in simulated time: a CA read from a
+//! `kubernetes.io/tls` Secret signs PCRs and is published as a ClusterTrustBundle; a new CA put
+//! into the Secret is picked up without restart and taken over with overlap (published at once,
+//! signing only after the propagation window, the old anchor kept until its last certificate
+//! expired); a malformed Secret leaves the CA in force; a restart during the overlap changes
+//! nothing about when the old anchor goes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration as StdDuration;
+
+use podca_controller::metrics::Metrics;
+use podca_controller::publisher::PublisherOptions;
+use podca_controller::secret_ca::{SecretCa, SecretCaDriver, SecretCaOptions};
+use podca_controller::{CaHandle, Clock, Options};
+use podca_signer::SignerPolicy;
+use podca_signer::rotation::Phase;
+use podca_tests::client::KubeClient;
+use podca_tests::emulator::{ClockMode, PodFixture, PolicyRule, Res, Subject};
+use podca_tests::kubelet::{
+    Credential, KeyType, KubeletSim, Outcome, PodRef, RequestOptions, trust_anchors_for_signer,
+};
+use podca_tests::{Emulator, EmulatorConfig};
+use time::{Duration, OffsetDateTime, macros::datetime};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+const SIGNER: &str = "example.com/mesh";
+const NS: &str = "shop";
+const CA_NS: &str = "podca";
+const SECRET: &str = "podca-ca";
+const HISTORY: &str = "podca-ca-podca-history";
+const SIGNER_USER: &str = "system:serviceaccount:podca:podca";
+const CA_USER: &str = "system:serviceaccount:podca:podca-ca";
+const VERSION: &str = "v1beta1";
+const T0: OffsetDateTime = datetime!(2027-05-01 00:00 UTC);
+const LEAF_LIFETIME: i64 = 3600;
+const WINDOW: i64 = 15 * 60;
+
+/// A client of the emulator as the `podca` identity (kube is not a dependency of this crate,
+/// so its type is not named here).
+macro_rules! client {
+    ($world:expr) => {
+        podca_controller::connect(Some(&$world.kubeconfig))
+            .await
+            .expect("client")
+    };
+}
+
+/// A client as the Secret backend's identity.
+macro_rules! ca_client {
+    ($world:expr) => {
+        podca_controller::connect(Some(&$world.ca_kubeconfig))
+            .await
+            .expect("client")
+    };
+}
+
+/// The simulated clock, in Unix seconds.
+#[derive(Clone)]
+struct SimClock(Arc<AtomicI64>);
+
+impl SimClock {
+    fn now(&self) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(self.0.load(Ordering::SeqCst)).expect("valid time")
+    }
+    fn clock(&self) -> Clock {
+        let me = self.clone();
+        Arc::new(move || me.now())
+    }
+}
+
+/// A CA for the Secret: certificate PEM (issuing first), key PEM, and the root PEM.
+struct TestCa {
+    cert_pem: String,
+    key_pem: String,
+    root_pem: String,
+}
+
+fn ca_params(cn: &str, path_len: Option<u8>) -> rcgen::CertificateParams {
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    params.is_ca = rcgen::IsCa::Ca(match path_len {
+        Some(n) => rcgen::BasicConstraints::Constrained(n),
+        None => rcgen::BasicConstraints::Unconstrained,
+    });
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_before = T0 - Duration::days(1);
+    params.not_after = T0 + Duration::days(30);
+    params
+}
+
+/// A self-signed root that signs leaves itself.
+fn root_ca(cn: &str) -> TestCa {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let cert = ca_params(cn, None).self_signed(&key).expect("root");
+    TestCa {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        root_pem: cert.pem(),
+    }
+}
+
+/// A root, and a function making intermediates under it.
+struct TestRoot {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+fn test_root(cn: &str) -> TestRoot {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let params = ca_params(cn, None);
+    let cert = params.self_signed(&key).expect("root");
+    TestRoot {
+        pem: cert.pem(),
+        issuer: rcgen::Issuer::new(params, key),
+    }
+}
+
+fn intermediate(root: &TestRoot, cn: &str) -> TestCa {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let cert = ca_params(cn, Some(0))
+        .signed_by(&key, &root.issuer)
+        .expect("intermediate");
+    TestCa {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        root_pem: root.pem.clone(),
+    }
+}
+
+fn ders(pem_text: &str) -> BTreeSet<Vec<u8>> {
+    pem::parse_many(pem_text)
+        .expect("PEM")
+        .into_iter()
+        .filter(|b| b.tag() == "CERTIFICATE")
+        .map(|b| b.into_contents())
+        .collect()
+}
+
+/// Everything one test needs: the emulator, the clock, a pod and its kubelet.
+struct World {
+    emu: Emulator,
+    sim: SimClock,
+    admin: KubeClient,
+    kubelet: KubeletSim,
+    pod: PodRef,
+    kubeconfig: std::path::PathBuf,
+    /// The Secret backend's identity.
+    ca_kubeconfig: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl World {
+    async fn new() -> World {
+        let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
+        let emu = Emulator::start(EmulatorConfig {
+            bookmark_interval: StdDuration::from_millis(200),
+            ..Default::default()
+        })
+        .await
+        .expect("emulator");
+        emu.set_clock(ClockMode::Fixed(T0));
+        emu.add_namespace(NS);
+        emu.add_namespace(CA_NS);
+        let node_uid = emu.add_node("node-1");
+        let node_token = emu.add_node_identity("node-1");
+        let kubelet = KubeletSim::new(emu.base_url(), &node_token, VERSION);
+        let sa_uid = emu.add_service_account(NS, "frontend");
+        let uid = emu.add_pod(&PodFixture {
+            namespace: NS.into(),
+            name: "frontend-0".into(),
+            node_name: "node-1".into(),
+            service_account: "frontend".into(),
+            pod_certificates: vec![(SIGNER.into(), "ECDSAP256".into())],
+            ..Default::default()
+        });
+        let pod = PodRef {
+            namespace: NS.into(),
+            name: "frontend-0".into(),
+            uid,
+            service_account: "frontend".into(),
+            service_account_uid: sa_uid,
+            node_name: "node-1".into(),
+            node_uid,
+        };
+        emu.add_identity(
+            "podca",
+            SIGNER_USER,
+            &["system:serviceaccounts", "system:authenticated"],
+        );
+        emu.grant_signer_role(SIGNER_USER, SIGNER);
+        // The Secret backend runs as an identity of its own here, with exactly the rules it
+        // documents (in the Secret's namespace), so that a request outside them fails the test.
+        emu.add_identity(
+            "podca-ca",
+            CA_USER,
+            &["system:serviceaccounts", "system:authenticated"],
+        );
+        let user = || Subject::User(CA_USER.into());
+        emu.grant(
+            user(),
+            PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
+                .with_names(&[SECRET])
+                .in_namespaces(&[CA_NS]),
+        );
+        emu.grant(
+            user(),
+            PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+                .with_names(&[HISTORY])
+                .in_namespaces(&[CA_NS]),
+        );
+        emu.grant(
+            user(),
+            PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&[CA_NS]),
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        emu.write_kubeconfig(&kubeconfig, "podca")
+            .expect("kubeconfig");
+        let ca_kubeconfig = dir.path().join("ca-kubeconfig");
+        emu.write_kubeconfig(&ca_kubeconfig, "podca-ca")
+            .expect("kubeconfig");
+        let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+        World {
+            emu,
+            sim,
+            admin,
+            kubelet,
+            pod,
+            kubeconfig,
+            ca_kubeconfig,
+            _dir: dir,
+        }
+    }
+
+    fn set_time(&self, t: OffsetDateTime) {
+        self.sim.0.store(t.unix_timestamp(), Ordering::SeqCst);
+        self.emu.set_clock(ClockMode::Fixed(t));
+    }
+
+    fn put_secret(&self, ca: &TestCa, with_ca_crt: bool) {
+        let mut data: Vec<(&str, &[u8])> = vec![
+            ("tls.crt", ca.cert_pem.as_bytes()),
+            ("tls.key", ca.key_pem.as_bytes()),
+        ];
+        if with_ca_crt {
+            data.push(("ca.crt", ca.root_pem.as_bytes()));
+        }
+        self.emu
+            .add_secret(CA_NS, SECRET, "kubernetes.io/tls", &data);
+    }
+
+    fn put_raw_secret(&self, cert: &str, key: &str) {
+        self.emu.add_secret(
+            CA_NS,
+            SECRET,
+            "kubernetes.io/tls",
+            &[("tls.crt", cert.as_bytes()), ("tls.key", key.as_bytes())],
+        );
+    }
+
+    /// Starts the Secret backend (its driver running) and the controller with the publisher.
+    async fn start(&self) -> Running {
+        let metrics = Arc::new(Metrics::new());
+        let (handle, driver) = SecretCa::start(
+            ca_client!(self),
+            options(),
+            self.sim.clock(),
+            Arc::clone(&metrics),
+        )
+        .await
+        .expect("the Secret CA starts");
+        self.run(handle, driver, metrics).await
+    }
+
+    async fn run(
+        &self,
+        handle: CaHandle,
+        driver: SecretCaDriver,
+        metrics: Arc<Metrics>,
+    ) -> Running {
+        let (driver_stop, driver_stopped) = watch::channel(false);
+        let driver_task = tokio::spawn(driver.run(driver_stopped));
+        let mut policy = SignerPolicy::permissive("cluster.local");
+        policy.default_lifetime_seconds = LEAF_LIFETIME as u32;
+        policy.max_lifetime_seconds = LEAF_LIFETIME as u32;
+        let mut options = Options::new(
+            BTreeMap::from([(SIGNER.to_string(), policy)]),
+            handle.clone(),
+        );
+        options.clock = self.sim.clock();
+        options.metrics = Arc::clone(&metrics);
+        options.publisher = Some(PublisherOptions::default());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let controller = tokio::spawn(podca_controller::run(client!(self), options, async move {
+            let _ = stopped.await;
+        }));
+        Running {
+            handle,
+            metrics,
+            driver_stop,
+            driver_task,
+            stop,
+            controller,
+        }
+    }
+
+    /// The anchors in the signer's ClusterTrustBundles.
+    async fn published(&self) -> BTreeSet<Vec<u8>> {
+        ders(
+            &trust_anchors_for_signer(&self.admin, VERSION, SIGNER)
+                .await
+                .expect("CTB list"),
+        )
+    }
+
+    /// Waits (real time) until the bundles hold exactly the anchors of `cas`.
+    async fn wait_published(&self, cas: &[&TestCa]) {
+        let want: BTreeSet<Vec<u8>> = cas.iter().flat_map(|c| ders(&c.root_pem)).collect();
+        for _ in 0..400 {
+            if self.published().await == want {
+                return;
+            }
+            tokio::time::sleep(StdDuration::from_millis(25)).await;
+        }
+        panic!(
+            "the ClusterTrustBundle did not come to hold {} anchor(s) within 10 s",
+            want.len()
+        );
+    }
+
+    async fn obtain(&self) -> Credential {
+        match self
+            .kubelet
+            .obtain(&self.pod, &request(), StdDuration::from_secs(20))
+            .await
+            .expect("the PCR is answered")
+        {
+            Outcome::Issued(c) => *c,
+            other => panic!("PCR not issued: {other:?}"),
+        }
+    }
+}
+
+fn request() -> RequestOptions {
+    let mut opts = RequestOptions::new(SIGNER, KeyType::EcdsaP256);
+    opts.max_expiration_seconds = Some(LEAF_LIFETIME);
+    opts
+}
+
+fn options() -> SecretCaOptions {
+    let mut o = SecretCaOptions::new(CA_NS, SECRET);
+    o.schedule.propagation_seconds = WINDOW;
+    o.max_leaf_lifetime = Duration::seconds(LEAF_LIFETIME);
+    o.poll = StdDuration::from_millis(100);
+    o
+}
+
+/// A running driver and controller.
+struct Running {
+    handle: CaHandle,
+    metrics: Arc<Metrics>,
+    driver_stop: watch::Sender<bool>,
+    driver_task: JoinHandle<()>,
+    stop: oneshot::Sender<()>,
+    controller: JoinHandle<Result<(), podca_controller::Error>>,
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.driver_stop.send(true);
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(StdDuration::from_secs(20), self.driver_task).await;
+        let _ = tokio::time::timeout(StdDuration::from_secs(20), self.controller).await;
+    }
+
+    /// Waits (real time) until the handle's signing CA is `ca`'s issuing certificate.
+    async fn wait_signer(&self, ca: &TestCa) {
+        let want = ders(&ca.cert_pem)
+            .into_iter()
+            .next()
+            .expect("a certificate");
+        for _ in 0..400 {
+            if self.handle.current().ca.certificate().der() == want.as_slice() {
+                return;
+            }
+            tokio::time::sleep(StdDuration::from_millis(25)).await;
+        }
+        panic!("the handle did not switch to the new CA within 10 s");
+    }
+
+    fn steps(&self, step: &'static str) -> u64 {
+        self.metrics
+            .rotation_steps
+            .get_or_create(&podca_controller::rotation::StepLabels { step })
+            .get()
+    }
+}
+
+/// Signed by `ca` (verifies against its anchor) and by no other of `others`.
+fn assert_signed_by(credential: &Credential, ca: &TestCa, others: &[&TestCa], at: OffsetDateTime) {
+    credential
+        .verify_chain(&ca.root_pem, at)
+        .unwrap_or_else(|e| panic!("not signed by the expected CA: {e}"));
+    let issuer = ders(&ca.cert_pem).into_iter().next().expect("cert");
+    if credential.chain_der.len() > 1 {
+        assert_eq!(credential.chain_der[1], issuer, "chain names another CA");
+    }
+    for o in others {
+        assert!(
+            credential.verify_chain(&o.root_pem, at).is_err(),
+            "a leaf verified against the wrong anchor"
+        );
+    }
+}
+
+/// The history as the ConfigMap holds it.
+fn history(emu: &Emulator) -> podca_controller::secret_ca::History {
+    let cm = emu
+        .get_object(Res::ConfigMap, CA_NS, HISTORY)
+        .expect("the history ConfigMap exists");
+    assert_eq!(
+        cm["metadata"]["labels"]["app.kubernetes.io/managed-by"], "podca",
+        "{cm}"
+    );
+    let text = cm["data"]["history.json"].as_str().expect("history.json");
+    assert!(!text.contains("PRIVATE KEY"), "{text}");
+    serde_json::from_str(text).expect("history JSON")
+}
+
+/// Waits (real time) until the recorded history satisfies `f`.
+async fn wait_history(
+    emu: &Emulator,
+    f: impl Fn(&podca_controller::secret_ca::History) -> bool,
+) -> podca_controller::secret_ca::History {
+    for _ in 0..400 {
+        if emu.get_object(Res::ConfigMap, CA_NS, HISTORY).is_some() {
+            let h = history(emu);
+            if f(&h) {
+                return h;
+            }
+        }
+        tokio::time::sleep(StdDuration::from_millis(25)).await;
+    }
+    panic!(
+        "the history did not reach the expected state: {:?}",
+        history(emu)
+    );
+}
+
+fn phases(h: &podca_controller::secret_ca::History) -> Vec<Phase> {
+    h.generations.iter().map(|r| r.generation.phase).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_secret_ca_rotates_with_overlap_without_restart() {
+    let w = World::new().await;
+    let a = root_ca("podca secret CA A");
+    let b = root_ca("podca secret CA B");
+    w.put_secret(&a, false);
+    let run = w.start().await;
+
+    // Start: the Secret's CA signs and its anchor is published.
+    w.wait_published(&[&a]).await;
+    let first = w.obtain().await;
+    assert_signed_by(&first, &a, &[&b], T0);
+    let h = wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    assert_eq!(h.secret, format!("{CA_NS}/{SECRET}"));
+
+    // The Secret now holds another CA (a different root): picked up by the watch, its anchor
+    // published at once, next to the old one.
+    let changed = T0 + Duration::minutes(1);
+    w.set_time(changed);
+    w.put_secret(&b, true);
+    w.wait_published(&[&a, &b]).await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+
+    // During the window the old CA still signs, up to its last second.
+    let last_second = changed + Duration::seconds(WINDOW - 1);
+    w.set_time(last_second);
+    let during = w.obtain().await;
+    assert_signed_by(&during, &a, &[&b], last_second);
+    let last_old_leaf = during.not_after;
+    assert_eq!(
+        w.published().await,
+        ders(&format!("{}{}", a.root_pem, b.root_pem))
+    );
+
+    // After the window the new CA signs; the old anchor stays.
+    let activated = changed + Duration::seconds(WINDOW + 1);
+    w.set_time(activated);
+    run.wait_signer(&b).await;
+    let after = w.obtain().await;
+    assert_signed_by(&after, &b, &[&a], activated);
+    let h = wait_history(&w.emu, |h| phases(h) == [Phase::Retired, Phase::Active]).await;
+    let retired = &h.generations[0].generation;
+    let drop_at = retired.anchor_needed_until();
+    assert!(drop_at >= last_old_leaf, "{drop_at} < {last_old_leaf}");
+    assert_eq!(drop_at, activated + Duration::seconds(LEAF_LIFETIME));
+
+    // The old anchor stays published until the old CA's last leaf expired …
+    w.set_time(last_old_leaf);
+    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    assert_eq!(
+        w.published().await,
+        ders(&format!("{}{}", a.root_pem, b.root_pem)),
+        "the old anchor left before the last old leaf expired"
+    );
+    w.set_time(drop_at - Duration::SECOND);
+    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    assert_eq!(w.published().await.len(), 2);
+    // … and goes after it.
+    w.set_time(drop_at + Duration::SECOND);
+    w.wait_published(&[&b]).await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Dropped, Phase::Active]).await;
+    for (step, want) in [("prepare", 2), ("activate", 2), ("retire", 1), ("drop", 1)] {
+        assert_eq!(run.steps(step), want, "{step} steps");
+    }
+    assert_eq!(run.metrics.rotation_errors.get(), 0);
+    run.stop().await;
+    let counters = w.emu.counters();
+    assert_eq!(
+        (counters.validation_rejections, counters.forbidden),
+        (0, 0),
+        "the emulator refused a request: {:?}",
+        counters.rejections_by_cause
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_secret_leaves_the_ca_in_force() {
+    let w = World::new().await;
+    let a = root_ca("podca secret CA A");
+    let b = root_ca("podca secret CA B");
+    w.put_secret(&a, false);
+    let run = w.start().await;
+    w.wait_published(&[&a]).await;
+
+    // A key that does not match the certificate, then a key that is no key at all.
+    w.put_raw_secret(&a.cert_pem, &b.key_pem);
+    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    w.put_raw_secret(
+        &b.cert_pem,
+        "-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n",
+    );
+    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    w.put_raw_secret("not a certificate", &a.key_pem);
+    for _ in 0..400 {
+        if run.metrics.rotation_errors.get() >= 3 {
+            break;
+        }
+        tokio::time::sleep(StdDuration::from_millis(25)).await;
+    }
+    assert_eq!(
+        run.metrics.rotation_errors.get(),
+        3,
+        "one error per bad version"
+    );
+    assert_eq!(w.published().await, ders(&a.root_pem));
+    let still = w.obtain().await;
+    assert_signed_by(&still, &a, &[&b], T0);
+    assert_eq!(phases(&history(&w.emu)), [Phase::Active]);
+
+    // The next good change is taken (with overlap).
+    w.put_secret(&b, false);
+    w.wait_published(&[&a, &b]).await;
+    let during = w.obtain().await;
+    assert_signed_by(&during, &a, &[&b], T0);
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_the_overlap_keeps_the_old_anchor_until_the_same_time() {
+    let w = World::new().await;
+    let a = root_ca("podca secret CA A");
+    let b = root_ca("podca secret CA B");
+    w.put_secret(&a, false);
+    let run = w.start().await;
+    w.wait_published(&[&a]).await;
+    let changed = T0 + Duration::minutes(1);
+    w.set_time(changed);
+    w.put_secret(&b, false);
+    w.wait_published(&[&a, &b]).await;
+    let before = wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    let old_leaf = w.obtain().await;
+    assert_signed_by(&old_leaf, &a, &[&b], changed);
+
+    // podca restarts five minutes into the window: the old CA's key is gone with the old
+    // Secret contents.
+    run.stop().await;
+    let restarted = changed + Duration::minutes(5);
+    w.set_time(restarted);
+    let run = w.start().await;
+    assert_eq!(
+        run.handle
+            .current()
+            .anchors
+            .iter()
+            .map(|c| c.der().to_vec())
+            .collect::<BTreeSet<_>>(),
+        ders(&format!("{}{}", a.root_pem, b.root_pem)),
+        "both anchors are published after the restart"
+    );
+    let b_issuing = ders(&b.cert_pem).into_iter().next().expect("cert");
+    assert_eq!(
+        run.handle.current().ca.certificate().der(),
+        b_issuing.as_slice(),
+        "the new CA is installed, gated until its window is over"
+    );
+    assert!(
+        run.handle.current().ca.key().sign(b"probe").is_err(),
+        "the new CA signs nothing before its window is over"
+    );
+    w.wait_published(&[&a, &b]).await;
+    let after_restart = history(&w.emu);
+    assert_eq!(
+        after_restart.generations[1].generation.prepared_at,
+        before.generations[1].generation.prepared_at,
+        "the restart keeps the recorded propagation start"
+    );
+
+    // A request filed now waits: the new CA may not sign before its window is over.
+    let pending = w
+        .kubelet
+        .request(&w.pod, &request(), None)
+        .await
+        .expect("PCR filed");
+    let early = w.kubelet.wait(&pending, StdDuration::from_secs(2)).await;
+    assert!(early.is_err(), "answered inside the window: {early:?}");
+
+    // After the window the new CA signs it.
+    let activated = changed + Duration::seconds(WINDOW + 1);
+    w.set_time(activated);
+    match w
+        .kubelet
+        .wait(&pending, StdDuration::from_secs(60))
+        .await
+        .expect("answered after the window")
+    {
+        Outcome::Issued(c) => assert_signed_by(&c, &b, &[&a], activated),
+        other => panic!("not issued: {other:?}"),
+    }
+    let h = wait_history(&w.emu, |h| phases(h) == [Phase::Retired, Phase::Active]).await;
+    // The same drop time as without the restart: retirement when the window ended, plus the
+    // longest leaf lifetime.
+    let drop_at = h.generations[0].generation.anchor_needed_until();
+    assert_eq!(drop_at, activated + Duration::seconds(LEAF_LIFETIME));
+    assert!(drop_at >= old_leaf.not_after);
+    w.set_time(drop_at - Duration::SECOND);
+    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    assert_eq!(w.published().await.len(), 2, "the old anchor left early");
+    w.set_time(drop_at + Duration::SECOND);
+    w.wait_published(&[&b]).await;
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reissued_intermediate_under_the_same_root_takes_over_at_once() {
+    let w = World::new().await;
+    let root = test_root("podca secret root");
+    let first = intermediate(&root, "podca intermediate 1");
+    let second = intermediate(&root, "podca intermediate 2");
+    w.put_secret(&first, true);
+    let run = w.start().await;
+    w.wait_published(&[&first]).await;
+    let leaf = w.obtain().await;
+    assert_signed_by(&leaf, &first, &[], T0);
+
+    // The root has been published for longer than the window: the new intermediate signs at
+    // once, and the bundle does not change.
+    let later = T0 + Duration::seconds(WINDOW + 60);
+    w.set_time(later);
+    w.put_secret(&second, true);
+    run.wait_signer(&second).await;
+    let leaf = w.obtain().await;
+    assert_signed_by(&leaf, &second, &[], later);
+    assert_eq!(w.published().await, ders(&root.pem));
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_output_holds_no_key() {
+    let w = World::new().await;
+    let a = root_ca("podca secret CA A");
+    w.put_secret(&a, false);
+    let (handle, driver) = SecretCa::start(
+        ca_client!(w),
+        options(),
+        w.sim.clock(),
+        Arc::new(Metrics::new()),
+    )
+    .await
+    .expect("start");
+    let key_body = a.key_pem.lines().nth(1).expect("a key line").to_string();
+    for text in [
+        format!("{:?}", options()),
+        format!("{driver:?}"),
+        format!("{handle:?}"),
+        format!("{:?}", handle.current()),
+    ] {
+        assert!(!text.contains("PRIVATE KEY"), "{text}");
+        assert!(!text.contains(&key_body), "{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_or_missing_secret_refuses_to_start() {
+    let w = World::new().await;
+    let start = || async {
+        SecretCa::start(
+            ca_client!(w),
+            options(),
+            w.sim.clock(),
+            Arc::new(Metrics::new()),
+        )
+        .await
+    };
+    let e = start().await.expect_err("no Secret");
+    assert!(e.to_string().contains("not found"), "{e}");
+    let a = root_ca("A");
+    let b = root_ca("B");
+    w.put_raw_secret(&a.cert_pem, &b.key_pem);
+    let e = start().await.expect_err("mismatched key");
+    let text = e.to_string();
+    assert!(text.contains("does not match"), "{text}");
+    assert!(!text.contains("PRIVATE KEY"), "{text}");
+}
