@@ -343,6 +343,11 @@ fn token_expiry(token: &BearerToken) -> Option<u64> {
     claims.get("exp")?.as_u64()
 }
 
+/// How long a gRPC call waits for the Kubernetes API (a TokenReview, a pod lookup). The kube
+/// client retries 429/503 answers with exponential backoff for minutes; a caller is better
+/// served by a prompt UNAVAILABLE it can retry than by a hung call.
+pub const KUBE_API_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// TokenReview through the Kubernetes API (authentication.k8s.io/v1).
 #[derive(Clone)]
 pub struct KubeTokenReviewer {
@@ -373,11 +378,14 @@ impl TokenReviewer for KubeTokenReviewer {
             },
             ..Default::default()
         };
-        let answer = api
-            .create(&kube::api::PostParams::default(), &review)
-            .await
-            // kube errors name the URL and status, never the request body.
-            .map_err(|e| format!("TokenReview failed: {e}"))?;
+        let answer = tokio::time::timeout(
+            KUBE_API_TIMEOUT,
+            api.create(&kube::api::PostParams::default(), &review),
+        )
+        .await
+        .map_err(|_| format!("TokenReview did not answer within {KUBE_API_TIMEOUT:?}"))?
+        // kube errors name the URL and status, never the request body.
+        .map_err(|e| format!("TokenReview failed: {e}"))?;
         let status = answer.status.unwrap_or_default();
         let user = status.user.unwrap_or_default();
         Ok(ReviewStatus {
@@ -427,9 +435,11 @@ impl PodDirectory for KubePodDirectory {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, String> {
         use k8s_openapi::api::core::v1::Pod;
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
-        let pod = api
-            .get_opt(name)
+        let pod = tokio::time::timeout(KUBE_API_TIMEOUT, api.get_opt(name))
             .await
+            .map_err(|_| {
+                format!("reading pod {namespace}/{name}: no answer within {KUBE_API_TIMEOUT:?}")
+            })?
             .map_err(|e| format!("reading pod {namespace}/{name}: {e}"))?;
         Ok(pod.map(|p| {
             let spec = p.spec.unwrap_or_default();

@@ -50,6 +50,10 @@ pub enum ApiError {
     #[error("{0}")]
     PodNotFound(String),
     #[error("{0}")]
+    BadPodName(String),
+    #[error("cannot check the pod now: {0}; retry later")]
+    PodLookupUnavailable(String),
+    #[error("{0}")]
     PodOnOtherNode(String),
     #[error("IssueForPod needs the Kubernetes API to check the pod's node; `podca dev` has none")]
     NoPodDirectory,
@@ -62,9 +66,10 @@ pub enum ApiError {
 impl ApiError {
     pub fn code(&self) -> Code {
         match self {
-            ApiError::EmptyCsr | ApiError::Key(_) | ApiError::BadLifetime(_) => {
-                Code::InvalidArgument
-            }
+            ApiError::EmptyCsr
+            | ApiError::Key(_)
+            | ApiError::BadLifetime(_)
+            | ApiError::BadPodName(_) => Code::InvalidArgument,
             ApiError::MissingWorkloadHeader => Code::InvalidArgument,
             ApiError::UnknownSigner(_) | ApiError::PodNotFound(_) => Code::NotFound,
             ApiError::Auth(a) => a.code(),
@@ -77,7 +82,7 @@ impl ApiError {
             ApiError::KeyTypeNotAllowed { .. }
             | ApiError::Failed { .. }
             | ApiError::NoPodDirectory => Code::FailedPrecondition,
-            ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::Unavailable(_) | ApiError::PodLookupUnavailable(_) => Code::Unavailable,
             ApiError::RateLimited(_) | ApiError::TooManyStreams(_) => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
         }

@@ -41,12 +41,10 @@
 //!   to the first `[dev] identities` entry). Anything that can reach a loopback port can claim
 //!   any identity that way: this is a development convenience, refused from other addresses.
 
-// The in-cluster authenticator (TokenReview) and pod lookups are wired by `podca serve` in a
-// later issue; until then only the unit tests reach them.
-#[allow(dead_code)]
 pub mod auth;
 pub mod core;
 pub mod errors;
+pub mod ledger;
 pub mod podca_service;
 pub mod ratelimit;
 pub mod server;
