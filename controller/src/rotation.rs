@@ -123,15 +123,19 @@ impl Rotator {
         let now = (self.clock)();
         let store = &self.options.store;
         let mut out = Tick::default();
+        // A failed schedule run still reloads below: outside changes and a due intermediate
+        // must not wait for the schedule to be fixed.
+        let mut failed = None;
         if self.options.automatic {
-            out.steps = store
-                .rotate(
-                    &self.options.schedule,
-                    self.options.max_leaf_lifetime,
-                    false,
-                    now,
-                )
-                .map_err(|e| format!("running the rotation schedule: {e}"))?;
+            match store.rotate(
+                &self.options.schedule,
+                self.options.max_leaf_lifetime,
+                false,
+                now,
+            ) {
+                Ok(steps) => out.steps = steps,
+                Err(e) => failed = Some(format!("running the rotation schedule: {e}")),
+            }
             for step in &out.steps {
                 let (name, generation) = describe(*step);
                 self.metrics
@@ -168,7 +172,10 @@ impl Rotator {
             .ok()
             .flatten();
         self.update_metrics(now);
-        Ok(out)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
     /// Ticks until `shutdown` turns true: when the schedule is due, and at least every `poll`.

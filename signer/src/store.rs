@@ -384,12 +384,21 @@ impl FileStore {
                 match step {
                     Step::Prepare => {
                         if !state.self_managed {
-                            return Err(StoreError::Rotation(
-                                "this CA was imported: podca cannot make its successor; import \
-                                 the next CA with `podca ca init --import-cert … --import-key …` \
-                                 and it will be prepared and activated with overlap"
-                                    .into(),
-                            ));
+                            if !force_prepare {
+                                // The schedule wants a successor podca cannot make (imported or
+                                // HSM-held CA): the operator brings it; nothing to do here.
+                                continue;
+                            }
+                            let what = if state.external_keys.is_empty() {
+                                "this CA was imported"
+                            } else {
+                                "this CA's key is held outside the data directory (HSM)"
+                            };
+                            return Err(StoreError::Rotation(format!(
+                                "{what}: podca cannot make its successor; import the next CA \
+                                 with `podca ca init --import-cert … --import-key …` and it will \
+                                 be prepared and activated with overlap"
+                            )));
                         }
                         let id = state.generations.iter().map(|g| g.id).max().unwrap_or(0) + 1;
                         let options = InitOptions {

@@ -115,6 +115,19 @@ fn imported_ca_cannot_self_rotate_but_a_second_import_is_prepared() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("imported"), "{err}");
+    // The schedule itself (podca serve's driver) finds nothing it can do, and that is no error:
+    // at any point of the CA's life it prepares nothing and keeps the imported CA active.
+    for years in [0, 1, 5, 20] {
+        let steps = store
+            .rotate(
+                &Schedule::default(),
+                Duration::hours(24),
+                false,
+                OffsetDateTime::now_utc() + Duration::days(365 * years),
+            )
+            .unwrap();
+        assert!(!steps.contains(&Step::Prepare), "{steps:?}");
+    }
     let (cert2, key2) = key_pem(&a);
     store.import(&cert2, &key2, None).unwrap();
     let phases: Vec<_> = store
