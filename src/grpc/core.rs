@@ -193,10 +193,19 @@ impl Api {
                 "the caller's token names no node; use a pod-bound service-account token".into(),
             ));
         };
+        // Checked before anything reaches the Kubernetes API: an empty name would turn the GET
+        // into a LIST, and a `/` would change the path.
+        for (what, value) in [("pod_namespace", pod_namespace), ("pod_name", pod_name)] {
+            if !is_object_name(value) {
+                return Err(ApiError::BadPodName(format!(
+                    "{what} {value:?} is not a Kubernetes object name"
+                )));
+            }
+        }
         let pod = pods
             .pod(pod_namespace, pod_name)
             .await
-            .map_err(|e| ApiError::Auth(super::auth::AuthError::Unavailable(e)))?
+            .map_err(ApiError::PodLookupUnavailable)?
             .ok_or_else(|| {
                 ApiError::PodNotFound(format!("pod {pod_namespace}/{pod_name} not found"))
             })?;
@@ -236,6 +245,16 @@ impl Api {
     pub fn trust_domain(&self) -> Result<String, ApiError> {
         Ok(self.signer("")?.1.trust_domain.clone())
     }
+}
+
+/// A DNS-1123 subdomain, as namespace and pod names are.
+fn is_object_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 fn issue_blocking(
