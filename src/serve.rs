@@ -11,13 +11,14 @@ use clap::Args;
 use podca_controller::metrics::Metrics;
 use podca_controller::publisher::PublisherOptions;
 use podca_controller::rotation::{self, Rotator, RotatorOptions};
+use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{CaHandle, LeaderElection, Options};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::info;
 
 use crate::ca_source::CaSource;
-use crate::config::Config;
+use crate::config::{CaBackend, Config};
 use crate::grpc::auth::{KubePodDirectory, KubeTokenReviewer, TokenReviewAuthenticator};
 use crate::grpc::{Api, ApiOptions, server};
 use crate::hsm_metrics::HsmMetrics;
@@ -126,88 +127,86 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             .max()
             .unwrap_or(86_400),
     );
-    let source = CaSource::from_config(&config.ca, max_leaf_lifetime)?;
-    // Opening the CA here makes a wrong PIN, a missing token or a broken data directory a
-    // start-up error rather than a stream of pending requests.
-    let (ca, anchors) = rotation::load(&source.store, &source.open)
-        .map_err(|e| anyhow::anyhow!("opening the CA: {e}"))?;
-    let handle = CaHandle::new(ca, anchors);
     let mut metrics = Metrics::new();
-    let hsm_metrics = source
-        .hsm
-        .as_ref()
-        .map(|_| HsmMetrics::register(&mut metrics.registry));
-    let metrics = Arc::new(metrics);
     let clock = podca_controller::system_clock();
+    let backend = match config.ca.backend {
+        CaBackend::Secret => {
+            let secret = config.ca.secret.as_deref().context(
+                "[ca] backend = \"secret\" needs secret = \"<namespace>/<name>\" (a kubernetes.io/tls \
+                 Secret)",
+            )?;
+            let (namespace, name) = secret
+                .split_once('/')
+                .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
+                .with_context(|| {
+                    format!("[ca] secret = {secret:?}: expected \"<namespace>/<name>\"")
+                })?;
+            config.rotation.validate()?;
+            let mut o = SecretCaOptions::new(namespace, name);
+            o.schedule = config.rotation;
+            o.max_leaf_lifetime = max_leaf_lifetime;
+            Backend::Secret(o)
+        }
+        CaBackend::File | CaBackend::Pkcs11 => {
+            let source = CaSource::from_config(&config.ca, max_leaf_lifetime)?;
+            // Opening the CA here makes a wrong PIN, a missing token or a broken data directory
+            // a start-up error rather than a stream of pending requests.
+            let (ca, anchors) = rotation::load(&source.store, &source.open)
+                .map_err(|e| anyhow::anyhow!("opening the CA: {e}"))?;
+            let handle = CaHandle::new(ca, anchors);
+            let hsm_metrics = source
+                .hsm
+                .as_ref()
+                .map(|_| HsmMetrics::register(&mut metrics.registry));
+            let mut automatic = config.ca.automatic_rotation;
+            if automatic && leader_elect {
+                // Replicas do not share a writable data directory: each would make its own CA.
+                info!(
+                    "automatic CA rotation is off with --leader-elect; rotate with `podca ca \
+                     rotate` on the CA data directory (every replica follows the change without \
+                     a restart)"
+                );
+                automatic = false;
+            }
+            if automatic && !dir_writable(source.store.dir()) {
+                info!(
+                    dir = %source.store.dir().display(),
+                    "the CA data directory is read-only: automatic CA rotation is off (changes \
+                     to it are still followed)"
+                );
+                automatic = false;
+            }
+            if automatic {
+                config.rotation.validate()?;
+            }
+            let refresh_when: Option<rotation::RefreshWhen> =
+                source.intermediate_lifetime.map(|_| {
+                    Arc::new(|ca: &podca_signer::IssuingCa, now| {
+                        podca_signer::backend::pkcs11::intermediate_needs_renewal(
+                            ca.certificate(),
+                            now,
+                        )
+                    }) as rotation::RefreshWhen
+                });
+            let options = RotatorOptions {
+                store: source.store.clone(),
+                schedule: config.rotation,
+                automatic,
+                max_leaf_lifetime,
+                poll: Duration::from_secs(5),
+                open: Arc::clone(&source.open),
+                refresh_when,
+            };
+            Backend::Files {
+                handle,
+                rotator: options,
+                hsm: source.hsm.clone().zip(hsm_metrics),
+            }
+        }
+    };
+    let metrics = Arc::new(metrics);
 
-    let mut automatic = config.ca.automatic_rotation;
-    if automatic && leader_elect {
-        // Replicas do not share a writable data directory: each would make its own CA.
-        info!(
-            "automatic CA rotation is off with --leader-elect; rotate with `podca ca rotate` on \
-             the CA data directory (every replica follows the change without a restart)"
-        );
-        automatic = false;
-    }
-    if automatic && !dir_writable(source.store.dir()) {
-        info!(
-            dir = %source.store.dir().display(),
-            "the CA data directory is read-only: automatic CA rotation is off (changes to it are \
-             still followed)"
-        );
-        automatic = false;
-    }
-    if automatic {
-        config.rotation.validate()?;
-    }
-    let refresh_when: Option<rotation::RefreshWhen> = source.intermediate_lifetime.map(|_| {
-        Arc::new(|ca: &podca_signer::IssuingCa, now| {
-            podca_signer::backend::pkcs11::intermediate_needs_renewal(ca.certificate(), now)
-        }) as rotation::RefreshWhen
-    });
-    let rotator = Rotator::new(
-        RotatorOptions {
-            store: source.store.clone(),
-            schedule: config.rotation,
-            automatic,
-            max_leaf_lifetime,
-            poll: Duration::from_secs(5),
-            open: Arc::clone(&source.open),
-            refresh_when,
-        },
-        handle.clone(),
-        Arc::clone(&clock),
-        Arc::clone(&metrics),
-    );
-
-    let mut options = Options::new(config.signers.clone(), handle.clone());
-    options.clock = clock;
-    options.metrics = Arc::clone(&metrics);
-    options.workers = workers.unwrap_or(config.controller.workers).max(1);
-    options.queue_capacity = queue_capacity.max(1);
-    options.admin_listen = Some(admin_listen.unwrap_or(config.admin.listen));
-    options.drain_timeout = drain_timeout;
-    options.reporting_instance = std::env::var("POD_NAME").ok();
-    if config.trust_bundles.publish {
-        options.publisher = Some(PublisherOptions {
-            suffix: config.trust_bundles.suffix.clone(),
-            instance: config.trust_bundles.instance.clone(),
-            resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
-        });
-    }
-    if leader_elect {
-        let base = std::env::var("POD_NAME")
-            .or_else(|_| std::env::var("HOSTNAME"))
-            .unwrap_or_else(|_| "podca".into());
-        options.leader_election = Some(LeaderElection {
-            lease_name,
-            lease_namespace: lease_namespace.unwrap_or_else(|| "default".into()),
-            identity: lease_identity.unwrap_or_else(|| format!("{base}-{:08x}", rand_suffix())),
-            lease_duration,
-            renew_deadline: lease_renew_deadline,
-            retry_period: lease_retry_period,
-        });
-    }
+    let (leadership, _) = watch::channel(!leader_elect);
     let grpc = if no_grpc {
         None
     } else {
@@ -233,6 +232,63 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let client = podca_controller::connect(kubeconfig.as_deref()).await?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
+        let handle = match backend {
+            Backend::Files {
+                handle,
+                rotator,
+                hsm,
+            } => {
+                let rotator = Rotator::new(
+                    rotator,
+                    handle.clone(),
+                    Arc::clone(&clock),
+                    Arc::clone(&metrics),
+                );
+                tasks.push(tokio::spawn(rotator.run(stop_rx.clone())));
+                if let Some((slot, hsm_metrics)) = hsm {
+                    tasks.push(tokio::spawn(hsm_metrics.export(slot, stop_rx.clone())));
+                }
+                handle
+            }
+            Backend::Secret(mut o) => {
+                o.leading = Some(leadership.subscribe());
+                let (handle, driver) =
+                    SecretCa::start(client.clone(), o, Arc::clone(&clock), Arc::clone(&metrics))
+                        .await
+                        .context("opening the CA Secret")?;
+                tasks.push(tokio::spawn(driver.run(stop_rx.clone())));
+                handle
+            }
+        };
+        let mut options = Options::new(config.signers.clone(), handle.clone());
+        options.leadership = Some(leadership.clone());
+        options.clock = Arc::clone(&clock);
+        options.metrics = Arc::clone(&metrics);
+        options.workers = workers.unwrap_or(config.controller.workers).max(1);
+        options.queue_capacity = queue_capacity.max(1);
+        options.admin_listen = Some(admin_listen.unwrap_or(config.admin.listen));
+        options.drain_timeout = drain_timeout;
+        options.reporting_instance = std::env::var("POD_NAME").ok();
+        if config.trust_bundles.publish {
+            options.publisher = Some(PublisherOptions {
+                suffix: config.trust_bundles.suffix.clone(),
+                instance: config.trust_bundles.instance.clone(),
+                resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
+            });
+        }
+        if leader_elect {
+            let base = std::env::var("POD_NAME")
+                .or_else(|_| std::env::var("HOSTNAME"))
+                .unwrap_or_else(|_| "podca".into());
+            options.leader_election = Some(LeaderElection {
+                lease_name,
+                lease_namespace: lease_namespace.unwrap_or_else(|| "default".into()),
+                identity: lease_identity.unwrap_or_else(|| format!("{base}-{:08x}", rand_suffix())),
+                lease_duration,
+                renew_deadline: lease_renew_deadline,
+                retry_period: lease_retry_period,
+            });
+        }
         if let Some((listen, api_options, audience)) = grpc {
             let tcp = TcpListener::bind(listen)
                 .await
@@ -258,10 +314,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 }
             }));
         }
-        tasks.push(tokio::spawn(rotator.run(stop_rx.clone())));
-        if let (Some(slot), Some(hsm_metrics)) = (source.hsm.clone(), hsm_metrics) {
-            tasks.push(tokio::spawn(hsm_metrics.export(slot, stop_rx.clone())));
-        }
         let result =
             podca_controller::run(client, options, podca_controller::shutdown_signal()).await;
         let _ = stop_tx.send(true);
@@ -284,6 +336,20 @@ fn dir_writable(dir: &std::path::Path) -> bool {
         Err(_) => false,
     }
 }
+
+/// Where the CA comes from, as set up before the runtime starts.
+enum Backend {
+    /// A data directory (file or PKCS#11 keys), followed and rotated by the rotation driver.
+    Files {
+        handle: CaHandle,
+        rotator: RotatorOptions,
+        hsm: Option<(SharedPkcs11Key, HsmMetrics)>,
+    },
+    /// A kubernetes.io/tls Secret, read and watched through the API.
+    Secret(SecretCaOptions),
+}
+
+type SharedPkcs11Key = Arc<std::sync::Mutex<Option<Arc<podca_signer::backend::Pkcs11Key>>>>;
 
 fn rand_suffix() -> u32 {
     let nanos = std::time::SystemTime::now()

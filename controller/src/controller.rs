@@ -66,6 +66,7 @@ pub async fn run(
         reporting_controller,
         reporting_instance,
         publisher,
+        leadership,
     } = options;
     if signers.is_empty() {
         return Err(Error::NoSigners);
@@ -106,7 +107,15 @@ pub async fn run(
         "certificates.k8s.io discovered"
     );
 
-    let (leading_tx, leading) = watch::channel(leader_election.is_none());
+    let (leading_tx, leading) = match leadership {
+        // The caller follows leadership too (e.g. the Secret CA backend writes only as leader).
+        Some(tx) => {
+            tx.send_replace(leader_election.is_none());
+            let rx = tx.subscribe();
+            (tx, rx)
+        }
+        None => watch::channel(leader_election.is_none()),
+    };
     let (lease_stop, lease_stop_rx) = watch::channel(false);
     let lease_task = match leader_election {
         Some(le) => Some(TaskGuard::new(

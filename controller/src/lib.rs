@@ -69,6 +69,9 @@ pub struct Options {
     pub reporting_instance: Option<String>,
     /// Publish a ClusterTrustBundle per signer name while leading; `None`: no publishing.
     pub publisher: Option<publisher::PublisherOptions>,
+    /// Where [`run`] reports whether this process leads (true without leader election), for
+    /// callers that must act only as leader; `None`: not reported.
+    pub leadership: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl std::fmt::Debug for Options {
@@ -101,6 +104,7 @@ impl Options {
             reporting_controller: "podca.dev/signer".into(),
             reporting_instance: None,
             publisher: None,
+            leadership: None,
         }
     }
 }

@@ -390,3 +390,83 @@ async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
         "the PIN never appears: {stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
+    use podca_tests::emulator::{PolicyRule, Subject};
+    let c = cluster().await;
+    // A CA made elsewhere (e.g. by cert-manager), stored as a kubernetes.io/tls Secret.
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "secret-held root");
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let cert = params.self_signed(&key).expect("CA cert");
+    c.emu.add_secret(
+        "podca-system",
+        "podca-ca",
+        "kubernetes.io/tls",
+        &[
+            ("tls.crt", cert.pem().as_bytes()),
+            ("tls.key", key.serialize_pem().as_bytes()),
+        ],
+    );
+    // Exactly the rules the Secret backend documents, in the Secret's namespace.
+    let user = || Subject::User(USER.into());
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
+            .with_names(&["podca-ca"])
+            .in_namespaces(&["podca-system"]),
+    );
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+            .with_names(&["podca-ca-podca-history"])
+            .in_namespaces(&["podca-system"]),
+    );
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["podca-system"]),
+    );
+    let config = c.dir.path().join("podca.toml");
+    write_config(
+        &config,
+        "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n",
+    );
+    let _serve = Serve::start(&config, &c.kubeconfig, &[]);
+    let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;
+    assert_eq!(bundle.trim(), cert.pem().trim());
+    file(&c.admin, "from-secret").await;
+    let chain = issued_chain(&c.emu, "from-secret").await;
+    openssl_verify(c.dir.path(), &bundle, &chain);
+    let counters = c.emu.counters();
+    assert_eq!((counters.validation_rejections, counters.forbidden), (0, 0));
+
+    // A malformed secret setting is a one-line start-up error.
+    write_config(
+        &config,
+        "[ca]\nbackend = \"secret\"\nsecret = \"no-namespace\"\n",
+    );
+    let out = podca(
+        &[
+            "serve",
+            "--config",
+            config.to_str().expect("utf-8"),
+            "--kubeconfig",
+            c.kubeconfig.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("expected \"<namespace>/<name>\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
