@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use podca_signer::{FileStore, InitOptions, KeyType, SignerPolicy, SubjectKey};
+use podca_signer::{FileStore, InitOptions, KeyType, Ledger, SignerPolicy, SubjectKey};
 use rcgen::PublicKeyData;
 use time::OffsetDateTime;
 use tokio::net::{TcpListener, UnixListener};
@@ -22,6 +22,8 @@ use tokio::sync::watch;
 use crate::commands::default_data_dir;
 use crate::config::{Config, DevBundle, DevIdentity};
 use crate::grpc::auth::{DevAuthenticator, Identity};
+use crate::grpc::core::IssuedVia;
+use crate::grpc::ledger::LedgerWriter;
 use crate::grpc::{Api, ApiOptions, CaHandle, server};
 
 /// The signer `podca dev` uses when the config names none.
@@ -128,20 +130,29 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| data_dir.join("workload.sock"));
     let unix = bind_socket(&socket)?;
 
+    // Every certificate issued here goes into the data directory's ledger, as `podca issue`'s
+    // do; `podca ledger list` reads it once podca dev has stopped (redb allows one process).
+    let ledger = Ledger::open(&store.ledger_path())?;
+    let (ledger_sink, ledger_writer) =
+        LedgerWriter::start(ledger).context("starting the ledger writer")?;
+
     let (stop_tx, stop_rx) = watch::channel(false);
-    let api = Arc::new(Api::new(
-        ApiOptions {
-            signers: config.signers.clone(),
-            default_signer: signer_name.clone(),
-            node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
-            rate_limit_per_identity: config.grpc.rate_limit_per_identity,
-            max_open_streams: config.grpc.max_open_streams,
-        },
-        ca.clone(),
-        Arc::new(DevAuthenticator::new(&identities)),
-        None,
-        stop_rx.clone(),
-    )?);
+    let api = Arc::new(
+        Api::new(
+            ApiOptions {
+                signers: config.signers.clone(),
+                default_signer: signer_name.clone(),
+                node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
+                rate_limit_per_identity: config.grpc.rate_limit_per_identity,
+                max_open_streams: config.grpc.max_open_streams,
+            },
+            ca.clone(),
+            Arc::new(DevAuthenticator::new(&identities)),
+            None,
+            stop_rx.clone(),
+        )?
+        .with_ledger(ledger_sink),
+    );
 
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -205,6 +216,11 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         .is_err()
     {
         eprintln!("podca dev: connections still open after 5 s; exiting anyway");
+    }
+    match tokio::task::spawn_blocking(move || ledger_writer.finish(Duration::from_secs(10))).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => eprintln!("podca dev: the ledger may miss the last certificates: {e}"),
+        Err(e) => eprintln!("podca dev: the ledger may miss the last certificates: {e}"),
     }
     let _ = std::fs::remove_file(&socket);
     Ok(())
@@ -352,7 +368,9 @@ async fn write_bundle(
 ) -> anyhow::Result<OffsetDateTime> {
     let key_pair = tokio::task::spawn_blocking(move || generate_key(key_type)).await??;
     let subject = SubjectKey::from_spki_der(&key_pair.subject_public_key_info())?;
-    let issued = api.issue_for_key(identity, subject, snapshot).await?;
+    let issued = api
+        .issue_for_key(identity, subject, snapshot, IssuedVia::DevBundle)
+        .await?;
     std::fs::create_dir_all(dir)?;
     let mut credential = key_pair.serialize_pem();
     credential.push_str(&issued.certificate.chain_pem);

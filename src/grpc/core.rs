@@ -6,13 +6,15 @@ use std::sync::Arc;
 
 use podca_signer::policy::reason;
 use podca_signer::{
-    CertificateRequest, IssuedCertificate, Outcome, SignerPolicy, SubjectKey, sign_request,
+    CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
+    sign_request,
 };
 use time::{Duration, OffsetDateTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
 use super::errors::ApiError;
+use super::ledger::LedgerSink;
 use super::ratelimit::RateLimiter;
 use super::trust::{CaHandle, CaSnapshot};
 
@@ -51,6 +53,27 @@ pub struct Issued {
     pub anchors_der: Vec<u8>,
 }
 
+/// Which path issued a certificate: the `source` of its ledger record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IssuedVia {
+    /// `podca.v1` IssueCertificate or IssueForPod.
+    Grpc,
+    /// The SPIFFE Workload API (`FetchX509SVID`).
+    WorkloadApi,
+    /// A credential bundle `podca dev` keeps on disk.
+    DevBundle,
+}
+
+impl IssuedVia {
+    pub fn ledger_source(self) -> &'static str {
+        match self {
+            IssuedVia::Grpc => "grpc",
+            IssuedVia::WorkloadApi => "workload-api",
+            IssuedVia::DevBundle => "dev",
+        }
+    }
+}
+
 /// The state every service shares.
 #[derive(Debug)]
 pub struct Api {
@@ -61,6 +84,8 @@ pub struct Api {
     limiter: RateLimiter,
     streams: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
+    /// Where issued certificates are recorded; none = not recorded here.
+    ledger: Option<LedgerSink>,
 }
 
 impl Api {
@@ -84,7 +109,14 @@ impl Api {
             auth,
             pods,
             shutdown,
+            ledger: None,
         })
+    }
+
+    /// Records every certificate this API issues in the ledger behind `sink`.
+    pub fn with_ledger(mut self, sink: LedgerSink) -> Self {
+        self.ledger = Some(sink);
+        self
     }
 
     pub fn ca(&self) -> &CaHandle {
@@ -136,6 +168,16 @@ impl Api {
 
     /// IssueCertificate: a certificate for the caller's own identity.
     pub async fn issue(&self, identity: &Identity, input: IssueInput) -> Result<Issued, ApiError> {
+        let issued = self.issue_unrecorded(identity, input).await?;
+        self.record(&issued, IssuedVia::Grpc, None).await;
+        Ok(issued)
+    }
+
+    async fn issue_unrecorded(
+        &self,
+        identity: &Identity,
+        input: IssueInput,
+    ) -> Result<Issued, ApiError> {
         let (_, policy) = self.signer(&input.signer_name)?;
         let policy = policy.clone();
         let requested_lifetime = match input.requested_lifetime_seconds {
@@ -221,7 +263,11 @@ impl Api {
             pod_uid: pod.uid,
             node_name: pod.node_name,
         };
-        self.issue(&subject, input).await
+        let issued = self.issue_unrecorded(&subject, input).await?;
+        let request_name = format!("{pod_namespace}/{pod_name}");
+        self.record(&issued, IssuedVia::Grpc, Some(&request_name))
+            .await;
+        Ok(issued)
     }
 
     /// A certificate for a key podca generated itself (the Workload API, credential bundles).
@@ -230,15 +276,32 @@ impl Api {
         identity: &Identity,
         key: SubjectKey,
         snapshot: Arc<CaSnapshot>,
+        via: IssuedVia,
     ) -> Result<Issued, ApiError> {
         let (_, policy) = self.signer("")?;
         let policy = policy.clone();
         let identity = identity.clone();
-        tokio::task::spawn_blocking(move || {
+        let issued = tokio::task::spawn_blocking(move || {
             issue_blocking(&policy, &snapshot, &identity, key, None, BTreeMap::new())
         })
         .await
-        .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))?
+        .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))??;
+        self.record(&issued, via, None).await;
+        Ok(issued)
+    }
+
+    /// Queues the ledger record of a certificate just issued (the writer batches them).
+    async fn record(&self, issued: &Issued, via: IssuedVia, request_name: Option<&str>) {
+        if let Some(ledger) = &self.ledger {
+            let record = LedgerRecord::of(
+                &issued.certificate,
+                via.ledger_source(),
+                None,
+                request_name,
+                OffsetDateTime::now_utc(),
+            );
+            ledger.record(record).await;
+        }
     }
 
     /// The trust domain of the default signer.

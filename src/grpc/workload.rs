@@ -23,7 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::auth::Identity;
-use super::core::Api;
+use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
 use super::podca_service::{credentials_of, peer_of};
 use super::trust::CaSnapshot;
@@ -69,7 +69,9 @@ async fn svid_response(
     })
     .await
     .map_err(|e| ApiError::Internal(format!("key generation task failed: {e}")))??;
-    let issued = api.issue_for_key(identity, subject, snapshot).await?;
+    let issued = api
+        .issue_for_key(identity, subject, snapshot, IssuedVia::WorkloadApi)
+        .await?;
     let chain_der: Vec<u8> =
         podca_signer::x509::certificates_from_pem(&issued.certificate.chain_pem)
             .map_err(|e| ApiError::Internal(format!("re-reading the issued chain: {e}")))?

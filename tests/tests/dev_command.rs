@@ -139,3 +139,276 @@ fn wait_for_file(path: &std::path::Path) -> String {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Runs `podca` with `args`; exit status, stdout, stderr.
+fn podca(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let out = std::process::Command::new(podca_binary())
+        .args(args)
+        .env_remove("PODCA_DATA_DIR")
+        .env_remove("PODCA_CONFIG")
+        .output()
+        .unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn issue_with_server_writes_a_credential_bundle_that_verifies() {
+    let dev = DevServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let server = format!("http://{}", dev.grpc);
+    let token = tmp.path().join("token");
+    // podca dev identifies loopback callers by metadata and ignores the token; podca serve
+    // would check it with TokenReview. Either way it travels in a file, never in argv.
+    std::fs::write(&token, "dev-token\n").unwrap();
+    let out = tmp.path().join("credentialbundle.pem");
+    let trust = tmp.path().join("trust-bundle.pem");
+    let (status, stdout, stderr) = podca(&[
+        "issue",
+        "--server",
+        &server,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--key-type",
+        "ECDSAP384",
+        "-n",
+        "shop",
+        "--service-account",
+        "web",
+        "-o",
+        out.to_str().unwrap(),
+        "--trust-bundle",
+        trust.to_str().unwrap(),
+    ]);
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.is_empty());
+    let summary: Vec<&str> = stderr.lines().collect();
+    assert_eq!(summary.len(), 1, "one-line summary: {stderr}");
+    assert!(
+        summary[0].starts_with("issued spiffe://podca.dev.local/ns/shop/sa/web (serial "),
+        "{stderr}"
+    );
+    assert!(summary[0].contains(&server) && summary[0].contains(out.to_str().unwrap()));
+
+    let credential = std::fs::read_to_string(&out).unwrap();
+    let blocks = pem::parse_many(&credential).unwrap();
+    assert_eq!(blocks[0].tag(), "PRIVATE KEY", "PKCS#8 key first");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // The chain verifies against the written trust bundle, checked by openssl on the files
+    // themselves: leaf, then the intermediates as untrusted.
+    let chain = pem_blocks(&credential);
+    let leaf = tmp.path().join("leaf.pem");
+    let intermediates = tmp.path().join("intermediates.pem");
+    std::fs::write(&leaf, &chain[0]).unwrap();
+    std::fs::write(&intermediates, chain[1..].concat()).unwrap();
+    let verify = std::process::Command::new("openssl")
+        .arg("verify")
+        .arg("-CAfile")
+        .arg(&trust)
+        .arg("-untrusted")
+        .arg(&intermediates)
+        .arg(&leaf)
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&trust).unwrap(),
+        std::fs::read_to_string(dev.data_dir.join("root.pem")).unwrap()
+    );
+
+    // Over the Unix socket the caller is its uid (default/default); with a CSR from a file,
+    // only the chain is written.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = tmp.path().join("req.csr");
+    std::fs::write(
+        &csr,
+        rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&key)
+            .unwrap()
+            .pem()
+            .unwrap(),
+    )
+    .unwrap();
+    let socket = format!("unix://{}", dev.socket.display());
+    let (status, stdout, stderr) =
+        podca(&["issue", "--server", &socket, "--csr", csr.to_str().unwrap()]);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.starts_with("issued spiffe://podca.dev.local/ns/default/sa/default "));
+    assert!(
+        stdout.starts_with("-----BEGIN CERTIFICATE-----"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("PRIVATE KEY"));
+    openssl_verify(
+        &stdout,
+        &std::fs::read_to_string(dev.data_dir.join("root.pem")).unwrap(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn issue_with_server_refusals_are_one_line_with_the_grpc_code() {
+    let dev = DevServer::start();
+    let server = format!("http://{}", dev.grpc);
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--signer", "example.com/nope"],
+            "the server refused the request (NOT_FOUND): unknown signer \"example.com/nope\"",
+        ),
+        (
+            &["--dns", "evil.example.com"],
+            "the server refused the request (PERMISSION_DENIED): ",
+        ),
+        (
+            &["-n", "Not_A_Name", "--service-account", "x"],
+            "the server refused the request (UNAUTHENTICATED): invalid credentials: ",
+        ),
+        (
+            &["--key-type", "ECDSAP256", "--lifetime-seconds=-5"],
+            "the server refused the request (INVALID_ARGUMENT): requested_lifetime_seconds \
+             must be positive",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["issue", "--server", &server];
+        args.extend_from_slice(extra);
+        let (status, stdout, stderr) = podca(&args);
+        assert_eq!(status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stdout.is_empty());
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("podca: {server}: {expected}")),
+            "{args:?}: {stderr}"
+        );
+    }
+    drop(dev);
+
+    // Client-side problems, before or without a server.
+    let tmp = tempfile::tempdir().unwrap();
+    let empty = tmp.path().join("empty-token");
+    std::fs::write(&empty, "\n").unwrap();
+    let gone = format!("http://127.0.0.1:{}", podca_tests::process::free_port());
+    for (args, expected) in [
+        (
+            vec!["issue", "--server", &gone],
+            "cannot connect to http://127.0.0.1:",
+        ),
+        (
+            vec!["issue", "--server", "https://podca:8443"],
+            "use http://HOST:PORT or unix:///path/to/socket",
+        ),
+        (
+            vec![
+                "issue",
+                "--server",
+                &gone,
+                "--token-file",
+                empty.to_str().unwrap(),
+            ],
+            "is empty",
+        ),
+    ] {
+        let (status, _, stderr) = podca(&args);
+        assert_eq!(status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    // There is no flag that takes a token itself.
+    let (status, _, stderr) = podca(&["issue", "--server", &gone, "--token", "abc"]);
+    assert!(!status.success());
+    assert!(stderr.contains("unexpected argument '--token'"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_certificate_podca_dev_issues_is_in_the_ledger() {
+    use podca_proto::podca::v1::IssueCertificateRequest;
+    // Our own data dir: stopping the DevServer removes its temporary one.
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("data");
+    let dev = DevServer::start_with(DevOptions {
+        args: vec!["--bundle".into(), "shop/web".into()],
+        data_dir: Some(data_dir.clone()),
+        ..Default::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let mut grpc_serials = vec![];
+    for _ in 0..3 {
+        let answer = client
+            .issue_certificate(IssueCertificateRequest {
+                csr: grpc_support::csr_for(&rcgen::KeyPair::generate().unwrap()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        grpc_serials.push(answer.serial);
+    }
+    let svid = spiffe::WorkloadApiClient::connect_to(&format!("unix://{}", dev.socket.display()))
+        .await
+        .unwrap()
+        .fetch_x509_svid()
+        .await
+        .unwrap();
+    let svid_leaf = x509_parser::parse_x509_certificate(svid.cert_chain()[0].as_ref())
+        .unwrap()
+        .1;
+    let svid_serial = svid_leaf.raw_serial_as_string();
+    wait_for_file(&data_dir.join("bundles/shop/web/credentialbundle.pem"));
+
+    // redb admits one process: the ledger is read once podca dev has stopped.
+    let (status, _, stderr) = podca(&["ledger", "list", "--dir", data_dir.to_str().unwrap()]);
+    assert!(!status.success());
+    assert!(stderr.contains("open in another podca process"), "{stderr}");
+    assert!(dev.stop().success());
+
+    let (status, stdout, stderr) = podca(&[
+        "ledger",
+        "list",
+        "--json",
+        "--dir",
+        data_dir.to_str().unwrap(),
+    ]);
+    assert!(status.success(), "{stderr}");
+    let records: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let with_source = |source: &str| {
+        records
+            .iter()
+            .filter(|r| r["source"] == source)
+            .map(|r| r["serial"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let grpc = with_source("grpc");
+    for serial in &grpc_serials {
+        assert!(grpc.contains(serial), "{serial} in {grpc:?}");
+    }
+    assert!(!with_source("workload-api").is_empty(), "{records:?}");
+    assert!(!with_source("dev").is_empty(), "{records:?}");
+    // The table form names the serial too.
+    let (_, table, _) = podca(&["ledger", "list", "--dir", data_dir.to_str().unwrap()]);
+    assert!(table.contains(&grpc_serials[0]), "{table}");
+    // And `ledger show` finds the Workload API SVID by its serial as x509 prints it.
+    let (status, shown, stderr) = podca(&[
+        "ledger",
+        "show",
+        "--dir",
+        data_dir.to_str().unwrap(),
+        &svid_serial,
+    ]);
+    assert!(status.success(), "{svid_serial}: {stderr}");
+    assert!(shown.contains("\"source\": \"workload-api\""), "{shown}");
+    assert!(shown.contains("spiffe://podca.dev.local/ns/default/sa/default"));
+}
