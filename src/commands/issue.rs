@@ -1,10 +1,14 @@
-//! `podca issue`: issue from a CSR file, or for a generated key, with the local CA.
+//! `podca issue`: issue from a CSR file, or for a generated key, with the local CA — or, with
+//! `--server`, by asking a running podca (`podca serve`, `podca dev`) over gRPC
+//! (`podca.v1.PodCA/IssueCertificate`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use podca_proto::podca::v1::IssueCertificateRequest;
+use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_signer::keys::GeneratedKey;
 use podca_signer::policy::DNS_NAMES_ANNOTATION;
 use podca_signer::{
@@ -14,9 +18,21 @@ use time::{Duration, OffsetDateTime};
 
 #[derive(Debug, Args)]
 pub struct IssueArgs {
-    /// CA data directory.
+    /// CA data directory (local issuance; ignored with --server).
     #[arg(long, env = "PODCA_DATA_DIR")]
     pub dir: Option<PathBuf>,
+    /// Ask a running podca instead of the local CA: `http://HOST:PORT` (podca serve's or podca
+    /// dev's gRPC API) or `unix:///path/to/socket` (podca dev's socket). The identity is the
+    /// caller's: the token's service account, or podca dev's mapping.
+    #[arg(long, value_name = "URL", conflicts_with = "trust_domain")]
+    pub server: Option<String>,
+    /// File holding the bearer token sent to --server (a service-account token for the
+    /// audience `podca`). Tokens are never command-line values.
+    #[arg(long, value_name = "FILE", requires = "server")]
+    pub token_file: Option<PathBuf>,
+    /// Signer to ask for (--server only); default: the server's `grpc.signer`.
+    #[arg(long, requires = "server")]
+    pub signer: Option<String>,
     /// Certify the key of this PKCS#10 CSR (PEM or DER); its signature is verified.
     #[arg(long, conflicts_with = "key_type")]
     pub csr: Option<PathBuf>,
@@ -24,13 +40,14 @@ pub struct IssueArgs {
     /// ECDSAP521, ED25519) and write a credential bundle (PRIVATE KEY, then the chain).
     #[arg(long, default_value = "ECDSAP256")]
     pub key_type: Option<KeyType>,
-    /// Namespace of the workload.
-    #[arg(long, short)]
-    pub namespace: String,
-    /// Service account of the workload.
-    #[arg(long)]
-    pub service_account: String,
-    /// SPIFFE trust domain.
+    /// Namespace of the workload. With --server it is only a request to podca dev (sent as
+    /// `x-podca-namespace`); podca serve takes the identity from the token.
+    #[arg(long, short, required_unless_present = "server")]
+    pub namespace: Option<String>,
+    /// Service account of the workload (with --server: as --namespace).
+    #[arg(long, required_unless_present = "server")]
+    pub service_account: Option<String>,
+    /// SPIFFE trust domain (local issuance; the server's policy decides with --server).
     #[arg(long, default_value = "cluster.local")]
     pub trust_domain: String,
     /// Extra DNS SAN (repeatable).
@@ -42,6 +59,9 @@ pub struct IssueArgs {
     /// Write the result here (mode 0600 when it holds a private key) instead of stdout.
     #[arg(long, short)]
     pub out: Option<PathBuf>,
+    /// Also write the trust anchors that verify the chain (PEM) here.
+    #[arg(long, value_name = "FILE")]
+    pub trust_bundle: Option<PathBuf>,
     #[command(flatten)]
     pub hsm: super::HsmArgs,
 }
@@ -50,6 +70,9 @@ impl IssueArgs {
     pub fn run(self) -> anyhow::Result<()> {
         let Self {
             dir,
+            server,
+            token_file,
+            signer,
             csr,
             key_type,
             namespace,
@@ -58,8 +81,28 @@ impl IssueArgs {
             dns_names,
             lifetime_seconds,
             out,
+            trust_bundle,
             hsm,
         } = self;
+        if let Some(server) = server {
+            return run_remote(Remote {
+                server,
+                token_file,
+                signer,
+                csr,
+                key_type,
+                namespace,
+                service_account,
+                dns_names,
+                lifetime_seconds,
+                out,
+                trust_bundle,
+            });
+        }
+        // clap requires both without --server.
+        let (Some(namespace), Some(service_account)) = (namespace, service_account) else {
+            anyhow::bail!("give -n NAMESPACE and --service-account NAME (or --server URL)");
+        };
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
         let ca = super::open_active_ca(&store, &hsm)?;
         let (subject, private_pem) = match (&csr, key_type) {
@@ -123,7 +166,217 @@ impl IssueArgs {
             }
             None => print!("{output}"),
         }
+        if let Some(path) = trust_bundle {
+            let anchors = std::fs::read_to_string(store.root_cert_path())
+                .with_context(|| format!("cannot read {}", store.root_cert_path().display()))?;
+            write_output(&path, &anchors, false)?;
+        }
         Ok(())
+    }
+}
+
+/// `podca issue --server`: what the remote path needs of the arguments.
+struct Remote {
+    server: String,
+    token_file: Option<PathBuf>,
+    signer: Option<String>,
+    csr: Option<PathBuf>,
+    key_type: Option<KeyType>,
+    namespace: Option<String>,
+    service_account: Option<String>,
+    dns_names: Vec<String>,
+    lifetime_seconds: Option<i64>,
+    out: Option<PathBuf>,
+    trust_bundle: Option<PathBuf>,
+}
+
+fn run_remote(remote: Remote) -> anyhow::Result<()> {
+    let Remote {
+        server,
+        token_file,
+        signer,
+        csr,
+        key_type,
+        namespace,
+        service_account,
+        dns_names,
+        lifetime_seconds,
+        out,
+        trust_bundle,
+    } = remote;
+    check_server_url(&server)?;
+    let token = token_file.as_deref().map(read_token).transpose()?;
+    let (csr_der, private_pem) = match (&csr, key_type) {
+        (Some(path), _) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let der = csr_der(&bytes)
+                .with_context(|| format!("{}: not a PEM or DER CSR", path.display()))?;
+            (der, None)
+        }
+        (None, Some(kt)) => {
+            let generated = GeneratedKey::generate(kt)?;
+            (generated.stub_csr_der()?, Some(generated.private_key_pem()))
+        }
+        (None, None) => anyhow::bail!("give --csr FILE or --key-type TYPE"),
+    };
+    let mut user_annotations = std::collections::HashMap::new();
+    if !dns_names.is_empty() {
+        user_annotations.insert(DNS_NAMES_ANNOTATION.to_string(), dns_names.join(","));
+    }
+    let mut request = tonic::Request::new(IssueCertificateRequest {
+        csr: csr_der,
+        requested_lifetime_seconds: lifetime_seconds,
+        user_annotations,
+        signer_name: signer.unwrap_or_default(),
+    });
+    let metadata = request.metadata_mut();
+    if let Some(token) = &token {
+        // The error names no token: the value is exactly what is not to be shown.
+        let value = format!("Bearer {}", token.expose())
+            .parse()
+            .map_err(|_| anyhow::anyhow!("the token file holds characters a header cannot"))?;
+        metadata.insert("authorization", value);
+    }
+    for (key, value, flag) in [
+        ("x-podca-namespace", &namespace, "--namespace"),
+        (
+            "x-podca-service-account",
+            &service_account,
+            "--service-account",
+        ),
+    ] {
+        if let Some(value) = value {
+            let value = value
+                .parse()
+                .map_err(|_| anyhow::anyhow!("{flag} {value:?} is not a valid name"))?;
+            metadata.insert(key, value);
+        }
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let answer = runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(server.clone())
+            .with_context(|| format!("--server {server:?} is not a URL"))?
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .timeout(std::time::Duration::from_secs(60))
+            .connect()
+            .await
+            .with_context(|| format!("cannot connect to {server}"))?;
+        PodCaClient::new(channel)
+            .issue_certificate(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| anyhow::anyhow!("{server}: {}", refusal(&status)))
+    })?;
+
+    let output = match &private_pem {
+        Some(key) => format!("{key}{}", answer.certificate_chain_pem),
+        None => answer.certificate_chain_pem.clone(),
+    };
+    match &out {
+        Some(path) => write_output(path, &output, private_pem.is_some())?,
+        None => print!("{output}"),
+    }
+    if let Some(path) = &trust_bundle {
+        write_output(path, &answer.trust_anchors_pem, false)?;
+    }
+    let expires = answer
+        .not_after
+        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.seconds).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| "?".to_string());
+    let destination = out
+        .as_ref()
+        .map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
+    eprintln!(
+        "issued {} (serial {}, expires {expires}) by {server} → {destination}",
+        answer.spiffe_id, answer.serial
+    );
+    Ok(())
+}
+
+/// podca's gRPC API is plaintext HTTP/2 (TLS, if any, is the network's job).
+fn check_server_url(server: &str) -> anyhow::Result<()> {
+    if let Some(path) = server.strip_prefix("unix://") {
+        anyhow::ensure!(
+            path.starts_with('/'),
+            "--server {server:?}: a socket URL is unix:///absolute/path"
+        );
+        return Ok(());
+    }
+    anyhow::ensure!(
+        server.starts_with("http://"),
+        "--server {server:?}: use http://HOST:PORT or unix:///path/to/socket"
+    );
+    Ok(())
+}
+
+/// A bearer token read from a file. Its `Debug` never shows it.
+struct Token(String);
+
+impl Token {
+    fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+fn read_token(path: &std::path::Path) -> anyhow::Result<Token> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the token file {}", path.display()))?;
+    let token = text.trim();
+    anyhow::ensure!(
+        !token.is_empty(),
+        "the token file {} is empty",
+        path.display()
+    );
+    Ok(Token(token.to_owned()))
+}
+
+/// One line for a refusal: what happened, the gRPC code by its canonical name, the server's
+/// message.
+fn refusal(status: &tonic::Status) -> String {
+    let message = status.message().replace(['\n', '\r'], " ");
+    let what = match status.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => "the server is unavailable",
+        tonic::Code::Internal | tonic::Code::Unknown => "the server failed",
+        _ => "the server refused the request",
+    };
+    format!("{what} ({}): {message}", code_name(status.code()))
+}
+
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
 
@@ -156,4 +409,36 @@ fn write_output(path: &std::path::Path, text: &str, secret: bool) -> anyhow::Res
         .with_context(|| format!("cannot write {}", path.display()))?;
     file.write_all(text.as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_one_line_with_the_code_name() {
+        let status = tonic::Status::permission_denied("NamespaceNotAllowed: no\nmore");
+        assert_eq!(
+            refusal(&status),
+            "the server refused the request (PERMISSION_DENIED): NamespaceNotAllowed: no more"
+        );
+        assert!(
+            refusal(&tonic::Status::unavailable("down"))
+                .starts_with("the server is unavailable (UNAVAILABLE)")
+        );
+    }
+
+    #[test]
+    fn server_urls() {
+        assert!(check_server_url("http://127.0.0.1:8443").is_ok());
+        assert!(check_server_url("unix:///run/podca.sock").is_ok());
+        assert!(check_server_url("unix://relative.sock").is_err());
+        assert!(check_server_url("https://podca:8443").is_err());
+        assert!(check_server_url("127.0.0.1:8443").is_err());
+    }
+
+    #[test]
+    fn token_debug_is_redacted() {
+        assert!(!format!("{:?}", Token("secret-value".into())).contains("secret-value"));
+    }
 }
