@@ -13,7 +13,7 @@
 //! | key type podca never certifies (e.g. RSA-2048, secp256k1); the message lists the supported ones | `INVALID_ARGUMENT` |
 //! | key type supported by podca but not allowed by the signer's policy (`key_types`); the message lists the allowed ones | `FAILED_PRECONDITION` |
 //! | `signer_name` is not a configured signer | `NOT_FOUND` |
-//! | no credentials, malformed or unknown bearer token, expired token, wrong audience, not a service-account token | `UNAUTHENTICATED` |
+//! | no credentials (message `no credentials: …`); an `authorization` that is not `Bearer <token>`; unknown or expired token, wrong audience, not a service-account token (`invalid credentials: <the TokenReview's reason>`) | `UNAUTHENTICATED` |
 //! | dev mode: Unix-socket caller whose uid is not in `[dev] identities`; metadata identity from a non-loopback peer | `PERMISSION_DENIED` |
 //! | policy denial (namespace, service account, DNS-name annotation, unknown annotation); message = `<Reason>: <detail>` | `PERMISSION_DENIED` |
 //! | `requested_lifetime_seconds` ≤ 0 | `INVALID_ARGUMENT` |
@@ -21,11 +21,13 @@
 //! | policy cannot issue at all (CA expires too soon, lifetime not satisfiable, bad DNS template) | `FAILED_PRECONDITION` |
 //! | request larger than 64 KiB | `OUT_OF_RANGE` (tonic's decoder limit) |
 //! | CA key backend unavailable (`Outcome::Retry`): retry later | `UNAVAILABLE` |
-//! | TokenReview / Kubernetes API unreachable | `UNAVAILABLE` |
+//! | TokenReview / Kubernetes API unreachable, failing or slower than 5 s (`cannot check credentials now: …`); never cached, the next call asks again | `UNAVAILABLE` |
 //! | per-identity rate limit (`grpc.rate_limit_per_identity`, token bucket) exceeded | `RESOURCE_EXHAUSTED` |
 //! | open streams above `grpc.max_open_streams` | `RESOURCE_EXHAUSTED` |
-//! | `IssueForPod`: caller not in `grpc.node_proxy_service_accounts`, or pod on another node | `PERMISSION_DENIED` |
-//! | `IssueForPod`: pod does not exist | `NOT_FOUND` |
+//! | `IssueForPod`: caller not in `grpc.node_proxy_service_accounts`, its token names no node (not pod-bound), or the pod runs on another node | `PERMISSION_DENIED` |
+//! | `IssueForPod`: `pod_namespace` or `pod_name` is not a Kubernetes object name | `INVALID_ARGUMENT` |
+//! | `IssueForPod`: pod does not exist (`pod <ns>/<name> not found`; only a node proxy gets this far) | `NOT_FOUND` |
+//! | `IssueForPod`: the pod lookup failed or took over 5 s (`cannot check the pod now: …`) | `UNAVAILABLE` |
 //! | `IssueForPod` in `podca dev` (no Kubernetes API to check pods against) | `FAILED_PRECONDITION` |
 //! | Workload API call without the `workload.spiffe.io: true` metadata | `INVALID_ARGUMENT` |
 //! | Workload API JWT RPCs (`FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`) | `UNIMPLEMENTED` |
@@ -35,6 +37,7 @@
 //!
 //! * In a cluster (`podca serve`): `authorization: Bearer <service-account token>`, checked with
 //!   a TokenReview for the audience `grpc.token_audience` ([`auth::TokenReviewAuthenticator`]).
+//!   podca needs `tokenreviews create` and, for IssueForPod, `pods get`: nothing else.
 //! * In `podca dev` ([`auth::DevAuthenticator`]): Unix-socket callers by their uid
 //!   (SO_PEERCRED), mapped through `[dev] identities`; TCP callers on loopback name their
 //!   identity with the metadata `x-podca-namespace` and `x-podca-service-account` (defaulting
