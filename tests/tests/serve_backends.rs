@@ -470,3 +470,122 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every key type through the real binary, filed by the kubelet simulator, checked as a pod
+/// would: the leaf is for the pod's key, carries its SPIFFE ID, and verifies against the
+/// published bundle. v1 only (1.37), v1beta1 with stubs (1.36, plus a legacy pkix + proof of
+/// possession request from an older kubelet) and v1beta1 without stubs (1.35, legacy only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_issues_every_key_type_to_kubelet_in_each_api_mode() {
+    use podca_tests::emulator::PodFixture;
+    use podca_tests::kubelet::{KeyType, KubeletSim, Outcome, PodRef, RequestOptions};
+    for (mode, version, stub_types, legacy_types) in [
+        (ApiMode::V1Only, "v1", &KeyType::ALL[..], &[][..]),
+        (
+            ApiMode::V1Beta1,
+            "v1beta1",
+            &KeyType::ALL[..],
+            &[KeyType::EcdsaP256][..],
+        ),
+        // (The simulator cannot make a P-384 proof: aws-lc-rs has no P-384/SHA-256 signer.)
+        (
+            ApiMode::V1Beta1Legacy,
+            "v1beta1",
+            &[][..],
+            &[
+                KeyType::Rsa3072,
+                KeyType::Rsa4096,
+                KeyType::EcdsaP256,
+                KeyType::EcdsaP521,
+                KeyType::Ed25519,
+            ][..],
+        ),
+    ] {
+        let emu = Emulator::start(EmulatorConfig {
+            api_mode: mode,
+            ..Default::default()
+        })
+        .await
+        .expect("emulator");
+        emu.add_identity("podca", USER, &["system:authenticated"]);
+        emu.grant_signer_role(USER, SIGNER);
+        emu.add_namespace("apps");
+        let node_uid = emu.add_node("node-1");
+        let sa_uid = emu.add_service_account("apps", "web");
+        let pod_uid = emu.add_pod(&PodFixture {
+            namespace: "apps".into(),
+            name: "web-0".into(),
+            node_name: "node-1".into(),
+            service_account: "web".into(),
+            pod_certificates: KeyType::ALL
+                .iter()
+                .map(|k| (SIGNER.to_string(), k.name().to_string()))
+                .collect(),
+            ..Default::default()
+        });
+        let pod = PodRef {
+            namespace: "apps".into(),
+            name: "web-0".into(),
+            uid: pod_uid,
+            service_account: "web".into(),
+            service_account_uid: sa_uid,
+            node_name: "node-1".into(),
+            node_uid,
+        };
+        let kubelet = KubeletSim::new(emu.base_url(), &emu.add_node_identity("node-1"), version);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        emu.write_kubeconfig(&kubeconfig, "podca")
+            .expect("kubeconfig");
+        let ca = dir.path().join("ca");
+        let o = podca(&["ca", "init", "--dir", ca.to_str().expect("utf-8")], &[]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let config = dir.path().join("podca.toml");
+        write_config(
+            &config,
+            &format!("[ca]\ndir = {:?}\n", ca.display().to_string()),
+        );
+        let _serve = Serve::start(&config, &kubeconfig, &[]);
+        let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let anchors = loop {
+            let a = trust_anchors_for_signer(&admin, version, SIGNER)
+                .await
+                .unwrap_or_default();
+            if !a.is_empty() {
+                break a;
+            }
+            assert!(Instant::now() < deadline, "{mode:?}: no bundle published");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let requests = stub_types
+            .iter()
+            .map(|k| (*k, false))
+            .chain(legacy_types.iter().map(|k| (*k, true)));
+        for (key_type, legacy) in requests {
+            let mut opts = RequestOptions::new(SIGNER, key_type);
+            opts.legacy = legacy;
+            let outcome = kubelet
+                .obtain(&pod, &opts, Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|e| panic!("{mode:?} {key_type:?} legacy={legacy}: {e}"));
+            let Outcome::Issued(credential) = outcome else {
+                panic!("{mode:?} {key_type:?} legacy={legacy}: {outcome:?}");
+            };
+            credential
+                .verify_chain(&anchors, time::OffsetDateTime::now_utc())
+                .unwrap_or_else(|e| panic!("{mode:?} {key_type:?}: {e}"));
+            assert_eq!(
+                credential.leaf_uris(),
+                ["spiffe://cluster.local/ns/apps/sa/web"],
+                "{mode:?} {key_type:?}"
+            );
+        }
+        let counters = emu.counters();
+        assert_eq!(
+            counters.validation_rejections, 0,
+            "{mode:?}: {:?}",
+            counters.rejections_by_cause
+        );
+    }
+}
