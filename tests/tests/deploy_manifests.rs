@@ -450,7 +450,11 @@ fn expand(scope: &str, rules: &[PolicyRule], problems: &mut Vec<String>) -> BTre
 }
 
 /// What podca may do: spec §3's table, plus the justified extras.
-fn expected_grants(signers: &[String], ca_secret: &str, lease: Option<&str>) -> BTreeSet<Grant> {
+fn expected_grants(
+    signers: &[String],
+    ca_secret: Option<(&str, &str)>,
+    lease: Option<&str>,
+) -> BTreeSet<Grant> {
     let mut g = BTreeSet::new();
     let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
         for v in verbs {
@@ -509,8 +513,16 @@ fn expected_grants(signers: &[String], ca_secret: &str, lease: Option<&str>) -> 
         None,
     );
     add("cluster", "", "pods", &["get"], None);
-    // The CA Secret, by name, in podca's namespace.
-    add(NAMESPACE, "", "secrets", &["get"], Some(ca_secret));
+    // The `secret` CA backend, only when the config uses it, in the Secret's namespace: the
+    // Secret by name (get, and list/watch with a metadata.name field selector), the history
+    // ConfigMap `<secret>-podca-history` by name, and create for that ConfigMap (create cannot
+    // be limited by name).
+    if let Some((ns, secret)) = ca_secret {
+        add(ns, "", "secrets", &["get", "list", "watch"], Some(secret));
+        let history = format!("{secret}-podca-history");
+        add(ns, "", "configmaps", &["get", "update"], Some(&history));
+        add(ns, "", "configmaps", &["create"], None);
+    }
     // The leader Lease, only with --leader-elect: create cannot be limited by name.
     if let Some(lease) = lease {
         add(
@@ -623,7 +635,8 @@ fn rbac_problems(r: &Rendered, expected: &BTreeSet<Grant>) -> Vec<String> {
 }
 
 /// The expected grants for a rendering, from its own config and Deployment: the signer names
-/// of the config, the Secret the CA volume mounts, and the Lease when --leader-elect is set.
+/// of the config, the CA Secret of `[ca] secret` (only with `backend = "secret"`), and the
+/// Lease when --leader-elect is set.
 fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
     let cfg = config(r);
     let signers: Vec<String> = cfg["signers"]
@@ -634,16 +647,18 @@ fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         .collect();
     let d = the_deployment(r);
     let a = args(podca_container(d));
-    let ca_secret = volume(d, "ca")
-        .secret
-        .as_ref()
-        .and_then(|s| s.secret_name.clone())
-        .expect("the ca volume is a Secret");
+    let ca = cfg["ca"].as_table().expect("[ca]");
+    let ca_secret = (ca["backend"].as_str() == Some("secret")).then(|| {
+        let secret = ca["secret"].as_str().expect("[ca] secret");
+        secret
+            .split_once('/')
+            .unwrap_or_else(|| panic!("[ca] secret = {secret:?} is not namespace/name"))
+    });
     let lease = a
         .iter()
         .any(|x| x == "--leader-elect")
         .then(|| flag(&a, "--lease-name").unwrap_or_else(|| DEFAULT_LEASE.to_string()));
-    expected_grants(&signers, &ca_secret, lease.as_deref())
+    expected_grants(&signers, ca_secret, lease.as_deref())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -660,7 +675,9 @@ fn kubectl_is_installed_and_renders_every_overlay() {
     assert!(text.contains("Client Version: v1."), "unexpected: {text}");
     for overlay in OVERLAYS {
         let docs = documents(&render_overlay(overlay));
-        assert!(docs.len() >= 10, "{overlay}: only {} objects", docs.len());
+        // At least Namespace, ServiceAccount, ClusterRole + binding, ConfigMap, Deployment,
+        // Service and NetworkPolicy (hsm has no Role: it drops the Secret backend's).
+        assert!(docs.len() >= 8, "{overlay}: only {} objects", docs.len());
     }
 }
 
@@ -775,6 +792,30 @@ fn the_rbac_check_rejects_any_extra_permission() {
                     rule.resource_names = None;
                 }
             }
+        }),
+        ("every ConfigMap, not just the history", |r| {
+            let rules = r.roles[0].rules.as_mut().unwrap();
+            let history = rules
+                .iter_mut()
+                .find(|x| {
+                    x.resources == Some(vec!["configmaps".into()]) && x.resource_names.is_some()
+                })
+                .unwrap();
+            history.resource_names = None;
+        }),
+        ("delete on the history ConfigMap", |r| {
+            let rules = r.roles[0].rules.as_mut().unwrap();
+            let history = rules
+                .iter_mut()
+                .find(|x| {
+                    x.resources == Some(vec!["configmaps".into()]) && x.resource_names.is_some()
+                })
+                .unwrap();
+            history.verbs.push("delete".into());
+        }),
+        ("the CA Role in another namespace", |r| {
+            r.roles[0].metadata.namespace = Some("default".into());
+            r.role_bindings[0].metadata.namespace = Some("default".into());
         }),
         ("wildcard verb", |r| {
             r.cluster_roles[0].rules.as_mut().unwrap()[0].verbs = vec!["*".into()];
@@ -1161,30 +1202,65 @@ fn the_config_map_holds_a_valid_podca_config() {
         keys_within(ca, CA, "ca");
         let d = the_deployment(&r);
         let c = podca_container(d);
-        let ca_mount = mount_path(c, "ca");
-        assert_eq!(
-            ca["dir"].as_str(),
-            Some(ca_mount.as_str()),
-            "{overlay}: [ca] dir is the CA mount"
-        );
-        let items: Vec<String> = volume(d, "ca")
-            .secret
-            .as_ref()
-            .unwrap()
-            .items
-            .iter()
-            .flatten()
-            .map(|i| i.path.clone())
-            .collect();
-        assert!(
-            items.contains(&"state.json".to_string()),
-            "{overlay}: state.json mounted"
-        );
-        assert!(items.contains(&"generations/1/issuing.pem".to_string()));
-        assert!(items.contains(&"generations/1/root.pem".to_string()));
+        // The file layout (file and pkcs11 backends): `[ca] dir` is the `ca` volume, a Secret
+        // holding the data directory's certificates.
+        let ca_dir_items = || {
+            let ca_mount = mount_path(c, "ca");
+            assert_eq!(
+                ca["dir"].as_str(),
+                Some(ca_mount.as_str()),
+                "{overlay}: [ca] dir is the CA mount"
+            );
+            let items: Vec<String> = volume(d, "ca")
+                .secret
+                .as_ref()
+                .expect("the ca volume is a Secret")
+                .items
+                .iter()
+                .flatten()
+                .map(|i| i.path.clone())
+                .collect();
+            assert!(
+                items.contains(&"state.json".to_string()),
+                "{overlay}: state.json mounted"
+            );
+            assert!(items.contains(&"generations/1/issuing.pem".to_string()));
+            assert!(items.contains(&"generations/1/root.pem".to_string()));
+            items
+        };
         match ca["backend"].as_str() {
+            Some("secret") => {
+                assert_ne!(overlay, &"hsm");
+                // Read through the API (the Role podca-ca-secret): a Secret in podca's own
+                // namespace, and nothing of the file layout.
+                let secret = ca["secret"].as_str().expect("[ca] secret");
+                let (ns, name) = secret.split_once('/').unwrap_or_else(|| {
+                    panic!("{overlay}: [ca] secret = {secret:?} is not namespace/name")
+                });
+                assert_eq!(
+                    ns, NAMESPACE,
+                    "{overlay}: the CA Secret is in podca's namespace"
+                );
+                assert!(
+                    !name.is_empty() && !name.contains('/'),
+                    "{overlay}: {secret}"
+                );
+                assert!(
+                    ca.get("dir").is_none(),
+                    "{overlay}: [ca] dir is unused with the secret backend"
+                );
+                for v in pod_spec(d).volumes.iter().flatten() {
+                    assert!(
+                        v.secret.is_none(),
+                        "{overlay}: Secret volume {} (the secret backend reads the CA through \
+                         the API; no Secret needs mounting)",
+                        v.name
+                    );
+                }
+            }
             Some("file") => {
                 assert_ne!(overlay, &"hsm");
+                let items = ca_dir_items();
                 assert!(
                     items.contains(&"generations/1/issuing.key".to_string()),
                     "{overlay}: the file backend needs the issuing key"
@@ -1192,6 +1268,7 @@ fn the_config_map_holds_a_valid_podca_config() {
             }
             Some("pkcs11") => {
                 assert_eq!(overlay, &"hsm");
+                let items = ca_dir_items();
                 assert!(
                     !items.iter().any(|p| p.ends_with(".key")),
                     "{overlay}: with an HSM no key file is mounted"
