@@ -36,8 +36,12 @@ const SIGNER: &str = "example.com/mesh";
 const NS: &str = "shop";
 const SIGNER_USER: &str = "system:serviceaccount:podca:podca";
 const T0: OffsetDateTime = datetime!(2027-03-01 00:00 UTC);
-/// CA lifetime 6 h: prepared at 3 h, active at 5 h, the old anchor dropped an hour later.
+/// CA lifetime 6 h: the next CA is prepared at half of it and activated as soon as the schedule
+/// allows — exactly one propagation window (15 min) later — so the test leaves the pods' bundle
+/// caches no slack beyond what podca promises. The old anchor is dropped an hour (the leaf
+/// lifetime) after that.
 const CA_LIFETIME: i64 = 6 * 3600;
+const PROPAGATION: i64 = 15 * 60;
 const LEAF_LIFETIME: i64 = 3600;
 /// kubelet's trust-bundle cache.
 const BUNDLE_CACHE: i64 = 300;
@@ -269,8 +273,9 @@ async fn full_rotation_under_continuous_mtls() {
     let schedule = Schedule {
         ca_lifetime_seconds: CA_LIFETIME,
         prepare_at: 0.5,
-        activate_at: 5.0 / 6.0,
-        propagation_seconds: 15 * 60,
+        // One second more than the window, so rounding never makes the schedule invalid.
+        activate_at: 0.5 + (PROPAGATION + 1) as f64 / CA_LIFETIME as f64,
+        propagation_seconds: PROPAGATION,
     };
     let store = FileStore::new(dir.path().join("ca"));
     store
@@ -342,11 +347,12 @@ async fn full_rotation_under_continuous_mtls() {
         });
     }
 
-    // Simulate 6 h 15 min, one second at a time.
+    // Simulate 4 h 30 min, one second at a time: prepare at ~3 h, activate ~15 min later, drop
+    // the old anchor an hour after that.
     let mut failures: Vec<String> = Vec::new();
     let mut handshakes = 0u64;
     let mut steps_seen: Vec<(i64, Step)> = Vec::new();
-    let end = T0 + Duration::seconds(CA_LIFETIME) + Duration::minutes(15);
+    let end = T0 + Duration::minutes(270);
     let mut now = T0;
     while now < end {
         now += Duration::SECOND;
@@ -390,8 +396,7 @@ async fn full_rotation_under_continuous_mtls() {
     let _ = stop.send(());
     let _ = tokio::time::timeout(StdDuration::from_secs(20), controller).await;
 
-    // The rotation happened, in order, with the overlap the schedule promises. (The new CA's
-    // own successor is prepared at half its life, inside the simulated span: ignore it.)
+    // The rotation happened, in order, with exactly the overlap the schedule promises.
     let first = |want: fn(&Step) -> bool| {
         steps_seen
             .iter()
@@ -407,11 +412,14 @@ async fn full_rotation_under_continuous_mtls() {
         prepared < activated && activated == retired && retired < dropped,
         "{steps_seen:?}"
     );
-    assert!(activated - prepared >= 15 * 60, "{steps_seen:?}");
+    assert!(
+        (PROPAGATION..PROPAGATION + 5).contains(&(activated - prepared)),
+        "{steps_seen:?}"
+    );
     assert!(dropped - retired >= LEAF_LIFETIME, "{steps_seen:?}");
     let generations = store.generations().expect("generations");
     let phases: Vec<Phase> = generations.iter().map(|g| g.generation.phase).collect();
-    assert_eq!(phases[..2], [Phase::Dropped, Phase::Active], "{phases:?}");
+    assert_eq!(phases, [Phase::Dropped, Phase::Active], "{phases:?}");
     // The pods now hold certificates of the new CA and trust only its anchor.
     let new_root = &generations[1].roots[0];
     for p in &state {
@@ -425,8 +433,7 @@ async fn full_rotation_under_continuous_mtls() {
             p.refreshes
         );
     }
-    // The old anchor is gone from the published bundle; the new one (and its prepared
-    // successor's) is there.
+    // The old anchor is gone from the published bundle; the new one is there.
     let published = trust_anchors_for_signer(&admin, version, SIGNER)
         .await
         .expect("CTB");
@@ -440,8 +447,9 @@ async fn full_rotation_under_continuous_mtls() {
         "the emulator refused a write: {:?}",
         counters.rejections_by_cause
     );
-    assert!(counters.ctb_writes_accepted >= 4, "{counters:?}");
-    assert!(handshakes > 40_000, "{handshakes} handshakes");
+    // Created, then the next anchor added, then the old one removed.
+    assert!(counters.ctb_writes_accepted >= 3, "{counters:?}");
+    assert!(handshakes > 30_000, "{handshakes} handshakes");
     assert!(
         failures.is_empty(),
         "{} of {handshakes} handshakes failed; first ones:\n{}",
