@@ -2,7 +2,8 @@
 //!
 //! Creates (first run) or reuses a local CA in the data directory, serves the `podca.v1` gRPC
 //! API on loopback and the SPIFFE Workload API on a Unix socket, keeps kubelet-layout credential
-//! bundles for chosen identities, and reloads the CA from the data directory on SIGHUP (so a
+//! bundles for chosen identities, runs the CA rotation schedule and follows changes to the data
+//! directory within seconds, and reloads the CA from it at once on SIGHUP (so a
 //! rotation done by another command reaches every open stream).
 
 use std::net::SocketAddr;
@@ -25,6 +26,8 @@ use crate::grpc::auth::{DevAuthenticator, Identity};
 use crate::grpc::core::IssuedVia;
 use crate::grpc::ledger::LedgerWriter;
 use crate::grpc::{Api, ApiOptions, CaHandle, server};
+use podca_controller::metrics::Metrics;
+use podca_controller::rotation::{Rotator, RotatorOptions, file_opener};
 
 /// The signer `podca dev` uses when the config names none.
 pub const DEFAULT_SIGNER: &str = "podca.dev/default";
@@ -93,6 +96,36 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             .with_context(|| format!("creating a CA in {}", data_dir.display()))?;
     }
     let ca = CaHandle::new(store.load()?, store.roots()?);
+    // The rotation driver: runs the [rotation] schedule (unless [ca] automatic_rotation = false)
+    // and follows changes to the data directory (`podca ca rotate`) within 5 s.
+    if config.ca.automatic_rotation {
+        config
+            .rotation
+            .validate()
+            .context("[rotation] in the config file")?;
+    }
+    let max_leaf_lifetime = time::Duration::seconds(
+        config
+            .signers
+            .values()
+            .map(|p| i64::from(p.max_lifetime_seconds))
+            .max()
+            .unwrap_or(86_400),
+    );
+    let rotator = Arc::new(Rotator::new(
+        RotatorOptions {
+            store: store.clone(),
+            schedule: config.rotation,
+            automatic: config.ca.automatic_rotation,
+            max_leaf_lifetime,
+            poll: Duration::from_secs(5),
+            open: file_opener(),
+            refresh_when: None,
+        },
+        ca.clone(),
+        podca_controller::system_clock(),
+        Arc::new(Metrics::new()),
+    ));
 
     let identities = if config.dev.identities.is_empty() {
         vec![DevIdentity {
@@ -157,6 +190,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
+    let rotation_task = tokio::spawn(Arc::clone(&rotator).run(stop_rx.clone()));
     let tcp_server = tokio::spawn(server::serve_tcp(
         tcp,
         Arc::clone(&api),
@@ -199,7 +233,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         tokio::select! {
             _ = int.recv() => break,
             _ = term.recv() => break,
-            _ = hup.recv() => match reload(&store, &ca) {
+            _ = hup.recv() => match rotator.reload_now() {
                 Ok(generation) => println!("podca dev: reloaded the CA from {} (generation {generation})", data_dir.display()),
                 Err(e) => eprintln!("podca dev: reloading the CA failed, keeping the current one: {e:#}"),
             },
@@ -208,6 +242,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     println!("podca dev: stopping");
     let _ = stop_tx.send(true);
     let drain = async {
+        let _ = rotation_task.await;
         let _ = tcp_server.await;
         let _ = unix_server.await;
     };
@@ -224,13 +259,6 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     }
     let _ = std::fs::remove_file(&socket);
     Ok(())
-}
-
-/// Re-reads the CA and anchors from the data directory and swaps them in.
-fn reload(store: &FileStore, ca: &CaHandle) -> anyhow::Result<u64> {
-    let issuing = store.load()?;
-    let anchors = store.roots()?;
-    Ok(ca.replace(issuing, anchors))
 }
 
 /// The uid this process runs as, without libc: the owner of `/proc/self`, or of a file we create.
@@ -323,7 +351,10 @@ fn print_banner(b: &Banner<'_>) {
             dir.join("trust-bundle.pem").display()
         );
     }
-    println!("podca dev: SIGHUP reloads the CA from the data directory; Ctrl-C stops");
+    println!(
+        "podca dev: CA rotation runs on its schedule; `podca ca rotate` is picked up within 5 s \
+         (SIGHUP: at once); Ctrl-C stops"
+    );
     println!("podca dev: ready");
 }
 

@@ -244,7 +244,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     Arc::clone(&clock),
                     Arc::clone(&metrics),
                 );
-                tasks.push(tokio::spawn(rotator.run(stop_rx.clone())));
+                tasks.push(tokio::spawn(Arc::new(rotator).run(stop_rx.clone())));
                 if let Some((slot, hsm_metrics)) = hsm {
                     tasks.push(tokio::spawn(hsm_metrics.export(slot, stop_rx.clone())));
                 }

@@ -88,6 +88,8 @@ pub struct Rotator {
     metrics: Arc<Metrics>,
     /// What the handle was last loaded from: state.json and root.pem as read then.
     seen: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
+    /// Wakes [`Rotator::run`] for an immediate check (e.g. on SIGHUP).
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Rotator {
@@ -108,6 +110,7 @@ impl Rotator {
             clock,
             metrics,
             seen: Mutex::new(seen),
+            wake: Arc::new(tokio::sync::Notify::new()),
         };
         rotator.update_metrics((rotator.clock)());
         rotator
@@ -115,6 +118,11 @@ impl Rotator {
 
     pub fn handle(&self) -> &CaHandle {
         &self.ca
+    }
+
+    /// Notifying this makes [`Rotator::run`] check at once instead of at its next wake-up.
+    pub fn waker(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.wake)
     }
 
     /// Takes the steps that are due (when automatic), then reloads the handle if the store
@@ -178,8 +186,22 @@ impl Rotator {
         }
     }
 
+    /// Loads the store's active CA and anchors into the handle now, changed or not (SIGHUP in
+    /// `podca dev`). Returns the handle's new generation.
+    pub fn reload_now(&self) -> Result<u64, String> {
+        let store = &self.options.store;
+        let current = fingerprint(store).map_err(|e| format!("reading the CA state: {e}"))?;
+        let (ca, anchors) = load(store, &self.options.open)?;
+        let generation = self.ca.replace(ca, anchors);
+        if let Ok(mut seen) = self.seen.lock() {
+            *seen = Some(current);
+        }
+        self.update_metrics((self.clock)());
+        Ok(generation)
+    }
+
     /// Ticks until `shutdown` turns true: when the schedule is due, and at least every `poll`.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
             let wait = match self.tick() {
                 Ok(t) => match t.next {
@@ -200,6 +222,7 @@ impl Rotator {
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
+                _ = self.wake.notified() => {}
                 r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
             }
         }

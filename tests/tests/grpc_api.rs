@@ -373,6 +373,45 @@ max_open_streams = 1
     assert!(reopened.is_some(), "the stream slot was released");
 }
 
+/// `podca ca rotate` on the data directory of a running `podca dev`, with no signal: the
+/// rotation driver notices within seconds, every open stream gets old + next anchors, and the
+/// current CA keeps signing (the next one waits out the propagation window).
+#[tokio::test(flavor = "multi_thread")]
+async fn ca_rotate_reaches_open_streams_without_a_signal() {
+    let dev = DevServer::start();
+    let mut client = dev.tcp_client().await;
+    let mut watch = client
+        .watch_trust_bundle(as_identity(
+            GetTrustBundleRequest::default(),
+            "default",
+            "default",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    let out = std::process::Command::new(grpc_support::podca_binary())
+        .args(["ca", "rotate", "--dir"])
+        .arg(&dev.data_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let second = tokio::time::timeout(Duration::from_secs(15), watch.message())
+        .await
+        .expect("a new bundle within 15 s, without SIGHUP")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        second.trust_anchors_pem,
+        std::fs::read_to_string(dev.data_dir.join("root.pem")).unwrap()
+    );
+    assert_eq!(second.trust_anchors_pem.matches("BEGIN CERTIFICATE").count(), 2);
+    assert!(second.trust_anchors_pem.starts_with(&first.trust_anchors_pem));
+    // Still signed by the current CA: its certificates verify with the old anchor alone.
+    let cert = issue(&mut client, request(p256_csr())).await.unwrap();
+    openssl_verify(&cert.certificate_chain_pem, &first.trust_anchors_pem).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn rotation_pushes_a_new_bundle_to_open_watch_streams() {
     let dev = DevServer::start();
