@@ -2,8 +2,9 @@
 //!
 //! A redb commit is a durable write (an fsync), far slower than signing a P-256 leaf, so
 //! requests only queue their record; one writer thread appends whatever has queued up in a
-//! single transaction. [`LedgerWriter::finish`] writes the rest before the process exits, so a
-//! clean shutdown loses nothing; a crash loses at most the records still queued.
+//! single transaction, at most one every 100 ms. [`LedgerWriter::finish`] writes the rest before
+//! the process exits, so a clean shutdown loses nothing; a crash loses at most the records still
+//! queued.
 
 use std::sync::mpsc as std_mpsc;
 use std::thread::JoinHandle;
@@ -15,6 +16,11 @@ use tokio::sync::mpsc;
 const QUEUE: usize = 65_536;
 /// Most records in one transaction.
 const MAX_BATCH: usize = 4096;
+/// Shortest time between two commits. Every commit rewrites the touched B-tree paths of four
+/// tables and syncs; committing whatever trickled in each time cost a quarter of the gRPC
+/// throughput (5,235 → ~4,000 issuances/s with 64 clients; ~4,800/s with this interval).
+/// Waiting this long gathers larger batches; a crash loses at most this much more.
+const MIN_COMMIT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
 
 enum Message {
     Record(Box<LedgerRecord>),
@@ -109,6 +115,7 @@ fn write_batches(ledger: &Ledger, mut rx: mpsc::Receiver<Message>) -> u64 {
         if batch.is_empty() {
             continue;
         }
+        let started = std::time::Instant::now();
         match ledger.append(&batch) {
             Ok(()) => written += batch.len() as u64,
             // Issuing goes on: the certificates exist whether or not the ledger says so.
@@ -117,6 +124,9 @@ fn write_batches(ledger: &Ledger, mut rx: mpsc::Receiver<Message>) -> u64 {
                 records = batch.len(),
                 "could not write to the issuance ledger"
             ),
+        }
+        if !finishing {
+            std::thread::sleep(MIN_COMMIT_INTERVAL.saturating_sub(started.elapsed()));
         }
     }
     written
