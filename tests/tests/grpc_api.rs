@@ -395,7 +395,11 @@ async fn ca_rotate_reaches_open_streams_without_a_signal() {
         .arg(&dev.data_dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let second = tokio::time::timeout(Duration::from_secs(15), watch.message())
         .await
         .expect("a new bundle within 15 s, without SIGHUP")
@@ -405,8 +409,18 @@ async fn ca_rotate_reaches_open_streams_without_a_signal() {
         second.trust_anchors_pem,
         std::fs::read_to_string(dev.data_dir.join("root.pem")).unwrap()
     );
-    assert_eq!(second.trust_anchors_pem.matches("BEGIN CERTIFICATE").count(), 2);
-    assert!(second.trust_anchors_pem.starts_with(&first.trust_anchors_pem));
+    assert_eq!(
+        second
+            .trust_anchors_pem
+            .matches("BEGIN CERTIFICATE")
+            .count(),
+        2
+    );
+    assert!(
+        second
+            .trust_anchors_pem
+            .starts_with(&first.trust_anchors_pem)
+    );
     // Still signed by the current CA: its certificates verify with the old anchor alone.
     let cert = issue(&mut client, request(p256_csr())).await.unwrap();
     openssl_verify(&cert.certificate_chain_pem, &first.trust_anchors_pem).unwrap();
