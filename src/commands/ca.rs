@@ -80,8 +80,15 @@ pub struct InitArgs {
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     /// CA data directory.
-    #[arg(long, env = "PODCA_DATA_DIR")]
+    #[arg(long, env = "PODCA_DATA_DIR", conflicts_with = "secret")]
     pub dir: Option<PathBuf>,
+    /// A Secret-held CA (`[ca] backend = "secret"`): show the generations podca serve recorded
+    /// for the Secret `namespace/name` (its history ConfigMap; read access is enough).
+    #[arg(long)]
+    pub secret: Option<String>,
+    /// Kubeconfig for --secret; default: KUBECONFIG, ~/.kube/config, in-cluster.
+    #[arg(long, requires = "secret")]
+    pub kubeconfig: Option<PathBuf>,
     #[command(flatten)]
     pub hsm: super::HsmArgs,
 }
@@ -182,7 +189,15 @@ impl InitArgs {
 
 impl ShowArgs {
     fn run(self) -> anyhow::Result<()> {
-        let Self { dir, hsm } = self;
+        let Self {
+            dir,
+            secret,
+            kubeconfig,
+            hsm,
+        } = self;
+        if let Some(secret) = secret {
+            return show_secret_history(&secret, kubeconfig.as_deref());
+        }
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
         let ca = super::open_active_ca(&store, &hsm)?;
         let now = OffsetDateTime::now_utc();
@@ -218,6 +233,71 @@ impl ShowArgs {
         }
         Ok(())
     }
+}
+
+/// `podca ca show --secret ns/name`: the generations in the Secret CA's history ConfigMap.
+fn show_secret_history(secret: &str, kubeconfig: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use podca_controller::secret_ca::{HISTORY_KEY, History, SecretCaOptions};
+    let (namespace, name) = secret
+        .split_once('/')
+        .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
+        .with_context(|| format!("--secret {secret:?}: expected \"<namespace>/<name>\""))?;
+    let configmap = SecretCaOptions::new(namespace, name).history_name();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let found = runtime.block_on(async {
+        let client = podca_controller::connect(kubeconfig).await?;
+        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+            kube::Api::namespaced(client, namespace);
+        api.get_opt(&configmap)
+            .await
+            .with_context(|| format!("reading ConfigMap {namespace}/{configmap}"))
+    })?;
+    let Some(cm) = found else {
+        anyhow::bail!(
+            "ConfigMap {namespace}/{configmap} does not exist: podca serve has not run with \
+             [ca] secret = \"{secret}\" yet"
+        );
+    };
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(HISTORY_KEY))
+        .with_context(|| format!("ConfigMap {namespace}/{configmap} has no {HISTORY_KEY}"))?;
+    let history: History = serde_json::from_str(text)
+        .with_context(|| format!("{namespace}/{configmap}: {HISTORY_KEY} is not readable"))?;
+    let now = OffsetDateTime::now_utc();
+    println!(
+        "CA Secret: {} (history in ConfigMap {namespace}/{configmap})",
+        history.secret
+    );
+    for record in &history.generations {
+        let g = &record.generation;
+        println!();
+        println!("generation {} — {}", g.id, g.phase);
+        println!("  prepared:   {}", g.prepared_at);
+        if let Some(t) = g.activated_at {
+            println!("  activated:  {t}");
+        }
+        if let Some(t) = g.retired_at {
+            println!("  retired:    {t}");
+        }
+        if g.phase == podca_signer::rotation::Phase::Retired {
+            println!("  anchor published until: {}", g.anchor_needed_until());
+        }
+        for c in CaCertificate::all_from_pem(&record.chain_pem)?
+            .iter()
+            .take(1)
+        {
+            print_cert("issuing", c, now);
+        }
+        for c in CaCertificate::all_from_pem(&record.anchors_pem)? {
+            print_cert("root", &c, now);
+        }
+    }
+    Ok(())
 }
 
 fn print_cert(role: &str, c: &CaCertificate, now: OffsetDateTime) {

@@ -448,6 +448,33 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
     let counters = c.emu.counters();
     assert_eq!((counters.validation_rejections, counters.forbidden), (0, 0));
 
+    // `podca ca show --secret` reads the state podca serve recorded for the Secret.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let shown = loop {
+        let out = podca(
+            &[
+                "ca",
+                "show",
+                "--secret",
+                "podca-system/podca-ca",
+                "--kubeconfig",
+                c.kubeconfig.to_str().expect("utf-8"),
+            ],
+            &[],
+        );
+        if out.status.success() {
+            break String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ca show --secret: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(shown.contains("generation 1 — active"), "{shown}");
+    assert!(shown.contains("CN=secret-held root"), "{shown}");
+
     // A malformed secret setting is a one-line start-up error.
     write_config(
         &config,
