@@ -76,6 +76,10 @@ impl CaKey for FileKey {
     fn location(&self) -> String {
         format!("file:{}", self.path.display())
     }
+
+    fn signs_quickly_in_process(&self) -> bool {
+        self.algorithm() != CaAlgorithm::RsaSha256
+    }
 }
 
 /// Creates `path` with mode 0600 from the start (never world-readable, not even briefly) and

@@ -70,4 +70,8 @@ impl CaKey for MemoryKey {
     fn location(&self) -> String {
         "memory".into()
     }
+
+    fn signs_quickly_in_process(&self) -> bool {
+        self.algorithm() != CaAlgorithm::RsaSha256
+    }
 }

@@ -132,6 +132,14 @@ pub trait CaKey: Send + Sync + fmt::Debug {
     /// Where the key lives, for humans (`file:/path`, `pkcs11:token=…;object=…`). No secrets.
     fn location(&self) -> String;
 
+    /// Whether a signature is a few dozen microseconds of CPU in this process — an in-memory
+    /// ECDSA or Ed25519 key — never a wait on a device, the network or a lock held elsewhere.
+    /// Async callers may then sign inline instead of handing the work to a blocking pool (a
+    /// thread hand-off per certificate costs more than the signature). Default: false.
+    fn signs_quickly_in_process(&self) -> bool {
+        false
+    }
+
     /// The public key as a DER SubjectPublicKeyInfo.
     fn public_key_spki(&self) -> Vec<u8> {
         rcgen::PublicKeyData::subject_public_key_info(&RawPublicKey {
