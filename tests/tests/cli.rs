@@ -3,45 +3,13 @@
 // Test code: an unexpected error should fail the test where it happens.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-/// Builds `podca` with the cargo running this test and returns its path.
-fn podca_path() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let out = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "-p",
-                "podca",
-                "--bin",
-                "podca",
-                "--message-format=json",
-            ])
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .output()
-            .expect("running cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build -p podca failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "podca")
-            .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .next_back()
-            .expect("cargo did not report the podca executable")
-    })
-}
+use podca_tests::process::podca_binary;
 
 fn podca(args: &[&str]) -> Output {
-    Command::new(podca_path())
+    Command::new(podca_binary())
         .args(args)
         .env_remove("PODCA_DATA_DIR")
         .env("PODCA_LOG", "warn")
@@ -396,7 +364,7 @@ fn ca_key_in_softhsm2_through_the_cli() {
         module.display()
     );
     let run = |args: &[&str]| {
-        Command::new(podca_path())
+        Command::new(podca_binary())
             .args(args)
             .env("SOFTHSM2_CONF", &conf)
             .env("PODCA_LOG", "warn")

@@ -1,7 +1,6 @@
 //! End-to-end with the real `podca serve` binary: two processes with leader election against the
 //! API emulator. The binary is built by the test (or taken from PODCA_BIN).
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,10 +15,6 @@ use serde_json::json;
 const SIGNER: &str = "example.com/workload";
 const USER: &str = "system:serviceaccount:podca:podca";
 
-fn podca_bin() -> PathBuf {
-    podca_binary()
-}
-
 struct Serve {
     child: Child,
     admin: u16,
@@ -28,7 +23,7 @@ struct Serve {
 impl Serve {
     fn start(config: &std::path::Path, kubeconfig: &std::path::Path, identity: &str) -> Serve {
         let admin = free_port();
-        let child = Command::new(podca_bin())
+        let child = Command::new(podca_binary())
             .args(["serve", "--config"])
             .arg(config)
             .arg("--kubeconfig")
@@ -141,7 +136,7 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
     emu.write_kubeconfig(&kubeconfig, "podca")
         .expect("kubeconfig");
     let ca_dir = dir.path().join("ca");
-    let init = Command::new(podca_bin())
+    let init = Command::new(podca_binary())
         .args(["ca", "init", "--dir"])
         .arg(&ca_dir)
         .stdout(Stdio::null())

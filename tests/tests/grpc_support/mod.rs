@@ -8,53 +8,13 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock, mpsc};
+use std::sync::{Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use tonic::transport::{Channel, Endpoint};
 
-/// Builds `podca` with the same cargo and target dir as this test, once per test binary.
-pub fn podca_binary() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build_podca(&[])).clone()
-}
-
-/// Builds `podca` in release mode (benchmarks), once per binary.
-pub fn podca_binary_release() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build_podca(&["--release"])).clone()
-}
-
-fn build_podca(extra: &[&str]) -> PathBuf {
-    {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let out = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "-p",
-                "podca",
-                "--bin",
-                "podca",
-                "--message-format=json",
-            ])
-            .args(extra)
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("running cargo build");
-        assert!(out.status.success(), "cargo build -p podca failed");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        stdout
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "podca")
-            .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .next_back()
-            .expect("cargo did not report the podca executable")
-    }
-}
+pub use podca_tests::process::{podca_binary, podca_binary_release};
 
 /// A running `podca dev`.
 pub struct DevServer {
