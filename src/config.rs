@@ -307,6 +307,17 @@ impl Config {
         Ok(config)
     }
 
+    /// The longest leaf lifetime any signer issues: how long a retired CA's leaves can live.
+    pub fn max_leaf_lifetime(&self) -> time::Duration {
+        time::Duration::seconds(
+            self.signers
+                .values()
+                .map(|p| i64::from(p.max_lifetime_seconds))
+                .max()
+                .unwrap_or(86_400),
+        )
+    }
+
     /// The policy gRPC requests get: `grpc.signer`, or the only configured signer.
     pub fn grpc_signer(&self) -> anyhow::Result<(&str, &SignerPolicy)> {
         match &self.grpc.signer {
@@ -327,4 +338,11 @@ impl Config {
             ),
         }
     }
+}
+
+/// `namespace/name` of a Secret (`[ca] secret`, `podca ca show --secret`).
+pub fn secret_ref(text: &str) -> anyhow::Result<(&str, &str)> {
+    text.split_once('/')
+        .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
+        .with_context(|| format!("{text:?}: expected \"<namespace>/<name>\""))
 }

@@ -104,14 +104,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             .validate()
             .context("[rotation] in the config file")?;
     }
-    let max_leaf_lifetime = time::Duration::seconds(
-        config
-            .signers
-            .values()
-            .map(|p| i64::from(p.max_lifetime_seconds))
-            .max()
-            .unwrap_or(86_400),
-    );
+    let max_leaf_lifetime = config.max_leaf_lifetime();
     let rotator = Arc::new(Rotator::new(
         RotatorOptions {
             store: store.clone(),

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::ca_source::CaSource;
-use crate::config::{CaBackend, Config};
+use crate::config::{CaBackend, Config, secret_ref};
 use crate::grpc::auth::{KubePodDirectory, KubeTokenReviewer, TokenReviewAuthenticator};
 use crate::grpc::{Api, ApiOptions, server};
 use crate::hsm_metrics::HsmMetrics;
@@ -119,14 +119,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if lease_renew_deadline >= lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
     }
-    let max_leaf_lifetime = time::Duration::seconds(
-        config
-            .signers
-            .values()
-            .map(|p| i64::from(p.max_lifetime_seconds))
-            .max()
-            .unwrap_or(86_400),
-    );
+    let max_leaf_lifetime = config.max_leaf_lifetime();
     let mut metrics = Metrics::new();
     let clock = podca_controller::system_clock();
     let backend = match config.ca.backend {
@@ -135,12 +128,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 "[ca] backend = \"secret\" needs secret = \"<namespace>/<name>\" (a kubernetes.io/tls \
                  Secret)",
             )?;
-            let (namespace, name) = secret
-                .split_once('/')
-                .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
-                .with_context(|| {
-                    format!("[ca] secret = {secret:?}: expected \"<namespace>/<name>\"")
-                })?;
+            let (namespace, name) = secret_ref(secret).context("[ca] secret")?;
             config.rotation.validate()?;
             let mut o = SecretCaOptions::new(namespace, name);
             o.schedule = config.rotation;
