@@ -112,7 +112,8 @@ impl Rotator {
             seen: Mutex::new(seen),
             wake: Arc::new(tokio::sync::Notify::new()),
         };
-        rotator.update_metrics((rotator.clock)());
+        rotator.set_generation_gauges();
+        rotator.set_next_rotation((rotator.clock)());
         rotator
     }
 
@@ -161,25 +162,10 @@ impl Rotator {
             .as_ref()
             .is_some_and(|f| f(&self.ca.current().ca, now));
         if changed.unwrap_or(true) || due {
-            let (ca, anchors) = load(store, &self.options.open)?;
-            let subject = ca.certificate().subject().to_string();
-            let generation = self.ca.replace(ca, anchors);
-            info!(
-                issuing = %subject,
-                anchors = self.ca.current().anchors.len(),
-                generation,
-                "CA reloaded"
-            );
-            if let Ok(mut seen) = self.seen.lock() {
-                *seen = Some(current);
-            }
+            self.install(current)?;
             out.swapped = true;
         }
-        out.next = store
-            .next_rotation_event(&self.options.schedule, now)
-            .ok()
-            .flatten();
-        self.update_metrics(now);
+        out.next = self.set_next_rotation(now);
         match failed {
             Some(e) => Err(e),
             None => Ok(out),
@@ -189,14 +175,29 @@ impl Rotator {
     /// Loads the store's active CA and anchors into the handle now, changed or not (SIGHUP in
     /// `podca dev`). Returns the handle's new generation.
     pub fn reload_now(&self) -> Result<u64, String> {
-        let store = &self.options.store;
-        let current = fingerprint(store).map_err(|e| format!("reading the CA state: {e}"))?;
-        let (ca, anchors) = load(store, &self.options.open)?;
+        let current =
+            fingerprint(&self.options.store).map_err(|e| format!("reading the CA state: {e}"))?;
+        let generation = self.install(current)?;
+        self.set_next_rotation((self.clock)());
+        Ok(generation)
+    }
+
+    /// Opens the store's active CA, swaps it and the anchors into the handle, and remembers
+    /// `current` (what state.json and root.pem held) as loaded.
+    fn install(&self, current: (Vec<u8>, Vec<u8>)) -> Result<u64, String> {
+        let (ca, anchors) = load(&self.options.store, &self.options.open)?;
+        let subject = ca.certificate().subject().to_string();
         let generation = self.ca.replace(ca, anchors);
+        info!(
+            issuing = %subject,
+            anchors = self.ca.current().anchors.len(),
+            generation,
+            "CA reloaded"
+        );
         if let Ok(mut seen) = self.seen.lock() {
             *seen = Some(current);
         }
-        self.update_metrics((self.clock)());
+        self.set_generation_gauges();
         Ok(generation)
     }
 
@@ -228,7 +229,9 @@ impl Rotator {
         }
     }
 
-    fn update_metrics(&self, now: OffsetDateTime) {
+    /// One `podca_ca_generation_not_after_timestamp_seconds` per generation still in use. They
+    /// change only with the store, so they are set when it is (re)loaded.
+    fn set_generation_gauges(&self) {
         let Ok(generations) = self.options.store.generations() else {
             return;
         };
@@ -245,6 +248,10 @@ impl Rotator {
                 })
                 .set(info.issuing.not_after().unix_timestamp());
         }
+    }
+
+    /// When the schedule next has something to do, also as `podca_ca_next_rotation_…`.
+    fn set_next_rotation(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
         let next = self
             .options
             .store
@@ -254,6 +261,7 @@ impl Rotator {
         self.metrics
             .ca_next_rotation
             .set(next.map(|t| t.unix_timestamp()).unwrap_or(0));
+        next
     }
 }
 

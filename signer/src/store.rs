@@ -377,6 +377,11 @@ impl FileStore {
                 steps.insert(0, Step::Prepare);
             }
             force = false;
+            if !state.self_managed && !force_prepare {
+                // The schedule wants a successor podca cannot make (imported or HSM-held CA):
+                // the operator brings it; nothing to do here.
+                steps.retain(|s| *s != Step::Prepare);
+            }
             if steps.is_empty() {
                 break;
             }
@@ -384,11 +389,6 @@ impl FileStore {
                 match step {
                     Step::Prepare => {
                         if !state.self_managed {
-                            if !force_prepare {
-                                // The schedule wants a successor podca cannot make (imported or
-                                // HSM-held CA): the operator brings it; nothing to do here.
-                                continue;
-                            }
                             let what = if state.external_keys.is_empty() {
                                 "this CA was imported"
                             } else {
