@@ -73,3 +73,76 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
         .unwrap_or_default();
     Some((code, body))
 }
+
+/// A running `podca serve` (debug binary) with its admin and gRPC listeners on free loopback
+/// ports; killed when dropped.
+#[derive(Debug)]
+pub struct ServeProcess {
+    pub child: std::process::Child,
+    pub admin: u16,
+    pub grpc: u16,
+}
+
+impl ServeProcess {
+    /// `podca serve --config config --kubeconfig kubeconfig` plus `extra` arguments, with `env`.
+    pub fn start(config: &Path, kubeconfig: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Self {
+        let admin = free_port();
+        let grpc = free_port();
+        let mut cmd = Command::new(podca_binary());
+        cmd.args(["serve", "--config"])
+            .arg(config)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        ServeProcess {
+            child: cmd.spawn().expect("spawn podca serve"),
+            admin,
+            grpc,
+        }
+    }
+
+    /// The `/metrics` text, or empty when the admin listener does not answer.
+    pub fn metrics(&self) -> String {
+        http_get(self.admin, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// Sends a signal (`-TERM`, `-KILL`, …) with the `kill` utility.
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                return s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "podca serve did not exit"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,13 +1,13 @@
 //! End-to-end with the real `podca serve` binary: two processes with leader election against the
 //! API emulator. The binary is built by the test (or taken from PODCA_BIN).
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use podca_tests::client::KubeClient;
 use podca_tests::emulator::{ApiMode, Res};
-use podca_tests::process::{free_port, http_get, podca_binary};
+use podca_tests::process::{ServeProcess, http_get, podca_binary};
 use podca_tests::{Emulator, EmulatorConfig};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 use serde_json::json;
@@ -15,68 +15,30 @@ use serde_json::json;
 const SIGNER: &str = "example.com/workload";
 const USER: &str = "system:serviceaccount:podca:podca";
 
-struct Serve {
-    child: Child,
-    admin: u16,
-}
-
-impl Serve {
-    fn start(config: &std::path::Path, kubeconfig: &std::path::Path, identity: &str) -> Serve {
-        let admin = free_port();
-        let child = Command::new(podca_binary())
-            .args(["serve", "--config"])
-            .arg(config)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .args(["--grpc-listen", &format!("127.0.0.1:{}", free_port())])
-            .args([
-                "--leader-elect",
-                "--lease-namespace",
-                "default",
-                "--lease-identity",
-                identity,
-            ])
-            .args([
-                "--lease-duration",
-                "4s",
-                "--lease-renew-deadline",
-                "3s",
-                "--lease-retry-period",
-                "1s",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn podca serve");
-        Serve { child, admin }
-    }
-
-    fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-
-    fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                return s;
-            }
-            assert!(Instant::now() < deadline, "podca serve did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `podca serve` with leader election on short Lease timings, as `identity`.
+fn start_serve(
+    config: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    identity: &str,
+) -> ServeProcess {
+    ServeProcess::start(
+        config,
+        kubeconfig,
+        &[
+            "--leader-elect",
+            "--lease-namespace",
+            "default",
+            "--lease-identity",
+            identity,
+            "--lease-duration",
+            "4s",
+            "--lease-renew-deadline",
+            "3s",
+            "--lease-retry-period",
+            "1s",
+        ],
+        &[],
+    )
 }
 
 async fn file(admin: &KubeClient, name: &str) {
@@ -159,13 +121,13 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
             .filter(|h| !h.is_empty())
     };
 
-    let mut a = Serve::start(&config, &kubeconfig, "a");
+    let mut a = start_serve(&config, &kubeconfig, "a");
     let deadline = Instant::now() + Duration::from_secs(30);
     while holder().as_deref() != Some("a") {
         assert!(Instant::now() < deadline, "a never took the Lease");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut b = Serve::start(&config, &kubeconfig, "b");
+    let mut b = start_serve(&config, &kubeconfig, "b");
     file(&admin, "one").await;
     wait_issued(&emu, "one", Duration::from_secs(30)).await;
     assert_eq!(holder().as_deref(), Some("a"));
@@ -205,7 +167,7 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
     // A crash (SIGKILL, no release): a new process takes over after the lease expires.
     b.signal("-KILL");
     b.wait_exit(Duration::from_secs(10));
-    let _c = Serve::start(&config, &kubeconfig, "c");
+    let _c = start_serve(&config, &kubeconfig, "c");
     let killed = Instant::now();
     file(&admin, "three").await;
     wait_issued(&emu, "three", Duration::from_secs(30)).await;

@@ -4,14 +4,14 @@
 //! start-up). Every issued chain is checked with `openssl verify` against the published bundle.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use podca_tests::client::KubeClient;
 use podca_tests::emulator::{ApiMode, Res};
 use podca_tests::kubelet::trust_anchors_for_signer;
-use podca_tests::process::{free_port, http_get, podca_binary};
+use podca_tests::process::{ServeProcess, podca_binary};
 use podca_tests::{Emulator, EmulatorConfig};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 use serde_json::json;
@@ -19,49 +19,6 @@ use serde_json::json;
 const SIGNER: &str = "example.com/workload";
 const USER: &str = "system:serviceaccount:podca:podca";
 const SOFTHSM: &str = "/usr/lib/softhsm/libsofthsm2.so";
-
-struct Serve {
-    child: Child,
-    admin: u16,
-    grpc: u16,
-}
-
-impl Serve {
-    fn start(config: &Path, kubeconfig: &Path, env: &[(&str, &Path)]) -> Serve {
-        let admin = free_port();
-        let grpc = free_port();
-        let mut cmd = Command::new(podca_binary());
-        cmd.args(["serve", "--config"])
-            .arg(config)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        Serve {
-            child: cmd.spawn().expect("spawn podca serve"),
-            admin,
-            grpc,
-        }
-    }
-
-    fn metrics(&self) -> String {
-        http_get(self.admin, "/metrics")
-            .map(|(_, body)| body)
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 struct Cluster {
     emu: Emulator,
@@ -207,7 +164,7 @@ async fn serve_publishes_bundles_follows_ca_rotate_and_serves_grpc() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let config = c.dir.path().join("podca.toml");
     write_config(&config, &format!("[ca]\ndir = {ca:?}\n"));
-    let serve = Serve::start(&config, &c.kubeconfig, &[]);
+    let serve = ServeProcess::start(&config, &c.kubeconfig, &[], &[]);
 
     // The anchor is published under the documented name and labels.
     let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;
@@ -332,7 +289,7 @@ async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
                 pin.to_str().expect("utf-8")
             ),
         );
-        let serve = Serve::start(&config, &c.kubeconfig, &env);
+        let serve = ServeProcess::start(&config, &c.kubeconfig, &[], &env);
         let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;
         let name = format!("hsm-{mode}");
         file(&c.admin, &name).await;
@@ -439,7 +396,7 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
         &config,
         "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n",
     );
-    let _serve = Serve::start(&config, &c.kubeconfig, &[]);
+    let _serve = ServeProcess::start(&config, &c.kubeconfig, &[], &[]);
     let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;
     assert_eq!(bundle.trim(), cert.pem().trim());
     file(&c.admin, "from-secret").await;
@@ -572,7 +529,7 @@ async fn serve_issues_every_key_type_to_kubelet_in_each_api_mode() {
             &config,
             &format!("[ca]\ndir = {:?}\n", ca.display().to_string()),
         );
-        let _serve = Serve::start(&config, &kubeconfig, &[]);
+        let _serve = ServeProcess::start(&config, &kubeconfig, &[], &[]);
         let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
         let deadline = Instant::now() + Duration::from_secs(30);
         let anchors = loop {
