@@ -13,12 +13,16 @@ use time::{Duration, OffsetDateTime};
 
 use crate::config::{CaBackend, CaConfig, Pkcs11Mode};
 
+/// The HSM key most recently opened by the opener (its statistics feed the `podca_hsm_*`
+/// metrics); empty until the first open.
+pub type HsmKeySlot = Arc<Mutex<Option<Arc<Pkcs11Key>>>>;
+
 /// The opened CA source: the store, how to open its active CA, and (HSM) the key's statistics.
 pub struct CaSource {
     pub store: FileStore,
     pub open: Opener,
     /// The HSM key most recently opened (for its metrics), if any.
-    pub hsm: Option<Arc<Mutex<Option<Arc<Pkcs11Key>>>>>,
+    pub hsm: Option<HsmKeySlot>,
     /// In intermediate mode, the lifetime of the in-memory intermediate.
     pub intermediate_lifetime: Option<Duration>,
 }
@@ -110,7 +114,7 @@ impl CaSource {
                         max_leaf_lifetime.whole_seconds()
                     );
                 }
-                let last_key: Arc<Mutex<Option<Arc<Pkcs11Key>>>> = Arc::new(Mutex::new(None));
+                let last_key: HsmKeySlot = Arc::new(Mutex::new(None));
                 let keep = Arc::clone(&last_key);
                 let open: Opener = Arc::new(move |store: &FileStore| {
                     let location = match (&uri_override, store.external_key_location()) {

@@ -1,10 +1,12 @@
 //! HSM metrics: the PKCS#11 key's signing statistics as Prometheus metrics (prefix `podca_hsm_`).
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use podca_signer::backend::{Pkcs11Key, Pkcs11Stats};
+use podca_signer::backend::Pkcs11Stats;
+
+use crate::ca_source::HsmKeySlot;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -59,11 +61,7 @@ impl HsmMetrics {
     }
 
     /// Copies the key's statistics every few seconds until `stop` turns true.
-    pub async fn export(
-        self,
-        key: Arc<Mutex<Option<Arc<Pkcs11Key>>>>,
-        mut stop: watch::Receiver<bool>,
-    ) {
+    pub async fn export(self, key: HsmKeySlot, mut stop: watch::Receiver<bool>) {
         // Statistics belong to one opened key; a reopened key starts again from zero.
         let mut last: Option<(usize, Pkcs11Stats)> = None;
         loop {

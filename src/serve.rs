@@ -331,13 +331,11 @@ enum Backend {
     Files {
         handle: CaHandle,
         rotator: RotatorOptions,
-        hsm: Option<(SharedPkcs11Key, HsmMetrics)>,
+        hsm: Option<(crate::ca_source::HsmKeySlot, HsmMetrics)>,
     },
     /// A kubernetes.io/tls Secret, read and watched through the API.
     Secret(SecretCaOptions),
 }
-
-type SharedPkcs11Key = Arc<std::sync::Mutex<Option<Arc<podca_signer::backend::Pkcs11Key>>>>;
 
 fn rand_suffix() -> u32 {
     let nanos = std::time::SystemTime::now()
