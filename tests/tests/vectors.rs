@@ -14,7 +14,7 @@ fn vectors_path() -> PathBuf {
     match std::env::var_os("PODCA_VECTORS") {
         Some(p) => PathBuf::from(p),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../shared/vectors/apiserver-1.36.2.json"),
+            .join("vectors/apiserver-1.36.2.json"),
     }
 }
 
@@ -22,7 +22,7 @@ fn load() -> Value {
     let p = vectors_path();
     let text = std::fs::read_to_string(&p).unwrap_or_else(|e| {
         panic!(
-            "the recorded vectors are missing: looked at {} ({e}); set PODCA_VECTORS or put shared/ beside the repository",
+            "the recorded vectors are missing: looked at {} ({e}); the repository carries a copy in tests/vectors/ (refreshed from shared/vectors/); PODCA_VECTORS overrides",
             p.display()
         )
     });
