@@ -21,13 +21,13 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::commands::default_data_dir;
-use crate::config::{Config, DevBundle, DevIdentity};
-use crate::grpc::auth::{DevAuthenticator, Identity};
-use crate::grpc::core::IssuedVia;
-use crate::grpc::ledger::LedgerWriter;
-use crate::grpc::{Api, ApiOptions, CaHandle, server};
-use podca_controller::metrics::Metrics;
-use podca_controller::rotation::{Rotator, RotatorOptions, file_opener};
+use podca_authority::config::{Config, DevBundle, DevIdentity};
+use podca_authority::metrics::Metrics;
+use podca_authority::rotation::{Rotator, RotatorOptions, file_opener};
+use podca_grpc::auth::{DevAuthenticator, Identity};
+use podca_grpc::core::IssuedVia;
+use podca_grpc::ledger::LedgerWriter;
+use podca_grpc::{Api, ApiOptions, CaHandle, server};
 
 /// The signer `podca dev` uses when the config names none.
 pub const DEFAULT_SIGNER: &str = "podca.dev/default";
@@ -116,7 +116,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             refresh_when: None,
         },
         ca.clone(),
-        podca_controller::system_clock(),
+        podca_authority::system_clock(),
         Arc::new(Metrics::new()),
     ));
 
@@ -387,7 +387,7 @@ async fn write_bundle(
     api: &Api,
     identity: &Identity,
     key_type: KeyType,
-    snapshot: Arc<crate::grpc::trust::CaSnapshot>,
+    snapshot: Arc<podca_authority::CaSnapshot>,
     dir: &Path,
 ) -> anyhow::Result<OffsetDateTime> {
     let key_pair = tokio::task::spawn_blocking(move || generate_key(key_type)).await??;

@@ -1,12 +1,8 @@
 //! `podca`: a certificate authority for Kubernetes workloads.
 
-mod ca_source;
 mod cli;
 mod commands;
-mod config;
 mod dev;
-mod grpc;
-mod hsm_metrics;
 mod serve;
 
 fn main() -> std::process::ExitCode {

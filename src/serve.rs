@@ -8,20 +8,22 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use podca_controller::metrics::Metrics;
+use podca_authority::CaHandle;
+use podca_authority::metrics::Metrics;
+use podca_authority::rotation::{self, Rotator, RotatorOptions};
 use podca_controller::publisher::PublisherOptions;
-use podca_controller::rotation::{self, Rotator, RotatorOptions};
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
-use podca_controller::{CaHandle, LeaderElection, Options};
+use podca_controller::{LeaderElection, Options};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::ca_source::CaSource;
-use crate::config::{CaBackend, Config, secret_ref};
-use crate::grpc::auth::{KubePodDirectory, KubeTokenReviewer, TokenReviewAuthenticator};
-use crate::grpc::{Api, ApiOptions, server};
-use crate::hsm_metrics::HsmMetrics;
+use podca_authority::ca::CaSource;
+use podca_authority::config::{CaBackend, Config, secret_ref};
+use podca_authority::hsm_metrics::HsmMetrics;
+use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
+use podca_grpc::auth::TokenReviewAuthenticator;
+use podca_grpc::{Api, ApiOptions, server};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -121,7 +123,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let max_leaf_lifetime = config.max_leaf_lifetime();
     let mut metrics = Metrics::new();
-    let clock = podca_controller::system_clock();
+    let clock = podca_authority::system_clock();
     let backend = match config.ca.backend {
         CaBackend::Secret => {
             let secret = config.ca.secret.as_deref().context(
@@ -303,7 +305,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             }));
         }
         let result =
-            podca_controller::run(client, options, podca_controller::shutdown_signal()).await;
+            podca_controller::run(client, options, podca_authority::shutdown::signal()).await;
         let _ = stop_tx.send(true);
         for task in tasks {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
@@ -331,7 +333,7 @@ enum Backend {
     Files {
         handle: CaHandle,
         rotator: RotatorOptions,
-        hsm: Option<(crate::ca_source::HsmKeySlot, HsmMetrics)>,
+        hsm: Option<(podca_authority::ca::HsmKeySlot, HsmMetrics)>,
     },
     /// A kubernetes.io/tls Secret, read and watched through the API.
     Secret(SecretCaOptions),

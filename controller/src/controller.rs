@@ -19,15 +19,15 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::admin::{self, Health};
 use crate::decide::{self, ErrorClass, Settlement};
 use crate::discovery::{self, Served};
-use crate::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
 use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
 use crate::request::{ApiVersion, KeySource, Pcr};
-use crate::trust::{CaHandle, CaSnapshot, Clock};
 use crate::{Error, LeaderElection, Options};
+use podca_authority::admin::{self, Health};
+use podca_authority::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
+use podca_authority::trust::{CaHandle, CaSnapshot, Clock};
 
 /// Reason of the Failed condition for a legacy request that cannot be read.
 pub const LEGACY_REQUEST_UNREADABLE: &str = "LegacyRequestUnreadable";

@@ -20,11 +20,8 @@ pub enum Error {
     #[error("leader election: {0}")]
     Lease(#[from] kube_lease_manager::LeaseManagerError),
     /// The admin server could not listen.
-    #[error("admin server on {addr}: {source}")]
-    Admin {
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Admin(#[from] podca_authority::admin::BindError),
     /// The client configuration could not be loaded.
     #[error("Kubernetes client configuration: {0}")]
     Config(String),

@@ -4,18 +4,15 @@
 //! watches PCRs of the configured signer names, and answers each with exactly one `/status`
 //! write: fetch → [`decide`] (pure, via `podca_signer::sign_request`) → write.
 
-pub mod admin;
 mod controller;
 pub mod decide;
 pub mod discovery;
 mod error;
-pub mod metrics;
+pub mod grpc_auth;
 pub mod publisher;
 pub mod queue;
 pub mod request;
-pub mod rotation;
 pub mod secret_ca;
-pub mod trust;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -26,7 +23,8 @@ use std::time::Duration;
 
 use podca_signer::SignerPolicy;
 
-pub use trust::{CaHandle, CaSnapshot, Clock, system_clock};
+use podca_authority::metrics;
+use podca_authority::{CaHandle, Clock, system_clock};
 
 pub use controller::run;
 pub use error::Error;
@@ -125,29 +123,6 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
             .map_err(|e| Error::Config(e.to_string()))?,
     };
     Ok(kube::Client::try_from(config)?)
-}
-
-/// Resolves when SIGTERM or SIGINT arrives.
-pub async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 /// Runs until `shutdown` resolves (see [`run`]); a convenience for tests and the binary.

@@ -31,18 +31,19 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::decide;
-use crate::metrics::{Metrics, OpLabels};
 use crate::request::ApiVersion;
-use crate::trust::{CaHandle, CaSnapshot};
+use podca_authority::metrics::{Metrics, OpLabels};
+use podca_authority::trust::{CaHandle, CaSnapshot};
 
 /// The label every podca-managed bundle carries (value [`MANAGED_BY_VALUE`]).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "podca";
 /// The label that keeps two podca installations out of each other's bundles.
 pub const INSTANCE_LABEL: &str = "podca.dev/instance";
-pub const DEFAULT_SUFFIX: &str = "podca";
-pub const DEFAULT_INSTANCE: &str = "podca";
-pub const DEFAULT_RESYNC: Duration = Duration::from_secs(5 * 60);
+pub use podca_authority::config::{
+    DEFAULT_BUNDLE_INSTANCE as DEFAULT_INSTANCE, DEFAULT_BUNDLE_RESYNC as DEFAULT_RESYNC,
+    DEFAULT_BUNDLE_SUFFIX as DEFAULT_SUFFIX,
+};
 /// `MaxTrustBundleSize` (spec rule 24).
 pub const MAX_TRUST_BUNDLE_SIZE: usize = 1024 * 1024;
 /// The longest object name kube-apiserver accepts for a ClusterTrustBundle.

@@ -73,10 +73,10 @@ use time::{Duration, OffsetDateTime};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::metrics::Metrics;
 use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::rotation::{CaLabels, StepLabels, Tick};
-use crate::trust::{CaHandle, Clock};
+use podca_authority::metrics::Metrics;
+use podca_authority::rotation::{CaLabels, StepLabels, Tick};
+use podca_authority::trust::{CaHandle, Clock};
 
 /// The Secret type podca reads.
 pub const SECRET_TYPE: &str = "kubernetes.io/tls";

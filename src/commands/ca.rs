@@ -238,7 +238,7 @@ impl ShowArgs {
 /// `podca ca show --secret ns/name`: the generations in the Secret CA's history ConfigMap.
 fn show_secret_history(secret: &str, kubeconfig: Option<&std::path::Path>) -> anyhow::Result<()> {
     use podca_controller::secret_ca::{HISTORY_KEY, History, SecretCaOptions};
-    let (namespace, name) = crate::config::secret_ref(secret).context("--secret")?;
+    let (namespace, name) = podca_authority::config::secret_ref(secret).context("--secret")?;
     let configmap = SecretCaOptions::new(namespace, name).history_name();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use podca_authority::CaHandle;
 use podca_controller::publisher::{INSTANCE_LABEL, MANAGED_BY_LABEL, PublisherOptions};
-use podca_controller::{CaHandle, LeaderElection, Options};
+use podca_controller::{LeaderElection, Options};
 use podca_signer::{CaAlgorithm, CaCertificate, IssuingCa, MemoryKey, SignerPolicy};
 use podca_tests::client::KubeClient;
 use podca_tests::emulator::{ApiMode, Res};
@@ -114,7 +115,7 @@ fn signers(names: &[&str]) -> BTreeMap<String, SignerPolicy> {
 struct Running {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), podca_controller::Error>>,
-    metrics: Arc<podca_controller::metrics::Metrics>,
+    metrics: Arc<podca_authority::metrics::Metrics>,
 }
 
 impl Running {
@@ -132,7 +133,7 @@ impl Running {
     fn writes(&self, op: &'static str) -> u64 {
         self.metrics
             .ctb_writes
-            .get_or_create(&podca_controller::metrics::OpLabels { op })
+            .get_or_create(&podca_authority::metrics::OpLabels { op })
             .get()
     }
 }

@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration as StdDuration;
 
-use podca_controller::metrics::Metrics;
+use podca_authority::metrics::Metrics;
+use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
+use podca_authority::{CaHandle, Clock};
+use podca_controller::Options;
 use podca_controller::publisher::PublisherOptions;
-use podca_controller::rotation::{Rotator, RotatorOptions, file_opener, load};
-use podca_controller::{CaHandle, Clock, Options};
 use podca_signer::rotation::{Phase, Schedule, Step};
 use podca_signer::{FileStore, InitOptions, SignerPolicy};
 use podca_tests::client::KubeClient;

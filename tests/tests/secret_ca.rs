@@ -10,10 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration as StdDuration;
 
-use podca_controller::metrics::Metrics;
+use podca_authority::metrics::Metrics;
+use podca_authority::{CaHandle, Clock};
+use podca_controller::Options;
 use podca_controller::publisher::PublisherOptions;
 use podca_controller::secret_ca::{SecretCa, SecretCaDriver, SecretCaOptions};
-use podca_controller::{CaHandle, Clock, Options};
 use podca_signer::SignerPolicy;
 use podca_signer::rotation::Phase;
 use podca_tests::client::KubeClient;
@@ -401,7 +402,7 @@ impl Running {
     fn steps(&self, step: &'static str) -> u64 {
         self.metrics
             .rotation_steps
-            .get_or_create(&podca_controller::rotation::StepLabels { step })
+            .get_or_create(&podca_authority::rotation::StepLabels { step })
             .get()
     }
 }

@@ -13,8 +13,7 @@ use time::format_description::well_known::Rfc3339;
 fn vectors_path() -> PathBuf {
     match std::env::var_os("PODCA_VECTORS") {
         Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("vectors/apiserver-1.36.2.json"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("vectors/apiserver-1.36.2.json"),
     }
 }
 

@@ -14,7 +14,6 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::Error;
 use crate::metrics::Metrics;
 
 /// Health flags shared with the controller.
@@ -32,11 +31,20 @@ impl Health {
     }
 }
 
+/// The admin listener could not listen.
+#[derive(Debug, thiserror::Error)]
+#[error("admin server on {addr}: {source}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
 /// Binds the admin listener; serving starts with [`serve`].
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| Error::Admin { addr, source })
+        .map_err(|source| BindError { addr, source })
 }
 
 /// Serves until `stop` turns true.

@@ -51,9 +51,8 @@ pub mod ledger;
 pub mod podca_service;
 pub mod ratelimit;
 pub mod server;
-pub use podca_controller::trust;
 pub mod uds_authority;
 pub mod workload;
 
 pub use self::core::{Api, ApiOptions};
-pub use self::trust::CaHandle;
+pub use podca_authority::CaHandle;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 
-use crate::config::DevIdentity;
+use podca_authority::config::DevIdentity;
 
 /// The caller's Kubernetes identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -348,56 +348,6 @@ fn token_expiry(token: &BearerToken) -> Option<u64> {
 /// served by a prompt UNAVAILABLE it can retry than by a hung call.
 pub const KUBE_API_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// TokenReview through the Kubernetes API (authentication.k8s.io/v1).
-#[derive(Clone)]
-pub struct KubeTokenReviewer {
-    client: kube::Client,
-}
-
-impl fmt::Debug for KubeTokenReviewer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("KubeTokenReviewer")
-    }
-}
-
-impl KubeTokenReviewer {
-    pub fn new(client: kube::Client) -> Self {
-        KubeTokenReviewer { client }
-    }
-}
-
-#[tonic::async_trait]
-impl TokenReviewer for KubeTokenReviewer {
-    async fn review(&self, token: &BearerToken, audience: &str) -> Result<ReviewStatus, String> {
-        use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-        let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: token.expose().to_owned(),
-                audiences: Some(vec![audience.to_owned()]),
-            },
-            ..Default::default()
-        };
-        let answer = tokio::time::timeout(
-            KUBE_API_TIMEOUT,
-            api.create(&kube::api::PostParams::default(), &review),
-        )
-        .await
-        .map_err(|_| format!("TokenReview did not answer within {KUBE_API_TIMEOUT:?}"))?
-        // kube errors name the URL and status, never the request body.
-        .map_err(|e| format!("TokenReview failed: {e}"))?;
-        let status = answer.status.unwrap_or_default();
-        let user = status.user.unwrap_or_default();
-        Ok(ReviewStatus {
-            authenticated: status.authenticated.unwrap_or(false),
-            username: user.username.unwrap_or_default(),
-            audiences: status.audiences.unwrap_or_default(),
-            extra: user.extra.unwrap_or_default(),
-            error: status.error.filter(|e| !e.is_empty()),
-        })
-    }
-}
-
 /// A pod, as IssueForPod needs to know it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodInfo {
@@ -410,48 +360,6 @@ pub struct PodInfo {
 #[tonic::async_trait]
 pub trait PodDirectory: Send + Sync + fmt::Debug {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, String>;
-}
-
-/// Pods through the Kubernetes API.
-#[derive(Clone)]
-pub struct KubePodDirectory {
-    client: kube::Client,
-}
-
-impl fmt::Debug for KubePodDirectory {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("KubePodDirectory")
-    }
-}
-
-impl KubePodDirectory {
-    pub fn new(client: kube::Client) -> Self {
-        KubePodDirectory { client }
-    }
-}
-
-#[tonic::async_trait]
-impl PodDirectory for KubePodDirectory {
-    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, String> {
-        use k8s_openapi::api::core::v1::Pod;
-        let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
-        let pod = tokio::time::timeout(KUBE_API_TIMEOUT, api.get_opt(name))
-            .await
-            .map_err(|_| {
-                format!("reading pod {namespace}/{name}: no answer within {KUBE_API_TIMEOUT:?}")
-            })?
-            .map_err(|e| format!("reading pod {namespace}/{name}: {e}"))?;
-        Ok(pod.map(|p| {
-            let spec = p.spec.unwrap_or_default();
-            PodInfo {
-                service_account: spec
-                    .service_account_name
-                    .unwrap_or_else(|| "default".into()),
-                node_name: spec.node_name,
-                uid: p.metadata.uid,
-            }
-        }))
-    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 use super::auth::{AuthError, BearerToken, Credentials, Identity, Peer};
 use super::core::{Api, IssueInput, Issued};
 use super::errors::ApiError;
-use super::trust::CaSnapshot;
+use podca_authority::trust::CaSnapshot;
 
 /// `podca.v1.PodCA`.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use podca_signer::backend::Pkcs11Stats;
 
-use crate::ca_source::HsmKeySlot;
+use crate::ca::HsmKeySlot;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;

@@ -26,7 +26,7 @@ use super::auth::Identity;
 use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
 use super::podca_service::{credentials_of, peer_of};
-use super::trust::CaSnapshot;
+use podca_authority::trust::CaSnapshot;
 
 /// `SpiffeWorkloadAPI`.
 #[derive(Debug, Clone)]

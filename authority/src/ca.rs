@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::rotation::{Opener, file_opener};
 use anyhow::Context;
-use podca_controller::rotation::{Opener, file_opener};
 use podca_signer::backend::{PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Uri};
 use podca_signer::{CaKey, FileStore, IssuingCa, MemoryKey};
 use time::{Duration, OffsetDateTime};

@@ -16,7 +16,7 @@ use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
 use super::errors::ApiError;
 use super::ledger::LedgerSink;
 use super::ratelimit::RateLimiter;
-use super::trust::{CaHandle, CaSnapshot};
+use podca_authority::trust::{CaHandle, CaSnapshot};
 
 /// Largest request message the servers accept.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -88,6 +88,11 @@ pub struct Api {
     ledger: Option<LedgerSink>,
 }
 
+/// [`Api::new`] was given a default signer that is not configured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("grpc.signer {0:?} is not a configured signer")]
+pub struct UnknownSigner(pub String);
+
 impl Api {
     pub fn new(
         options: ApiOptions,
@@ -95,12 +100,10 @@ impl Api {
         auth: Arc<dyn Authenticator>,
         pods: Option<Arc<dyn PodDirectory>>,
         shutdown: watch::Receiver<bool>,
-    ) -> anyhow::Result<Self> {
-        anyhow::ensure!(
-            options.signers.contains_key(&options.default_signer),
-            "grpc.signer {:?} is not a configured signer",
-            options.default_signer
-        );
+    ) -> Result<Self, UnknownSigner> {
+        if !options.signers.contains_key(&options.default_signer) {
+            return Err(UnknownSigner(options.default_signer));
+        }
         Ok(Api {
             limiter: RateLimiter::new(options.rate_limit_per_identity),
             streams: Arc::new(Semaphore::new(options.max_open_streams)),
@@ -375,7 +378,7 @@ fn issue_blocking(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grpc::auth::DevAuthenticator;
+    use crate::auth::DevAuthenticator;
     use podca_signer::{BackendError, CaAlgorithm, CaKey, IssuingCa, MemoryKey};
     use std::sync::atomic::{AtomicBool, Ordering};
     use tonic::Code;

@@ -1,5 +1,5 @@
 //! Why a gRPC request was refused, and the one place where that becomes a `tonic::Status` (the
-//! table in the module docs of [`crate::grpc`]).
+//! table in the module docs of [`crate`]).
 
 use podca_signer::policy::reason;
 use podca_signer::{BackendError, KeyError};

@@ -81,14 +81,21 @@ impl Default for TrustBundlesConfig {
     }
 }
 
+/// The default end of every ClusterTrustBundle name.
+pub const DEFAULT_BUNDLE_SUFFIX: &str = "podca";
+/// The default `podca.dev/instance` label.
+pub const DEFAULT_BUNDLE_INSTANCE: &str = "podca";
+/// The default full re-check period of the bundles.
+pub const DEFAULT_BUNDLE_RESYNC: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+
 fn default_bundle_suffix() -> String {
-    podca_controller::publisher::DEFAULT_SUFFIX.into()
+    DEFAULT_BUNDLE_SUFFIX.into()
 }
 fn default_bundle_instance() -> String {
-    podca_controller::publisher::DEFAULT_INSTANCE.into()
+    DEFAULT_BUNDLE_INSTANCE.into()
 }
 fn default_bundle_resync() -> u64 {
-    podca_controller::publisher::DEFAULT_RESYNC.as_secs()
+    DEFAULT_BUNDLE_RESYNC.as_secs()
 }
 
 /// Where the CA key lives.

@@ -1,0 +1,25 @@
+//! podca's runtime, shared by `podca serve`, `podca dev` and the command line, with no
+//! Kubernetes in it:
+//!
+//! * [`trust`]: the [`CaHandle`] every component reads the CA and trust anchors from, and the
+//!   [`Clock`] every time-dependent part reads;
+//! * [`config`]: the one configuration schema (TOML, flags and environment fill it in);
+//! * [`ca`]: opening the CA a configuration names (file, PKCS#11), once, for every command;
+//! * [`rotation`]: the rotation driver of a CA held in a data directory;
+//! * [`metrics`], [`hsm_metrics`] and [`admin`]: the Prometheus registry and the
+//!   `/metrics` `/livez` `/readyz` listener;
+//! * [`shutdown`]: the signals that stop podca.
+//!
+//! The PKI itself (keys, policy, issuance, the ledger) is `podca_signer`; Kubernetes I/O is
+//! `podca_controller`; the gRPC edge is `podca_grpc`.
+
+pub mod admin;
+pub mod ca;
+pub mod config;
+pub mod hsm_metrics;
+pub mod metrics;
+pub mod rotation;
+pub mod shutdown;
+pub mod trust;
+
+pub use trust::{CaHandle, CaSnapshot, Clock, system_clock};

@@ -1,0 +1,110 @@
+//! The arrows between podca's crates point one way: the PKI core knows no Kubernetes, gRPC or
+//! async runtime; the runtime and the gRPC edge know no Kubernetes. `cargo tree` over the
+//! normal (non-dev) dependencies of each crate tells, so a new dependency that breaks a rule
+//! fails the build instead of quietly linking Kubernetes into `podca dev`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+
+/// Every package `package` depends on, directly or not, through normal dependencies.
+fn dependencies(package: &str) -> BTreeSet<String> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .args(["--format", "{p}", "-p", package, "--manifest-path"])
+        .arg(&manifest)
+        .output()
+        .expect("running cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deps: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    // The tree always names the package itself: an empty answer means cargo tree said nothing.
+    assert!(
+        deps.contains(package),
+        "cargo tree -p {package} named no packages"
+    );
+    deps
+}
+
+fn assert_free_of(package: &str, forbidden: &[&str]) {
+    let deps = dependencies(package);
+    let found: Vec<&&str> = forbidden.iter().filter(|f| deps.contains(**f)).collect();
+    assert!(
+        found.is_empty(),
+        "{package} must not depend on {found:?} (see the Design section of the README)"
+    );
+}
+
+#[test]
+fn the_pki_core_knows_no_kubernetes_grpc_or_async_runtime() {
+    assert_free_of(
+        "podca-signer",
+        &[
+            "kube",
+            "kube-client",
+            "k8s-openapi",
+            "tonic",
+            "tokio",
+            "podca-authority",
+            "podca-grpc",
+            "podca-controller",
+        ],
+    );
+}
+
+#[test]
+fn the_runtime_knows_no_kubernetes_and_no_grpc() {
+    assert_free_of(
+        "podca-authority",
+        &[
+            "kube",
+            "kube-client",
+            "k8s-openapi",
+            "tonic",
+            "podca-grpc",
+            "podca-controller",
+        ],
+    );
+}
+
+#[test]
+fn the_grpc_edge_knows_no_kubernetes() {
+    assert_free_of(
+        "podca-grpc",
+        &["kube", "kube-client", "k8s-openapi", "podca-controller"],
+    );
+}
+
+#[test]
+fn the_check_sees_what_it_forbids() {
+    // The controller does link kube: if this failed, the checks above would pass vacuously.
+    let deps = dependencies("podca-controller");
+    for expected in [
+        "kube",
+        "k8s-openapi",
+        "podca-signer",
+        "podca-authority",
+        "podca-grpc",
+    ] {
+        assert!(
+            deps.contains(expected),
+            "podca-controller should depend on {expected}"
+        );
+    }
+}
