@@ -21,9 +21,11 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::commands::default_data_dir;
+use podca_authority::ca;
+use podca_authority::config::{CaConfig, FileCa, Pkcs11Ca};
 use podca_authority::config::{Config, DevBundle, DevIdentity};
 use podca_authority::metrics::Metrics;
-use podca_authority::rotation::{Rotator, RotatorOptions, file_opener};
+use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_grpc::auth::{DevAuthenticator, Identity};
 use podca_grpc::core::IssuedVia;
 use podca_grpc::ledger::LedgerWriter;
@@ -84,8 +86,11 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let (signer_name, _) = config.grpc_signer()?;
     let signer_name = signer_name.to_owned();
 
+    let ca_config = dev_ca_config(&config.ca, &data_dir)?;
     let store = FileStore::new(&data_dir);
-    let created = !store.is_initialised();
+    // A first run makes a file CA; a CA whose key is in an HSM is made with `podca ca init
+    // --pkcs11-uri` first.
+    let created = !store.is_initialised() && matches!(ca_config, CaConfig::File(_));
     if created {
         let options = InitOptions {
             name: "podca dev".into(),
@@ -95,24 +100,26 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             .init(&options, OffsetDateTime::now_utc())
             .with_context(|| format!("creating a CA in {}", data_dir.display()))?;
     }
-    let ca = CaHandle::new(store.load()?, store.roots()?);
+    let max_leaf_lifetime = config.max_leaf_lifetime();
+    let source = ca::open(&ca_config, max_leaf_lifetime)?;
+    let (active, anchors) = source.load().context("opening the CA")?;
+    let ca = CaHandle::new(active, anchors);
     // The rotation driver: runs the [rotation] schedule (unless [ca] automatic_rotation = false)
     // and follows changes to the data directory (`podca ca rotate`) within 5 s.
-    if config.ca.automatic_rotation {
+    if source.automatic_rotation {
         config
             .rotation
             .validate()
             .context("[rotation] in the config file")?;
     }
-    let max_leaf_lifetime = config.max_leaf_lifetime();
     let rotator = Arc::new(Rotator::new(
         RotatorOptions {
             store: store.clone(),
             schedule: config.rotation,
-            automatic: config.ca.automatic_rotation,
+            automatic: source.automatic_rotation,
             max_leaf_lifetime,
             poll: Duration::from_secs(5),
-            open: file_opener(),
+            open: Arc::clone(&source.open),
             refresh_when: None,
         },
         ca.clone(),
@@ -432,4 +439,35 @@ fn write_atomic(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
     file.sync_all()?;
     std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
     Ok(())
+}
+
+/// The `[ca]` table as `podca dev` uses it: the CA always lives in the data directory (file
+/// keys, or an HSM key recorded there); a Secret-held CA needs the Kubernetes API.
+fn dev_ca_config(ca: &CaConfig, data_dir: &Path) -> anyhow::Result<CaConfig> {
+    let dir = |configured: &Option<PathBuf>| match configured {
+        Some(d) if d != data_dir => anyhow::bail!(
+            "[ca] dir = {} but podca dev keeps its CA in the data directory {}; drop [ca] dir or \
+             pass --data-dir {}",
+            d.display(),
+            data_dir.display(),
+            d.display()
+        ),
+        _ => Ok(Some(data_dir.to_owned())),
+    };
+    Ok(match ca {
+        CaConfig::Secret(s) => anyhow::bail!(
+            "[ca] backend = \"secret\" ({}/{}) is read through the Kubernetes API, which podca \
+             dev does not use; use backend = \"file\" (the default) or \"pkcs11\"",
+            s.namespace,
+            s.name
+        ),
+        CaConfig::File(f) => CaConfig::File(FileCa {
+            dir: dir(&f.dir)?,
+            automatic_rotation: f.automatic_rotation,
+        }),
+        CaConfig::Pkcs11(p) => CaConfig::Pkcs11(Pkcs11Ca {
+            dir: dir(&p.dir)?,
+            ..p.clone()
+        }),
+    })
 }

@@ -18,8 +18,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::info;
 
-use podca_authority::ca::CaSource;
-use podca_authority::config::{CaBackend, Config, secret_ref};
+use podca_authority::ca;
+use podca_authority::config::{CaConfig, Config};
 use podca_authority::hsm_metrics::HsmMetrics;
 use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
 use podca_grpc::auth::TokenReviewAuthenticator;
@@ -124,31 +124,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let max_leaf_lifetime = config.max_leaf_lifetime();
     let mut metrics = Metrics::new();
     let clock = podca_authority::system_clock();
-    let backend = match config.ca.backend {
-        CaBackend::Secret => {
-            let secret = config.ca.secret.as_deref().context(
-                "[ca] backend = \"secret\" needs secret = \"<namespace>/<name>\" (a kubernetes.io/tls \
-                 Secret)",
-            )?;
-            let (namespace, name) = secret_ref(secret).context("[ca] secret")?;
+    let backend = match &config.ca {
+        CaConfig::Secret(secret) => {
             config.rotation.validate()?;
-            let mut o = SecretCaOptions::new(namespace, name);
+            let mut o = SecretCaOptions::new(&secret.namespace, &secret.name);
             o.schedule = config.rotation;
             o.max_leaf_lifetime = max_leaf_lifetime;
             Backend::Secret(o)
         }
-        CaBackend::File | CaBackend::Pkcs11 => {
-            let source = CaSource::from_config(&config.ca, max_leaf_lifetime)?;
+        CaConfig::File(_) | CaConfig::Pkcs11(_) => {
+            let source = ca::open(&config.ca, max_leaf_lifetime)?;
             // Opening the CA here makes a wrong PIN, a missing token or a broken data directory
             // a start-up error rather than a stream of pending requests.
-            let (ca, anchors) = rotation::load(&source.store, &source.open)
-                .map_err(|e| anyhow::anyhow!("opening the CA: {e}"))?;
+            let (ca, anchors) = source.load().context("opening the CA")?;
             let handle = CaHandle::new(ca, anchors);
             let hsm_metrics = source
                 .hsm
                 .as_ref()
                 .map(|_| HsmMetrics::register(&mut metrics.registry));
-            let mut automatic = config.ca.automatic_rotation;
+            let mut automatic = source.automatic_rotation;
             if automatic && leader_elect {
                 // Replicas do not share a writable data directory: each would make its own CA.
                 info!(

@@ -1,23 +1,88 @@
-//! Opening the CA that `podca serve` (and `podca dev`) sign with, from the `[ca]` config table:
-//! a file CA data directory, or one whose keys are held in an HSM over PKCS#11 (in either mode:
-//! the HSM key signs every leaf, or it signs a short-lived in-memory intermediate).
+//! Opening the CA a [`CaConfig`] names, in one place for `podca serve`, `podca dev` and the
+//! command line: a CA data directory with file keys, or one whose keys are held in an HSM over
+//! PKCS#11 (in either mode: the HSM key signs every leaf, or it signs a short-lived in-memory
+//! intermediate). A Secret-held CA is read through the Kubernetes API by `podca_controller`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::rotation::{Opener, file_opener};
-use anyhow::Context;
-use podca_signer::backend::{PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Uri};
-use podca_signer::{CaKey, FileStore, IssuingCa, MemoryKey};
+use podca_signer::backend::{BackendError, PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Uri};
+use podca_signer::{CaCertificate, CaError, CaKey, FileStore, IssuingCa, MemoryKey, StoreError};
 use time::{Duration, OffsetDateTime};
 
-use crate::config::{CaBackend, CaConfig, Pkcs11Mode};
+use crate::config::{CaConfig, FileCa, Pkcs11Ca, Pkcs11Mode};
+
+/// Opens the active CA of a store (file key, or a key held in an HSM).
+pub type Opener = Arc<dyn Fn(&FileStore) -> Result<IssuingCa, OpenError> + Send + Sync>;
 
 /// The HSM key most recently opened by the opener (its statistics feed the `podca_hsm_*`
 /// metrics); empty until the first open.
 pub type HsmKeySlot = Arc<Mutex<Option<Arc<Pkcs11Key>>>>;
 
-/// The opened CA source: the store, how to open its active CA, and (HSM) the key's statistics.
+/// Why a CA could not be opened. Messages name the input and what to change; never a PIN.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    #[error(
+        "[ca] dir is required for the {backend} backend (the CA data directory made by `podca ca \
+         init`)"
+    )]
+    NoDir { backend: &'static str },
+    #[error("{} holds no CA yet; run `podca ca init --dir {}` first", .dir.display(), .dir.display())]
+    NotInitialised { dir: PathBuf },
+    #[error(
+        "the active CA key in {} is held in an HSM ({location}); set [ca] backend = \"pkcs11\" and \
+         pkcs11_pin_file (or pkcs11_pin_env)",
+        .dir.display()
+    )]
+    KeyInHsm { dir: PathBuf, location: String },
+    #[error(
+        "[ca] backend = \"pkcs11\", but the active CA key in {} is a file; set backend = \"file\" \
+         or pkcs11_uri",
+        .dir.display()
+    )]
+    KeyIsFile { dir: PathBuf },
+    #[error(
+        "the CA key is in an HSM ({location}): give --pkcs11-pin-file FILE or --pkcs11-pin-env VAR"
+    )]
+    NoPin { location: String },
+    #[error(
+        "[ca] intermediate_lifetime_seconds ({lifetime_seconds}) must be at least three times the \
+         largest max_lifetime_seconds ({max_leaf_seconds}): the intermediate is re-issued at two \
+         thirds of its life and must still outlive every leaf"
+    )]
+    IntermediateTooShort {
+        lifetime_seconds: i64,
+        max_leaf_seconds: i64,
+    },
+    #[error(
+        "[ca] backend = \"secret\" ({namespace}/{name}) is read through the Kubernetes API: only \
+         `podca serve` opens it"
+    )]
+    HeldInSecret { namespace: String, name: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("reading the trust anchors: {0}")]
+    Anchors(#[source] StoreError),
+    #[error("{location}: {source}")]
+    Uri {
+        location: String,
+        #[source]
+        source: BackendError,
+    },
+    #[error("opening {location}: {source}")]
+    Hsm {
+        location: String,
+        #[source]
+        source: BackendError,
+    },
+    #[error("generating the in-memory intermediate key: {0}")]
+    IntermediateKey(#[source] BackendError),
+    #[error("the HSM could not sign the in-memory intermediate: {0}")]
+    IntermediateSignature(#[source] CaError),
+}
+
+/// An opened CA source: the store, how to open its active CA, and (HSM) the key's statistics.
 pub struct CaSource {
     pub store: FileStore,
     pub open: Opener,
@@ -25,6 +90,8 @@ pub struct CaSource {
     pub hsm: Option<HsmKeySlot>,
     /// In intermediate mode, the lifetime of the in-memory intermediate.
     pub intermediate_lifetime: Option<Duration>,
+    /// Whether the configuration asks podca to run the rotation schedule itself.
+    pub automatic_rotation: bool,
 }
 
 impl std::fmt::Debug for CaSource {
@@ -33,139 +100,168 @@ impl std::fmt::Debug for CaSource {
             .field("dir", &self.store.dir())
             .field("hsm", &self.hsm.is_some())
             .field("intermediate_lifetime", &self.intermediate_lifetime)
+            .field("automatic_rotation", &self.automatic_rotation)
             .finish_non_exhaustive()
     }
 }
 
 impl CaSource {
-    /// Reads the `[ca]` table. `max_leaf_lifetime` sizes the intermediate in intermediate mode.
-    pub fn from_config(ca: &CaConfig, max_leaf_lifetime: Duration) -> anyhow::Result<CaSource> {
-        if ca.backend == CaBackend::Secret {
-            anyhow::bail!(
-                "[ca] backend = \"secret\" (secret = {:?}) is not available in this version; use \
-                 \"file\" (a CA data directory, e.g. mounted from a Secret) or \"pkcs11\"",
-                ca.secret.as_deref().unwrap_or("")
-            );
-        }
-        let dir: PathBuf = ca.dir.clone().with_context(|| {
-            format!(
-                "[ca] dir is required for the {} backend (the CA data directory made by `podca ca \
-                 init`)",
-                backend_name(ca.backend)
-            )
-        })?;
-        let store = FileStore::new(&dir);
-        if !store.is_initialised() {
-            anyhow::bail!(
-                "{} holds no CA; create one with `podca ca init --dir {}`",
-                dir.display(),
-                dir.display()
-            );
-        }
-        let external = store.external_key_location()?;
-        match ca.backend {
-            CaBackend::File => {
-                if let Some(location) = external {
-                    anyhow::bail!(
-                        "the active CA key in {} is held in an HSM ({location}); set [ca] backend = \
-                         \"pkcs11\" and pkcs11_pin_file (or pkcs11_pin_env)",
-                        dir.display()
-                    );
-                }
-                Ok(CaSource {
-                    store,
-                    open: file_opener(),
-                    hsm: None,
-                    intermediate_lifetime: None,
-                })
-            }
-            CaBackend::Pkcs11 => {
-                let pin = match (&ca.pkcs11_pin_file, &ca.pkcs11_pin_env) {
-                    (Some(file), None) => PinSource::File(file.clone()),
-                    (None, Some(var)) => PinSource::Env(var.clone()),
-                    (Some(_), Some(_)) => anyhow::bail!(
-                        "[ca] pkcs11_pin_file and pkcs11_pin_env are both set; choose one"
-                    ),
-                    (None, None) => anyhow::bail!(
-                        "[ca] backend = \"pkcs11\" needs pkcs11_pin_file or pkcs11_pin_env (the \
-                         PIN is never read from the config file itself)"
-                    ),
-                };
-                let uri_override = ca.pkcs11_uri.clone();
-                let module = ca.pkcs11_module.clone();
-                let intermediate_lifetime = match ca.pkcs11_mode {
-                    Pkcs11Mode::HsmSignsLeaves => None,
-                    Pkcs11Mode::Intermediate => Some(
-                        ca.intermediate_lifetime_seconds
-                            .map(|s| Duration::seconds(i64::from(s)))
-                            .unwrap_or_else(|| {
-                                Ord::max(max_leaf_lifetime * 3i32, Duration::days(1))
-                            }),
-                    ),
-                };
-                if let Some(life) = intermediate_lifetime {
-                    // Renewed at ⅔ of its life, so ⅓ must still cover the longest leaf.
-                    anyhow::ensure!(
-                        life >= max_leaf_lifetime * 3i32,
-                        "[ca] intermediate_lifetime_seconds ({}) must be at least three times the \
-                         largest max_lifetime_seconds ({}): the intermediate is re-issued at two \
-                         thirds of its life and must still outlive every leaf",
-                        life.whole_seconds(),
-                        max_leaf_lifetime.whole_seconds()
-                    );
-                }
-                let last_key: HsmKeySlot = Arc::new(Mutex::new(None));
-                let keep = Arc::clone(&last_key);
-                let open: Opener = Arc::new(move |store: &FileStore| {
-                    let location = match (&uri_override, store.external_key_location()) {
-                        (Some(uri), _) => uri.clone(),
-                        (None, Ok(Some(location))) => location,
-                        (None, Ok(None)) => {
-                            return Err(format!(
-                                "[ca] backend = \"pkcs11\", but the active CA key in {} is a \
-                                 file; set backend = \"file\" or pkcs11_uri",
-                                store.dir().display()
-                            ));
-                        }
-                        (None, Err(e)) => return Err(e.to_string()),
-                    };
-                    let uri = Pkcs11Uri::parse(&location).map_err(|e| e.to_string())?;
-                    let mut config = Pkcs11Config::new(uri, pin.clone());
-                    if let Some(module) = &module {
-                        config.module_path = Some(module.clone());
-                    }
-                    let key = Arc::new(
-                        Pkcs11Key::open(&config).map_err(|e| format!("opening {location}: {e}"))?,
-                    );
-                    if let Ok(mut last) = keep.lock() {
-                        *last = Some(Arc::clone(&key));
-                    }
-                    let hsm_ca = store
-                        .load_with_key(Arc::clone(&key) as Arc<dyn CaKey>)
-                        .map_err(|e| e.to_string())?;
-                    match intermediate_lifetime {
-                        None => Ok(hsm_ca),
-                        Some(life) => in_memory_intermediate(&hsm_ca, life),
-                    }
-                });
-                Ok(CaSource {
-                    store,
-                    open,
-                    hsm: Some(last_key),
-                    intermediate_lifetime,
-                })
-            }
-            CaBackend::Secret => {
-                anyhow::bail!("[ca] backend = \"secret\" is not available in this version")
-            }
-        }
+    /// Opens the active CA and reads the anchors to publish now.
+    pub fn load(&self) -> Result<(IssuingCa, Vec<CaCertificate>), OpenError> {
+        load(&self.store, &self.open)
     }
 }
 
+/// The store's active CA and the anchors to publish now.
+pub fn load(
+    store: &FileStore,
+    open: &Opener,
+) -> Result<(IssuingCa, Vec<CaCertificate>), OpenError> {
+    let ca = open(store)?;
+    let anchors = store.roots().map_err(OpenError::Anchors)?;
+    Ok((ca, anchors))
+}
+
+/// The file opener: every generation's key is a file in the store.
+pub fn file_opener() -> Opener {
+    Arc::new(|store: &FileStore| Ok(store.load()?))
+}
+
+/// The configuration for a data directory as the command line names it (`--dir` plus the
+/// PKCS#11 flags): a PKCS#11 CA when the directory records that its active key is in an HSM,
+/// else a file CA. `pin` is needed only in the first case.
+pub fn directory_config(
+    dir: &Path,
+    pin: Option<PinSource>,
+    module: Option<PathBuf>,
+) -> Result<CaConfig, OpenError> {
+    let store = FileStore::new(dir);
+    Ok(match store.external_key_location()? {
+        Some(location) => CaConfig::Pkcs11(Pkcs11Ca {
+            dir: Some(dir.to_owned()),
+            uri: None,
+            module,
+            pin: pin.ok_or(OpenError::NoPin { location })?,
+            mode: Pkcs11Mode::HsmSignsLeaves,
+            automatic_rotation: false,
+        }),
+        None => CaConfig::File(FileCa {
+            dir: Some(dir.to_owned()),
+            automatic_rotation: false,
+        }),
+    })
+}
+
+/// Opens the CA `config` names. `max_leaf_lifetime` sizes the intermediate in intermediate mode.
+/// Nothing is signed yet: [`CaSource::load`] opens the key.
+pub fn open(config: &CaConfig, max_leaf_lifetime: Duration) -> Result<CaSource, OpenError> {
+    let (dir, automatic_rotation) = match config {
+        CaConfig::Secret(s) => {
+            return Err(OpenError::HeldInSecret {
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+            });
+        }
+        CaConfig::File(f) => (f.dir.clone(), f.automatic_rotation),
+        CaConfig::Pkcs11(p) => (p.dir.clone(), p.automatic_rotation),
+    };
+    let dir = dir.ok_or(OpenError::NoDir {
+        backend: config.backend_name(),
+    })?;
+    let store = FileStore::new(&dir);
+    if !store.is_initialised() {
+        return Err(OpenError::NotInitialised { dir });
+    }
+    let external = store.external_key_location()?;
+    match config {
+        CaConfig::Secret(_) => unreachable!("answered above"),
+        CaConfig::File(_) => {
+            if let Some(location) = external {
+                return Err(OpenError::KeyInHsm { dir, location });
+            }
+            Ok(CaSource {
+                store,
+                open: file_opener(),
+                hsm: None,
+                intermediate_lifetime: None,
+                automatic_rotation,
+            })
+        }
+        CaConfig::Pkcs11(p) => open_pkcs11(p, store, max_leaf_lifetime, automatic_rotation),
+    }
+}
+
+fn open_pkcs11(
+    p: &Pkcs11Ca,
+    store: FileStore,
+    max_leaf_lifetime: Duration,
+    automatic_rotation: bool,
+) -> Result<CaSource, OpenError> {
+    let intermediate_lifetime = match p.mode {
+        Pkcs11Mode::HsmSignsLeaves => None,
+        Pkcs11Mode::Intermediate { lifetime_seconds } => Some(
+            lifetime_seconds
+                .map(|s| Duration::seconds(i64::from(s)))
+                .unwrap_or_else(|| Ord::max(max_leaf_lifetime * 3i32, Duration::days(1))),
+        ),
+    };
+    if let Some(life) = intermediate_lifetime {
+        // Renewed at ⅔ of its life, so ⅓ must still cover the longest leaf.
+        if life < max_leaf_lifetime * 3i32 {
+            return Err(OpenError::IntermediateTooShort {
+                lifetime_seconds: life.whole_seconds(),
+                max_leaf_seconds: max_leaf_lifetime.whole_seconds(),
+            });
+        }
+    }
+    let uri_override = p.uri.clone();
+    let module = p.module.clone();
+    let pin = p.pin.clone();
+    let last_key: HsmKeySlot = Arc::new(Mutex::new(None));
+    let keep = Arc::clone(&last_key);
+    let open: Opener = Arc::new(move |store: &FileStore| {
+        let location = match (&uri_override, store.external_key_location()?) {
+            (Some(uri), _) => uri.clone(),
+            (None, Some(location)) => location,
+            (None, None) => {
+                return Err(OpenError::KeyIsFile {
+                    dir: store.dir().to_owned(),
+                });
+            }
+        };
+        let uri = Pkcs11Uri::parse(&location).map_err(|source| OpenError::Uri {
+            location: location.clone(),
+            source,
+        })?;
+        let mut config = Pkcs11Config::new(uri, pin.clone());
+        if let Some(module) = &module {
+            config.module_path = Some(module.clone());
+        }
+        let key = Arc::new(Pkcs11Key::open(&config).map_err(|source| OpenError::Hsm {
+            location: location.clone(),
+            source,
+        })?);
+        if let Ok(mut last) = keep.lock() {
+            *last = Some(Arc::clone(&key));
+        }
+        let hsm_ca = store.load_with_key(Arc::clone(&key) as Arc<dyn CaKey>)?;
+        match intermediate_lifetime {
+            None => Ok(hsm_ca),
+            Some(life) => in_memory_intermediate(&hsm_ca, life),
+        }
+    });
+    Ok(CaSource {
+        store,
+        open,
+        hsm: Some(last_key),
+        intermediate_lifetime,
+        automatic_rotation,
+    })
+}
+
 /// A fresh in-memory key and an intermediate for it, signed by the HSM-held CA.
-fn in_memory_intermediate(hsm_ca: &IssuingCa, life: Duration) -> Result<IssuingCa, String> {
-    let key = MemoryKey::generate(hsm_ca.key().algorithm())
-        .map_err(|e| format!("generating the in-memory intermediate key: {e}"))?;
+fn in_memory_intermediate(hsm_ca: &IssuingCa, life: Duration) -> Result<IssuingCa, OpenError> {
+    let key = MemoryKey::generate(hsm_ca.key().algorithm()).map_err(OpenError::IntermediateKey)?;
     let now = OffsetDateTime::now_utc();
     hsm_ca
         .sign_intermediate(
@@ -174,13 +270,5 @@ fn in_memory_intermediate(hsm_ca: &IssuingCa, life: Duration) -> Result<IssuingC
             now - Duration::minutes(1),
             life,
         )
-        .map_err(|e| format!("the HSM could not sign the in-memory intermediate: {e}"))
-}
-
-fn backend_name(backend: CaBackend) -> &'static str {
-    match backend {
-        CaBackend::File => "file",
-        CaBackend::Secret => "secret",
-        CaBackend::Pkcs11 => "pkcs11",
-    }
+        .map_err(OpenError::IntermediateSignature)
 }

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use podca_signer::SignerPolicy;
+use podca_signer::backend::PinSource;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -98,75 +99,250 @@ fn default_bundle_resync() -> u64 {
     DEFAULT_BUNDLE_RESYNC.as_secs()
 }
 
-/// Where the CA key lives.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CaConfig {
-    #[serde(default)]
-    pub backend: CaBackend,
-    /// File backend: the CA data directory (see `podca ca init`).
+/// Where the CA key lives and who drives the CA's state, parsed once from the `[ca]` table.
+///
+/// The table stays flat (`backend = "file" | "pkcs11" | "secret"` beside the backend's keys);
+/// parsing turns it into one of these variants and refuses keys that belong to another
+/// backend, so a setting can never be silently ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawCaConfig")]
+pub enum CaConfig {
+    /// A CA data directory with the keys in files (`podca ca init`).
+    File(FileCa),
+    /// A CA data directory whose active key is held in an HSM, over PKCS#11.
+    Pkcs11(Pkcs11Ca),
+    /// A `kubernetes.io/tls` Secret, read and watched through the Kubernetes API.
+    Secret(SecretCa),
+}
+
+/// `[ca] backend = "file"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileCa {
+    /// The CA data directory; `podca dev` and the command line fill it in when absent.
     pub dir: Option<PathBuf>,
-    /// Secret backend: `namespace/name` of a `kubernetes.io/tls` Secret.
-    pub secret: Option<String>,
-    /// PKCS#11 backend: RFC 7512 URI of the CA key (module path, token, object).
-    pub pkcs11_uri: Option<String>,
-    /// PKCS#11 backend: file holding the user PIN (never put the PIN itself here).
-    pub pkcs11_pin_file: Option<PathBuf>,
-    /// PKCS#11 backend: name of an environment variable holding the user PIN.
-    pub pkcs11_pin_env: Option<String>,
-    /// PKCS#11 backend: the module (overrides the URI's module-path).
-    pub pkcs11_module: Option<PathBuf>,
-    /// PKCS#11 backend: who signs leaves (see the operator guide for the trade-off).
-    #[serde(default)]
-    pub pkcs11_mode: Pkcs11Mode,
-    /// PKCS#11 `intermediate` mode: lifetime of the in-memory intermediate (re-issued by the
-    /// HSM at two thirds of it). Default: three times the largest leaf lifetime, at least 1 day.
-    pub intermediate_lifetime_seconds: Option<u32>,
-    /// Run the `[rotation]` schedule (file and PKCS#11 backends, single replica). Off, podca
-    /// still follows changes made with `podca ca rotate` without a restart.
-    #[serde(default = "yes")]
+    /// Run the `[rotation]` schedule (single replica, writable directory).
     pub automatic_rotation: bool,
 }
 
-impl Default for CaConfig {
-    fn default() -> Self {
-        CaConfig {
-            backend: CaBackend::default(),
-            dir: None,
-            secret: None,
-            pkcs11_uri: None,
-            pkcs11_pin_file: None,
-            pkcs11_pin_env: None,
-            pkcs11_module: None,
-            pkcs11_mode: Pkcs11Mode::default(),
-            intermediate_lifetime_seconds: None,
-            automatic_rotation: true,
-        }
-    }
+/// `[ca] backend = "pkcs11"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pkcs11Ca {
+    /// The CA data directory holding the public certificates and the key's location.
+    pub dir: Option<PathBuf>,
+    /// RFC 7512 URI of the CA key; default: the location recorded in the data directory.
+    pub uri: Option<String>,
+    /// The module (overrides the URI's module-path).
+    pub module: Option<PathBuf>,
+    /// Where the user PIN is read from (never the config file itself).
+    pub pin: PinSource,
+    /// Who signs leaves.
+    pub mode: Pkcs11Mode,
+    /// Run the `[rotation]` schedule.
+    pub automatic_rotation: bool,
+}
+
+/// `[ca] backend = "secret"`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretCa {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// Who signs leaves when the CA key is in an HSM.
-#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Pkcs11Mode {
     /// The HSM key signs every leaf: the key never leaves the token, one HSM operation per leaf.
     #[default]
     HsmSignsLeaves,
     /// The HSM key signs a short-lived intermediate kept in memory, which signs leaves.
-    Intermediate,
+    Intermediate {
+        /// Lifetime of the in-memory intermediate (re-issued by the HSM at two thirds of it);
+        /// `None`: three times the largest leaf lifetime, at least one day.
+        lifetime_seconds: Option<u32>,
+    },
 }
 
-fn yes() -> bool {
-    true
+impl Default for CaConfig {
+    fn default() -> Self {
+        CaConfig::File(FileCa {
+            dir: None,
+            automatic_rotation: true,
+        })
+    }
+}
+
+impl CaConfig {
+    /// The backend's name as the config file spells it.
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            CaConfig::File(_) => "file",
+            CaConfig::Pkcs11(_) => "pkcs11",
+            CaConfig::Secret(_) => "secret",
+        }
+    }
+
+    /// Whether podca takes scheduled rotation steps itself (file and PKCS#11 backends; a
+    /// Secret-held CA is rotated by replacing the Secret).
+    pub fn automatic_rotation(&self) -> bool {
+        match self {
+            CaConfig::File(f) => f.automatic_rotation,
+            CaConfig::Pkcs11(p) => p.automatic_rotation,
+            CaConfig::Secret(_) => false,
+        }
+    }
+}
+
+/// Why a `[ca]` table is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaConfigError {
+    #[error("[ca] {key} does not apply to backend = \"{backend}\" (it is a {owner} setting)")]
+    ForeignKey {
+        key: &'static str,
+        backend: &'static str,
+        owner: &'static str,
+    },
+    #[error(
+        "[ca] backend = \"secret\" needs secret = \"<namespace>/<name>\" (a kubernetes.io/tls \
+         Secret)"
+    )]
+    SecretMissing,
+    #[error("[ca] secret: {0}")]
+    SecretRef(#[from] SecretRefError),
+    #[error("[ca] pkcs11_pin_file and pkcs11_pin_env are both set; choose one")]
+    TwoPins,
+    #[error(
+        "[ca] backend = \"pkcs11\" needs pkcs11_pin_file or pkcs11_pin_env (the PIN is never \
+         read from the config file itself)"
+    )]
+    NoPin,
+    #[error("[ca] intermediate_lifetime_seconds is set, but pkcs11_mode is not \"intermediate\"")]
+    LifetimeWithoutIntermediate,
+}
+
+/// The `[ca]` table as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCaConfig {
+    #[serde(default)]
+    backend: RawBackend,
+    dir: Option<PathBuf>,
+    secret: Option<String>,
+    pkcs11_uri: Option<String>,
+    pkcs11_pin_file: Option<PathBuf>,
+    pkcs11_pin_env: Option<String>,
+    pkcs11_module: Option<PathBuf>,
+    pkcs11_mode: Option<RawPkcs11Mode>,
+    intermediate_lifetime_seconds: Option<u32>,
+    automatic_rotation: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum CaBackend {
+enum RawBackend {
     #[default]
     File,
     Secret,
     Pkcs11,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+enum RawPkcs11Mode {
+    HsmSignsLeaves,
+    Intermediate,
+}
+
+impl TryFrom<RawCaConfig> for CaConfig {
+    type Error = CaConfigError;
+
+    fn try_from(raw: RawCaConfig) -> Result<Self, CaConfigError> {
+        let backend = match raw.backend {
+            RawBackend::File => "file",
+            RawBackend::Secret => "secret",
+            RawBackend::Pkcs11 => "pkcs11",
+        };
+        let foreign = |key: &'static str, owner: &'static str| CaConfigError::ForeignKey {
+            key,
+            backend,
+            owner,
+        };
+        let pkcs11_keys = [
+            ("pkcs11_uri", raw.pkcs11_uri.is_some()),
+            ("pkcs11_pin_file", raw.pkcs11_pin_file.is_some()),
+            ("pkcs11_pin_env", raw.pkcs11_pin_env.is_some()),
+            ("pkcs11_module", raw.pkcs11_module.is_some()),
+            ("pkcs11_mode", raw.pkcs11_mode.is_some()),
+            (
+                "intermediate_lifetime_seconds",
+                raw.intermediate_lifetime_seconds.is_some(),
+            ),
+        ];
+        let no_pkcs11_keys = || match pkcs11_keys.iter().find(|(_, set)| *set) {
+            Some((key, _)) => Err(foreign(key, "pkcs11")),
+            None => Ok(()),
+        };
+        match raw.backend {
+            RawBackend::File => {
+                if raw.secret.is_some() {
+                    return Err(foreign("secret", "secret"));
+                }
+                no_pkcs11_keys()?;
+                Ok(CaConfig::File(FileCa {
+                    dir: raw.dir,
+                    automatic_rotation: raw.automatic_rotation.unwrap_or(true),
+                }))
+            }
+            RawBackend::Secret => {
+                if raw.dir.is_some() {
+                    return Err(foreign("dir", "file and pkcs11"));
+                }
+                if raw.automatic_rotation.is_some() {
+                    return Err(foreign("automatic_rotation", "file and pkcs11"));
+                }
+                no_pkcs11_keys()?;
+                let secret = raw.secret.ok_or(CaConfigError::SecretMissing)?;
+                let (namespace, name) = secret_ref(&secret)?;
+                Ok(CaConfig::Secret(SecretCa {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                }))
+            }
+            RawBackend::Pkcs11 => {
+                if raw.secret.is_some() {
+                    return Err(foreign("secret", "secret"));
+                }
+                let pin = match (raw.pkcs11_pin_file, raw.pkcs11_pin_env) {
+                    (Some(file), None) => PinSource::File(file),
+                    (None, Some(var)) => PinSource::Env(var),
+                    (Some(_), Some(_)) => return Err(CaConfigError::TwoPins),
+                    (None, None) => return Err(CaConfigError::NoPin),
+                };
+                let mode = match raw.pkcs11_mode.unwrap_or(RawPkcs11Mode::HsmSignsLeaves) {
+                    RawPkcs11Mode::HsmSignsLeaves
+                        if raw.intermediate_lifetime_seconds.is_some() =>
+                    {
+                        return Err(CaConfigError::LifetimeWithoutIntermediate);
+                    }
+                    RawPkcs11Mode::HsmSignsLeaves => Pkcs11Mode::HsmSignsLeaves,
+                    RawPkcs11Mode::Intermediate => Pkcs11Mode::Intermediate {
+                        lifetime_seconds: raw.intermediate_lifetime_seconds,
+                    },
+                };
+                Ok(CaConfig::Pkcs11(Pkcs11Ca {
+                    dir: raw.dir,
+                    uri: raw.pkcs11_uri,
+                    module: raw.pkcs11_module,
+                    pin,
+                    mode,
+                    automatic_rotation: raw.automatic_rotation.unwrap_or(true),
+                }))
+            }
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The podca.v1 gRPC API.
@@ -347,9 +523,152 @@ impl Config {
     }
 }
 
+/// A Secret reference that is not `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected \"<namespace>/<name>\"")]
+pub struct SecretRefError(pub String);
+
 /// `namespace/name` of a Secret (`[ca] secret`, `podca ca show --secret`).
-pub fn secret_ref(text: &str) -> anyhow::Result<(&str, &str)> {
+pub fn secret_ref(text: &str) -> Result<(&str, &str), SecretRefError> {
     text.split_once('/')
         .filter(|(ns, n)| !ns.is_empty() && !n.is_empty() && !n.contains('/'))
-        .with_context(|| format!("{text:?}: expected \"<namespace>/<name>\""))
+        .ok_or_else(|| SecretRefError(text.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ca(table: &str) -> Result<CaConfig, String> {
+        Config::parse(&format!("[ca]\n{table}"))
+            .map(|c| c.ca)
+            .map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn no_ca_table_is_a_file_ca_with_rotation() {
+        let config = Config::parse("").expect("empty config");
+        assert_eq!(
+            config.ca,
+            CaConfig::File(FileCa {
+                dir: None,
+                automatic_rotation: true
+            })
+        );
+    }
+
+    #[test]
+    fn each_backend_becomes_its_variant() {
+        assert_eq!(
+            ca("dir = \"/d\"\nautomatic_rotation = false"),
+            Ok(CaConfig::File(FileCa {
+                dir: Some("/d".into()),
+                automatic_rotation: false
+            }))
+        );
+        assert_eq!(
+            ca("backend = \"secret\"\nsecret = \"podca-system/podca-ca\""),
+            Ok(CaConfig::Secret(SecretCa {
+                namespace: "podca-system".into(),
+                name: "podca-ca".into()
+            }))
+        );
+        assert_eq!(
+            ca(
+                "backend = \"pkcs11\"\ndir = \"/d\"\npkcs11_pin_env = \"PIN\"\n\
+                pkcs11_mode = \"intermediate\"\nintermediate_lifetime_seconds = 864000"
+            ),
+            Ok(CaConfig::Pkcs11(Pkcs11Ca {
+                dir: Some("/d".into()),
+                uri: None,
+                module: None,
+                pin: PinSource::Env("PIN".into()),
+                mode: Pkcs11Mode::Intermediate {
+                    lifetime_seconds: Some(864_000)
+                },
+                automatic_rotation: true,
+            }))
+        );
+        assert_eq!(
+            ca("backend = \"pkcs11\"\npkcs11_pin_file = \"/p\"")
+                .map(|c| matches!(c, CaConfig::Pkcs11(p) if p.mode == Pkcs11Mode::HsmSignsLeaves && p.pin == PinSource::File("/p".into()))),
+            Ok(true)
+        );
+    }
+
+    #[test]
+    fn a_key_of_another_backend_is_refused_not_ignored() {
+        let cases = [
+            (
+                "secret = \"a/b\"",
+                "[ca] secret does not apply to backend = \"file\"",
+            ),
+            (
+                "pkcs11_pin_file = \"/p\"",
+                "[ca] pkcs11_pin_file does not apply to backend = \"file\"",
+            ),
+            (
+                "backend = \"secret\"\nsecret = \"a/b\"\ndir = \"/d\"",
+                "[ca] dir does not apply to backend = \"secret\"",
+            ),
+            (
+                "backend = \"secret\"\nsecret = \"a/b\"\npkcs11_mode = \"intermediate\"",
+                "[ca] pkcs11_mode does not apply to backend = \"secret\"",
+            ),
+            (
+                "backend = \"pkcs11\"\npkcs11_pin_env = \"P\"\nsecret = \"a/b\"",
+                "[ca] secret does not apply to backend = \"pkcs11\"",
+            ),
+        ];
+        for (table, expected) in cases {
+            let err = ca(table).expect_err(table);
+            assert!(err.contains(expected), "{table}: {err}");
+        }
+    }
+
+    #[test]
+    fn incomplete_tables_say_what_is_missing() {
+        let cases = [
+            (
+                "backend = \"secret\"",
+                "needs secret = \"<namespace>/<name>\"",
+            ),
+            (
+                "backend = \"secret\"\nsecret = \"nons\"",
+                "\"nons\": expected \"<namespace>/<name>\"",
+            ),
+            (
+                "backend = \"secret\"\nsecret = \"a/b/c\"",
+                "\"a/b/c\": expected",
+            ),
+            (
+                "backend = \"pkcs11\"",
+                "needs pkcs11_pin_file or pkcs11_pin_env",
+            ),
+            (
+                "backend = \"pkcs11\"\npkcs11_pin_env = \"P\"\npkcs11_pin_file = \"/p\"",
+                "both set; choose one",
+            ),
+            (
+                "backend = \"pkcs11\"\npkcs11_pin_env = \"P\"\nintermediate_lifetime_seconds = 1",
+                "pkcs11_mode is not \"intermediate\"",
+            ),
+            ("backend = \"vault\"", "unknown variant `vault`"),
+            ("bakend = \"file\"", "unknown field `bakend`"),
+        ];
+        for (table, expected) in cases {
+            let err = ca(table).expect_err(table);
+            assert!(err.contains(expected), "{table}: {err}");
+        }
+    }
+
+    #[test]
+    fn only_podca_made_cas_rotate_on_schedule() {
+        assert!(CaConfig::default().automatic_rotation());
+        assert!(
+            !ca("backend = \"secret\"\nsecret = \"a/b\"")
+                .unwrap()
+                .automatic_rotation()
+        );
+    }
 }

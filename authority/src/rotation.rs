@@ -11,17 +11,28 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use podca_signer::rotation::{Phase, Schedule, Step};
-use podca_signer::{CaCertificate, FileStore, IssuingCa};
+use podca_signer::{FileStore, IssuingCa, StoreError};
 use prometheus_client::encoding::EncodeLabelSet;
 use time::{Duration, OffsetDateTime};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::ca::OpenError;
 use crate::metrics::Metrics;
 use crate::trust::{CaHandle, Clock};
 
-/// Opens the active CA of a store (file key, or a key held in an HSM).
-pub type Opener = Arc<dyn Fn(&FileStore) -> Result<IssuingCa, String> + Send + Sync>;
+pub use crate::ca::{Opener, file_opener, load};
+
+/// Why a rotation check failed; the current CA stays in place and the next check tries again.
+#[derive(Debug, thiserror::Error)]
+pub enum RotationError {
+    #[error("running the rotation schedule: {0}")]
+    Schedule(#[source] StoreError),
+    #[error("reading the CA state: {0}")]
+    State(#[source] std::io::Error),
+    #[error(transparent)]
+    Open(#[from] OpenError),
+}
 
 /// Labels of the per-generation CA gauges.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -128,7 +139,7 @@ impl Rotator {
 
     /// Takes the steps that are due (when automatic), then reloads the handle if the store
     /// changed. An error leaves the current CA in place; the next tick tries again.
-    pub fn tick(&self) -> Result<Tick, String> {
+    pub fn tick(&self) -> Result<Tick, RotationError> {
         let now = (self.clock)();
         let store = &self.options.store;
         let mut out = Tick::default();
@@ -143,7 +154,7 @@ impl Rotator {
                 now,
             ) {
                 Ok(steps) => out.steps = steps,
-                Err(e) => failed = Some(format!("running the rotation schedule: {e}")),
+                Err(e) => failed = Some(RotationError::Schedule(e)),
             }
             for step in &out.steps {
                 let (name, generation) = describe(*step);
@@ -154,7 +165,7 @@ impl Rotator {
                 info!(step = name, generation, dir = %store.dir().display(), "CA rotation step");
             }
         }
-        let current = fingerprint(store).map_err(|e| format!("reading the CA state: {e}"))?;
+        let current = fingerprint(store).map_err(RotationError::State)?;
         let changed = self.seen.lock().map(|s| s.as_ref() != Some(&current));
         let due = self
             .options
@@ -174,9 +185,8 @@ impl Rotator {
 
     /// Loads the store's active CA and anchors into the handle now, changed or not (SIGHUP in
     /// `podca dev`). Returns the handle's new generation.
-    pub fn reload_now(&self) -> Result<u64, String> {
-        let current =
-            fingerprint(&self.options.store).map_err(|e| format!("reading the CA state: {e}"))?;
+    pub fn reload_now(&self) -> Result<u64, RotationError> {
+        let current = fingerprint(&self.options.store).map_err(RotationError::State)?;
         let generation = self.install(current)?;
         self.set_next_rotation((self.clock)());
         Ok(generation)
@@ -184,7 +194,7 @@ impl Rotator {
 
     /// Opens the store's active CA, swaps it and the anchors into the handle, and remembers
     /// `current` (what state.json and root.pem held) as loaded.
-    fn install(&self, current: (Vec<u8>, Vec<u8>)) -> Result<u64, String> {
+    fn install(&self, current: (Vec<u8>, Vec<u8>)) -> Result<u64, RotationError> {
         let (ca, anchors) = load(&self.options.store, &self.options.open)?;
         let subject = ca.certificate().subject().to_string();
         let generation = self.ca.replace(ca, anchors);
@@ -263,20 +273,6 @@ impl Rotator {
             .set(next.map(|t| t.unix_timestamp()).unwrap_or(0));
         next
     }
-}
-
-/// The store's active CA and the anchors to publish now.
-pub fn load(store: &FileStore, open: &Opener) -> Result<(IssuingCa, Vec<CaCertificate>), String> {
-    let ca = open(store)?;
-    let anchors = store
-        .roots()
-        .map_err(|e| format!("reading the trust anchors: {e}"))?;
-    Ok((ca, anchors))
-}
-
-/// The file opener: every generation's key is a file in the store.
-pub fn file_opener() -> Opener {
-    Arc::new(|store: &FileStore| store.load().map_err(|e| e.to_string()))
 }
 
 fn fingerprint(store: &FileStore) -> std::io::Result<(Vec<u8>, Vec<u8>)> {

@@ -7,10 +7,9 @@ pub mod issue;
 pub mod ledger;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use anyhow::Context;
-use podca_signer::backend::{PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Uri};
+use podca_authority::ca as authority_ca;
+use podca_signer::backend::{PinSource, Pkcs11Config, Pkcs11Uri};
 use podca_signer::{FileStore, IssuingCa};
 
 /// How to unlock a CA key held in an HSM. The PIN itself is never a command-line value.
@@ -28,16 +27,23 @@ pub struct HsmArgs {
 }
 
 impl HsmArgs {
+    /// Where the PIN comes from, if a source was given.
+    pub fn pin(&self) -> Option<PinSource> {
+        match (&self.pkcs11_pin_file, &self.pkcs11_pin_env) {
+            (Some(file), _) => Some(PinSource::File(file.clone())),
+            (None, Some(var)) => Some(PinSource::Env(var.clone())),
+            (None, None) => None,
+        }
+    }
+
     /// The PKCS#11 configuration for `uri`, or a clear error when no PIN source was given.
     pub fn config(&self, uri: &str) -> anyhow::Result<Pkcs11Config> {
         let uri = Pkcs11Uri::parse(uri)?;
-        let pin = match (&self.pkcs11_pin_file, &self.pkcs11_pin_env) {
-            (Some(file), _) => PinSource::File(file.clone()),
-            (None, Some(var)) => PinSource::Env(var.clone()),
-            (None, None) => anyhow::bail!(
+        let Some(pin) = self.pin() else {
+            anyhow::bail!(
                 "the CA key is in an HSM ({uri}): give --pkcs11-pin-file FILE or \
                  --pkcs11-pin-env VAR"
-            ),
+            )
         };
         let mut config = Pkcs11Config::new(uri, pin);
         if self.pkcs11_module.is_some() {
@@ -47,16 +53,14 @@ impl HsmArgs {
     }
 }
 
-/// Opens the active CA of a data directory, with its file key or its HSM key.
+/// Opens the active CA of a data directory, with its file key or its HSM key, through the same
+/// [`authority_ca::open`] as `podca serve` and `podca dev`.
 pub fn open_active_ca(store: &FileStore, hsm: &HsmArgs) -> anyhow::Result<IssuingCa> {
-    match store.external_key_location()? {
-        Some(location) => {
-            let config = hsm.config(&location)?;
-            let key = Pkcs11Key::open(&config).with_context(|| format!("opening {location}"))?;
-            Ok(store.load_with_key(Arc::new(key))?)
-        }
-        None => Ok(store.load()?),
-    }
+    let config = authority_ca::directory_config(store.dir(), hsm.pin(), hsm.pkcs11_module.clone())?;
+    // The command line issues one certificate at a time: the longest leaf lifetime only sizes
+    // an intermediate-mode CA, which the command line never makes.
+    let source = authority_ca::open(&config, time::Duration::days(1))?;
+    Ok(source.load()?.0)
 }
 
 /// Where the CA lives unless `--dir` says otherwise: `$PODCA_DATA_DIR`, else
