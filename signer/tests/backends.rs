@@ -196,7 +196,7 @@ fn issuing_ca_with_less_than_an_hour_left_fails_cleanly() {
     let policy = podca_signer::SignerPolicy::permissive("t.example");
     match podca_signer::sign_request(&policy, &root, &request, now) {
         podca_signer::Outcome::Failed { reason, message } => {
-            assert_eq!(reason, "CAExpiresTooSoon");
+            assert_eq!(reason, podca_signer::FailReason::CaExpiresTooSoon);
             assert!(message.contains("rotate the CA"), "{message}");
         }
         other => panic!("expected Failed, got {other:?}"),
