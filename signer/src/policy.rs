@@ -94,8 +94,24 @@ pub enum Decision {
 
 /// A policy that cannot work as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid signer policy: {0}")]
-pub struct PolicyError(pub String);
+#[non_exhaustive]
+pub enum PolicyError {
+    #[error("invalid signer policy: trust_domain {0:?} is not a DNS name")]
+    TrustDomainNotADnsName(String),
+    #[error(
+        "invalid signer policy: max_lifetime_seconds {0} is below the 3600 s Kubernetes minimum"
+    )]
+    MaxLifetimeTooShort(u32),
+    #[error(
+        "invalid signer policy: default_lifetime_seconds {default} must be between 3600 and \
+         max_lifetime_seconds ({max})"
+    )]
+    DefaultLifetimeOutOfRange { default: u32, max: u32 },
+    #[error("invalid signer policy: key_types is empty")]
+    NoKeyTypes,
+    #[error("invalid signer policy: service_accounts entry {0:?} must be namespace/name")]
+    ServiceAccountNotNamespaced(String),
+}
 
 impl SignerPolicy {
     /// A permissive policy for a trust domain: every namespace and key type, 24 h default.
@@ -116,34 +132,30 @@ impl SignerPolicy {
     /// Checks the policy for mistakes that would make every request fail.
     pub fn validate(&self) -> Result<(), PolicyError> {
         if !is_dns_name(&self.trust_domain) {
-            return Err(PolicyError(format!(
-                "trust_domain {:?} is not a DNS name",
-                self.trust_domain
-            )));
+            return Err(PolicyError::TrustDomainNotADnsName(
+                self.trust_domain.clone(),
+            ));
         }
         if self.max_lifetime_seconds < 3600 {
-            return Err(PolicyError(format!(
-                "max_lifetime_seconds {} is below the 3600 s Kubernetes minimum",
-                self.max_lifetime_seconds
-            )));
+            return Err(PolicyError::MaxLifetimeTooShort(self.max_lifetime_seconds));
         }
         if self.default_lifetime_seconds < 3600
             || self.default_lifetime_seconds > self.max_lifetime_seconds
         {
-            return Err(PolicyError(format!(
-                "default_lifetime_seconds {} must be between 3600 and max_lifetime_seconds ({})",
-                self.default_lifetime_seconds, self.max_lifetime_seconds
-            )));
+            return Err(PolicyError::DefaultLifetimeOutOfRange {
+                default: self.default_lifetime_seconds,
+                max: self.max_lifetime_seconds,
+            });
         }
         if self.key_types.is_empty() {
-            return Err(PolicyError("key_types is empty".into()));
+            return Err(PolicyError::NoKeyTypes);
         }
-        for sa in &self.service_accounts {
-            if sa.split('/').count() != 2 {
-                return Err(PolicyError(format!(
-                    "service_accounts entry {sa:?} must be namespace/name"
-                )));
-            }
+        if let Some(sa) = self
+            .service_accounts
+            .iter()
+            .find(|sa| sa.split('/').count() != 2)
+        {
+            return Err(PolicyError::ServiceAccountNotNamespaced(sa.clone()));
         }
         Ok(())
     }
@@ -545,17 +557,56 @@ mod tests {
         assert!(glob("exact", "exact"));
     }
 
+    /// Each case breaks one rule of an otherwise valid policy.
     #[test]
-    fn validate_catches_bad_lifetimes_and_domains() {
-        let mut p = SignerPolicy::permissive("cluster.local");
-        assert!(p.validate().is_ok());
-        p.max_lifetime_seconds = 60;
-        assert!(p.validate().is_err());
-        let mut p = SignerPolicy::permissive("Not A Domain");
-        assert!(p.validate().is_err());
-        p.trust_domain = "ok.example".into();
-        p.service_accounts = vec!["nope".into()];
-        assert!(p.validate().is_err());
+    fn validate_names_the_broken_rule() {
+        let ok = SignerPolicy::permissive("cluster.local");
+        assert_eq!(ok.validate(), Ok(()));
+        let broken = |change: fn(&mut SignerPolicy)| {
+            let mut p = ok.clone();
+            change(&mut p);
+            p.validate().unwrap_err()
+        };
+        let cases: [(PolicyError, &str); 6] = [
+            (
+                broken(|p| p.trust_domain = "Not A Domain".into()),
+                "invalid signer policy: trust_domain \"Not A Domain\" is not a DNS name",
+            ),
+            (
+                broken(|p| p.max_lifetime_seconds = 60),
+                "invalid signer policy: max_lifetime_seconds 60 is below the 3600 s Kubernetes \
+                 minimum",
+            ),
+            (
+                broken(|p| p.default_lifetime_seconds = 1800),
+                "invalid signer policy: default_lifetime_seconds 1800 must be between 3600 and \
+                 max_lifetime_seconds (604800)",
+            ),
+            (
+                broken(|p| p.default_lifetime_seconds = 2 * 604_800),
+                "invalid signer policy: default_lifetime_seconds 1209600 must be between 3600 \
+                 and max_lifetime_seconds (604800)",
+            ),
+            (
+                broken(|p| p.key_types.clear()),
+                "invalid signer policy: key_types is empty",
+            ),
+            (
+                broken(|p| p.service_accounts = vec!["prod/*".into(), "nope".into()]),
+                "invalid signer policy: service_accounts entry \"nope\" must be namespace/name",
+            ),
+        ];
+        for (error, text) in cases {
+            assert_eq!(error.to_string(), text);
+        }
+        assert_eq!(broken(|p| p.key_types.clear()), PolicyError::NoKeyTypes);
+        assert_eq!(
+            broken(|p| p.default_lifetime_seconds = 1800),
+            PolicyError::DefaultLifetimeOutOfRange {
+                default: 1800,
+                max: 604_800
+            }
+        );
     }
 
     #[test]
@@ -570,7 +621,9 @@ mod tests {
         .unwrap();
         assert_eq!(p.key_types, [KeyType::EcdsaP256, KeyType::Ed25519]);
         assert_eq!(p.namespaces, ["*"]);
-        assert!(toml::from_str::<SignerPolicy>("trust_domain = \"a.b\"\nbogus = 1").is_err());
+        let unknown = toml::from_str::<SignerPolicy>("trust_domain = \"a.b\"\nbogus = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(unknown.contains("unknown field `bogus`"), "{unknown}");
     }
 }
-

@@ -126,9 +126,32 @@ impl Default for Schedule {
 }
 
 /// A schedule that cannot work.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid rotation schedule: {0}")]
-pub struct ScheduleError(pub String);
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    #[error(
+        "invalid rotation schedule: need 0 < prepare_at ({prepare_at}) < activate_at \
+         ({activate_at}) < 1"
+    )]
+    PhaseFractions { prepare_at: f64, activate_at: f64 },
+    #[error(
+        "invalid rotation schedule: propagation_seconds {0} is below 600: kubelet caches trust \
+         bundles for about 5 minutes, so a shorter window risks pods that do not yet trust the \
+         new CA"
+    )]
+    PropagationTooShort(i64),
+    #[error(
+        "invalid rotation schedule: the CA lifetime ({ca_lifetime_seconds} s) leaves {window:.0} \
+         s between prepare and activate, less than the propagation window \
+         ({propagation_seconds} s)"
+    )]
+    WindowShorterThanPropagation {
+        ca_lifetime_seconds: i64,
+        /// Seconds between prepare and activate.
+        window: f64,
+        propagation_seconds: i64,
+    },
+}
 
 impl Schedule {
     pub fn propagation(&self) -> Duration {
@@ -142,25 +165,21 @@ impl Schedule {
     pub fn validate(&self) -> Result<(), ScheduleError> {
         if !(0.0 < self.prepare_at && self.prepare_at < self.activate_at && self.activate_at < 1.0)
         {
-            return Err(ScheduleError(format!(
-                "need 0 < prepare_at ({}) < activate_at ({}) < 1",
-                self.prepare_at, self.activate_at
-            )));
+            return Err(ScheduleError::PhaseFractions {
+                prepare_at: self.prepare_at,
+                activate_at: self.activate_at,
+            });
         }
         if self.propagation_seconds < 600 {
-            return Err(ScheduleError(format!(
-                "propagation_seconds {} is below 600: kubelet caches trust bundles for about 5 \
-                 minutes, so a shorter window risks pods that do not yet trust the new CA",
-                self.propagation_seconds
-            )));
+            return Err(ScheduleError::PropagationTooShort(self.propagation_seconds));
         }
         let window = self.ca_lifetime_seconds as f64 * (self.activate_at - self.prepare_at);
         if window < self.propagation_seconds as f64 {
-            return Err(ScheduleError(format!(
-                "the CA lifetime ({} s) leaves {window:.0} s between prepare and activate, less \
-                 than the propagation window ({} s)",
-                self.ca_lifetime_seconds, self.propagation_seconds
-            )));
+            return Err(ScheduleError::WindowShorterThanPropagation {
+                ca_lifetime_seconds: self.ca_lifetime_seconds,
+                window,
+                propagation_seconds: self.propagation_seconds,
+            });
         }
         Ok(())
     }
@@ -436,24 +455,51 @@ mod tests {
         assert!(next_id > 4, "several rotations happened ({next_id})");
     }
 
+    /// Each case breaks one rule of the default schedule.
     #[test]
     fn schedule_validation() {
-        assert!(Schedule::default().validate().is_ok());
-        for broken in [
-            Schedule {
-                propagation_seconds: 60,
-                ..Schedule::default()
-            },
-            Schedule {
-                prepare_at: 0.9,
-                ..Schedule::default()
-            },
-            Schedule {
-                ca_lifetime_seconds: 1800,
-                ..Schedule::default()
-            },
-        ] {
-            assert!(broken.validate().is_err(), "{broken:?}");
+        assert_eq!(Schedule::default().validate(), Ok(()));
+        let cases = [
+            (
+                Schedule {
+                    propagation_seconds: 60,
+                    ..Schedule::default()
+                },
+                ScheduleError::PropagationTooShort(60),
+                "invalid rotation schedule: propagation_seconds 60 is below 600: kubelet caches \
+                 trust bundles for about 5 minutes, so a shorter window risks pods that do not \
+                 yet trust the new CA",
+            ),
+            (
+                Schedule {
+                    prepare_at: 0.9,
+                    ..Schedule::default()
+                },
+                ScheduleError::PhaseFractions {
+                    prepare_at: 0.9,
+                    activate_at: 5.0 / 6.0,
+                },
+                "invalid rotation schedule: need 0 < prepare_at (0.9) < activate_at \
+                 (0.8333333333333334) < 1",
+            ),
+            (
+                Schedule {
+                    ca_lifetime_seconds: 1800,
+                    ..Schedule::default()
+                },
+                ScheduleError::WindowShorterThanPropagation {
+                    ca_lifetime_seconds: 1800,
+                    window: 1800.0 * (5.0 / 6.0 - 0.5),
+                    propagation_seconds: 900,
+                },
+                "invalid rotation schedule: the CA lifetime (1800 s) leaves 600 s between \
+                 prepare and activate, less than the propagation window (900 s)",
+            ),
+        ];
+        for (broken, error, text) in cases {
+            let got = broken.validate().unwrap_err();
+            assert_eq!(got, error, "{broken:?}");
+            assert_eq!(got.to_string(), text);
         }
     }
 }
