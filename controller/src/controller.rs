@@ -29,9 +29,6 @@ use podca_authority::admin::{self, Health};
 use podca_authority::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
 use podca_authority::trust::{CaHandle, CaSnapshot, Clock};
 
-/// Reason of the Failed condition for a legacy request that cannot be read.
-pub const LEGACY_REQUEST_UNREADABLE: &str = "LegacyRequestUnreadable";
-
 struct Ctx {
     client: Client,
     served: Served,
@@ -525,7 +522,7 @@ async fn decide_pcr(ctx: &Ctx, item: &mut Item, now: OffsetDateTime) -> Decided 
     }
     let Some(policy) = ctx.signers.get(&pcr.signer_name).cloned() else {
         let outcome = Outcome::Failed {
-            reason: podca_signer::policy::reason::UNKNOWN_SIGNER,
+            reason: podca_signer::FailReason::UnknownSigner,
             message: format!("podca does not serve signer {:?}", pcr.signer_name),
         };
         return match decide::status_patch(&outcome, now) {
@@ -547,14 +544,13 @@ async fn decide_pcr(ctx: &Ctx, item: &mut Item, now: OffsetDateTime) -> Decided 
                            pkixPublicKey/proofOfPossession that only certificates.k8s.io/v1beta1 \
                            shows, and this cluster does not serve v1beta1";
             let outcome = Outcome::Failed {
-                reason: LEGACY_REQUEST_UNREADABLE,
+                reason: podca_signer::FailReason::LegacyRequestUnreadable,
                 message: message.into(),
             };
-            return Decided::Write(
-                Settlement::Failed,
-                decide::failed_patch(LEGACY_REQUEST_UNREADABLE, message, now),
-                outcome,
-            );
+            return match decide::status_patch(&outcome, now) {
+                Some((s, p)) => Decided::Write(s, p, outcome),
+                None => Decided::Retry("policy"),
+            };
         }
         _ => Arc::clone(&pcr),
     };
@@ -654,19 +650,23 @@ async fn record_settled(
     let (family, reason, message) = match outcome {
         Outcome::Issued(cert) => {
             info!(serial = %cert.serial, spiffe_id = %cert.spiffe_id, "issued");
-            (
-                &ctx.metrics.issued,
-                podca_signer::policy::reason::ISSUED,
-                None,
-            )
+            (&ctx.metrics.issued, podca_signer::reason::ISSUED, None)
         }
         Outcome::Denied { reason, message } => {
-            info!(reason, message, "denied");
-            (&ctx.metrics.denied, *reason, Some(message.as_str()))
+            info!(%reason, message, "denied");
+            (
+                &ctx.metrics.denied,
+                reason.condition_reason(),
+                Some(message.as_str()),
+            )
         }
         Outcome::Failed { reason, message } => {
-            warn!(reason, message, "failed");
-            (&ctx.metrics.failed, *reason, Some(message.as_str()))
+            warn!(%reason, message, "failed");
+            (
+                &ctx.metrics.failed,
+                reason.condition_reason(),
+                Some(message.as_str()),
+            )
         }
         Outcome::Retry(_) => return,
     };

@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use podca_signer::Outcome;
-use podca_signer::policy::reason;
+use podca_signer::{Outcome, reason};
 use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -60,20 +59,14 @@ pub fn status_patch(outcome: &Outcome, now: OffsetDateTime) -> Option<(Settlemen
         }
         Outcome::Denied { reason, message } => Some((
             Settlement::Denied,
-            json!({ "status": { "conditions": [condition("Denied", reason, message, &now)] } }),
+            json!({ "status": { "conditions": [condition("Denied", reason.condition_reason(), message, &now)] } }),
         )),
         Outcome::Failed { reason, message } => Some((
             Settlement::Failed,
-            json!({ "status": { "conditions": [condition("Failed", reason, message, &now)] } }),
+            json!({ "status": { "conditions": [condition("Failed", reason.condition_reason(), message, &now)] } }),
         )),
         Outcome::Retry(_) => None,
     }
-}
-
-/// A Failed patch for problems found before the signer could decide (e.g. a legacy request that
-/// cannot be read because v1beta1 is not served).
-pub fn failed_patch(reason: &str, message: &str, now: OffsetDateTime) -> Value {
-    json!({ "status": { "conditions": [condition("Failed", reason, message, &format_time(now))] } })
 }
 
 fn condition(kind: &str, reason: &str, message: &str, now: &str) -> Value {
@@ -97,7 +90,7 @@ pub fn format_time(t: OffsetDateTime) -> String {
 }
 
 /// A reason that passes rule 33 (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`, ≤ 1024 chars).
-/// Reasons come from constants; this guards against a bad one ever reaching the API server.
+/// Reasons come from the typed reasons of `podca_signer::reason`; this guards against a bad one ever reaching the API server.
 pub fn sanitize_reason(reason: &str) -> String {
     let mut out: String = reason
         .chars()
@@ -232,7 +225,7 @@ mod tests {
         for (outcome, kind, ty, why) in [
             (
                 Outcome::Denied {
-                    reason: "UnsupportedKeyType",
+                    reason: podca_signer::DenyReason::UnsupportedKeyType,
                     message: "no".into(),
                 },
                 Settlement::Denied,
@@ -241,7 +234,7 @@ mod tests {
             ),
             (
                 Outcome::Failed {
-                    reason: "CAExpiresTooSoon",
+                    reason: podca_signer::FailReason::CaExpiresTooSoon,
                     message: "rotate".into(),
                 },
                 Settlement::Failed,
@@ -288,8 +281,18 @@ mod tests {
             assert_eq!(got, want, "{input:?}");
             assert!(valid(&got), "{got:?}");
         }
-        for r in podca_signer::policy::reason::ALL {
-            assert_eq!(sanitize_reason(r), *r, "signer reasons are already valid");
+        let signer_reasons = [reason::ISSUED].into_iter().chain(
+            podca_signer::DenyReason::ALL
+                .iter()
+                .map(|r| r.condition_reason())
+                .chain(
+                    podca_signer::FailReason::ALL
+                        .iter()
+                        .map(|r| r.condition_reason()),
+                ),
+        );
+        for r in signer_reasons {
+            assert_eq!(sanitize_reason(r), r, "signer reasons are already valid");
         }
     }
 

@@ -869,8 +869,16 @@ impl SecretCaDriver {
             })
             .map(|e| e.record.generation.id)
             .collect();
+        let max_leaf = self.options.max_leaf_lifetime;
         for id in superseded {
-            self.take(Step::Retire(id), now, steps);
+            if let Some(e) = self
+                .entries
+                .iter_mut()
+                .find(|e| e.record.generation.id == id)
+            {
+                e.record.generation.retire(max_leaf, now);
+            }
+            self.took(Step::Retire(id), steps);
         }
     }
 
@@ -908,30 +916,25 @@ impl SecretCaDriver {
     }
 
     fn plan_to_fixed_point(&mut self, now: OffsetDateTime, steps: &mut Vec<Step>) {
-        // Each round changes a phase, so a handful of rounds reach the fixed point.
-        for _ in 0..8 {
-            let due: Vec<Step> = rotation::plan(&self.generations(), &self.options.schedule, now)
-                .into_iter()
-                // podca makes no CAs in this backend: a new one comes from the Secret.
-                .filter(|s| *s != Step::Prepare)
-                .collect();
-            if due.is_empty() {
-                return;
-            }
-            for step in due {
-                self.take(step, now, steps);
-            }
+        let advanced = rotation::advance(
+            &self.generations(),
+            &self.options.schedule,
+            self.options.max_leaf_lifetime,
+            now,
+        );
+        // `prepare_due` is not for this backend: podca makes no CAs here, a new one comes from
+        // the Secret.
+        for (e, g) in self.entries.iter_mut().zip(advanced.generations) {
+            e.record.generation = g;
+        }
+        for step in advanced.steps {
+            self.took(step, steps);
         }
     }
 
-    fn take(&mut self, step: Step, now: OffsetDateTime, steps: &mut Vec<Step>) {
-        let max_leaf = self.options.max_leaf_lifetime;
-        let mut generations = self.generations();
-        rotation::apply(&mut generations, step, now);
+    /// Logs, counts and records a step whose bookkeeping is done; a retired CA's key is let go.
+    fn took(&mut self, step: Step, steps: &mut Vec<Step>) {
         let secret = self.secret_ref();
-        for (e, g) in self.entries.iter_mut().zip(generations) {
-            e.record.generation = g;
-        }
         let (name, id) = match step {
             Step::Activate(id) => ("activate", id),
             Step::Retire(id) => ("retire", id),
@@ -945,7 +948,7 @@ impl SecretCaDriver {
         else {
             return;
         };
-        let g = &mut e.record.generation;
+        let g = &e.record.generation;
         match step {
             Step::Activate(_) => info!(
                 generation = id,
@@ -955,10 +958,6 @@ impl SecretCaDriver {
                 "activated: this CA signs from now on"
             ),
             Step::Retire(_) => {
-                if g.activated_at.is_some() {
-                    // It signs nothing from now on: its leaves end by now + the longest lifetime.
-                    g.last_leaf_not_after = Some((now + max_leaf).min(g.ca_not_after));
-                }
                 if let Some(k) = e.keyed.take() {
                     k.gate.retire();
                 }

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use podca_signer::policy::reason;
 use podca_signer::{
     CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
     sign_request,
@@ -363,13 +362,7 @@ fn issue_blocking(
             anchors_pem: snapshot.anchors_pem.clone(),
             anchors_der: snapshot.anchors_der(),
         }),
-        Outcome::Denied { reason, message } if reason == reason::UNSUPPORTED_KEY_TYPE => {
-            Err(ApiError::KeyTypeNotAllowed { reason, message })
-        }
         Outcome::Denied { reason, message } => Err(ApiError::Denied { reason, message }),
-        Outcome::Failed { reason, message } if reason == "CertificateBuildFailed" => {
-            Err(ApiError::Internal(format!("{reason}: {message}")))
-        }
         Outcome::Failed { reason, message } => Err(ApiError::Failed { reason, message }),
         Outcome::Retry(e) => Err(ApiError::Unavailable(e)),
     }

@@ -1,8 +1,7 @@
 //! Why a gRPC request was refused, and the one place where that becomes a `tonic::Status` (the
 //! table in the module docs of [`crate`]).
 
-use podca_signer::policy::reason;
-use podca_signer::{BackendError, KeyError};
+use podca_signer::{BackendError, DenyReason, FailReason, KeyError};
 use tonic::{Code, Status};
 
 use super::auth::AuthError;
@@ -19,24 +18,12 @@ pub enum ApiError {
     UnknownSigner(String),
     #[error("{0}")]
     Auth(#[from] AuthError),
-    /// The policy said no (except key types, see `KeyTypeNotAllowed`).
+    /// The policy said no; the code depends on the reason ([`deny_code`]).
     #[error("{reason}: {message}")]
-    Denied {
-        reason: &'static str,
-        message: String,
-    },
-    /// The policy does not allow this (supported) key type.
-    #[error("{reason}: {message}")]
-    KeyTypeNotAllowed {
-        reason: &'static str,
-        message: String,
-    },
+    Denied { reason: DenyReason, message: String },
     /// The policy could not issue whatever the request (CA too close to expiry, …).
     #[error("{reason}: {message}")]
-    Failed {
-        reason: &'static str,
-        message: String,
-    },
+    Failed { reason: FailReason, message: String },
     #[error("requested_lifetime_seconds must be positive, got {0}")]
     BadLifetime(i64),
     #[error("{0}; retry later")]
@@ -73,19 +60,42 @@ impl ApiError {
             ApiError::MissingWorkloadHeader => Code::InvalidArgument,
             ApiError::UnknownSigner(_) | ApiError::PodNotFound(_) => Code::NotFound,
             ApiError::Auth(a) => a.code(),
-            ApiError::Denied { reason, .. } if *reason == reason::MALFORMED_PUBLIC_KEY => {
-                Code::InvalidArgument
-            }
-            ApiError::Denied { .. } | ApiError::NotNodeProxy(_) | ApiError::PodOnOtherNode(_) => {
-                Code::PermissionDenied
-            }
-            ApiError::KeyTypeNotAllowed { .. }
-            | ApiError::Failed { .. }
-            | ApiError::NoPodDirectory => Code::FailedPrecondition,
+            ApiError::Denied { reason, .. } => deny_code(*reason),
+            ApiError::Failed { reason, .. } => fail_code(*reason),
+            ApiError::NotNodeProxy(_) | ApiError::PodOnOtherNode(_) => Code::PermissionDenied,
+            ApiError::NoPodDirectory => Code::FailedPrecondition,
             ApiError::Unavailable(_) | ApiError::PodLookupUnavailable(_) => Code::Unavailable,
             ApiError::RateLimited(_) | ApiError::TooManyStreams(_) => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
         }
+    }
+}
+
+/// The code of a policy refusal. No wildcard arm: a new reason must be given its code here.
+fn deny_code(reason: DenyReason) -> Code {
+    match reason {
+        DenyReason::MalformedPublicKey => Code::InvalidArgument,
+        // A type podca certifies but this signer's `key_types` does not allow; types podca never
+        // certifies are refused as `ApiError::Key` before the policy runs.
+        DenyReason::UnsupportedKeyType => Code::FailedPrecondition,
+        DenyReason::NamespaceNotAllowed
+        | DenyReason::ServiceAccountNotAllowed
+        | DenyReason::InvalidUserAnnotations => Code::PermissionDenied,
+    }
+}
+
+/// The code of a policy failure. No wildcard arm: a new reason must be given its code here.
+fn fail_code(reason: FailReason) -> Code {
+    match reason {
+        FailReason::CaExpiresTooSoon
+        | FailReason::LifetimeNotSatisfiable
+        | FailReason::InvalidDnsNameTemplate
+        | FailReason::CaKeyUnusable
+        | FailReason::LegacyRequestUnreadable => Code::FailedPrecondition,
+        // A bug, not something the caller can change.
+        FailReason::CertificateBuildFailed => Code::Internal,
+        // As `ApiError::UnknownSigner` (the API checks the signer before the policy runs).
+        FailReason::UnknownSigner => Code::NotFound,
     }
 }
 
@@ -101,6 +111,41 @@ impl AuthError {
             AuthError::Missing | AuthError::Invalid(_) => Code::Unauthenticated,
             AuthError::UnknownCaller(_) | AuthError::NotLoopback(_) => Code::PermissionDenied,
             AuthError::Unavailable(_) => Code::Unavailable,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Today's code for every reason (the table in [`crate::grpc`]'s docs).
+    #[test]
+    fn every_reason_has_its_code() {
+        for reason in DenyReason::ALL {
+            let want = match reason {
+                DenyReason::MalformedPublicKey => Code::InvalidArgument,
+                DenyReason::UnsupportedKeyType => Code::FailedPrecondition,
+                _ => Code::PermissionDenied,
+            };
+            let e = ApiError::Denied {
+                reason: *reason,
+                message: "m".into(),
+            };
+            assert_eq!(e.code(), want, "{reason}");
+            assert_eq!(e.to_string(), format!("{}: m", reason.condition_reason()));
+        }
+        for reason in FailReason::ALL {
+            let want = match reason {
+                FailReason::CertificateBuildFailed => Code::Internal,
+                FailReason::UnknownSigner => Code::NotFound,
+                _ => Code::FailedPrecondition,
+            };
+            let e = ApiError::Failed {
+                reason: *reason,
+                message: "m".into(),
+            };
+            assert_eq!(e.code(), want, "{reason}");
         }
     }
 }

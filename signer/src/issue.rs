@@ -9,7 +9,8 @@ use crate::backend::BackendError;
 use crate::ca::{IssuingCa, random_serial};
 use crate::keys::{KeyError, SubjectKey};
 use crate::leaf::LeafFields;
-use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy, reason};
+use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy};
+use crate::reason::{DenyReason, FailReason};
 use crate::schedule::{Validity, ValidityError, ValidityInput, plan_validity};
 use crate::x509;
 
@@ -106,12 +107,12 @@ pub enum Outcome {
     Issued(Box<IssuedCertificate>),
     /// Permanent refusal (kubelet never retries).
     Denied {
-        reason: &'static str,
+        reason: DenyReason,
         message: String,
     },
     /// Permanent inability to issue (kubelet never retries).
     Failed {
-        reason: &'static str,
+        reason: FailReason,
         message: String,
     },
     /// Transient trouble (CA backend unavailable): leave the request pending and retry.
@@ -140,7 +141,7 @@ pub fn sign_request(
     let Ok(subject) = &request.key else {
         // decide() denies every key error, so this is unreachable in practice; answer anyway.
         return Outcome::Denied {
-            reason: reason::MALFORMED_PUBLIC_KEY,
+            reason: DenyReason::MalformedPublicKey,
             message: "the request carries no usable public key".into(),
         };
     };
@@ -156,13 +157,13 @@ pub fn sign_request(
         Ok(v) => v,
         Err(e @ ValidityError::CaExpiresTooSoon { .. }) => {
             return Outcome::Failed {
-                reason: reason::CA_EXPIRES_TOO_SOON,
+                reason: FailReason::CaExpiresTooSoon,
                 message: e.to_string(),
             };
         }
         Err(e) => {
             return Outcome::Failed {
-                reason: reason::LIFETIME_NOT_SATISFIABLE,
+                reason: FailReason::LifetimeNotSatisfiable,
                 message: e.to_string(),
             };
         }
@@ -171,11 +172,11 @@ pub fn sign_request(
         Ok(cert) => Outcome::Issued(Box::new(cert)),
         Err(IssueError::Backend(b)) if b.is_transient() => Outcome::Retry(b),
         Err(IssueError::Backend(b)) => Outcome::Failed {
-            reason: "CAKeyUnusable",
+            reason: FailReason::CaKeyUnusable,
             message: b.to_string(),
         },
         Err(IssueError::Build(m)) => Outcome::Failed {
-            reason: "CertificateBuildFailed",
+            reason: FailReason::CertificateBuildFailed,
             message: m,
         },
     }

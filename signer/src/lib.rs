@@ -9,6 +9,7 @@ pub mod keys;
 mod leaf;
 pub mod ledger;
 pub mod policy;
+pub mod reason;
 pub mod rotation;
 pub mod schedule;
 pub mod store;
@@ -20,5 +21,6 @@ pub use issue::{CertificateRequest, IssueError, IssuedCertificate, Outcome, sign
 pub use keys::{KeyError, KeyType, SubjectKey};
 pub use ledger::{Ledger, LedgerError, LedgerRecord};
 pub use policy::{Decision, SignerPolicy};
+pub use reason::{DenyReason, FailReason};
 pub use schedule::{Validity, ValidityError, plan_validity};
 pub use store::{FileStore, InitOptions, StoreError};

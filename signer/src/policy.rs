@@ -10,38 +10,10 @@ use serde::Deserialize;
 use time::Duration;
 
 use crate::keys::{KeyError, KeyType};
+use crate::reason::{DenyReason, FailReason};
 
 /// The only user-annotation key podca recognises: extra DNS SANs, comma-separated.
 pub const DNS_NAMES_ANNOTATION: &str = "podca.dev/dns-names";
-
-/// Condition reasons podca writes. Each matches `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`
-/// (spec rule 33).
-pub mod reason {
-    pub const ISSUED: &str = "Issued";
-    pub const UNSUPPORTED_KEY_TYPE: &str = "UnsupportedKeyType";
-    pub const INVALID_USER_ANNOTATIONS: &str = "InvalidUnverifiedUserAnnotations";
-    pub const NAMESPACE_NOT_ALLOWED: &str = "NamespaceNotAllowed";
-    pub const SERVICE_ACCOUNT_NOT_ALLOWED: &str = "ServiceAccountNotAllowed";
-    pub const MALFORMED_PUBLIC_KEY: &str = "MalformedPublicKey";
-    pub const CA_EXPIRES_TOO_SOON: &str = "CAExpiresTooSoon";
-    pub const LIFETIME_NOT_SATISFIABLE: &str = "LifetimeNotSatisfiable";
-    pub const UNKNOWN_SIGNER: &str = "UnknownSigner";
-    pub const INVALID_DNS_NAME_TEMPLATE: &str = "InvalidDNSNameTemplate";
-
-    /// Every reason above, for tests and docs.
-    pub const ALL: &[&str] = &[
-        ISSUED,
-        UNSUPPORTED_KEY_TYPE,
-        INVALID_USER_ANNOTATIONS,
-        NAMESPACE_NOT_ALLOWED,
-        SERVICE_ACCOUNT_NOT_ALLOWED,
-        MALFORMED_PUBLIC_KEY,
-        CA_EXPIRES_TOO_SOON,
-        LIFETIME_NOT_SATISFIABLE,
-        UNKNOWN_SIGNER,
-        INVALID_DNS_NAME_TEMPLATE,
-    ];
-}
 
 /// The policy of one signer name, as written in the config file.
 #[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
@@ -116,20 +88,30 @@ pub struct LeafPlan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     Issue(LeafPlan),
-    Deny {
-        reason: &'static str,
-        message: String,
-    },
-    Fail {
-        reason: &'static str,
-        message: String,
-    },
+    Deny { reason: DenyReason, message: String },
+    Fail { reason: FailReason, message: String },
 }
 
 /// A policy that cannot work as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid signer policy: {0}")]
-pub struct PolicyError(pub String);
+#[non_exhaustive]
+pub enum PolicyError {
+    #[error("invalid signer policy: trust_domain {0:?} is not a DNS name")]
+    TrustDomainNotADnsName(String),
+    #[error(
+        "invalid signer policy: max_lifetime_seconds {0} is below the 3600 s Kubernetes minimum"
+    )]
+    MaxLifetimeTooShort(u32),
+    #[error(
+        "invalid signer policy: default_lifetime_seconds {default} must be between 3600 and \
+         max_lifetime_seconds ({max})"
+    )]
+    DefaultLifetimeOutOfRange { default: u32, max: u32 },
+    #[error("invalid signer policy: key_types is empty")]
+    NoKeyTypes,
+    #[error("invalid signer policy: service_accounts entry {0:?} must be namespace/name")]
+    ServiceAccountNotNamespaced(String),
+}
 
 impl SignerPolicy {
     /// A permissive policy for a trust domain: every namespace and key type, 24 h default.
@@ -150,34 +132,30 @@ impl SignerPolicy {
     /// Checks the policy for mistakes that would make every request fail.
     pub fn validate(&self) -> Result<(), PolicyError> {
         if !is_dns_name(&self.trust_domain) {
-            return Err(PolicyError(format!(
-                "trust_domain {:?} is not a DNS name",
-                self.trust_domain
-            )));
+            return Err(PolicyError::TrustDomainNotADnsName(
+                self.trust_domain.clone(),
+            ));
         }
         if self.max_lifetime_seconds < 3600 {
-            return Err(PolicyError(format!(
-                "max_lifetime_seconds {} is below the 3600 s Kubernetes minimum",
-                self.max_lifetime_seconds
-            )));
+            return Err(PolicyError::MaxLifetimeTooShort(self.max_lifetime_seconds));
         }
         if self.default_lifetime_seconds < 3600
             || self.default_lifetime_seconds > self.max_lifetime_seconds
         {
-            return Err(PolicyError(format!(
-                "default_lifetime_seconds {} must be between 3600 and max_lifetime_seconds ({})",
-                self.default_lifetime_seconds, self.max_lifetime_seconds
-            )));
+            return Err(PolicyError::DefaultLifetimeOutOfRange {
+                default: self.default_lifetime_seconds,
+                max: self.max_lifetime_seconds,
+            });
         }
         if self.key_types.is_empty() {
-            return Err(PolicyError("key_types is empty".into()));
+            return Err(PolicyError::NoKeyTypes);
         }
-        for sa in &self.service_accounts {
-            if sa.split('/').count() != 2 {
-                return Err(PolicyError(format!(
-                    "service_accounts entry {sa:?} must be namespace/name"
-                )));
-            }
+        if let Some(sa) = self
+            .service_accounts
+            .iter()
+            .find(|sa| sa.split('/').count() != 2)
+        {
+            return Err(PolicyError::ServiceAccountNotNamespaced(sa.clone()));
         }
         Ok(())
     }
@@ -188,7 +166,7 @@ impl SignerPolicy {
             Ok(k) => k,
             Err(KeyError::UnsupportedKeyType { .. }) => {
                 return Decision::Deny {
-                    reason: reason::UNSUPPORTED_KEY_TYPE,
+                    reason: DenyReason::UnsupportedKeyType,
                     message: format!(
                         "{}; use keyType {} (supported here: {})",
                         facts
@@ -203,14 +181,14 @@ impl SignerPolicy {
             }
             Err(e) => {
                 return Decision::Deny {
-                    reason: reason::MALFORMED_PUBLIC_KEY,
+                    reason: DenyReason::MalformedPublicKey,
                     message: e.to_string(),
                 };
             }
         };
         if !self.key_types.contains(&key_type) {
             return Decision::Deny {
-                reason: reason::UNSUPPORTED_KEY_TYPE,
+                reason: DenyReason::UnsupportedKeyType,
                 message: format!(
                     "key type {key_type} is not allowed by this signer's policy; use keyType {} \
                      (allowed: {})",
@@ -224,7 +202,7 @@ impl SignerPolicy {
             || self.excluded_namespaces.iter().any(|p| glob(p, ns))
         {
             return Decision::Deny {
-                reason: reason::NAMESPACE_NOT_ALLOWED,
+                reason: DenyReason::NamespaceNotAllowed,
                 message: format!("namespace {ns:?} may not get certificates from this signer"),
             };
         }
@@ -234,7 +212,7 @@ impl SignerPolicy {
                 .is_some_and(|(pn, ps)| glob(pn, ns) && glob(ps, sa))
         }) {
             return Decision::Deny {
-                reason: reason::SERVICE_ACCOUNT_NOT_ALLOWED,
+                reason: DenyReason::ServiceAccountNotAllowed,
                 message: format!(
                     "service account {ns}/{sa} may not get certificates from this signer"
                 ),
@@ -245,7 +223,7 @@ impl SignerPolicy {
             let name = expand(template, facts);
             if !is_dns_name(&name) {
                 return Decision::Fail {
-                    reason: reason::INVALID_DNS_NAME_TEMPLATE,
+                    reason: FailReason::InvalidDnsNameTemplate,
                     message: format!(
                         "DNS name template {template:?} gives {name:?}, which is not a DNS name"
                     ),
@@ -256,7 +234,7 @@ impl SignerPolicy {
         for (key, value) in facts.user_annotations {
             if key != DNS_NAMES_ANNOTATION {
                 return Decision::Deny {
-                    reason: reason::INVALID_USER_ANNOTATIONS,
+                    reason: DenyReason::InvalidUserAnnotations,
                     message: format!(
                         "unrecognised user annotation {key:?}; this signer recognises only \
                          {DNS_NAMES_ANNOTATION:?}"
@@ -267,7 +245,7 @@ impl SignerPolicy {
                 let name = name.to_ascii_lowercase();
                 if !is_dns_name(&name) {
                     return Decision::Deny {
-                        reason: reason::INVALID_USER_ANNOTATIONS,
+                        reason: DenyReason::InvalidUserAnnotations,
                         message: format!("{DNS_NAMES_ANNOTATION}: {name:?} is not a DNS name"),
                     };
                 }
@@ -277,7 +255,7 @@ impl SignerPolicy {
                     .any(|p| glob(&expand(p, facts), &name));
                 if !allowed {
                     return Decision::Deny {
-                        reason: reason::INVALID_USER_ANNOTATIONS,
+                        reason: DenyReason::InvalidUserAnnotations,
                         message: format!(
                             "{DNS_NAMES_ANNOTATION}: DNS name {name:?} is not allowed for \
                              {ns}/{sa} by this signer's policy"
@@ -382,13 +360,29 @@ mod tests {
         }
     }
 
-    fn reason_of(d: &Decision) -> &'static str {
-        match d {
-            Decision::Issue(_) => reason::ISSUED,
-            Decision::Deny { reason, .. } | Decision::Fail { reason, .. } => reason,
+    /// What a table row expects: the decision and a piece of its message, so that two rules
+    /// giving the same reason are told apart.
+    #[derive(Debug)]
+    enum Want {
+        Issue,
+        Deny(DenyReason, &'static str),
+        Fail(FailReason, &'static str),
+    }
+
+    fn check(d: &Decision, want: &Want) -> bool {
+        match (d, want) {
+            (Decision::Issue(_), Want::Issue) => true,
+            (Decision::Deny { reason, message }, Want::Deny(r, m)) => {
+                reason == r && message.contains(m)
+            }
+            (Decision::Fail { reason, message }, Want::Fail(r, m)) => {
+                reason == r && message.contains(m)
+            }
+            _ => false,
         }
     }
 
+    /// Each row trips exactly one rule, so a broken rule fails its own row.
     #[test]
     fn table() {
         let none = BTreeMap::new();
@@ -399,13 +393,18 @@ mod tests {
             "web.prod.example.com".to_string(),
         )]
         .into();
-        let dns_bad: BTreeMap<String, String> = [(
+        // A DNS name, but not an allowed one.
+        let dns_not_allowed: BTreeMap<String, String> = [(
             DNS_NAMES_ANNOTATION.to_string(),
             "evil.attacker.com".to_string(),
         )]
         .into();
-        let dns_garbage: BTreeMap<String, String> =
-            [(DNS_NAMES_ANNOTATION.to_string(), "..bad".to_string())].into();
+        // Matches the allowed glob, but is not a DNS name (a label starts with a hyphen).
+        let dns_not_a_name: BTreeMap<String, String> = [(
+            DNS_NAMES_ANNOTATION.to_string(),
+            "-web.prod.example.com".to_string(),
+        )]
+        .into();
         let rsa2048 = KeyError::UnsupportedKeyType {
             found: "RSA-2048".into(),
         };
@@ -418,57 +417,93 @@ mod tests {
         policy.service_accounts = vec!["prod/*".into(), "*/default".into()];
         policy.key_types = vec![KeyType::EcdsaP256, KeyType::Ed25519];
         policy.allowed_dns_names = vec!["*.{ns}.example.com".into()];
+        assert!(glob("*.prod.example.com", "-web.prod.example.com"));
 
-        let cases: Vec<(RequestFacts<'_>, &str)> = vec![
+        let cases: Vec<(RequestFacts<'_>, Want)> = vec![
             (
                 facts("prod", "web", Ok(KeyType::EcdsaP256), &none),
-                reason::ISSUED,
+                Want::Issue,
             ),
             (
                 facts("dev", "default", Ok(KeyType::Ed25519), &none),
-                reason::ISSUED,
+                Want::Issue,
             ),
             (
                 facts("dev", "web", Ok(KeyType::EcdsaP256), &none),
-                reason::SERVICE_ACCOUNT_NOT_ALLOWED,
+                Want::Deny(
+                    DenyReason::ServiceAccountNotAllowed,
+                    "service account dev/web may not",
+                ),
             ),
             (
                 facts("kube-system", "default", Ok(KeyType::EcdsaP256), &none),
-                reason::NAMESPACE_NOT_ALLOWED,
+                Want::Deny(
+                    DenyReason::NamespaceNotAllowed,
+                    "namespace \"kube-system\" may not",
+                ),
             ),
             (
                 facts("prod", "web", Ok(KeyType::Rsa4096), &none),
-                reason::UNSUPPORTED_KEY_TYPE,
+                Want::Deny(
+                    DenyReason::UnsupportedKeyType,
+                    "key type RSA4096 is not allowed by this signer's policy",
+                ),
             ),
             (
                 facts("prod", "web", Err(&rsa2048), &none),
-                reason::UNSUPPORTED_KEY_TYPE,
+                Want::Deny(DenyReason::UnsupportedKeyType, "RSA-2048"),
             ),
             (
                 facts("prod", "web", Err(&malformed), &none),
-                reason::MALFORMED_PUBLIC_KEY,
+                Want::Deny(DenyReason::MalformedPublicKey, "malformed CSR: x"),
             ),
             (
                 facts("prod", "web", Ok(KeyType::EcdsaP256), &unknown),
-                reason::INVALID_USER_ANNOTATIONS,
+                Want::Deny(
+                    DenyReason::InvalidUserAnnotations,
+                    "unrecognised user annotation \"example.com/flavour\"",
+                ),
             ),
             (
                 facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_ok),
-                reason::ISSUED,
+                Want::Issue,
             ),
             (
-                facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_bad),
-                reason::INVALID_USER_ANNOTATIONS,
+                facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_not_allowed),
+                Want::Deny(
+                    DenyReason::InvalidUserAnnotations,
+                    "DNS name \"evil.attacker.com\" is not allowed for prod/web",
+                ),
             ),
             (
-                facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_garbage),
-                reason::INVALID_USER_ANNOTATIONS,
+                facts("prod", "web", Ok(KeyType::EcdsaP256), &dns_not_a_name),
+                Want::Deny(
+                    DenyReason::InvalidUserAnnotations,
+                    "\"-web.prod.example.com\" is not a DNS name",
+                ),
             ),
         ];
         for (f, want) in cases {
             let d = policy.decide(&f);
-            assert_eq!(reason_of(&d), want, "{f:?} → {d:?}");
+            assert!(check(&d, &want), "{f:?} → {d:?}, want {want:?}");
         }
+    }
+
+    #[test]
+    fn a_template_that_is_no_dns_name_fails() {
+        let mut policy = SignerPolicy::permissive("cluster.local");
+        policy.dns_name_templates = vec!["{pod}.{ns}.svc".into()];
+        let none = BTreeMap::new();
+        let mut f = facts("prod", "web", Ok(KeyType::EcdsaP256), &none);
+        f.pod_name = None;
+        let d = policy.decide(&f);
+        let want = Want::Fail(
+            FailReason::InvalidDnsNameTemplate,
+            "DNS name template \"{pod}.{ns}.svc\" gives \".prod.svc\"",
+        );
+        assert!(check(&d, &want), "{d:?}");
+        f.pod_name = Some("web-0");
+        assert!(check(&policy.decide(&f), &Want::Issue));
     }
 
     #[test]
@@ -502,29 +537,11 @@ mod tests {
         let none = BTreeMap::new();
         match policy.decide(&facts("a", "b", Err(&e), &none)) {
             Decision::Deny { reason, message } => {
-                assert_eq!(reason, reason::UNSUPPORTED_KEY_TYPE);
+                assert_eq!(reason, DenyReason::UnsupportedKeyType);
                 assert!(message.contains("use keyType ECDSAP256"), "{message}");
                 assert!(message.contains("RSA-2048"), "{message}");
             }
             other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn reasons_satisfy_rule_33() {
-        for r in reason::ALL.iter() {
-            let bytes = r.as_bytes();
-            assert!(bytes[0].is_ascii_alphabetic(), "{r}");
-            assert!(
-                bytes
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_,:".contains(b)),
-                "{r}"
-            );
-            assert!(
-                bytes[bytes.len() - 1].is_ascii_alphanumeric() || bytes[bytes.len() - 1] == b'_'
-            );
-            assert!(r.len() <= 1024);
         }
     }
 
@@ -540,17 +557,56 @@ mod tests {
         assert!(glob("exact", "exact"));
     }
 
+    /// Each case breaks one rule of an otherwise valid policy.
     #[test]
-    fn validate_catches_bad_lifetimes_and_domains() {
-        let mut p = SignerPolicy::permissive("cluster.local");
-        assert!(p.validate().is_ok());
-        p.max_lifetime_seconds = 60;
-        assert!(p.validate().is_err());
-        let mut p = SignerPolicy::permissive("Not A Domain");
-        assert!(p.validate().is_err());
-        p.trust_domain = "ok.example".into();
-        p.service_accounts = vec!["nope".into()];
-        assert!(p.validate().is_err());
+    fn validate_names_the_broken_rule() {
+        let ok = SignerPolicy::permissive("cluster.local");
+        assert_eq!(ok.validate(), Ok(()));
+        let broken = |change: fn(&mut SignerPolicy)| {
+            let mut p = ok.clone();
+            change(&mut p);
+            p.validate().unwrap_err()
+        };
+        let cases: [(PolicyError, &str); 6] = [
+            (
+                broken(|p| p.trust_domain = "Not A Domain".into()),
+                "invalid signer policy: trust_domain \"Not A Domain\" is not a DNS name",
+            ),
+            (
+                broken(|p| p.max_lifetime_seconds = 60),
+                "invalid signer policy: max_lifetime_seconds 60 is below the 3600 s Kubernetes \
+                 minimum",
+            ),
+            (
+                broken(|p| p.default_lifetime_seconds = 1800),
+                "invalid signer policy: default_lifetime_seconds 1800 must be between 3600 and \
+                 max_lifetime_seconds (604800)",
+            ),
+            (
+                broken(|p| p.default_lifetime_seconds = 2 * 604_800),
+                "invalid signer policy: default_lifetime_seconds 1209600 must be between 3600 \
+                 and max_lifetime_seconds (604800)",
+            ),
+            (
+                broken(|p| p.key_types.clear()),
+                "invalid signer policy: key_types is empty",
+            ),
+            (
+                broken(|p| p.service_accounts = vec!["prod/*".into(), "nope".into()]),
+                "invalid signer policy: service_accounts entry \"nope\" must be namespace/name",
+            ),
+        ];
+        for (error, text) in cases {
+            assert_eq!(error.to_string(), text);
+        }
+        assert_eq!(broken(|p| p.key_types.clear()), PolicyError::NoKeyTypes);
+        assert_eq!(
+            broken(|p| p.default_lifetime_seconds = 1800),
+            PolicyError::DefaultLifetimeOutOfRange {
+                default: 1800,
+                max: 604_800
+            }
+        );
     }
 
     #[test]
@@ -565,6 +621,9 @@ mod tests {
         .unwrap();
         assert_eq!(p.key_types, [KeyType::EcdsaP256, KeyType::Ed25519]);
         assert_eq!(p.namespaces, ["*"]);
-        assert!(toml::from_str::<SignerPolicy>("trust_domain = \"a.b\"\nbogus = 1").is_err());
+        let unknown = toml::from_str::<SignerPolicy>("trust_domain = \"a.b\"\nbogus = 1")
+            .unwrap_err()
+            .to_string();
+        assert!(unknown.contains("unknown field `bogus`"), "{unknown}");
     }
 }

@@ -77,6 +77,27 @@ impl Generation {
         }
     }
 
+    /// Makes this generation the signing CA.
+    pub fn activate(&mut self, now: OffsetDateTime) {
+        self.phase = Phase::Active;
+        self.activated_at = Some(now);
+    }
+
+    /// Stops signing with this generation, and records how long its anchor is needed: a CA that
+    /// was active may have signed until now, so its last leaf can live until now + the longest
+    /// leaf lifetime (never past the CA's notAfter, nor earlier than a leaf already known). A CA
+    /// that was never active signed nothing: its anchor may go at once (see
+    /// [`Generation::anchor_needed_until`]).
+    pub fn retire(&mut self, max_leaf_lifetime: Duration, now: OffsetDateTime) {
+        self.phase = Phase::Retired;
+        self.retired_at = Some(now);
+        if self.activated_at.is_some() {
+            let bound = (now + max_leaf_lifetime).min(self.ca_not_after);
+            self.last_leaf_not_after =
+                Some(self.last_leaf_not_after.map_or(bound, |t| t.max(bound)));
+        }
+    }
+
     fn life_point(&self, fraction: f64) -> OffsetDateTime {
         let life = (self.ca_not_after - self.ca_not_before).as_seconds_f64();
         self.ca_not_before + Duration::seconds_f64(life * fraction)
@@ -126,9 +147,32 @@ impl Default for Schedule {
 }
 
 /// A schedule that cannot work.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid rotation schedule: {0}")]
-pub struct ScheduleError(pub String);
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    #[error(
+        "invalid rotation schedule: need 0 < prepare_at ({prepare_at}) < activate_at \
+         ({activate_at}) < 1"
+    )]
+    PhaseFractions { prepare_at: f64, activate_at: f64 },
+    #[error(
+        "invalid rotation schedule: propagation_seconds {0} is below 600: kubelet caches trust \
+         bundles for about 5 minutes, so a shorter window risks pods that do not yet trust the \
+         new CA"
+    )]
+    PropagationTooShort(i64),
+    #[error(
+        "invalid rotation schedule: the CA lifetime ({ca_lifetime_seconds} s) leaves {window:.0} \
+         s between prepare and activate, less than the propagation window \
+         ({propagation_seconds} s)"
+    )]
+    WindowShorterThanPropagation {
+        ca_lifetime_seconds: i64,
+        /// Seconds between prepare and activate.
+        window: f64,
+        propagation_seconds: i64,
+    },
+}
 
 impl Schedule {
     pub fn propagation(&self) -> Duration {
@@ -142,25 +186,21 @@ impl Schedule {
     pub fn validate(&self) -> Result<(), ScheduleError> {
         if !(0.0 < self.prepare_at && self.prepare_at < self.activate_at && self.activate_at < 1.0)
         {
-            return Err(ScheduleError(format!(
-                "need 0 < prepare_at ({}) < activate_at ({}) < 1",
-                self.prepare_at, self.activate_at
-            )));
+            return Err(ScheduleError::PhaseFractions {
+                prepare_at: self.prepare_at,
+                activate_at: self.activate_at,
+            });
         }
         if self.propagation_seconds < 600 {
-            return Err(ScheduleError(format!(
-                "propagation_seconds {} is below 600: kubelet caches trust bundles for about 5 \
-                 minutes, so a shorter window risks pods that do not yet trust the new CA",
-                self.propagation_seconds
-            )));
+            return Err(ScheduleError::PropagationTooShort(self.propagation_seconds));
         }
         let window = self.ca_lifetime_seconds as f64 * (self.activate_at - self.prepare_at);
         if window < self.propagation_seconds as f64 {
-            return Err(ScheduleError(format!(
-                "the CA lifetime ({} s) leaves {window:.0} s between prepare and activate, less \
-                 than the propagation window ({} s)",
-                self.ca_lifetime_seconds, self.propagation_seconds
-            )));
+            return Err(ScheduleError::WindowShorterThanPropagation {
+                ca_lifetime_seconds: self.ca_lifetime_seconds,
+                window,
+                propagation_seconds: self.propagation_seconds,
+            });
         }
         Ok(())
     }
@@ -259,21 +299,67 @@ pub fn next_event(
     times.into_iter().map(|t| t.max(now)).min()
 }
 
-/// Applies one step's bookkeeping to the generation list (creating a generation is the caller's
-/// job: it pushes the new `Prepared` generation itself).
-pub fn apply(generations: &mut [Generation], step: Step, now: OffsetDateTime) {
-    for g in generations.iter_mut() {
+/// What [`advance`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Advanced {
+    /// The generations afterwards, in the order given.
+    pub generations: Vec<Generation>,
+    /// The steps taken, in order: activations, retirements and drops (never `Prepare`).
+    pub steps: Vec<Step>,
+    /// The schedule wants a new generation. Only the caller can make one (keys, certificates):
+    /// if it does, it pushes it as `Prepared` and calls [`advance`] again.
+    pub prepare_due: bool,
+}
+
+/// Runs the schedule to its fixed point: plans, applies the steps (retirement with
+/// [`Generation::retire`]), and plans again until nothing but a `Prepare` is due. The one place
+/// both drivers (the file store and the Secret backend) take rotation steps.
+pub fn advance(
+    generations: &[Generation],
+    schedule: &Schedule,
+    max_leaf_lifetime: Duration,
+    now: OffsetDateTime,
+) -> Advanced {
+    let mut generations = generations.to_vec();
+    let mut steps = vec![];
+    let mut prepare_due = false;
+    // Every step moves one generation forward (prepared → active → retired → dropped), so three
+    // rounds per generation reach the fixed point; the bound only guards against a planner bug.
+    for _ in 0..=3 * generations.len() {
+        let mut due = plan(&generations, schedule, now);
+        prepare_due = due.contains(&Step::Prepare);
+        due.retain(|s| *s != Step::Prepare);
+        if due.is_empty() {
+            break;
+        }
+        for step in due {
+            apply(&mut generations, step, max_leaf_lifetime, now);
+            steps.push(step);
+        }
+    }
+    Advanced {
+        generations,
+        steps,
+        prepare_due,
+    }
+}
+
+fn apply(
+    generations: &mut [Generation],
+    step: Step,
+    max_leaf_lifetime: Duration,
+    now: OffsetDateTime,
+) {
+    let id = match step {
+        Step::Activate(id) | Step::Retire(id) | Step::Drop(id) => id,
+        Step::Prepare => return,
+    };
+    for g in generations.iter_mut().filter(|g| g.id == id) {
         match step {
-            Step::Activate(id) if g.id == id => {
-                g.phase = Phase::Active;
-                g.activated_at = Some(now);
-            }
-            Step::Retire(id) if g.id == id => {
-                g.phase = Phase::Retired;
-                g.retired_at = Some(now);
-            }
-            Step::Drop(id) if g.id == id => g.phase = Phase::Dropped,
-            _ => {}
+            Step::Activate(_) => g.activate(now),
+            Step::Retire(_) => g.retire(max_leaf_lifetime, now),
+            Step::Drop(_) => g.phase = Phase::Dropped,
+            Step::Prepare => {}
         }
     }
 }
@@ -360,6 +446,154 @@ mod tests {
         assert!(plan(&g, &schedule(), after).contains(&Step::Drop(1)));
     }
 
+    fn retired(mut g: Generation, at: OffsetDateTime) -> Generation {
+        g.retire(MAX_LEAF, at);
+        g
+    }
+
+    const MAX_LEAF: Duration = Duration::hours(2);
+
+    /// `advance` runs the planner to its fixed point, one row per situation.
+    #[test]
+    fn advance_table() {
+        let half = T0 + Duration::minutes(300);
+        let five_sixths = T0 + Duration::minutes(500);
+        let prepared_at_half = generation(2, Phase::Prepared, half);
+        // Early enough that the last leaf ends before the CA does.
+        let handed_over = T0 + Duration::minutes(400);
+        let prepared_late = generation(2, Phase::Prepared, T0 + Duration::minutes(400));
+        let early = T0 + Duration::minutes(100);
+        let mut never_active = generation(2, Phase::Prepared, early);
+        never_active.retire(MAX_LEAF, early + Duration::minutes(1));
+        // Name, generations, now, the steps taken, whether a Prepare is due.
+        type Row = (
+            &'static str,
+            Vec<Generation>,
+            OffsetDateTime,
+            Vec<Step>,
+            bool,
+        );
+        let cases: Vec<Row> = vec![
+            ("empty: bootstrap wants a CA", vec![], T0, vec![], true),
+            (
+                "young active CA: nothing",
+                vec![generation(1, Phase::Active, T0)],
+                half - Duration::minutes(1),
+                vec![],
+                false,
+            ),
+            (
+                "half-life: only the caller can prepare",
+                vec![generation(1, Phase::Active, T0)],
+                half,
+                vec![],
+                true,
+            ),
+            (
+                "prepared and propagated: nothing before 5/6",
+                vec![generation(1, Phase::Active, T0), prepared_at_half.clone()],
+                five_sixths - Duration::minutes(1),
+                vec![],
+                false,
+            ),
+            (
+                "5/6: activate the new one, retire the old one",
+                vec![generation(1, Phase::Active, T0), prepared_at_half],
+                five_sixths,
+                vec![Step::Activate(2), Step::Retire(1)],
+                false,
+            ),
+            (
+                "an expired active CA is replaced and, its leaves gone, dropped in the same run",
+                vec![generation(1, Phase::Active, T0), prepared_late],
+                T0 + Duration::minutes(601),
+                vec![Step::Activate(2), Step::Retire(1), Step::Drop(1)],
+                false,
+            ),
+            (
+                "retired: kept while its last leaf may live",
+                vec![
+                    retired(generation(1, Phase::Active, T0), handed_over),
+                    generation(2, Phase::Active, handed_over),
+                ],
+                handed_over + MAX_LEAF - Duration::seconds(1),
+                vec![],
+                false,
+            ),
+            (
+                "retired: dropped once its last leaf expired",
+                vec![
+                    retired(generation(1, Phase::Active, T0), handed_over),
+                    generation(2, Phase::Active, handed_over),
+                ],
+                handed_over + MAX_LEAF,
+                vec![Step::Drop(1)],
+                false,
+            ),
+            (
+                // The case the two drivers disagreed on: the file store kept such an anchor for
+                // the longest leaf lifetime, the Secret backend dropped it at once.
+                "superseded before it was active: signed nothing, dropped at once",
+                vec![generation(1, Phase::Active, T0), never_active],
+                early + Duration::minutes(1),
+                vec![Step::Drop(2)],
+                false,
+            ),
+        ];
+        for (name, generations, now, steps, prepare_due) in cases {
+            let advanced = advance(&generations, &schedule(), MAX_LEAF, now);
+            assert_eq!(advanced.steps, steps, "{name}");
+            assert_eq!(advanced.prepare_due, prepare_due, "{name}");
+            let again = advance(&advanced.generations, &schedule(), MAX_LEAF, now);
+            assert!(again.steps.is_empty(), "{name}: not a fixed point");
+            assert_eq!(
+                advanced
+                    .generations
+                    .iter()
+                    .map(|g| g.id)
+                    .collect::<Vec<_>>(),
+                generations.iter().map(|g| g.id).collect::<Vec<_>>(),
+                "{name}: order kept"
+            );
+        }
+    }
+
+    /// The retire rule: until the last leaf can have expired, and not a moment longer.
+    #[test]
+    fn retire_table() {
+        // The CA ends at T0 + 600 min: later than at + MAX_LEAF.
+        let at = T0 + Duration::minutes(300);
+        let active = generation(1, Phase::Active, T0);
+        let mut known_later_leaf = active.clone();
+        known_later_leaf.last_leaf_not_after = Some(at + Duration::hours(3));
+        let mut near_its_end = active.clone();
+        near_its_end.ca_not_after = at + Duration::minutes(30);
+        let cases = [
+            ("was active: now + the longest leaf", active, at + MAX_LEAF),
+            (
+                "a longer-lived leaf is known: kept until it expires",
+                known_later_leaf,
+                at + Duration::hours(3),
+            ),
+            (
+                "never past the CA's own notAfter",
+                near_its_end,
+                at + Duration::minutes(30),
+            ),
+            (
+                "never active: signed nothing, needed no longer",
+                generation(2, Phase::Prepared, T0),
+                at,
+            ),
+        ];
+        for (name, mut g, until) in cases {
+            g.retire(MAX_LEAF, at);
+            assert_eq!(g.phase, Phase::Retired, "{name}");
+            assert_eq!(g.retired_at, Some(at), "{name}");
+            assert_eq!(g.anchor_needed_until(), until, "{name}");
+        }
+    }
+
     #[test]
     fn retired_without_known_leaves_waits_for_the_ca_not_after() {
         let mut g = generation(1, Phase::Retired, T0);
@@ -381,36 +615,33 @@ mod tests {
         let mut first_activation = true;
         while now < T0 + Duration::days(40) {
             loop {
-                let steps = plan(&gens, &s, now);
-                if steps.is_empty() {
-                    break;
-                }
-                for step in steps {
-                    if step == Step::Prepare {
-                        gens.push(Generation {
-                            id: next_id,
-                            phase: Phase::Prepared,
-                            ca_not_before: now,
-                            ca_not_after: now + s.ca_lifetime(),
-                            prepared_at: now,
-                            activated_at: None,
-                            retired_at: None,
-                            activate_asap: false,
-                            last_leaf_not_after: None,
-                        });
-                        next_id += 1;
-                    } else {
-                        if let Step::Activate(id) = step {
-                            let g = gens.iter().find(|g| g.id == id).unwrap();
-                            assert!(
-                                first_activation || now >= g.prepared_at + s.propagation(),
-                                "generation {id} activated before its anchor propagated"
-                            );
-                            first_activation = false;
-                        }
-                        apply(&mut gens, step, now);
+                let advanced = advance(&gens, &s, leaf_life, now);
+                gens = advanced.generations;
+                for step in advanced.steps {
+                    if let Step::Activate(id) = step {
+                        let g = gens.iter().find(|g| g.id == id).unwrap();
+                        assert!(
+                            first_activation || now >= g.prepared_at + s.propagation(),
+                            "generation {id} activated before its anchor propagated"
+                        );
+                        first_activation = false;
                     }
                 }
+                if !advanced.prepare_due {
+                    break;
+                }
+                gens.push(Generation {
+                    id: next_id,
+                    phase: Phase::Prepared,
+                    ca_not_before: now,
+                    ca_not_after: now + s.ca_lifetime(),
+                    prepared_at: now,
+                    activated_at: None,
+                    retired_at: None,
+                    activate_asap: false,
+                    last_leaf_not_after: None,
+                });
+                next_id += 1;
             }
             let active = gens.iter_mut().find(|g| g.phase == Phase::Active).unwrap();
             assert!(now < active.ca_not_after, "active CA expired at {now}");
@@ -436,24 +667,51 @@ mod tests {
         assert!(next_id > 4, "several rotations happened ({next_id})");
     }
 
+    /// Each case breaks one rule of the default schedule.
     #[test]
     fn schedule_validation() {
-        assert!(Schedule::default().validate().is_ok());
-        for broken in [
-            Schedule {
-                propagation_seconds: 60,
-                ..Schedule::default()
-            },
-            Schedule {
-                prepare_at: 0.9,
-                ..Schedule::default()
-            },
-            Schedule {
-                ca_lifetime_seconds: 1800,
-                ..Schedule::default()
-            },
-        ] {
-            assert!(broken.validate().is_err(), "{broken:?}");
+        assert_eq!(Schedule::default().validate(), Ok(()));
+        let cases = [
+            (
+                Schedule {
+                    propagation_seconds: 60,
+                    ..Schedule::default()
+                },
+                ScheduleError::PropagationTooShort(60),
+                "invalid rotation schedule: propagation_seconds 60 is below 600: kubelet caches \
+                 trust bundles for about 5 minutes, so a shorter window risks pods that do not \
+                 yet trust the new CA",
+            ),
+            (
+                Schedule {
+                    prepare_at: 0.9,
+                    ..Schedule::default()
+                },
+                ScheduleError::PhaseFractions {
+                    prepare_at: 0.9,
+                    activate_at: 5.0 / 6.0,
+                },
+                "invalid rotation schedule: need 0 < prepare_at (0.9) < activate_at \
+                 (0.8333333333333334) < 1",
+            ),
+            (
+                Schedule {
+                    ca_lifetime_seconds: 1800,
+                    ..Schedule::default()
+                },
+                ScheduleError::WindowShorterThanPropagation {
+                    ca_lifetime_seconds: 1800,
+                    window: 1800.0 * (5.0 / 6.0 - 0.5),
+                    propagation_seconds: 900,
+                },
+                "invalid rotation schedule: the CA lifetime (1800 s) leaves 600 s between \
+                 prepare and activate, less than the propagation window (900 s)",
+            ),
+        ];
+        for (broken, error, text) in cases {
+            let got = broken.validate().unwrap_err();
+            assert_eq!(got, error, "{broken:?}");
+            assert_eq!(got.to_string(), text);
         }
     }
 }

@@ -24,7 +24,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};
 use crate::ca::{CaCertificate, CaError, IssuingCa};
-use crate::rotation::{self, Generation, Phase, Schedule, Step};
+use crate::rotation::{self, Advanced, Generation, Phase, Schedule, Step};
 
 /// Why the store could not be created or read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -158,14 +158,14 @@ impl FileStore {
     ) -> Result<IssuingCa, StoreError> {
         self.refuse_existing()?;
         self.prepare_dir()?;
-        let (generation, ca) = self.create_generation(1, options, now)?;
-        let mut state = State {
+        let (mut generation, ca) = self.create_generation(1, options, now)?;
+        generation.activate(now);
+        let state = State {
             generations: vec![generation],
             options: options.clone(),
             self_managed: true,
             external_keys: Default::default(),
         };
-        rotation::apply(&mut state.generations, Step::Activate(1), now);
         self.write_state(&state, now)?;
         Ok(ca)
     }
@@ -226,14 +226,14 @@ impl FileStore {
                 state
             }
             None => {
-                let mut state = State {
+                let mut generation = generation;
+                generation.activate(now);
+                State {
                     generations: vec![generation],
                     options: InitOptions::default(),
                     self_managed: false,
                     external_keys: Default::default(),
-                };
-                rotation::apply(&mut state.generations, Step::Activate(id), now);
-                state
+                }
             }
         };
         self.write_state(&state, now)?;
@@ -262,13 +262,14 @@ impl FileStore {
         .map_err(|e| self.ca_error(&gdir.join("root.pem"), e))?;
         write_public(&gdir.join("root.pem"), &ca.certificate().pem())?;
         write_public(&gdir.join("issuing.pem"), &ca.certificate().pem())?;
-        let mut state = State {
-            generations: vec![prepared_generation(1, &ca, now)],
+        let mut generation = prepared_generation(1, &ca, now);
+        generation.activate(now);
+        let state = State {
+            generations: vec![generation],
             options: options.clone(),
             self_managed: false,
             external_keys: [(1, location)].into(),
         };
-        rotation::apply(&mut state.generations, Step::Activate(1), now);
         self.write_state(&state, now)?;
         Ok(ca)
     }
@@ -367,62 +368,43 @@ impl FileStore {
             .validate()
             .map_err(|e| StoreError::Rotation(e.to_string()))?;
         let mut state = self.read_state()?;
-        let mut taken = vec![];
-        let mut force =
-            force_prepare && !state.generations.iter().any(|g| g.phase == Phase::Prepared);
-        // Steps can enable each other (prepare, then later activate); loop to a fixed point.
-        for _ in 0..8 {
-            let mut steps = rotation::plan(&state.generations, schedule, now);
-            if force && !steps.contains(&Step::Prepare) {
-                steps.insert(0, Step::Prepare);
-            }
-            force = false;
-            if !state.self_managed && !force_prepare {
-                // The schedule wants a successor podca cannot make (imported or HSM-held CA):
-                // the operator brings it; nothing to do here.
-                steps.retain(|s| *s != Step::Prepare);
-            }
-            if steps.is_empty() {
-                break;
-            }
-            for step in steps {
-                match step {
-                    Step::Prepare => {
-                        if !state.self_managed {
-                            let what = if state.external_keys.is_empty() {
-                                "this CA was imported"
-                            } else {
-                                "this CA's key is held outside the data directory (HSM)"
-                            };
-                            return Err(StoreError::Rotation(format!(
-                                "{what}: podca cannot make its successor; import the next CA \
-                                 with `podca ca init --import-cert … --import-key …` and it will \
-                                 be prepared and activated with overlap"
-                            )));
-                        }
-                        let id = state.generations.iter().map(|g| g.id).max().unwrap_or(0) + 1;
-                        let options = InitOptions {
-                            root_validity: schedule.ca_lifetime(),
-                            issuing_validity: schedule.ca_lifetime(),
-                            ..state.options.clone()
-                        };
-                        let (mut generation, _) = self.create_generation(id, &options, now)?;
-                        generation.activate_asap = force_prepare;
-                        state.generations.push(generation);
-                    }
-                    Step::Retire(id) => {
-                        rotation::apply(&mut state.generations, step, now);
-                        if let Some(g) = state.generations.iter_mut().find(|g| g.id == id) {
-                            // It signs nothing from now on: its leaves end by now + max lifetime.
-                            let bound = (now + max_leaf_lifetime).min(g.ca_not_after);
-                            g.last_leaf_not_after = Some(bound);
-                        }
-                    }
-                    other => rotation::apply(&mut state.generations, other, now),
-                }
-                taken.push(step);
-            }
+        let force = force_prepare && !state.generations.iter().any(|g| g.phase == Phase::Prepared);
+        if force && !state.self_managed {
+            let what = if state.external_keys.is_empty() {
+                "this CA was imported"
+            } else {
+                "this CA's key is held outside the data directory (HSM)"
+            };
+            return Err(StoreError::Rotation(format!(
+                "{what}: podca cannot make its successor; import the next CA with `podca ca init \
+                 --import-cert … --import-key …` and it will be prepared and activated with \
+                 overlap"
+            )));
         }
+        let Advanced {
+            generations,
+            mut steps,
+            prepare_due,
+        } = rotation::advance(&state.generations, schedule, max_leaf_lifetime, now);
+        state.generations = generations;
+        // A successor the schedule wants but podca cannot make (imported or HSM-held CA) is the
+        // operator's to bring: nothing to do here.
+        if force || (prepare_due && state.self_managed) {
+            let id = state.generations.iter().map(|g| g.id).max().unwrap_or(0) + 1;
+            let options = InitOptions {
+                root_validity: schedule.ca_lifetime(),
+                issuing_validity: schedule.ca_lifetime(),
+                ..state.options.clone()
+            };
+            let (mut generation, _) = self.create_generation(id, &options, now)?;
+            generation.activate_asap = force_prepare;
+            state.generations.push(generation);
+            steps.push(Step::Prepare);
+            let after = rotation::advance(&state.generations, schedule, max_leaf_lifetime, now);
+            state.generations = after.generations;
+            steps.extend(after.steps);
+        }
+        let taken = steps;
         if !taken.is_empty() {
             self.write_state(&state, now)?;
             if taken.iter().any(|s| matches!(s, Step::Drop(_))) {

@@ -9,9 +9,13 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
-use podca_signer::backend::contract;
-use podca_signer::{CaAlgorithm, CaKey, FileKey, FileStore, InitOptions, MemoryKey};
+use podca_signer::backend::contract::{self, Secret};
+use podca_signer::{BackendError, CaAlgorithm, CaKey, FileKey, FileStore, InitOptions, MemoryKey};
 use time::{Duration, OffsetDateTime};
+
+fn der_of(pem_text: &str) -> Vec<u8> {
+    pem::parse(pem_text).unwrap().into_contents()
+}
 
 #[test]
 fn memory_backend_passes_the_contract() {
@@ -19,9 +23,18 @@ fn memory_backend_passes_the_contract() {
         CaAlgorithm::EcdsaP256,
         CaAlgorithm::EcdsaP384,
         CaAlgorithm::Ed25519,
+        CaAlgorithm::RsaSha256,
     ] {
-        let key = MemoryKey::generate(alg).unwrap();
-        contract::check(Arc::new(key), "PRIVATE KEY");
+        let pair = match alg {
+            CaAlgorithm::RsaSha256 => {
+                rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
+            }
+            other => rcgen::KeyPair::generate_for(other.rcgen()),
+        }
+        .unwrap();
+        let key = MemoryKey::from_pem(&pair.serialize_pem()).unwrap();
+        assert_eq!(key.algorithm(), alg);
+        contract::check(Arc::new(key), Secret::Pkcs8Der(&pair.serialize_der()));
     }
 }
 
@@ -39,14 +52,20 @@ fn file_backend_passes_the_contract_and_writes_0600() {
         assert_eq!(mode, 0o600, "{alg} key file mode");
         let pem = std::fs::read_to_string(&path).unwrap();
         assert!(pem.starts_with("-----BEGIN PRIVATE KEY-----"), "PKCS#8 PEM");
-        // A chunk of the base64 body: must never show up in Debug output.
-        let marker = pem.lines().nth(1).unwrap()[..24].to_string();
         let loaded = FileKey::load(&path).unwrap();
         assert_eq!(loaded.public_key_raw(), created.public_key_raw());
-        contract::check(Arc::new(loaded), &marker);
-        assert!(
-            FileKey::create(&path, alg).is_err(),
-            "never overwrite a key file"
+        contract::check(Arc::new(loaded), Secret::Pkcs8Der(&der_of(&pem)));
+        match FileKey::create(&path, alg) {
+            Err(BackendError::Io { path: p, detail }) => {
+                assert_eq!(p, path.display().to_string());
+                assert!(detail.contains("File exists"), "{detail}");
+            }
+            other => panic!("never overwrite a key file: {other:?}"),
+        }
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            pem,
+            "{alg} untouched"
         );
     }
 }
@@ -62,12 +81,7 @@ fn ca_debug_output_never_contains_key_material() {
     let root_pem = std::fs::read_to_string(store.root_key_path()).unwrap();
     let debug = format!("{ca:?} {:?} {:?}", ca.key(), store);
     for pem_text in [&key_pem, &root_pem] {
-        for line in pem_text.lines().filter(|l| !l.starts_with("-----")) {
-            assert!(
-                !debug.contains(&line[..16.min(line.len())]),
-                "key bytes in Debug: {debug}"
-            );
-        }
+        contract::assert_debug_hides(&debug, Secret::Pkcs8Der(&der_of(pem_text)));
     }
     assert!(debug.contains("<redacted>"));
     for path in [store.issuing_key_path(), store.root_key_path()] {
@@ -76,6 +90,36 @@ fn ca_debug_output_never_contains_key_material() {
     }
     let dir_mode = std::fs::metadata(store.dir()).unwrap().permissions().mode() & 0o777;
     assert_eq!(dir_mode, 0o700);
+}
+
+/// The redaction check itself: it must catch each form a careless `Debug` would print.
+#[test]
+fn the_redaction_check_catches_every_form() {
+    let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let der = pair.serialize_der();
+    let leaks = [
+        format!("MemoryKey {{ der: {der:?} }}"),
+        format!("key={}", hex::encode(&der)),
+        format!(
+            "key={}",
+            pair.serialize_pem()
+                .replace('\n', "\\n")
+                .replace("PRIVATE KEY", "")
+        ),
+        // The scalar sits at a fixed offset in an EC PKCS#8 (SEC1 privateKey OCTET STRING).
+        format!("d={}", hex::encode(&der[36..68])),
+        format!("d[..8]={:?}", &der[40..48]),
+    ];
+    for leak in leaks {
+        let caught = std::panic::catch_unwind(|| {
+            contract::assert_debug_hides(&leak, Secret::Pkcs8Der(&der))
+        });
+        assert!(caught.is_err(), "not caught: {leak}");
+    }
+    contract::assert_debug_hides(
+        "MemoryKey { algorithm: EcdsaP256, private_key: \"<redacted>\" }",
+        Secret::Pkcs8Der(&der),
+    );
 }
 
 #[test]
@@ -196,7 +240,7 @@ fn issuing_ca_with_less_than_an_hour_left_fails_cleanly() {
     let policy = podca_signer::SignerPolicy::permissive("t.example");
     match podca_signer::sign_request(&policy, &root, &request, now) {
         podca_signer::Outcome::Failed { reason, message } => {
-            assert_eq!(reason, "CAExpiresTooSoon");
+            assert_eq!(reason, podca_signer::FailReason::CaExpiresTooSoon);
             assert!(message.contains("rotate the CA"), "{message}");
         }
         other => panic!("expected Failed, got {other:?}"),

@@ -157,7 +157,10 @@ fn contract_for(hsm: &Hsm, alg: CaAlgorithm) {
             .starts_with(&format!("pkcs11:token={};object=ca;id=%", hsm.label))
     );
     let key = Arc::new(key);
-    contract::check(Arc::clone(&key) as Arc<dyn CaKey>, USER_PIN);
+    contract::check(
+        Arc::clone(&key) as Arc<dyn CaKey>,
+        contract::Secret::Text(USER_PIN),
+    );
     let stats = key.stats();
     // At least 5 lengths + 200 concurrent + the root.
     assert!(stats.signs >= 206, "{stats:?}");

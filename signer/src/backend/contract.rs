@@ -5,20 +5,130 @@
 
 use std::sync::Arc;
 
-use aws_lc_rs::signature::UnparsedPublicKey;
+use aws_lc_rs::encoding::AsBigEndian;
+use aws_lc_rs::signature::{self, EcdsaKeyPair, Ed25519KeyPair, UnparsedPublicKey};
+use x509_parser::prelude::FromDer;
+use x509_parser::x509::SubjectPublicKeyInfo;
 
 use super::{CaAlgorithm, CaKey};
 use crate::ca::IssuingCa;
 
-/// Runs every contract check against `key`. `secret_marker` is a byte string that occurs in
-/// the private key material (for example a slice of its PEM or PIN) and must never appear in
-/// `Debug` output. Panics with a precise message on the first violation.
-pub fn check(key: Arc<dyn CaKey>, secret_marker: &str) {
+/// What must never show in a key's `Debug` output.
+#[derive(Debug, Clone, Copy)]
+pub enum Secret<'a> {
+    /// The private key as PKCS#8 DER (keys held in this process): looked for as hex, base64 and
+    /// a byte list, and so is its raw private scalar (ECDSA, Ed25519).
+    Pkcs8Der(&'a [u8]),
+    /// Text that unlocks a key that never leaves its device (a PKCS#11 PIN).
+    Text(&'a str),
+}
+
+/// Runs every contract check against `key`. Panics with a precise message on the first
+/// violation.
+pub fn check(key: Arc<dyn CaKey>, secret: Secret<'_>) {
     signatures_verify(key.as_ref());
     public_key_is_consistent(key.as_ref());
     concurrent_signing(&key);
-    debug_is_redacted(key.as_ref(), secret_marker);
+    assert_debug_hides(&format!("{key:?}"), secret);
     signs_a_ca_that_issues(key);
+}
+
+/// Panics if `debug` shows `secret` in any of the forms a careless `Debug` would print it.
+pub fn assert_debug_hides(debug: &str, secret: Secret<'_>) {
+    assert!(
+        !debug.contains("PRIVATE KEY"),
+        "Debug output holds a PEM key: {debug}"
+    );
+    match secret {
+        Secret::Text(text) => {
+            assert!(!text.is_empty(), "an empty secret proves nothing");
+            assert!(
+                !debug.contains(text),
+                "Debug output reveals the secret text: {debug}"
+            );
+        }
+        Secret::Pkcs8Der(der) => {
+            assert!(!der.is_empty(), "an empty key proves nothing");
+            for (form, needle) in whole_encodings(der) {
+                assert!(
+                    !debug.contains(&needle),
+                    "Debug output reveals the private key DER ({form}): {debug}"
+                );
+            }
+            // RSA has no single secret scalar; its DER forms above are checked.
+            if let Some(scalar) = private_scalar(der) {
+                for (form, needle) in whole_encodings(&scalar)
+                    .into_iter()
+                    .chain(window_encodings(&scalar))
+                {
+                    assert!(
+                        !debug.contains(&needle),
+                        "Debug output reveals the raw private scalar ({form}): {debug}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `bytes` as a derived `Debug`, `hex` or a PEM body would print it whole.
+fn whole_encodings(bytes: &[u8]) -> Vec<(&'static str, String)> {
+    let mut forms = vec![
+        ("hex", hex::encode(bytes)),
+        ("HEX", hex::encode_upper(bytes)),
+        ("byte list", byte_list(bytes)),
+    ];
+    let body = pem::encode(&pem::Pem::new("K", bytes));
+    // Whole 32-character pieces of each base64 line: long enough never to occur by chance.
+    for line in body.lines().filter(|l| !l.starts_with("-----")) {
+        let mut rest = line;
+        while rest.len() >= 32 {
+            forms.push(("base64", rest[..32].to_owned()));
+            rest = &rest[32..];
+        }
+    }
+    forms
+}
+
+/// Every 8-byte run of `bytes` as hex and as a byte list: a partial print still leaks.
+fn window_encodings(bytes: &[u8]) -> Vec<(&'static str, String)> {
+    bytes
+        .windows(8)
+        .flat_map(|w| {
+            [
+                ("hex run", hex::encode(w)),
+                ("HEX run", hex::encode_upper(w)),
+                ("byte-list run", byte_list(w)),
+            ]
+        })
+        .collect()
+}
+
+fn byte_list(bytes: &[u8]) -> String {
+    let list = format!("{bytes:?}");
+    list.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned()
+}
+
+/// The raw private scalar of an ECDSA or Ed25519 PKCS#8 key.
+fn private_scalar(der: &[u8]) -> Option<Vec<u8>> {
+    for alg in [
+        &signature::ECDSA_P256_SHA256_ASN1_SIGNING,
+        &signature::ECDSA_P384_SHA384_ASN1_SIGNING,
+    ] {
+        if let Ok(pair) = EcdsaKeyPair::from_pkcs8(alg, der) {
+            return pair
+                .private_key()
+                .as_be_bytes()
+                .ok()
+                .map(|b| b.as_ref().to_vec());
+        }
+    }
+    let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(der).ok()?;
+    let seed = pair.seed().ok()?;
+    let bytes = seed.as_be_bytes().ok()?;
+    Some(bytes.as_ref().to_vec())
 }
 
 fn verify(key: &dyn CaKey, message: &[u8], sig: &[u8]) -> bool {
@@ -48,17 +158,61 @@ fn signatures_verify(key: &dyn CaKey) {
     }
 }
 
+/// The SPKI (what certificates carry) holds the very key that signs: its algorithm and curve
+/// are the key's, its bits are `public_key_raw`, and they verify a fresh signature.
 fn public_key_is_consistent(key: &dyn CaKey) {
-    let spki = key.public_key_spki();
-    let parsed = crate::keys::SubjectKey::from_spki_der(&spki);
-    match (key.algorithm(), parsed) {
-        (CaAlgorithm::RsaSha256, Ok(_)) | (CaAlgorithm::RsaSha256, Err(_)) => {}
-        (_, Ok(_)) => {}
-        (alg, Err(e)) => panic!(
+    let alg = key.algorithm();
+    let der = key.public_key_spki();
+    let (rest, spki) = SubjectPublicKeyInfo::from_der(&der).unwrap_or_else(|e| {
+        panic!(
             "{}: {alg} public key SPKI does not parse: {e}",
             key.location()
-        ),
+        )
+    });
+    assert!(rest.is_empty(), "{}: bytes after the SPKI", key.location());
+    let (want_alg, want_curve) = match alg {
+        CaAlgorithm::EcdsaP256 => ("1.2.840.10045.2.1", Some("1.2.840.10045.3.1.7")),
+        CaAlgorithm::EcdsaP384 => ("1.2.840.10045.2.1", Some("1.3.132.0.34")),
+        CaAlgorithm::Ed25519 => ("1.3.101.112", None),
+        CaAlgorithm::RsaSha256 => ("1.2.840.113549.1.1.1", None),
+    };
+    assert_eq!(
+        spki.algorithm.algorithm.to_id_string(),
+        want_alg,
+        "{}: {alg} SPKI algorithm",
+        key.location()
+    );
+    if let Some(curve) = want_curve {
+        let found = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .and_then(|p| p.as_oid().ok())
+            .map(|oid| oid.to_id_string());
+        assert_eq!(
+            found.as_deref(),
+            Some(curve),
+            "{}: {alg} SPKI curve",
+            key.location()
+        );
     }
+    assert_eq!(
+        spki.subject_public_key.data.as_ref(),
+        key.public_key_raw(),
+        "{}: the SPKI holds another key than public_key_raw",
+        key.location()
+    );
+    let message = b"contract: the SPKI's key verifies this";
+    let sig = key
+        .sign(message)
+        .unwrap_or_else(|e| panic!("{}: sign failed: {e}", key.location()));
+    assert!(
+        UnparsedPublicKey::new(alg.verification(), spki.subject_public_key.data.as_ref())
+            .verify(message, &sig)
+            .is_ok(),
+        "{}: the key in the SPKI does not verify the key's signature",
+        key.location()
+    );
     assert!(!key.location().is_empty(), "location must describe the key");
 }
 
@@ -81,19 +235,6 @@ fn concurrent_signing(key: &Arc<dyn CaKey>) {
     for t in threads {
         t.join().expect("a concurrent signing thread panicked");
     }
-}
-
-fn debug_is_redacted(key: &dyn CaKey, secret_marker: &str) {
-    let debug = format!("{key:?}");
-    assert!(
-        !secret_marker.is_empty() && !debug.contains(secret_marker),
-        "{}: Debug output reveals private key material: {debug}",
-        key.location()
-    );
-    assert!(
-        !debug.contains("PRIVATE KEY"),
-        "Debug output holds a PEM key"
-    );
 }
 
 fn signs_a_ca_that_issues(key: Arc<dyn CaKey>) {

@@ -349,7 +349,11 @@ mod tests {
         assert_eq!(secrecy::ExposeSecret::expose_secret(&pin), "12 34");
         assert!(!format!("{pin:?}").contains("12 34"));
         std::fs::write(&path, "\n").unwrap_or_else(|e| panic!("{e}"));
-        assert!(PinSource::File(path).read().is_err());
+        let empty = PinSource::File(path).read();
+        assert!(
+            matches!(&empty, Err(BackendError::InvalidKey(m)) if m.ends_with(" is empty")),
+            "{empty:?}"
+        );
         let missing = PinSource::Env("PODCA_TEST_SURELY_UNSET_PIN_VAR".into()).read();
         assert!(
             matches!(missing, Err(BackendError::InvalidKey(m)) if m.contains("PODCA_TEST_SURELY_UNSET_PIN_VAR"))
