@@ -1,4 +1,5 @@
-//! ClusterTrustBundle admission: spec decoding, validation, the `attest` check, create.
+//! ClusterTrustBundle admission: spec decoding, validation, the `attest` check, create and
+//! the update strategy.
 
 use super::RespBody;
 use super::create::{decode_err, generated_name, new_metadata, store_new, validate_meta_labels};
@@ -15,7 +16,7 @@ use hyper::Response;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
 
-pub(super) fn ctb_spec(v: &Value, version: &str) -> Result<(String, String), ApiError> {
+fn ctb_spec(v: &Value, version: &str) -> Result<(String, String), ApiError> {
     let s = v.get("spec").cloned().unwrap_or(Value::Null);
     let get = |k: &str| -> Result<String, ApiError> {
         match s.get(k) {
@@ -33,7 +34,7 @@ pub(super) fn ctb_spec(v: &Value, version: &str) -> Result<(String, String), Api
     Ok((get("signerName")?, get("trustBundle")?))
 }
 
-pub(super) fn ctb_spec_json(signer: &str, bundle: &str) -> Value {
+fn ctb_spec_json(signer: &str, bundle: &str) -> Value {
     let mut m = Map::new();
     if !signer.is_empty() {
         m.insert("signerName".into(), json!(signer));
@@ -42,7 +43,7 @@ pub(super) fn ctb_spec_json(signer: &str, bundle: &str) -> Value {
     Value::Object(m)
 }
 
-pub(super) fn validate_ctb(
+fn validate_ctb(
     name: &str,
     meta: &Value,
     signer: &str,
@@ -81,12 +82,7 @@ pub(super) fn validate_ctb(
     errs
 }
 
-pub(super) fn attest(
-    shared: &Shared,
-    user: &UserInfo,
-    name: &str,
-    signer: &str,
-) -> Result<(), ApiError> {
+fn attest(shared: &Shared, user: &UserInfo, name: &str, signer: &str) -> Result<(), ApiError> {
     if signer.is_empty() || read(&shared.auth).authorized_for_signer(user, "attest", signer) {
         return Ok(());
     }
@@ -144,7 +140,7 @@ pub(super) fn create_ctb(
     Ok(resp)
 }
 
-pub(super) fn only_gc_fields_changed(old: &Value, new: &Value) -> bool {
+fn only_gc_fields_changed(old: &Value, new: &Value) -> bool {
     let norm = |v: &Value| {
         let mut v = v.clone();
         if let Some(Value::Object(m)) = v.get_mut("metadata") {
@@ -160,4 +156,39 @@ pub(super) fn only_gc_fields_changed(old: &Value, new: &Value) -> bool {
         v
     };
     norm(old) == norm(new)
+}
+
+/// The update strategy: the signer name is immutable, a changed bundle is parsed again, and
+/// anything beyond garbage-collection fields needs `attest`.
+pub(super) fn ctb_update_strategy(
+    shared: &Shared,
+    user: &UserInfo,
+    t: &Target,
+    name: &str,
+    old: &Value,
+    new_obj: &mut Value,
+) -> Result<(), ApiError> {
+    let (signer, bundle) = ctb_spec(new_obj, &t.version)?;
+    let (old_signer, old_bundle) = ctb_spec(old, &t.version)?;
+    let mut errs = validate_ctb(name, new_obj, &signer, &bundle, bundle != old_bundle);
+    if signer != old_signer {
+        errs.push(FieldError::invalid_str(
+            "spec.signerName",
+            &signer,
+            "field is immutable",
+        ));
+    }
+    if !errs.is_empty() {
+        return Err(ApiError::invalid(
+            "ClusterTrustBundle",
+            Res::Ctb.group(),
+            name,
+            errs,
+        ));
+    }
+    new_obj["spec"] = ctb_spec_json(&signer, &bundle);
+    if !only_gc_fields_changed(old, new_obj) {
+        attest(shared, user, name, &signer)?;
+    }
+    Ok(())
 }

@@ -1,4 +1,5 @@
-//! PodCertificateRequest admission: create (defaults, validation, NodeRestriction).
+//! PodCertificateRequest admission: create (defaults, validation, NodeRestriction) and the
+//! update strategies of the resource and its `/status`.
 
 use super::create::{
     decode_err, ensure_namespace, generated_name, new_metadata, store_new, validate_meta_labels,
@@ -7,15 +8,16 @@ use super::routing::Target;
 use super::server::Req;
 use super::{RespBody, mode};
 use crate::emulator::auth::UserInfo;
-use crate::emulator::errors::ApiError;
+use crate::emulator::errors::{ApiError, FieldError};
 use crate::emulator::managed;
-use crate::emulator::pcr::{self, KeyRules, PcrSpec};
+use crate::emulator::pcr::{self, KeyRules, PcrSpec, PcrStatus};
 use crate::emulator::resources::{self, ApiMode, Res};
 use crate::emulator::store::meta_str;
 use crate::emulator::{Shared, lock, read};
 use hyper::Response;
 use serde_json::{Value, json};
 use std::sync::Arc;
+use time::OffsetDateTime;
 
 fn key_rules(mode: ApiMode, version: &str) -> KeyRules {
     match (mode, version) {
@@ -206,5 +208,92 @@ fn node_restriction(
             )));
         }
     }
+    Ok(())
+}
+
+/// The `/status` strategy: the spec is kept, the new status validated, and a change needs
+/// `sign` on the signer name. Returns the new status when it changed.
+pub(super) fn pcr_status_strategy(
+    shared: &Shared,
+    user: &UserInfo,
+    t: &Target,
+    name: &str,
+    old: &Value,
+    new_obj: &mut Value,
+    now: OffsetDateTime,
+) -> Result<Option<PcrStatus>, ApiError> {
+    new_obj["spec"] = old.get("spec").cloned().unwrap_or(Value::Null);
+    let spec = PcrSpec::from_json(old.get("spec")).map_err(ApiError::internal)?;
+    let old_status = PcrStatus::from_json(old.get("status")).map_err(ApiError::internal)?;
+    let new_status = PcrStatus::from_json(new_obj.get("status"))
+        .map_err(|e| decode_err(Res::Pcr, &t.version, &e))?;
+    let errs = pcr::validate_status_update(&new_status, &old_status, &spec, now);
+    if !errs.is_empty() {
+        return Err(ApiError::invalid(
+            "PodCertificateRequest",
+            Res::Pcr.group(),
+            name,
+            errs,
+        ));
+    }
+    if new_status != old_status {
+        if !read(&shared.auth).authorized_for_signer(user, "sign", &spec.signer_name) {
+            return Err(ApiError::invalid(
+                "PodCertificateRequest",
+                Res::Pcr.group(),
+                name,
+                vec![FieldError::forbidden(
+                    "spec.signerName",
+                    format!(
+                        "User {} is not permitted to \"sign\" for signer {}",
+                        crate::emulator::errors::go_quote(&user.name),
+                        crate::emulator::errors::go_quote(&spec.signer_name)
+                    ),
+                )],
+            ));
+        }
+        new_obj["status"] = new_status.to_json();
+        Ok(Some(new_status))
+    } else {
+        new_obj["status"] = old.get("status").cloned().unwrap_or_else(|| json!({}));
+        Ok(None)
+    }
+}
+
+/// The main-resource strategy: nodes may not update, the status is kept, the spec is
+/// immutable (metadata may change).
+pub(super) fn pcr_update_strategy(
+    user: &UserInfo,
+    t: &Target,
+    name: &str,
+    old: &Value,
+    new_obj: &mut Value,
+) -> Result<(), ApiError> {
+    if user.node_name().is_some() {
+        return Err(ApiError::forbidden(
+            Res::Pcr.plural(),
+            Res::Pcr.group(),
+            name,
+            "unexpected operation UPDATE",
+        ));
+    }
+    new_obj["status"] = old.get("status").cloned().unwrap_or_else(|| json!({}));
+    let old_spec = PcrSpec::from_json(old.get("spec")).map_err(ApiError::internal)?;
+    let new_spec = PcrSpec::from_json(new_obj.get("spec"))
+        .map_err(|e| decode_err(Res::Pcr, &t.version, &e))?;
+    let mut errs = Vec::new();
+    if let Some(Value::Object(m)) = new_obj.get("metadata") {
+        errs.extend(validate_meta_labels(m));
+    }
+    errs.extend(pcr::validate_update(&new_spec, &old_spec));
+    if !errs.is_empty() {
+        return Err(ApiError::invalid(
+            "PodCertificateRequest",
+            Res::Pcr.group(),
+            name,
+            errs,
+        ));
+    }
+    new_obj["spec"] = old.get("spec").cloned().unwrap_or(Value::Null);
     Ok(())
 }

@@ -1,12 +1,9 @@
 //! Update and patch (merge, strategic, JSON patch, server-side apply): optimistic
 //! concurrency, managed fields, each resource's strategy, no-op detection.
 
-use super::clustertrustbundles::{
-    attest, ctb_spec, ctb_spec_json, only_gc_fields_changed, validate_ctb,
-};
-use super::create::{
-    apply_create, check_api_version, decode_err, parse_body, validate_meta_labels,
-};
+use super::clustertrustbundles::ctb_update_strategy;
+use super::create::{apply_create, check_api_version, parse_body, validate_meta_labels};
+use super::podcertificaterequests::{pcr_status_strategy, pcr_update_strategy};
 use super::routing::Target;
 use super::server::Req;
 use super::{RespBody, json_response, mode};
@@ -14,10 +11,10 @@ use crate::emulator::auth::UserInfo;
 use crate::emulator::errors::{ApiError, FieldError};
 use crate::emulator::managed;
 use crate::emulator::patch;
-use crate::emulator::pcr::{self, PcrSpec, PcrStatus};
+use crate::emulator::pcr;
 use crate::emulator::resources::{self, Res};
 use crate::emulator::store::meta_str;
-use crate::emulator::{Shared, lock, read};
+use crate::emulator::{Shared, lock};
 use hyper::Response;
 use serde_json::{Map, Value, json};
 use std::sync::Arc;
@@ -251,94 +248,10 @@ pub(super) fn update(
     let mut status_outcome = None;
     match (res, is_status) {
         (Res::Pcr, true) => {
-            new_obj["spec"] = old.get("spec").cloned().unwrap_or(Value::Null);
-            let spec = PcrSpec::from_json(old.get("spec")).map_err(ApiError::internal)?;
-            let old_status = PcrStatus::from_json(old.get("status")).map_err(ApiError::internal)?;
-            let new_status = PcrStatus::from_json(new_obj.get("status"))
-                .map_err(|e| decode_err(Res::Pcr, &t.version, &e))?;
-            let errs = pcr::validate_status_update(&new_status, &old_status, &spec, now);
-            if !errs.is_empty() {
-                return Err(ApiError::invalid(
-                    "PodCertificateRequest",
-                    res.group(),
-                    &name,
-                    errs,
-                ));
-            }
-            if new_status != old_status {
-                if !read(&shared.auth).authorized_for_signer(user, "sign", &spec.signer_name) {
-                    return Err(ApiError::invalid(
-                        "PodCertificateRequest",
-                        res.group(),
-                        &name,
-                        vec![FieldError::forbidden(
-                            "spec.signerName",
-                            format!(
-                                "User {} is not permitted to \"sign\" for signer {}",
-                                crate::emulator::errors::go_quote(&user.name),
-                                crate::emulator::errors::go_quote(&spec.signer_name)
-                            ),
-                        )],
-                    ));
-                }
-                status_outcome = Some(new_status.clone());
-                new_obj["status"] = new_status.to_json();
-            } else {
-                new_obj["status"] = old.get("status").cloned().unwrap_or_else(|| json!({}));
-            }
+            status_outcome = pcr_status_strategy(shared, user, t, &name, &old, &mut new_obj, now)?;
         }
-        (Res::Pcr, false) => {
-            if user.node_name().is_some() {
-                return Err(ApiError::forbidden(
-                    res.plural(),
-                    res.group(),
-                    &name,
-                    "unexpected operation UPDATE",
-                ));
-            }
-            new_obj["status"] = old.get("status").cloned().unwrap_or_else(|| json!({}));
-            let old_spec = PcrSpec::from_json(old.get("spec")).map_err(ApiError::internal)?;
-            let new_spec = PcrSpec::from_json(new_obj.get("spec"))
-                .map_err(|e| decode_err(Res::Pcr, &t.version, &e))?;
-            let mut errs = Vec::new();
-            if let Some(Value::Object(m)) = new_obj.get("metadata") {
-                errs.extend(validate_meta_labels(m));
-            }
-            errs.extend(pcr::validate_update(&new_spec, &old_spec));
-            if !errs.is_empty() {
-                return Err(ApiError::invalid(
-                    "PodCertificateRequest",
-                    res.group(),
-                    &name,
-                    errs,
-                ));
-            }
-            new_obj["spec"] = old.get("spec").cloned().unwrap_or(Value::Null);
-        }
-        (Res::Ctb, _) => {
-            let (signer, bundle) = ctb_spec(&new_obj, &t.version)?;
-            let (old_signer, old_bundle) = ctb_spec(&old, &t.version)?;
-            let mut errs = validate_ctb(&name, &new_obj, &signer, &bundle, bundle != old_bundle);
-            if signer != old_signer {
-                errs.push(FieldError::invalid_str(
-                    "spec.signerName",
-                    &signer,
-                    "field is immutable",
-                ));
-            }
-            if !errs.is_empty() {
-                return Err(ApiError::invalid(
-                    "ClusterTrustBundle",
-                    res.group(),
-                    &name,
-                    errs,
-                ));
-            }
-            new_obj["spec"] = ctb_spec_json(&signer, &bundle);
-            if !only_gc_fields_changed(&old, &new_obj) {
-                attest(shared, user, &name, &signer)?;
-            }
-        }
+        (Res::Pcr, false) => pcr_update_strategy(user, t, &name, &old, &mut new_obj)?,
+        (Res::Ctb, _) => ctb_update_strategy(shared, user, t, &name, &old, &mut new_obj)?,
         _ => {
             if let Some(Value::Object(m)) = new_obj.get("metadata") {
                 let errs = validate_meta_labels(m);
