@@ -90,6 +90,9 @@ pub(super) fn resource_list(group: &str, version: &str, mode: ApiMode) -> Value 
             "kind": res.kind(),
             "verbs": ALL_VERBS,
         }));
+        if res == Res::ServiceAccount {
+            rs.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true, "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}));
+        }
         if res.has_status() {
             rs.push(json!({
                 "name": format!("{}/status", res.plural()),

@@ -7,6 +7,7 @@
 //! * [`create`], [`update`] and [`delete`]: the generic write paths.
 //! * [`podcertificaterequests`] and [`clustertrustbundles`]: their admission and strategies.
 //! * [`authn`]: bearer tokens and the TokenReview endpoint.
+//! * [`token_request`]: the TokenRequest endpoint, minting service-account tokens.
 
 mod authn;
 mod clustertrustbundles;
@@ -17,6 +18,7 @@ mod podcertificaterequests;
 mod read;
 mod routing;
 mod server;
+mod token_request;
 mod update;
 mod watch;
 

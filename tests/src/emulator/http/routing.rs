@@ -7,6 +7,7 @@ use super::delete::{delete, delete_collection};
 use super::discovery::{api_group, api_group_list, group_has_version, resource_list, version_info};
 use super::read::{get, list};
 use super::server::Req;
+use super::token_request::token_request;
 use super::update::update;
 use super::watch::watch;
 use super::{RespBody, json_response};
@@ -77,6 +78,17 @@ pub(super) async fn route(shared: &Arc<Shared>, r: &Req) -> Result<Response<Resp
         }
         ["apis", "authentication.k8s.io", "v1", "tokenreviews"] => {
             return token_review(shared, r, &user);
+        }
+        [
+            "api",
+            "v1",
+            "namespaces",
+            ns,
+            "serviceaccounts",
+            name,
+            "token",
+        ] => {
+            return token_request(shared, r, &user, ns, name);
         }
         _ => {}
     }
