@@ -10,6 +10,7 @@ pub mod names;
 mod patch;
 pub mod pcr;
 pub mod pem;
+pub mod podca_rbac;
 pub mod resources;
 mod selectors;
 pub mod store;
@@ -339,8 +340,21 @@ impl Emulator {
     /// `admin` identity (group `system:masters`) and the namespaces
     /// `default`, `kube-system`, `kube-public` and `kube-node-lease`.
     pub async fn start(config: EmulatorConfig) -> std::io::Result<Emulator> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), config).await
+    }
+
+    /// [`Emulator::start`] on a given address (port 0: a free one). On an unspecified address
+    /// (`0.0.0.0`, `[::]`) the base URL names the loopback address of that family.
+    pub async fn start_on(listen: SocketAddr, config: EmulatorConfig) -> std::io::Result<Emulator> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
+        let mut url_addr = addr;
+        if addr.ip().is_unspecified() {
+            url_addr.set_ip(match addr {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
         let (kill_tx, _) = watch::channel(0u64);
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new(
@@ -359,7 +373,7 @@ impl Emulator {
         });
         let emu = Emulator {
             shared: shared.clone(),
-            base_url: format!("http://{addr}"),
+            base_url: format!("http://{url_addr}"),
         };
         emu.add_identity("admin", "admin", &["system:masters"]);
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -520,6 +534,18 @@ impl Emulator {
 
     /// Write a kubeconfig file (server = base URL, bearer token of `identity`).
     pub fn write_kubeconfig(&self, path: &Path, identity: &str) -> std::io::Result<()> {
+        self.write_kubeconfig_with_namespace(path, identity, "default")
+    }
+
+    /// [`Emulator::write_kubeconfig`] with `namespace` as the context's namespace. The file
+    /// is replaced atomically (a reader never sees half of it) and, as it holds a bearer
+    /// token, is readable by its owner only.
+    pub fn write_kubeconfig_with_namespace(
+        &self,
+        path: &Path,
+        identity: &str,
+        namespace: &str,
+    ) -> std::io::Result<()> {
         let token = self.token_for(identity).ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::NotFound,
@@ -527,10 +553,24 @@ impl Emulator {
             )
         })?;
         let cfg = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: emulator\n  cluster:\n    server: {}\ncontexts:\n- name: emulator\n  context:\n    cluster: emulator\n    user: {identity}\n    namespace: default\ncurrent-context: emulator\nusers:\n- name: {identity}\n  user:\n    token: {token}\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: emulator\n  cluster:\n    server: {}\ncontexts:\n- name: emulator\n  context:\n    cluster: emulator\n    user: {identity}\n    namespace: {namespace}\ncurrent-context: emulator\nusers:\n- name: {identity}\n  user:\n    token: {token}\n",
             self.base_url
         );
-        std::fs::write(path, cfg)
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = std::path::PathBuf::from(partial);
+        {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&partial)?;
+            f.write_all(cfg.as_bytes())?;
+        }
+        std::fs::rename(&partial, path)
     }
 
     // ----- clock -----

@@ -1,0 +1,115 @@
+//! Get and list (selectors, `resourceVersionMatch=Exact`, pagination with `continue`).
+
+use super::routing::Target;
+use super::server::Req;
+use super::{RespBody, json_response, mode};
+use crate::emulator::errors::ApiError;
+use crate::emulator::resources::{self, Res};
+use crate::emulator::selectors::{FieldSelector, LabelSelector};
+use crate::emulator::store::meta_str;
+use crate::emulator::{Shared, lock};
+use hyper::Response;
+use serde_json::{Value, json};
+
+pub(super) fn get(shared: &Shared, t: &Target) -> Result<Response<RespBody>, ApiError> {
+    let ns = t.namespace.as_deref().unwrap_or("");
+    let name = t.name.as_deref().unwrap_or("");
+    let obj = lock(&shared.store)
+        .get(t.res, ns, name)
+        .ok_or_else(|| ApiError::not_found(t.res.plural(), t.res.group(), name))?;
+    Ok(json_response(
+        200,
+        &resources::to_version(t.res, &obj, &t.version, mode(shared)),
+    ))
+}
+
+pub(super) fn selectors(r: &Req, res: Res) -> Result<(FieldSelector, LabelSelector), ApiError> {
+    let f = FieldSelector::parse(r.q("fieldSelector").unwrap_or(""), res)
+        .map_err(ApiError::bad_request)?;
+    let l =
+        LabelSelector::parse(r.q("labelSelector").unwrap_or("")).map_err(ApiError::bad_request)?;
+    Ok((f, l))
+}
+
+pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<RespBody>, ApiError> {
+    use base64::Engine as _;
+    let (fsel, lsel) = selectors(r, t.res)?;
+    let st = lock(&shared.store);
+    let current = st.current_rv();
+    if let (Some(rv), Some("Exact")) = (r.q("resourceVersion"), r.q("resourceVersionMatch")) {
+        let rv: u64 = rv
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?;
+        if rv < st.compacted_rv() {
+            return Err(ApiError::expired(
+                "The resourceVersion for the provided list is too old.",
+            ));
+        }
+    }
+    let ns_filter = t
+        .namespace
+        .as_deref()
+        .or_else(|| fsel.required("metadata.namespace"));
+    let all = st.list(t.res, ns_filter);
+    drop(st);
+    let start_after = match r.q("continue").filter(|c| !c.is_empty()) {
+        Some(c) => {
+            let raw = base64::engine::general_purpose::STANDARD
+                .decode(c)
+                .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
+            let v: Value = serde_json::from_slice(&raw)
+                .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
+            Some(v["start"].as_str().unwrap_or("").to_string())
+        }
+        None => None,
+    };
+    let limit: usize = r.q("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let key_of = |o: &Value| format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name"));
+    let mut items = Vec::new();
+    let mut next_key = None;
+    let mut remaining = 0u64;
+    for o in &all {
+        if let Some(s) = &start_after
+            && key_of(o) <= *s
+        {
+            continue;
+        }
+        if !fsel.matches(o) || !lsel.matches(o) {
+            continue;
+        }
+        if limit > 0 && items.len() >= limit {
+            if next_key.is_none() {
+                next_key = items.last().map(|x: &Value| key_of(x));
+            }
+            remaining += 1;
+            continue;
+        }
+        let mut v = resources::to_version(t.res, o, &t.version, mode(shared));
+        if let Value::Object(m) = &mut v {
+            m.remove("apiVersion");
+            m.remove("kind");
+        }
+        items.push(v);
+    }
+    let mut meta = json!({"resourceVersion": current.to_string()});
+    if let Some(k) = next_key {
+        let token = json!({"v": "meta.k8s.io/v1", "rv": current, "start": k});
+        meta["continue"] =
+            json!(base64::engine::general_purpose::STANDARD.encode(token.to_string()));
+        // kube-apiserver only counts the rest when no selector filters it.
+        if r.q("fieldSelector").unwrap_or("").is_empty()
+            && r.q("labelSelector").unwrap_or("").is_empty()
+        {
+            meta["remainingItemCount"] = json!(remaining);
+        }
+    }
+    Ok(json_response(
+        200,
+        &json!({
+            "kind": format!("{}List", t.res.kind()),
+            "apiVersion": t.res.api_version(&t.version),
+            "metadata": meta,
+            "items": items,
+        }),
+    ))
+}

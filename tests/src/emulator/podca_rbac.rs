@@ -1,0 +1,142 @@
+//! The RBAC of `podca serve` (deploy/base/rbac.yaml, and the leader-election Role of
+//! deploy/overlays/ha) as emulator rules, so a process run against the emulator is refused
+//! whatever a cluster installed from `deploy/` would refuse it. A unit test below reads the
+//! manifests and fails when the two drift apart.
+
+use super::auth::PolicyRule;
+
+/// podca's service account: the subject of every binding in `deploy/`.
+pub const PODCA_NAMESPACE: &str = "podca-system";
+pub const PODCA_SERVICE_ACCOUNT: &str = "podca";
+
+/// What the manifests are rendered for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodcaRbac {
+    /// The configured signer names (`sign` and `attest` resourceNames).
+    pub signer_names: Vec<String>,
+    /// `[ca] secret = "<namespace>/<name>"` of the secret backend: the Role on that Secret and
+    /// its history ConfigMap `<name>-podca-history`. `None` for the file and PKCS#11 backends.
+    pub ca_secret: Option<(String, String)>,
+    /// `--lease-name` of `podca serve --leader-elect`: the Lease Role in podca's namespace.
+    pub lease_name: Option<String>,
+}
+
+impl PodcaRbac {
+    /// The rules of the ClusterRole `podca`, then of the namespaced Roles.
+    pub fn rules(&self) -> Vec<PolicyRule> {
+        let cert = "certificates.k8s.io";
+        let signers: Vec<&str> = self.signer_names.iter().map(String::as_str).collect();
+        let mut rules = vec![
+            PolicyRule::new(
+                &[cert],
+                &["podcertificaterequests"],
+                &["get", "list", "watch"],
+            ),
+            PolicyRule::new(
+                &[cert],
+                &["podcertificaterequests/status"],
+                &["update", "patch"],
+            ),
+            PolicyRule::new(&[cert], &["signers"], &["sign"]).with_names(&signers),
+            PolicyRule::new(
+                &[cert],
+                &["clustertrustbundles"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
+            ),
+            PolicyRule::new(&[cert], &["signers"], &["attest"]).with_names(&signers),
+            PolicyRule::new(&["events.k8s.io"], &["events"], &["create", "patch"]),
+            PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+            PolicyRule::new(&[""], &["pods"], &["get"]),
+        ];
+        if let Some((namespace, name)) = &self.ca_secret {
+            let history = format!("{name}-podca-history");
+            let ns = [namespace.as_str()];
+            rules.extend([
+                PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
+                    .with_names(&[name])
+                    .in_namespaces(&ns),
+                PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+                    .with_names(&[&history])
+                    .in_namespaces(&ns),
+                PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&ns),
+            ]);
+        }
+        if let Some(lease) = &self.lease_name {
+            let ns = [PODCA_NAMESPACE];
+            rules.extend([
+                PolicyRule::new(&["coordination.k8s.io"], &["leases"], &["create"])
+                    .in_namespaces(&ns),
+                PolicyRule::new(
+                    &["coordination.k8s.io"],
+                    &["leases"],
+                    &["get", "update", "patch"],
+                )
+                .with_names(&[lease])
+                .in_namespaces(&ns),
+            ]);
+        }
+        rules
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize as _;
+    use std::path::Path;
+
+    /// Every rule of the (Cluster)Roles in a manifest, scoped to the Role's namespace.
+    fn manifest_rules(relative: &str) -> Vec<PolicyRule> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(relative);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let mut rules = Vec::new();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = serde_json::Value::deserialize(doc).expect("the manifest is YAML");
+            let namespaces: Vec<&str> = match v["kind"].as_str() {
+                Some("ClusterRole") => Vec::new(),
+                Some("Role") => vec![v["metadata"]["namespace"].as_str().expect("a namespace")],
+                _ => continue,
+            };
+            for r in v["rules"].as_array().expect("rules") {
+                rules.push(PolicyRule::from_json(r).in_namespaces(&namespaces));
+            }
+        }
+        rules
+    }
+
+    #[test]
+    fn the_rules_are_those_of_deploy_base_and_the_ha_overlay() {
+        let rbac = PodcaRbac {
+            signer_names: vec!["example.com/workload".into()],
+            ca_secret: Some(("podca-system".into(), "podca-ca".into())),
+            lease_name: Some("podca-controller".into()),
+        };
+        let mut want = manifest_rules("deploy/base/rbac.yaml");
+        want.extend(manifest_rules(
+            "deploy/overlays/ha/leader-election-rbac.yaml",
+        ));
+        assert_eq!(rbac.rules(), want);
+    }
+
+    #[test]
+    fn without_a_secret_or_lease_only_the_cluster_role_is_granted() {
+        let rbac = PodcaRbac {
+            signer_names: vec!["a.example/x".into(), "b.example/y".into()],
+            ca_secret: None,
+            lease_name: None,
+        };
+        let rules = rbac.rules();
+        assert_eq!(rules.len(), 8);
+        assert!(rules.iter().all(|r| r.namespaces.is_empty()));
+        let sign = rules
+            .iter()
+            .find(|r| r.verbs == ["sign"])
+            .expect("a sign rule");
+        assert_eq!(sign.resource_names, ["a.example/x", "b.example/y"]);
+    }
+}
