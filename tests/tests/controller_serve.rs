@@ -137,14 +137,18 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
     assert_eq!(code, 200);
     let (code, _) = http_get(a.admin, "/readyz").expect("readyz");
     assert_eq!(code, 200);
-    let (code, metrics) = http_get(a.admin, "/metrics").expect("metrics");
-    assert_eq!(code, 200);
-    assert!(
-        metrics.contains(
-            "podca_pcr_issued_total{signer=\"example.com/workload\",reason=\"Issued\"} 1"
-        ),
-        "{metrics}"
-    );
+    // The counter moves just after the status write the emulator saw: give it a moment.
+    let issued = "podca_pcr_issued_total{signer=\"example.com/workload\",reason=\"Issued\"} 1";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let metrics = loop {
+        let (code, metrics) = http_get(a.admin, "/metrics").expect("metrics");
+        assert_eq!(code, 200);
+        if metrics.contains(issued) || Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(metrics.contains(issued), "{metrics}");
     assert!(
         metrics.contains("podca_ca_not_after_timestamp_seconds"),
         "{metrics}"
