@@ -18,7 +18,8 @@ use podca_controller::secret_ca::{SecretCa, SecretCaDriver, SecretCaOptions};
 use podca_signer::SignerPolicy;
 use podca_signer::rotation::Phase;
 use podca_tests::client::KubeClient;
-use podca_tests::emulator::{ClockMode, PodFixture, PolicyRule, Res, Subject};
+use podca_tests::cluster::{Cluster, ClusterConfig, SERVICE_ACCOUNT_GROUPS, add_pod};
+use podca_tests::emulator::{ClockMode, PolicyRule, Res, Subject};
 use podca_tests::kubelet::{
     Credential, KeyType, KubeletSim, Outcome, PodRef, RequestOptions, trust_anchors_for_signer,
 };
@@ -32,7 +33,6 @@ const NS: &str = "shop";
 const CA_NS: &str = "podca";
 const SECRET: &str = "podca-ca";
 const HISTORY: &str = "podca-ca-podca-history";
-const SIGNER_USER: &str = "system:serviceaccount:podca:podca";
 const CA_USER: &str = "system:serviceaccount:podca:podca-ca";
 const VERSION: &str = "v1beta1";
 const T0: OffsetDateTime = datetime!(2027-05-01 00:00 UTC);
@@ -163,49 +163,33 @@ struct World {
 impl World {
     async fn new() -> World {
         let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
-        let emu = Emulator::start(EmulatorConfig {
-            bookmark_interval: StdDuration::from_millis(200),
+        let cluster = Cluster::start_with(ClusterConfig {
+            emulator: EmulatorConfig {
+                bookmark_interval: StdDuration::from_millis(200),
+                ..Default::default()
+            },
+            signers: &[SIGNER],
             ..Default::default()
         })
-        .await
-        .expect("emulator");
+        .await;
+        let emu = &cluster.emu;
         emu.set_clock(ClockMode::Fixed(T0));
         emu.add_namespace(NS);
         emu.add_namespace(CA_NS);
         let node_uid = emu.add_node("node-1");
         let node_token = emu.add_node_identity("node-1");
         let kubelet = KubeletSim::new(emu.base_url(), &node_token, VERSION);
-        let sa_uid = emu.add_service_account(NS, "frontend");
-        let uid = emu.add_pod(&PodFixture {
-            namespace: NS.into(),
-            name: "frontend-0".into(),
-            node_name: "node-1".into(),
-            service_account: "frontend".into(),
-            pod_certificates: vec![(SIGNER.into(), "ECDSAP256".into())],
-            ..Default::default()
-        });
-        let pod = PodRef {
-            namespace: NS.into(),
-            name: "frontend-0".into(),
-            uid,
-            service_account: "frontend".into(),
-            service_account_uid: sa_uid,
-            node_name: "node-1".into(),
-            node_uid,
-        };
-        emu.add_identity(
-            "podca",
-            SIGNER_USER,
-            &["system:serviceaccounts", "system:authenticated"],
+        let pod = add_pod(
+            emu,
+            NS,
+            "frontend-0",
+            "frontend",
+            ("node-1", &node_uid),
+            &[(SIGNER, KeyType::EcdsaP256)],
         );
-        emu.grant_signer_role(SIGNER_USER, SIGNER);
         // The Secret backend runs as an identity of its own here, with exactly the rules it
         // documents (in the Secret's namespace), so that a request outside them fails the test.
-        emu.add_identity(
-            "podca-ca",
-            CA_USER,
-            &["system:serviceaccounts", "system:authenticated"],
-        );
+        emu.add_identity("podca-ca", CA_USER, SERVICE_ACCOUNT_GROUPS);
         let user = || Subject::User(CA_USER.into());
         emu.grant(
             user(),
@@ -223,14 +207,13 @@ impl World {
             user(),
             PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&[CA_NS]),
         );
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        emu.write_kubeconfig(&kubeconfig, "podca")
-            .expect("kubeconfig");
-        let ca_kubeconfig = dir.path().join("ca-kubeconfig");
-        emu.write_kubeconfig(&ca_kubeconfig, "podca-ca")
-            .expect("kubeconfig");
-        let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+        let ca_kubeconfig = cluster.write_kubeconfig("podca-ca");
+        let Cluster {
+            emu,
+            admin,
+            dir,
+            kubeconfig,
+        } = cluster;
         World {
             emu,
             sim,
