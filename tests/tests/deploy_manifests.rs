@@ -720,11 +720,19 @@ fn the_strict_check_catches_unknown_and_misplaced_fields() {
 
     let mut misplaced = deployment.clone();
     misplaced["spec"]["template"]["spec"]["readOnlyRootFilesystem"] = Value::Bool(true);
-    assert!(strict::<Deployment>(&misplaced).is_err());
+    let err = strict::<Deployment>(&misplaced).expect_err("a misplaced field must be caught");
+    assert_eq!(
+        err,
+        "Deployment/podca: .spec.template.spec.readOnlyRootFilesystem: unknown field (dropped by the typed schema)"
+    );
 
     let mut wrong_kind = deployment;
     wrong_kind["kind"] = Value::String("StatefulSet".into());
-    assert!(strict::<Deployment>(&wrong_kind).is_err());
+    let err = strict::<Deployment>(&wrong_kind).expect_err("a wrong kind must be caught");
+    assert_eq!(
+        err,
+        "StatefulSet/podca: does not parse: invalid value: string \"StatefulSet\", expected Deployment"
+    );
 }
 
 #[test]

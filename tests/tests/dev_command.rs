@@ -61,7 +61,11 @@ key_type = "ED25519"
         args: vec!["--bundle".into(), "default/default".into()],
         ..Default::default()
     });
-    for (ns, sa) in [("shop", "web"), ("default", "default")] {
+    // shop/web has the key type it is configured with, default/default (--bundle) the default.
+    for (ns, sa, key_type) in [
+        ("shop", "web", &rcgen::PKCS_ED25519),
+        ("default", "default", &rcgen::PKCS_ECDSA_P256_SHA256),
+    ] {
         let dir = dev.data_dir.join("bundles").join(ns).join(sa);
         assert!(
             dev.banner
@@ -87,6 +91,11 @@ key_type = "ED25519"
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            bundle_key_algorithm(&credential),
+            key_type,
+            "{ns}/{sa}: the key type of the bundle"
+        );
     }
     let dir = dev.data_dir.join("bundles/shop/web");
     let before = std::fs::read_to_string(dir.join("credentialbundle.pem")).unwrap();
@@ -120,6 +129,22 @@ fn refuses_a_non_loopback_grpc_address() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
+
+/// The algorithm of a credential bundle's PKCS#8 key, once checked to be the leaf's key.
+fn bundle_key_algorithm(credential: &str) -> &'static rcgen::SignatureAlgorithm {
+    let blocks = pem::parse_many(credential).unwrap();
+    assert_eq!(blocks[0].tag(), "PRIVATE KEY", "PKCS#8 key first");
+    let key = rcgen::KeyPair::try_from(blocks[0].contents()).unwrap();
+    let leaf = x509_parser::parse_x509_certificate(blocks[1].contents())
+        .unwrap()
+        .1;
+    assert_eq!(
+        rcgen::PublicKeyData::subject_public_key_info(&key),
+        leaf.public_key().raw,
+        "the bundle's key is the leaf's key"
+    );
+    key.algorithm()
 }
 
 fn wait_for_file(path: &std::path::Path) -> String {
@@ -193,8 +218,11 @@ fn issue_with_server_writes_a_credential_bundle_that_verifies() {
     assert!(summary[0].contains(&server) && summary[0].contains(out.to_str().unwrap()));
 
     let credential = std::fs::read_to_string(&out).unwrap();
-    let blocks = pem::parse_many(&credential).unwrap();
-    assert_eq!(blocks[0].tag(), "PRIVATE KEY", "PKCS#8 key first");
+    assert_eq!(
+        bundle_key_algorithm(&credential),
+        &rcgen::PKCS_ECDSA_P384_SHA384,
+        "--key-type ECDSAP384"
+    );
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&out).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);

@@ -246,7 +246,7 @@ service_account = "default"
     expect_code(
         issue(&mut client, request(vec![0x30; 100 * 1024])).await,
         Code::OutOfRange,
-        "",
+        "decoded message length too large",
     );
     // Credentials: malformed authorization, half a dev identity.
     let mut bad_auth = Request::new(request(p256_csr()));

@@ -102,8 +102,11 @@ async fn workload_api_requires_its_header_and_refuses_jwt() {
         .fetch_x509_bundles(X509BundlesRequest {})
         .await
         .expect_err("no workload.spiffe.io header");
-    assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(status.message().contains("workload.spiffe.io"));
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("workload.spiffe.io"),
+        "{status:?}"
+    );
 
     let mut request = tonic::Request::new(podca_proto::workload::JwtsvidRequest {
         audience: vec!["x".into()],
@@ -116,7 +119,8 @@ async fn workload_api_requires_its_header_and_refuses_jwt() {
         .fetch_jwtsvid(request)
         .await
         .expect_err("JWT is not implemented");
-    assert_eq!(status.code(), Code::Unimplemented);
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    assert_eq!(status.message(), "podca does not issue JWT-SVIDs");
 }
 
 /// A raw HTTP/2 client sends what grpcio and grpc-java send on Unix sockets: the socket path as

@@ -400,9 +400,14 @@ fn assert_signed_by(credential: &Credential, ca: &TestCa, others: &[&TestCa], at
         assert_eq!(credential.chain_der[1], issuer, "chain names another CA");
     }
     for o in others {
+        let refused = credential
+            .verify_chain(&o.root_pem, at)
+            .expect_err("a leaf verified against the wrong anchor");
         assert!(
-            credential.verify_chain(&o.root_pem, at).is_err(),
-            "a leaf verified against the wrong anchor"
+            refused
+                .0
+                .ends_with("is signed by neither the next certificate nor a trust anchor"),
+            "{refused}"
         );
     }
 }
@@ -600,9 +605,18 @@ async fn a_restart_during_the_overlap_keeps_the_old_anchor_until_the_same_time()
         b_issuing.as_slice(),
         "the new CA is installed, gated until its window is over"
     );
+    let gated = run
+        .handle
+        .current()
+        .ca
+        .key()
+        .sign(b"probe")
+        .expect_err("the new CA signs nothing before its window is over");
     assert!(
-        run.handle.current().ca.key().sign(b"probe").is_err(),
-        "the new CA signs nothing before its window is over"
+        gated
+            .to_string()
+            .contains("once its trust anchor has been published for the propagation window"),
+        "{gated}"
     );
     w.wait_published(&[&a, &b]).await;
     let after_restart = history(&w.emu);
@@ -618,8 +632,15 @@ async fn a_restart_during_the_overlap_keeps_the_old_anchor_until_the_same_time()
         .request(&w.pod, &request(), None)
         .await
         .expect("PCR filed");
-    let early = w.kubelet.wait(&pending, StdDuration::from_secs(2)).await;
-    assert!(early.is_err(), "answered inside the window: {early:?}");
+    let early = w
+        .kubelet
+        .wait(&pending, StdDuration::from_secs(2))
+        .await
+        .expect_err("answered inside the window");
+    assert_eq!(
+        early.0,
+        format!("PCR {} not answered within 2s", pending.name)
+    );
 
     // After the window the new CA signs it.
     let activated = changed + Duration::seconds(WINDOW + 1);
