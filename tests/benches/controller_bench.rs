@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
 use podca_tests::client::KubeClient;
+use podca_tests::cluster::{Cluster, ClusterConfig};
 use podca_tests::emulator::{ApiMode, Res};
 use podca_tests::process::{free_port, http_get, podca_binary_release};
 use podca_tests::{Emulator, EmulatorConfig};
@@ -25,7 +26,6 @@ use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 use serde_json::json;
 
 const SIGNER: &str = "example.com/workload";
-const USER: &str = "system:serviceaccount:podca:podca";
 
 fn main() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -97,20 +97,22 @@ fn workers() -> usize {
 }
 
 async fn setup() -> (Emulator, tempfile::TempDir, Controller) {
-    let emu = Emulator::start(EmulatorConfig {
-        api_mode: ApiMode::V1Only,
-        auto_create_namespaces: true,
-        ..Default::default()
+    let Cluster {
+        emu,
+        dir,
+        kubeconfig,
+        ..
+    } = Cluster::start_with(ClusterConfig {
+        emulator: EmulatorConfig {
+            api_mode: ApiMode::V1Only,
+            auto_create_namespaces: true,
+            ..Default::default()
+        },
+        podca_groups: &["system:authenticated"],
+        signers: &[SIGNER],
     })
-    .await
-    .expect("emulator");
-    emu.add_identity("podca", USER, &["system:authenticated"]);
-    emu.grant_signer_role(USER, SIGNER);
+    .await;
     emu.add_namespace("bench");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    emu.write_kubeconfig(&kubeconfig, "podca")
-        .expect("kubeconfig");
     if std::env::var_os("PODCA_BENCH_IN_PROCESS").is_none() {
         let controller = start_serve(&emu, dir.path(), &kubeconfig).await;
         return (emu, dir, controller);

@@ -13,18 +13,15 @@
 
 #![allow(clippy::unwrap_used)] // a benchmark: any failure should stop it loudly
 
-#[path = "../tests/grpc_support/mod.rs"]
-mod grpc_support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use grpc_support::{DevOptions, DevServer, csr_for};
 use podca_proto::podca::v1::IssueCertificateRequest;
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::workload::X509BundlesRequest;
 use podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
+use podca_tests::process::{DevOptions, DevProcess, csr_for};
 use tonic::transport::Endpoint;
 
 const CLIENTS: usize = 64;
@@ -37,7 +34,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let dev = DevServer::start_with(DevOptions {
+    let dev = DevProcess::start_with(DevOptions {
         release: true,
         ..Default::default()
     });
@@ -45,7 +42,7 @@ fn main() {
     runtime.block_on(fan_out(&dev));
 }
 
-async fn issue_throughput(dev: &DevServer) {
+async fn issue_throughput(dev: &DevProcess) {
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(ISSUE_SECONDS);
@@ -106,7 +103,7 @@ async fn issue_throughput(dev: &DevServer) {
     assert_eq!(failed.load(Ordering::Relaxed), 0);
 }
 
-async fn fan_out(dev: &DevServer) {
+async fn fan_out(dev: &DevProcess) {
     let mut streams = Vec::new();
     for _ in 0..STREAMS / STREAMS_PER_CONNECTION {
         let channel = dev.unix_channel().await;

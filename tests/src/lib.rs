@@ -4,11 +4,17 @@
 //!   Kubernetes API a PodCertificateRequest signer uses, enforcing the
 //!   rules of `spec/pod-certificates-api.md` with kube-apiserver's answers.
 //! * [`kubelet`]: a kubelet simulator that files PCRs and checks the result.
+//! * [`cluster`]: the emulator set up for podca (identity, signer grants, kubeconfig) and
+//!   PCRs filed by hand.
+//! * [`process`]: the real `podca serve` and `podca dev` as child processes.
+//! * [`verify`]: `openssl verify`, the independent check of every issued chain.
 
 pub mod client;
+pub mod cluster;
 pub mod emulator;
 pub mod kubelet;
 pub mod process;
 pub mod testca;
+pub mod verify;
 
 pub use emulator::{Emulator, EmulatorConfig};

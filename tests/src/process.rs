@@ -1,10 +1,15 @@
-//! Running the real `podca` binary in tests: building it once, free ports, plain HTTP GETs.
+//! Running the real `podca` binary in tests: building it once, free ports, plain HTTP GETs,
+//! `podca serve` ([`ServeProcess`]) and `podca dev` ([`DevProcess`]).
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+use podca_proto::podca::v1::pod_ca_client::PodCaClient;
+use tonic::transport::{Channel, Endpoint};
 
 /// The `podca` binary: `PODCA_BIN` if set, else built (once per test binary) by the cargo that
 /// runs the tests, in the same target directory.
@@ -74,6 +79,16 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// `kill -name pid` with the `kill` utility (no libc in tests either).
+fn kill(name: &str, pid: u32) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -{name} {pid}: {status}");
+}
+
 /// A running `podca serve` (debug binary) with its admin and gRPC listeners on free loopback
 /// ports; killed when dropped.
 #[derive(Debug)]
@@ -115,13 +130,9 @@ impl ServeProcess {
             .unwrap_or_default()
     }
 
-    /// Sends a signal (`-TERM`, `-KILL`, …) with the `kill` utility.
-    pub fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+    /// Sends the signal `name` (`TERM`, `KILL`, …) with the `kill` utility.
+    pub fn signal(&self, name: &str) {
+        kill(name, self.child.id());
     }
 
     /// Waits for the process to exit, at most `timeout`.
@@ -145,4 +156,253 @@ impl Drop for ServeProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A running `podca dev` (a fresh data directory and socket unless [`DevOptions`] say
+/// otherwise), ready once it printed its banner; killed when dropped.
+#[derive(Debug)]
+pub struct DevProcess {
+    child: Child,
+    pub data_dir: PathBuf,
+    pub socket: PathBuf,
+    pub grpc: SocketAddr,
+    lines: Mutex<mpsc::Receiver<String>>,
+    pub banner: Vec<String>,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+#[derive(Debug)]
+pub struct DevOptions<'a> {
+    /// The text of a config file to pass with `--config`.
+    pub config: Option<&'a str>,
+    pub args: Vec<String>,
+    /// Reuse this data dir (else a fresh temp dir).
+    pub data_dir: Option<PathBuf>,
+    /// Run a release build of podca.
+    pub release: bool,
+    /// Put the socket outside the data dir (so the data dir can be replaced).
+    pub socket_outside: bool,
+}
+
+impl Default for DevOptions<'_> {
+    fn default() -> Self {
+        DevOptions {
+            config: None,
+            args: vec![],
+            data_dir: None,
+            release: false,
+            socket_outside: true,
+        }
+    }
+}
+
+impl DevProcess {
+    pub fn start() -> DevProcess {
+        Self::start_with(DevOptions::default())
+    }
+
+    pub fn start_with(options: DevOptions<'_>) -> DevProcess {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let data_dir = options
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| tmp.path().join("data"));
+        let socket = if options.socket_outside {
+            tmp.path().join("workload.sock")
+        } else {
+            data_dir.join("workload.sock")
+        };
+        let binary = if options.release {
+            podca_binary_release()
+        } else {
+            podca_binary()
+        };
+        let mut cmd = Command::new(binary);
+        cmd.arg("dev")
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--grpc-listen")
+            .arg("127.0.0.1:0")
+            .arg("--socket")
+            .arg(&socket)
+            .args(&options.args)
+            .env("PODCA_LOG", "warn")
+            .env_remove("PODCA_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(config) = options.config {
+            let path = tmp.path().join("podca.toml");
+            std::fs::write(&path, config).expect("writing the config");
+            cmd.arg("--config").arg(path);
+        }
+        let mut child = cmd.spawn().expect("starting podca dev");
+        // Piped above.
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut banner = vec![];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .expect("podca dev did not print `ready` within 60 s");
+            let done = line == "podca dev: ready";
+            banner.push(line);
+            if done {
+                break;
+            }
+        }
+        let grpc = banner
+            .iter()
+            .find_map(|l| l.strip_prefix("podca dev: gRPC API (podca.v1) on "))
+            .expect("banner names the gRPC address")
+            .parse()
+            .expect("the banner's gRPC address parses");
+        assert!(
+            socket.exists(),
+            "socket {} exists once ready",
+            socket.display()
+        );
+        DevProcess {
+            child,
+            data_dir,
+            socket,
+            grpc,
+            lines: Mutex::new(rx),
+            banner,
+            _tmp: Some(tmp),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends the signal `name` (`TERM`, `HUP`, …) with the `kill` utility.
+    pub fn signal(&self, name: &str) {
+        kill(name, self.pid());
+    }
+
+    /// Waits for a stdout line starting with `prefix`.
+    pub fn wait_for_line(&self, prefix: &str, timeout: Duration) -> String {
+        let rx = self
+            .lines
+            .lock()
+            .expect("the line receiver is not poisoned");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no line starting with {prefix:?} within {timeout:?}"));
+            if line.starts_with(prefix) {
+                return line;
+            }
+        }
+    }
+
+    /// SIGTERM, then waits for the exit status.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.signal("TERM");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "podca dev did not stop within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub async fn tcp_client(&self) -> PodCaClient<Channel> {
+        let channel = Endpoint::from_shared(format!("http://{}", self.grpc))
+            .expect("a valid endpoint")
+            .connect()
+            .await
+            .expect("podca dev's gRPC listener connects");
+        PodCaClient::new(channel)
+    }
+
+    /// A channel over the Unix socket.
+    pub async fn unix_channel(&self) -> Channel {
+        unix_channel(&self.socket).await
+    }
+
+    /// Replaces the CA in the data dir by a brand-new one (a stand-in for `podca ca rotate`,
+    /// which belongs to another issue), then asks podca dev to reload it.
+    pub fn replace_ca_and_reload(&self) -> String {
+        for entry in std::fs::read_dir(&self.data_dir).expect("the data dir") {
+            let path = entry.expect("a data dir entry").path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path).expect("removing the old CA");
+            } else {
+                std::fs::remove_file(&path).expect("removing the old CA");
+            }
+        }
+        let store = podca_signer::FileStore::new(&self.data_dir);
+        let options = podca_signer::InitOptions {
+            name: "rotated".into(),
+            ..Default::default()
+        };
+        store
+            .init(&options, time::OffsetDateTime::now_utc())
+            .expect("a new CA");
+        let anchors =
+            std::fs::read_to_string(self.data_dir.join("root.pem")).expect("the new root.pem");
+        self.signal("HUP");
+        self.wait_for_line("podca dev: reloaded the CA", Duration::from_secs(20));
+        anchors
+    }
+}
+
+impl Drop for DevProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn unix_channel(socket: &Path) -> Channel {
+    let socket = socket.to_path_buf();
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower_service_fn(socket))
+        .await
+        .expect("the Unix socket connects")
+}
+
+fn tower_service_fn(
+    socket: PathBuf,
+) -> impl tower::Service<
+    tonic::transport::Uri,
+    Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |_: tonic::transport::Uri| {
+        let socket = socket.clone();
+        async move {
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                tokio::net::UnixStream::connect(socket).await?,
+            ))
+        }
+    })
+}
+
+/// A DER PKCS#10 CSR for `key`, as a gRPC caller sends it (rcgen's default subject, no SANs).
+pub fn csr_for(key: &rcgen::KeyPair) -> Vec<u8> {
+    rcgen::CertificateParams::new(Vec::<String>::new())
+        .and_then(|params| params.serialize_request(key))
+        .expect("a CSR for a generated key")
+        .der()
+        .to_vec()
 }

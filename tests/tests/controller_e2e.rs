@@ -6,20 +6,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use podca_controller::{LeaderElection, Options};
 use podca_signer::{CaAlgorithm, IssuingCa, KeyType, MemoryKey, SignerPolicy};
+use podca_tests::Emulator;
 use podca_tests::client::KubeClient;
+use podca_tests::cluster::{Cluster, NewPcr, stub_csr};
 use podca_tests::emulator::{ApiMode, FaultScope, Res};
-use podca_tests::{Emulator, EmulatorConfig};
-use rcgen::{CertificateParams, DistinguishedName, KeyPair, RsaKeySize};
+use rcgen::{KeyPair, RsaKeySize};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 const ALL: &str = "example.com/workload";
 const STRICT: &str = "example.com/strict";
-const SIGNER_USER: &str = "system:serviceaccount:podca:podca";
 const KEY_TYPES: [&str; 6] = [
     "RSA3072",
     "RSA4096",
@@ -33,35 +32,22 @@ fn install_crypto() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
-struct Cluster {
-    emu: Emulator,
-    admin: KubeClient,
-    _dir: tempfile::TempDir,
-    kubeconfig: std::path::PathBuf,
+/// The emulated cluster plus the CA the in-process controller signs with.
+struct Env {
+    cluster: Cluster,
     ca: Arc<IssuingCa>,
 }
 
-async fn cluster(mode: ApiMode) -> Cluster {
+// The tests reach the emulator, the admin client and the kubeconfig as `c.emu`, `c.admin`, ….
+impl std::ops::Deref for Env {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
+async fn cluster(mode: ApiMode) -> Env {
     install_crypto();
-    let emu = Emulator::start(EmulatorConfig {
-        api_mode: mode,
-        auto_create_namespaces: true,
-        ..Default::default()
-    })
-    .await
-    .expect("emulator starts");
-    emu.add_identity(
-        "podca",
-        SIGNER_USER,
-        &["system:serviceaccounts", "system:authenticated"],
-    );
-    emu.grant_signer_role(SIGNER_USER, ALL);
-    emu.grant_signer_role(SIGNER_USER, STRICT);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    emu.write_kubeconfig(&kubeconfig, "podca")
-        .expect("kubeconfig");
-    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
     let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).expect("CA key");
     let ca = IssuingCa::self_signed_root(
         Arc::new(key),
@@ -70,11 +56,8 @@ async fn cluster(mode: ApiMode) -> Cluster {
         time::Duration::days(365),
     )
     .expect("CA");
-    Cluster {
-        emu,
-        admin,
-        _dir: dir,
-        kubeconfig,
+    Env {
+        cluster: Cluster::start(mode, &[ALL, STRICT]).await,
         ca: Arc::new(ca),
     }
 }
@@ -110,7 +93,7 @@ impl Running {
     }
 }
 
-async fn start(c: &Cluster, tweak: impl FnOnce(&mut Options)) -> Running {
+async fn start(c: &Env, tweak: impl FnOnce(&mut Options)) -> Running {
     let client = podca_controller::connect(Some(&c.kubeconfig))
         .await
         .expect("client");
@@ -138,89 +121,6 @@ fn key_pair(kind: &str) -> KeyPair {
         other => panic!("unknown key type {other}"),
     }
     .expect("key generation")
-}
-
-fn stub_csr(key: &KeyPair) -> Vec<u8> {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = DistinguishedName::new();
-    params.serialize_request(key).expect("CSR").der().to_vec()
-}
-
-fn b64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-struct NewPcr<'a> {
-    version: &'a str,
-    namespace: &'a str,
-    name: String,
-    signer: &'a str,
-    stub: Option<Vec<u8>>,
-    legacy: Option<(Vec<u8>, Vec<u8>)>,
-    pod_uid: String,
-    annotations: Option<Value>,
-}
-
-impl<'a> NewPcr<'a> {
-    fn stub(
-        version: &'a str,
-        namespace: &'a str,
-        name: String,
-        signer: &'a str,
-        csr: Vec<u8>,
-    ) -> Self {
-        NewPcr {
-            version,
-            namespace,
-            name,
-            signer,
-            stub: Some(csr),
-            legacy: None,
-            pod_uid: podca_tests::emulator::new_uid(),
-            annotations: None,
-        }
-    }
-}
-
-async fn create(admin: &KubeClient, p: NewPcr<'_>) {
-    let mut spec = json!({
-        "signerName": p.signer,
-        "podName": format!("pod-{}", p.name),
-        "podUID": p.pod_uid,
-        "serviceAccountName": "app",
-        "serviceAccountUID": "7f0c1e0a-0000-4000-8000-000000000001",
-        "nodeName": "node-1",
-        "nodeUID": "7f0c1e0a-0000-4000-8000-000000000002",
-        "maxExpirationSeconds": 86400,
-    });
-    if let Some(stub) = &p.stub {
-        spec["stubPKCS10Request"] = json!(b64(stub));
-    }
-    if let Some((spki, pop)) = &p.legacy {
-        spec["pkixPublicKey"] = json!(b64(spki));
-        spec["proofOfPossession"] = json!(b64(pop));
-    }
-    if let Some(a) = p.annotations {
-        spec["unverifiedUserAnnotations"] = a;
-    }
-    let body = json!({
-        "apiVersion": format!("certificates.k8s.io/{}", p.version),
-        "kind": "PodCertificateRequest",
-        "metadata": { "name": p.name, "namespace": p.namespace },
-        "spec": spec,
-    });
-    let path = format!(
-        "/apis/certificates.k8s.io/{}/namespaces/{}/podcertificaterequests",
-        p.version, p.namespace
-    );
-    let resp = admin.post(&path, &body).await.expect("POST");
-    assert_eq!(
-        resp.status,
-        201,
-        "create {}: {}",
-        p.name,
-        String::from_utf8_lossy(&resp.body)
-    );
 }
 
 /// (type, reason) of every PCR's terminal condition; `None` when pending.
@@ -278,16 +178,14 @@ async fn all_key_types_issued(mode: ApiMode, version: &str) {
     let ctl = start(&c, |_| {}).await;
     for kind in KEY_TYPES {
         let csr = stub_csr(&key_pair(kind));
-        create(
-            &c.admin,
-            NewPcr::stub(
-                version,
-                "apps",
-                format!("req-{}", kind.to_lowercase()),
-                ALL,
-                csr,
-            ),
+        NewPcr::stub(
+            version,
+            "apps",
+            format!("req-{}", kind.to_lowercase()),
+            ALL,
+            csr,
         )
+        .file(&c.admin)
         .await;
     }
     wait_settled(&c.emu, KEY_TYPES.len(), Duration::from_secs(30)).await;
@@ -332,7 +230,7 @@ async fn legacy_pkix_request_is_read_through_v1beta1() {
     p.stub = None;
     p.legacy = Some(legacy_request(&pod_uid));
     p.pod_uid = pod_uid;
-    create(&c.admin, p).await;
+    p.file(&c.admin).await;
     wait_settled(&c.emu, 1, Duration::from_secs(20)).await;
     assert_eq!(
         states(&c.emu).get("apps/req-legacy").cloned().flatten(),
@@ -351,7 +249,7 @@ async fn legacy_request_on_v1beta1_legacy_server() {
     p.stub = None;
     p.legacy = Some(legacy_request(&pod_uid));
     p.pod_uid = pod_uid;
-    create(&c.admin, p).await;
+    p.file(&c.admin).await;
     wait_settled(&c.emu, 1, Duration::from_secs(20)).await;
     assert_eq!(
         states(&c.emu).get("apps/req-legacy").cloned().flatten(),
@@ -367,33 +265,27 @@ async fn denials_carry_the_reason_and_an_event() {
     let ctl = start(&c, |_| {}).await;
     let p256 = || stub_csr(&key_pair("ECDSAP256"));
     // The strict policy allows only ECDSAP256.
-    create(
-        &c.admin,
-        NewPcr::stub(
-            "v1",
-            "apps",
-            "req-keytype".into(),
-            STRICT,
-            stub_csr(&key_pair("ED25519")),
-        ),
+    NewPcr::stub(
+        "v1",
+        "apps",
+        "req-keytype".into(),
+        STRICT,
+        stub_csr(&key_pair("ED25519")),
     )
+    .file(&c.admin)
     .await;
     // An annotation nobody documented.
     let mut p = NewPcr::stub("v1", "apps", "req-annotation".into(), ALL, p256());
     p.annotations = Some(json!({"unknown.example.com/thing": "x"}));
-    create(&c.admin, p).await;
+    p.file(&c.admin).await;
     // A namespace the strict policy excludes.
-    create(
-        &c.admin,
-        NewPcr::stub("v1", "blocked", "req-namespace".into(), STRICT, p256()),
-    )
-    .await;
+    NewPcr::stub("v1", "blocked", "req-namespace".into(), STRICT, p256())
+        .file(&c.admin)
+        .await;
     // And one that passes the strict policy.
-    create(
-        &c.admin,
-        NewPcr::stub("v1", "apps", "req-ok".into(), STRICT, p256()),
-    )
-    .await;
+    NewPcr::stub("v1", "apps", "req-ok".into(), STRICT, p256())
+        .file(&c.admin)
+        .await;
 
     wait_settled(&c.emu, 4, Duration::from_secs(20)).await;
     let s = states(&c.emu);
@@ -470,7 +362,7 @@ async fn v1_only_legacy_request_fails_clearly() {
     ctl.stop().await;
 }
 
-async fn burst(c: &Cluster, version: &'static str, count: usize, prefix: &str) {
+async fn burst(c: &Env, version: &'static str, count: usize, prefix: &str) {
     // Key generation is the slow part of filing; a handful of keys is enough for the signer.
     let csrs: Arc<Vec<Vec<u8>>> =
         Arc::new((0..8).map(|_| stub_csr(&key_pair("ECDSAP256"))).collect());
@@ -489,7 +381,7 @@ async fn burst(c: &Cluster, version: &'static str, count: usize, prefix: &str) {
                     ALL,
                     csrs[i % csrs.len()].clone(),
                 );
-                create(&admin, p).await;
+                p.file(&admin).await;
             }
         });
     }

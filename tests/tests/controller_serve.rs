@@ -4,16 +4,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use podca_tests::client::KubeClient;
+use podca_tests::EmulatorConfig;
+use podca_tests::cluster::{Cluster, ClusterConfig};
 use podca_tests::emulator::{ApiMode, Res};
 use podca_tests::process::{ServeProcess, http_get, podca_binary};
-use podca_tests::{Emulator, EmulatorConfig};
-use rcgen::{CertificateParams, DistinguishedName, KeyPair};
-use serde_json::json;
 
 const SIGNER: &str = "example.com/workload";
-const USER: &str = "system:serviceaccount:podca:podca";
 
 /// `podca serve` with leader election on short Lease timings, as `identity`.
 fn start_serve(
@@ -41,63 +37,22 @@ fn start_serve(
     )
 }
 
-async fn file(admin: &KubeClient, name: &str) {
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-    let mut p = CertificateParams::default();
-    p.distinguished_name = DistinguishedName::new();
-    let csr = p.serialize_request(&key).expect("csr");
-    let body = json!({
-        "apiVersion": "certificates.k8s.io/v1", "kind": "PodCertificateRequest",
-        "metadata": {"name": name, "namespace": "apps"},
-        "spec": {
-            "signerName": SIGNER, "podName": "p", "podUID": podca_tests::emulator::new_uid(),
-            "serviceAccountName": "app", "serviceAccountUID": "sa-uid", "nodeName": "node-1",
-            "nodeUID": "node-uid", "maxExpirationSeconds": 86400,
-            "stubPKCS10Request": base64::engine::general_purpose::STANDARD.encode(csr.der()),
-        },
-    });
-    let r = admin
-        .post(
-            "/apis/certificates.k8s.io/v1/namespaces/apps/podcertificaterequests",
-            &body,
-        )
-        .await
-        .expect("POST");
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-}
-
-async fn wait_issued(emu: &Emulator, name: &str, timeout: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
-        let o = emu.get_object(Res::Pcr, "apps", name).expect("PCR exists");
-        if let Some(t) = o["status"]["conditions"][0]["type"].as_str() {
-            assert_eq!(t, "Issued", "{o:#}");
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < timeout,
-            "{name} not issued within {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
-    let emu = Emulator::start(EmulatorConfig {
-        api_mode: ApiMode::V1Only,
-        auto_create_namespaces: true,
-        ..Default::default()
+    // podca authenticated, but not in `system:serviceaccounts`: it reads bundles only through
+    // its signer role.
+    let c = Cluster::start_with(ClusterConfig {
+        emulator: EmulatorConfig {
+            api_mode: ApiMode::V1Only,
+            auto_create_namespaces: true,
+            ..Default::default()
+        },
+        podca_groups: &["system:authenticated"],
+        signers: &[SIGNER],
     })
-    .await
-    .expect("emulator");
-    emu.add_identity("podca", USER, &["system:authenticated"]);
-    emu.grant_signer_role(USER, SIGNER);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    emu.write_kubeconfig(&kubeconfig, "podca")
-        .expect("kubeconfig");
-    let ca_dir = dir.path().join("ca");
+    .await;
+    let (emu, kubeconfig) = (&c.emu, &c.kubeconfig);
+    let ca_dir = c.dir.path().join("ca");
     let init = Command::new(podca_binary())
         .args(["ca", "init", "--dir"])
         .arg(&ca_dir)
@@ -105,7 +60,7 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
         .status()
         .expect("podca ca init");
     assert!(init.success());
-    let config = dir.path().join("podca.toml");
+    let config = c.dir.path().join("podca.toml");
     std::fs::write(
         &config,
         format!(
@@ -114,22 +69,21 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
         ),
     )
     .expect("config");
-    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
     let holder = || {
         emu.get_object(Res::Lease, "default", "podca-controller")
             .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
             .filter(|h| !h.is_empty())
     };
 
-    let mut a = start_serve(&config, &kubeconfig, "a");
+    let mut a = start_serve(&config, kubeconfig, "a");
     let deadline = Instant::now() + Duration::from_secs(30);
     while holder().as_deref() != Some("a") {
         assert!(Instant::now() < deadline, "a never took the Lease");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let mut b = start_serve(&config, &kubeconfig, "b");
-    file(&admin, "one").await;
-    wait_issued(&emu, "one", Duration::from_secs(30)).await;
+    let mut b = start_serve(&config, kubeconfig, "b");
+    c.file_pcr("one", SIGNER).await;
+    c.wait_issued("one", Duration::from_secs(30)).await;
     assert_eq!(holder().as_deref(), Some("a"));
 
     // The admin listener of the leader.
@@ -158,23 +112,23 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
     assert!(standby.contains("podca_leader 0"), "{standby}");
 
     // SIGTERM: a drains, releases the Lease and exits 0; b takes over well within the lease.
-    a.signal("-TERM");
+    a.signal("TERM");
     let status = a.wait_exit(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
     let stopped = Instant::now();
-    file(&admin, "two").await;
-    wait_issued(&emu, "two", Duration::from_secs(20)).await;
+    c.file_pcr("two", SIGNER).await;
+    c.wait_issued("two", Duration::from_secs(20)).await;
     let took = stopped.elapsed();
     assert_eq!(holder().as_deref(), Some("b"));
     eprintln!("standby issued {took:?} after the leader stopped");
 
     // A crash (SIGKILL, no release): a new process takes over after the lease expires.
-    b.signal("-KILL");
+    b.signal("KILL");
     b.wait_exit(Duration::from_secs(10));
-    let _c = start_serve(&config, &kubeconfig, "c");
+    let _c = start_serve(&config, kubeconfig, "c");
     let killed = Instant::now();
-    file(&admin, "three").await;
-    wait_issued(&emu, "three", Duration::from_secs(30)).await;
+    c.file_pcr("three", SIGNER).await;
+    c.wait_issued("three", Duration::from_secs(30)).await;
     assert!(
         killed.elapsed() < Duration::from_secs(4 + 15),
         "{:?}",

@@ -10,10 +10,10 @@ use podca_authority::CaHandle;
 use podca_controller::publisher::{INSTANCE_LABEL, MANAGED_BY_LABEL, PublisherOptions};
 use podca_controller::{LeaderElection, Options};
 use podca_signer::{CaAlgorithm, CaCertificate, IssuingCa, MemoryKey, SignerPolicy};
-use podca_tests::client::KubeClient;
+use podca_tests::Emulator;
+use podca_tests::cluster::Cluster;
 use podca_tests::emulator::{ApiMode, Res};
 use podca_tests::testca::TestCa;
-use podca_tests::{Emulator, EmulatorConfig};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -22,23 +22,28 @@ const WORKLOAD: &str = "example.com/workload";
 const STRICT: &str = "example.com/strict";
 const WORKLOAD_CTB: &str = "example.com:workload:podca";
 const STRICT_CTB: &str = "example.com:strict:podca";
-const SIGNER_USER: &str = "system:serviceaccount:podca:podca";
 
 fn install_crypto() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
-struct Cluster {
-    emu: Emulator,
-    admin: KubeClient,
-    _dir: tempfile::TempDir,
-    kubeconfig: std::path::PathBuf,
+/// The emulated cluster plus the CA handle the in-process controller publishes.
+struct Env {
+    cluster: Cluster,
     ca: CaHandle,
     /// The certificates.k8s.io version the emulator serves CTBs through (preferred first).
     version: &'static str,
 }
 
-impl Cluster {
+// The tests reach the emulator, the admin client and the kubeconfig as `c.emu`, `c.admin`, ….
+impl std::ops::Deref for Env {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        &self.cluster
+    }
+}
+
+impl Env {
     fn path(&self, name: &str) -> String {
         format!(
             "/apis/certificates.k8s.io/{}/clustertrustbundles/{name}",
@@ -74,32 +79,10 @@ fn new_ca(name: &str) -> IssuingCa {
 }
 
 /// An emulator with an identity that has exactly the spec §3 RBAC for both signers.
-async fn cluster(mode: ApiMode) -> Cluster {
+async fn cluster(mode: ApiMode) -> Env {
     install_crypto();
-    let emu = Emulator::start(EmulatorConfig {
-        api_mode: mode,
-        auto_create_namespaces: true,
-        ..Default::default()
-    })
-    .await
-    .expect("emulator starts");
-    emu.add_identity(
-        "podca",
-        SIGNER_USER,
-        &["system:serviceaccounts", "system:authenticated"],
-    );
-    emu.grant_signer_role(SIGNER_USER, WORKLOAD);
-    emu.grant_signer_role(SIGNER_USER, STRICT);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    emu.write_kubeconfig(&kubeconfig, "podca")
-        .expect("kubeconfig");
-    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
-    Cluster {
-        emu,
-        admin,
-        _dir: dir,
-        kubeconfig,
+    Env {
+        cluster: Cluster::start(mode, &[WORKLOAD, STRICT]).await,
         ca: CaHandle::new(new_ca("podca test CA"), vec![]),
         version: mode.cert_versions()[0],
     }
@@ -139,7 +122,7 @@ impl Running {
 }
 
 async fn start(
-    c: &Cluster,
+    c: &Env,
     names: &[&str],
     publisher: PublisherOptions,
     tweak: impl FnOnce(&mut Options),
@@ -178,7 +161,7 @@ async fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
 }
 
 /// Waits until `name` exists with exactly `pem` and the labels of `instance`.
-async fn wait_published(c: &Cluster, name: &str, pem: &str, instance: &str) -> Value {
+async fn wait_published(c: &Env, name: &str, pem: &str, instance: &str) -> Value {
     wait_for(
         &format!("{name} published"),
         Duration::from_secs(10),
@@ -212,7 +195,7 @@ fn assert_no_rejections(emu: &Emulator) {
 }
 
 /// A bundle created by someone else (the admin), with `labels`.
-async fn create_by_hand(c: &Cluster, name: &str, signer: &str, labels: Value) -> Value {
+async fn create_by_hand(c: &Env, name: &str, signer: &str, labels: Value) -> Value {
     let pem = TestCa::new(name).expect("test CA").cert_pem;
     let r = c
         .admin

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -21,6 +22,8 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use podca_authority::config::{CaConfig, Config};
+use podca_signer::backend::PinSource;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -375,17 +378,16 @@ fn config_text(r: &Rendered) -> String {
         .clone()
 }
 
-fn config(r: &Rendered) -> toml::Table {
-    toml::from_str(&config_text(r)).expect("the ConfigMap's config.toml is valid TOML")
+/// The rendered config, read by podca's own parser: an unknown key or a bad value fails.
+fn config(r: &Rendered) -> Config {
+    Config::parse(&config_text(r))
+        .unwrap_or_else(|e| panic!("the ConfigMap's config.toml is not a podca config: {e:#}"))
 }
 
-fn port_of(listen: &str) -> i32 {
-    let addr: std::net::SocketAddr = listen
-        .parse()
-        .unwrap_or_else(|_| panic!("{listen:?} is not host:port"));
+fn port_of(addr: SocketAddr) -> i32 {
     assert!(
         !addr.ip().is_loopback(),
-        "{listen} is loopback: the Service and the kubelet probes cannot reach it"
+        "{addr} is loopback: the Service and the kubelet probes cannot reach it"
     );
     i32::from(addr.port())
 }
@@ -639,21 +641,13 @@ fn rbac_problems(r: &Rendered, expected: &BTreeSet<Grant>) -> Vec<String> {
 /// Lease when --leader-elect is set.
 fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
     let cfg = config(r);
-    let signers: Vec<String> = cfg["signers"]
-        .as_table()
-        .expect("[signers] table")
-        .keys()
-        .cloned()
-        .collect();
+    let signers: Vec<String> = cfg.signers.keys().cloned().collect();
     let d = the_deployment(r);
     let a = args(podca_container(d));
-    let ca = cfg["ca"].as_table().expect("[ca]");
-    let ca_secret = (ca["backend"].as_str() == Some("secret")).then(|| {
-        let secret = ca["secret"].as_str().expect("[ca] secret");
-        secret
-            .split_once('/')
-            .unwrap_or_else(|| panic!("[ca] secret = {secret:?} is not namespace/name"))
-    });
+    let ca_secret = match &cfg.ca {
+        CaConfig::Secret(s) => Some((s.namespace.as_str(), s.name.as_str())),
+        CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
+    };
     let lease = a
         .iter()
         .any(|x| x == "--leader-elect")
@@ -725,11 +719,19 @@ fn the_strict_check_catches_unknown_and_misplaced_fields() {
 
     let mut misplaced = deployment.clone();
     misplaced["spec"]["template"]["spec"]["readOnlyRootFilesystem"] = Value::Bool(true);
-    assert!(strict::<Deployment>(&misplaced).is_err());
+    let err = strict::<Deployment>(&misplaced).expect_err("a misplaced field must be caught");
+    assert_eq!(
+        err,
+        "Deployment/podca: .spec.template.spec.readOnlyRootFilesystem: unknown field (dropped by the typed schema)"
+    );
 
     let mut wrong_kind = deployment;
     wrong_kind["kind"] = Value::String("StatefulSet".into());
-    assert!(strict::<Deployment>(&wrong_kind).is_err());
+    let err = strict::<Deployment>(&wrong_kind).expect_err("a wrong kind must be caught");
+    assert_eq!(
+        err,
+        "StatefulSet/podca: does not parse: invalid value: string \"StatefulSet\", expected Deployment"
+    );
 }
 
 #[test]
@@ -745,7 +747,7 @@ fn rbac_is_exactly_the_spec_table_plus_justified_extras() {
         );
         // The signer name in the sign/attest rules is the one the config configures.
         let cfg = config(&r);
-        let signers: Vec<&String> = cfg["signers"].as_table().unwrap().keys().collect();
+        let signers: Vec<&String> = cfg.signers.keys().collect();
         assert_eq!(
             signers,
             [SIGNER],
@@ -918,11 +920,7 @@ fn the_pod_is_locked_down() {
         }
 
         // Probes on the admin port, at the admin server's real paths.
-        let admin_port = port_of(
-            config(&r)["admin"]["listen"]
-                .as_str()
-                .expect("[admin] listen"),
-        );
+        let admin_port = port_of(config(&r).admin.listen);
         assert_eq!(admin_port, ADMIN_PORT);
         for (probe, path) in [
             (&c.liveness_probe, "/livez"),
@@ -1036,8 +1034,8 @@ fn service_and_network_policy_expose_only_grpc_and_metrics() {
         let d = the_deployment(&r);
         let c = podca_container(d);
         let cfg = config(&r);
-        let grpc = port_of(cfg["grpc"]["listen"].as_str().expect("[grpc] listen"));
-        let admin = port_of(cfg["admin"]["listen"].as_str().expect("[admin] listen"));
+        let grpc = port_of(cfg.grpc.listen);
+        let admin = port_of(cfg.admin.listen);
         assert_eq!((grpc, admin), (GRPC_PORT, ADMIN_PORT), "{overlay}");
         assert_eq!(container_port(c, "grpc"), grpc);
         assert_eq!(container_port(c, "metrics"), admin);
@@ -1148,67 +1146,65 @@ fn service_and_network_policy_expose_only_grpc_and_metrics() {
     }
 }
 
+/// The config files as written: deploy/base/config.toml and every overlay's own config.toml.
+fn config_files() -> Vec<PathBuf> {
+    let mut files = vec![repo_root().join("deploy/base/config.toml")];
+    for overlay in std::fs::read_dir(repo_root().join("deploy/overlays")).unwrap() {
+        let file = overlay.unwrap().path().join("config.toml");
+        if file.exists() {
+            files.push(file);
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn every_config_file_is_a_podca_config() {
+    let files = config_files();
+    assert!(
+        files.len() >= 2,
+        "the base and the hsm overlay have a config.toml: {files:?}"
+    );
+    for file in &files {
+        Config::load(file).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    // The parser is the check: a misspelt key in a file that parses is an error.
+    let base = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(base.contains("\ntoken_audience = "), "{base}");
+    let typo = base.replace("\ntoken_audience = ", "\ntoken_audiense = ");
+    let err = format!(
+        "{:#}",
+        Config::parse(&typo).expect_err("a typo must be caught")
+    );
+    assert!(err.contains("unknown field `token_audiense`"), "{err}");
+}
+
 #[test]
 fn the_config_map_holds_a_valid_podca_config() {
-    const TOP: &[&str] = &[
-        "ca",
-        "signers",
-        "grpc",
-        "workload_api",
-        "dev",
-        "controller",
-        "admin",
-        "rotation",
-        "trust_bundles",
-    ];
-    const CA: &[&str] = &[
-        "backend",
-        "dir",
-        "secret",
-        "pkcs11_uri",
-        "pkcs11_pin_file",
-        "pkcs11_pin_env",
-        "pkcs11_module",
-        "pkcs11_mode",
-        "intermediate_lifetime_seconds",
-        "automatic_rotation",
-    ];
-    const GRPC: &[&str] = &[
-        "listen",
-        "signer",
-        "token_audience",
-        "node_proxy_service_accounts",
-        "rate_limit_per_identity",
-        "max_open_streams",
-    ];
     for overlay in OVERLAYS {
         let r = parse_overlay(overlay);
         let cfg = config(&r);
-        let keys_within = |table: &toml::Table, allowed: &[&str], what: &str| {
-            for k in table.keys() {
-                assert!(
-                    allowed.contains(&k.as_str()),
-                    "{overlay}: unknown key {what}.{k}"
-                );
-            }
-        };
-        keys_within(&cfg, TOP, "(top level)");
+        let raw: toml::Table = toml::from_str(&config_text(&r)).unwrap();
         assert!(
-            cfg.get("dev").is_none(),
+            raw.get("dev").is_none(),
             "{overlay}: [dev] is for `podca dev` only"
         );
-
-        let ca = cfg["ca"].as_table().expect("[ca]");
-        keys_within(ca, CA, "ca");
+        let ca = &cfg.ca;
         let d = the_deployment(&r);
         let c = podca_container(d);
         // The file layout (file and pkcs11 backends): `[ca] dir` is the `ca` volume, a Secret
         // holding the data directory's certificates.
+        let ca_dir = match ca {
+            CaConfig::File(f) => f.dir.as_deref(),
+            CaConfig::Pkcs11(p) => p.dir.as_deref(),
+            CaConfig::Secret(_) => None,
+        };
         let ca_dir_items = || {
             let ca_mount = mount_path(c, "ca");
             assert_eq!(
-                ca["dir"].as_str(),
-                Some(ca_mount.as_str()),
+                ca_dir,
+                Some(Path::new(&ca_mount)),
                 "{overlay}: [ca] dir is the CA mount"
             );
             let items: Vec<String> = volume(d, "ca")
@@ -1228,26 +1224,15 @@ fn the_config_map_holds_a_valid_podca_config() {
             assert!(items.contains(&"generations/1/root.pem".to_string()));
             items
         };
-        match ca["backend"].as_str() {
-            Some("secret") => {
+        match ca {
+            CaConfig::Secret(secret) => {
                 assert_ne!(overlay, &"hsm");
                 // Read through the API (the Role podca-ca-secret): a Secret in podca's own
-                // namespace, and nothing of the file layout.
-                let secret = ca["secret"].as_str().expect("[ca] secret");
-                let (ns, name) = secret.split_once('/').unwrap_or_else(|| {
-                    panic!("{overlay}: [ca] secret = {secret:?} is not namespace/name")
-                });
+                // namespace, and nothing of the file layout. (Config parsing already refuses a
+                // reference that is not namespace/name and a [ca] dir beside backend = secret.)
                 assert_eq!(
-                    ns, NAMESPACE,
+                    secret.namespace, NAMESPACE,
                     "{overlay}: the CA Secret is in podca's namespace"
-                );
-                assert!(
-                    !name.is_empty() && !name.contains('/'),
-                    "{overlay}: {secret}"
-                );
-                assert!(
-                    ca.get("dir").is_none(),
-                    "{overlay}: [ca] dir is unused with the secret backend"
                 );
                 for v in pod_spec(d).volumes.iter().flatten() {
                     assert!(
@@ -1258,7 +1243,7 @@ fn the_config_map_holds_a_valid_podca_config() {
                     );
                 }
             }
-            Some("file") => {
+            CaConfig::File(_) => {
                 assert_ne!(overlay, &"hsm");
                 let items = ca_dir_items();
                 assert!(
@@ -1266,14 +1251,14 @@ fn the_config_map_holds_a_valid_podca_config() {
                     "{overlay}: the file backend needs the issuing key"
                 );
             }
-            Some("pkcs11") => {
+            CaConfig::Pkcs11(p11) => {
                 assert_eq!(overlay, &"hsm");
                 let items = ca_dir_items();
                 assert!(
                     !items.iter().any(|p| p.ends_with(".key")),
                     "{overlay}: with an HSM no key file is mounted"
                 );
-                let uri = ca["pkcs11_uri"].as_str().expect("pkcs11_uri");
+                let uri = p11.uri.as_deref().expect("pkcs11_uri");
                 assert!(
                     uri.starts_with("pkcs11:") && uri.contains("module-path="),
                     "{uri}"
@@ -1289,11 +1274,11 @@ fn the_config_map_holds_a_valid_podca_config() {
                     Path::new(module).starts_with(mount_path(c, "pkcs11")),
                     "{overlay}: the module {module} is on the pkcs11 volume"
                 );
-                let pin = ca["pkcs11_pin_file"].as_str().expect("pkcs11_pin_file");
+                let PinSource::File(pin) = &p11.pin else {
+                    panic!("{overlay}: the PIN comes from a file, got {:?}", p11.pin)
+                };
                 let pin_mount = mount_path(c, "pkcs11-pin");
-                let rel = Path::new(pin)
-                    .strip_prefix(&pin_mount)
-                    .expect("PIN under its mount");
+                let rel = pin.strip_prefix(&pin_mount).expect("PIN under its mount");
                 let pin_items: Vec<String> = volume(d, "pkcs11-pin")
                     .secret
                     .as_ref()
@@ -1309,36 +1294,14 @@ fn the_config_map_holds_a_valid_podca_config() {
                     "{overlay}: the PIN file is mounted"
                 );
             }
-            other => panic!("{overlay}: unexpected [ca] backend {other:?}"),
         }
 
-        let signers = cfg["signers"].as_table().expect("[signers]");
-        assert!(!signers.is_empty(), "{overlay}: at least one signer");
-        for (name, table) in signers {
-            let policy: podca_signer::SignerPolicy = table
-                .clone()
-                .try_into()
-                .unwrap_or_else(|e| panic!("{overlay}: signer {name}: {e}"));
-            policy
-                .validate()
-                .unwrap_or_else(|e| panic!("{overlay}: signer {name}: {e}"));
-        }
-        let grpc = cfg["grpc"].as_table().expect("[grpc]");
-        keys_within(grpc, GRPC, "grpc");
-        let signer = grpc["signer"].as_str().expect("grpc.signer");
+        // Config::parse has validated every signer policy.
+        assert!(!cfg.signers.is_empty(), "{overlay}: at least one signer");
+        let signer = cfg.grpc.signer.as_deref().expect("grpc.signer");
         assert!(
-            signers.contains_key(signer),
+            cfg.signers.contains_key(signer),
             "{overlay}: grpc.signer {signer} is configured"
-        );
-        keys_within(
-            cfg["controller"].as_table().expect("[controller]"),
-            &["workers"],
-            "controller",
-        );
-        keys_within(
-            cfg["admin"].as_table().expect("[admin]"),
-            &["listen"],
-            "admin",
         );
     }
 }

@@ -2,17 +2,16 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
-mod grpc_support;
-
 use std::time::Duration;
 
-use grpc_support::{DevOptions, DevServer, openssl_verify, pem_blocks, podca_binary};
+use podca_tests::process::{DevOptions, DevProcess, csr_for, podca_binary};
+use podca_tests::verify::{assert_verifies, pem_blocks};
 
 #[test]
 fn creates_then_reuses_the_ca_and_removes_its_socket_on_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
     let data_dir = tmp.path().join("data");
-    let first = DevServer::start_with(DevOptions {
+    let first = DevProcess::start_with(DevOptions {
         data_dir: Some(data_dir.clone()),
         socket_outside: false,
         ..Default::default()
@@ -31,7 +30,7 @@ fn creates_then_reuses_the_ca_and_removes_its_socket_on_sigterm() {
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
     assert!(!socket.exists(), "the socket is removed on shutdown");
 
-    let second = DevServer::start_with(DevOptions {
+    let second = DevProcess::start_with(DevOptions {
         data_dir: Some(data_dir.clone()),
         socket_outside: false,
         ..Default::default()
@@ -57,12 +56,16 @@ namespace = "shop"
 service_account = "web"
 key_type = "ED25519"
 "#;
-    let dev = DevServer::start_with(DevOptions {
+    let dev = DevProcess::start_with(DevOptions {
         config: Some(config),
         args: vec!["--bundle".into(), "default/default".into()],
         ..Default::default()
     });
-    for (ns, sa) in [("shop", "web"), ("default", "default")] {
+    // shop/web has the key type it is configured with, default/default (--bundle) the default.
+    for (ns, sa, key_type) in [
+        ("shop", "web", &rcgen::PKCS_ED25519),
+        ("default", "default", &rcgen::PKCS_ECDSA_P256_SHA256),
+    ] {
         let dir = dev.data_dir.join("bundles").join(ns).join(sa);
         assert!(
             dev.banner
@@ -75,7 +78,7 @@ key_type = "ED25519"
         assert_eq!(blocks[0].tag(), "PRIVATE KEY", "PKCS#8 key first");
         assert!(blocks[1..].iter().all(|b| b.tag() == "CERTIFICATE"));
         let chain: String = pem_blocks(&credential).concat();
-        openssl_verify(&chain, &trust).unwrap();
+        assert_verifies(&chain, &trust);
         let leaf = x509_parser::parse_x509_certificate(blocks[1].contents())
             .unwrap()
             .1;
@@ -88,6 +91,11 @@ key_type = "ED25519"
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            bundle_key_algorithm(&credential),
+            key_type,
+            "{ns}/{sa}: the key type of the bundle"
+        );
     }
     let dir = dev.data_dir.join("bundles/shop/web");
     let before = std::fs::read_to_string(dir.join("credentialbundle.pem")).unwrap();
@@ -98,7 +106,7 @@ key_type = "ED25519"
         let credential =
             std::fs::read_to_string(dir.join("credentialbundle.pem")).unwrap_or_default();
         if trust == new_anchors && credential != before {
-            openssl_verify(&pem_blocks(&credential).concat(), &new_anchors).unwrap();
+            assert_verifies(&credential, &new_anchors);
             break;
         }
         assert!(
@@ -121,6 +129,22 @@ fn refuses_a_non_loopback_grpc_address() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}
+
+/// The algorithm of a credential bundle's PKCS#8 key, once checked to be the leaf's key.
+fn bundle_key_algorithm(credential: &str) -> &'static rcgen::SignatureAlgorithm {
+    let blocks = pem::parse_many(credential).unwrap();
+    assert_eq!(blocks[0].tag(), "PRIVATE KEY", "PKCS#8 key first");
+    let key = rcgen::KeyPair::try_from(blocks[0].contents()).unwrap();
+    let leaf = x509_parser::parse_x509_certificate(blocks[1].contents())
+        .unwrap()
+        .1;
+    assert_eq!(
+        rcgen::PublicKeyData::subject_public_key_info(&key),
+        leaf.public_key().raw,
+        "the bundle's key is the leaf's key"
+    );
+    key.algorithm()
 }
 
 fn wait_for_file(path: &std::path::Path) -> String {
@@ -157,7 +181,7 @@ fn podca(args: &[&str]) -> (std::process::ExitStatus, String, String) {
 
 #[test]
 fn issue_with_server_writes_a_credential_bundle_that_verifies() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let tmp = tempfile::tempdir().unwrap();
     let server = format!("http://{}", dev.grpc);
     let token = tmp.path().join("token");
@@ -194,33 +218,18 @@ fn issue_with_server_writes_a_credential_bundle_that_verifies() {
     assert!(summary[0].contains(&server) && summary[0].contains(out.to_str().unwrap()));
 
     let credential = std::fs::read_to_string(&out).unwrap();
-    let blocks = pem::parse_many(&credential).unwrap();
-    assert_eq!(blocks[0].tag(), "PRIVATE KEY", "PKCS#8 key first");
+    assert_eq!(
+        bundle_key_algorithm(&credential),
+        &rcgen::PKCS_ECDSA_P384_SHA384,
+        "--key-type ECDSAP384"
+    );
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&out).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
-    // The chain verifies against the written trust bundle, checked by openssl on the files
-    // themselves: leaf, then the intermediates as untrusted.
-    let chain = pem_blocks(&credential);
-    let leaf = tmp.path().join("leaf.pem");
-    let intermediates = tmp.path().join("intermediates.pem");
-    std::fs::write(&leaf, &chain[0]).unwrap();
-    std::fs::write(&intermediates, chain[1..].concat()).unwrap();
-    let verify = std::process::Command::new("openssl")
-        .arg("verify")
-        .arg("-CAfile")
-        .arg(&trust)
-        .arg("-untrusted")
-        .arg(&intermediates)
-        .arg(&leaf)
-        .output()
-        .unwrap();
-    assert!(
-        verify.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&verify.stdout),
-        String::from_utf8_lossy(&verify.stderr)
-    );
+    // The chain verifies against the written trust bundle, checked by openssl on the contents
+    // of the files themselves: leaf, then the intermediates as untrusted.
+    let trust_text = std::fs::read_to_string(&trust).unwrap();
+    assert_verifies(&credential, &trust_text);
     assert_eq!(
         std::fs::read_to_string(&trust).unwrap(),
         std::fs::read_to_string(dev.data_dir.join("root.pem")).unwrap()
@@ -250,16 +259,15 @@ fn issue_with_server_writes_a_credential_bundle_that_verifies() {
         "{stdout}"
     );
     assert!(!stdout.contains("PRIVATE KEY"));
-    openssl_verify(
+    assert_verifies(
         &stdout,
         &std::fs::read_to_string(dev.data_dir.join("root.pem")).unwrap(),
-    )
-    .unwrap();
+    );
 }
 
 #[test]
 fn issue_with_server_refusals_are_one_line_with_the_grpc_code() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let server = format!("http://{}", dev.grpc);
     let cases: [(&[&str], &str); 4] = [
         (
@@ -333,10 +341,10 @@ fn issue_with_server_refusals_are_one_line_with_the_grpc_code() {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_certificate_podca_dev_issues_is_in_the_ledger() {
     use podca_proto::podca::v1::IssueCertificateRequest;
-    // Our own data dir: stopping the DevServer removes its temporary one.
+    // Our own data dir: stopping the DevProcess removes its temporary one.
     let tmp = tempfile::tempdir().unwrap();
     let data_dir = tmp.path().join("data");
-    let dev = DevServer::start_with(DevOptions {
+    let dev = DevProcess::start_with(DevOptions {
         args: vec!["--bundle".into(), "shop/web".into()],
         data_dir: Some(data_dir.clone()),
         ..Default::default()
@@ -346,7 +354,7 @@ async fn every_certificate_podca_dev_issues_is_in_the_ledger() {
     for _ in 0..3 {
         let answer = client
             .issue_certificate(IssueCertificateRequest {
-                csr: grpc_support::csr_for(&rcgen::KeyPair::generate().unwrap()),
+                csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
                 ..Default::default()
             })
             .await

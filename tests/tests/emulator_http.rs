@@ -200,7 +200,13 @@ async fn kubelet_gets_a_verified_credential_for_every_key_type() {
         assert!(cred.refresh_due(cred.begin_refresh_at));
         // A chain from another CA does not verify.
         let other = TestCa::new("other").unwrap();
-        assert!(cred.verify_chain(&other.cert_pem, e.emu.now()).is_err());
+        let refused = cred
+            .verify_chain(&other.cert_pem, e.emu.now())
+            .expect_err("a chain from another CA");
+        assert_eq!(
+            refused.0,
+            "certificate 0 is signed by neither the next certificate nor a trust anchor"
+        );
     }
     let c = e.emu.counters();
     assert_eq!(c.validation_rejections, 0, "{c:?}");
@@ -641,9 +647,14 @@ async fn the_cleaner_deletes_old_pcrs() {
     let ev = w.next_event(T).await.unwrap().unwrap();
     assert_eq!(ev["type"], "DELETED");
     assert_eq!(ev["object"]["metadata"]["name"], p.name.as_str());
-    assert!(
-        e.kubelet.wait(&p, T).await.is_err(),
-        "kubelet sees the PCR gone"
+    let gone = e
+        .kubelet
+        .wait(&p, T)
+        .await
+        .expect_err("kubelet sees the PCR gone");
+    assert_eq!(
+        gone.0,
+        format!("PCR {} was deleted before an answer", p.name)
     );
     assert_eq!(e.emu.counters().cleaner_deleted, 1);
 

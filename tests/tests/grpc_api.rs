@@ -3,15 +3,14 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
-mod grpc_support;
-
 use std::time::Duration;
 
-use grpc_support::{DevOptions, DevServer, csr_for, openssl_verify};
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::podca::v1::{
     GetTrustBundleRequest, IssueCertificateRequest, IssueCertificateResponse, IssueForPodRequest,
 };
+use podca_tests::process::{DevOptions, DevProcess, csr_for, podca_binary};
+use podca_tests::verify::{assert_no_anchor_signed, assert_verifies, openssl_verify};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
@@ -60,7 +59,7 @@ fn expect_code(result: Result<impl std::fmt::Debug, Status>, code: Code, needle:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn issues_for_all_six_key_types_and_openssl_verifies() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let mut client = dev.tcp_client().await;
     let algorithms: [(&str, rcgen::KeyPair); 6] = [
         (
@@ -138,7 +137,7 @@ uid = 4294967290
 namespace = "default"
 service_account = "default"
 "#;
-    let dev = DevServer::start_with(DevOptions {
+    let dev = DevProcess::start_with(DevOptions {
         config: Some(config),
         ..Default::default()
     });
@@ -247,7 +246,7 @@ service_account = "default"
     expect_code(
         issue(&mut client, request(vec![0x30; 100 * 1024])).await,
         Code::OutOfRange,
-        "",
+        "decoded message length too large",
     );
     // Credentials: malformed authorization, half a dev identity.
     let mut bad_auth = Request::new(request(p256_csr()));
@@ -299,7 +298,7 @@ async fn rate_limit_and_stream_limit() {
 rate_limit_per_identity = 2
 max_open_streams = 1
 "#;
-    let dev = DevServer::start_with(DevOptions {
+    let dev = DevProcess::start_with(DevOptions {
         config: Some(config),
         ..Default::default()
     });
@@ -378,7 +377,7 @@ max_open_streams = 1
 /// current CA keeps signing (the next one waits out the propagation window).
 #[tokio::test(flavor = "multi_thread")]
 async fn ca_rotate_reaches_open_streams_without_a_signal() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let mut client = dev.tcp_client().await;
     let mut watch = client
         .watch_trust_bundle(as_identity(
@@ -390,7 +389,7 @@ async fn ca_rotate_reaches_open_streams_without_a_signal() {
         .unwrap()
         .into_inner();
     let first = watch.message().await.unwrap().unwrap();
-    let out = std::process::Command::new(grpc_support::podca_binary())
+    let out = std::process::Command::new(podca_binary())
         .args(["ca", "rotate", "--dir"])
         .arg(&dev.data_dir)
         .output()
@@ -423,12 +422,12 @@ async fn ca_rotate_reaches_open_streams_without_a_signal() {
     );
     // Still signed by the current CA: its certificates verify with the old anchor alone.
     let cert = issue(&mut client, request(p256_csr())).await.unwrap();
-    openssl_verify(&cert.certificate_chain_pem, &first.trust_anchors_pem).unwrap();
+    assert_verifies(&cert.certificate_chain_pem, &first.trust_anchors_pem);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rotation_pushes_a_new_bundle_to_open_watch_streams() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let mut client = dev.tcp_client().await;
     let mut watch = client
         .watch_trust_bundle(as_identity(
@@ -458,9 +457,9 @@ async fn rotation_pushes_a_new_bundle_to_open_watch_streams() {
     assert!(second.generation > first.generation);
     // New certificates chain to the new anchors, not to the old ones.
     let new = issue(&mut client, request(p256_csr())).await.unwrap();
-    openssl_verify(&new.certificate_chain_pem, &new_anchors).unwrap();
-    assert!(openssl_verify(&new.certificate_chain_pem, &first.trust_anchors_pem).is_err());
-    assert!(openssl_verify(&old.certificate_chain_pem, &new_anchors).is_err());
+    assert_verifies(&new.certificate_chain_pem, &new_anchors);
+    assert_no_anchor_signed(&new.certificate_chain_pem, &first.trust_anchors_pem);
+    assert_no_anchor_signed(&old.certificate_chain_pem, &new_anchors);
     let got = client
         .get_trust_bundle(as_identity(
             GetTrustBundleRequest::default(),

@@ -8,27 +8,25 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
-mod grpc_support;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use grpc_support::{csr_for, openssl_verify};
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::podca::v1::{
     IssueCertificateRequest, IssueCertificateResponse, IssueForPodRequest,
 };
+use podca_tests::cluster::{ClusterConfig, PODCA_USER};
 use podca_tests::emulator::{
     ApiMode, FaultScope, PodFixture, PolicyRule, ServiceAccountToken, Subject,
 };
-use podca_tests::process::{free_port, podca_binary};
+use podca_tests::process::{csr_for, free_port, podca_binary};
+use podca_tests::verify::assert_verifies;
 use podca_tests::{Emulator, EmulatorConfig};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
 const SIGNER: &str = "example.com/workload";
-const PODCA_USER: &str = "system:serviceaccount:podca:podca";
 const NODE_PROXY: &str = "mesh/node-proxy";
 
 /// The emulator, a CA and a running `podca serve` whose gRPC API uses them.
@@ -42,14 +40,22 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
-        let emu = Emulator::start(EmulatorConfig {
-            api_mode: ApiMode::V1Only,
-            auto_create_namespaces: true,
-            ..Default::default()
+        // podca with no signer role: its PodCertificateRequest controller is refused.
+        let podca_tests::cluster::Cluster {
+            emu,
+            dir,
+            kubeconfig,
+            ..
+        } = podca_tests::cluster::Cluster::start_with(ClusterConfig {
+            emulator: EmulatorConfig {
+                api_mode: ApiMode::V1Only,
+                auto_create_namespaces: true,
+                ..Default::default()
+            },
+            podca_groups: &["system:serviceaccounts"],
+            signers: &[],
         })
-        .await
-        .unwrap();
-        emu.add_identity("podca", PODCA_USER, &["system:serviceaccounts"]);
+        .await;
         // Exactly what the gRPC API needs of the Kubernetes API.
         let podca = || Subject::User(PODCA_USER.into());
         emu.grant(
@@ -58,9 +64,6 @@ impl Cluster {
         );
         emu.grant(podca(), PolicyRule::new(&[""], &["pods"], &["get"]));
 
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        emu.write_kubeconfig(&kubeconfig, "podca").unwrap();
         let ca_dir = dir.path().join("ca");
         let init = Command::new(podca_binary())
             .args(["ca", "init", "--dir"])
@@ -273,7 +276,7 @@ async fn token_review_decides_who_may_issue_and_is_cached() {
         leaf_uri(&issued.certificate_chain_pem),
         "spiffe://cluster.local/ns/shop/sa/web"
     );
-    openssl_verify(&issued.certificate_chain_pem, &issued.trust_anchors_pem).unwrap();
+    assert_verifies(&issued.certificate_chain_pem, &issued.trust_anchors_pem);
     assert_eq!(cluster.token_reviews(), before + 1, "one review");
 
     // The review is cached: a second call asks the Kubernetes API nothing.
@@ -405,7 +408,7 @@ async fn issue_for_pod_only_for_node_proxies_and_pods_on_their_node() {
         leaf_uri(&issued.certificate_chain_pem),
         "spiffe://cluster.local/ns/apps/sa/web"
     );
-    openssl_verify(&issued.certificate_chain_pem, &issued.trust_anchors_pem).unwrap();
+    assert_verifies(&issued.certificate_chain_pem, &issued.trust_anchors_pem);
 
     // A pod on another node.
     expect_code(

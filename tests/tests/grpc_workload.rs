@@ -3,27 +3,20 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
-mod grpc_support;
-
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use grpc_support::{DevServer, openssl_verify};
 use podca_proto::workload::X509BundlesRequest;
 use podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
+use podca_tests::process::DevProcess;
+use podca_tests::verify::{assert_verifies, der_to_pem};
 use spiffe::{TrustDomain, WorkloadApiClient};
 use tokio_stream::StreamExt;
 use tonic::Code;
 
-fn der_to_pem(ders: &[&[u8]]) -> String {
-    ders.iter()
-        .map(|d| pem::encode(&pem::Pem::new("CERTIFICATE", d.to_vec())).replace("\r\n", "\n"))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn spiffe_client_fetches_an_svid_that_verifies_against_the_bundle() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let endpoint = format!("unix://{}", dev.socket.display());
     assert!(
         dev.banner
@@ -43,7 +36,7 @@ async fn spiffe_client_fetches_an_svid_that_verifies_against_the_bundle() {
     let anchors: Vec<&[u8]> = bundle.authorities().iter().map(|c| c.as_ref()).collect();
     let chain: Vec<&[u8]> = svid.cert_chain().iter().map(|c| c.as_ref()).collect();
     assert!(chain.len() >= 2, "leaf and issuing intermediate");
-    openssl_verify(&der_to_pem(&chain), &der_to_pem(&anchors)).unwrap();
+    assert_verifies(&der_to_pem(&chain), &der_to_pem(&anchors));
     assert_eq!(
         der_to_pem(&anchors),
         std::fs::read_to_string(dev.data_dir.join("root.pem")).unwrap()
@@ -60,7 +53,7 @@ async fn spiffe_client_fetches_an_svid_that_verifies_against_the_bundle() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rotation_pushes_new_svids_and_bundles_to_open_workload_streams() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let endpoint = format!("unix://{}", dev.socket.display());
     let client = WorkloadApiClient::connect_to(&endpoint).await.unwrap();
     let td = TrustDomain::new("podca.dev.local").unwrap();
@@ -94,7 +87,7 @@ async fn rotation_pushes_new_svids_and_bundles_to_open_workload_streams() {
         first.default_svid().unwrap().cert_chain()[0].as_ref()
     );
     let chain: Vec<&[u8]> = svid.cert_chain().iter().map(|c| c.as_ref()).collect();
-    openssl_verify(&der_to_pem(&chain), &new_anchors).unwrap();
+    assert_verifies(&der_to_pem(&chain), &new_anchors);
     let ctx_anchor = next.bundle_set().get(&td).unwrap().authorities()[0]
         .as_ref()
         .to_vec();
@@ -103,14 +96,17 @@ async fn rotation_pushes_new_svids_and_bundles_to_open_workload_streams() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn workload_api_requires_its_header_and_refuses_jwt() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let mut raw = SpiffeWorkloadApiClient::new(dev.unix_channel().await);
     let status = raw
         .fetch_x509_bundles(X509BundlesRequest {})
         .await
         .expect_err("no workload.spiffe.io header");
-    assert_eq!(status.code(), Code::InvalidArgument);
-    assert!(status.message().contains("workload.spiffe.io"));
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("workload.spiffe.io"),
+        "{status:?}"
+    );
 
     let mut request = tonic::Request::new(podca_proto::workload::JwtsvidRequest {
         audience: vec!["x".into()],
@@ -123,14 +119,15 @@ async fn workload_api_requires_its_header_and_refuses_jwt() {
         .fetch_jwtsvid(request)
         .await
         .expect_err("JWT is not implemented");
-    assert_eq!(status.code(), Code::Unimplemented);
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+    assert_eq!(status.message(), "podca does not issue JWT-SVIDs");
 }
 
 /// A raw HTTP/2 client sends what grpcio and grpc-java send on Unix sockets: the socket path as
 /// `:authority`. Without the fix, h2 answers RST_STREAM(PROTOCOL_ERROR).
 #[test]
 fn socket_path_authority_is_accepted() {
-    let dev = DevServer::start();
+    let dev = DevProcess::start();
     let mut stream = std::os::unix::net::UnixStream::connect(&dev.socket).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))

@@ -22,20 +22,19 @@ use podca_controller::Options;
 use podca_controller::publisher::PublisherOptions;
 use podca_signer::rotation::{Phase, Schedule, Step};
 use podca_signer::{FileStore, InitOptions, SignerPolicy};
+use podca_tests::EmulatorConfig;
 use podca_tests::client::KubeClient;
+use podca_tests::cluster::{Cluster, ClusterConfig, add_pod};
 use podca_tests::emulator::ClockMode;
-use podca_tests::emulator::PodFixture;
 use podca_tests::kubelet::{
     Credential, KeyType, KubeletSim, Outcome, PodRef, RequestOptions, trust_anchors_for_signer,
 };
-use podca_tests::{Emulator, EmulatorConfig};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use time::{Duration, OffsetDateTime, macros::datetime};
 use tokio::sync::oneshot;
 
 const SIGNER: &str = "example.com/mesh";
 const NS: &str = "shop";
-const SIGNER_USER: &str = "system:serviceaccount:podca:podca";
 const T0: OffsetDateTime = datetime!(2027-03-01 00:00 UTC);
 /// CA lifetime 6 h: the next CA is prepared at half of it and activated as soon as the schedule
 /// allows — exactly one propagation window (15 min) later — so the test leaves the pods' bundle
@@ -222,53 +221,40 @@ async fn wait_published(admin: &KubeClient, version: &str, want: &str) {
 async fn full_rotation_under_continuous_mtls() {
     provider();
     let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
-    let emu = Emulator::start(EmulatorConfig {
-        bookmark_interval: StdDuration::from_millis(200),
+    let Cluster {
+        emu,
+        admin,
+        dir,
+        kubeconfig,
+    } = Cluster::start_with(ClusterConfig {
+        emulator: EmulatorConfig {
+            bookmark_interval: StdDuration::from_millis(200),
+            ..Default::default()
+        },
+        signers: &[SIGNER],
         ..Default::default()
     })
-    .await
-    .expect("emulator");
+    .await;
     emu.set_clock(ClockMode::Fixed(T0));
     let version = "v1beta1";
     emu.add_namespace(NS);
     let node_uid = emu.add_node("node-1");
     let node_token = emu.add_node_identity("node-1");
     let kubelet = KubeletSim::new(emu.base_url(), &node_token, version);
-    let mut pods = Vec::new();
-    for (name, sa) in [("frontend-0", "frontend"), ("backend-0", "backend")] {
-        let sa_uid = emu.add_service_account(NS, sa);
-        let uid = emu.add_pod(&PodFixture {
-            namespace: NS.into(),
-            name: name.into(),
-            node_name: "node-1".into(),
-            service_account: sa.into(),
-            pod_certificates: vec![(SIGNER.into(), "ECDSAP256".into())],
-            ..Default::default()
-        });
-        pods.push((
-            name,
-            PodRef {
-                namespace: NS.into(),
-                name: name.into(),
-                uid,
-                service_account: sa.into(),
-                service_account_uid: sa_uid,
-                node_name: "node-1".into(),
-                node_uid: node_uid.clone(),
-            },
-        ));
-    }
-    emu.add_identity(
-        "podca",
-        SIGNER_USER,
-        &["system:serviceaccounts", "system:authenticated"],
-    );
-    emu.grant_signer_role(SIGNER_USER, SIGNER);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    emu.write_kubeconfig(&kubeconfig, "podca")
-        .expect("kubeconfig");
-    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+    let pods: Vec<_> = [("frontend-0", "frontend"), ("backend-0", "backend")]
+        .into_iter()
+        .map(|(name, sa)| {
+            let pod = add_pod(
+                &emu,
+                NS,
+                name,
+                sa,
+                ("node-1", &node_uid),
+                &[(SIGNER, KeyType::EcdsaP256)],
+            );
+            (name, pod)
+        })
+        .collect();
 
     // The CA: a file store, rotated by the driver on a 6-hour schedule.
     let schedule = Schedule {

@@ -18,7 +18,8 @@ use podca_controller::secret_ca::{SecretCa, SecretCaDriver, SecretCaOptions};
 use podca_signer::SignerPolicy;
 use podca_signer::rotation::Phase;
 use podca_tests::client::KubeClient;
-use podca_tests::emulator::{ClockMode, PodFixture, PolicyRule, Res, Subject};
+use podca_tests::cluster::{Cluster, ClusterConfig, SERVICE_ACCOUNT_GROUPS, add_pod};
+use podca_tests::emulator::{ClockMode, PolicyRule, Res, Subject};
 use podca_tests::kubelet::{
     Credential, KeyType, KubeletSim, Outcome, PodRef, RequestOptions, trust_anchors_for_signer,
 };
@@ -32,7 +33,6 @@ const NS: &str = "shop";
 const CA_NS: &str = "podca";
 const SECRET: &str = "podca-ca";
 const HISTORY: &str = "podca-ca-podca-history";
-const SIGNER_USER: &str = "system:serviceaccount:podca:podca";
 const CA_USER: &str = "system:serviceaccount:podca:podca-ca";
 const VERSION: &str = "v1beta1";
 const T0: OffsetDateTime = datetime!(2027-05-01 00:00 UTC);
@@ -163,49 +163,33 @@ struct World {
 impl World {
     async fn new() -> World {
         let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
-        let emu = Emulator::start(EmulatorConfig {
-            bookmark_interval: StdDuration::from_millis(200),
+        let cluster = Cluster::start_with(ClusterConfig {
+            emulator: EmulatorConfig {
+                bookmark_interval: StdDuration::from_millis(200),
+                ..Default::default()
+            },
+            signers: &[SIGNER],
             ..Default::default()
         })
-        .await
-        .expect("emulator");
+        .await;
+        let emu = &cluster.emu;
         emu.set_clock(ClockMode::Fixed(T0));
         emu.add_namespace(NS);
         emu.add_namespace(CA_NS);
         let node_uid = emu.add_node("node-1");
         let node_token = emu.add_node_identity("node-1");
         let kubelet = KubeletSim::new(emu.base_url(), &node_token, VERSION);
-        let sa_uid = emu.add_service_account(NS, "frontend");
-        let uid = emu.add_pod(&PodFixture {
-            namespace: NS.into(),
-            name: "frontend-0".into(),
-            node_name: "node-1".into(),
-            service_account: "frontend".into(),
-            pod_certificates: vec![(SIGNER.into(), "ECDSAP256".into())],
-            ..Default::default()
-        });
-        let pod = PodRef {
-            namespace: NS.into(),
-            name: "frontend-0".into(),
-            uid,
-            service_account: "frontend".into(),
-            service_account_uid: sa_uid,
-            node_name: "node-1".into(),
-            node_uid,
-        };
-        emu.add_identity(
-            "podca",
-            SIGNER_USER,
-            &["system:serviceaccounts", "system:authenticated"],
+        let pod = add_pod(
+            emu,
+            NS,
+            "frontend-0",
+            "frontend",
+            ("node-1", &node_uid),
+            &[(SIGNER, KeyType::EcdsaP256)],
         );
-        emu.grant_signer_role(SIGNER_USER, SIGNER);
         // The Secret backend runs as an identity of its own here, with exactly the rules it
         // documents (in the Secret's namespace), so that a request outside them fails the test.
-        emu.add_identity(
-            "podca-ca",
-            CA_USER,
-            &["system:serviceaccounts", "system:authenticated"],
-        );
+        emu.add_identity("podca-ca", CA_USER, SERVICE_ACCOUNT_GROUPS);
         let user = || Subject::User(CA_USER.into());
         emu.grant(
             user(),
@@ -223,14 +207,13 @@ impl World {
             user(),
             PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&[CA_NS]),
         );
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        emu.write_kubeconfig(&kubeconfig, "podca")
-            .expect("kubeconfig");
-        let ca_kubeconfig = dir.path().join("ca-kubeconfig");
-        emu.write_kubeconfig(&ca_kubeconfig, "podca-ca")
-            .expect("kubeconfig");
-        let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+        let ca_kubeconfig = cluster.write_kubeconfig("podca-ca");
+        let Cluster {
+            emu,
+            admin,
+            dir,
+            kubeconfig,
+        } = cluster;
         World {
             emu,
             sim,
@@ -417,9 +400,14 @@ fn assert_signed_by(credential: &Credential, ca: &TestCa, others: &[&TestCa], at
         assert_eq!(credential.chain_der[1], issuer, "chain names another CA");
     }
     for o in others {
+        let refused = credential
+            .verify_chain(&o.root_pem, at)
+            .expect_err("a leaf verified against the wrong anchor");
         assert!(
-            credential.verify_chain(&o.root_pem, at).is_err(),
-            "a leaf verified against the wrong anchor"
+            refused
+                .0
+                .ends_with("is signed by neither the next certificate nor a trust anchor"),
+            "{refused}"
         );
     }
 }
@@ -617,9 +605,18 @@ async fn a_restart_during_the_overlap_keeps_the_old_anchor_until_the_same_time()
         b_issuing.as_slice(),
         "the new CA is installed, gated until its window is over"
     );
+    let gated = run
+        .handle
+        .current()
+        .ca
+        .key()
+        .sign(b"probe")
+        .expect_err("the new CA signs nothing before its window is over");
     assert!(
-        run.handle.current().ca.key().sign(b"probe").is_err(),
-        "the new CA signs nothing before its window is over"
+        gated
+            .to_string()
+            .contains("once its trust anchor has been published for the propagation window"),
+        "{gated}"
     );
     w.wait_published(&[&a, &b]).await;
     let after_restart = history(&w.emu);
@@ -635,8 +632,15 @@ async fn a_restart_during_the_overlap_keeps_the_old_anchor_until_the_same_time()
         .request(&w.pod, &request(), None)
         .await
         .expect("PCR filed");
-    let early = w.kubelet.wait(&pending, StdDuration::from_secs(2)).await;
-    assert!(early.is_err(), "answered inside the window: {early:?}");
+    let early = w
+        .kubelet
+        .wait(&pending, StdDuration::from_secs(2))
+        .await
+        .expect_err("answered inside the window");
+    assert_eq!(
+        early.0,
+        format!("PCR {} not answered within 2s", pending.name)
+    );
 
     // After the window the new CA signs it.
     let activated = changed + Duration::seconds(WINDOW + 1);

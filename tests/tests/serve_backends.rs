@@ -7,46 +7,34 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
+use podca_tests::EmulatorConfig;
 use podca_tests::client::KubeClient;
+use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER, add_pod};
 use podca_tests::emulator::{ApiMode, Res};
 use podca_tests::kubelet::trust_anchors_for_signer;
 use podca_tests::process::{ServeProcess, podca_binary};
-use podca_tests::{Emulator, EmulatorConfig};
-use rcgen::{CertificateParams, DistinguishedName, KeyPair};
-use serde_json::json;
+use podca_tests::verify::assert_verifies;
+use rcgen::{CertificateParams, KeyPair};
 
 const SIGNER: &str = "example.com/workload";
-const USER: &str = "system:serviceaccount:podca:podca";
 const SOFTHSM: &str = "/usr/lib/softhsm/libsofthsm2.so";
 
-struct Cluster {
-    emu: Emulator,
-    admin: KubeClient,
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
+/// The emulator with podca's identity (authenticated, but not in `system:serviceaccounts`, so
+/// that it reads the published bundles only through its signer role).
+async fn cluster(emulator: EmulatorConfig) -> Cluster {
+    Cluster::start_with(ClusterConfig {
+        emulator,
+        podca_groups: &["system:authenticated"],
+        signers: &[SIGNER],
+    })
+    .await
 }
 
-async fn cluster() -> Cluster {
-    let emu = Emulator::start(EmulatorConfig {
+fn v1_cluster() -> EmulatorConfig {
+    EmulatorConfig {
         api_mode: ApiMode::V1Only,
         auto_create_namespaces: true,
         ..Default::default()
-    })
-    .await
-    .expect("emulator");
-    emu.add_identity("podca", USER, &["system:authenticated"]);
-    emu.grant_signer_role(USER, SIGNER);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    emu.write_kubeconfig(&kubeconfig, "podca")
-        .expect("kubeconfig");
-    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
-    Cluster {
-        emu,
-        admin,
-        dir,
-        kubeconfig,
     }
 }
 
@@ -57,49 +45,6 @@ fn podca(args: &[&str], env: &[(&str, &Path)]) -> Output {
         cmd.env(k, v);
     }
     cmd.output().expect("run podca")
-}
-
-/// Files a PCR with a fresh P-256 stub and returns its name.
-async fn file(admin: &KubeClient, name: &str) {
-    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-    let mut p = CertificateParams::default();
-    p.distinguished_name = DistinguishedName::new();
-    let csr = p.serialize_request(&key).expect("csr");
-    let body = json!({
-        "apiVersion": "certificates.k8s.io/v1", "kind": "PodCertificateRequest",
-        "metadata": {"name": name, "namespace": "apps"},
-        "spec": {
-            "signerName": SIGNER, "podName": "p", "podUID": podca_tests::emulator::new_uid(),
-            "serviceAccountName": "app", "serviceAccountUID": "sa-uid", "nodeName": "node-1",
-            "nodeUID": "node-uid", "maxExpirationSeconds": 86400,
-            "stubPKCS10Request": base64::engine::general_purpose::STANDARD.encode(csr.der()),
-        },
-    });
-    let r = admin
-        .post(
-            "/apis/certificates.k8s.io/v1/namespaces/apps/podcertificaterequests",
-            &body,
-        )
-        .await
-        .expect("POST");
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-}
-
-/// Waits for the PCR to be issued and returns its chain.
-async fn issued_chain(emu: &Emulator, name: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let o = emu.get_object(Res::Pcr, "apps", name).expect("PCR exists");
-        if let Some(t) = o["status"]["conditions"][0]["type"].as_str() {
-            assert_eq!(t, "Issued", "{o:#}");
-            return o["status"]["certificateChain"]
-                .as_str()
-                .expect("chain")
-                .to_owned();
-        }
-        assert!(Instant::now() < deadline, "{name} not issued in time");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Waits until the published bundle for SIGNER holds `n` anchors and returns it.
@@ -120,33 +65,6 @@ async fn published(admin: &KubeClient, n: usize, within: Duration) -> String {
     }
 }
 
-/// `openssl verify` of a PEM chain (leaf first) against a PEM bundle of anchors.
-fn openssl_verify(dir: &Path, anchors: &str, chain: &str) {
-    let blocks: Vec<&str> = chain
-        .split_inclusive("-----END CERTIFICATE-----\n")
-        .collect();
-    std::fs::write(dir.join("anchors.pem"), anchors).expect("write");
-    std::fs::write(dir.join("leaf.pem"), blocks[0]).expect("write");
-    std::fs::write(dir.join("untrusted.pem"), blocks[1..].concat()).expect("write");
-    let mut cmd = Command::new("openssl");
-    cmd.arg("verify")
-        .arg("-CAfile")
-        .arg(dir.join("anchors.pem"));
-    if blocks.len() > 1 {
-        cmd.arg("-untrusted").arg(dir.join("untrusted.pem"));
-    }
-    let out = cmd
-        .arg(dir.join("leaf.pem"))
-        .output()
-        .expect("openssl is required: apt-get install -y openssl");
-    assert!(
-        out.status.success(),
-        "openssl verify: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn write_config(path: &Path, ca_table: &str) {
     std::fs::write(
         path,
@@ -157,7 +75,7 @@ fn write_config(path: &Path, ca_table: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_publishes_bundles_follows_ca_rotate_and_serves_grpc() {
-    let c = cluster().await;
+    let c = cluster(v1_cluster()).await;
     let ca_dir = c.dir.path().join("ca");
     let ca = ca_dir.to_str().expect("utf-8");
     let o = podca(&["ca", "init", "--dir", ca], &[]);
@@ -182,19 +100,19 @@ async fn serve_publishes_bundles_follows_ca_rotate_and_serves_grpc() {
         ctb["metadata"]["labels"]["app.kubernetes.io/managed-by"],
         "podca"
     );
-    file(&c.admin, "one").await;
-    let chain = issued_chain(&c.emu, "one").await;
-    openssl_verify(c.dir.path(), &bundle, &chain);
+    c.file_pcr("one", SIGNER).await;
+    let chain = c.wait_issued("one", Duration::from_secs(30)).await;
+    assert_verifies(&chain, &bundle);
 
     // `podca ca rotate` on the data directory: the next root is published without a restart,
     // and the current CA keeps signing until the propagation window is over.
     let o = podca(&["ca", "rotate", "--dir", ca], &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let both = published(&c.admin, 2, Duration::from_secs(30)).await;
-    file(&c.admin, "two").await;
-    let chain = issued_chain(&c.emu, "two").await;
-    openssl_verify(c.dir.path(), &bundle, &chain);
-    openssl_verify(c.dir.path(), &both, &chain);
+    c.file_pcr("two", SIGNER).await;
+    let chain = c.wait_issued("two", Duration::from_secs(30)).await;
+    assert_verifies(&chain, &bundle);
+    assert_verifies(&chain, &both);
     let metrics = serve.metrics();
     assert!(
         metrics.contains(
@@ -254,7 +172,7 @@ fn softhsm_token(dir: &Path, label: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
-    let c = cluster().await;
+    let c = cluster(v1_cluster()).await;
     let t = c.dir.path();
     let conf = softhsm_token(t, "serve");
     std::fs::write(t.join("pin"), "123456\n").expect("pin");
@@ -292,14 +210,14 @@ async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
         let serve = ServeProcess::start(&config, &c.kubeconfig, &[], &env);
         let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;
         let name = format!("hsm-{mode}");
-        file(&c.admin, &name).await;
-        let chain = issued_chain(&c.emu, &name).await;
+        c.file_pcr(&name, SIGNER).await;
+        let chain = c.wait_issued(&name, Duration::from_secs(30)).await;
         assert_eq!(
             chain.matches("BEGIN CERTIFICATE").count(),
             expected_chain_len,
             "{mode}: {chain}"
         );
-        openssl_verify(t, &bundle, &chain);
+        assert_verifies(&chain, &bundle);
         // The HSM statistics reach /metrics (exported every 5 s).
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -351,7 +269,7 @@ async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
     use podca_tests::emulator::{PolicyRule, Subject};
-    let c = cluster().await;
+    let c = cluster(v1_cluster()).await;
     // A CA made elsewhere (e.g. by cert-manager), stored as a kubernetes.io/tls Secret.
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
     let mut params = CertificateParams::default();
@@ -374,7 +292,7 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
         ],
     );
     // Exactly the rules the Secret backend documents, in the Secret's namespace.
-    let user = || Subject::User(USER.into());
+    let user = || Subject::User(PODCA_USER.into());
     c.emu.grant(
         user(),
         PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
@@ -399,9 +317,9 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
     let _serve = ServeProcess::start(&config, &c.kubeconfig, &[], &[]);
     let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;
     assert_eq!(bundle.trim(), cert.pem().trim());
-    file(&c.admin, "from-secret").await;
-    let chain = issued_chain(&c.emu, "from-secret").await;
-    openssl_verify(c.dir.path(), &bundle, &chain);
+    c.file_pcr("from-secret", SIGNER).await;
+    let chain = c.wait_issued("from-secret", Duration::from_secs(30)).await;
+    assert_verifies(&chain, &bundle);
     let counters = c.emu.counters();
     assert_eq!((counters.validation_rejections, counters.forbidden), (0, 0));
 
@@ -461,8 +379,7 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
 /// possession request from an older kubelet) and v1beta1 without stubs (1.35, legacy only).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_issues_every_key_type_to_kubelet_in_each_api_mode() {
-    use podca_tests::emulator::PodFixture;
-    use podca_tests::kubelet::{KeyType, KubeletSim, Outcome, PodRef, RequestOptions};
+    use podca_tests::kubelet::{KeyType, KubeletSim, Outcome, RequestOptions};
     for (mode, version, stub_types, legacy_types) in [
         (ApiMode::V1Only, "v1", &KeyType::ALL[..], &[][..]),
         (
@@ -485,55 +402,36 @@ async fn serve_issues_every_key_type_to_kubelet_in_each_api_mode() {
             ][..],
         ),
     ] {
-        let emu = Emulator::start(EmulatorConfig {
+        let c = cluster(EmulatorConfig {
             api_mode: mode,
             ..Default::default()
         })
-        .await
-        .expect("emulator");
-        emu.add_identity("podca", USER, &["system:authenticated"]);
-        emu.grant_signer_role(USER, SIGNER);
+        .await;
+        let emu = &c.emu;
         emu.add_namespace("apps");
         let node_uid = emu.add_node("node-1");
-        let sa_uid = emu.add_service_account("apps", "web");
-        let pod_uid = emu.add_pod(&PodFixture {
-            namespace: "apps".into(),
-            name: "web-0".into(),
-            node_name: "node-1".into(),
-            service_account: "web".into(),
-            pod_certificates: KeyType::ALL
-                .iter()
-                .map(|k| (SIGNER.to_string(), k.name().to_string()))
-                .collect(),
-            ..Default::default()
-        });
-        let pod = PodRef {
-            namespace: "apps".into(),
-            name: "web-0".into(),
-            uid: pod_uid,
-            service_account: "web".into(),
-            service_account_uid: sa_uid,
-            node_name: "node-1".into(),
-            node_uid,
-        };
+        let certificates: Vec<_> = KeyType::ALL.iter().map(|k| (SIGNER, *k)).collect();
+        let pod = add_pod(
+            emu,
+            "apps",
+            "web-0",
+            "web",
+            ("node-1", &node_uid),
+            &certificates,
+        );
         let kubelet = KubeletSim::new(emu.base_url(), &emu.add_node_identity("node-1"), version);
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        emu.write_kubeconfig(&kubeconfig, "podca")
-            .expect("kubeconfig");
-        let ca = dir.path().join("ca");
+        let ca = c.dir.path().join("ca");
         let o = podca(&["ca", "init", "--dir", ca.to_str().expect("utf-8")], &[]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let config = dir.path().join("podca.toml");
+        let config = c.dir.path().join("podca.toml");
         write_config(
             &config,
             &format!("[ca]\ndir = {:?}\n", ca.display().to_string()),
         );
-        let _serve = ServeProcess::start(&config, &kubeconfig, &[], &[]);
-        let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+        let _serve = ServeProcess::start(&config, &c.kubeconfig, &[], &[]);
         let deadline = Instant::now() + Duration::from_secs(30);
         let anchors = loop {
-            let a = trust_anchors_for_signer(&admin, version, SIGNER)
+            let a = trust_anchors_for_signer(&c.admin, version, SIGNER)
                 .await
                 .unwrap_or_default();
             if !a.is_empty() {
