@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{APIResourceList, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions, TypeMeta,
 };
@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
 use crate::decide;
+use crate::discovery::{self, Resource};
 use crate::request::ApiVersion;
 use podca_authority::metrics::{Metrics, OpLabels};
 use podca_authority::trust::{CaHandle, CaSnapshot};
@@ -625,40 +626,22 @@ fn count_pem_blocks(pem: &str) -> usize {
     pem.matches("-----BEGIN CERTIFICATE-----").count()
 }
 
-/// Which certificates.k8s.io version serves `clustertrustbundles`: v1 when served, else
-/// v1beta1; `None` when neither does (the ClusterTrustBundle feature is off).
-pub async fn discover(client: &Client) -> Result<Option<ApiVersion>, kube::Error> {
-    for version in [ApiVersion::V1, ApiVersion::V1Beta1] {
-        match client.list_api_group_resources(version.as_str()).await {
-            Ok(list) if serves_ctb(&list) => return Ok(Some(version)),
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(None)
-}
-
-fn serves_ctb(list: &APIResourceList) -> bool {
-    list.resources
-        .iter()
-        .any(|r| r.name == "clustertrustbundles")
-}
-
 async fn discover_until_served(client: &Client, metrics: &Metrics) -> ApiVersion {
     let mut attempt = 0u32;
     loop {
-        match discover(client).await {
-            Ok(Some(version)) => return version,
-            Ok(None) => {
-                metrics.ctb_publish_errors.inc();
-                error!(
-                    "certificates.k8s.io serves no clustertrustbundles in v1 or v1beta1 \
+        match discovery::certificates(client).await {
+            Ok(found) => match found.served(Resource::ClusterTrustBundles).preferred() {
+                Some(version) => return version,
+                None => {
+                    metrics.ctb_publish_errors.inc();
+                    error!(
+                        "certificates.k8s.io serves no clustertrustbundles in v1 or v1beta1 \
                      (is the ClusterTrustBundle feature gate and runtime-config on?); asking again"
-                );
-                // Waiting for an operator: no point in asking fast.
-                attempt = attempt.max(6);
-            }
+                    );
+                    // Waiting for an operator: no point in asking fast.
+                    attempt = attempt.max(6);
+                }
+            },
             Err(e) => {
                 metrics.ctb_publish_errors.inc();
                 warn!(error = %e, "discovering the ClusterTrustBundle version");
