@@ -13,6 +13,7 @@ use podca_authority::metrics::{Metrics, OpLabels};
 
 /// Lists the bundles carrying `labels` and deletes those not in `bundles`, while leading. True
 /// when nothing needs a retry.
+#[tracing::instrument(name = "ctb_gc", skip_all)]
 pub async fn collect(
     ctbs: &Ctbs,
     bundles: &[DesiredBundle],

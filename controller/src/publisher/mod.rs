@@ -227,6 +227,7 @@ impl Publisher {
 
     /// One reconcile of every desired bundle, then garbage collection. True when nothing needs
     /// a retry.
+    #[tracing::instrument(name = "ctb_pass", skip_all, fields(generation = snapshot.generation))]
     async fn pass(
         &self,
         ctbs: &Ctbs,
@@ -264,6 +265,11 @@ impl Publisher {
     }
 
     /// Brings one bundle to `bundle` with at most one write. True when nothing needs a retry.
+    #[tracing::instrument(
+        name = "ctb_bundle",
+        skip_all,
+        fields(bundle = %desired.name, signer = %desired.signer_name)
+    )]
     async fn reconcile(
         &self,
         ctbs: &Ctbs,
