@@ -13,6 +13,7 @@ pub mod publisher;
 pub mod queue;
 pub mod request;
 pub mod secret_ca;
+pub mod secret_history;
 
 use std::collections::BTreeMap;
 use std::future::Future;
