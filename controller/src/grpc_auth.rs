@@ -27,6 +27,8 @@ impl KubeTokenReviewer {
 
 #[tonic::async_trait]
 impl TokenReviewer for KubeTokenReviewer {
+    // The token is never a span field: skip_all, and only the audience is recorded.
+    #[tracing::instrument(name = "token_review", skip_all, fields(audience = %audience))]
     async fn review(&self, token: &BearerToken, audience: &str) -> Result<ReviewStatus, String> {
         use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
         let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
@@ -77,6 +79,7 @@ impl KubePodDirectory {
 
 #[tonic::async_trait]
 impl PodDirectory for KubePodDirectory {
+    #[tracing::instrument(name = "pod_lookup", skip_all, fields(namespace = %namespace, pod = %name))]
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, String> {
         use k8s_openapi::api::core::v1::Pod;
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);

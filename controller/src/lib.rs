@@ -2,17 +2,18 @@
 //!
 //! [`run`] discovers the served `certificates.k8s.io` versions, optionally takes a leader Lease,
 //! watches PCRs of the configured signer names, and answers each with exactly one `/status`
-//! write: fetch → [`decide`] (pure, via `podca_signer::sign_request`) → write.
+//! write: fetch → decide (pure, via `podca_signer::sign_request`) → write.
 
 mod controller;
-pub mod decide;
-pub mod discovery;
+mod decide;
+mod discovery;
 mod error;
 pub mod grpc_auth;
 pub mod publisher;
-pub mod queue;
-pub mod request;
+mod queue;
+mod request;
 pub mod secret_ca;
+pub mod secret_history;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -178,6 +178,7 @@ impl WorkQueue {
     }
 
     /// Whether `uid` was settled by this process recently.
+    #[cfg(test)]
     pub fn is_settled(&self, uid: &str) -> bool {
         self.lock().settled.contains_key(uid)
     }
@@ -187,6 +188,7 @@ impl WorkQueue {
         self.lock().order.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

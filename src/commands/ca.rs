@@ -237,34 +237,36 @@ impl ShowArgs {
 
 /// `podca ca show --secret ns/name`: the generations in the Secret CA's history ConfigMap.
 fn show_secret_history(secret: &str, kubeconfig: Option<&std::path::Path>) -> anyhow::Result<()> {
-    use podca_controller::secret_ca::{HISTORY_KEY, History, SecretCaOptions};
+    use podca_controller::secret_ca::{HISTORY_KEY, SecretCaError, SecretCaOptions};
+    use podca_controller::secret_history::{self, Recorded};
     let (namespace, name) = podca_authority::config::secret_ref(secret).context("--secret")?;
-    let configmap = SecretCaOptions::new(namespace, name).history_name();
+    let options = SecretCaOptions::new(namespace, name);
+    let configmap = options.history_name();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let found = runtime.block_on(async {
-        let client = podca_controller::connect(kubeconfig).await?;
-        let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-            kube::Api::namespaced(client, namespace);
-        api.get_opt(&configmap)
-            .await
-            .with_context(|| format!("reading ConfigMap {namespace}/{configmap}"))
-    })?;
-    let Some(cm) = found else {
-        anyhow::bail!(
+    let recorded =
+        runtime.block_on(async {
+            let client = podca_controller::connect(kubeconfig).await?;
+            // The backend's own reader: a ConfigMap podca does not own is refused, not shown.
+            match secret_history::read(client, &options).await {
+                Ok(recorded) => Ok(recorded),
+                Err(SecretCaError::Kube(e)) => Err(anyhow::Error::new(e)
+                    .context(format!("reading ConfigMap {namespace}/{configmap}"))),
+                Err(e) => Err(e.into()),
+            }
+        })?;
+    let history = match recorded {
+        Recorded::History(history) => history,
+        Recorded::NoConfigMap => anyhow::bail!(
             "ConfigMap {namespace}/{configmap} does not exist: podca serve has not run with \
              [ca] secret = \"{secret}\" yet"
-        );
+        ),
+        Recorded::NoHistory => {
+            anyhow::bail!("ConfigMap {namespace}/{configmap} has no {HISTORY_KEY}")
+        }
     };
-    let text = cm
-        .data
-        .as_ref()
-        .and_then(|d| d.get(HISTORY_KEY))
-        .with_context(|| format!("ConfigMap {namespace}/{configmap} has no {HISTORY_KEY}"))?;
-    let history: History = serde_json::from_str(text)
-        .with_context(|| format!("{namespace}/{configmap}: {HISTORY_KEY} is not readable"))?;
     let now = OffsetDateTime::now_utc();
     println!(
         "CA Secret: {} (history in ConfigMap {namespace}/{configmap})",

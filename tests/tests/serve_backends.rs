@@ -373,6 +373,71 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
     );
 }
 
+/// `podca ca show --secret` reads the history ConfigMap with the Secret backend's own checks: a
+/// ConfigMap of that name that podca does not own is refused with one line, not shown; the same
+/// content under podca's label is shown (so the refusal is the label's doing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_show_secret_refuses_a_history_configmap_podca_does_not_own() {
+    use podca_tests::emulator::{PolicyRule, Subject};
+    let c = cluster().await;
+    c.emu.grant(
+        Subject::User(USER.into()),
+        PolicyRule::new(&[""], &["configmaps"], &["get"]).in_namespaces(&["podca-system"]),
+    );
+    let seed = |secret: &str, managed_by: &str| {
+        let history = json!({"secret": format!("podca-system/{secret}"), "generations": []});
+        c.emu.seed_object(
+            Res::ConfigMap,
+            json!({
+                "metadata": {
+                    "name": format!("{secret}-podca-history"),
+                    "namespace": "podca-system",
+                    "labels": {"app.kubernetes.io/managed-by": managed_by},
+                },
+                "data": {"history.json": history.to_string()},
+            }),
+        );
+    };
+    seed("foreign-ca", "helm");
+    seed("owned-ca", "podca");
+    let show = |secret: &str| {
+        podca(
+            &[
+                "ca",
+                "show",
+                "--secret",
+                secret,
+                "--kubeconfig",
+                c.kubeconfig.to_str().expect("utf-8"),
+            ],
+            &[],
+        )
+    };
+
+    let out = show("podca-system/foreign-ca");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        "podca: CA history ConfigMap podca-system/foreign-ca-podca-history: exists without the \
+         label app.kubernetes.io/managed-by=podca; podca does not use or overwrite it (delete it, \
+         or name another with history_configmap)\n"
+    );
+    assert!(out.stdout.is_empty(), "nothing of it is shown");
+
+    let out = show("podca-system/owned-ca");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "CA Secret: podca-system/owned-ca (history in ConfigMap \
+         podca-system/owned-ca-podca-history)\n"
+    );
+}
+
 /// Every key type through the real binary, filed by the kubelet simulator, checked as a pod
 /// would: the leaf is for the pod's key, carries its SPIFFE ID, and verifies against the
 /// published bundle. v1 only (1.37), v1beta1 with stubs (1.36, plus a legacy pkix + proof of

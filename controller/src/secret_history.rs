@@ -1,0 +1,181 @@
+//! Reading the Secret CA's history ConfigMap without running the backend (for `podca ca show
+//! --secret`), with the checks the backend's driver applies when it reads the same ConfigMap
+//! ([`crate::secret_ca`]): a ConfigMap without podca's `app.kubernetes.io/managed-by` label is
+//! someone else's and is refused, `history.json` must parse, must record the configured Secret,
+//! and every generation's anchors must be certificates. Read-only: nothing is ever written.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{Api, Client};
+use podca_signer::CaCertificate;
+
+use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::secret_ca::{HISTORY_KEY, History, SecretCaError, SecretCaOptions};
+
+/// What the history ConfigMap of a Secret CA holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// There is no ConfigMap of that name: no podca has run with this Secret yet.
+    NoConfigMap,
+    /// podca's ConfigMap, without `history.json` (the backend starts from no history).
+    NoHistory,
+    History(History),
+}
+
+/// Reads the history ConfigMap named by `options` (its namespace is the Secret's) and checks
+/// it as [`parse`] does.
+pub async fn read(client: Client, options: &SecretCaOptions) -> Result<Recorded, SecretCaError> {
+    let api: Api<ConfigMap> = Api::namespaced(client, &options.namespace);
+    match api.get_opt(&options.history_name()).await? {
+        None => Ok(Recorded::NoConfigMap),
+        Some(cm) => Ok(parse(&cm, options)?.map_or(Recorded::NoHistory, Recorded::History)),
+    }
+}
+
+/// The history in `cm`, the history ConfigMap of `options`' Secret; `None` when it holds no
+/// `history.json` yet. Refuses a ConfigMap podca does not own, an unreadable history, a
+/// history of another Secret and unreadable anchors.
+pub fn parse(cm: &ConfigMap, options: &SecretCaOptions) -> Result<Option<History>, SecretCaError> {
+    let refuse = |reason: String| SecretCaError::History {
+        namespace: options.namespace.clone(),
+        name: options.history_name(),
+        reason,
+    };
+    let owned = cm
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == MANAGED_BY_VALUE);
+    if !owned {
+        return Err(refuse(format!(
+            "exists without the label {MANAGED_BY_LABEL}={MANAGED_BY_VALUE}; podca does not use \
+             or overwrite it (delete it, or name another with history_configmap)"
+        )));
+    }
+    let Some(text) = cm.data.as_ref().and_then(|d| d.get(HISTORY_KEY)) else {
+        return Ok(None);
+    };
+    let history: History = serde_json::from_str(text)
+        .map_err(|e| refuse(format!("{HISTORY_KEY} is not readable: {e}")))?;
+    let secret = format!("{}/{}", options.namespace, options.name);
+    if history.secret != secret {
+        return Err(refuse(format!(
+            "records the CA of Secret {}, not {secret}",
+            history.secret
+        )));
+    }
+    for record in &history.generations {
+        CaCertificate::all_from_pem(&record.anchors_pem)
+            .map_err(|e| refuse(format!("generation {}: {e}", record.generation.id)))?;
+    }
+    Ok(Some(history))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn options() -> SecretCaOptions {
+        SecretCaOptions::new("podca-system", "podca-ca")
+    }
+
+    fn configmap(labels: &[(&str, &str)], history: Option<&str>) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("podca-ca-podca-history".into()),
+                namespace: Some("podca-system".into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            data: history.map(|h| BTreeMap::from([(HISTORY_KEY.to_owned(), h.to_owned())])),
+            ..Default::default()
+        }
+    }
+
+    const OURS: &[(&str, &str)] = &[(MANAGED_BY_LABEL, MANAGED_BY_VALUE)];
+
+    fn reason(result: Result<Option<History>, SecretCaError>) -> String {
+        match result {
+            Err(SecretCaError::History {
+                namespace,
+                name,
+                reason,
+            }) => {
+                assert_eq!(
+                    (namespace.as_str(), name.as_str()),
+                    ("podca-system", "podca-ca-podca-history")
+                );
+                reason
+            }
+            other => panic!("expected a refused history, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_owned_history_of_this_secret_is_read() {
+        let text = r#"{"secret":"podca-system/podca-ca","generations":[]}"#;
+        let history = parse(&configmap(OURS, Some(text)), &options()).expect("readable");
+        assert_eq!(
+            history,
+            Some(History {
+                secret: "podca-system/podca-ca".into(),
+                generations: vec![],
+            })
+        );
+        assert_eq!(parse(&configmap(OURS, None), &options()).ok(), Some(None));
+    }
+
+    #[test]
+    fn each_check_refuses_with_its_own_reason() {
+        let good = r#"{"secret":"podca-system/podca-ca","generations":[]}"#;
+        let unowned = "exists without the label app.kubernetes.io/managed-by=podca; podca does \
+                       not use or overwrite it (delete it, or name another with \
+                       history_configmap)";
+        assert_eq!(
+            reason(parse(&configmap(&[], Some(good)), &options())),
+            unowned
+        );
+        assert_eq!(
+            reason(parse(
+                &configmap(&[(MANAGED_BY_LABEL, "helm")], Some(good)),
+                &options()
+            )),
+            unowned
+        );
+        assert!(
+            reason(parse(&configmap(OURS, Some("{")), &options()))
+                .starts_with("history.json is not readable: ")
+        );
+        let other = r#"{"secret":"other/ca","generations":[]}"#;
+        assert_eq!(
+            reason(parse(&configmap(OURS, Some(other)), &options())),
+            "records the CA of Secret other/ca, not podca-system/podca-ca"
+        );
+        let bad_anchor = serde_json::json!({
+            "secret": "podca-system/podca-ca",
+            "generations": [{
+                "generation": {
+                    "id": 3, "phase": "active",
+                    "ca_not_before": "2025-01-01T00:00:00Z",
+                    "ca_not_after": "2026-01-01T00:00:00Z",
+                    "prepared_at": "2025-01-01T00:00:00Z",
+                },
+                "fingerprint": "00", "subject": "CN=x", "chain_pem": "",
+                "anchors_pem": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            }],
+        })
+        .to_string();
+        assert!(
+            reason(parse(&configmap(OURS, Some(&bad_anchor)), &options()))
+                .starts_with("generation 3: "),
+        );
+    }
+}
