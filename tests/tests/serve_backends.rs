@@ -379,9 +379,10 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ca_show_secret_refuses_a_history_configmap_podca_does_not_own() {
     use podca_tests::emulator::{PolicyRule, Subject};
-    let c = cluster().await;
+    use serde_json::json;
+    let c = cluster(v1_cluster()).await;
     c.emu.grant(
-        Subject::User(USER.into()),
+        Subject::User(PODCA_USER.into()),
         PolicyRule::new(&[""], &["configmaps"], &["get"]).in_namespaces(&["podca-system"]),
     );
     let seed = |secret: &str, managed_by: &str| {
