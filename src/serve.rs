@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use podca_authority::CaHandle;
+use podca_authority::admin::Readiness;
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{self, Rotator, RotatorOptions};
 use podca_controller::publisher::PublisherOptions;
@@ -244,7 +245,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 handle
             }
         };
+        // /readyz: the controller (watches synced, or standby) and the gRPC API (listening).
+        let readiness = Readiness::new();
         let mut options = Options::new(config.signers.clone(), handle.clone());
+        options.readiness = Some(Arc::clone(&readiness));
         options.leadership = Some(leadership.clone());
         options.clock = Arc::clone(&clock);
         options.metrics = Arc::clone(&metrics);
@@ -278,6 +282,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("gRPC: listening on {listen}"))?;
             info!(addr = %tcp.local_addr()?, audience, "gRPC API (podca.v1) listening");
+            let grpc_ready = readiness.component("grpc");
+            grpc_ready.set(true);
             let api = Arc::new(Api::new(
                 api_options,
                 handle.clone(),
@@ -296,6 +302,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 if let Err(e) = server::serve_tcp(tcp, api, shutdown).await {
                     tracing::error!(error = %e, "gRPC server failed");
                 }
+                grpc_ready.set(false);
             }));
         }
         let result =

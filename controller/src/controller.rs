@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -25,7 +26,7 @@ use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
 use crate::request::{ApiVersion, KeySource, Pcr};
 use crate::{Error, LeaderElection, Options};
-use podca_authority::admin::{self, Health};
+use podca_authority::admin::{self, Readiness, ReadyFlag};
 use podca_authority::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
 use podca_authority::trust::{CaHandle, CaSnapshot, Clock};
 
@@ -64,6 +65,7 @@ pub async fn run(
         reporting_instance,
         publisher,
         leadership,
+        readiness,
     } = options;
     if signers.is_empty() {
         return Err(Error::NoSigners);
@@ -78,7 +80,8 @@ pub async fn run(
         ca.subscribe(),
         Arc::clone(&metrics),
     )));
-    let health = Arc::new(Health::default());
+    let health = readiness.unwrap_or_else(Readiness::new);
+    let ready = health.component("controller");
     let (admin_stop, admin_stop_rx) = watch::channel(false);
     let admin_task = match admin_listen {
         Some(addr) => {
@@ -142,7 +145,8 @@ pub async fn run(
         recorder,
         leading: leading.clone(),
     });
-    health.set_ready(true);
+    // A standby has nothing to sync: ready (it serves gRPC); a leader once its watches synced.
+    ready.set(true);
 
     let mut shutdown = std::pin::pin!(shutdown);
     let mut leading_rx = leading;
@@ -155,7 +159,8 @@ pub async fn run(
         }
         metrics.leader.set(1);
         info!("leading: starting watches and workers");
-        let session = Session::start(&ctx, workers, queue_capacity);
+        ready.set(false);
+        let session = Session::start(&ctx, workers, queue_capacity, &ready);
         // Dropped (aborted) with this term, like the session.
         let _publishing = publisher.clone().map(|p| {
             TaskGuard::new(tokio::spawn(p.run(
@@ -167,7 +172,7 @@ pub async fn run(
         });
         tokio::select! {
             _ = &mut shutdown => {
-                health.set_ready(false);
+                ready.set(false);
                 info!("shutting down: draining in-flight work");
                 session.drain(drain_timeout).await;
                 break 'outer;
@@ -178,7 +183,7 @@ pub async fn run(
             }
         }
     }
-    health.set_ready(false);
+    ready.set(false);
     metrics.leader.set(0);
     let _ = lease_stop.send(true);
     if let Some(task) = lease_task {
@@ -273,8 +278,12 @@ struct Session {
 }
 
 impl Session {
-    fn start(ctx: &Arc<Ctx>, workers: usize, capacity: usize) -> Session {
+    fn start(ctx: &Arc<Ctx>, workers: usize, capacity: usize, ready: &ReadyFlag) -> Session {
         let queue = Arc::new(WorkQueue::new(capacity));
+        let synced = Arc::new(Synced {
+            waiting: AtomicUsize::new(ctx.signers.len()),
+            ready: ready.clone(),
+        });
         let watches = ctx
             .signers
             .keys()
@@ -283,6 +292,7 @@ impl Session {
                     Arc::clone(ctx),
                     Arc::clone(&queue),
                     signer.clone(),
+                    Arc::clone(&synced),
                 ))
             })
             .collect();
@@ -335,18 +345,41 @@ impl Drop for Session {
     }
 }
 
-async fn watch_signer(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, signer: String) {
+/// Counts the signer watches still to finish their first list; the last one makes the
+/// controller ready.
+struct Synced {
+    waiting: AtomicUsize,
+    ready: ReadyFlag,
+}
+
+impl Synced {
+    fn one_synced(&self) {
+        if self.waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.ready.set(true);
+        }
+    }
+}
+
+async fn watch_signer(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, signer: String, synced: Arc<Synced>) {
     let config = watcher::Config::default().fields(&format!("spec.signerName={signer}"));
     match ctx.version {
         ApiVersion::V1 => {
             let api: Api<v1::PodCertificateRequest> = Api::all(ctx.client.clone());
             let stream = watcher(api, config).default_backoff();
-            feed(stream, Pcr::from_v1, &queue, &ctx.metrics, &signer).await;
+            feed(stream, Pcr::from_v1, &queue, &ctx.metrics, &signer, &synced).await;
         }
         ApiVersion::V1Beta1 => {
             let api: Api<v1beta1::PodCertificateRequest> = Api::all(ctx.client.clone());
             let stream = watcher(api, config).default_backoff();
-            feed(stream, Pcr::from_v1beta1, &queue, &ctx.metrics, &signer).await;
+            feed(
+                stream,
+                Pcr::from_v1beta1,
+                &queue,
+                &ctx.metrics,
+                &signer,
+                &synced,
+            )
+            .await;
         }
     }
 }
@@ -357,7 +390,9 @@ async fn feed<K>(
     queue: &WorkQueue,
     metrics: &Metrics,
     signer: &str,
+    synced: &Synced,
 ) {
+    let mut first_sync = true;
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         match event {
@@ -375,7 +410,12 @@ async fn feed<K>(
                 }
             }
             Ok(watcher::Event::Init) => debug!(signer, "watch (re)listing"),
-            Ok(watcher::Event::InitDone) => info!(signer, "watch synced"),
+            Ok(watcher::Event::InitDone) => {
+                info!(signer, "watch synced");
+                if std::mem::take(&mut first_sync) {
+                    synced.one_synced();
+                }
+            }
             Err(e) => {
                 metrics.watch_errors.inc();
                 warn!(signer, error = %e, "PodCertificateRequest watch");

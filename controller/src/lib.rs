@@ -71,6 +71,9 @@ pub struct Options {
     /// Where [`run`] reports whether this process leads (true without leader election), for
     /// callers that must act only as leader; `None`: not reported.
     pub leadership: Option<tokio::sync::watch::Sender<bool>>,
+    /// What `/readyz` answers; the controller registers itself in it (ready once its watches
+    /// have synced, or as a standby). `None`: its own, covering the controller alone.
+    pub readiness: Option<Arc<podca_authority::admin::Readiness>>,
 }
 
 impl std::fmt::Debug for Options {
@@ -104,6 +107,7 @@ impl Options {
             reporting_instance: None,
             publisher: None,
             leadership: None,
+            readiness: None,
         }
     }
 }

@@ -110,6 +110,9 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
     assert!(metrics.contains("podca_leader 1"), "{metrics}");
     let (_, standby) = http_get(b.admin, "/metrics").expect("standby metrics");
     assert!(standby.contains("podca_leader 0"), "{standby}");
+    // A standby has no watches to sync and serves gRPC: it is ready too.
+    let (code, body) = http_get(b.admin, "/readyz").expect("standby readyz");
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
 
     // SIGTERM: a drains, releases the Lease and exits 0; b takes over well within the lease.
     a.signal("TERM");
