@@ -15,7 +15,7 @@ use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
 use super::errors::ApiError;
 use super::ledger::LedgerSink;
 use super::ratelimit::RateLimiter;
-use podca_authority::trust::{CaHandle, CaSnapshot};
+use podca_authority::trust::{CaHandle, CaSnapshot, Clock, system_clock};
 
 /// Largest request message the servers accept.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -74,7 +74,6 @@ impl IssuedVia {
 }
 
 /// The state every service shares.
-#[derive(Debug)]
 pub struct Api {
     options: ApiOptions,
     ca: CaHandle,
@@ -85,6 +84,25 @@ pub struct Api {
     shutdown: watch::Receiver<bool>,
     /// Where issued certificates are recorded; none = not recorded here.
     ledger: Option<LedgerSink>,
+    /// The time certificates are issued at: the process clock, so that the API, rotation and
+    /// the controller agree on "now" (and tests can move it).
+    clock: Clock,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The clock is a closure with no Debug of its own.
+        f.debug_struct("Api")
+            .field("options", &self.options)
+            .field("ca", &self.ca)
+            .field("auth", &self.auth)
+            .field("pods", &self.pods)
+            .field("limiter", &self.limiter)
+            .field("streams", &self.streams)
+            .field("shutdown", &self.shutdown)
+            .field("ledger", &self.ledger)
+            .finish_non_exhaustive()
+    }
 }
 
 /// [`Api::new`] was given a default signer that is not configured.
@@ -112,7 +130,19 @@ impl Api {
             pods,
             shutdown,
             ledger: None,
+            clock: system_clock(),
         })
+    }
+
+    /// Reads the time from `clock` instead of the system clock.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Now, by the API's clock.
+    pub fn now(&self) -> OffsetDateTime {
+        (self.clock)()
     }
 
     /// Records every certificate this API issues in the ledger behind `sink`.
@@ -193,6 +223,7 @@ impl Api {
         }
         let snapshot = self.ca.current();
         let identity = identity.clone();
+        let clock = Arc::clone(&self.clock);
         // An in-memory ECDSA/Ed25519 CA key signs in microseconds: inline is cheaper than a
         // hand-off to the blocking pool (+6 % throughput). An HSM, an RSA CA key or an RSA CSR
         // (verifying RSA-4096 is fine, but keep the rule simple) go to the blocking pool.
@@ -206,6 +237,7 @@ impl Api {
                 key,
                 requested_lifetime,
                 input.user_annotations,
+                clock(),
             )
         };
         if inline {
@@ -290,8 +322,17 @@ impl Api {
         let (_, policy) = self.signer("")?;
         let policy = policy.clone();
         let identity = identity.clone();
+        let clock = Arc::clone(&self.clock);
         let issued = tokio::task::spawn_blocking(move || {
-            issue_blocking(&policy, &snapshot, &identity, key, None, BTreeMap::new())
+            issue_blocking(
+                &policy,
+                &snapshot,
+                &identity,
+                key,
+                None,
+                BTreeMap::new(),
+                clock(),
+            )
         })
         .await
         .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))??;
@@ -307,7 +348,7 @@ impl Api {
                 via.ledger_source(),
                 None,
                 request_name,
-                OffsetDateTime::now_utc(),
+                self.now(),
             );
             ledger.record(record).await;
         }
@@ -346,6 +387,7 @@ fn issue_blocking(
     key: SubjectKey,
     requested_lifetime: Option<Duration>,
     user_annotations: BTreeMap<String, String>,
+    now: OffsetDateTime,
 ) -> Result<Issued, ApiError> {
     let request = CertificateRequest {
         key: Ok(key),
@@ -356,7 +398,7 @@ fn issue_blocking(
         requested_lifetime,
         user_annotations,
     };
-    match sign_request(policy, &snapshot.ca, &request, OffsetDateTime::now_utc()) {
+    match sign_request(policy, &snapshot.ca, &request, now) {
         Outcome::Issued(certificate) => Ok(Issued {
             certificate: *certificate,
             anchors_pem: snapshot.anchors_pem.clone(),
@@ -482,5 +524,55 @@ mod tests {
             .to_vec();
         assert!(looks_like_rsa(&rsa_csr));
         assert!(!looks_like_rsa(&csr()));
+    }
+
+    #[tokio::test]
+    async fn issues_at_the_api_clock() {
+        // Far from the system clock, with sub-second digits that notBefore must drop.
+        let now = time::macros::datetime!(2031-03-04 05:06:07.891 UTC);
+        let key = Arc::new(MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap());
+        let ca = IssuingCa::self_signed_root(
+            key,
+            "test root",
+            now - time::Duration::days(1),
+            time::Duration::days(30),
+        )
+        .unwrap();
+        let (_stop, stop_rx) = watch::channel(false);
+        let api = Api::new(
+            ApiOptions {
+                signers: BTreeMap::from([("s".into(), SignerPolicy::permissive("example.org"))]),
+                default_signer: "s".into(),
+                node_proxy_service_accounts: vec![],
+                rate_limit_per_identity: 0,
+                max_open_streams: 10,
+            },
+            CaHandle::new(ca, vec![]),
+            Arc::new(DevAuthenticator::new(&[])),
+            None,
+            stop_rx,
+        )
+        .unwrap()
+        .with_clock(Arc::new(move || now));
+        let who = Identity::service_account("default", "default");
+        let issued = api
+            .issue(
+                &who,
+                IssueInput {
+                    csr: csr(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let want = time::macros::datetime!(2031-03-04 05:05:07 UTC);
+        assert_eq!(issued.certificate.validity.not_before, want);
+        // The certificate itself says so, not only the summary.
+        let (_, cert) = x509_parser::parse_x509_certificate(&issued.certificate.leaf_der).unwrap();
+        assert_eq!(
+            cert.validity().not_before.timestamp(),
+            want.unix_timestamp()
+        );
+        assert!(cert.validity().not_after.timestamp() > want.unix_timestamp());
     }
 }

@@ -151,7 +151,7 @@ impl SpiffeWorkloadApi for WorkloadService {
                 {
                     return;
                 }
-                let wait = refresh_at - OffsetDateTime::now_utc();
+                let wait = refresh_at - api.now();
                 let sleep = tokio::time::sleep(wait.try_into().unwrap_or_default());
                 tokio::select! {
                     changed = ca.changed() => if changed.is_err() { return },
