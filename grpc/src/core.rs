@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use podca_signer::{
-    CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
+    CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
     sign_request,
 };
 use time::{Duration, OffsetDateTime};
@@ -227,7 +227,7 @@ impl Api {
         // An in-memory ECDSA/Ed25519 CA key signs in microseconds: inline is cheaper than a
         // hand-off to the blocking pool (+6 % throughput). An HSM, an RSA CA key or an RSA CSR
         // (verifying RSA-4096 is fine, but keep the rule simple) go to the blocking pool.
-        let inline = snapshot.ca.key().signs_quickly_in_process() && !looks_like_rsa(&input.csr);
+        let inline = signs_inline(snapshot.ca.key().as_ref(), &input.csr);
         let work = move || {
             let key = SubjectKey::from_csr_verified(&input.csr).map_err(ApiError::Key)?;
             issue_blocking(
@@ -360,6 +360,12 @@ impl Api {
     }
 }
 
+/// Whether a request is verified and signed on the async worker itself rather than on the
+/// blocking pool.
+fn signs_inline(ca_key: &dyn CaKey, csr: &[u8]) -> bool {
+    ca_key.signs_quickly_in_process() && !looks_like_rsa(csr)
+}
+
 /// Whether a CSR (DER) carries an RSA key: the rsaEncryption OID appears in it. A cheap
 /// pre-check that only decides where the CSR is verified, never whether it is accepted.
 fn looks_like_rsa(csr: &[u8]) -> bool {
@@ -414,7 +420,7 @@ fn issue_blocking(
 mod tests {
     use super::*;
     use crate::auth::DevAuthenticator;
-    use podca_signer::{BackendError, CaAlgorithm, CaKey, IssuingCa, MemoryKey};
+    use podca_signer::{BackendError, CaAlgorithm, IssuingCa, MemoryKey};
     use std::sync::atomic::{AtomicBool, Ordering};
     use tonic::Code;
 
@@ -495,35 +501,72 @@ mod tests {
 
     #[test]
     fn where_signing_runs() {
-        // In-memory ECDSA/Ed25519 keys sign inline; RSA CA keys and unknown backends do not.
-        for (algorithm, quick) in [
-            (CaAlgorithm::EcdsaP256, true),
-            (CaAlgorithm::EcdsaP384, true),
-            (CaAlgorithm::Ed25519, true),
-        ] {
-            let key = MemoryKey::generate(algorithm).unwrap();
-            assert_eq!(key.signs_quickly_in_process(), quick, "{algorithm:?}");
-        }
-        let flaky = FlakyKey {
+        let rsa_csr = {
+            let rsa =
+                rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
+                    .unwrap();
+            rcgen::CertificateParams::new(Vec::<String>::new())
+                .unwrap()
+                .serialize_request(&rsa)
+                .unwrap()
+                .der()
+                .to_vec()
+        };
+        let ec_csr = csr();
+        let memory =
+            |algorithm| Arc::new(MemoryKey::generate(algorithm).unwrap()) as Arc<dyn CaKey>;
+        let flaky = Arc::new(FlakyKey {
             key: MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap(),
             down: AtomicBool::new(false),
-        };
-        assert!(
-            !flaky.signs_quickly_in_process(),
-            "the default is the blocking pool"
-        );
-        // RSA CSRs are recognised; EC ones are not mistaken for RSA.
-        let rsa =
-            rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
-                .unwrap();
-        let rsa_csr = rcgen::CertificateParams::new(Vec::<String>::new())
-            .unwrap()
-            .serialize_request(&rsa)
-            .unwrap()
-            .der()
-            .to_vec();
+        }) as Arc<dyn CaKey>;
+        let rsa_ca = memory(CaAlgorithm::RsaSha256);
+        // In-memory ECDSA/Ed25519 CA keys sign EC CSRs inline; an RSA CA key, a backend that
+        // does not say it is quick (the default), or an RSA CSR go to the blocking pool.
+        for (what, key, csr, inline) in [
+            (
+                "P-256 CA, EC CSR",
+                memory(CaAlgorithm::EcdsaP256),
+                &ec_csr,
+                true,
+            ),
+            (
+                "P-384 CA, EC CSR",
+                memory(CaAlgorithm::EcdsaP384),
+                &ec_csr,
+                true,
+            ),
+            (
+                "Ed25519 CA, EC CSR",
+                memory(CaAlgorithm::Ed25519),
+                &ec_csr,
+                true,
+            ),
+            (
+                "P-256 CA, RSA CSR",
+                memory(CaAlgorithm::EcdsaP256),
+                &rsa_csr,
+                false,
+            ),
+            ("RSA CA, EC CSR", Arc::clone(&rsa_ca), &ec_csr, false),
+            ("RSA CA, RSA CSR", Arc::clone(&rsa_ca), &rsa_csr, false),
+            (
+                "unknown backend, EC CSR",
+                Arc::clone(&flaky),
+                &ec_csr,
+                false,
+            ),
+            (
+                "unknown backend, RSA CSR",
+                Arc::clone(&flaky),
+                &rsa_csr,
+                false,
+            ),
+        ] {
+            assert_eq!(signs_inline(key.as_ref(), csr), inline, "{what}");
+        }
+        // The RSA pre-check itself: RSA CSRs are recognised; EC ones are not mistaken for RSA.
         assert!(looks_like_rsa(&rsa_csr));
-        assert!(!looks_like_rsa(&csr()));
+        assert!(!looks_like_rsa(&ec_csr));
     }
 
     #[tokio::test]
