@@ -288,7 +288,10 @@ impl Api {
         let pod = pods
             .pod(pod_namespace, pod_name)
             .await
-            .map_err(ApiError::PodLookupUnavailable)?
+            .map_err(|error| ApiError::PodLookupUnavailable {
+                pod: format!("{pod_namespace}/{pod_name}"),
+                error,
+            })?
             .ok_or_else(|| {
                 ApiError::PodNotFound(format!("pod {pod_namespace}/{pod_name} not found"))
             })?;
