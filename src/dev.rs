@@ -112,6 +112,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             .validate()
             .context("[rotation] in the config file")?;
     }
+    let clock = podca_authority::system_clock();
     let rotator = Arc::new(Rotator::new(
         RotatorOptions {
             store: store.clone(),
@@ -123,7 +124,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             refresh_when: None,
         },
         ca.clone(),
-        podca_authority::system_clock(),
+        Arc::clone(&clock),
         Arc::new(Metrics::new()),
     ));
 
@@ -184,7 +185,8 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             None,
             stop_rx.clone(),
         )?
-        .with_ledger(ledger_sink),
+        .with_ledger(ledger_sink)
+        .with_clock(clock),
     );
 
     let stopped = |mut rx: watch::Receiver<bool>| async move {

@@ -284,16 +284,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             info!(addr = %tcp.local_addr()?, audience, "gRPC API (podca.v1) listening");
             let grpc_ready = readiness.component("grpc");
             grpc_ready.set(true);
-            let api = Arc::new(Api::new(
-                api_options,
-                handle.clone(),
-                Arc::new(TokenReviewAuthenticator::new(
-                    Arc::new(KubeTokenReviewer::new(client.clone())),
-                    audience,
-                )),
-                Some(Arc::new(KubePodDirectory::new(client.clone()))),
-                stop_rx.clone(),
-            )?);
+            let api = Arc::new(
+                Api::new(
+                    api_options,
+                    handle.clone(),
+                    Arc::new(TokenReviewAuthenticator::new(
+                        Arc::new(KubeTokenReviewer::new(client.clone())),
+                        audience,
+                    )),
+                    Some(Arc::new(KubePodDirectory::new(client.clone()))),
+                    stop_rx.clone(),
+                )?
+                .with_clock(Arc::clone(&clock)),
+            );
             let mut stop = stop_rx.clone();
             tasks.push(tokio::spawn(async move {
                 let shutdown = async move {

@@ -5,7 +5,9 @@
 use std::fmt;
 
 use podca_grpc::auth::KUBE_API_TIMEOUT;
-use podca_grpc::auth::{BearerToken, PodDirectory, PodInfo, ReviewStatus, TokenReviewer};
+use podca_grpc::auth::{
+    BearerToken, LookupError, PodDirectory, PodInfo, ReviewStatus, TokenReviewer,
+};
 
 /// TokenReview through the Kubernetes API (authentication.k8s.io/v1).
 #[derive(Clone)]
@@ -29,7 +31,11 @@ impl KubeTokenReviewer {
 impl TokenReviewer for KubeTokenReviewer {
     // The token is never a span field: skip_all, and only the audience is recorded.
     #[tracing::instrument(name = "token_review", skip_all, fields(audience = %audience))]
-    async fn review(&self, token: &BearerToken, audience: &str) -> Result<ReviewStatus, String> {
+    async fn review(
+        &self,
+        token: &BearerToken,
+        audience: &str,
+    ) -> Result<ReviewStatus, LookupError> {
         use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
         let api: kube::Api<TokenReview> = kube::Api::all(self.client.clone());
         let review = TokenReview {
@@ -44,9 +50,9 @@ impl TokenReviewer for KubeTokenReviewer {
             api.create(&kube::api::PostParams::default(), &review),
         )
         .await
-        .map_err(|_| format!("TokenReview did not answer within {KUBE_API_TIMEOUT:?}"))?
+        .map_err(|_| LookupError::Timeout(KUBE_API_TIMEOUT))?
         // kube errors name the URL and status, never the request body.
-        .map_err(|e| format!("TokenReview failed: {e}"))?;
+        .map_err(|e| LookupError::Failed(e.to_string()))?;
         let status = answer.status.unwrap_or_default();
         let user = status.user.unwrap_or_default();
         Ok(ReviewStatus {
@@ -80,15 +86,13 @@ impl KubePodDirectory {
 #[tonic::async_trait]
 impl PodDirectory for KubePodDirectory {
     #[tracing::instrument(name = "pod_lookup", skip_all, fields(namespace = %namespace, pod = %name))]
-    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, String> {
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, LookupError> {
         use k8s_openapi::api::core::v1::Pod;
         let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
         let pod = tokio::time::timeout(KUBE_API_TIMEOUT, api.get_opt(name))
             .await
-            .map_err(|_| {
-                format!("reading pod {namespace}/{name}: no answer within {KUBE_API_TIMEOUT:?}")
-            })?
-            .map_err(|e| format!("reading pod {namespace}/{name}: {e}"))?;
+            .map_err(|_| LookupError::Timeout(KUBE_API_TIMEOUT))?
+            .map_err(|e| LookupError::Failed(e.to_string()))?;
         Ok(pod.map(|p| {
             let spec = p.spec.unwrap_or_default();
             PodInfo {

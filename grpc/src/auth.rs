@@ -92,8 +92,28 @@ pub enum AuthError {
     UnknownCaller(String),
     #[error("{0}")]
     NotLoopback(String),
-    #[error("cannot check credentials now: {0}")]
-    Unavailable(String),
+    #[error("cannot check credentials now: {}", review_problem(.0))]
+    Unavailable(LookupError),
+}
+
+/// Why a question to the Kubernetes API (a TokenReview, a pod read) got no answer. The edge
+/// says which question it was; this never contains a token or a request body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// No answer within the deadline (see [`KUBE_API_TIMEOUT`]).
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The API answered with an error, or the call failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+fn review_problem(e: &LookupError) -> String {
+    match e {
+        LookupError::Timeout(after) => format!("TokenReview did not answer within {after:?}"),
+        LookupError::Failed(detail) => format!("TokenReview failed: {detail}"),
+    }
 }
 
 /// Turns a peer and its credentials into an identity.
@@ -199,7 +219,11 @@ pub struct ReviewStatus {
 /// Asks the Kubernetes API about a token.
 #[tonic::async_trait]
 pub trait TokenReviewer: Send + Sync + fmt::Debug {
-    async fn review(&self, token: &BearerToken, audience: &str) -> Result<ReviewStatus, String>;
+    async fn review(
+        &self,
+        token: &BearerToken,
+        audience: &str,
+    ) -> Result<ReviewStatus, LookupError>;
 }
 
 const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
@@ -359,7 +383,7 @@ pub struct PodInfo {
 /// Looks pods up (IssueForPod).
 #[tonic::async_trait]
 pub trait PodDirectory: Send + Sync + fmt::Debug {
-    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, String>;
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, LookupError>;
 }
 
 #[cfg(test)]
@@ -379,7 +403,7 @@ mod tests {
             &self,
             token: &BearerToken,
             audience: &str,
-        ) -> Result<ReviewStatus, String> {
+        ) -> Result<ReviewStatus, LookupError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             let body = token.expose().split('.').next().unwrap_or("");
             let mut extra = BTreeMap::new();
@@ -405,7 +429,7 @@ mod tests {
                     audiences: vec![audience.into()],
                     ..Default::default()
                 }),
-                "down" => Err("connection refused".into()),
+                "down" => Err(LookupError::Failed("connection refused".into())),
                 _ => Ok(ReviewStatus {
                     error: Some("invalid bearer token".into()),
                     ..Default::default()
@@ -478,7 +502,14 @@ mod tests {
         let down = auth
             .authenticate(&Peer::Unknown, &creds(jwt("down", now() + 60)))
             .await;
-        assert!(matches!(down, Err(AuthError::Unavailable(_))));
+        assert_eq!(
+            down.map_err(|e| e.to_string()),
+            Err("cannot check credentials now: TokenReview failed: connection refused".into())
+        );
+        assert_eq!(
+            AuthError::Unavailable(LookupError::Timeout(KUBE_API_TIMEOUT)).to_string(),
+            "cannot check credentials now: TokenReview did not answer within 5s"
+        );
         // Failed reviews are never cached.
         let calls = reviewer.calls.load(Ordering::SeqCst);
         let _ = auth

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use podca_signer::{
-    CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
+    CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
     sign_request,
 };
 use time::{Duration, OffsetDateTime};
@@ -15,7 +15,7 @@ use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
 use super::errors::ApiError;
 use super::ledger::LedgerSink;
 use super::ratelimit::RateLimiter;
-use podca_authority::trust::{CaHandle, CaSnapshot};
+use podca_authority::trust::{CaHandle, CaSnapshot, Clock, system_clock};
 
 /// Largest request message the servers accept.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -74,7 +74,6 @@ impl IssuedVia {
 }
 
 /// The state every service shares.
-#[derive(Debug)]
 pub struct Api {
     options: ApiOptions,
     ca: CaHandle,
@@ -85,6 +84,25 @@ pub struct Api {
     shutdown: watch::Receiver<bool>,
     /// Where issued certificates are recorded; none = not recorded here.
     ledger: Option<LedgerSink>,
+    /// The time certificates are issued at: the process clock, so that the API, rotation and
+    /// the controller agree on "now" (and tests can move it).
+    clock: Clock,
+}
+
+impl std::fmt::Debug for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The clock is a closure with no Debug of its own.
+        f.debug_struct("Api")
+            .field("options", &self.options)
+            .field("ca", &self.ca)
+            .field("auth", &self.auth)
+            .field("pods", &self.pods)
+            .field("limiter", &self.limiter)
+            .field("streams", &self.streams)
+            .field("shutdown", &self.shutdown)
+            .field("ledger", &self.ledger)
+            .finish_non_exhaustive()
+    }
 }
 
 /// [`Api::new`] was given a default signer that is not configured.
@@ -112,7 +130,19 @@ impl Api {
             pods,
             shutdown,
             ledger: None,
+            clock: system_clock(),
         })
+    }
+
+    /// Reads the time from `clock` instead of the system clock.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Now, by the API's clock.
+    pub fn now(&self) -> OffsetDateTime {
+        (self.clock)()
     }
 
     /// Records every certificate this API issues in the ledger behind `sink`.
@@ -193,10 +223,11 @@ impl Api {
         }
         let snapshot = self.ca.current();
         let identity = identity.clone();
+        let clock = Arc::clone(&self.clock);
         // An in-memory ECDSA/Ed25519 CA key signs in microseconds: inline is cheaper than a
         // hand-off to the blocking pool (+6 % throughput). An HSM, an RSA CA key or an RSA CSR
         // (verifying RSA-4096 is fine, but keep the rule simple) go to the blocking pool.
-        let inline = snapshot.ca.key().signs_quickly_in_process() && !looks_like_rsa(&input.csr);
+        let inline = signs_inline(snapshot.ca.key().as_ref(), &input.csr);
         let work = move || {
             let key = SubjectKey::from_csr_verified(&input.csr).map_err(ApiError::Key)?;
             issue_blocking(
@@ -206,6 +237,7 @@ impl Api {
                 key,
                 requested_lifetime,
                 input.user_annotations,
+                clock(),
             )
         };
         if inline {
@@ -256,7 +288,10 @@ impl Api {
         let pod = pods
             .pod(pod_namespace, pod_name)
             .await
-            .map_err(ApiError::PodLookupUnavailable)?
+            .map_err(|error| ApiError::PodLookupUnavailable {
+                pod: format!("{pod_namespace}/{pod_name}"),
+                error,
+            })?
             .ok_or_else(|| {
                 ApiError::PodNotFound(format!("pod {pod_namespace}/{pod_name} not found"))
             })?;
@@ -290,8 +325,17 @@ impl Api {
         let (_, policy) = self.signer("")?;
         let policy = policy.clone();
         let identity = identity.clone();
+        let clock = Arc::clone(&self.clock);
         let issued = tokio::task::spawn_blocking(move || {
-            issue_blocking(&policy, &snapshot, &identity, key, None, BTreeMap::new())
+            issue_blocking(
+                &policy,
+                &snapshot,
+                &identity,
+                key,
+                None,
+                BTreeMap::new(),
+                clock(),
+            )
         })
         .await
         .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))??;
@@ -307,7 +351,7 @@ impl Api {
                 via.ledger_source(),
                 None,
                 request_name,
-                OffsetDateTime::now_utc(),
+                self.now(),
             );
             ledger.record(record).await;
         }
@@ -317,6 +361,12 @@ impl Api {
     pub fn trust_domain(&self) -> Result<String, ApiError> {
         Ok(self.signer("")?.1.trust_domain.clone())
     }
+}
+
+/// Whether a request is verified and signed on the async worker itself rather than on the
+/// blocking pool.
+fn signs_inline(ca_key: &dyn CaKey, csr: &[u8]) -> bool {
+    ca_key.signs_quickly_in_process() && !looks_like_rsa(csr)
 }
 
 /// Whether a CSR (DER) carries an RSA key: the rsaEncryption OID appears in it. A cheap
@@ -346,6 +396,7 @@ fn issue_blocking(
     key: SubjectKey,
     requested_lifetime: Option<Duration>,
     user_annotations: BTreeMap<String, String>,
+    now: OffsetDateTime,
 ) -> Result<Issued, ApiError> {
     let request = CertificateRequest {
         key: Ok(key),
@@ -356,7 +407,7 @@ fn issue_blocking(
         requested_lifetime,
         user_annotations,
     };
-    match sign_request(policy, &snapshot.ca, &request, OffsetDateTime::now_utc()) {
+    match sign_request(policy, &snapshot.ca, &request, now) {
         Outcome::Issued(certificate) => Ok(Issued {
             certificate: *certificate,
             anchors_pem: snapshot.anchors_pem.clone(),
@@ -372,7 +423,7 @@ fn issue_blocking(
 mod tests {
     use super::*;
     use crate::auth::DevAuthenticator;
-    use podca_signer::{BackendError, CaAlgorithm, CaKey, IssuingCa, MemoryKey};
+    use podca_signer::{BackendError, CaAlgorithm, IssuingCa, MemoryKey};
     use std::sync::atomic::{AtomicBool, Ordering};
     use tonic::Code;
 
@@ -453,34 +504,121 @@ mod tests {
 
     #[test]
     fn where_signing_runs() {
-        // In-memory ECDSA/Ed25519 keys sign inline; RSA CA keys and unknown backends do not.
-        for (algorithm, quick) in [
-            (CaAlgorithm::EcdsaP256, true),
-            (CaAlgorithm::EcdsaP384, true),
-            (CaAlgorithm::Ed25519, true),
-        ] {
-            let key = MemoryKey::generate(algorithm).unwrap();
-            assert_eq!(key.signs_quickly_in_process(), quick, "{algorithm:?}");
-        }
-        let flaky = FlakyKey {
+        let rsa_csr = {
+            let rsa =
+                rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
+                    .unwrap();
+            rcgen::CertificateParams::new(Vec::<String>::new())
+                .unwrap()
+                .serialize_request(&rsa)
+                .unwrap()
+                .der()
+                .to_vec()
+        };
+        let ec_csr = csr();
+        let memory =
+            |algorithm| Arc::new(MemoryKey::generate(algorithm).unwrap()) as Arc<dyn CaKey>;
+        let flaky = Arc::new(FlakyKey {
             key: MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap(),
             down: AtomicBool::new(false),
-        };
-        assert!(
-            !flaky.signs_quickly_in_process(),
-            "the default is the blocking pool"
-        );
-        // RSA CSRs are recognised; EC ones are not mistaken for RSA.
-        let rsa =
-            rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
-                .unwrap();
-        let rsa_csr = rcgen::CertificateParams::new(Vec::<String>::new())
-            .unwrap()
-            .serialize_request(&rsa)
-            .unwrap()
-            .der()
-            .to_vec();
+        }) as Arc<dyn CaKey>;
+        let rsa_ca = memory(CaAlgorithm::RsaSha256);
+        // In-memory ECDSA/Ed25519 CA keys sign EC CSRs inline; an RSA CA key, a backend that
+        // does not say it is quick (the default), or an RSA CSR go to the blocking pool.
+        for (what, key, csr, inline) in [
+            (
+                "P-256 CA, EC CSR",
+                memory(CaAlgorithm::EcdsaP256),
+                &ec_csr,
+                true,
+            ),
+            (
+                "P-384 CA, EC CSR",
+                memory(CaAlgorithm::EcdsaP384),
+                &ec_csr,
+                true,
+            ),
+            (
+                "Ed25519 CA, EC CSR",
+                memory(CaAlgorithm::Ed25519),
+                &ec_csr,
+                true,
+            ),
+            (
+                "P-256 CA, RSA CSR",
+                memory(CaAlgorithm::EcdsaP256),
+                &rsa_csr,
+                false,
+            ),
+            ("RSA CA, EC CSR", Arc::clone(&rsa_ca), &ec_csr, false),
+            ("RSA CA, RSA CSR", Arc::clone(&rsa_ca), &rsa_csr, false),
+            (
+                "unknown backend, EC CSR",
+                Arc::clone(&flaky),
+                &ec_csr,
+                false,
+            ),
+            (
+                "unknown backend, RSA CSR",
+                Arc::clone(&flaky),
+                &rsa_csr,
+                false,
+            ),
+        ] {
+            assert_eq!(signs_inline(key.as_ref(), csr), inline, "{what}");
+        }
+        // The RSA pre-check itself: RSA CSRs are recognised; EC ones are not mistaken for RSA.
         assert!(looks_like_rsa(&rsa_csr));
-        assert!(!looks_like_rsa(&csr()));
+        assert!(!looks_like_rsa(&ec_csr));
+    }
+
+    #[tokio::test]
+    async fn issues_at_the_api_clock() {
+        // Far from the system clock, with sub-second digits that notBefore must drop.
+        let now = time::macros::datetime!(2031-03-04 05:06:07.891 UTC);
+        let key = Arc::new(MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap());
+        let ca = IssuingCa::self_signed_root(
+            key,
+            "test root",
+            now - time::Duration::days(1),
+            time::Duration::days(30),
+        )
+        .unwrap();
+        let (_stop, stop_rx) = watch::channel(false);
+        let api = Api::new(
+            ApiOptions {
+                signers: BTreeMap::from([("s".into(), SignerPolicy::permissive("example.org"))]),
+                default_signer: "s".into(),
+                node_proxy_service_accounts: vec![],
+                rate_limit_per_identity: 0,
+                max_open_streams: 10,
+            },
+            CaHandle::new(ca, vec![]),
+            Arc::new(DevAuthenticator::new(&[])),
+            None,
+            stop_rx,
+        )
+        .unwrap()
+        .with_clock(Arc::new(move || now));
+        let who = Identity::service_account("default", "default");
+        let issued = api
+            .issue(
+                &who,
+                IssueInput {
+                    csr: csr(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let want = time::macros::datetime!(2031-03-04 05:05:07 UTC);
+        assert_eq!(issued.certificate.validity.not_before, want);
+        // The certificate itself says so, not only the summary.
+        let (_, cert) = x509_parser::parse_x509_certificate(&issued.certificate.leaf_der).unwrap();
+        assert_eq!(
+            cert.validity().not_before.timestamp(),
+            want.unix_timestamp()
+        );
+        assert!(cert.validity().not_after.timestamp() > want.unix_timestamp());
     }
 }

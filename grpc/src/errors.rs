@@ -4,7 +4,7 @@
 use podca_signer::{BackendError, DenyReason, FailReason, KeyError};
 use tonic::{Code, Status};
 
-use super::auth::AuthError;
+use super::auth::{AuthError, LookupError};
 
 /// Every refusal of the gRPC API. Messages carry no tokens and no key material.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -38,8 +38,12 @@ pub enum ApiError {
     PodNotFound(String),
     #[error("{0}")]
     BadPodName(String),
-    #[error("cannot check the pod now: {0}; retry later")]
-    PodLookupUnavailable(String),
+    #[error("cannot check the pod now: reading pod {pod}: {error}; retry later")]
+    PodLookupUnavailable {
+        /// `namespace/name`.
+        pod: String,
+        error: LookupError,
+    },
     #[error("{0}")]
     PodOnOtherNode(String),
     #[error("IssueForPod needs the Kubernetes API to check the pod's node; `podca dev` has none")]
@@ -64,7 +68,7 @@ impl ApiError {
             ApiError::Failed { reason, .. } => fail_code(*reason),
             ApiError::NotNodeProxy(_) | ApiError::PodOnOtherNode(_) => Code::PermissionDenied,
             ApiError::NoPodDirectory => Code::FailedPrecondition,
-            ApiError::Unavailable(_) | ApiError::PodLookupUnavailable(_) => Code::Unavailable,
+            ApiError::Unavailable(_) | ApiError::PodLookupUnavailable { .. } => Code::Unavailable,
             ApiError::RateLimited(_) | ApiError::TooManyStreams(_) => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
         }
@@ -147,5 +151,25 @@ mod tests {
             };
             assert_eq!(e.code(), want, "{reason}");
         }
+    }
+
+    /// The texts `String` errors used to carry, kept word for word.
+    #[test]
+    fn lookup_failures_read_as_before() {
+        let pod = |error| ApiError::PodLookupUnavailable {
+            pod: "shop/web-0".into(),
+            error,
+        };
+        let timeout = pod(LookupError::Timeout(std::time::Duration::from_secs(5)));
+        assert_eq!(
+            timeout.to_string(),
+            "cannot check the pod now: reading pod shop/web-0: no answer within 5s; retry later"
+        );
+        assert_eq!(timeout.code(), Code::Unavailable);
+        let failed = pod(LookupError::Failed("ApiError: 500".into()));
+        assert_eq!(
+            failed.to_string(),
+            "cannot check the pod now: reading pod shop/web-0: ApiError: 500; retry later"
+        );
     }
 }

@@ -4,7 +4,8 @@
 //! # Status codes
 //!
 //! Every refusal is a precise gRPC status; the message says what to change. Nothing here ever
-//! puts a token or a private key into a status message or a log line.
+//! puts a token or a private key into a status message or a log line. `tests/refusals.rs`
+//! checks each row through a tonic client.
 //!
 //! | Situation | Code |
 //! | --- | --- |

@@ -81,9 +81,15 @@ impl PodCaService {
     async fn caller<T>(&self, request: &Request<T>) -> Result<Identity, ApiError> {
         let credentials = credentials_of(request)?;
         let identity = self.api.identify(&peer_of(request), &credentials).await?;
+        record_caller(&identity);
         self.api.check_rate(&identity)?;
         Ok(identity)
     }
+}
+
+/// Names the caller in the handler's span (its `caller` field), once it is known.
+pub fn record_caller(identity: &Identity) {
+    tracing::Span::current().record("caller", tracing::field::display(identity.key()));
 }
 
 fn input(request: IssueCertificateRequest) -> IssueInput {
@@ -133,6 +139,11 @@ type BundleStream = Pin<Box<dyn Stream<Item = Result<TrustBundle, Status>> + Sen
 
 #[tonic::async_trait]
 impl PodCa for PodCaService {
+    #[tracing::instrument(skip_all, fields(
+        rpc = "IssueCertificate",
+        signer = %request.get_ref().signer_name,
+        caller = tracing::field::Empty,
+    ))]
     async fn issue_certificate(
         &self,
         request: Request<IssueCertificateRequest>,
@@ -151,6 +162,12 @@ impl PodCa for PodCaService {
         Ok(Response::new(response(issued)))
     }
 
+    #[tracing::instrument(skip_all, fields(
+        rpc = "IssueForPod",
+        signer = %request.get_ref().request.as_ref().map_or("", |r| r.signer_name.as_str()),
+        pod = %format!("{}/{}", request.get_ref().pod_namespace, request.get_ref().pod_name),
+        caller = tracing::field::Empty,
+    ))]
     async fn issue_for_pod(
         &self,
         request: Request<IssueForPodRequest>,
@@ -179,6 +196,11 @@ impl PodCa for PodCaService {
         Ok(Response::new(response(issued)))
     }
 
+    #[tracing::instrument(skip_all, fields(
+        rpc = "GetTrustBundle",
+        signer = %request.get_ref().signer_name,
+        caller = tracing::field::Empty,
+    ))]
     async fn get_trust_bundle(
         &self,
         request: Request<GetTrustBundleRequest>,
@@ -190,6 +212,11 @@ impl PodCa for PodCaService {
 
     type WatchTrustBundleStream = BundleStream;
 
+    #[tracing::instrument(skip_all, fields(
+        rpc = "WatchTrustBundle",
+        signer = %request.get_ref().signer_name,
+        caller = tracing::field::Empty,
+    ))]
     async fn watch_trust_bundle(
         &self,
         request: Request<GetTrustBundleRequest>,

@@ -25,7 +25,7 @@ use tonic::{Request, Response, Status};
 use super::auth::Identity;
 use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
-use super::podca_service::{credentials_of, peer_of};
+use super::podca_service::{credentials_of, peer_of, record_caller};
 use podca_authority::trust::CaSnapshot;
 
 /// `SpiffeWorkloadAPI`.
@@ -49,6 +49,7 @@ impl WorkloadService {
         }
         let credentials = credentials_of(request)?;
         let identity = self.api.identify(&peer_of(request), &credentials).await?;
+        record_caller(&identity);
         self.api.check_rate(&identity)?;
         Ok(identity)
     }
@@ -104,6 +105,7 @@ type JwtBundlesStream = Pin<Box<dyn Stream<Item = Result<JwtBundlesResponse, Sta
 
 #[tonic::async_trait]
 impl SpiffeWorkloadApi for WorkloadService {
+    #[tracing::instrument(skip_all, fields(rpc = "FetchJWTSVID"))]
     async fn fetch_jwtsvid(
         &self,
         _request: Request<JwtsvidRequest>,
@@ -113,6 +115,7 @@ impl SpiffeWorkloadApi for WorkloadService {
 
     type FetchJWTBundlesStream = JwtBundlesStream;
 
+    #[tracing::instrument(skip_all, fields(rpc = "FetchJWTBundles"))]
     async fn fetch_jwt_bundles(
         &self,
         _request: Request<JwtBundlesRequest>,
@@ -120,6 +123,7 @@ impl SpiffeWorkloadApi for WorkloadService {
         Err(Status::unimplemented("podca does not issue JWT-SVIDs"))
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "ValidateJWTSVID"))]
     async fn validate_jwtsvid(
         &self,
         _request: Request<ValidateJwtsvidRequest>,
@@ -129,6 +133,7 @@ impl SpiffeWorkloadApi for WorkloadService {
 
     type FetchX509SVIDStream = SvidStream;
 
+    #[tracing::instrument(skip_all, fields(rpc = "FetchX509SVID", caller = tracing::field::Empty))]
     async fn fetch_x509svid(
         &self,
         request: Request<X509svidRequest>,
@@ -151,7 +156,7 @@ impl SpiffeWorkloadApi for WorkloadService {
                 {
                     return;
                 }
-                let wait = refresh_at - OffsetDateTime::now_utc();
+                let wait = refresh_at - api.now();
                 let sleep = tokio::time::sleep(wait.try_into().unwrap_or_default());
                 tokio::select! {
                     changed = ca.changed() => if changed.is_err() { return },
@@ -178,6 +183,7 @@ impl SpiffeWorkloadApi for WorkloadService {
 
     type FetchX509BundlesStream = BundlesStream;
 
+    #[tracing::instrument(skip_all, fields(rpc = "FetchX509Bundles", caller = tracing::field::Empty))]
     async fn fetch_x509_bundles(
         &self,
         request: Request<X509BundlesRequest>,
