@@ -9,6 +9,7 @@ mod decide;
 mod discovery;
 mod error;
 pub mod grpc_auth;
+mod plan;
 pub mod publisher;
 mod queue;
 mod request;
