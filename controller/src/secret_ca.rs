@@ -74,6 +74,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::secret_history::{self, Checked, owned, secret_ref};
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{CaLabels, StepLabels, Tick};
 use podca_authority::trust::{CaHandle, Clock};
@@ -406,14 +407,14 @@ struct Entry {
 }
 
 impl Entry {
-    fn from_record(record: Record) -> Result<Self, String> {
-        let anchors = CaCertificate::all_from_pem(&record.anchors_pem)
-            .map_err(|e| format!("generation {}: {e}", record.generation.id))?;
-        Ok(Entry {
+    /// A generation read from the history: no key.
+    fn recorded(checked: Checked) -> Self {
+        let Checked { record, anchors } = checked;
+        Entry {
             record,
             anchors,
             keyed: None,
-        })
+        }
     }
 }
 
@@ -624,7 +625,7 @@ impl SecretCaDriver {
     }
 
     fn secret_ref(&self) -> String {
-        format!("{}/{}", self.options.namespace, self.options.name)
+        secret_ref(&self.options)
     }
 
     async fn read_secret(&self) -> Result<Secret, SecretCaError> {
@@ -654,31 +655,14 @@ impl SecretCaDriver {
         else {
             return Ok(None);
         };
-        if !owned(&cm) {
-            return Err(self.history_error(format!(
-                "exists without the label {MANAGED_BY_LABEL}={MANAGED_BY_VALUE}; podca does not \
-                 use or overwrite it (delete it, or name another with history_configmap)"
-            )));
-        }
-        let Some(text) = cm.data.as_ref().and_then(|d| d.get(HISTORY_KEY)) else {
-            return Ok(Some(vec![]));
-        };
-        let history: History = serde_json::from_str(text)
-            .map_err(|e| self.history_error(format!("{HISTORY_KEY} is not readable: {e}")))?;
-        if history.secret != self.secret_ref() {
-            return Err(self.history_error(format!(
-                "records the CA of Secret {}, not {}",
-                history.secret,
-                self.secret_ref()
-            )));
-        }
-        history
-            .generations
-            .into_iter()
-            .map(Entry::from_record)
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
-            .map_err(|e| self.history_error(e))
+        let generations = secret_history::parse_generations(&cm, &self.options)?;
+        Ok(Some(
+            generations
+                .unwrap_or_default()
+                .into_iter()
+                .map(Entry::recorded)
+                .collect(),
+        ))
     }
 
     async fn write_history(&mut self) -> Result<(), SecretCaError> {
@@ -1106,14 +1090,6 @@ impl SecretCaDriver {
                 .unwrap_or(0),
         );
     }
-}
-
-fn owned(cm: &ConfigMap) -> bool {
-    cm.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .is_some_and(|v| v == MANAGED_BY_VALUE)
 }
 
 #[cfg(test)]
