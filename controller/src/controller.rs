@@ -22,9 +22,10 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::decide::{self, ErrorClass, Settlement};
 use crate::discovery::{self, Served};
+use crate::plan::{self, Facts, Plan, Read, SkipReason, Write};
 use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
-use crate::request::{ApiVersion, KeySource, Pcr};
+use crate::request::{ApiVersion, Pcr};
 use crate::{Error, LeaderElection, Options};
 use podca_authority::admin::{self, Readiness, ReadyFlag};
 use podca_authority::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
@@ -467,42 +468,79 @@ async fn worker(ctx: Arc<Ctx>, queue: Arc<WorkQueue>) {
     }
 }
 
+/// One attempt: fetch → [`plan::plan`] → the one action it names → at most one `/status` write.
 async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
     // Fetch: the watched copy on the first try; a fresh read on retries.
-    if item.attempt > 0 {
-        match fetch(ctx, ctx.version, &item.pcr.namespace, &item.pcr.name).await {
-            Ok(Some(pcr)) if pcr.uid == item.pcr.uid => {
-                if pcr.terminal.is_some() {
-                    return Step::Settled;
-                }
-                item.pcr = Arc::new(pcr);
-            }
-            Ok(_) => {
-                debug!("gone before it was answered");
-                return Step::Settled;
-            }
-            Err(e) => {
-                debug!(error = %e, "re-reading");
-                return Step::Retry(item, "read");
+    let watched = Arc::clone(&item.pcr);
+    let fresh = if item.attempt > 0 {
+        let fresh = fetch(ctx, ctx.version, &watched.namespace, &watched.name).await;
+        if let Err(e) = &fresh {
+            debug!(error = %e, "re-reading");
+        }
+        Some(fresh)
+    } else {
+        None
+    };
+    let read = match &fresh {
+        Some(fresh) => Read::of(fresh, &watched.uid),
+        None => Read::Found(&watched),
+    };
+
+    // Decide, then do the one thing decided.
+    let now = (ctx.clock)();
+    let plan = plan::plan(Facts {
+        read,
+        policies: &ctx.signers,
+        cached: item.signed.as_deref(),
+        legacy_readable: ctx.served.legacy_readable(),
+        now,
+    });
+    let signed = match plan {
+        Plan::Skip(SkipReason::Terminal) => return Step::Settled,
+        Plan::Skip(SkipReason::Gone) => {
+            debug!("gone before it was answered");
+            return Step::Settled;
+        }
+        Plan::Retry(cause) => return Step::Retry(item, cause),
+        Plan::ResendCached(write) => Ok(write),
+        Plan::Write(write) => Ok(write),
+        Plan::ReadThroughV1beta1(policy) => {
+            // A legacy request read through v1 shows an empty stub: read it through v1beta1 (§1.6).
+            let beta = fetch(ctx, ApiVersion::V1Beta1, &watched.namespace, &watched.name).await;
+            match Read::of(&beta, &watched.uid) {
+                Read::Found(beta) => sign(ctx, policy, beta, now).await,
+                Read::Gone | Read::Failed => Err("read"),
             }
         }
-    }
-    if item.pcr.terminal.is_some() {
-        return Step::Settled;
+        Plan::Sign(policy, source) => sign(ctx, policy, source, now).await,
+    };
+    let write = match signed {
+        Ok(write) => write,
+        Err(cause) => {
+            // Whatever was cached is stale by now, or it would have been resent.
+            item.signed = None;
+            return Step::Retry(item, cause);
+        }
+    };
+    item.signed = match &write.outcome {
+        Outcome::Issued(cert) => Some(Arc::new((**cert).clone())),
+        _ => None,
+    };
+    // Written back through the version it was read with.
+    if let Some(Ok(Some(fresh))) = fresh {
+        item.pcr = Arc::new(fresh);
     }
     let pcr = Arc::clone(&item.pcr);
-
-    // Decide.
-    let now = (ctx.clock)();
-    let (settlement, patch, outcome) = match decide_pcr(ctx, &mut item, now).await {
-        Decided::Write(s, p, o) => (s, p, o),
-        Decided::Retry(cause) => return Step::Retry(item, cause),
-    };
 
     // Write, only while leading.
     if !*ctx.leading.borrow() {
         return Step::Dropped;
     }
+    let Write {
+        settlement,
+        patch,
+        outcome,
+    } = write;
     match write_status(ctx, &pcr, &patch).await {
         Ok(()) => {
             record_settled(ctx, &pcr, settlement, &outcome, now).await;
@@ -542,62 +580,18 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
     }
 }
 
-enum Decided {
-    Write(Settlement, Value, Outcome),
-    Retry(&'static str),
-}
-
-async fn decide_pcr(ctx: &Ctx, item: &mut Item, now: OffsetDateTime) -> Decided {
-    let pcr = Arc::clone(&item.pcr);
-    // A certificate signed on an earlier attempt is re-sent while it is fresh (rule 16.8).
-    if let Some(cert) = &item.signed {
-        if !decide::needs_reissue(cert.validity.not_before, now) {
-            let outcome = Outcome::Issued(Box::new((**cert).clone()));
-            if let Some((s, p)) = decide::status_patch(&outcome, now) {
-                return Decided::Write(s, p, outcome);
-            }
-        }
-        debug!("re-issuing: the earlier certificate is too old to send");
-        item.signed = None;
-    }
-    let Some(policy) = ctx.signers.get(&pcr.signer_name).cloned() else {
-        let outcome = Outcome::Failed {
-            reason: podca_signer::FailReason::UnknownSigner,
-            message: format!("podca does not serve signer {:?}", pcr.signer_name),
-        };
-        return match decide::status_patch(&outcome, now) {
-            Some((s, p)) => Decided::Write(s, p, outcome),
-            None => Decided::Retry("policy"),
-        };
-    };
-    // A legacy request read through v1 shows an empty stub: read it through v1beta1 (§1.6).
-    let source = match pcr.key_source() {
-        KeySource::LegacyHiddenByV1 if ctx.served.legacy_readable() => {
-            match fetch(ctx, ApiVersion::V1Beta1, &pcr.namespace, &pcr.name).await {
-                Ok(Some(beta)) if beta.uid == pcr.uid => Arc::new(beta),
-                Ok(_) => return Decided::Retry("read"),
-                Err(_) => return Decided::Retry("read"),
-            }
-        }
-        KeySource::LegacyHiddenByV1 => {
-            let message = "the request has no stubPKCS10Request; it carries a legacy \
-                           pkixPublicKey/proofOfPossession that only certificates.k8s.io/v1beta1 \
-                           shows, and this cluster does not serve v1beta1";
-            let outcome = Outcome::Failed {
-                reason: podca_signer::FailReason::LegacyRequestUnreadable,
-                message: message.into(),
-            };
-            return match decide::status_patch(&outcome, now) {
-                Some((s, p)) => Decided::Write(s, p, outcome),
-                None => Decided::Retry("policy"),
-            };
-        }
-        _ => Arc::clone(&pcr),
-    };
+/// Signs `source` off the async threads (signing is CPU work) and maps the answer to a write, or
+/// to the cause of a retry.
+async fn sign(
+    ctx: &Ctx,
+    policy: &SignerPolicy,
+    source: &Pcr,
+    now: OffsetDateTime,
+) -> Result<Write, &'static str> {
+    let policy = policy.clone();
+    let request = source.to_certificate_request();
     let ca = Arc::clone(&ctx.ca.current().ca);
-    // Signing is CPU work: off the async threads.
     let outcome = match tokio::task::spawn_blocking(move || {
-        let request = source.to_certificate_request();
         sign_request(&policy, &ca, &request, now)
     })
     .await
@@ -605,23 +599,13 @@ async fn decide_pcr(ctx: &Ctx, item: &mut Item, now: OffsetDateTime) -> Decided 
         Ok(o) => o,
         Err(e) => {
             error!(error = %e, "signing task failed");
-            return Decided::Retry("sign");
+            return Err("sign");
         }
     };
-    match decide::status_patch(&outcome, now) {
-        Some((s, p)) => {
-            if let Outcome::Issued(cert) = &outcome {
-                item.signed = Some(Arc::new((**cert).clone()));
-            }
-            Decided::Write(s, p, outcome)
-        }
-        None => {
-            if let Outcome::Retry(e) = &outcome {
-                warn!(error = %e, "CA backend unavailable; leaving the request pending");
-            }
-            Decided::Retry("ca_backend")
-        }
+    if let Outcome::Retry(e) = &outcome {
+        warn!(error = %e, "CA backend unavailable; leaving the request pending");
     }
+    plan::after_signing(outcome, now)
 }
 
 fn late(ctx: &Ctx, cause: &'static str) {

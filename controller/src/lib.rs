@@ -9,11 +9,13 @@ mod decide;
 mod discovery;
 mod error;
 pub mod grpc_auth;
+mod plan;
 pub mod publisher;
 mod queue;
 mod request;
 pub mod secret_ca;
 pub mod secret_history;
+mod secret_rotation;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -74,6 +74,8 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::secret_history::{self, Checked, owned, secret_ref};
+use crate::secret_rotation::{self, Gate as GateState};
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{CaLabels, StepLabels, Tick};
 use podca_authority::trust::{CaHandle, Clock};
@@ -406,14 +408,14 @@ struct Entry {
 }
 
 impl Entry {
-    fn from_record(record: Record) -> Result<Self, String> {
-        let anchors = CaCertificate::all_from_pem(&record.anchors_pem)
-            .map_err(|e| format!("generation {}: {e}", record.generation.id))?;
-        Ok(Entry {
+    /// A generation read from the history: no key.
+    fn recorded(checked: Checked) -> Self {
+        let Checked { record, anchors } = checked;
+        Entry {
             record,
             anchors,
             keyed: None,
-        })
+        }
     }
 }
 
@@ -624,7 +626,7 @@ impl SecretCaDriver {
     }
 
     fn secret_ref(&self) -> String {
-        format!("{}/{}", self.options.namespace, self.options.name)
+        secret_ref(&self.options)
     }
 
     async fn read_secret(&self) -> Result<Secret, SecretCaError> {
@@ -654,31 +656,14 @@ impl SecretCaDriver {
         else {
             return Ok(None);
         };
-        if !owned(&cm) {
-            return Err(self.history_error(format!(
-                "exists without the label {MANAGED_BY_LABEL}={MANAGED_BY_VALUE}; podca does not \
-                 use or overwrite it (delete it, or name another with history_configmap)"
-            )));
-        }
-        let Some(text) = cm.data.as_ref().and_then(|d| d.get(HISTORY_KEY)) else {
-            return Ok(Some(vec![]));
-        };
-        let history: History = serde_json::from_str(text)
-            .map_err(|e| self.history_error(format!("{HISTORY_KEY} is not readable: {e}")))?;
-        if history.secret != self.secret_ref() {
-            return Err(self.history_error(format!(
-                "records the CA of Secret {}, not {}",
-                history.secret,
-                self.secret_ref()
-            )));
-        }
-        history
-            .generations
-            .into_iter()
-            .map(Entry::from_record)
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
-            .map_err(|e| self.history_error(e))
+        let generations = secret_history::parse_generations(&cm, &self.options)?;
+        Ok(Some(
+            generations
+                .unwrap_or_default()
+                .into_iter()
+                .map(Entry::recorded)
+                .collect(),
+        ))
     }
 
     async fn write_history(&mut self) -> Result<(), SecretCaError> {
@@ -807,13 +792,7 @@ impl SecretCaDriver {
             self.supersede_prepared(id, now, steps);
             return;
         }
-        let id = self
-            .entries
-            .iter()
-            .map(|e| e.record.generation.id)
-            .max()
-            .unwrap_or(0)
-            + 1;
+        let id = secret_rotation::next_id(self.entries.iter().map(|e| &e.record.generation));
         let prepared_at = self.anchors_published_since(&latest, now);
         let ca = &latest.ca;
         let ca_not_after = ca
@@ -995,27 +974,18 @@ impl SecretCaDriver {
         let propagation = self.options.schedule.propagation();
         for e in &self.entries {
             if let Some(k) = &e.keyed {
-                let g = &e.record.generation;
-                match g.phase {
-                    Phase::Active => k.gate.open_from(OffsetDateTime::UNIX_EPOCH),
-                    Phase::Prepared => k.gate.open_from(g.prepared_at + propagation),
-                    Phase::Retired | Phase::Dropped => k.gate.retire(),
+                match secret_rotation::gate(&e.record.generation, propagation) {
+                    GateState::OpenFrom(t) => k.gate.open_from(t),
+                    GateState::Retired => k.gate.retire(),
                 }
             }
         }
-        // The active CA if this process holds its key; else (after a restart during the window,
-        // or a Secret changed while podca was down) the newest prepared one, gated.
-        let signer = self
-            .entries
-            .iter()
-            .find(|e| e.record.generation.phase == Phase::Active && e.keyed.is_some())
-            .or_else(|| {
-                self.entries
-                    .iter()
-                    .filter(|e| e.record.generation.phase == Phase::Prepared && e.keyed.is_some())
-                    .max_by_key(|e| e.record.generation.id)
-            });
-        let Some(signer) = signer else {
+        let signer = secret_rotation::signer(
+            self.entries
+                .iter()
+                .map(|e| (&e.record.generation, e.keyed.is_some())),
+        );
+        let Some(signer) = signer.and_then(|i| self.entries.get(i)) else {
             return false;
         };
         let generations = self.generations();
@@ -1070,19 +1040,11 @@ impl SecretCaDriver {
 
     /// When a step is next due: a prepared CA's window ends, or a retired anchor may go.
     fn next_event(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
-        let propagation = self.options.schedule.propagation();
-        self.entries
-            .iter()
-            .filter_map(|e| {
-                let g = &e.record.generation;
-                match g.phase {
-                    Phase::Prepared => Some(g.prepared_at + propagation),
-                    Phase::Retired => Some(g.anchor_needed_until()),
-                    Phase::Active | Phase::Dropped => None,
-                }
-            })
-            .map(|t| t.max(now))
-            .min()
+        secret_rotation::next_event(
+            self.entries.iter().map(|e| &e.record.generation),
+            self.options.schedule.propagation(),
+            now,
+        )
     }
 
     fn update_metrics(&self, now: OffsetDateTime) {
@@ -1106,14 +1068,6 @@ impl SecretCaDriver {
                 .unwrap_or(0),
         );
     }
-}
-
-fn owned(cm: &ConfigMap) -> bool {
-    cm.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .is_some_and(|v| v == MANAGED_BY_VALUE)
 }
 
 #[cfg(test)]

@@ -1,15 +1,16 @@
-//! Reading the Secret CA's history ConfigMap without running the backend (for `podca ca show
-//! --secret`), with the checks the backend's driver applies when it reads the same ConfigMap
-//! ([`crate::secret_ca`]): a ConfigMap without podca's `app.kubernetes.io/managed-by` label is
-//! someone else's and is refused, `history.json` must parse, must record the configured Secret,
-//! and every generation's anchors must be certificates. Read-only: nothing is ever written.
+//! The one reader of the Secret CA's history ConfigMap: the backend's driver
+//! ([`crate::secret_ca`]) reads it through `parse_generations`, and `podca ca show --secret`
+//! through [`read`] without running the backend. A ConfigMap without podca's
+//! `app.kubernetes.io/managed-by` label is someone else's and is refused, `history.json` must
+//! parse, must record the configured Secret, and every generation's anchors must be
+//! certificates. Read-only: nothing is ever written.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
 use podca_signer::CaCertificate;
 
 use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::secret_ca::{HISTORY_KEY, History, SecretCaError, SecretCaOptions};
+use crate::secret_ca::{HISTORY_KEY, History, Record, SecretCaError, SecretCaOptions};
 
 /// What the history ConfigMap of a Secret CA holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,18 +36,31 @@ pub async fn read(client: Client, options: &SecretCaOptions) -> Result<Recorded,
 /// `history.json` yet. Refuses a ConfigMap podca does not own, an unreadable history, a
 /// history of another Secret and unreadable anchors.
 pub fn parse(cm: &ConfigMap, options: &SecretCaOptions) -> Result<Option<History>, SecretCaError> {
+    Ok(parse_generations(cm, options)?.map(|generations| History {
+        // parse_generations checked that the history records this Secret.
+        secret: secret_ref(options),
+        generations: generations.into_iter().map(|g| g.record).collect(),
+    }))
+}
+
+/// A recorded generation whose anchors parsed.
+pub(crate) struct Checked {
+    pub record: Record,
+    pub anchors: Vec<CaCertificate>,
+}
+
+/// [`parse`], keeping each generation's parsed anchors: the one reader of the history, for the
+/// backend's driver and for `podca ca show --secret` alike.
+pub(crate) fn parse_generations(
+    cm: &ConfigMap,
+    options: &SecretCaOptions,
+) -> Result<Option<Vec<Checked>>, SecretCaError> {
     let refuse = |reason: String| SecretCaError::History {
         namespace: options.namespace.clone(),
         name: options.history_name(),
         reason,
     };
-    let owned = cm
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .is_some_and(|v| v == MANAGED_BY_VALUE);
-    if !owned {
+    if !owned(cm) {
         return Err(refuse(format!(
             "exists without the label {MANAGED_BY_LABEL}={MANAGED_BY_VALUE}; podca does not use \
              or overwrite it (delete it, or name another with history_configmap)"
@@ -57,18 +71,38 @@ pub fn parse(cm: &ConfigMap, options: &SecretCaOptions) -> Result<Option<History
     };
     let history: History = serde_json::from_str(text)
         .map_err(|e| refuse(format!("{HISTORY_KEY} is not readable: {e}")))?;
-    let secret = format!("{}/{}", options.namespace, options.name);
+    let secret = secret_ref(options);
     if history.secret != secret {
         return Err(refuse(format!(
             "records the CA of Secret {}, not {secret}",
             history.secret
         )));
     }
-    for record in &history.generations {
-        CaCertificate::all_from_pem(&record.anchors_pem)
-            .map_err(|e| refuse(format!("generation {}: {e}", record.generation.id)))?;
-    }
-    Ok(Some(history))
+    history
+        .generations
+        .into_iter()
+        .map(|record| {
+            let anchors = CaCertificate::all_from_pem(&record.anchors_pem)
+                .map_err(|e| refuse(format!("generation {}: {e}", record.generation.id)))?;
+            Ok(Checked { record, anchors })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Whether podca owns `cm` (its `app.kubernetes.io/managed-by` label says podca): podca reads
+/// and overwrites only its own history ConfigMap.
+pub(crate) fn owned(cm: &ConfigMap) -> bool {
+    cm.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == MANAGED_BY_VALUE)
+}
+
+/// `namespace/name` of the Secret, as the history records it.
+pub(crate) fn secret_ref(options: &SecretCaOptions) -> String {
+    format!("{}/{}", options.namespace, options.name)
 }
 
 #[cfg(test)]
