@@ -288,10 +288,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 Api::new(
                     api_options,
                     handle.clone(),
-                    Arc::new(TokenReviewAuthenticator::new(
-                        Arc::new(KubeTokenReviewer::new(client.clone())),
-                        audience,
-                    )),
+                    Arc::new(
+                        TokenReviewAuthenticator::new(
+                            Arc::new(KubeTokenReviewer::new(client.clone())),
+                            audience,
+                        )
+                        .with_clock(Arc::clone(&clock)),
+                    ),
                     Some(Arc::new(KubePodDirectory::new(client.clone()))),
                     stop_rx.clone(),
                 )?

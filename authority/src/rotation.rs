@@ -139,6 +139,7 @@ impl Rotator {
 
     /// Takes the steps that are due (when automatic), then reloads the handle if the store
     /// changed. An error leaves the current CA in place; the next tick tries again.
+    #[tracing::instrument(name = "rotation_tick", skip_all, fields(dir = %self.options.store.dir().display()))]
     pub fn tick(&self) -> Result<Tick, RotationError> {
         let now = (self.clock)();
         let store = &self.options.store;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 
+use podca_authority::Clock;
 use podca_authority::config::DevIdentity;
 
 /// The caller's Kubernetes identity.
@@ -235,12 +236,22 @@ const MAX_CACHE_ENTRIES: usize = 100_000;
 
 /// In-cluster: bearer service-account tokens checked with TokenReview, cached until the token's
 /// `exp` (at most [`MAX_CACHE`]).
-#[derive(Debug)]
 pub struct TokenReviewAuthenticator {
     reviewer: Arc<dyn TokenReviewer>,
     audience: String,
     /// SHA-256 of the token → identity and how long the review holds.
     cache: Mutex<HashMap<[u8; 32], (Identity, Instant)>>,
+    /// The time a token's `exp` is compared with.
+    clock: Clock,
+}
+
+impl fmt::Debug for TokenReviewAuthenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenReviewAuthenticator")
+            .field("reviewer", &self.reviewer)
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TokenReviewAuthenticator {
@@ -249,7 +260,15 @@ impl TokenReviewAuthenticator {
             reviewer,
             audience: audience.into(),
             cache: Mutex::new(HashMap::new()),
+            clock: podca_authority::system_clock(),
         }
+    }
+
+    /// Compares tokens' `exp` with `clock` instead of the system clock (the process clock,
+    /// like every other time-dependent part).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     fn cached(&self, key: &[u8; 32], now: Instant) -> Option<Identity> {
@@ -296,10 +315,7 @@ impl Authenticator for TokenReviewAuthenticator {
         // Expired tokens are refused here too, so a cached review never outlives the token.
         let remaining = match token_expiry(token) {
             Some(exp) => {
-                let unix_now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_secs())
-                    .unwrap_or(0);
+                let unix_now = u64::try_from((self.clock)().unix_timestamp()).unwrap_or(0);
                 if exp <= unix_now {
                     return Err(AuthError::Invalid("the token has expired".into()));
                 }
@@ -499,6 +515,18 @@ mod tests {
             .authenticate(&Peer::Unknown, &creds(jwt("good", now() - 10)))
             .await;
         assert!(matches!(expired, Err(AuthError::Invalid(ref m)) if m.contains("expired")));
+        // Expiry follows the authenticator's clock: an hour ahead, a token with 30 min left has
+        // expired, and the reviewer is not even asked.
+        let calls = reviewer.calls.load(Ordering::SeqCst);
+        let later =
+            TokenReviewAuthenticator::new(reviewer.clone(), "podca").with_clock(Arc::new(|| {
+                time::OffsetDateTime::now_utc() + time::Duration::hours(1)
+            }));
+        let r = later
+            .authenticate(&Peer::Unknown, &creds(jwt("good", now() + 1800)))
+            .await;
+        assert_eq!(r, Err(AuthError::Invalid("the token has expired".into())));
+        assert_eq!(reviewer.calls.load(Ordering::SeqCst), calls);
         let down = auth
             .authenticate(&Peer::Unknown, &creds(jwt("down", now() + 60)))
             .await;
