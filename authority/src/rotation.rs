@@ -216,16 +216,7 @@ impl Rotator {
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
             let wait = match self.tick() {
-                Ok(t) => match t.next {
-                    Some(next) => {
-                        let until = (next - (self.clock)()).max(Duration::ZERO);
-                        // A second past the due time, so the planner sees it as due.
-                        StdDuration::try_from(until + Duration::SECOND)
-                            .unwrap_or(self.options.poll)
-                            .min(self.options.poll)
-                    }
-                    None => self.options.poll,
-                },
+                Ok(t) => wait_for_next(t.next, (self.clock)(), self.options.poll),
                 Err(e) => {
                     self.metrics.rotation_errors.inc();
                     warn!(error = %e, "CA rotation check failed; keeping the current CA");
@@ -273,6 +264,24 @@ impl Rotator {
             .ca_next_rotation
             .set(next.map(|t| t.unix_timestamp()).unwrap_or(0));
         next
+    }
+}
+
+/// How long a rotation driver sleeps before its next check: until a second past the next due
+/// step (so the planner sees it as due), and never longer than `poll`.
+pub fn wait_for_next(
+    next: Option<OffsetDateTime>,
+    now: OffsetDateTime,
+    poll: StdDuration,
+) -> StdDuration {
+    match next {
+        Some(next) => {
+            let until = (next - now).max(Duration::ZERO);
+            StdDuration::try_from(until + Duration::SECOND)
+                .unwrap_or(poll)
+                .min(poll)
+        }
+        None => poll,
     }
 }
 

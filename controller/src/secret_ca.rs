@@ -601,16 +601,11 @@ impl SecretCaDriver {
                 r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
             }
             let wait = match self.tick().await {
-                Ok(t) => match t.next {
-                    Some(next) => {
-                        let until = (next - (self.clock)()).max(Duration::ZERO);
-                        // A second past the due time, so the planner sees it as due.
-                        StdDuration::try_from(until + Duration::SECOND)
-                            .unwrap_or(self.options.poll)
-                            .min(self.options.poll)
-                    }
-                    None => self.options.poll,
-                },
+                Ok(t) => podca_authority::rotation::wait_for_next(
+                    t.next,
+                    (self.clock)(),
+                    self.options.poll,
+                ),
                 Err(e) => {
                     self.metrics.rotation_errors.inc();
                     warn!(secret = %self.secret_ref(), error = %e, "CA Secret check failed; keeping the CA in force");
