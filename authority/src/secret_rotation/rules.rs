@@ -1,0 +1,166 @@
+//! The pure rules of the Secret CA backend's rotation, given the recorded generations and the
+//! clock: when a CA read from the Secret may sign, which one signs, what id a new one gets and
+//! when the next step is due. The state machine ([`super::SecretRotation`]) applies them;
+//! `podca_signer::rotation::advance` moves the phases.
+
+use podca_signer::rotation::{Generation, Phase};
+use time::{Duration, OffsetDateTime};
+
+/// When the key of a generation this process holds may sign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Gate {
+    /// From this instant on.
+    OpenFrom(OffsetDateTime),
+    /// Never again.
+    Retired,
+}
+
+/// An active CA signs at once; a prepared one once its anchor has been published for the
+/// propagation window; a retired or dropped one never.
+pub(super) fn gate(generation: &Generation, propagation: Duration) -> Gate {
+    match generation.phase {
+        Phase::Active => Gate::OpenFrom(OffsetDateTime::UNIX_EPOCH),
+        Phase::Prepared => Gate::OpenFrom(generation.prepared_at + propagation),
+        Phase::Retired | Phase::Dropped => Gate::Retired,
+    }
+}
+
+/// The index of the generation whose key signs: the active one if this process holds its key;
+/// else (after a restart during the window, or a Secret changed while podca was down) the newest
+/// prepared one with a key, which its gate holds until the window is over. Each item is a
+/// generation and whether this process holds its key.
+pub(super) fn signer<'a>(
+    generations: impl IntoIterator<Item = (&'a Generation, bool)> + Clone,
+) -> Option<usize> {
+    let keyed = |phase: Phase| {
+        generations
+            .clone()
+            .into_iter()
+            .enumerate()
+            .filter(move |(_, (g, keyed))| *keyed && g.phase == phase)
+    };
+    keyed(Phase::Active).map(|(i, _)| i).next().or_else(|| {
+        keyed(Phase::Prepared)
+            .max_by_key(|(_, (g, _))| g.id)
+            .map(|(i, _)| i)
+    })
+}
+
+/// The id of a new generation: one more than any recorded.
+pub(super) fn next_id<'a>(generations: impl IntoIterator<Item = &'a Generation>) -> u32 {
+    generations.into_iter().map(|g| g.id).max().unwrap_or(0) + 1
+}
+
+/// When a step is next due (not before `now`): a prepared CA's window ends, or a retired
+/// anchor may go.
+pub(super) fn next_event<'a>(
+    generations: impl IntoIterator<Item = &'a Generation>,
+    propagation: Duration,
+    now: OffsetDateTime,
+) -> Option<OffsetDateTime> {
+    generations
+        .into_iter()
+        .filter_map(|g| match g.phase {
+            Phase::Prepared => Some(g.prepared_at + propagation),
+            Phase::Retired => Some(g.anchor_needed_until()),
+            Phase::Active | Phase::Dropped => None,
+        })
+        .map(|t| t.max(now))
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use time::macros::datetime;
+
+    const T0: OffsetDateTime = datetime!(2027-01-01 0:00 UTC);
+    const WINDOW: Duration = Duration::hours(1);
+
+    fn generation(id: u32, phase: Phase) -> Generation {
+        Generation {
+            id,
+            phase,
+            ca_not_before: T0,
+            ca_not_after: T0 + Duration::days(30),
+            prepared_at: T0 + Duration::hours(i64::from(id)),
+            activated_at: None,
+            retired_at: None,
+            activate_asap: true,
+            last_leaf_not_after: None,
+        }
+    }
+
+    #[test]
+    fn gates_follow_the_phase() {
+        for (phase, want) in [
+            (Phase::Active, Gate::OpenFrom(OffsetDateTime::UNIX_EPOCH)),
+            (Phase::Prepared, Gate::OpenFrom(T0 + Duration::hours(3))),
+            (Phase::Retired, Gate::Retired),
+            (Phase::Dropped, Gate::Retired),
+        ] {
+            assert_eq!(gate(&generation(2, phase), WINDOW), want, "{phase}");
+        }
+    }
+
+    /// Name, generations as (id, phase, key held), index of the signer.
+    type Row<'a> = (&'a str, &'a [(u32, Phase, bool)], Option<usize>);
+
+    #[test]
+    fn signer_table() {
+        use Phase::{Active, Dropped, Prepared, Retired};
+        #[rustfmt::skip]
+        let rows: [Row<'_>; 7] = [
+            ("nothing recorded", &[], None),
+            ("the keyed active CA", &[(1, Retired, true), (2, Active, true), (3, Prepared, true)], Some(1)),
+            ("no key for the active: newest keyed prepared", &[(2, Active, false), (3, Prepared, true), (4, Prepared, true)], Some(2)),
+            ("newest by id, not by position", &[(4, Prepared, true), (3, Prepared, true)], Some(0)),
+            ("an unkeyed prepared CA never signs", &[(2, Active, false), (3, Prepared, false)], None),
+            ("retired and dropped never sign", &[(1, Retired, true), (2, Dropped, true)], None),
+            ("the only keyed prepared CA", &[(1, Dropped, false), (2, Prepared, true)], Some(1)),
+        ];
+        for (name, entries, want) in rows {
+            let generations: Vec<(Generation, bool)> = entries
+                .iter()
+                .map(|&(id, phase, keyed)| (generation(id, phase), keyed))
+                .collect();
+            let got = signer(generations.iter().map(|(g, keyed)| (g, *keyed)));
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn ids_count_up_from_one() {
+        assert_eq!(next_id(&[]), 1);
+        let recorded = [generation(3, Phase::Retired), generation(1, Phase::Dropped)];
+        assert_eq!(next_id(&recorded), 4);
+    }
+
+    #[test]
+    fn next_event_is_the_earliest_due_step_and_never_past() {
+        let prepared = generation(2, Phase::Prepared); // window ends T0 + 3 h
+        let mut retired = generation(1, Phase::Retired);
+        retired.activated_at = Some(T0);
+        retired.last_leaf_not_after = Some(T0 + Duration::hours(5));
+        let active = generation(3, Phase::Active);
+        let dropped = generation(4, Phase::Dropped);
+        assert_eq!(
+            next_event(&[active.clone(), dropped.clone()], WINDOW, T0),
+            None
+        );
+        assert_eq!(
+            next_event(&[retired.clone(), prepared.clone(), active], WINDOW, T0),
+            Some(T0 + Duration::hours(3))
+        );
+        assert_eq!(
+            next_event(&[retired.clone(), dropped], WINDOW, T0),
+            Some(T0 + Duration::hours(5))
+        );
+        let late = T0 + Duration::hours(4);
+        assert_eq!(
+            next_event(&[retired, prepared], WINDOW, late),
+            Some(late),
+            "an overdue step is due now"
+        );
+    }
+}
