@@ -6,6 +6,8 @@
 //! * [`config`]: the one configuration schema (TOML, flags and environment fill it in);
 //! * [`ca`]: opening the CA a configuration names (file, PKCS#11), once, for every command;
 //! * [`rotation`]: the rotation driver of a CA held in a data directory;
+//! * [`secret_rotation`]: the pure state machine of a CA held in a Kubernetes Secret (the
+//!   controller does its Kubernetes I/O);
 //! * [`metrics`], [`hsm_metrics`] and [`admin`]: the Prometheus registry and the
 //!   `/metrics` `/livez` `/readyz` listener;
 //! * [`shutdown`]: the signals that stop podca.
@@ -19,6 +21,7 @@ pub mod config;
 pub mod hsm_metrics;
 pub mod metrics;
 pub mod rotation;
+pub mod secret_rotation;
 pub mod shutdown;
 pub mod trust;
 

@@ -15,7 +15,6 @@ mod queue;
 mod request;
 pub mod secret_ca;
 pub mod secret_history;
-mod secret_rotation;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -7,10 +7,12 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
-use podca_signer::CaCertificate;
+use podca_authority::secret_rotation::Checked;
 
 use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::secret_ca::{HISTORY_KEY, History, Record, SecretCaError, SecretCaOptions};
+use crate::secret_ca::{
+    HISTORY_KEY, History, HistoryError, SecretCaError, SecretCaOptions, history_error,
+};
 
 /// What the history ConfigMap of a Secret CA holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,48 +45,38 @@ pub fn parse(cm: &ConfigMap, options: &SecretCaOptions) -> Result<Option<History
     }))
 }
 
-/// A recorded generation whose anchors parsed.
-pub(crate) struct Checked {
-    pub record: Record,
-    pub anchors: Vec<CaCertificate>,
-}
-
 /// [`parse`], keeping each generation's parsed anchors: the one reader of the history, for the
 /// backend's driver and for `podca ca show --secret` alike.
 pub(crate) fn parse_generations(
     cm: &ConfigMap,
     options: &SecretCaOptions,
 ) -> Result<Option<Vec<Checked>>, SecretCaError> {
-    let refuse = |reason: String| SecretCaError::History {
-        namespace: options.namespace.clone(),
-        name: options.history_name(),
-        reason,
-    };
+    let refuse = |reason: HistoryError| history_error(options, reason);
     if !owned(cm) {
-        return Err(refuse(format!(
-            "exists without the label {MANAGED_BY_LABEL}={MANAGED_BY_VALUE}; podca does not use \
-             or overwrite it (delete it, or name another with history_configmap)"
-        )));
+        return Err(refuse(HistoryError::NotOwned));
     }
     let Some(text) = cm.data.as_ref().and_then(|d| d.get(HISTORY_KEY)) else {
         return Ok(None);
     };
-    let history: History = serde_json::from_str(text)
-        .map_err(|e| refuse(format!("{HISTORY_KEY} is not readable: {e}")))?;
+    let history: History = serde_json::from_str(text).map_err(|e| {
+        refuse(HistoryError::Unreadable {
+            detail: e.to_string(),
+        })
+    })?;
     let secret = secret_ref(options);
     if history.secret != secret {
-        return Err(refuse(format!(
-            "records the CA of Secret {}, not {secret}",
-            history.secret
-        )));
+        return Err(refuse(HistoryError::OtherSecret {
+            recorded: history.secret,
+            configured: secret,
+        }));
     }
     history
         .generations
         .into_iter()
         .map(|record| {
-            let anchors = CaCertificate::all_from_pem(&record.anchors_pem)
-                .map_err(|e| refuse(format!("generation {}: {e}", record.generation.id)))?;
-            Ok(Checked { record, anchors })
+            let generation = record.generation.id;
+            Checked::new(record)
+                .map_err(|error| refuse(HistoryError::Anchors { generation, error }))
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
@@ -136,7 +128,7 @@ mod tests {
 
     const OURS: &[(&str, &str)] = &[(MANAGED_BY_LABEL, MANAGED_BY_VALUE)];
 
-    fn reason(result: Result<Option<History>, SecretCaError>) -> String {
+    fn reason(result: Result<Option<History>, SecretCaError>) -> HistoryError {
         match result {
             Err(SecretCaError::History {
                 namespace,
@@ -173,24 +165,37 @@ mod tests {
         let unowned = "exists without the label app.kubernetes.io/managed-by=podca; podca does \
                        not use or overwrite it (delete it, or name another with \
                        history_configmap)";
+        assert_eq!(HistoryError::NotOwned.to_string(), unowned);
         assert_eq!(
             reason(parse(&configmap(&[], Some(good)), &options())),
-            unowned
+            HistoryError::NotOwned
         );
         assert_eq!(
             reason(parse(
                 &configmap(&[(MANAGED_BY_LABEL, "helm")], Some(good)),
                 &options()
             )),
-            unowned
+            HistoryError::NotOwned
         );
+        let unreadable = reason(parse(&configmap(OURS, Some("{")), &options()));
         assert!(
-            reason(parse(&configmap(OURS, Some("{")), &options()))
-                .starts_with("history.json is not readable: ")
+            matches!(unreadable, HistoryError::Unreadable { .. })
+                && unreadable
+                    .to_string()
+                    .starts_with("history.json is not readable: "),
+            "{unreadable:?}"
         );
         let other = r#"{"secret":"other/ca","generations":[]}"#;
+        let other = reason(parse(&configmap(OURS, Some(other)), &options()));
         assert_eq!(
-            reason(parse(&configmap(OURS, Some(other)), &options())),
+            other,
+            HistoryError::OtherSecret {
+                recorded: "other/ca".into(),
+                configured: "podca-system/podca-ca".into(),
+            }
+        );
+        assert_eq!(
+            other.to_string(),
             "records the CA of Secret other/ca, not podca-system/podca-ca"
         );
         let bad_anchor = serde_json::json!({
@@ -207,9 +212,11 @@ mod tests {
             }],
         })
         .to_string();
+        let bad_anchor = reason(parse(&configmap(OURS, Some(&bad_anchor)), &options()));
         assert!(
-            reason(parse(&configmap(OURS, Some(&bad_anchor)), &options()))
-                .starts_with("generation 3: "),
+            matches!(bad_anchor, HistoryError::Anchors { generation: 3, .. })
+                && bad_anchor.to_string().starts_with("generation 3: "),
+            "{bad_anchor:?}"
         );
     }
 }

@@ -1,14 +1,14 @@
 //! The pure rules of the Secret CA backend's rotation, given the recorded generations and the
 //! clock: when a CA read from the Secret may sign, which one signs, what id a new one gets and
-//! when the next step is due. The driver in [`crate::secret_ca`] does the Kubernetes I/O and
-//! the bookkeeping; `podca_signer::rotation::advance` moves the phases.
+//! when the next step is due. The state machine ([`super::SecretRotation`]) applies them;
+//! `podca_signer::rotation::advance` moves the phases.
 
 use podca_signer::rotation::{Generation, Phase};
 use time::{Duration, OffsetDateTime};
 
 /// When the key of a generation this process holds may sign.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Gate {
+pub(super) enum Gate {
     /// From this instant on.
     OpenFrom(OffsetDateTime),
     /// Never again.
@@ -17,7 +17,7 @@ pub(crate) enum Gate {
 
 /// An active CA signs at once; a prepared one once its anchor has been published for the
 /// propagation window; a retired or dropped one never.
-pub(crate) fn gate(generation: &Generation, propagation: Duration) -> Gate {
+pub(super) fn gate(generation: &Generation, propagation: Duration) -> Gate {
     match generation.phase {
         Phase::Active => Gate::OpenFrom(OffsetDateTime::UNIX_EPOCH),
         Phase::Prepared => Gate::OpenFrom(generation.prepared_at + propagation),
@@ -29,7 +29,7 @@ pub(crate) fn gate(generation: &Generation, propagation: Duration) -> Gate {
 /// else (after a restart during the window, or a Secret changed while podca was down) the newest
 /// prepared one with a key, which its gate holds until the window is over. Each item is a
 /// generation and whether this process holds its key.
-pub(crate) fn signer<'a>(
+pub(super) fn signer<'a>(
     generations: impl IntoIterator<Item = (&'a Generation, bool)> + Clone,
 ) -> Option<usize> {
     let keyed = |phase: Phase| {
@@ -47,13 +47,13 @@ pub(crate) fn signer<'a>(
 }
 
 /// The id of a new generation: one more than any recorded.
-pub(crate) fn next_id<'a>(generations: impl IntoIterator<Item = &'a Generation>) -> u32 {
+pub(super) fn next_id<'a>(generations: impl IntoIterator<Item = &'a Generation>) -> u32 {
     generations.into_iter().map(|g| g.id).max().unwrap_or(0) + 1
 }
 
 /// When a step is next due (not before `now`): a prepared CA's window ends, or a retired
 /// anchor may go.
-pub(crate) fn next_event<'a>(
+pub(super) fn next_event<'a>(
     generations: impl IntoIterator<Item = &'a Generation>,
     propagation: Duration,
     now: OffsetDateTime,

@@ -1,0 +1,506 @@
+//! [`SecretRotation`]: the recorded generations and the CAs this process holds, moved forward
+//! by pure methods. Each returns what the caller must write; nothing here does I/O.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+
+use podca_signer::rotation::{self, Generation, Phase, Schedule, Step};
+use podca_signer::{CaCertificate, IssuingCa};
+use time::{Duration, OffsetDateTime};
+use tracing::info;
+
+use super::contents::{SecretCaContents, SecretError};
+use super::rules::{self, Gate as Opening};
+use super::{Checked, History, Record};
+
+/// What the state machine needs to know besides the Secret and the history.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `namespace/name` of the Secret, as the history records it.
+    pub secret: String,
+    /// Only `propagation_seconds` is used: podca never makes CAs in this backend.
+    pub schedule: Schedule,
+    /// Bounds the life of a retired CA's leaves (the largest policy maximum lifetime).
+    pub max_leaf_lifetime: Duration,
+}
+
+/// What [`SecretRotation::observe`] made of the Secret.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Observation {
+    /// The CA already seen last.
+    Unchanged,
+    /// A new valid CA: the next [`SecretRotation::step`] records it.
+    New,
+    /// No usable CA (reported once per Secret version); the CA in force stays.
+    Rejected(SecretError),
+    /// The version refused last time: not parsed again.
+    AlreadyRejected,
+}
+
+/// What [`SecretRotation::step`] did and what the caller must install.
+#[derive(Debug, Default)]
+pub struct Stepped {
+    /// The steps taken, in order.
+    pub steps: Vec<Step>,
+    /// Swap the handle to this; `None`: the handle already holds the right CA and anchors.
+    pub install: Option<Install>,
+}
+
+/// The CA that signs from now on and every anchor to publish.
+#[derive(Debug, Clone)]
+pub struct Install {
+    /// The signing generation.
+    pub generation: u32,
+    /// The signing CA; its key is gated as the phases say.
+    pub ca: Arc<IssuingCa>,
+    /// The anchors of every published generation, without duplicates.
+    pub anchors: Vec<CaCertificate>,
+    /// Set when the signer is a prepared CA whose predecessor's key this process does not hold
+    /// (a restart during the window, or a Secret changed while podca was down): it signs
+    /// nothing before this instant.
+    pub gated_until: Option<OffsetDateTime>,
+}
+
+/// Values for the rotation gauges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricValues {
+    /// Every generation still in use (not dropped).
+    pub generations: Vec<GenerationGauge>,
+    /// When a step is next due.
+    pub next_rotation: Option<OffsetDateTime>,
+}
+
+/// One generation's `podca_ca_generation_not_after_timestamp_seconds`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenerationGauge {
+    pub generation: u32,
+    pub phase: Phase,
+    pub not_after: OffsetDateTime,
+}
+
+/// A generation and what this process knows about it.
+struct Entry {
+    record: Record,
+    anchors: Vec<CaCertificate>,
+    /// The CA with its key: only for CAs this process read from the Secret, until retired.
+    keyed: Option<Arc<SecretCaContents>>,
+}
+
+impl Entry {
+    /// A generation read from the history: no key.
+    fn recorded(checked: Checked) -> Self {
+        let Checked { record, anchors } = checked;
+        Entry {
+            record,
+            anchors,
+            keyed: None,
+        }
+    }
+
+    fn is_live(&self) -> bool {
+        matches!(
+            self.record.generation.phase,
+            Phase::Prepared | Phase::Active
+        )
+    }
+}
+
+/// The Secret CA's generations and keys.
+pub struct SecretRotation {
+    settings: Settings,
+    entries: Vec<Entry>,
+    /// The last valid CA read from the Secret.
+    latest: Arc<SecretCaContents>,
+    /// The resourceVersion of a Secret refused already (reported once).
+    rejected_version: Option<String>,
+    /// What the handle holds: the signing generation and the anchors' fingerprints.
+    installed: Option<(u32, Vec<String>)>,
+    /// The history changed since it was last written.
+    dirty: bool,
+}
+
+impl fmt::Debug for SecretRotation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretRotation")
+            .field("secret", &self.settings.secret)
+            .field(
+                "generations",
+                &self
+                    .entries
+                    .iter()
+                    .map(|e| {
+                        format!(
+                            "{} {} {}",
+                            e.record.generation.id, e.record.generation.phase, e.record.fingerprint
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .field("installed", &self.installed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SecretRotation {
+    /// The state at start: the generations recorded in the history (none without one) and the
+    /// CA the Secret holds now. Nothing is installed before the first [`SecretRotation::step`].
+    pub fn new(settings: Settings, recorded: Vec<Checked>, contents: SecretCaContents) -> Self {
+        SecretRotation {
+            settings,
+            entries: recorded.into_iter().map(Entry::recorded).collect(),
+            latest: Arc::new(contents),
+            rejected_version: None,
+            installed: None,
+            dirty: false,
+        }
+    }
+
+    /// Takes over the leader's history (a standby follows it), keeping the keys this process
+    /// holds for the prepared and active generations.
+    pub fn adopt(&mut self, recorded: Vec<Checked>) {
+        let mut keys: Vec<Arc<SecretCaContents>> =
+            self.entries.drain(..).filter_map(|e| e.keyed).collect();
+        keys.push(Arc::clone(&self.latest));
+        self.entries = recorded
+            .into_iter()
+            .map(|checked| {
+                let mut e = Entry::recorded(checked);
+                if e.is_live() {
+                    e.keyed = keys.iter().find(|k| k.same_ca(&e.record)).cloned();
+                }
+                e
+            })
+            .collect();
+    }
+
+    /// Looks at the Secret of resourceVersion `version`: `parse` (not called again for a
+    /// version refused already) gives its CA, which becomes the latest when it is new.
+    pub fn observe(
+        &mut self,
+        version: Option<&str>,
+        parse: impl FnOnce() -> Result<SecretCaContents, SecretError>,
+    ) -> Observation {
+        if version.is_some() && version == self.rejected_version.as_deref() {
+            return Observation::AlreadyRejected;
+        }
+        match parse() {
+            Ok(contents) => {
+                self.rejected_version = None;
+                if self.latest.same_as(&contents) {
+                    return Observation::Unchanged;
+                }
+                info!(
+                    secret = %self.settings.secret,
+                    issuing = %contents.ca().certificate().subject(),
+                    fingerprint = %contents.ca().fingerprint(),
+                    anchors = ?contents.ca().roots().iter().map(|r| r.fingerprint()).collect::<Vec<_>>(),
+                    "new CA seen in Secret"
+                );
+                self.latest = Arc::new(contents);
+                Observation::New
+            }
+            Err(reason) => {
+                self.rejected_version = version.map(str::to_owned);
+                Observation::Rejected(reason)
+            }
+        }
+    }
+
+    /// Records the latest Secret CA (prepared, or found in the history), runs the planner to a
+    /// fixed point, opens and closes the keys' gates as the phases say, and tells what to
+    /// install when the signing CA or the anchors changed.
+    pub fn step(&mut self, now: OffsetDateTime) -> Stepped {
+        let mut steps = vec![];
+        // Time-based steps first: a prepared CA whose gate opened is activated before a newer
+        // one could supersede it.
+        self.plan_to_fixed_point(now, &mut steps);
+        self.record_latest(now, &mut steps);
+        self.plan_to_fixed_point(now, &mut steps);
+        let install = self.install(now);
+        Stepped { steps, install }
+    }
+
+    /// The generations as recorded (public data only), to persist.
+    pub fn history(&self) -> History {
+        History {
+            secret: self.settings.secret.clone(),
+            generations: self.entries.iter().map(|e| e.record.clone()).collect(),
+        }
+    }
+
+    /// Whether the history changed since [`SecretRotation::written`].
+    pub fn needs_writing(&self) -> bool {
+        self.dirty
+    }
+
+    /// The history as it is now has been persisted.
+    pub fn written(&mut self) {
+        self.dirty = false;
+    }
+
+    /// When a step is next due: a prepared CA's window ends, or a retired anchor may go.
+    pub fn next_event(&self, now: OffsetDateTime) -> Option<OffsetDateTime> {
+        rules::next_event(
+            self.entries.iter().map(|e| &e.record.generation),
+            self.settings.schedule.propagation(),
+            now,
+        )
+    }
+
+    /// The gauges' values at `now`.
+    pub fn metric_values(&self, now: OffsetDateTime) -> MetricValues {
+        MetricValues {
+            generations: self
+                .entries
+                .iter()
+                .map(|e| &e.record.generation)
+                .filter(|g| g.phase != Phase::Dropped)
+                .map(|g| GenerationGauge {
+                    generation: g.id,
+                    phase: g.phase,
+                    not_after: g.ca_not_after,
+                })
+                .collect(),
+            next_rotation: self.next_event(now),
+        }
+    }
+
+    fn record_latest(&mut self, now: OffsetDateTime, steps: &mut Vec<Step>) {
+        let latest = Arc::clone(&self.latest);
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.is_live() && latest.same_ca(&e.record))
+        {
+            if e.keyed.is_none() {
+                e.keyed = Some(Arc::clone(&latest));
+            }
+            let id = e.record.generation.id;
+            self.supersede_prepared(id, now, steps);
+            return;
+        }
+        let id = rules::next_id(self.entries.iter().map(|e| &e.record.generation));
+        let prepared_at = self.anchors_published_since(&latest, now);
+        let ca = latest.ca();
+        let ca_not_after = ca
+            .roots()
+            .iter()
+            .map(CaCertificate::not_after)
+            .fold(ca.not_after(), OffsetDateTime::min);
+        let record = Record {
+            generation: Generation {
+                id,
+                phase: Phase::Prepared,
+                ca_not_before: ca.certificate().not_before(),
+                ca_not_after,
+                prepared_at,
+                activated_at: None,
+                retired_at: None,
+                activate_asap: true,
+                last_leaf_not_after: None,
+            },
+            fingerprint: ca.fingerprint().to_string(),
+            subject: ca.certificate().subject().to_string(),
+            chain_pem: latest.chain_pem.clone(),
+            anchors_pem: latest.anchors_pem.clone(),
+        };
+        info!(
+            generation = id,
+            secret = %self.settings.secret,
+            issuing = %record.subject,
+            fingerprint = %record.fingerprint,
+            anchors_published_since = %prepared_at,
+            signs_from = %(prepared_at + self.settings.schedule.propagation()),
+            "prepared: the new CA's anchors are published; it signs once they have propagated"
+        );
+        steps.push(Step::Prepare);
+        self.entries.push(Entry {
+            anchors: ca.roots().to_vec(),
+            record,
+            keyed: Some(latest),
+        });
+        self.dirty = true;
+        self.supersede_prepared(id, now, steps);
+    }
+
+    /// Prepared generations other than `keep` signed nothing: they are retired (and dropped as
+    /// soon as the planner runs).
+    fn supersede_prepared(&mut self, keep: u32, now: OffsetDateTime, steps: &mut Vec<Step>) {
+        let superseded: Vec<u32> = self
+            .entries
+            .iter()
+            .filter(|e| {
+                e.record.generation.phase == Phase::Prepared && e.record.generation.id != keep
+            })
+            .map(|e| e.record.generation.id)
+            .collect();
+        let max_leaf = self.settings.max_leaf_lifetime;
+        for id in superseded {
+            if let Some(e) = self
+                .entries
+                .iter_mut()
+                .find(|e| e.record.generation.id == id)
+            {
+                e.record.generation.retire(max_leaf, now);
+            }
+            self.took(Step::Retire(id), steps);
+        }
+    }
+
+    /// When every anchor of `ca` has been published without a gap (the earliest preparation of
+    /// a still-published generation holding it); `now` for an anchor not published yet.
+    fn anchors_published_since(
+        &self,
+        ca: &SecretCaContents,
+        now: OffsetDateTime,
+    ) -> OffsetDateTime {
+        let published = self.published(now);
+        ca.ca()
+            .roots()
+            .iter()
+            .map(|anchor| {
+                self.entries
+                    .iter()
+                    .filter(|e| {
+                        published.contains(&e.record.generation.id) && e.anchors.contains(anchor)
+                    })
+                    .map(|e| e.record.generation.prepared_at)
+                    .min()
+                    .unwrap_or(now)
+            })
+            .max()
+            .unwrap_or(now)
+    }
+
+    fn generations(&self) -> Vec<Generation> {
+        self.entries
+            .iter()
+            .map(|e| e.record.generation.clone())
+            .collect()
+    }
+
+    /// The ids of the generations whose anchors are published at `now`.
+    fn published(&self, now: OffsetDateTime) -> HashSet<u32> {
+        rotation::published(&self.generations(), now)
+            .into_iter()
+            .collect()
+    }
+
+    fn plan_to_fixed_point(&mut self, now: OffsetDateTime, steps: &mut Vec<Step>) {
+        let advanced = rotation::advance(
+            &self.generations(),
+            &self.settings.schedule,
+            self.settings.max_leaf_lifetime,
+            now,
+        );
+        // `prepare_due` is not for this backend: podca makes no CAs here, a new one comes from
+        // the Secret.
+        for (e, g) in self.entries.iter_mut().zip(advanced.generations) {
+            e.record.generation = g;
+        }
+        for step in advanced.steps {
+            self.took(step, steps);
+        }
+    }
+
+    /// Logs and records a step whose bookkeeping is done; a retired CA's key is let go.
+    fn took(&mut self, step: Step, steps: &mut Vec<Step>) {
+        let secret = &self.settings.secret;
+        let id = match step {
+            Step::Activate(id) | Step::Retire(id) | Step::Drop(id) => id,
+            Step::Prepare => return,
+        };
+        let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.record.generation.id == id)
+        else {
+            return;
+        };
+        let g = &e.record.generation;
+        match step {
+            Step::Activate(_) => info!(
+                generation = id,
+                secret,
+                issuing = %e.record.subject,
+                fingerprint = %e.record.fingerprint,
+                "activated: this CA signs from now on"
+            ),
+            Step::Retire(_) => {
+                if let Some(k) = e.keyed.take() {
+                    k.gate.retire();
+                }
+                info!(
+                    generation = id,
+                    secret,
+                    fingerprint = %e.record.fingerprint,
+                    anchor_published_until = %g.anchor_needed_until(),
+                    "retired: this CA signs nothing; its anchor stays until its last certificate expired"
+                );
+            }
+            Step::Drop(_) => info!(
+                generation = id,
+                secret,
+                fingerprint = %e.record.fingerprint,
+                "dropped: this CA's anchor leaves the trust bundle"
+            ),
+            Step::Prepare => {}
+        }
+        self.dirty = true;
+        steps.push(step);
+    }
+
+    /// Opens the gates as the phases say; the signing CA and the anchors when either changed
+    /// since the last install.
+    fn install(&mut self, now: OffsetDateTime) -> Option<Install> {
+        let propagation = self.settings.schedule.propagation();
+        for e in &self.entries {
+            if let Some(k) = &e.keyed {
+                match rules::gate(&e.record.generation, propagation) {
+                    Opening::OpenFrom(t) => k.gate.open_from(t),
+                    Opening::Retired => k.gate.retire(),
+                }
+            }
+        }
+        let signer = rules::signer(
+            self.entries
+                .iter()
+                .map(|e| (&e.record.generation, e.keyed.is_some())),
+        );
+        let signer = self.entries.get(signer?)?;
+        let published = self.published(now);
+        let mut anchors: Vec<CaCertificate> = vec![];
+        for e in self
+            .entries
+            .iter()
+            .filter(|e| published.contains(&e.record.generation.id))
+        {
+            for a in &e.anchors {
+                if !anchors.contains(a) {
+                    anchors.push(a.clone());
+                }
+            }
+        }
+        let generation = signer.record.generation.id;
+        let state = (
+            generation,
+            anchors.iter().map(CaCertificate::fingerprint).collect(),
+        );
+        if self.installed.as_ref() == Some(&state) {
+            return None;
+        }
+        let keyed = signer.keyed.as_ref()?;
+        let gated_until = (signer.record.generation.phase == Phase::Prepared)
+            .then(|| signer.record.generation.prepared_at + propagation);
+        let install = Install {
+            generation,
+            ca: Arc::clone(keyed.ca()),
+            anchors,
+            gated_until,
+        };
+        self.installed = Some(state);
+        Some(install)
+    }
+}
