@@ -11,7 +11,7 @@ use clap::Args;
 use podca_authority::CaHandle;
 use podca_authority::admin::Readiness;
 use podca_authority::metrics::Metrics;
-use podca_authority::rotation::{self, Rotator, RotatorOptions};
+use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_controller::publisher::PublisherOptions;
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
@@ -164,15 +164,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             if automatic {
                 config.rotation.validate()?;
             }
-            let refresh_when: Option<rotation::RefreshWhen> =
-                source.intermediate_lifetime.map(|_| {
-                    Arc::new(|ca: &podca_signer::IssuingCa, now| {
-                        podca_signer::backend::pkcs11::intermediate_needs_renewal(
-                            ca.certificate(),
-                            now,
-                        )
-                    }) as rotation::RefreshWhen
-                });
             let options = RotatorOptions {
                 store: source.store.clone(),
                 schedule: config.rotation,
@@ -180,7 +171,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 max_leaf_lifetime,
                 poll: Duration::from_secs(5),
                 open: Arc::clone(&source.open),
-                refresh_when,
+                refresh_when: source.intermediate,
             };
             Backend::Files {
                 handle,
