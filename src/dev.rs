@@ -26,6 +26,7 @@ use podca_authority::config::{CaConfig, FileCa, Pkcs11Ca};
 use podca_authority::config::{Config, DevBundle, DevIdentity};
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions};
+use podca_authority::shutdown::Shutdown;
 use podca_grpc::auth::{DevAuthenticator, Identity};
 use podca_grpc::core::IssuedVia;
 use podca_grpc::ledger::LedgerWriter;
@@ -170,7 +171,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let (ledger_sink, ledger_writer) =
         LedgerWriter::start(ledger).context("starting the ledger writer")?;
 
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut tasks = Shutdown::new();
     let api = Arc::new(
         Api::new(
             ApiOptions {
@@ -183,26 +184,24 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             ca.clone(),
             Arc::new(DevAuthenticator::new(&identities)),
             None,
-            stop_rx.clone(),
+            tasks.receiver(),
         )?
         .with_ledger(ledger_sink)
         .with_clock(clock),
     );
 
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-    let rotation_task = tokio::spawn(Arc::clone(&rotator).run(stop_rx.clone()));
-    let tcp_server = tokio::spawn(server::serve_tcp(
-        tcp,
-        Arc::clone(&api),
-        stopped(stop_rx.clone()),
-    ));
-    let unix_server = tokio::spawn(server::serve_unix(
-        unix,
-        Arc::clone(&api),
-        stopped(stop_rx.clone()),
-    ));
+    tasks.spawn(
+        "CA rotation driver",
+        Arc::clone(&rotator).run(tasks.receiver()),
+    );
+    let tcp_server = server::serve_tcp(tcp, Arc::clone(&api), tasks.stopped());
+    tasks.spawn("gRPC server", async move {
+        let _ = tcp_server.await;
+    });
+    let unix_server = server::serve_unix(unix, Arc::clone(&api), tasks.stopped());
+    tasks.spawn("Workload API server", async move {
+        let _ = unix_server.await;
+    });
 
     let bundle_dir = data_dir.join("bundles");
     let mut bundle_paths = Vec::new();
@@ -212,7 +211,12 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             format!("{}/{}", spec.namespace, spec.service_account),
             dir.clone(),
         ));
-        tokio::spawn(keep_bundle(Arc::clone(&api), spec, dir, stop_rx.clone()));
+        let name = format!(
+            "credential bundle {}/{}",
+            spec.namespace, spec.service_account
+        );
+        let keeper = keep_bundle(Arc::clone(&api), spec, dir, tasks.receiver());
+        tasks.spawn(name, keeper);
     }
 
     // Handlers first: the banner says "ready", and a signal right after it must stop us cleanly
@@ -242,16 +246,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         }
     }
     println!("podca dev: stopping");
-    let _ = stop_tx.send(true);
-    let drain = async {
-        let _ = rotation_task.await;
-        let _ = tcp_server.await;
-        let _ = unix_server.await;
-    };
-    if tokio::time::timeout(Duration::from_secs(5), drain)
-        .await
-        .is_err()
-    {
+    if !tasks.drain(Duration::from_secs(5)).await.is_empty() {
         eprintln!("podca dev: connections still open after 5 s; exiting anyway");
     }
     match tokio::task::spawn_blocking(move || ledger_writer.finish(Duration::from_secs(10))).await {

@@ -2,29 +2,29 @@
 //! (TokenReview-authenticated), the CA rotation driver and the admin server.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use podca_authority::CaHandle;
 use podca_authority::admin::Readiness;
+use podca_authority::ca::{self, HsmKeySlot};
+use podca_authority::config::{CaConfig, Config};
+use podca_authority::hsm_metrics::HsmMetrics;
 use podca_authority::metrics::Metrics;
-use podca_authority::rotation::{self, Rotator, RotatorOptions};
+use podca_authority::rotation::{Rotator, RotatorOptions};
+use podca_authority::shutdown::{self, Shutdown};
+use podca_authority::{CaHandle, Clock};
+use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
 use podca_controller::publisher::PublisherOptions;
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
+use podca_grpc::auth::{PodDirectory, TokenReviewAuthenticator, TokenReviewer};
+use podca_grpc::{Api, ApiOptions, server};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::info;
-
-use podca_authority::ca;
-use podca_authority::config::{CaConfig, Config};
-use podca_authority::hsm_metrics::HsmMetrics;
-use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
-use podca_grpc::auth::TokenReviewAuthenticator;
-use podca_grpc::{Api, ApiOptions, server};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -93,6 +93,10 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// How long the background tasks (CA driver, HSM metrics, gRPC server) get, all together, to
+/// stop once the controller has returned.
+const TASK_DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
         config,
@@ -111,219 +115,208 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         grpc_listen,
         no_grpc,
     } = args;
-    let config_path = config.context("--config is required for `podca serve`")?;
-    let config = Config::load(&config_path)?;
-    if config.signers.is_empty() {
-        bail!(
-            "{}: no [signers.\"<name>\"] table configured",
-            config_path.display()
-        );
-    }
+    let config = load_config(config)?;
     if lease_renew_deadline >= lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
     }
-    let max_leaf_lifetime = config.max_leaf_lifetime();
     let mut metrics = Metrics::new();
-    let clock = podca_authority::system_clock();
-    let backend = match &config.ca {
+    let backend = open_backend(&config, leader_elect, &mut metrics)?;
+    let grpc = if no_grpc {
+        None
+    } else {
+        Some(grpc_settings(&config, grpc_listen)?)
+    };
+    let lease = LeaseFlags {
+        lease_name,
+        lease_namespace,
+        lease_identity,
+        lease_duration,
+        lease_renew_deadline,
+        lease_retry_period,
+    };
+    let controller = ControllerFlags {
+        workers,
+        queue_capacity,
+        admin_listen,
+        drain_timeout,
+        leader_election: leader_elect.then(|| leader_election_options(lease)),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(Prepared {
+        kubeconfig,
+        config,
+        backend,
+        grpc,
+        controller,
+        clock: podca_authority::system_clock(),
+        metrics: Arc::new(metrics),
+    }))
+}
+
+/// The configuration file `--config` names, with at least one signer.
+fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
+    let path = path.context("--config is required for `podca serve`")?;
+    let config = Config::load(&path)?;
+    if config.signers.is_empty() {
+        bail!(
+            "{}: no [signers.\"<name>\"] table configured",
+            path.display()
+        );
+    }
+    Ok(config)
+}
+
+/// Everything [`run`] checked and opened before the async runtime starts.
+struct Prepared {
+    kubeconfig: Option<PathBuf>,
+    config: Config,
+    backend: Backend,
+    grpc: Option<GrpcSettings>,
+    controller: ControllerFlags,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+}
+
+/// Connects to the API, starts the CA driver and the gRPC API, runs the controller until
+/// SIGTERM or SIGINT, then drains the other tasks.
+async fn serve(prepared: Prepared) -> anyhow::Result<()> {
+    let Prepared {
+        kubeconfig,
+        config,
+        backend,
+        grpc,
+        controller,
+        clock,
+        metrics,
+    } = prepared;
+    let client = podca_controller::connect(kubeconfig.as_deref()).await?;
+    let mut tasks = Shutdown::new();
+    let (leadership, _) = watch::channel(controller.leader_election.is_none());
+    let handle = match backend {
+        Backend::Files(files) => files.start(&clock, &metrics, &mut tasks),
+        Backend::Secret(mut options) => {
+            options.leading = Some(leadership.subscribe());
+            let (handle, driver) = SecretCa::start(
+                client.clone(),
+                options,
+                Arc::clone(&clock),
+                Arc::clone(&metrics),
+            )
+            .await
+            .context("opening the CA Secret")?;
+            tasks.spawn("secret CA driver", driver.run(tasks.receiver()));
+            handle
+        }
+    };
+    // /readyz: the controller (watches synced, or standby) and the gRPC API (listening).
+    let readiness = Readiness::new();
+    if let Some(grpc) = grpc {
+        let kube = GrpcKube {
+            reviewer: Arc::new(KubeTokenReviewer::new(client.clone())),
+            pods: Arc::new(KubePodDirectory::new(client.clone())),
+        };
+        start_grpc(grpc, kube, &handle, &clock, &readiness, &mut tasks).await?;
+    }
+    let mut options = controller_options(&config, controller, handle, clock, metrics, readiness);
+    // The controller says here whether this replica leads; the Secret CA driver follows it.
+    options.leadership = Some(leadership);
+    let result = podca_controller::run(client, options, shutdown::signal()).await;
+    tasks.drain(TASK_DRAIN_DEADLINE).await;
+    result?;
+    Ok(())
+}
+
+/// Where the CA comes from, as set up before the runtime starts.
+enum Backend {
+    /// A data directory (file or PKCS#11 keys), followed and rotated by the rotation driver.
+    Files(FilesBackend),
+    /// A kubernetes.io/tls Secret, read and watched through the API.
+    Secret(SecretCaOptions),
+}
+
+/// A CA data directory, opened: the handle serving its active CA and what its drivers need.
+struct FilesBackend {
+    handle: CaHandle,
+    rotator: RotatorOptions,
+    hsm: Option<(HsmKeySlot, HsmMetrics)>,
+}
+
+/// Opens the CA `[ca]` names. A data directory is opened here, so a wrong PIN, a missing token
+/// or a broken directory is a start-up error; a Secret is opened once the API is reachable.
+fn open_backend(
+    config: &Config,
+    leader_elect: bool,
+    metrics: &mut Metrics,
+) -> anyhow::Result<Backend> {
+    let max_leaf_lifetime = config.max_leaf_lifetime();
+    match &config.ca {
         CaConfig::Secret(secret) => {
             config.rotation.validate()?;
             let mut o = SecretCaOptions::new(&secret.namespace, &secret.name);
             o.schedule = config.rotation;
             o.max_leaf_lifetime = max_leaf_lifetime;
-            Backend::Secret(o)
+            Ok(Backend::Secret(o))
         }
         CaConfig::File(_) | CaConfig::Pkcs11(_) => {
             let source = ca::open(&config.ca, max_leaf_lifetime)?;
             // Opening the CA here makes a wrong PIN, a missing token or a broken data directory
             // a start-up error rather than a stream of pending requests.
             let (ca, anchors) = source.load().context("opening the CA")?;
-            let handle = CaHandle::new(ca, anchors);
             let hsm_metrics = source
                 .hsm
                 .as_ref()
                 .map(|_| HsmMetrics::register(&mut metrics.registry));
-            let mut automatic = source.automatic_rotation;
-            if automatic && leader_elect {
-                // Replicas do not share a writable data directory: each would make its own CA.
-                info!(
-                    "automatic CA rotation is off with --leader-elect; rotate with `podca ca \
-                     rotate` on the CA data directory (every replica follows the change without \
-                     a restart)"
-                );
-                automatic = false;
-            }
-            if automatic && !dir_writable(source.store.dir()) {
-                info!(
-                    dir = %source.store.dir().display(),
-                    "the CA data directory is read-only: automatic CA rotation is off (changes \
-                     to it are still followed)"
-                );
-                automatic = false;
-            }
+            let automatic = automatic_rotation(&source, leader_elect);
             if automatic {
                 config.rotation.validate()?;
             }
-            let refresh_when: Option<rotation::RefreshWhen> =
-                source.intermediate_lifetime.map(|_| {
-                    Arc::new(|ca: &podca_signer::IssuingCa, now| {
-                        podca_signer::backend::pkcs11::intermediate_needs_renewal(
-                            ca.certificate(),
-                            now,
-                        )
-                    }) as rotation::RefreshWhen
-                });
-            let options = RotatorOptions {
+            let rotator = RotatorOptions {
                 store: source.store.clone(),
                 schedule: config.rotation,
                 automatic,
                 max_leaf_lifetime,
                 poll: Duration::from_secs(5),
                 open: Arc::clone(&source.open),
-                refresh_when,
+                refresh_when: source.intermediate,
             };
-            Backend::Files {
-                handle,
-                rotator: options,
-                hsm: source.hsm.clone().zip(hsm_metrics),
-            }
-        }
-    };
-    let metrics = Arc::new(metrics);
-
-    let (leadership, _) = watch::channel(!leader_elect);
-    let grpc = if no_grpc {
-        None
-    } else {
-        let (signer_name, _) = config.grpc_signer()?;
-        Some((
-            grpc_listen.unwrap_or(config.grpc.listen),
-            ApiOptions {
-                signers: config.signers.clone(),
-                default_signer: signer_name.to_owned(),
-                node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
-                rate_limit_per_identity: config.grpc.rate_limit_per_identity,
-                max_open_streams: config.grpc.max_open_streams,
-            },
-            config.grpc.token_audience.clone(),
-        ))
-    };
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let client = podca_controller::connect(kubeconfig.as_deref()).await?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut tasks = Vec::new();
-        let handle = match backend {
-            Backend::Files {
-                handle,
+            Ok(Backend::Files(FilesBackend {
+                handle: CaHandle::new(ca, anchors),
                 rotator,
-                hsm,
-            } => {
-                let rotator = Rotator::new(
-                    rotator,
-                    handle.clone(),
-                    Arc::clone(&clock),
-                    Arc::clone(&metrics),
-                );
-                tasks.push(tokio::spawn(Arc::new(rotator).run(stop_rx.clone())));
-                if let Some((slot, hsm_metrics)) = hsm {
-                    tasks.push(tokio::spawn(hsm_metrics.export(slot, stop_rx.clone())));
-                }
-                handle
-            }
-            Backend::Secret(mut o) => {
-                o.leading = Some(leadership.subscribe());
-                let (handle, driver) =
-                    SecretCa::start(client.clone(), o, Arc::clone(&clock), Arc::clone(&metrics))
-                        .await
-                        .context("opening the CA Secret")?;
-                tasks.push(tokio::spawn(driver.run(stop_rx.clone())));
-                handle
-            }
-        };
-        // /readyz: the controller (watches synced, or standby) and the gRPC API (listening).
-        let readiness = Readiness::new();
-        let mut options = Options::new(config.signers.clone(), handle.clone());
-        options.readiness = Some(Arc::clone(&readiness));
-        options.leadership = Some(leadership.clone());
-        options.clock = Arc::clone(&clock);
-        options.metrics = Arc::clone(&metrics);
-        options.workers = workers.unwrap_or(config.controller.workers).max(1);
-        options.queue_capacity = queue_capacity.max(1);
-        options.admin_listen = Some(admin_listen.unwrap_or(config.admin.listen));
-        options.drain_timeout = drain_timeout;
-        options.reporting_instance = std::env::var("POD_NAME").ok();
-        if config.trust_bundles.publish {
-            options.publisher = Some(PublisherOptions {
-                suffix: config.trust_bundles.suffix.clone(),
-                instance: config.trust_bundles.instance.clone(),
-                resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
-            });
+                hsm: source.hsm.zip(hsm_metrics),
+            }))
         }
-        if leader_elect {
-            let base = std::env::var("POD_NAME")
-                .or_else(|_| std::env::var("HOSTNAME"))
-                .unwrap_or_else(|_| "podca".into());
-            options.leader_election = Some(LeaderElection {
-                lease_name,
-                lease_namespace: lease_namespace.unwrap_or_else(|| "default".into()),
-                identity: lease_identity.unwrap_or_else(|| format!("{base}-{:08x}", rand_suffix())),
-                lease_duration,
-                renew_deadline: lease_renew_deadline,
-                retry_period: lease_retry_period,
-            });
-        }
-        if let Some((listen, api_options, audience)) = grpc {
-            let tcp = TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("gRPC: listening on {listen}"))?;
-            info!(addr = %tcp.local_addr()?, audience, "gRPC API (podca.v1) listening");
-            let grpc_ready = readiness.component("grpc");
-            grpc_ready.set(true);
-            let api = Arc::new(
-                Api::new(
-                    api_options,
-                    handle.clone(),
-                    Arc::new(
-                        TokenReviewAuthenticator::new(
-                            Arc::new(KubeTokenReviewer::new(client.clone())),
-                            audience,
-                        )
-                        .with_clock(Arc::clone(&clock)),
-                    ),
-                    Some(Arc::new(KubePodDirectory::new(client.clone()))),
-                    stop_rx.clone(),
-                )?
-                .with_clock(Arc::clone(&clock)),
-            );
-            let mut stop = stop_rx.clone();
-            tasks.push(tokio::spawn(async move {
-                let shutdown = async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                };
-                if let Err(e) = server::serve_tcp(tcp, api, shutdown).await {
-                    tracing::error!(error = %e, "gRPC server failed");
-                }
-                grpc_ready.set(false);
-            }));
-        }
-        let result =
-            podca_controller::run(client, options, podca_authority::shutdown::signal()).await;
-        let _ = stop_tx.send(true);
-        for task in tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-        }
-        result?;
-        Ok(())
-    })
+    }
+}
+
+/// Whether the rotation driver takes scheduled steps: when the configuration asks for it,
+/// unless replicas share the directory (`--leader-elect`) or it is read-only; either is logged.
+fn automatic_rotation(source: &ca::CaSource, leader_elect: bool) -> bool {
+    let configured = source.automatic_rotation;
+    if configured && leader_elect {
+        // Replicas do not share a writable data directory: each would make its own CA.
+        info!(
+            "automatic CA rotation is off with --leader-elect; rotate with `podca ca \
+             rotate` on the CA data directory (every replica follows the change without \
+             a restart)"
+        );
+        return false;
+    }
+    if configured && !dir_writable(source.store.dir()) {
+        info!(
+            dir = %source.store.dir().display(),
+            "the CA data directory is read-only: automatic CA rotation is off (changes \
+             to it are still followed)"
+        );
+        return false;
+    }
+    configured
 }
 
 /// Whether podca may write the CA state in `dir` (a Secret mount is read-only).
-fn dir_writable(dir: &std::path::Path) -> bool {
+fn dir_writable(dir: &Path) -> bool {
     let probe = dir.join(format!(".podca-write-probe-{}", std::process::id()));
     match std::fs::File::create(&probe) {
         Ok(_) => {
@@ -334,16 +327,179 @@ fn dir_writable(dir: &std::path::Path) -> bool {
     }
 }
 
-/// Where the CA comes from, as set up before the runtime starts.
-enum Backend {
-    /// A data directory (file or PKCS#11 keys), followed and rotated by the rotation driver.
-    Files {
-        handle: CaHandle,
-        rotator: RotatorOptions,
-        hsm: Option<(podca_authority::ca::HsmKeySlot, HsmMetrics)>,
-    },
-    /// A kubernetes.io/tls Secret, read and watched through the API.
-    Secret(SecretCaOptions),
+impl FilesBackend {
+    /// Spawns the rotation driver and (HSM) the metrics exporter; returns the CA handle.
+    fn start(self, clock: &Clock, metrics: &Arc<Metrics>, tasks: &mut Shutdown) -> CaHandle {
+        let FilesBackend {
+            handle,
+            rotator,
+            hsm,
+        } = self;
+        let rotator = Rotator::new(
+            rotator,
+            handle.clone(),
+            Arc::clone(clock),
+            Arc::clone(metrics),
+        );
+        tasks.spawn(
+            "CA rotation driver",
+            Arc::new(rotator).run(tasks.receiver()),
+        );
+        if let Some((slot, hsm_metrics)) = hsm {
+            tasks.spawn("HSM metrics", hsm_metrics.export(slot, tasks.receiver()));
+        }
+        handle
+    }
+}
+
+/// The gRPC API as configured, before its listener is bound.
+struct GrpcSettings {
+    listen: SocketAddr,
+    api: ApiOptions,
+    audience: String,
+}
+
+/// The gRPC API's settings: `--grpc-listen` over `[grpc] listen`, the signer it issues for.
+fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<GrpcSettings> {
+    let (signer_name, _) = config.grpc_signer()?;
+    Ok(GrpcSettings {
+        listen: listen.unwrap_or(config.grpc.listen),
+        api: ApiOptions {
+            signers: config.signers.clone(),
+            default_signer: signer_name.to_owned(),
+            node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
+            rate_limit_per_identity: config.grpc.rate_limit_per_identity,
+            max_open_streams: config.grpc.max_open_streams,
+        },
+        audience: config.grpc.token_audience.clone(),
+    })
+}
+
+/// What the gRPC API asks the Kubernetes API: TokenReviews, and the Pods tokens are bound to.
+struct GrpcKube {
+    reviewer: Arc<dyn TokenReviewer>,
+    pods: Arc<dyn PodDirectory>,
+}
+
+/// Binds the gRPC listener and spawns the server; `/readyz` covers it from now until it stops.
+async fn start_grpc(
+    settings: GrpcSettings,
+    kube: GrpcKube,
+    handle: &CaHandle,
+    clock: &Clock,
+    readiness: &Arc<Readiness>,
+    tasks: &mut Shutdown,
+) -> anyhow::Result<()> {
+    let GrpcSettings {
+        listen,
+        api,
+        audience,
+    } = settings;
+    let tcp = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("gRPC: listening on {listen}"))?;
+    info!(addr = %tcp.local_addr()?, audience, "gRPC API (podca.v1) listening");
+    let grpc_ready = readiness.component("grpc");
+    grpc_ready.set(true);
+    let authenticator =
+        TokenReviewAuthenticator::new(kube.reviewer, audience).with_clock(Arc::clone(clock));
+    let api = Arc::new(
+        Api::new(
+            api,
+            handle.clone(),
+            Arc::new(authenticator),
+            Some(kube.pods),
+            tasks.receiver(),
+        )?
+        .with_clock(Arc::clone(clock)),
+    );
+    let stopped = tasks.stopped();
+    tasks.spawn("gRPC server", async move {
+        if let Err(e) = server::serve_tcp(tcp, api, stopped).await {
+            tracing::error!(error = %e, "gRPC server failed");
+        }
+        grpc_ready.set(false);
+    });
+    Ok(())
+}
+
+/// The controller's flags, as [`run`] read them.
+struct ControllerFlags {
+    workers: Option<usize>,
+    queue_capacity: usize,
+    admin_listen: Option<SocketAddr>,
+    drain_timeout: Duration,
+    leader_election: Option<LeaderElection>,
+}
+
+/// The controller's options: flags over the configuration file.
+fn controller_options(
+    config: &Config,
+    flags: ControllerFlags,
+    handle: CaHandle,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+) -> Options {
+    let ControllerFlags {
+        workers,
+        queue_capacity,
+        admin_listen,
+        drain_timeout,
+        leader_election,
+    } = flags;
+    let mut options = Options::new(config.signers.clone(), handle);
+    options.readiness = Some(readiness);
+    options.clock = clock;
+    options.metrics = metrics;
+    options.workers = workers.unwrap_or(config.controller.workers).max(1);
+    options.queue_capacity = queue_capacity.max(1);
+    options.admin_listen = Some(admin_listen.unwrap_or(config.admin.listen));
+    options.drain_timeout = drain_timeout;
+    options.reporting_instance = std::env::var("POD_NAME").ok();
+    if config.trust_bundles.publish {
+        options.publisher = Some(PublisherOptions {
+            suffix: config.trust_bundles.suffix.clone(),
+            instance: config.trust_bundles.instance.clone(),
+            resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
+        });
+    }
+    options.leader_election = leader_election;
+    options
+}
+
+/// The `--lease-*` flags (used with `--leader-elect`).
+struct LeaseFlags {
+    lease_name: String,
+    lease_namespace: Option<String>,
+    lease_identity: Option<String>,
+    lease_duration: Duration,
+    lease_renew_deadline: Duration,
+    lease_retry_period: Duration,
+}
+
+/// The Lease to take: namespace `default` and identity `<POD_NAME or HOSTNAME>-<random>`
+/// unless given.
+fn leader_election_options(flags: LeaseFlags) -> LeaderElection {
+    let LeaseFlags {
+        lease_name,
+        lease_namespace,
+        lease_identity,
+        lease_duration,
+        lease_renew_deadline,
+        lease_retry_period,
+    } = flags;
+    let base = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "podca".into());
+    LeaderElection {
+        lease_name,
+        lease_namespace: lease_namespace.unwrap_or_else(|| "default".into()),
+        identity: lease_identity.unwrap_or_else(|| format!("{base}-{:08x}", rand_suffix())),
+        lease_duration,
+        renew_deadline: lease_renew_deadline,
+        retry_period: lease_retry_period,
+    }
 }
 
 fn rand_suffix() -> u32 {
@@ -366,5 +522,46 @@ mod tests {
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("5h").is_err());
+    }
+
+    fn lease(namespace: Option<&str>, identity: Option<&str>) -> LeaseFlags {
+        LeaseFlags {
+            lease_name: "podca-controller".into(),
+            lease_namespace: namespace.map(Into::into),
+            lease_identity: identity.map(Into::into),
+            lease_duration: Duration::from_secs(15),
+            lease_renew_deadline: Duration::from_secs(10),
+            lease_retry_period: Duration::from_secs(2),
+        }
+    }
+
+    #[test]
+    fn lease_flags_given_are_used() {
+        let election = leader_election_options(lease(Some("podca-system"), Some("replica-a")));
+        assert_eq!(election.lease_name, "podca-controller");
+        assert_eq!(election.lease_namespace, "podca-system");
+        assert_eq!(election.identity, "replica-a");
+        assert_eq!(election.lease_duration, Duration::from_secs(15));
+        assert_eq!(election.renew_deadline, Duration::from_secs(10));
+        assert_eq!(election.retry_period, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn lease_defaults_are_namespace_default_and_a_suffixed_identity() {
+        let election = leader_election_options(lease(None, None));
+        assert_eq!(election.lease_namespace, "default");
+        let (base, suffix) = election
+            .identity
+            .rsplit_once('-')
+            .unwrap_or_else(|| panic!("no suffix in {:?}", election.identity));
+        assert!(!base.is_empty(), "{:?}", election.identity);
+        assert_eq!(suffix.len(), 8, "{:?}", election.identity);
+        assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn a_config_file_is_required() {
+        let error = load_config(None).map(|_| ()).unwrap_err();
+        assert_eq!(error.to_string(), "--config is required for `podca serve`");
     }
 }

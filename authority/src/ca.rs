@@ -1,16 +1,18 @@
 //! Opening the CA a [`CaConfig`] names, in one place for `podca serve`, `podca dev` and the
 //! command line: a CA data directory with file keys, or one whose keys are held in an HSM over
 //! PKCS#11 (in either mode: the HSM key signs every leaf, or it signs a short-lived in-memory
-//! intermediate). A Secret-held CA is read through the Kubernetes API by `podca_controller`.
+//! intermediate, see [`crate::intermediate`]). A Secret-held CA is read through the Kubernetes
+//! API by `podca_controller`.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use podca_signer::backend::{BackendError, PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Uri};
-use podca_signer::{CaCertificate, CaError, CaKey, FileStore, IssuingCa, MemoryKey, StoreError};
+use podca_signer::{CaCertificate, CaError, CaKey, FileStore, IssuingCa, StoreError};
 use time::{Duration, OffsetDateTime};
 
 use crate::config::{CaConfig, FileCa, Pkcs11Ca, Pkcs11Mode};
+use crate::intermediate::Intermediate;
 
 /// Opens the active CA of a store (file key, or a key held in an HSM).
 pub type Opener = Arc<dyn Fn(&FileStore) -> Result<IssuingCa, OpenError> + Send + Sync>;
@@ -88,8 +90,9 @@ pub struct CaSource {
     pub open: Opener,
     /// The HSM key most recently opened (for its metrics), if any.
     pub hsm: Option<HsmKeySlot>,
-    /// In intermediate mode, the lifetime of the in-memory intermediate.
-    pub intermediate_lifetime: Option<Duration>,
+    /// Intermediate mode: the in-memory intermediate's lifetime and renewal rule (the rotation
+    /// driver's [`crate::rotation::RotatorOptions::refresh_when`]).
+    pub intermediate: Option<Intermediate>,
     /// Whether the configuration asks podca to run the rotation schedule itself.
     pub automatic_rotation: bool,
 }
@@ -99,7 +102,7 @@ impl std::fmt::Debug for CaSource {
         f.debug_struct("CaSource")
             .field("dir", &self.store.dir())
             .field("hsm", &self.hsm.is_some())
-            .field("intermediate_lifetime", &self.intermediate_lifetime)
+            .field("intermediate", &self.intermediate)
             .field("automatic_rotation", &self.automatic_rotation)
             .finish_non_exhaustive()
     }
@@ -183,7 +186,7 @@ pub fn open(config: &CaConfig, max_leaf_lifetime: Duration) -> Result<CaSource, 
                 store,
                 open: file_opener(),
                 hsm: None,
-                intermediate_lifetime: None,
+                intermediate: None,
                 automatic_rotation,
             })
         }
@@ -197,23 +200,7 @@ fn open_pkcs11(
     max_leaf_lifetime: Duration,
     automatic_rotation: bool,
 ) -> Result<CaSource, OpenError> {
-    let intermediate_lifetime = match p.mode {
-        Pkcs11Mode::HsmSignsLeaves => None,
-        Pkcs11Mode::Intermediate { lifetime_seconds } => Some(
-            lifetime_seconds
-                .map(|s| Duration::seconds(i64::from(s)))
-                .unwrap_or_else(|| Ord::max(max_leaf_lifetime * 3i32, Duration::days(1))),
-        ),
-    };
-    if let Some(life) = intermediate_lifetime {
-        // Renewed at ⅔ of its life, so ⅓ must still cover the longest leaf.
-        if life < max_leaf_lifetime * 3i32 {
-            return Err(OpenError::IntermediateTooShort {
-                lifetime_seconds: life.whole_seconds(),
-                max_leaf_seconds: max_leaf_lifetime.whole_seconds(),
-            });
-        }
-    }
+    let intermediate = Intermediate::configured(&p.mode, max_leaf_lifetime)?;
     let uri_override = p.uri.clone();
     let module = p.module.clone();
     let pin = p.pin.clone();
@@ -245,30 +232,16 @@ fn open_pkcs11(
             *last = Some(Arc::clone(&key));
         }
         let hsm_ca = store.load_with_key(Arc::clone(&key) as Arc<dyn CaKey>)?;
-        match intermediate_lifetime {
+        match intermediate {
             None => Ok(hsm_ca),
-            Some(life) => in_memory_intermediate(&hsm_ca, life),
+            Some(intermediate) => intermediate.issue(&hsm_ca, OffsetDateTime::now_utc()),
         }
     });
     Ok(CaSource {
         store,
         open,
         hsm: Some(last_key),
-        intermediate_lifetime,
+        intermediate,
         automatic_rotation,
     })
-}
-
-/// A fresh in-memory key and an intermediate for it, signed by the HSM-held CA.
-fn in_memory_intermediate(hsm_ca: &IssuingCa, life: Duration) -> Result<IssuingCa, OpenError> {
-    let key = MemoryKey::generate(hsm_ca.key().algorithm()).map_err(OpenError::IntermediateKey)?;
-    let now = OffsetDateTime::now_utc();
-    hsm_ca
-        .sign_intermediate(
-            Arc::new(key),
-            "podca in-memory intermediate",
-            now - Duration::minutes(1),
-            life,
-        )
-        .map_err(OpenError::IntermediateSignature)
 }

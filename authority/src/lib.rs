@@ -5,12 +5,15 @@
 //!   [`Clock`] every time-dependent part reads;
 //! * [`config`]: the one configuration schema (TOML, flags and environment fill it in);
 //! * [`ca`]: opening the CA a configuration names (file, PKCS#11), once, for every command;
+//! * [`intermediate`]: intermediate mode — the in-memory intermediate an HSM key signs, its
+//!   lifetime and its renewal rule;
 //! * [`rotation`]: the rotation driver of a CA held in a data directory;
 //! * [`secret_rotation`]: the pure state machine of a CA held in a Kubernetes Secret (the
 //!   controller does its Kubernetes I/O);
 //! * [`metrics`], [`hsm_metrics`] and [`admin`]: the Prometheus registry and the
 //!   `/metrics` `/livez` `/readyz` listener;
-//! * [`shutdown`]: the signals that stop podca.
+//! * [`shutdown`]: the signals that stop podca, and the one stop signal and drain deadline
+//!   every task of a command shares.
 //!
 //! The PKI itself (keys, policy, issuance, the ledger) is `podca_signer`; Kubernetes I/O is
 //! `podca_controller`; the gRPC edge is `podca_grpc`.
@@ -19,6 +22,7 @@ pub mod admin;
 pub mod ca;
 pub mod config;
 pub mod hsm_metrics;
+pub mod intermediate;
 pub mod metrics;
 pub mod rotation;
 pub mod secret_rotation;

@@ -11,13 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration as StdDuration;
 
 use podca_signer::rotation::{Phase, Schedule, Step};
-use podca_signer::{FileStore, IssuingCa, StoreError};
+use podca_signer::{FileStore, StoreError};
 use prometheus_client::encoding::EncodeLabelSet;
 use time::{Duration, OffsetDateTime};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::ca::OpenError;
+use crate::intermediate::Intermediate;
 use crate::metrics::Metrics;
 use crate::trust::{CaHandle, Clock};
 
@@ -60,13 +61,10 @@ pub struct RotatorOptions {
     /// Longest sleep between checks for outside changes.
     pub poll: StdDuration,
     pub open: Opener,
-    /// Reopen the active CA when this says so, even if the store did not change (e.g. an
-    /// in-memory intermediate that is due for re-issuance).
-    pub refresh_when: Option<RefreshWhen>,
+    /// Intermediate mode: reopen the active CA (which issues a new in-memory intermediate)
+    /// when [`Intermediate::needs_renewal`] says so, even if the store did not change.
+    pub refresh_when: Option<Intermediate>,
 }
-
-/// See [`RotatorOptions::refresh_when`].
-pub type RefreshWhen = Arc<dyn Fn(&IssuingCa, OffsetDateTime) -> bool + Send + Sync>;
 
 impl std::fmt::Debug for RotatorOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,6 +74,7 @@ impl std::fmt::Debug for RotatorOptions {
             .field("automatic", &self.automatic)
             .field("max_leaf_lifetime", &self.max_leaf_lifetime)
             .field("poll", &self.poll)
+            .field("refresh_when", &self.refresh_when)
             .finish_non_exhaustive()
     }
 }
@@ -172,7 +171,7 @@ impl Rotator {
             .options
             .refresh_when
             .as_ref()
-            .is_some_and(|f| f(&self.ca.current().ca, now));
+            .is_some_and(|i| i.needs_renewal(&self.ca.current().ca, now));
         if changed.unwrap_or(true) || due {
             self.install(current)?;
             out.swapped = true;

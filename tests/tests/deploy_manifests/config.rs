@@ -1,0 +1,210 @@
+//! The podca config: the files in deploy/, and the one the Deployment runs with (the
+//! mounted ConfigMap key `--config` names), read by podca's own parser.
+
+use std::path::{Path, PathBuf};
+
+use podca_authority::config::{CaConfig, Config};
+use podca_signer::backend::PinSource;
+
+use crate::objects::{args, flag, mount_path, pod_spec, podca_container, the_deployment, volume};
+use crate::render::repo_root;
+use crate::strict::{Rendered, parse_overlay};
+use crate::{NAMESPACE, OVERLAYS};
+
+/// The config file the Deployment runs with: the mounted ConfigMap's key named by --config.
+pub fn config_text(r: &Rendered) -> String {
+    let d = the_deployment(r);
+    let c = podca_container(d);
+    let config_path = flag(&args(c), "--config").expect("podca serve gets --config");
+    let mount = mount_path(c, "config");
+    let key = Path::new(&config_path)
+        .strip_prefix(&mount)
+        .unwrap_or_else(|_| panic!("--config {config_path} is not under the config mount {mount}"))
+        .to_str()
+        .unwrap()
+        .to_string();
+    let cm_name = volume(d, "config")
+        .config_map
+        .as_ref()
+        .expect("the config volume is a ConfigMap")
+        .name
+        .clone();
+    let cm = r
+        .config_maps
+        .iter()
+        .find(|cm| cm.metadata.name.as_deref() == Some(&cm_name))
+        .unwrap_or_else(|| {
+            panic!("the Deployment mounts ConfigMap {cm_name}, which is not rendered")
+        });
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get(&key))
+        .unwrap_or_else(|| panic!("ConfigMap {cm_name} has no key {key}"))
+        .clone()
+}
+
+/// The rendered config, read by podca's own parser: an unknown key or a bad value fails.
+pub fn config(r: &Rendered) -> Config {
+    Config::parse(&config_text(r))
+        .unwrap_or_else(|e| panic!("the ConfigMap's config.toml is not a podca config: {e:#}"))
+}
+
+/// The config files as written: deploy/base/config.toml and every overlay's own config.toml.
+pub fn config_files() -> Vec<PathBuf> {
+    let mut files = vec![repo_root().join("deploy/base/config.toml")];
+    for overlay in std::fs::read_dir(repo_root().join("deploy/overlays")).unwrap() {
+        let file = overlay.unwrap().path().join("config.toml");
+        if file.exists() {
+            files.push(file);
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn every_config_file_is_a_podca_config() {
+    let files = config_files();
+    assert!(
+        files.len() >= 2,
+        "the base and the hsm overlay have a config.toml: {files:?}"
+    );
+    for file in &files {
+        Config::load(file).unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    // The parser is the check: a misspelt key in a file that parses is an error.
+    let base = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(base.contains("\ntoken_audience = "), "{base}");
+    let typo = base.replace("\ntoken_audience = ", "\ntoken_audiense = ");
+    let err = format!(
+        "{:#}",
+        Config::parse(&typo).expect_err("a typo must be caught")
+    );
+    assert!(err.contains("unknown field `token_audiense`"), "{err}");
+}
+
+#[test]
+fn the_config_map_holds_a_valid_podca_config() {
+    for overlay in OVERLAYS {
+        let r = parse_overlay(overlay);
+        let cfg = config(&r);
+        let raw: toml::Table = toml::from_str(&config_text(&r)).unwrap();
+        assert!(
+            raw.get("dev").is_none(),
+            "{overlay}: [dev] is for `podca dev` only"
+        );
+        let ca = &cfg.ca;
+        let d = the_deployment(&r);
+        let c = podca_container(d);
+        // The file layout (file and pkcs11 backends): `[ca] dir` is the `ca` volume, a Secret
+        // holding the data directory's certificates.
+        let ca_dir = match ca {
+            CaConfig::File(f) => f.dir.as_deref(),
+            CaConfig::Pkcs11(p) => p.dir.as_deref(),
+            CaConfig::Secret(_) => None,
+        };
+        let ca_dir_items = || {
+            let ca_mount = mount_path(c, "ca");
+            assert_eq!(
+                ca_dir,
+                Some(Path::new(&ca_mount)),
+                "{overlay}: [ca] dir is the CA mount"
+            );
+            let items: Vec<String> = volume(d, "ca")
+                .secret
+                .as_ref()
+                .expect("the ca volume is a Secret")
+                .items
+                .iter()
+                .flatten()
+                .map(|i| i.path.clone())
+                .collect();
+            assert!(
+                items.contains(&"state.json".to_string()),
+                "{overlay}: state.json mounted"
+            );
+            assert!(items.contains(&"generations/1/issuing.pem".to_string()));
+            assert!(items.contains(&"generations/1/root.pem".to_string()));
+            items
+        };
+        match ca {
+            CaConfig::Secret(secret) => {
+                assert_ne!(overlay, &"hsm");
+                // Read through the API (the Role podca-ca-secret): a Secret in podca's own
+                // namespace, and nothing of the file layout. (Config parsing already refuses a
+                // reference that is not namespace/name and a [ca] dir beside backend = secret.)
+                assert_eq!(
+                    secret.namespace, NAMESPACE,
+                    "{overlay}: the CA Secret is in podca's namespace"
+                );
+                for v in pod_spec(d).volumes.iter().flatten() {
+                    assert!(
+                        v.secret.is_none(),
+                        "{overlay}: Secret volume {} (the secret backend reads the CA through \
+                         the API; no Secret needs mounting)",
+                        v.name
+                    );
+                }
+            }
+            CaConfig::File(_) => {
+                assert_ne!(overlay, &"hsm");
+                let items = ca_dir_items();
+                assert!(
+                    items.contains(&"generations/1/issuing.key".to_string()),
+                    "{overlay}: the file backend needs the issuing key"
+                );
+            }
+            CaConfig::Pkcs11(p11) => {
+                assert_eq!(overlay, &"hsm");
+                let items = ca_dir_items();
+                assert!(
+                    !items.iter().any(|p| p.ends_with(".key")),
+                    "{overlay}: with an HSM no key file is mounted"
+                );
+                let uri = p11.uri.as_deref().expect("pkcs11_uri");
+                assert!(
+                    uri.starts_with("pkcs11:") && uri.contains("module-path="),
+                    "{uri}"
+                );
+                let module = uri
+                    .split("module-path=")
+                    .nth(1)
+                    .unwrap()
+                    .split('&')
+                    .next()
+                    .unwrap();
+                assert!(
+                    Path::new(module).starts_with(mount_path(c, "pkcs11")),
+                    "{overlay}: the module {module} is on the pkcs11 volume"
+                );
+                let PinSource::File(pin) = &p11.pin else {
+                    panic!("{overlay}: the PIN comes from a file, got {:?}", p11.pin)
+                };
+                let pin_mount = mount_path(c, "pkcs11-pin");
+                let rel = pin.strip_prefix(&pin_mount).expect("PIN under its mount");
+                let pin_items: Vec<String> = volume(d, "pkcs11-pin")
+                    .secret
+                    .as_ref()
+                    .expect("the PIN comes from a Secret")
+                    .items
+                    .iter()
+                    .flatten()
+                    .map(|i| i.path.clone())
+                    .collect();
+                assert_eq!(
+                    pin_items,
+                    [rel.to_str().unwrap()],
+                    "{overlay}: the PIN file is mounted"
+                );
+            }
+        }
+
+        // Config::parse has validated every signer policy.
+        assert!(!cfg.signers.is_empty(), "{overlay}: at least one signer");
+        let signer = cfg.grpc.signer.as_deref().expect("grpc.signer");
+        assert!(
+            cfg.signers.contains_key(signer),
+            "{overlay}: grpc.signer {signer} is configured"
+        );
+    }
+}

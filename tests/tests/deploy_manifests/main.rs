@@ -1,0 +1,33 @@
+//! The deployment manifests in deploy/: every overlay is rendered with the real kubectl
+//! (`kubectl kustomize`), every object must parse into its k8s-openapi type with no field lost,
+//! the RBAC must be exactly the spec §3 table plus the justified extras, the pod must be locked
+//! down, the config must be a valid podca config, and the renderings must match deploy/golden/.
+//!
+//! kubectl: `PODCA_KUBECTL`, else the cache of deploy/tools/install-kubectl.sh. Missing kubectl
+//! is a failure, never a skip.
+//!
+//! One module per concern: [`render`] (kubectl, golden files), [`strict`] (typed parsing),
+//! [`objects`] (Deployment helpers), [`config`], [`rbac`], [`workload`] (the pod) and
+//! [`network`] (Service, NetworkPolicy, ServiceMonitor).
+
+// Test code: a panic with a message is the failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod config;
+mod network;
+mod objects;
+mod rbac;
+mod render;
+mod strict;
+mod workload;
+
+const OVERLAYS: &[&str] = &["default", "ha", "hsm"];
+const NAMESPACE: &str = "podca-system";
+const SERVICE_ACCOUNT: &str = "podca";
+/// The documented placeholder signer name.
+const SIGNER: &str = "example.com/workload";
+/// `podca serve --lease-name` default.
+const DEFAULT_LEASE: &str = "podca-controller";
+const GRPC_PORT: i32 = 8443;
+const ADMIN_PORT: i32 = 9090;
+const UPDATE_HINT: &str = "PODCA_UPDATE_GOLDEN=1 cargo test -p podca-tests --test deploy_manifests";

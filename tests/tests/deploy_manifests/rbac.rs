@@ -1,0 +1,385 @@
+//! RBAC: exactly the spec §3 table plus the justified extras, no wildcards, bound only to
+//! podca's ServiceAccount.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use podca_authority::config::CaConfig;
+
+use crate::config::config;
+use crate::objects::{args, flag, podca_container, the_deployment};
+use crate::strict::{Rendered, parse_overlay};
+use crate::{DEFAULT_LEASE, NAMESPACE, OVERLAYS, SERVICE_ACCOUNT, SIGNER};
+
+/// One permission: scope ("cluster" or a namespace), apiGroup, resource, verb, resourceName.
+pub type Grant = (String, String, String, String, Option<String>);
+
+pub fn expand(scope: &str, rules: &[PolicyRule], problems: &mut Vec<String>) -> BTreeSet<Grant> {
+    let mut grants = BTreeSet::new();
+    for rule in rules {
+        if rule
+            .non_resource_urls
+            .as_ref()
+            .is_some_and(|u| !u.is_empty())
+        {
+            problems.push(format!(
+                "{scope}: nonResourceURLs {:?}",
+                rule.non_resource_urls
+            ));
+        }
+        let groups = rule.api_groups.clone().unwrap_or_default();
+        let resources = rule.resources.clone().unwrap_or_default();
+        let names = rule.resource_names.clone().unwrap_or_default();
+        for field in groups
+            .iter()
+            .chain(&resources)
+            .chain(&rule.verbs)
+            .chain(&names)
+        {
+            if field.contains('*') {
+                problems.push(format!("{scope}: wildcard {field:?} in {rule:?}"));
+            }
+        }
+        if groups.is_empty() || resources.is_empty() || rule.verbs.is_empty() {
+            problems.push(format!("{scope}: incomplete rule {rule:?}"));
+        }
+        let names: Vec<Option<String>> = if names.is_empty() {
+            vec![None]
+        } else {
+            names.into_iter().map(Some).collect()
+        };
+        for g in &groups {
+            for res in &resources {
+                for verb in &rule.verbs {
+                    for n in &names {
+                        grants.insert((
+                            scope.to_string(),
+                            g.clone(),
+                            res.clone(),
+                            verb.clone(),
+                            n.clone(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    grants
+}
+
+/// What podca may do: spec §3's table, plus the justified extras.
+pub fn expected_grants(
+    signers: &[String],
+    ca_secret: Option<(&str, &str)>,
+    lease: Option<&str>,
+) -> BTreeSet<Grant> {
+    let mut g = BTreeSet::new();
+    let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
+        for v in verbs {
+            g.insert((
+                scope.to_string(),
+                group.to_string(),
+                res.to_string(),
+                v.to_string(),
+                name.map(str::to_string),
+            ));
+        }
+    };
+    let certs = "certificates.k8s.io";
+    // Spec §3.
+    add(
+        "cluster",
+        certs,
+        "podcertificaterequests",
+        &["get", "list", "watch"],
+        None,
+    );
+    add(
+        "cluster",
+        certs,
+        "podcertificaterequests/status",
+        &["update", "patch"],
+        None,
+    );
+    for s in signers {
+        add("cluster", certs, "signers", &["sign"], Some(s));
+        add("cluster", certs, "signers", &["attest"], Some(s));
+    }
+    add(
+        "cluster",
+        certs,
+        "clustertrustbundles",
+        &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
+        None,
+    );
+    // Extras (each justified in deploy/base/rbac.yaml): Events (the kube-runtime Recorder
+    // creates, then patches a repeat), TokenReview (gRPC API), pods get (IssueForPod).
+    add(
+        "cluster",
+        "events.k8s.io",
+        "events",
+        &["create", "patch"],
+        None,
+    );
+    add(
+        "cluster",
+        "authentication.k8s.io",
+        "tokenreviews",
+        &["create"],
+        None,
+    );
+    add("cluster", "", "pods", &["get"], None);
+    // The `secret` CA backend, only when the config uses it, in the Secret's namespace: the
+    // Secret by name (get, and list/watch with a metadata.name field selector), the history
+    // ConfigMap `<secret>-podca-history` by name, and create for that ConfigMap (create cannot
+    // be limited by name).
+    if let Some((ns, secret)) = ca_secret {
+        add(ns, "", "secrets", &["get", "list", "watch"], Some(secret));
+        let history = format!("{secret}-podca-history");
+        add(ns, "", "configmaps", &["get", "update"], Some(&history));
+        add(ns, "", "configmaps", &["create"], None);
+    }
+    // The leader Lease, only with --leader-elect: create cannot be limited by name.
+    if let Some(lease) = lease {
+        add(
+            NAMESPACE,
+            "coordination.k8s.io",
+            "leases",
+            &["create"],
+            None,
+        );
+        add(
+            NAMESPACE,
+            "coordination.k8s.io",
+            "leases",
+            &["get", "update", "patch"],
+            Some(lease),
+        );
+    }
+    g
+}
+
+/// Every problem with the RBAC of a rendering: grants that differ from `expected` either way,
+/// wildcards, and bindings to anyone but podca's ServiceAccount or to roles that do not exist.
+pub fn rbac_problems(r: &Rendered, expected: &BTreeSet<Grant>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut granted = BTreeSet::new();
+    let is_podca = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+        let s = subjects.clone().unwrap_or_default();
+        !s.is_empty()
+            && s.iter().all(|s| {
+                s.kind == "ServiceAccount"
+                    && s.name == SERVICE_ACCOUNT
+                    && s.namespace.as_deref() == Some(NAMESPACE)
+            })
+    };
+    for cr in &r.cluster_roles {
+        let name = cr.metadata.name.clone().unwrap_or_default();
+        if cr.aggregation_rule.is_some() {
+            problems.push(format!("ClusterRole {name}: aggregationRule"));
+        }
+        let bound = r.cluster_role_bindings.iter().any(|b| {
+            b.role_ref.kind == "ClusterRole" && b.role_ref.name == name && is_podca(&b.subjects)
+        });
+        if !bound {
+            problems.push(format!(
+                "ClusterRole {name} is not bound to {NAMESPACE}/{SERVICE_ACCOUNT}"
+            ));
+        }
+        granted.extend(expand(
+            "cluster",
+            cr.rules.as_deref().unwrap_or_default(),
+            &mut problems,
+        ));
+    }
+    for role in &r.roles {
+        let name = role.metadata.name.clone().unwrap_or_default();
+        let ns = role.metadata.namespace.clone().unwrap_or_default();
+        let bound = r.role_bindings.iter().any(|b| {
+            b.metadata.namespace.as_deref() == Some(&ns)
+                && b.role_ref.kind == "Role"
+                && b.role_ref.name == name
+                && is_podca(&b.subjects)
+        });
+        if !bound {
+            problems.push(format!(
+                "Role {ns}/{name} is not bound to {NAMESPACE}/{SERVICE_ACCOUNT}"
+            ));
+        }
+        granted.extend(expand(
+            &ns,
+            role.rules.as_deref().unwrap_or_default(),
+            &mut problems,
+        ));
+    }
+    for b in &r.cluster_role_bindings {
+        let target = &b.role_ref;
+        let exists = target.kind == "ClusterRole"
+            && r.cluster_roles
+                .iter()
+                .any(|cr| cr.metadata.name.as_deref() == Some(&target.name));
+        if !exists || !is_podca(&b.subjects) {
+            problems.push(format!(
+                "ClusterRoleBinding {:?}: binds {} {} to {:?} (only podca's own roles, only to its ServiceAccount)",
+                b.metadata.name, target.kind, target.name, b.subjects
+            ));
+        }
+    }
+    for b in &r.role_bindings {
+        let target = &b.role_ref;
+        let exists = target.kind == "Role"
+            && r.roles.iter().any(|role| {
+                role.metadata.name.as_deref() == Some(&target.name)
+                    && role.metadata.namespace == b.metadata.namespace
+            });
+        if !exists || !is_podca(&b.subjects) {
+            problems.push(format!(
+                "RoleBinding {:?}: binds {} {} to {:?} (only podca's own roles, only to its ServiceAccount)",
+                b.metadata.name, target.kind, target.name, b.subjects
+            ));
+        }
+    }
+    for extra in granted.difference(expected) {
+        problems.push(format!(
+            "permission not in spec §3 or the justified extras: {extra:?}"
+        ));
+    }
+    for missing in expected.difference(&granted) {
+        problems.push(format!("missing permission: {missing:?}"));
+    }
+    problems
+}
+
+/// The expected grants for a rendering, from its own config and Deployment: the signer names
+/// of the config, the CA Secret of `[ca] secret` (only with `backend = "secret"`), and the
+/// Lease when --leader-elect is set.
+pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
+    let cfg = config(r);
+    let signers: Vec<String> = cfg.signers.keys().cloned().collect();
+    let d = the_deployment(r);
+    let a = args(podca_container(d));
+    let ca_secret = match &cfg.ca {
+        CaConfig::Secret(s) => Some((s.namespace.as_str(), s.name.as_str())),
+        CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
+    };
+    let lease = a
+        .iter()
+        .any(|x| x == "--leader-elect")
+        .then(|| flag(&a, "--lease-name").unwrap_or_else(|| DEFAULT_LEASE.to_string()));
+    expected_grants(&signers, ca_secret, lease.as_deref())
+}
+
+#[test]
+fn rbac_is_exactly_the_spec_table_plus_justified_extras() {
+    for overlay in OVERLAYS {
+        let r = parse_overlay(overlay);
+        let expected = expected_for(&r);
+        let problems = rbac_problems(&r, &expected);
+        assert!(
+            problems.is_empty(),
+            "overlay {overlay}: RBAC problems:\n  {}",
+            problems.join("\n  ")
+        );
+        // The signer name in the sign/attest rules is the one the config configures.
+        let cfg = config(&r);
+        let signers: Vec<&String> = cfg.signers.keys().collect();
+        assert_eq!(
+            signers,
+            [SIGNER],
+            "{overlay}: the documented placeholder signer"
+        );
+    }
+}
+
+#[test]
+fn the_rbac_check_rejects_any_extra_permission() {
+    let base = parse_overlay("default");
+    let expected = expected_for(&base);
+    assert!(rbac_problems(&base, &expected).is_empty());
+
+    type Mutation = (&'static str, fn(&mut Rendered));
+    let mutations: &[Mutation] = &[
+        ("extra verb", |r| {
+            let rules = r.cluster_roles[0].rules.as_mut().unwrap();
+            let pods = rules
+                .iter_mut()
+                .find(|x| x.resources == Some(vec!["pods".into()]));
+            pods.unwrap().verbs.push("list".into());
+        }),
+        ("extra resource", |r| {
+            let rules = r.cluster_roles[0].rules.as_mut().unwrap();
+            rules[0]
+                .resources
+                .as_mut()
+                .unwrap()
+                .push("certificatesigningrequests".into());
+        }),
+        ("extra apiGroup", |r| {
+            let rules = r.cluster_roles[0].rules.as_mut().unwrap();
+            rules[0].api_groups.as_mut().unwrap().push("".into());
+        }),
+        ("sign without resourceNames", |r| {
+            for rule in r.cluster_roles[0].rules.as_mut().unwrap() {
+                rule.resource_names = None;
+            }
+        }),
+        ("secret without resourceNames", |r| {
+            for role in &mut r.roles {
+                for rule in role.rules.as_mut().unwrap() {
+                    rule.resource_names = None;
+                }
+            }
+        }),
+        ("every ConfigMap, not just the history", |r| {
+            let rules = r.roles[0].rules.as_mut().unwrap();
+            let history = rules
+                .iter_mut()
+                .find(|x| {
+                    x.resources == Some(vec!["configmaps".into()]) && x.resource_names.is_some()
+                })
+                .unwrap();
+            history.resource_names = None;
+        }),
+        ("delete on the history ConfigMap", |r| {
+            let rules = r.roles[0].rules.as_mut().unwrap();
+            let history = rules
+                .iter_mut()
+                .find(|x| {
+                    x.resources == Some(vec!["configmaps".into()]) && x.resource_names.is_some()
+                })
+                .unwrap();
+            history.verbs.push("delete".into());
+        }),
+        ("the CA Role in another namespace", |r| {
+            r.roles[0].metadata.namespace = Some("default".into());
+            r.role_bindings[0].metadata.namespace = Some("default".into());
+        }),
+        ("wildcard verb", |r| {
+            r.cluster_roles[0].rules.as_mut().unwrap()[0].verbs = vec!["*".into()];
+        }),
+        ("wildcard apiGroup", |r| {
+            r.cluster_roles[0].rules.as_mut().unwrap()[0].api_groups = Some(vec!["*".into()]);
+        }),
+        ("nonResourceURLs", |r| {
+            r.cluster_roles[0].rules.as_mut().unwrap().push(PolicyRule {
+                non_resource_urls: Some(vec!["/metrics".into()]),
+                verbs: vec!["get".into()],
+                ..Default::default()
+            });
+        }),
+        ("missing permission", |r| {
+            r.cluster_roles[0].rules.as_mut().unwrap().remove(0);
+        }),
+        ("binding to another subject", |r| {
+            r.cluster_role_bindings[0].subjects.as_mut().unwrap()[0].name = "default".into();
+        }),
+    ];
+    for (what, mutate) in mutations {
+        let mut r = parse_overlay("default");
+        mutate(&mut r);
+        let problems = rbac_problems(&r, &expected);
+        assert!(!problems.is_empty(), "the RBAC check missed: {what}");
+    }
+}
