@@ -167,8 +167,12 @@ impl SecretRotation {
             .into_iter()
             .map(|checked| {
                 let mut e = Entry::recorded(checked);
+                let held = keys.iter().find(|k| k.same_ca(&e.record));
                 if e.is_live() {
-                    e.keyed = keys.iter().find(|k| k.same_ca(&e.record)).cloned();
+                    e.keyed = held.cloned();
+                } else if let Some(k) = held {
+                    // Retired by the leader: a snapshot still in flight must not sign with it.
+                    k.gate.retire();
                 }
                 e
             })

@@ -457,7 +457,9 @@ fn a_standby_follows_the_leaders_history_with_its_own_keys() {
     let b = Ca::root("b");
     let mut leader = SecretRotation::new(settings(), vec![], a.parse(&sim));
     step(&mut leader, &sim, T0);
-    let mut standby = SecretRotation::new(settings(), reread(&leader.history()), a.parse(&sim));
+    let standby_a = a.parse(&sim);
+    let standby_a_ca = Arc::clone(standby_a.ca());
+    let mut standby = SecretRotation::new(settings(), reread(&leader.history()), standby_a);
     let (steps, seen, _) = step(&mut standby, &sim, T0);
     assert_eq!(steps, []);
     assert_eq!(seen, Some(expect(1, &a, &[&a], None)));
@@ -480,6 +482,10 @@ fn a_standby_follows_the_leaders_history_with_its_own_keys() {
     assert_eq!(steps, []);
     assert_eq!(seen, Some(expect(2, &b, &[&a, &b], None)));
     assert!(signs(&b_ca), "the standby's own key for B");
+    assert!(
+        !signs(&standby_a_ca),
+        "A, retired by the leader, never signs again on the standby either"
+    );
     assert_eq!(standby.history(), leader.history());
 }
 
@@ -537,6 +543,11 @@ fn the_secret_backends_key_passes_the_backend_contract_in_every_encoding() {
             let key: Arc<dyn CaKey> = Arc::clone(install.ca.key());
             assert_eq!(key.algorithm(), algorithm, "{label}");
             assert_eq!(key.location(), "kubernetes-secret:podca/ca");
+            assert_eq!(
+                key.signs_quickly_in_process(),
+                algorithm != CaAlgorithm::RsaSha256,
+                "{label}: EC and Ed25519 keys sign inline, RSA in the blocking pool"
+            );
             contract::check(Arc::clone(&key), contract::Secret::Pkcs8Der(&ca.pkcs8));
             // The key as it was encoded in the Secret, too (its DER is not PKCS#8 for SEC1
             // and PKCS#1, so only its whole encodings are looked for).
