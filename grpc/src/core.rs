@@ -422,33 +422,24 @@ fn issue_blocking(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::DevAuthenticator;
-    use podca_signer::{BackendError, CaAlgorithm, IssuingCa, MemoryKey};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use tonic::Code;
+    use podca_signer::{BackendError, CaAlgorithm, MemoryKey};
 
-    /// A CA key whose backend can be switched off, like an HSM that went away.
+    /// A backend that keeps `CaKey`'s default answer to `signs_quickly_in_process` (false).
     #[derive(Debug)]
-    struct FlakyKey {
-        key: MemoryKey,
-        down: AtomicBool,
-    }
+    struct UnknownBackend(MemoryKey);
 
-    impl CaKey for FlakyKey {
+    impl CaKey for UnknownBackend {
         fn algorithm(&self) -> CaAlgorithm {
-            self.key.algorithm()
+            self.0.algorithm()
         }
         fn public_key_raw(&self) -> &[u8] {
-            self.key.public_key_raw()
+            self.0.public_key_raw()
         }
         fn sign(&self, message: &[u8]) -> Result<Vec<u8>, BackendError> {
-            if self.down.load(Ordering::SeqCst) {
-                return Err(BackendError::Unavailable("token removed".into()));
-            }
-            self.key.sign(message)
+            self.0.sign(message)
         }
         fn location(&self) -> String {
-            "memory:flaky".into()
+            "memory:unknown-backend".into()
         }
     }
 
@@ -460,46 +451,6 @@ mod tests {
             .unwrap()
             .der()
             .to_vec()
-    }
-
-    #[tokio::test]
-    async fn backend_unavailable_is_unavailable() {
-        let key = Arc::new(FlakyKey {
-            key: MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap(),
-            down: AtomicBool::new(false),
-        });
-        let ca = IssuingCa::self_signed_root(
-            key.clone(),
-            "test root",
-            OffsetDateTime::now_utc(),
-            time::Duration::days(30),
-        )
-        .unwrap();
-        let (_stop, stop_rx) = watch::channel(false);
-        let api = Api::new(
-            ApiOptions {
-                signers: BTreeMap::from([("s".into(), SignerPolicy::permissive("example.org"))]),
-                default_signer: "s".into(),
-                node_proxy_service_accounts: vec![],
-                rate_limit_per_identity: 0,
-                max_open_streams: 10,
-            },
-            CaHandle::new(ca, vec![]),
-            Arc::new(DevAuthenticator::new(&[])),
-            None,
-            stop_rx,
-        )
-        .unwrap();
-        let who = Identity::service_account("default", "default");
-        let input = || IssueInput {
-            csr: csr(),
-            ..Default::default()
-        };
-        assert!(api.issue(&who, input()).await.is_ok());
-        key.down.store(true, Ordering::SeqCst);
-        let err = api.issue(&who, input()).await.unwrap_err();
-        assert!(matches!(err, ApiError::Unavailable(_)), "{err:?}");
-        assert_eq!(tonic::Status::from(err).code(), Code::Unavailable);
     }
 
     #[test]
@@ -518,10 +469,9 @@ mod tests {
         let ec_csr = csr();
         let memory =
             |algorithm| Arc::new(MemoryKey::generate(algorithm).unwrap()) as Arc<dyn CaKey>;
-        let flaky = Arc::new(FlakyKey {
-            key: MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap(),
-            down: AtomicBool::new(false),
-        }) as Arc<dyn CaKey>;
+        let unknown = Arc::new(UnknownBackend(
+            MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap(),
+        )) as Arc<dyn CaKey>;
         let rsa_ca = memory(CaAlgorithm::RsaSha256);
         // In-memory ECDSA/Ed25519 CA keys sign EC CSRs inline; an RSA CA key, a backend that
         // does not say it is quick (the default), or an RSA CSR go to the blocking pool.
@@ -554,13 +504,13 @@ mod tests {
             ("RSA CA, RSA CSR", Arc::clone(&rsa_ca), &rsa_csr, false),
             (
                 "unknown backend, EC CSR",
-                Arc::clone(&flaky),
+                Arc::clone(&unknown),
                 &ec_csr,
                 false,
             ),
             (
                 "unknown backend, RSA CSR",
-                Arc::clone(&flaky),
+                Arc::clone(&unknown),
                 &rsa_csr,
                 false,
             ),
@@ -570,55 +520,5 @@ mod tests {
         // The RSA pre-check itself: RSA CSRs are recognised; EC ones are not mistaken for RSA.
         assert!(looks_like_rsa(&rsa_csr));
         assert!(!looks_like_rsa(&ec_csr));
-    }
-
-    #[tokio::test]
-    async fn issues_at_the_api_clock() {
-        // Far from the system clock, with sub-second digits that notBefore must drop.
-        let now = time::macros::datetime!(2031-03-04 05:06:07.891 UTC);
-        let key = Arc::new(MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap());
-        let ca = IssuingCa::self_signed_root(
-            key,
-            "test root",
-            now - time::Duration::days(1),
-            time::Duration::days(30),
-        )
-        .unwrap();
-        let (_stop, stop_rx) = watch::channel(false);
-        let api = Api::new(
-            ApiOptions {
-                signers: BTreeMap::from([("s".into(), SignerPolicy::permissive("example.org"))]),
-                default_signer: "s".into(),
-                node_proxy_service_accounts: vec![],
-                rate_limit_per_identity: 0,
-                max_open_streams: 10,
-            },
-            CaHandle::new(ca, vec![]),
-            Arc::new(DevAuthenticator::new(&[])),
-            None,
-            stop_rx,
-        )
-        .unwrap()
-        .with_clock(Arc::new(move || now));
-        let who = Identity::service_account("default", "default");
-        let issued = api
-            .issue(
-                &who,
-                IssueInput {
-                    csr: csr(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        let want = time::macros::datetime!(2031-03-04 05:05:07 UTC);
-        assert_eq!(issued.certificate.validity.not_before, want);
-        // The certificate itself says so, not only the summary.
-        let (_, cert) = x509_parser::parse_x509_certificate(&issued.certificate.leaf_der).unwrap();
-        assert_eq!(
-            cert.validity().not_before.timestamp(),
-            want.unix_timestamp()
-        );
-        assert!(cert.validity().not_after.timestamp() > want.unix_timestamp());
     }
 }

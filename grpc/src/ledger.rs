@@ -81,16 +81,28 @@ impl LedgerWriter {
 
     /// Writes what is queued, stops the thread and says how many records it wrote in all.
     /// Blocking: call it from a blocking context.
-    pub fn finish(self, timeout: std::time::Duration) -> Result<u64, String> {
+    pub fn finish(self, timeout: std::time::Duration) -> Result<u64, FinishError> {
         let LedgerWriter { tx, thread, done } = self;
         tx.blocking_send(Message::Finish)
-            .map_err(|_| "the ledger writer had already stopped".to_string())?;
+            .map_err(|_| FinishError::AlreadyStopped)?;
         let written = done
             .recv_timeout(timeout)
-            .map_err(|_| format!("the ledger writer did not finish within {timeout:?}"))?;
+            .map_err(|_| FinishError::Timeout(timeout))?;
         let _ = thread.join();
         Ok(written)
     }
+}
+
+/// Why [`LedgerWriter::finish`] could not confirm that every queued record was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FinishError {
+    /// The writer thread had stopped before it was asked to finish: it panicked.
+    #[error("the ledger writer had already stopped")]
+    AlreadyStopped,
+    /// The writer did not report back in time; records may still be unwritten.
+    #[error("the ledger writer did not finish within {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 fn write_batches(ledger: &Ledger, mut rx: mpsc::Receiver<Message>) -> u64 {
@@ -177,5 +189,17 @@ mod tests {
         assert!(ledger.by_serial("1387").unwrap().is_some());
         drop(ledger);
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn finish_errors_read_as_before() {
+        assert_eq!(
+            FinishError::AlreadyStopped.to_string(),
+            "the ledger writer had already stopped"
+        );
+        assert_eq!(
+            FinishError::Timeout(std::time::Duration::from_secs(10)).to_string(),
+            "the ledger writer did not finish within 10s"
+        );
     }
 }

@@ -2,25 +2,22 @@
 //! client against the crate's own server on a loopback port: exact code, and the part of the
 //! message that tells the caller what to change.
 //!
-//! The authenticator is the real [`TokenReviewAuthenticator`] over a fake [`TokenReviewer`],
-//! the pod directory is a fake, and the CA is a real in-memory one.
+//! The API is `support::api`: the real `TokenReviewAuthenticator` over a fake `TokenReviewer`,
+//! a fake pod directory, and a real in-memory CA.
 
 // Fixture helpers outside #[test] fns panic on a broken fixture as the tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use podca_grpc::auth::{
-    BearerToken, DevAuthenticator, LookupError, PodDirectory, PodInfo, ReviewStatus,
-    TokenReviewAuthenticator, TokenReviewer,
-};
+use podca_grpc::Api;
+use podca_grpc::auth::DevAuthenticator;
 use podca_grpc::podca_service::PodCaService;
+use podca_grpc::server;
 use podca_grpc::workload::WorkloadService;
-use podca_grpc::{Api, ApiOptions, CaHandle, server};
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::podca::v1::pod_ca_server::PodCa;
 use podca_proto::podca::v1::{GetTrustBundleRequest, IssueCertificateRequest, IssueForPodRequest};
@@ -29,162 +26,13 @@ use podca_proto::workload::spiffe_workload_api_server::SpiffeWorkloadApiServer;
 use podca_proto::workload::{
     JwtBundlesRequest, JwtsvidRequest, ValidateJwtsvidRequest, X509BundlesRequest, X509svidRequest,
 };
-use podca_signer::{BackendError, CaAlgorithm, CaKey, IssuingCa, KeyType, MemoryKey, SignerPolicy};
-use time::OffsetDateTime;
+use podca_signer::SignerPolicy;
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tonic::transport::server::{TcpConnectInfo, UdsConnectInfo};
 use tonic::{Code, Request, Status};
 
-const AUDIENCE: &str = "podca";
-const NODE_PROXY: &str = "kube-system/node-proxy";
-
-/// Tokens are plain names; each one answers as its comment says.
-#[derive(Debug)]
-struct FakeReviewer;
-
-#[tonic::async_trait]
-impl TokenReviewer for FakeReviewer {
-    async fn review(
-        &self,
-        token: &BearerToken,
-        audience: &str,
-    ) -> Result<ReviewStatus, LookupError> {
-        let service_account = |username: &str, node: Option<&str>| ReviewStatus {
-            authenticated: true,
-            username: format!("system:serviceaccount:{username}"),
-            audiences: vec![audience.to_owned()],
-            extra: node
-                .map(|n| {
-                    BTreeMap::from([(
-                        "authentication.kubernetes.io/node-name".to_owned(),
-                        vec![n.to_owned()],
-                    )])
-                })
-                .unwrap_or_default(),
-            error: None,
-        };
-        match token.expose() {
-            // A workload on node-a.
-            "web" => Ok(service_account("shop:web", Some("node-a"))),
-            // The node proxy of node-a, with a pod-bound token.
-            "proxy" => Ok(service_account("kube-system:node-proxy", Some("node-a"))),
-            // The node proxy with a token bound to no pod (so to no node).
-            "proxy-unbound" => Ok(service_account("kube-system:node-proxy", None)),
-            // A namespace the default signer excludes.
-            "forbidden" => Ok(service_account("forbidden:web", None)),
-            "review-down" => Err(LookupError::Failed("connection refused".into())),
-            "review-slow" => Err(LookupError::Timeout(Duration::from_secs(5))),
-            _ => Ok(ReviewStatus {
-                error: Some("token has been revoked".into()),
-                ..Default::default()
-            }),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct FakePods;
-
-#[tonic::async_trait]
-impl PodDirectory for FakePods {
-    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, LookupError> {
-        let on = |node: &str| PodInfo {
-            service_account: "web".into(),
-            node_name: Some(node.into()),
-            uid: Some(format!("uid-{name}")),
-        };
-        match (namespace, name) {
-            ("shop", "web-0") => Ok(Some(on("node-a"))),
-            ("shop", "db-0") => Ok(Some(on("node-b"))),
-            ("shop", "broken") => Err(LookupError::Failed("pods \"broken\" is forbidden".into())),
-            ("shop", "slow") => Err(LookupError::Timeout(Duration::from_secs(5))),
-            _ => Ok(None),
-        }
-    }
-}
-
-/// A CA key whose backend can be switched off, like an HSM that went away.
-#[derive(Debug)]
-struct FlakyKey {
-    key: MemoryKey,
-    down: AtomicBool,
-}
-
-impl CaKey for FlakyKey {
-    fn algorithm(&self) -> CaAlgorithm {
-        self.key.algorithm()
-    }
-    fn public_key_raw(&self) -> &[u8] {
-        self.key.public_key_raw()
-    }
-    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, BackendError> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(BackendError::Unavailable("HSM token removed".into()));
-        }
-        self.key.sign(message)
-    }
-    fn location(&self) -> String {
-        "memory:flaky".into()
-    }
-}
-
-/// What differs between the servers of the tests below.
-struct Setup {
-    key: Arc<dyn CaKey>,
-    ca_lifetime: time::Duration,
-    rate_limit_per_identity: u32,
-    max_open_streams: usize,
-    pods: Option<Arc<dyn PodDirectory>>,
-}
-
-impl Default for Setup {
-    fn default() -> Self {
-        Setup {
-            key: Arc::new(MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap()),
-            ca_lifetime: time::Duration::days(365),
-            rate_limit_per_identity: 0,
-            max_open_streams: 16,
-            pods: Some(Arc::new(FakePods)),
-        }
-    }
-}
-
-fn api(setup: Setup) -> Arc<Api> {
-    let ca = IssuingCa::self_signed_root(
-        setup.key,
-        "refusals test root",
-        OffsetDateTime::now_utc(),
-        setup.ca_lifetime,
-    )
-    .unwrap();
-    let mut default = SignerPolicy::permissive("example.org");
-    default.excluded_namespaces = vec!["forbidden".into()];
-    let mut p384_only = SignerPolicy::permissive("example.org");
-    p384_only.key_types = vec![KeyType::EcdsaP384];
-    // Streams end when the shutdown sender goes away; these servers live as long as the test
-    // process, so it never does.
-    let (stop, stop_rx) = tokio::sync::watch::channel(false);
-    std::mem::forget(stop);
-    let api = Api::new(
-        ApiOptions {
-            signers: BTreeMap::from([("default".into(), default), ("p384-only".into(), p384_only)]),
-            default_signer: "default".into(),
-            node_proxy_service_accounts: vec![NODE_PROXY.into()],
-            rate_limit_per_identity: setup.rate_limit_per_identity,
-            max_open_streams: setup.max_open_streams,
-        },
-        CaHandle::new(ca, vec![]),
-        Arc::new(TokenReviewAuthenticator::new(
-            Arc::new(FakeReviewer),
-            AUDIENCE,
-        )),
-        setup.pods,
-        stop_rx,
-    )
-    .unwrap();
-    Arc::new(api)
-}
+use support::{FlakyKey, Setup, api, csr_of, p256_csr};
 
 /// Serves `podca.v1` with [`server::serve_tcp`], and the Workload API with a plain tonic
 /// server (the crate serves it on a Unix socket only), both on loopback ports.
@@ -249,19 +97,6 @@ fn refused<T>(result: Result<T, Status>, code: Code, needle: &str) {
             );
         }
     }
-}
-
-fn csr_of(key: &rcgen::KeyPair) -> Vec<u8> {
-    rcgen::CertificateParams::new(Vec::<String>::new())
-        .unwrap()
-        .serialize_request(key)
-        .unwrap()
-        .der()
-        .to_vec()
-}
-
-fn p256_csr() -> Vec<u8> {
-    csr_of(&rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap())
 }
 
 fn issue(csr: Vec<u8>) -> IssueCertificateRequest {
@@ -521,16 +356,13 @@ async fn credential_refusals() {
 
 #[tokio::test]
 async fn ca_backend_unavailable_is_unavailable() {
-    let key = Arc::new(FlakyKey {
-        key: MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap(),
-        down: AtomicBool::new(false),
-    });
+    let key = Arc::new(FlakyKey::p256());
     let (mut client, _) = start(Setup {
         key: key.clone(),
         ..Setup::default()
     })
     .await;
-    key.down.store(true, Ordering::SeqCst);
+    key.remove();
     let result = client
         .issue_certificate(with_token(issue(p256_csr()), "web"))
         .await;
@@ -680,29 +512,11 @@ async fn issue_for_pod_without_pod_directory_is_failed_precondition() {
 async fn dev_callers_that_are_not_allowed_are_permission_denied() {
     // A real client cannot come from a non-loopback address, nor from another uid, here: call
     // the service with the connection info the server would attach.
-    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    let ca = IssuingCa::self_signed_root(
-        Arc::new(MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap()),
-        "dev root",
-        OffsetDateTime::now_utc(),
-        time::Duration::days(30),
-    )
-    .unwrap();
-    let api = Api::new(
-        ApiOptions {
-            signers: BTreeMap::from([("s".into(), SignerPolicy::permissive("example.org"))]),
-            default_signer: "s".into(),
-            node_proxy_service_accounts: vec![],
-            rate_limit_per_identity: 0,
-            max_open_streams: 1,
-        },
-        CaHandle::new(ca, vec![]),
-        Arc::new(DevAuthenticator::new(&[])),
-        None,
-        stop_rx,
-    )
-    .unwrap();
-    let service = PodCaService::new(Arc::new(api));
+    let service = PodCaService::new(api(Setup {
+        authenticator: Arc::new(DevAuthenticator::new(&[])),
+        pods: None,
+        ..Setup::default()
+    }));
     let mut request = Request::new(GetTrustBundleRequest::default());
     for (key, value) in [
         ("x-podca-namespace", "shop"),

@@ -24,10 +24,11 @@ use time::{Duration, OffsetDateTime};
 
 use crate::backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};
 use crate::ca::{CaCertificate, CaError, IssuingCa};
-use crate::rotation::{self, Advanced, Generation, Phase, Schedule, Step};
+use crate::rotation::{self, Advanced, Generation, Phase, Schedule, ScheduleError, Step};
 
 /// Why the store could not be created or read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+// Not `Eq`: a `ScheduleError` carries the schedule's fractions (`f64`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     #[error("{path}: {detail}")]
@@ -40,8 +41,41 @@ pub enum StoreError {
     Ca { path: String, source: CaError },
     #[error("{path}: corrupt CA state: {detail}")]
     State { path: String, detail: String },
-    #[error("{0}")]
-    Rotation(String),
+    /// The active generation's key is not a file here (an HSM): it cannot be loaded from the
+    /// directory, only opened where it is held.
+    #[error(
+        "the active CA key is held at {location}; open it with its PIN (e.g. \
+         --pkcs11-pin-file) instead of loading it from {dir}"
+    )]
+    KeyHeldElsewhere { location: String, dir: String },
+    /// The rotation schedule cannot work.
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    /// A rotation was forced, but this CA's successor is the operator's to bring.
+    #[error(
+        "{ca}: podca cannot make its successor; import the next CA with `podca ca init \
+         --import-cert … --import-key …` and it will be prepared and activated with overlap"
+    )]
+    CannotMakeSuccessor { ca: ForeignCa },
+}
+
+/// A CA podca did not make itself, so it cannot make its successor either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForeignCa {
+    /// Brought by the operator (`podca ca init --import-cert … --import-key …`).
+    Imported,
+    /// Its key is held outside the data directory (an HSM).
+    ExternalKey,
+}
+
+impl std::fmt::Display for ForeignCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ForeignCa::Imported => "this CA was imported",
+            ForeignCa::ExternalKey => "this CA's key is held outside the data directory (HSM)",
+        })
+    }
 }
 
 /// Options for a new CA generation.
@@ -286,11 +320,10 @@ impl FileStore {
         let state = self.read_state()?;
         let id = active_id(&state, &self.state_path())?;
         if let Some(location) = state.external_keys.get(&id) {
-            return Err(StoreError::Rotation(format!(
-                "the active CA key is held at {location}; open it with its PIN (e.g. \
-                 --pkcs11-pin-file) instead of loading it from {}",
-                self.dir.display()
-            )));
+            return Err(StoreError::KeyHeldElsewhere {
+                location: location.clone(),
+                dir: self.dir.display().to_string(),
+            });
         }
         let gdir = self.generation_dir(id);
         let key = FileKey::load(&gdir.join("issuing.key")).map_err(|e| self.backend_error(e))?;
@@ -364,22 +397,16 @@ impl FileStore {
         force_prepare: bool,
         now: OffsetDateTime,
     ) -> Result<Vec<Step>, StoreError> {
-        schedule
-            .validate()
-            .map_err(|e| StoreError::Rotation(e.to_string()))?;
+        schedule.validate()?;
         let mut state = self.read_state()?;
         let force = force_prepare && !state.generations.iter().any(|g| g.phase == Phase::Prepared);
         if force && !state.self_managed {
-            let what = if state.external_keys.is_empty() {
-                "this CA was imported"
+            let ca = if state.external_keys.is_empty() {
+                ForeignCa::Imported
             } else {
-                "this CA's key is held outside the data directory (HSM)"
+                ForeignCa::ExternalKey
             };
-            return Err(StoreError::Rotation(format!(
-                "{what}: podca cannot make its successor; import the next CA with `podca ca init \
-                 --import-cert … --import-key …` and it will be prepared and activated with \
-                 overlap"
-            )));
+            return Err(StoreError::CannotMakeSuccessor { ca });
         }
         let Advanced {
             generations,

@@ -6,8 +6,11 @@
 
 mod common;
 
-use podca_signer::rotation::{Phase, Schedule, Step};
-use podca_signer::{FileStore, InitOptions, KeyType};
+use std::sync::Arc;
+
+use podca_signer::rotation::{Phase, Schedule, ScheduleError, Step};
+use podca_signer::store::ForeignCa;
+use podca_signer::{CaAlgorithm, FileStore, InitOptions, KeyType, MemoryKey, StoreError};
 use time::{Duration, OffsetDateTime};
 
 #[test]
@@ -114,7 +117,18 @@ fn imported_ca_cannot_self_rotate_but_a_second_import_is_prepared() {
             OffsetDateTime::now_utc(),
         )
         .unwrap_err();
-    assert!(err.to_string().contains("imported"), "{err}");
+    assert_eq!(
+        err,
+        StoreError::CannotMakeSuccessor {
+            ca: ForeignCa::Imported
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "this CA was imported: podca cannot make its successor; import the next CA with `podca \
+         ca init --import-cert … --import-key …` and it will be prepared and activated with \
+         overlap"
+    );
     // The schedule itself (podca serve's driver) finds nothing it can do, and that is no error:
     // at any point of the CA's life it prepares nothing and keeps the imported CA active.
     for years in [0, 1, 5, 20] {
@@ -142,4 +156,69 @@ fn imported_ca_cannot_self_rotate_but_a_second_import_is_prepared() {
         2,
         "the next anchor is published at once"
     );
+}
+
+#[test]
+fn a_ca_whose_key_is_held_elsewhere_is_neither_loaded_nor_rotated_here() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path().join("ca"));
+    let now = OffsetDateTime::now_utc();
+    let key = Arc::new(MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap());
+    store
+        .init_with_key(key, &InitOptions::default(), now)
+        .unwrap();
+    let err = store.load().unwrap_err();
+    assert_eq!(
+        err,
+        StoreError::KeyHeldElsewhere {
+            location: "memory".into(),
+            dir: store.dir().display().to_string(),
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the active CA key is held at memory; open it with its PIN (e.g. --pkcs11-pin-file) \
+             instead of loading it from {}",
+            store.dir().display()
+        )
+    );
+    let err = store
+        .rotate(&Schedule::default(), Duration::hours(24), true, now)
+        .unwrap_err();
+    assert_eq!(
+        err,
+        StoreError::CannotMakeSuccessor {
+            ca: ForeignCa::ExternalKey
+        }
+    );
+    assert!(
+        err.to_string()
+            .starts_with("this CA's key is held outside the data directory (HSM): podca cannot"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unworkable_schedule_is_refused_before_anything_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::new(dir.path().join("ca"));
+    let now = OffsetDateTime::now_utc();
+    store.init(&InitOptions::default(), now).unwrap();
+    let schedule = Schedule {
+        propagation_seconds: 60,
+        ..Schedule::default()
+    };
+    let err = store
+        .rotate(&schedule, Duration::hours(24), true, now)
+        .unwrap_err();
+    assert_eq!(
+        err,
+        StoreError::Schedule(ScheduleError::PropagationTooShort(60))
+    );
+    assert_eq!(
+        err.to_string(),
+        ScheduleError::PropagationTooShort(60).to_string()
+    );
+    assert_eq!(store.generations().unwrap().len(), 1, "nothing prepared");
 }

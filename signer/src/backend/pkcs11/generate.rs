@@ -1,0 +1,104 @@
+//! Generating a key pair inside the token.
+
+use cryptoki::mechanism::Mechanism;
+use cryptoki::object::Attribute;
+
+use super::connect::{find_private_keys, find_slot, login};
+use super::der;
+use super::fault::ConnectError;
+use super::module::Module;
+use super::{Pkcs11Config, Pkcs11Key};
+use crate::backend::{BackendError, CaAlgorithm};
+
+impl Pkcs11Key {
+    /// Generates a key pair inside the token (`CKA_TOKEN`, `CKA_PRIVATE`, `CKA_SENSITIVE`,
+    /// not `CKA_EXTRACTABLE`, `CKA_SIGN` only), labelled with the URI's `object` and `id` (a
+    /// random 8-byte id when the URI has none), then opens it. Refuses when a private key
+    /// matching the URI already exists. RSA keys are 3072 bits.
+    pub fn generate(
+        config: &Pkcs11Config,
+        algorithm: CaAlgorithm,
+    ) -> Result<Pkcs11Key, BackendError> {
+        let module = Module::get(&config.module()?)?;
+        let pin = config.pin.read()?;
+        let mut uri = config.uri.clone();
+        let id = match &uri.id {
+            Some(id) => id.clone(),
+            None => {
+                let mut id = vec![0u8; 8];
+                aws_lc_rs::rand::fill(&mut id).map_err(|_| {
+                    BackendError::Unavailable("the system random number generator failed".into())
+                })?;
+                uri.id = Some(id.clone());
+                id
+            }
+        };
+        {
+            let ctx = module.read();
+            let start = |e: ConnectError| e.startup(&uri);
+            let slot = find_slot(&ctx, &uri).map_err(start)?;
+            let session = ctx
+                .open_rw_session(slot)
+                .map_err(|e| start(ConnectError::Ck("opening a read-write session", e)))?;
+            login(&session, &pin).map_err(start)?;
+            // Check with the URI as given: a generated id must not hide an existing label.
+            if !find_private_keys(&session, &config.uri)
+                .map_err(start)?
+                .is_empty()
+            {
+                return Err(BackendError::InvalidKey(format!(
+                    "{uri}: a private key with this label/id already exists in the token; \
+                     open it instead of generating a new one"
+                )));
+            }
+            let mut public = vec![
+                Attribute::Token(true),
+                Attribute::Private(false),
+                Attribute::Verify(true),
+                Attribute::Id(id.clone()),
+            ];
+            let mut private = vec![
+                Attribute::Token(true),
+                Attribute::Private(true),
+                Attribute::Sensitive(true),
+                Attribute::Extractable(false),
+                Attribute::Sign(true),
+                Attribute::Decrypt(false),
+                Attribute::Derive(false),
+                Attribute::Id(id),
+            ];
+            if let Some(label) = &uri.object {
+                public.push(Attribute::Label(label.as_bytes().to_vec()));
+                private.push(Attribute::Label(label.as_bytes().to_vec()));
+            }
+            let mechanism = match algorithm {
+                CaAlgorithm::EcdsaP256 => {
+                    public.push(Attribute::EcParams(der::P256_PARAMS.to_vec()));
+                    Mechanism::EccKeyPairGen
+                }
+                CaAlgorithm::EcdsaP384 => {
+                    public.push(Attribute::EcParams(der::P384_PARAMS.to_vec()));
+                    Mechanism::EccKeyPairGen
+                }
+                CaAlgorithm::RsaSha256 => {
+                    public.push(Attribute::ModulusBits(3072.into()));
+                    public.push(Attribute::PublicExponent(vec![0x01, 0x00, 0x01]));
+                    Mechanism::RsaPkcsKeyPairGen
+                }
+                CaAlgorithm::Ed25519 => {
+                    return Err(BackendError::InvalidKey(
+                        "the PKCS#11 backend supports ecdsa-p256, ecdsa-p384 and rsa-sha256 \
+                         CA keys, not ed25519"
+                            .into(),
+                    ));
+                }
+            };
+            session
+                .generate_key_pair(&mechanism, &public, &private)
+                .map_err(|e| start(ConnectError::Ck("generating the key pair", e)))?;
+        }
+        let mut config = config.clone();
+        config.uri = uri;
+        Self::open(&config)
+    }
+}
