@@ -82,7 +82,7 @@ impl std::fmt::Display for ForeignCa {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InitOptions {
     pub algorithm: CaAlgorithm,
-    /// Common name prefix; the root gets "<name> root", the issuing CA "<name> issuing".
+    /// Common name prefix; the root gets "`<name> root`", the issuing CA "`<name> issuing`".
     pub name: String,
     pub root_validity: Duration,
     pub issuing_validity: Duration,
