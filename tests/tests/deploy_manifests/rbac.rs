@@ -293,6 +293,15 @@ fn rbac_is_exactly_the_spec_table_plus_justified_extras() {
     }
 }
 
+/// The CA Role's rule for the history ConfigMap (the ConfigMap rule with resourceNames).
+fn history_rule(r: &mut Rendered) -> &mut PolicyRule {
+    let rules = r.roles[0].rules.as_mut().expect("the CA Role has rules");
+    rules
+        .iter_mut()
+        .find(|x| x.resources == Some(vec!["configmaps".into()]) && x.resource_names.is_some())
+        .expect("a rule for the history ConfigMap")
+}
+
 #[test]
 fn the_rbac_check_rejects_any_extra_permission() {
     let base = parse_overlay("default");
@@ -333,24 +342,10 @@ fn the_rbac_check_rejects_any_extra_permission() {
             }
         }),
         ("every ConfigMap, not just the history", |r| {
-            let rules = r.roles[0].rules.as_mut().unwrap();
-            let history = rules
-                .iter_mut()
-                .find(|x| {
-                    x.resources == Some(vec!["configmaps".into()]) && x.resource_names.is_some()
-                })
-                .unwrap();
-            history.resource_names = None;
+            history_rule(r).resource_names = None;
         }),
         ("delete on the history ConfigMap", |r| {
-            let rules = r.roles[0].rules.as_mut().unwrap();
-            let history = rules
-                .iter_mut()
-                .find(|x| {
-                    x.resources == Some(vec!["configmaps".into()]) && x.resource_names.is_some()
-                })
-                .unwrap();
-            history.verbs.push("delete".into());
+            history_rule(r).verbs.push("delete".into());
         }),
         ("the CA Role in another namespace", |r| {
             r.roles[0].metadata.namespace = Some("default".into());
