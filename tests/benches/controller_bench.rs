@@ -271,6 +271,12 @@ async fn burst(count: usize) {
         controller.peak_rss_kib() / 1024,
         rss_before / 1024,
     );
+    println!(
+        "emulator during podca's burst: {} requests, {} watches opened, {} status writes",
+        c.requests,
+        c.watches_opened,
+        c.status_writes_accepted + c.status_writes_noop,
+    );
     controller.stop();
 
     let ceiling = ceiling(&emu, &stubs, count, workers()).await;
