@@ -6,7 +6,10 @@
 //!
 //! `cargo bench -p podca-tests --bench controller_bench -- burst [count]`
 //!   files `count` (default 10,000) PCRs at once, reports the time until all are Issued (PCR/s)
-//!   and the controller's peak RSS.
+//!   and the controller's peak RSS. Then, podca stopped, the emulator's ceiling in the same run:
+//!   `count` more PCRs settled by the bench itself with raw `/status` PATCHes of pre-built
+//!   certificate chains, at the same concurrency as podca's workers (`PODCA_BENCH_WORKERS`,
+//!   default 32), and podca's rate as a share of it.
 //! `cargo bench -p podca-tests --bench controller_bench -- rate [per_second] [seconds]`
 //!   offers PCRs at a steady rate (default 1,000/s for 30 s) and reports p50/p99/max
 //!   creation-to-Issued latency, observed through a watch.
@@ -16,9 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
+use podca_signer::{
+    CaAlgorithm, CertificateRequest, IssuingCa, MemoryKey, Outcome, SignerPolicy, SubjectKey,
+    sign_request,
+};
 use podca_tests::client::KubeClient;
-use podca_tests::cluster::{Cluster, ClusterConfig};
+use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_IDENTITY};
 use podca_tests::emulator::{ApiMode, Res};
 use podca_tests::process::{free_port, http_get, podca_binary_release};
 use podca_tests::{Emulator, EmulatorConfig};
@@ -188,14 +194,21 @@ async fn start_serve(
     Controller::Process(child)
 }
 
-fn csrs() -> Vec<String> {
+/// A subject key's stub CSR, as DER and as the base64 of `spec.stubPKCS10Request`.
+struct Stub {
+    der: Vec<u8>,
+    csr: String,
+}
+
+fn stubs() -> Vec<Stub> {
     (0..16)
         .map(|_| {
             let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
             let mut p = CertificateParams::default();
             p.distinguished_name = DistinguishedName::new();
-            base64::engine::general_purpose::STANDARD
-                .encode(p.serialize_request(&key).expect("csr").der())
+            let der = p.serialize_request(&key).expect("csr").der().to_vec();
+            let csr = base64::engine::general_purpose::STANDARD.encode(&der);
+            Stub { der, csr }
         })
         .collect()
 }
@@ -227,11 +240,12 @@ fn peak_rss_of(status: &str) -> u64 {
 
 async fn burst(count: usize) {
     let (emu, _dir, controller) = setup().await;
-    let csrs = csrs();
+    let stubs = stubs();
+    let csrs: Vec<&str> = stubs.iter().map(|s| s.csr.as_str()).collect();
     let rss_before = controller.peak_rss_kib();
     let start = Instant::now();
     for i in 0..count {
-        emu.seed_object(Res::Pcr, pcr(&format!("b-{i}"), &csrs[i % csrs.len()]));
+        emu.seed_object(Res::Pcr, pcr(&format!("b-{i}"), csrs[i % csrs.len()]));
     }
     let filed = start.elapsed();
     loop {
@@ -248,21 +262,170 @@ async fn burst(count: usize) {
     }
     let took = start.elapsed();
     let c = emu.counters();
+    let podca_rate = count as f64 / took.as_secs_f64();
     println!(
-        "burst: {count} PCRs filed in {filed:.2?}, all Issued after {took:.2?} => {:.0} PCR/s; \
+        "burst: {count} PCRs filed in {filed:.2?}, all Issued after {took:.2?} => {podca_rate:.0} PCR/s; \
          validation rejections {}; peak RSS ({}) {} MiB (before filing {} MiB)",
-        count as f64 / took.as_secs_f64(),
         c.validation_rejections,
         controller.what(),
         controller.peak_rss_kib() / 1024,
         rss_before / 1024,
     );
+    println!(
+        "emulator during podca's burst: {} requests, {} watches opened, {} status writes",
+        c.requests,
+        c.watches_opened,
+        c.status_writes_accepted + c.status_writes_noop,
+    );
     controller.stop();
+
+    let ceiling = ceiling(&emu, &stubs, count, workers()).await;
+    println!(
+        "ceiling: {count} PCRs filed in {:.2?}, all Issued by {} raw /status PATCHes after {:.2?} \
+         => {:.0} PCR/s; rejected PATCHes {} (emulator validation rejections {})",
+        ceiling.filed,
+        ceiling.concurrency,
+        ceiling.took,
+        ceiling.rate(count),
+        ceiling.rejected,
+        ceiling.validation_rejections,
+    );
+    println!(
+        "ratio: podca {podca_rate:.0} PCR/s / ceiling {:.0} PCR/s = {:.1} %",
+        ceiling.rate(count),
+        100.0 * podca_rate / ceiling.rate(count),
+    );
+}
+
+/// The emulator's own ceiling, measured in the same run once podca is stopped.
+struct Ceiling {
+    concurrency: usize,
+    filed: Duration,
+    took: Duration,
+    /// PATCHes answered with anything but 200.
+    rejected: u64,
+    /// The emulator's count of writes its validation rejected during the run.
+    validation_rejections: u64,
+}
+
+impl Ceiling {
+    fn rate(&self, count: usize) -> f64 {
+        count as f64 / self.took.as_secs_f64()
+    }
+}
+
+/// Files `count` more PCRs and settles each with one merge PATCH of `/status` carrying a
+/// certificate chain built before the clock starts: what a signer that costs nothing could do.
+/// Timed like podca's burst, from the first filing to the last Issued; `concurrency` workers each
+/// send on one kept-alive HTTP/1.1 connection (like kube-rs's pool) with podca's identity.
+async fn ceiling(emu: &Emulator, stubs: &[Stub], count: usize, concurrency: usize) -> Ceiling {
+    let patches = Arc::new(issued_patches(stubs));
+    let token = emu.token_for(PODCA_IDENTITY).expect("podca's token");
+    let client = KubeClient::new(emu.base_url(), &token);
+    let rejections_before = emu.counters().validation_rejections;
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let rejected = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let start = Instant::now();
+    for i in 0..count {
+        emu.seed_object(
+            Res::Pcr,
+            pcr(&format!("c-{i}"), &stubs[i % stubs.len()].csr),
+        );
+    }
+    let filed = start.elapsed();
+    let tasks: Vec<_> = (0..concurrency.max(1))
+        .map(|_| {
+            let mut conn = client.keep_alive();
+            let (patches, next, rejected) =
+                (Arc::clone(&patches), Arc::clone(&next), Arc::clone(&rejected));
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= count {
+                        break;
+                    }
+                    let path = format!(
+                        "/apis/certificates.k8s.io/v1/namespaces/bench/podcertificaterequests/c-{i}/status"
+                    );
+                    let answer = conn
+                        .merge_patch(&path, &patches[i % patches.len()])
+                        .await
+                        .expect("PATCH /status");
+                    if answer.status != 200
+                        && rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0
+                    {
+                        eprintln!(
+                            "ceiling: c-{i} rejected: {} {}",
+                            answer.status,
+                            String::from_utf8_lossy(&answer.body)
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("ceiling worker");
+    }
+    let took = start.elapsed();
+    Ceiling {
+        concurrency,
+        filed,
+        took,
+        rejected: rejected.load(std::sync::atomic::Ordering::Relaxed),
+        validation_rejections: emu.counters().validation_rejections - rejections_before,
+    }
+}
+
+/// One Issued `/status` merge patch per stub key, as podca writes it (chain, notBefore,
+/// notAfter, beginRefreshAt, one Issued condition), signed by one issuing CA.
+fn issued_patches(stubs: &[Stub]) -> Vec<serde_json::Value> {
+    let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).expect("key");
+    let now = time::OffsetDateTime::now_utc();
+    let ca =
+        IssuingCa::self_signed_root(Arc::new(key), "ceiling CA", now, time::Duration::days(30))
+            .expect("CA");
+    let policy = SignerPolicy::permissive("cluster.local");
+    let rfc3339 = |t: time::OffsetDateTime| {
+        t.replace_nanosecond(0)
+            .expect("0 is a valid nanosecond")
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("a time in 0..=9999")
+    };
+    stubs
+        .iter()
+        .map(|stub| {
+            let request = CertificateRequest {
+                key: SubjectKey::from_stub_csr(&stub.der),
+                namespace: "bench".into(),
+                service_account: "app".into(),
+                pod_name: Some("pod".into()),
+                max_expiration: Some(time::Duration::seconds(86400)),
+                requested_lifetime: None,
+                user_annotations: BTreeMap::new(),
+            };
+            let Outcome::Issued(cert) = sign_request(&policy, &ca, &request, now) else {
+                panic!("the ceiling's certificate is not issued");
+            };
+            json!({"status": {
+                "certificateChain": cert.chain_pem,
+                "notBefore": rfc3339(cert.validity.not_before),
+                "notAfter": rfc3339(cert.validity.not_after),
+                "beginRefreshAt": rfc3339(cert.validity.begin_refresh_at),
+                "conditions": [{
+                    "type": "Issued", "status": "True", "reason": "Issued",
+                    "message": format!("issued {} (serial {})", cert.spiffe_id, cert.serial),
+                    "lastTransitionTime": rfc3339(now),
+                }],
+            }})
+        })
+        .collect()
 }
 
 async fn rate(per_second: u64, seconds: u64) {
     let (emu, _dir, controller) = setup().await;
-    let csrs = csrs();
+    let stubs = stubs();
+    let csrs: Vec<&str> = stubs.iter().map(|s| s.csr.as_str()).collect();
     let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
     let rv = emu.resource_version();
     let mut watch = admin
@@ -293,7 +456,7 @@ async fn rate(per_second: u64, seconds: u64) {
                 if i >= total {
                     break;
                 }
-                let object = emu_seed(format!("r-{i}"), &csrs[(i as usize) % csrs.len()]);
+                let object = emu_seed(format!("r-{i}"), csrs[(i as usize) % csrs.len()]);
                 emu.seed_object(Res::Pcr, object);
                 i += 1;
             }

@@ -1,9 +1,11 @@
 //! A minimal HTTP/1.1 JSON client for the emulator (used by the vector
-//! replay, the kubelet simulator and tests). One connection per request.
+//! replay, the kubelet simulator and tests). One connection per request, or one kept-alive
+//! connection for many ([`KubeClient::keep_alive`], benchmarks).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -65,23 +67,28 @@ impl KubeClient {
         }
     }
 
-    async fn send(
-        &self,
-        method: &str,
-        path: &str,
-        content_type: Option<&str>,
-        body: Vec<u8>,
-    ) -> Result<hyper::Response<Incoming>, ClientError> {
+    /// A new HTTP/1.1 connection to the emulator.
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, ClientError> {
         let stream = tokio::net::TcpStream::connect(&self.host)
             .await
             .map_err(err)?;
-        let (mut sender, conn) =
+        let (sender, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
                 .map_err(err)?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
+        Ok(sender)
+    }
+
+    fn build(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<hyper::Request<Full<Bytes>>, ClientError> {
         let mut b = hyper::Request::builder()
             .method(method)
             .uri(path)
@@ -94,8 +101,29 @@ impl KubeClient {
         if let Some(ct) = content_type {
             b = b.header("content-type", ct);
         }
-        let req = b.body(Full::new(Bytes::from(body))).map_err(err)?;
+        b.body(Full::new(Bytes::from(body))).map_err(err)
+    }
+
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<hyper::Response<Incoming>, ClientError> {
+        let mut sender = self.connect().await?;
+        let req = self.build(method, path, content_type, body)?;
         sender.send_request(req).await.map_err(err)
+    }
+
+    /// A client that keeps one HTTP/1.1 connection open and sends request after request on it,
+    /// as kube-rs's connection pool does, so that a benchmark measures the API and not
+    /// connection setup.
+    pub fn keep_alive(&self) -> KeepAliveClient {
+        KeepAliveClient {
+            client: self.clone(),
+            sender: None,
+        }
     }
 
     /// Send a request and read the whole answer.
@@ -107,18 +135,7 @@ impl KubeClient {
         body: Vec<u8>,
     ) -> Result<HttpResponse, ClientError> {
         let resp = self.send(method, path, content_type, body).await?;
-        let status = resp.status().as_u16();
-        let headers = resp
-            .headers()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
-            .collect();
-        let body = resp.into_body().collect().await.map_err(err)?.to_bytes();
-        Ok(HttpResponse {
-            status,
-            headers,
-            body,
-        })
+        read_response(resp).await
     }
 
     pub async fn get(&self, path: &str) -> Result<HttpResponse, ClientError> {
@@ -171,6 +188,66 @@ impl KubeClient {
             buf: Vec::new(),
             ended: false,
         })
+    }
+}
+
+async fn read_response(resp: hyper::Response<Incoming>) -> Result<HttpResponse, ClientError> {
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    let body = resp.into_body().collect().await.map_err(err)?.to_bytes();
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A [`KubeClient`] on one kept-alive connection (see [`KubeClient::keep_alive`]); it
+/// reconnects when the server closed the connection.
+#[derive(Debug)]
+pub struct KeepAliveClient {
+    client: KubeClient,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl KeepAliveClient {
+    /// Send a request on the kept connection and read the whole answer.
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Vec<u8>,
+    ) -> Result<HttpResponse, ClientError> {
+        let req = self.client.build(method, path, content_type, body)?;
+        let sender = match self.sender.take() {
+            Some(s) if !s.is_closed() => s,
+            _ => self.client.connect().await?,
+        };
+        let mut sender = sender;
+        sender.ready().await.map_err(err)?;
+        let resp = sender.send_request(req).await.map_err(err)?;
+        let answer = read_response(resp).await?;
+        self.sender = Some(sender);
+        Ok(answer)
+    }
+
+    pub async fn merge_patch(
+        &mut self,
+        path: &str,
+        body: &Value,
+    ) -> Result<HttpResponse, ClientError> {
+        self.request(
+            "PATCH",
+            path,
+            Some("application/merge-patch+json"),
+            body.to_string().into_bytes(),
+        )
+        .await
     }
 }
 

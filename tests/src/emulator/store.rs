@@ -4,6 +4,7 @@
 use super::resources::Res;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 use tokio::sync::broadcast;
 
@@ -36,7 +37,8 @@ pub struct Event {
     pub object: Arc<Value>,
 }
 
-type Key = (String, String);
+/// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
+pub type Key = (String, String);
 
 /// The store. Always used under one lock.
 #[derive(Debug)]
@@ -101,6 +103,32 @@ impl Store {
                 .collect(),
             None => m.values().cloned().collect(),
         }
+    }
+
+    /// Objects of a type in key order, optionally in one namespace, from just after `after`
+    /// (a list page's continue key) on, without copying the rest of the type.
+    pub fn list_after<'a>(
+        &'a self,
+        res: Res,
+        ns: Option<&'a str>,
+        after: Option<&Key>,
+    ) -> impl Iterator<Item = &'a Arc<Value>> + 'a {
+        let first_of_ns = |ns: &str| Bound::Included((ns.to_string(), String::new()));
+        let from = match (after, ns) {
+            // A key before the namespace starts at the namespace; one after it is past it.
+            (Some(key), Some(ns)) if key.0.as_str() < ns => Some(first_of_ns(ns)),
+            (Some(key), Some(ns)) if key.0.as_str() > ns => None,
+            (Some(key), _) => Some(Bound::Excluded(key.clone())),
+            (None, Some(ns)) => Some(first_of_ns(ns)),
+            (None, None) => Some(Bound::Unbounded),
+        };
+        self.objects
+            .get(&res)
+            .zip(from)
+            .into_iter()
+            .flat_map(|(m, from)| m.range((from, Bound::Unbounded)))
+            .take_while(move |((n, _), _)| ns.is_none_or(|ns| n == ns))
+            .map(|(_, v)| v)
     }
 
     pub fn count(&self, res: Res) -> usize {
@@ -224,4 +252,53 @@ pub fn meta_str<'a>(obj: &'a Value, key: &str) -> &'a str {
 /// The resourceVersion of an object as a number (0 when absent/invalid).
 pub fn obj_rv(obj: &Value) -> u64 {
     meta_str(obj, "resourceVersion").parse().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn store_with(keys: &[(&str, &str)]) -> Store {
+        let mut st = Store::new(0, 100, 16);
+        for (ns, name) in keys {
+            st.put(
+                Res::Pcr,
+                ns,
+                name,
+                json!({"metadata": {"namespace": ns, "name": name}}),
+            );
+        }
+        st
+    }
+
+    fn names(st: &Store, ns: Option<&str>, after: Option<(&str, &str)>) -> Vec<String> {
+        let after = after.map(|(n, m)| (n.to_string(), m.to_string()));
+        st.list_after(Res::Pcr, ns, after.as_ref())
+            .map(|o| format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name")))
+            .collect()
+    }
+
+    #[test]
+    fn list_after_starts_just_past_the_key_and_stays_in_the_namespace() {
+        let st = store_with(&[("a", "x"), ("a", "y"), ("b", "x"), ("b", "y"), ("c", "x")]);
+        assert_eq!(names(&st, None, None), ["a/x", "a/y", "b/x", "b/y", "c/x"]);
+        assert_eq!(names(&st, None, Some(("a", "y"))), ["b/x", "b/y", "c/x"]);
+        assert_eq!(names(&st, Some("b"), None), ["b/x", "b/y"]);
+        assert_eq!(names(&st, Some("b"), Some(("b", "x"))), ["b/y"]);
+        // A key before the namespace starts at its first object, one after it yields nothing.
+        assert_eq!(names(&st, Some("b"), Some(("a", "z"))), ["b/x", "b/y"]);
+        assert!(names(&st, Some("b"), Some(("c", ""))).is_empty());
+        assert!(names(&st, Some("d"), None).is_empty());
+        assert!(st.list_after(Res::Pod, None, None).next().is_none());
+    }
+
+    #[test]
+    fn list_after_follows_the_list_order_across_namespaces_that_share_a_prefix() {
+        // "apps-2/..." sorts before "apps/..." as a string but after "apps" as a key; a page that
+        // ended in "apps" must still reach "apps-2".
+        let st = store_with(&[("apps", "x"), ("apps-2", "a")]);
+        assert_eq!(names(&st, None, None), ["apps/x", "apps-2/a"]);
+        assert_eq!(names(&st, None, Some(("apps", "x"))), ["apps-2/a"]);
+    }
 }

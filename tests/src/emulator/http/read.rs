@@ -50,8 +50,6 @@ pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<Resp
         .namespace
         .as_deref()
         .or_else(|| fsel.required("metadata.namespace"));
-    let all = st.list(t.res, ns_filter);
-    drop(st);
     let start_after = match r.q("continue").filter(|c| !c.is_empty()) {
         Some(c) => {
             let raw = base64::engine::general_purpose::STANDARD
@@ -59,47 +57,55 @@ pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<Resp
                 .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
             let v: Value = serde_json::from_slice(&raw)
                 .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
-            Some(v["start"].as_str().unwrap_or("").to_string())
+            let start = v["start"].as_str().unwrap_or("");
+            let (ns, name) = start.split_once('/').unwrap_or((start, ""));
+            Some((ns.to_string(), name.to_string()))
         }
         None => None,
     };
     let limit: usize = r.q("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
-    let key_of = |o: &Value| format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name"));
-    let mut items = Vec::new();
-    let mut next_key = None;
+    // kube-apiserver only counts the rest when no selector filters it.
+    let counts_rest = r.q("fieldSelector").unwrap_or("").is_empty()
+        && r.q("labelSelector").unwrap_or("").is_empty();
+    // One page is read from the continue key on, not the whole type: a paginated list of n
+    // objects costs O(n), not O(n) per page.
+    let mut page = Vec::new();
+    let mut more = false;
     let mut remaining = 0u64;
-    for o in &all {
-        if let Some(s) = &start_after
-            && key_of(o) <= *s
-        {
-            continue;
-        }
+    for o in st.list_after(t.res, ns_filter, start_after.as_ref()) {
         if !fsel.matches(o) || !lsel.matches(o) {
             continue;
         }
-        if limit > 0 && items.len() >= limit {
-            if next_key.is_none() {
-                next_key = items.last().map(|x: &Value| key_of(x));
-            }
+        if limit > 0 && page.len() >= limit {
+            more = true;
             remaining += 1;
+            if !counts_rest {
+                break;
+            }
             continue;
         }
-        let mut v = resources::to_version(t.res, o, &t.version, mode(shared));
-        if let Value::Object(m) = &mut v {
-            m.remove("apiVersion");
-            m.remove("kind");
-        }
-        items.push(v);
+        page.push(o.clone());
     }
+    drop(st);
+    let key_of = |o: &Value| format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name"));
+    let next_key = page.last().filter(|_| more).map(|o| key_of(o));
+    let items: Vec<Value> = page
+        .iter()
+        .map(|o| {
+            let mut v = resources::to_version(t.res, o, &t.version, mode(shared));
+            if let Value::Object(m) = &mut v {
+                m.remove("apiVersion");
+                m.remove("kind");
+            }
+            v
+        })
+        .collect();
     let mut meta = json!({"resourceVersion": current.to_string()});
     if let Some(k) = next_key {
         let token = json!({"v": "meta.k8s.io/v1", "rv": current, "start": k});
         meta["continue"] =
             json!(base64::engine::general_purpose::STANDARD.encode(token.to_string()));
-        // kube-apiserver only counts the rest when no selector filters it.
-        if r.q("fieldSelector").unwrap_or("").is_empty()
-            && r.q("labelSelector").unwrap_or("").is_empty()
-        {
+        if counts_rest {
             meta["remainingItemCount"] = json!(remaining);
         }
     }
