@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::certificates::{v1, v1beta1};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::decide::{self, ErrorClass, Settlement};
-use crate::discovery::{self, Served};
+use crate::discovery::{self, Resource, Served};
 use crate::plan::{self, Facts, Plan, Read, SkipReason, Write};
 use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
@@ -619,25 +619,11 @@ fn late(ctx: &Ctx, cause: &'static str) {
         .inc();
 }
 
-fn api_resource(version: ApiVersion) -> ApiResource {
-    let v = match version {
-        ApiVersion::V1 => "v1",
-        ApiVersion::V1Beta1 => "v1beta1",
-    };
-    ApiResource {
-        group: "certificates.k8s.io".into(),
-        version: v.into(),
-        api_version: version.as_str().into(),
-        kind: "PodCertificateRequest".into(),
-        plural: "podcertificaterequests".into(),
-    }
-}
-
 async fn write_status(ctx: &Ctx, pcr: &Pcr, patch: &Value) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(
         ctx.client.clone(),
         &pcr.namespace,
-        &api_resource(pcr.version),
+        &Resource::PodCertificateRequests.api_resource(pcr.version),
     );
     api.patch_status(&pcr.name, &PatchParams::default(), &Patch::Merge(patch))
         .await

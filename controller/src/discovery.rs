@@ -8,6 +8,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::Client;
+use kube::api::ApiResource;
 
 use crate::Error;
 use crate::request::ApiVersion;
@@ -25,6 +26,29 @@ impl Resource {
         match self {
             Resource::PodCertificateRequests => "podcertificaterequests",
             Resource::ClusterTrustBundles => "clustertrustbundles",
+        }
+    }
+
+    /// The kind of its objects.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Resource::PodCertificateRequests => "PodCertificateRequest",
+            Resource::ClusterTrustBundles => "ClusterTrustBundle",
+        }
+    }
+
+    /// The resource at `version`, for kube's dynamic API.
+    pub fn api_resource(self, version: ApiVersion) -> ApiResource {
+        ApiResource {
+            group: "certificates.k8s.io".into(),
+            version: match version {
+                ApiVersion::V1 => "v1",
+                ApiVersion::V1Beta1 => "v1beta1",
+            }
+            .into(),
+            api_version: version.as_str().into(),
+            kind: self.kind().into(),
+            plural: self.plural().into(),
         }
     }
 }

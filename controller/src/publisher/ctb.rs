@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions, TypeMeta,
-};
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams, Preconditions, TypeMeta};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -17,10 +15,9 @@ use tokio::sync::Notify;
 use tracing::{debug, error, warn};
 
 use super::plan::{DesiredBundle, Observed};
+use crate::discovery::Resource;
 use crate::request::ApiVersion;
 use podca_authority::metrics::Metrics;
-
-const KIND: &str = "ClusterTrustBundle";
 
 /// The ClusterTrustBundles of one version.
 #[derive(Debug, Clone)]
@@ -32,7 +29,7 @@ pub struct Ctbs {
 impl Ctbs {
     pub fn new(client: Client, version: ApiVersion) -> Self {
         Ctbs {
-            api: Api::all_with(client, &api_resource(version)),
+            api: Api::all_with(client, &Resource::ClusterTrustBundles.api_resource(version)),
             api_version: version.as_str(),
         }
     }
@@ -119,20 +116,6 @@ pub fn api_failure(metrics: &Metrics, bundle: &str, op: &str, e: &kube::Error) -
     false
 }
 
-fn api_resource(version: ApiVersion) -> ApiResource {
-    let v = match version {
-        ApiVersion::V1 => "v1",
-        ApiVersion::V1Beta1 => "v1beta1",
-    };
-    ApiResource {
-        group: "certificates.k8s.io".into(),
-        version: v.into(),
-        api_version: version.as_str().into(),
-        kind: KIND.into(),
-        plural: "clustertrustbundles".into(),
-    }
-}
-
 /// The fields of `object` the publisher judges by.
 pub fn observed(object: &DynamicObject) -> Observed {
     let spec = |key: &str| {
@@ -163,7 +146,7 @@ fn new_object(
     DynamicObject {
         types: Some(TypeMeta {
             api_version: api_version.into(),
-            kind: KIND.into(),
+            kind: Resource::ClusterTrustBundles.kind().into(),
         }),
         metadata: ObjectMeta {
             name: Some(desired.name.clone()),
@@ -210,12 +193,12 @@ mod tests {
 
     #[test]
     fn each_version_has_its_resource() {
-        let v1 = api_resource(ApiVersion::V1);
+        let v1 = Resource::ClusterTrustBundles.api_resource(ApiVersion::V1);
         assert_eq!(
             (v1.version.as_str(), v1.api_version.as_str()),
             ("v1", "certificates.k8s.io/v1")
         );
-        let beta = api_resource(ApiVersion::V1Beta1);
+        let beta = Resource::ClusterTrustBundles.api_resource(ApiVersion::V1Beta1);
         assert_eq!(
             (beta.version.as_str(), beta.api_version.as_str()),
             ("v1beta1", "certificates.k8s.io/v1beta1")

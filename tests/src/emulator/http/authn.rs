@@ -1,13 +1,13 @@
 //! Authentication: bearer tokens (identities and service-account tokens) and TokenReview.
 
 use super::create::parse_body;
-use super::routing::authorize;
+use super::routing::authorize_create;
 use super::server::Req;
 use super::{RespBody, json_response};
 use crate::emulator::auth::{Attrs, UserInfo};
 use crate::emulator::errors::ApiError;
 use crate::emulator::{Shared, read};
-use hyper::{Method, Response};
+use hyper::Response;
 use serde_json::json;
 
 pub(super) fn authenticate(shared: &Shared, header: &str) -> Option<UserInfo> {
@@ -36,13 +36,9 @@ pub(super) fn token_review(
     r: &Req,
     user: &UserInfo,
 ) -> Result<Response<RespBody>, ApiError> {
-    if r.method != Method::POST {
-        return Err(ApiError::method_not_allowed(
-            "the server does not allow this method on the requested resource",
-        ));
-    }
-    authorize(
+    authorize_create(
         shared,
+        r,
         user,
         Attrs {
             verb: "create",

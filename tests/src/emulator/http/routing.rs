@@ -158,6 +158,24 @@ fn parse_target(segs: &[&str], mode: ApiMode) -> Option<Target> {
     })
 }
 
+/// Create-only endpoints (TokenReview, TokenRequest): anything but POST is refused as
+/// kube-apiserver refuses it, then `a` (a create) is authorized.
+pub(super) fn authorize_create(
+    shared: &Shared,
+    r: &Req,
+    user: &UserInfo,
+    a: Attrs<'_>,
+) -> Result<(), ApiError> {
+    if r.method != Method::POST {
+        return Err(not_allowed());
+    }
+    authorize(shared, user, a)
+}
+
+fn not_allowed() -> ApiError {
+    ApiError::method_not_allowed("the server does not allow this method on the requested resource")
+}
+
 pub(super) fn authorize(shared: &Shared, user: &UserInfo, a: Attrs<'_>) -> Result<(), ApiError> {
     match read(&shared.auth).authorize(user, &a) {
         Decision::Allow => Ok(()),
@@ -185,11 +203,7 @@ async fn dispatch(
         (&Method::PATCH, true) => "patch",
         (&Method::DELETE, true) => "delete",
         (&Method::DELETE, false) => "deletecollection",
-        _ => {
-            return Err(ApiError::method_not_allowed(
-                "the server does not allow this method on the requested resource".to_string(),
-            ));
-        }
+        _ => return Err(not_allowed()),
     };
     let ns = t.namespace.clone().unwrap_or_default();
     let mut name = t.name.clone().unwrap_or_default();

@@ -4,7 +4,7 @@
 //! verifies, because TokenReview and the bearer-token check look the token up instead.
 
 use super::create::parse_body;
-use super::routing::authorize;
+use super::routing::authorize_create;
 use super::server::Req;
 use super::{RespBody, json_response};
 use crate::emulator::auth::{Attrs, ServiceAccountToken, UserInfo};
@@ -13,7 +13,7 @@ use crate::emulator::resources::Res;
 use crate::emulator::store::meta_str;
 use crate::emulator::{Shared, lock, new_uid, pcr, write};
 use base64::Engine as _;
-use hyper::{Method, Response};
+use hyper::Response;
 use serde_json::{Value, json};
 
 const GROUP: &str = "authentication.k8s.io";
@@ -39,13 +39,9 @@ pub(super) fn token_request(
     namespace: &str,
     name: &str,
 ) -> Result<Response<RespBody>, ApiError> {
-    if r.method != Method::POST {
-        return Err(ApiError::method_not_allowed(
-            "the server does not allow this method on the requested resource",
-        ));
-    }
-    authorize(
+    authorize_create(
         shared,
+        r,
         user,
         Attrs {
             verb: "create",
