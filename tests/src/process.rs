@@ -116,9 +116,24 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// `podca serve --config config --kubeconfig kubeconfig` plus `extra` arguments, with `env`.
     pub fn start(config: &Path, kubeconfig: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Self {
+        Self::start_binary(&podca_binary(), config, kubeconfig, extra, env)
+    }
+
+    /// [`ServeProcess::start`] with the release build (benchmarks).
+    pub fn start_release(config: &Path, kubeconfig: &Path, extra: &[&str]) -> Self {
+        Self::start_binary(&podca_binary_release(), config, kubeconfig, extra, &[])
+    }
+
+    fn start_binary(
+        binary: &Path,
+        config: &Path,
+        kubeconfig: &Path,
+        extra: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Self {
         let admin = free_port();
         let grpc = free_port();
-        let mut cmd = Command::new(podca_binary());
+        let mut cmd = Command::new(binary);
         cmd.args(["serve", "--config"])
             .arg(config)
             .arg("--kubeconfig")
