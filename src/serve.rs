@@ -10,10 +10,11 @@ use anyhow::{Context, bail};
 use clap::Args;
 use podca_authority::admin::Readiness;
 use podca_authority::ca::{self, HsmKeySlot};
-use podca_authority::config::{CaConfig, Config};
+use podca_authority::config::{CaConfig, Config, GrpcTls, SelfIssuedTls};
 use podca_authority::hsm_metrics::HsmMetrics;
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions};
+use podca_authority::serving_cert::{self, ServingIdentity};
 use podca_authority::shutdown::{self, Shutdown};
 use podca_authority::{CaHandle, Clock};
 use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
@@ -21,10 +22,11 @@ use podca_controller::publisher::PublisherOptions;
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
 use podca_grpc::auth::{PodDirectory, TokenReviewAuthenticator, TokenReviewer};
+use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -218,7 +220,10 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
             reviewer: Arc::new(KubeTokenReviewer::new(client.clone())),
             pods: Arc::new(KubePodDirectory::new(client.clone())),
         };
-        start_grpc(grpc, kube, &handle, &clock, &readiness, &mut tasks).await?;
+        start_grpc(
+            grpc, kube, &handle, &clock, &metrics, &readiness, &mut tasks,
+        )
+        .await?;
     }
     let mut options = controller_options(&config, controller, handle, clock, metrics, readiness);
     // The controller says here whether this replica leads; the Secret CA driver follows it.
@@ -357,13 +362,20 @@ struct GrpcSettings {
     listen: SocketAddr,
     api: ApiOptions,
     audience: String,
+    tls: GrpcTls,
+    /// The trust domain of the gRPC signer's policy: podca's own SPIFFE ID is in it.
+    trust_domain: String,
 }
 
 /// The gRPC API's settings: `--grpc-listen` over `[grpc] listen`, the signer it issues for.
 fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<GrpcSettings> {
-    let (signer_name, _) = config.grpc_signer()?;
+    let (signer_name, policy) = config.grpc_signer()?;
+    let listen = listen.unwrap_or(config.grpc.listen);
+    let tls = config.grpc.tls(listen)?;
     Ok(GrpcSettings {
-        listen: listen.unwrap_or(config.grpc.listen),
+        listen,
+        tls,
+        trust_domain: policy.trust_domain.clone(),
         api: ApiOptions {
             signers: config.signers.clone(),
             default_signer: signer_name.to_owned(),
@@ -387,6 +399,7 @@ async fn start_grpc(
     kube: GrpcKube,
     handle: &CaHandle,
     clock: &Clock,
+    metrics: &Metrics,
     readiness: &Arc<Readiness>,
     tasks: &mut Shutdown,
 ) -> anyhow::Result<()> {
@@ -394,11 +407,19 @@ async fn start_grpc(
         listen,
         api,
         audience,
+        tls,
+        trust_domain,
     } = settings;
+    let tls = start_tls(tls, &trust_domain, handle, clock, metrics, tasks)?;
     let tcp = TcpListener::bind(listen)
         .await
         .with_context(|| format!("gRPC: listening on {listen}"))?;
-    info!(addr = %tcp.local_addr()?, audience, "gRPC API (podca.v1) listening");
+    info!(
+        addr = %tcp.local_addr()?,
+        audience,
+        tls = tls.is_some(),
+        "gRPC API (podca.v1) listening"
+    );
     let grpc_ready = readiness.component("grpc");
     grpc_ready.set(true);
     let authenticator =
@@ -415,12 +436,150 @@ async fn start_grpc(
     );
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {
-        if let Err(e) = server::serve_tcp(tcp, api, stopped).await {
+        let served = match tls {
+            Some(config) => server::serve_tls(tcp, config, api, stopped).await,
+            None => server::serve_tcp(tcp, api, stopped).await,
+        };
+        if let Err(e) = served {
             tracing::error!(error = %e, "gRPC server failed");
         }
         grpc_ready.set(false);
     });
     Ok(())
+}
+
+/// The gRPC listener's rustls configuration (`None`: plaintext), with the task that keeps its
+/// certificate current spawned.
+fn start_tls(
+    tls: GrpcTls,
+    trust_domain: &str,
+    handle: &CaHandle,
+    clock: &Clock,
+    metrics: &Metrics,
+    tasks: &mut Shutdown,
+) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+    let keys = match tls {
+        GrpcTls::SelfIssued(settings) => {
+            let identity = serving_identity(&settings, trust_domain, &PodEnvironment::read());
+            let cert = identity
+                .issue(&handle.current().ca, clock())
+                .context("gRPC: issuing the serving certificate")?;
+            info!(
+                spiffe_id = identity.spiffe_id,
+                dns_names = ?identity.dns_names,
+                not_after = %cert.validity.not_after,
+                "gRPC: serving a self-issued TLS certificate"
+            );
+            let keys = ServingKeys::new(
+                tls::certified_key(&cert.chain_der, &cert.key_pkcs8_der)
+                    .context("gRPC: the serving certificate")?,
+            );
+            let (current, follow) = watch::channel(Arc::new(cert));
+            tasks.spawn(
+                "gRPC serving certificate",
+                serving_cert::run(
+                    identity,
+                    handle.clone(),
+                    Arc::clone(clock),
+                    current,
+                    tasks.receiver(),
+                ),
+            );
+            // Ends with the renewal task (its sender).
+            tasks.spawn(
+                "gRPC serving certificate swap",
+                tls::follow_serving_cert(follow, Arc::clone(&keys)),
+            );
+            keys
+        }
+        GrpcTls::Files { cert, key } => {
+            let mut files = ServingFiles::new(&cert, &key);
+            let first = files
+                .load_if_changed()
+                .context("gRPC: [grpc] tls_cert_file / tls_key_file")?
+                .context("gRPC: the certificate files were read twice")?;
+            info!(cert = %cert.display(), key = %key.display(), "gRPC: serving TLS from files");
+            let keys = ServingKeys::new(first);
+            tasks.spawn(
+                "gRPC certificate files",
+                files.watch(Arc::clone(&keys), tls::FILES_POLL, tasks.receiver()),
+            );
+            keys
+        }
+        GrpcTls::Off { insecure } => {
+            if insecure {
+                warn!(
+                    "gRPC: serving PLAINTEXT on a non-loopback address ([grpc] insecure_plaintext \
+                     = true): bearer tokens and trust anchors cross the network unprotected"
+                );
+                metrics.grpc_insecure_plaintext.set(1);
+            }
+            return Ok(None);
+        }
+    };
+    Ok(Some(tls::server_config(keys)?))
+}
+
+/// What podca's pod says of itself (downward API and service-account mount).
+#[derive(Debug, Default)]
+struct PodEnvironment {
+    /// `POD_NAMESPACE`, else the service-account namespace file.
+    namespace: Option<String>,
+    /// `PODCA_SERVICE_ACCOUNT` (downward API `spec.serviceAccountName`).
+    service_account: Option<String>,
+}
+
+/// Where Kubernetes mounts the pod's namespace.
+const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+impl PodEnvironment {
+    fn read() -> Self {
+        let nonempty = |s: String| {
+            let s = s.trim().to_owned();
+            (!s.is_empty()).then_some(s)
+        };
+        PodEnvironment {
+            namespace: std::env::var("POD_NAMESPACE")
+                .ok()
+                .and_then(nonempty)
+                .or_else(|| {
+                    std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE_FILE)
+                        .ok()
+                        .and_then(nonempty)
+                }),
+            service_account: std::env::var("PODCA_SERVICE_ACCOUNT")
+                .ok()
+                .and_then(nonempty),
+        }
+    }
+}
+
+/// The serving certificate's names: the configuration, else the pod's environment, else
+/// namespace `default` and service account `podca`.
+fn serving_identity(
+    settings: &SelfIssuedTls,
+    trust_domain: &str,
+    pod: &PodEnvironment,
+) -> ServingIdentity {
+    let namespace = settings
+        .namespace
+        .clone()
+        .or_else(|| pod.namespace.clone())
+        .unwrap_or_else(|| "default".into());
+    let service_account = settings
+        .service_account
+        .clone()
+        .or_else(|| pod.service_account.clone())
+        .unwrap_or_else(|| "podca".into());
+    ServingIdentity {
+        spiffe_id: serving_cert::spiffe_id(trust_domain, &namespace, &service_account),
+        dns_names: settings
+            .dns_names
+            .clone()
+            .unwrap_or_else(|| serving_cert::service_dns_names(&settings.service, &namespace)),
+        lifetime: settings.lifetime,
+    }
 }
 
 /// The controller's flags, as [`run`] read them.
@@ -557,6 +716,41 @@ mod tests {
         assert!(!base.is_empty(), "{:?}", election.identity);
         assert_eq!(suffix.len(), 8, "{:?}", election.identity);
         assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    fn self_issued(namespace: Option<&str>, dns: Option<&[&str]>) -> SelfIssuedTls {
+        SelfIssuedTls {
+            dns_names: dns.map(|d| d.iter().map(|s| s.to_string()).collect()),
+            service: "podca".into(),
+            namespace: namespace.map(Into::into),
+            service_account: None,
+            lifetime: time::Duration::hours(24),
+        }
+    }
+
+    #[test]
+    fn serving_identity_prefers_config_then_pod_then_defaults() {
+        let pod = PodEnvironment {
+            namespace: Some("podca-system".into()),
+            service_account: Some("signer".into()),
+        };
+        let id = serving_identity(&self_issued(None, None), "cluster.local", &pod);
+        assert_eq!(
+            id.spiffe_id,
+            "spiffe://cluster.local/ns/podca-system/sa/signer"
+        );
+        assert_eq!(id.dns_names[3], "podca.podca-system.svc.cluster.local");
+        let id = serving_identity(
+            &self_issued(Some("sec"), Some(&["ca.example.com"])),
+            "example.org",
+            &pod,
+        );
+        assert_eq!(id.spiffe_id, "spiffe://example.org/ns/sec/sa/signer");
+        assert_eq!(id.dns_names, ["ca.example.com"]);
+        let id = serving_identity(&self_issued(None, None), "td", &PodEnvironment::default());
+        assert_eq!(id.spiffe_id, "spiffe://td/ns/default/sa/podca");
+        assert_eq!(id.dns_names[0], "podca");
+        assert_eq!(id.dns_names[1], "podca.default");
     }
 
     #[test]

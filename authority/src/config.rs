@@ -365,6 +365,177 @@ pub struct GrpcConfig {
     /// Server streams (WatchTrustBundle, Workload API) open at once, across all callers.
     #[serde(default = "default_max_open_streams")]
     pub max_open_streams: usize,
+    /// TLS on the TCP listener: `self-issued` (default), `files` or `off`; see [`GrpcTls`].
+    #[serde(default)]
+    pub tls: TlsSetting,
+    /// self-issued: the DNS SANs; default: those of the Service `tls_service` in podca's
+    /// namespace (`NAME`, `NAME.NS`, `NAME.NS.svc`, `NAME.NS.svc.cluster.local`).
+    pub tls_dns_names: Option<Vec<String>>,
+    /// self-issued: the name of podca's gRPC Service (default `podca`).
+    pub tls_service: Option<String>,
+    /// self-issued: podca's namespace (default: `POD_NAMESPACE`, then the service-account
+    /// namespace file, then `default`).
+    pub tls_namespace: Option<String>,
+    /// self-issued: podca's service account (default: `PODCA_SERVICE_ACCOUNT`, then `podca`).
+    pub tls_service_account: Option<String>,
+    /// self-issued: the serving certificate's lifetime (default 86400; at least 600; never
+    /// past the CA's notAfter).
+    pub tls_lifetime_seconds: Option<u32>,
+    /// files: the certificate chain (PEM, leaf first), reloaded when it changes.
+    pub tls_cert_file: Option<PathBuf>,
+    /// files: the private key (PEM), reloaded when it changes.
+    pub tls_key_file: Option<PathBuf>,
+    /// With `tls = "off"`: allow plaintext on a non-loopback address (logged, and shown by the
+    /// `podca_grpc_insecure_plaintext` gauge).
+    #[serde(default)]
+    pub insecure_plaintext: bool,
+}
+
+/// `[grpc] tls` as written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TlsSetting {
+    #[default]
+    SelfIssued,
+    Files,
+    Off,
+}
+
+/// The TLS of the gRPC TCP listener, checked against the address it listens on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrpcTls {
+    /// podca issues its own serving certificate from its active CA.
+    SelfIssued(SelfIssuedTls),
+    /// An operator-provided certificate chain and key, reloaded when the files change.
+    Files { cert: PathBuf, key: PathBuf },
+    /// Plaintext HTTP/2; `insecure`: on an address other than loopback.
+    Off { insecure: bool },
+}
+
+/// `[grpc] tls = "self-issued"`: what the configuration says of the serving certificate.
+/// Unset names are filled in from podca's environment (see `podca serve`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfIssuedTls {
+    pub dns_names: Option<Vec<String>>,
+    pub service: String,
+    pub namespace: Option<String>,
+    pub service_account: Option<String>,
+    pub lifetime: time::Duration,
+}
+
+/// The default `[grpc] tls_service`.
+pub const DEFAULT_TLS_SERVICE: &str = "podca";
+
+/// Why the `[grpc]` TLS settings are refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GrpcTlsError {
+    #[error("[grpc] {key} does not apply to tls = \"{mode}\" (it is a tls = \"{owner}\" setting)")]
+    ForeignKey {
+        key: &'static str,
+        mode: &'static str,
+        owner: &'static str,
+    },
+    #[error("[grpc] tls = \"files\" needs tls_cert_file and tls_key_file")]
+    FilesMissing,
+    #[error(
+        "[grpc] tls = \"off\" on {listen}, which is not a loopback address: set \
+         insecure_plaintext = true to serve plaintext anyway, or use tls = \"self-issued\" or \
+         \"files\""
+    )]
+    PlaintextNotLoopback { listen: SocketAddr },
+    #[error("[grpc] insecure_plaintext = true applies only to tls = \"off\"")]
+    InsecureWithTls,
+    #[error("[grpc] tls_lifetime_seconds = {0} is below the minimum of 600")]
+    LifetimeTooShort(u32),
+    #[error("[grpc] tls_dns_names: {0:?} is not a DNS name")]
+    BadDnsName(String),
+}
+
+impl TlsSetting {
+    fn name(self) -> &'static str {
+        match self {
+            TlsSetting::SelfIssued => "self-issued",
+            TlsSetting::Files => "files",
+            TlsSetting::Off => "off",
+        }
+    }
+}
+
+impl GrpcConfig {
+    /// The listener's TLS when it listens on `listen` (`[grpc] listen` or `--grpc-listen`).
+    pub fn tls(&self, listen: SocketAddr) -> Result<GrpcTls, GrpcTlsError> {
+        let mode = self.tls.name();
+        let self_issued_keys = [
+            ("tls_dns_names", self.tls_dns_names.is_some()),
+            ("tls_service", self.tls_service.is_some()),
+            ("tls_namespace", self.tls_namespace.is_some()),
+            ("tls_service_account", self.tls_service_account.is_some()),
+            ("tls_lifetime_seconds", self.tls_lifetime_seconds.is_some()),
+        ];
+        let files_keys = [
+            ("tls_cert_file", self.tls_cert_file.is_some()),
+            ("tls_key_file", self.tls_key_file.is_some()),
+        ];
+        let refuse = |keys: &[(&'static str, bool)], owner: &'static str| match keys
+            .iter()
+            .find(|(_, set)| *set)
+        {
+            Some((key, _)) => Err(GrpcTlsError::ForeignKey { key, mode, owner }),
+            None => Ok(()),
+        };
+        if self.insecure_plaintext && self.tls != TlsSetting::Off {
+            return Err(GrpcTlsError::InsecureWithTls);
+        }
+        match self.tls {
+            TlsSetting::SelfIssued => {
+                refuse(&files_keys, "files")?;
+                let lifetime = self.tls_lifetime_seconds.unwrap_or(86_400);
+                if lifetime < 600 {
+                    return Err(GrpcTlsError::LifetimeTooShort(lifetime));
+                }
+                if let Some(bad) = self
+                    .tls_dns_names
+                    .iter()
+                    .flatten()
+                    .find(|n| !podca_signer::policy::is_dns_name(n))
+                {
+                    return Err(GrpcTlsError::BadDnsName(bad.clone()));
+                }
+                Ok(GrpcTls::SelfIssued(SelfIssuedTls {
+                    dns_names: self.tls_dns_names.clone(),
+                    service: self
+                        .tls_service
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_TLS_SERVICE.into()),
+                    namespace: self.tls_namespace.clone(),
+                    service_account: self.tls_service_account.clone(),
+                    lifetime: time::Duration::seconds(i64::from(lifetime)),
+                }))
+            }
+            TlsSetting::Files => {
+                refuse(&self_issued_keys, "self-issued")?;
+                match (&self.tls_cert_file, &self.tls_key_file) {
+                    (Some(cert), Some(key)) => Ok(GrpcTls::Files {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                    }),
+                    _ => Err(GrpcTlsError::FilesMissing),
+                }
+            }
+            TlsSetting::Off => {
+                refuse(&self_issued_keys, "self-issued")?;
+                refuse(&files_keys, "files")?;
+                let loopback = listen.ip().is_loopback();
+                if !loopback && !self.insecure_plaintext {
+                    return Err(GrpcTlsError::PlaintextNotLoopback { listen });
+                }
+                Ok(GrpcTls::Off {
+                    insecure: !loopback,
+                })
+            }
+        }
+    }
 }
 
 impl Default for GrpcConfig {
@@ -376,6 +547,15 @@ impl Default for GrpcConfig {
             node_proxy_service_accounts: vec![],
             rate_limit_per_identity: default_rate(),
             max_open_streams: default_max_open_streams(),
+            tls: TlsSetting::default(),
+            tls_dns_names: None,
+            tls_service: None,
+            tls_namespace: None,
+            tls_service_account: None,
+            tls_lifetime_seconds: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            insecure_plaintext: false,
         }
     }
 }
@@ -487,6 +667,7 @@ impl Config {
                 .validate()
                 .with_context(|| format!("signer {name:?}"))?;
         }
+        config.grpc.tls(config.grpc.listen)?;
         Ok(config)
     }
 
@@ -669,6 +850,116 @@ mod tests {
             !ca("backend = \"secret\"\nsecret = \"a/b\"")
                 .unwrap()
                 .automatic_rotation()
+        );
+    }
+
+    fn grpc(table: &str) -> Result<GrpcTls, String> {
+        let config = Config::parse(&format!("[grpc]\n{table}")).map_err(|e| format!("{e:#}"))?;
+        config
+            .grpc
+            .tls(config.grpc.listen)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn grpc_tls_modes_parse() {
+        let GrpcTls::SelfIssued(default) = grpc("").unwrap() else {
+            panic!("the default is self-issued");
+        };
+        assert_eq!(
+            default,
+            SelfIssuedTls {
+                dns_names: None,
+                service: "podca".into(),
+                namespace: None,
+                service_account: None,
+                lifetime: time::Duration::hours(24),
+            }
+        );
+        let GrpcTls::SelfIssued(set) = grpc(
+            "tls = \"self-issued\"\ntls_dns_names = [\"ca.example.com\"]\ntls_service = \"ca\"\n\
+             tls_namespace = \"sec\"\ntls_service_account = \"signer\"\ntls_lifetime_seconds = 3600",
+        )
+        .unwrap() else {
+            panic!("self-issued");
+        };
+        assert_eq!(set.dns_names, Some(vec!["ca.example.com".to_string()]));
+        assert_eq!(set.service, "ca");
+        assert_eq!(set.namespace.as_deref(), Some("sec"));
+        assert_eq!(set.service_account.as_deref(), Some("signer"));
+        assert_eq!(set.lifetime, time::Duration::hours(1));
+        assert_eq!(
+            grpc("tls = \"files\"\ntls_cert_file = \"/c.pem\"\ntls_key_file = \"/k.pem\"").unwrap(),
+            GrpcTls::Files {
+                cert: "/c.pem".into(),
+                key: "/k.pem".into()
+            }
+        );
+        assert_eq!(
+            grpc("tls = \"off\"").unwrap(),
+            GrpcTls::Off { insecure: false }
+        );
+        assert_eq!(
+            grpc("tls = \"off\"\nlisten = \"[::1]:8443\"").unwrap(),
+            GrpcTls::Off { insecure: false }
+        );
+        assert_eq!(
+            grpc("tls = \"off\"\nlisten = \"0.0.0.0:8443\"\ninsecure_plaintext = true").unwrap(),
+            GrpcTls::Off { insecure: true }
+        );
+    }
+
+    #[test]
+    fn grpc_tls_refusals_name_the_keys() {
+        let cases = [
+            (
+                "tls = \"off\"\nlisten = \"0.0.0.0:8443\"",
+                "tls = \"off\" on 0.0.0.0:8443, which is not a loopback address: set insecure_plaintext = true",
+            ),
+            (
+                "insecure_plaintext = true\nlisten = \"0.0.0.0:8443\"",
+                "insecure_plaintext = true applies only to tls = \"off\"",
+            ),
+            (
+                "tls = \"files\"\ntls_cert_file = \"/c\"",
+                "needs tls_cert_file and tls_key_file",
+            ),
+            (
+                "tls_cert_file = \"/c\"",
+                "[grpc] tls_cert_file does not apply to tls = \"self-issued\"",
+            ),
+            (
+                "tls = \"files\"\ntls_cert_file = \"/c\"\ntls_key_file = \"/k\"\ntls_service = \"x\"",
+                "[grpc] tls_service does not apply to tls = \"files\"",
+            ),
+            (
+                "tls = \"off\"\ntls_lifetime_seconds = 3600",
+                "[grpc] tls_lifetime_seconds does not apply to tls = \"off\"",
+            ),
+            (
+                "tls_lifetime_seconds = 599",
+                "tls_lifetime_seconds = 599 is below the minimum of 600",
+            ),
+            (
+                "tls_dns_names = [\"not a name\"]",
+                "\"not a name\" is not a DNS name",
+            ),
+            ("tls = \"on\"", "unknown variant `on`"),
+        ];
+        for (table, expected) in cases {
+            let err = grpc(table).expect_err(table);
+            assert!(err.contains(expected), "{table}: {err}");
+        }
+    }
+
+    #[test]
+    fn grpc_tls_off_is_checked_against_the_effective_listen_address() {
+        let config = Config::parse("[grpc]\ntls = \"off\"").unwrap();
+        assert_eq!(
+            config.grpc.tls("0.0.0.0:1".parse().unwrap()),
+            Err(GrpcTlsError::PlaintextNotLoopback {
+                listen: "0.0.0.0:1".parse().unwrap()
+            })
         );
     }
 }

@@ -12,6 +12,8 @@
 //!   controller does its Kubernetes I/O);
 //! * [`metrics`], [`hsm_metrics`] and [`admin`]: the Prometheus registry and the
 //!   `/metrics` `/livez` `/readyz` listener;
+//! * [`serving_cert`]: the gRPC listener's self-issued TLS certificate, its renewal rule and
+//!   the task that renews it;
 //! * [`shutdown`]: the signals that stop podca, and the one stop signal and drain deadline
 //!   every task of a command shares.
 //!
@@ -26,6 +28,7 @@ pub mod intermediate;
 pub mod metrics;
 pub mod rotation;
 pub mod secret_rotation;
+pub mod serving_cert;
 pub mod shutdown;
 pub mod trust;
 

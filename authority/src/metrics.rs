@@ -67,6 +67,9 @@ pub struct Metrics {
     pub rotation_steps: Family<crate::rotation::StepLabels, Counter>,
     /// Rotation checks that failed (the CA in force stays).
     pub rotation_errors: Counter,
+    /// 1 when the gRPC API serves plaintext on an address other than loopback
+    /// (`[grpc] insecure_plaintext = true`).
+    pub grpc_insecure_plaintext: Gauge,
 }
 
 impl Default for Metrics {
@@ -100,6 +103,12 @@ impl Metrics {
         let ca_next_rotation = Gauge::default();
         let rotation_steps = Family::<crate::rotation::StepLabels, Counter>::default();
         let rotation_errors = Counter::default();
+        let grpc_insecure_plaintext = Gauge::default();
+        registry.register(
+            "grpc_insecure_plaintext",
+            "1 when the gRPC API serves plaintext on a non-loopback address (insecure_plaintext)",
+            grpc_insecure_plaintext.clone(),
+        );
         registry.register(
             "ca_generation_not_after_timestamp_seconds",
             "notAfter of each CA generation's issuing certificate (Unix seconds), by state",
@@ -216,6 +225,7 @@ impl Metrics {
             ca_next_rotation,
             rotation_steps,
             rotation_errors,
+            grpc_insecure_plaintext,
         }
     }
 

@@ -52,6 +52,7 @@ pub mod ledger;
 pub mod podca_service;
 pub mod ratelimit;
 pub mod server;
+pub mod tls;
 pub mod uds_authority;
 pub mod workload;
 

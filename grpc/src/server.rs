@@ -1,5 +1,6 @@
-//! The gRPC servers: `podca.v1` on TCP, and the Workload API (plus `podca.v1`) on a Unix
-//! socket whose connections go through [`AuthorityFix`].
+//! The gRPC servers: `podca.v1` on TCP (TLS, see [`crate::tls`], or plaintext on loopback),
+//! and the Workload API (plus `podca.v1`) on a Unix socket whose connections go through
+//! [`AuthorityFix`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tonic::transport::Server;
 
 use super::core::{Api, MAX_MESSAGE_BYTES};
 use super::podca_service::PodCaService;
+use super::tls;
 use super::uds_authority::AuthorityFix;
 use super::workload::WorkloadService;
 
@@ -35,7 +37,23 @@ fn builder() -> Server {
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(60)))
 }
 
-/// Serves `podca.v1` on `listener` until `shutdown` resolves.
+/// Serves `podca.v1` over TLS on `listener` until `shutdown` resolves: every connection is
+/// handshaken in its own task (at most [`tls::HANDSHAKE_TIMEOUT`]) with the certificate
+/// `config` resolves at that moment.
+pub async fn serve_tls(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    api: Arc<Api>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = tls::incoming(listener, config, tls::HANDSHAKE_TIMEOUT);
+    builder()
+        .add_service(podca(&api))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+/// Serves `podca.v1` in plaintext on `listener` until `shutdown` resolves.
 pub async fn serve_tcp(
     listener: TcpListener,
     api: Arc<Api>,

@@ -21,11 +21,21 @@ pub struct IssueArgs {
     /// CA data directory (local issuance; ignored with --server).
     #[arg(long, env = "PODCA_DATA_DIR")]
     pub dir: Option<PathBuf>,
-    /// Ask a running podca instead of the local CA: `http://HOST:PORT` (podca serve's or podca
-    /// dev's gRPC API) or `unix:///path/to/socket` (podca dev's socket). The identity is the
+    /// Ask a running podca instead of the local CA: `https://HOST:PORT` (podca serve's gRPC
+    /// API, verified against --ca-file), `http://HOST:PORT` (a plaintext listener, e.g. podca
+    /// dev's loopback one) or `unix:///path/to/socket` (podca dev's socket). The identity is the
     /// caller's: the token's service account, or podca dev's mapping.
     #[arg(long, value_name = "URL", conflicts_with = "trust_domain")]
     pub server: Option<String>,
+    /// With an https:// --server: the trust anchors (PEM) the server's certificate must chain
+    /// to (`podca bundle`, or the signer's ClusterTrustBundle). Required: podca never trusts a
+    /// server by default.
+    #[arg(long, value_name = "ROOTS.pem", requires = "server")]
+    pub ca_file: Option<PathBuf>,
+    /// With an https:// --server: the name the server's certificate must carry (default: the
+    /// URL's host), e.g. `podca.podca-system.svc` when connecting through a port-forward.
+    #[arg(long, value_name = "NAME", requires = "server")]
+    pub server_name: Option<String>,
     /// File holding the bearer token sent to --server (a service-account token for the
     /// audience `podca`). Tokens are never command-line values.
     #[arg(long, value_name = "FILE", requires = "server")]
@@ -71,6 +81,8 @@ impl IssueArgs {
         let Self {
             dir,
             server,
+            ca_file,
+            server_name,
             token_file,
             signer,
             csr,
@@ -87,6 +99,8 @@ impl IssueArgs {
         if let Some(server) = server {
             return run_remote(Remote {
                 server,
+                ca_file,
+                server_name,
                 token_file,
                 signer,
                 csr,
@@ -178,6 +192,8 @@ impl IssueArgs {
 /// `podca issue --server`: what the remote path needs of the arguments.
 struct Remote {
     server: String,
+    ca_file: Option<PathBuf>,
+    server_name: Option<String>,
     token_file: Option<PathBuf>,
     signer: Option<String>,
     csr: Option<PathBuf>,
@@ -193,6 +209,8 @@ struct Remote {
 fn run_remote(remote: Remote) -> anyhow::Result<()> {
     let Remote {
         server,
+        ca_file,
+        server_name,
         token_file,
         signer,
         csr,
@@ -204,7 +222,7 @@ fn run_remote(remote: Remote) -> anyhow::Result<()> {
         out,
         trust_bundle,
     } = remote;
-    check_server_url(&server)?;
+    let tls = client_tls(&server, ca_file.as_deref(), server_name.as_deref())?;
     let token = token_file.as_deref().map(read_token).transpose()?;
     let (csr_der, private_pem) = match (&csr, key_type) {
         (Some(path), _) => {
@@ -259,20 +277,47 @@ fn run_remote(remote: Remote) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let answer = runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(server.clone())
+        let mut endpoint = tonic::transport::Endpoint::from_shared(server.clone())
             .with_context(|| format!("--server {server:?} is not a URL"))?
             .connect_timeout(std::time::Duration::from_secs(10))
-            .timeout(std::time::Duration::from_secs(60))
+            .timeout(std::time::Duration::from_secs(60));
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls.config)
+                .context("--server: the TLS settings")?;
+            let channel = endpoint.connect().await.map_err(|e| {
+                anyhow::anyhow!("cannot connect to {server}: {}", tls_failure(&e, &tls.name))
+            })?;
+            return issue(channel, request, &server).await;
+        }
+        let channel = endpoint
             .connect()
             .await
             .with_context(|| format!("cannot connect to {server}"))?;
-        PodCaClient::new(channel)
-            .issue_certificate(request)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|status| anyhow::anyhow!("{server}: {}", refusal(&status)))
+        issue(channel, request, &server).await
     })?;
+    finish(answer, private_pem, out, trust_bundle, &server)
+}
 
+async fn issue(
+    channel: tonic::transport::Channel,
+    request: tonic::Request<IssueCertificateRequest>,
+    server: &str,
+) -> anyhow::Result<podca_proto::podca::v1::IssueCertificateResponse> {
+    PodCaClient::new(channel)
+        .issue_certificate(request)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| anyhow::anyhow!("{server}: {}", refusal(&status)))
+}
+
+fn finish(
+    answer: podca_proto::podca::v1::IssueCertificateResponse,
+    private_pem: Option<String>,
+    out: Option<PathBuf>,
+    trust_bundle: Option<PathBuf>,
+    server: &str,
+) -> anyhow::Result<()> {
     let output = match &private_pem {
         Some(key) => format!("{key}{}", answer.certificate_chain_pem),
         None => answer.certificate_chain_pem.clone(),
@@ -302,20 +347,126 @@ fn run_remote(remote: Remote) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// podca's gRPC API is plaintext HTTP/2 (TLS, if any, is the network's job).
-fn check_server_url(server: &str) -> anyhow::Result<()> {
+/// The scheme of a `--server` URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    Https,
+    Http,
+    Unix,
+}
+
+fn check_server_url(server: &str) -> anyhow::Result<Scheme> {
     if let Some(path) = server.strip_prefix("unix://") {
         anyhow::ensure!(
             path.starts_with('/'),
             "--server {server:?}: a socket URL is unix:///absolute/path"
         );
-        return Ok(());
+        return Ok(Scheme::Unix);
+    }
+    if server.starts_with("https://") {
+        return Ok(Scheme::Https);
     }
     anyhow::ensure!(
         server.starts_with("http://"),
-        "--server {server:?}: use http://HOST:PORT or unix:///path/to/socket"
+        "--server {server:?}: use https://HOST:PORT, http://HOST:PORT or unix:///path/to/socket"
     );
-    Ok(())
+    Ok(Scheme::Http)
+}
+
+/// How an https:// server is verified.
+#[derive(Debug)]
+struct ClientTls {
+    config: tonic::transport::ClientTlsConfig,
+    /// The name its certificate must carry.
+    name: String,
+}
+
+/// The TLS client settings for `server` (`None`: plaintext or a Unix socket): only the anchors
+/// in `ca_file`, and `server_name` or the URL's host as the name to verify.
+fn client_tls(
+    server: &str,
+    ca_file: Option<&std::path::Path>,
+    server_name: Option<&str>,
+) -> anyhow::Result<Option<ClientTls>> {
+    if check_server_url(server)? != Scheme::Https {
+        anyhow::ensure!(
+            ca_file.is_none() && server_name.is_none(),
+            "--ca-file and --server-name apply only to an https:// --server"
+        );
+        return Ok(None);
+    }
+    let ca_file = ca_file.with_context(|| {
+        format!(
+            "--server {server}: give --ca-file ROOTS.pem, the trust anchors the server's \
+             certificate must chain to (`podca bundle`, or the signer's ClusterTrustBundle)"
+        )
+    })?;
+    let roots = std::fs::read(ca_file)
+        .with_context(|| format!("cannot read --ca-file {}", ca_file.display()))?;
+    {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let count = CertificateDer::pem_slice_iter(&roots)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("--ca-file {}: {e}", ca_file.display()))?
+            .len();
+        anyhow::ensure!(
+            count > 0,
+            "--ca-file {}: no PEM CERTIFICATE block",
+            ca_file.display()
+        );
+    }
+    let uri: tonic::transport::Uri = server
+        .parse()
+        .with_context(|| format!("--server {server:?} is not a URL"))?;
+    let name = match server_name {
+        Some(name) => name.to_owned(),
+        None => uri
+            .host()
+            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+            .with_context(|| format!("--server {server:?} names no host"))?,
+    };
+    let config = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(roots))
+        .domain_name(name.clone());
+    Ok(Some(ClientTls { config, name }))
+}
+
+/// A connection failure, saying in one line what was wrong with TLS when it was TLS.
+fn tls_failure(error: &(dyn std::error::Error + 'static), name: &str) -> String {
+    use rustls::{CertificateError, Error};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    let mut last = error.to_string();
+    while let Some(e) = cause {
+        let tls = e.downcast_ref::<Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<Error>())
+        });
+        if let Some(tls) = tls {
+            return match tls {
+                Error::InvalidCertificate(CertificateError::NotValidForName)
+                | Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. }) => {
+                    format!(
+                        "TLS: the server's certificate is not valid for {name:?} (set \
+                         --server-name to a name it carries)"
+                    )
+                }
+                Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
+                    "TLS: the server's certificate does not chain to an anchor in --ca-file"
+                        .to_string()
+                }
+                Error::InvalidCertificate(CertificateError::Expired)
+                | Error::InvalidCertificate(CertificateError::ExpiredContext { .. }) => {
+                    "TLS: the server's certificate has expired".to_string()
+                }
+                other => format!("TLS: {other}"),
+            };
+        }
+        last = e.to_string();
+        cause = e.source();
+    }
+    last
 }
 
 /// A bearer token read from a file. Its `Debug` never shows it.
@@ -430,11 +581,67 @@ mod tests {
 
     #[test]
     fn server_urls() {
-        assert!(check_server_url("http://127.0.0.1:8443").is_ok());
-        assert!(check_server_url("unix:///run/podca.sock").is_ok());
+        assert_eq!(
+            check_server_url("http://127.0.0.1:8443").unwrap(),
+            Scheme::Http
+        );
+        assert_eq!(
+            check_server_url("unix:///run/podca.sock").unwrap(),
+            Scheme::Unix
+        );
         assert!(check_server_url("unix://relative.sock").is_err());
-        assert!(check_server_url("https://podca:8443").is_err());
+        assert_eq!(
+            check_server_url("https://podca:8443").unwrap(),
+            Scheme::Https
+        );
         assert!(check_server_url("127.0.0.1:8443").is_err());
+    }
+
+    #[test]
+    fn https_needs_anchors_and_plaintext_takes_no_tls_flags() {
+        let error = client_tls("https://podca:8443", None, None).unwrap_err();
+        assert!(
+            error.to_string().contains("give --ca-file ROOTS.pem"),
+            "{error}"
+        );
+        let error = client_tls(
+            "http://127.0.0.1:1",
+            Some(std::path::Path::new("/r.pem")),
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "--ca-file and --server-name apply only to an https:// --server"
+        );
+        let dir = tempfile_dir();
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let error = client_tls("https://podca:8443", Some(&empty), None).unwrap_err();
+        assert!(
+            error.to_string().ends_with("no PEM CERTIFICATE block"),
+            "{error}"
+        );
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("podca-issue-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn tls_failures_are_named() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        assert_eq!(
+            tls_failure(&io, "podca"),
+            "TLS: the server's certificate does not chain to an anchor in --ca-file"
+        );
+        let direct = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
+        assert!(tls_failure(&direct, "wrong.name").contains("not valid for \"wrong.name\""));
     }
 
     #[test]

@@ -1,10 +1,14 @@
-//! gRPC benchmarks against a release `podca dev` (run: `cargo bench -p podca-tests --bench
-//! grpc_bench`):
+//! gRPC benchmarks (run: `cargo bench -p podca-tests --bench grpc_bench`):
 //!
-//! 1. IssueCertificate throughput: 64 concurrent clients, one TCP connection each, P-256 CSRs,
-//!    identity from dev metadata (a map lookup: the equivalent of a cached TokenReview).
-//! 2. Workload API fan-out: 1,000 open FetchX509Bundles streams on the Unix socket; time from the
-//!    CA reload (SIGHUP) until every stream has received the rotated bundle.
+//! 1. IssueCertificate throughput: 64 concurrent clients, one TLS connection each (verified
+//!    against the CA's anchors), P-256 CSRs, against a release `podca serve` on the API emulator
+//!    with a service-account token (one TokenReview, then the cache: a map lookup).
+//!    `PODCA_BENCH_PLAINTEXT=1`: as before TLS, against `podca dev`'s plaintext loopback listener
+//!    with the identity from dev metadata.
+//! 2. Workload API fan-out (release `podca dev`): 1,000 open FetchX509Bundles streams on the Unix
+//!    socket; time from the CA reload (SIGHUP) until every stream has received the rotated bundle.
+//!
+//! The figures below were measured in plaintext, before TLS became the default.
 //!
 //! Measured on the 2-core dev machine (release, client and server on the same cores):
 //! 5,018–5,161 certificates/s with every certificate in the ledger, p50 ~12 ms, p99 ~24 ms;
@@ -21,8 +25,14 @@ use podca_proto::podca::v1::IssueCertificateRequest;
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::workload::X509BundlesRequest;
 use podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
-use podca_tests::process::{DevOptions, DevProcess, csr_for};
-use tonic::transport::Endpoint;
+use podca_tests::EmulatorConfig;
+use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
+use podca_tests::emulator::{ApiMode, PolicyRule, ServiceAccountToken, Subject};
+use podca_tests::process::{
+    DevOptions, DevProcess, ServeProcess, csr_for, podca_binary_release, podca_bundle,
+};
+use podca_tests::tls::TlsChannel;
+use tonic::transport::{Channel, Endpoint};
 
 const CLIENTS: usize = 64;
 const ISSUE_SECONDS: u64 = 10;
@@ -38,23 +48,135 @@ fn main() {
         release: true,
         ..Default::default()
     });
-    runtime.block_on(issue_throughput(&dev));
+    if std::env::var_os("PODCA_BENCH_PLAINTEXT").is_some_and(|v| v == "1") {
+        let target = Target::Plaintext(dev.grpc);
+        runtime.block_on(issue_throughput(&target));
+    } else {
+        runtime.block_on(async {
+            let (target, _serve, _cluster) = tls_target().await;
+            issue_throughput(&target).await;
+        });
+    }
     runtime.block_on(fan_out(&dev));
 }
 
-async fn issue_throughput(dev: &DevProcess) {
+/// Whom the throughput clients talk to.
+enum Target {
+    /// `podca dev`'s loopback listener, the identity in dev metadata.
+    Plaintext(std::net::SocketAddr),
+    /// `podca serve` over TLS, the identity from a token.
+    Tls {
+        addr: std::net::SocketAddr,
+        anchors: String,
+        token: String,
+    },
+}
+
+impl Target {
+    async fn channel(&self) -> Channel {
+        match self {
+            Target::Plaintext(addr) => Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+            Target::Tls { addr, anchors, .. } => {
+                TlsChannel::connect(*addr, anchors, podca_tests::tls::SERVER_NAME)
+                    .await
+                    .unwrap()
+                    .channel
+            }
+        }
+    }
+
+    /// The metadata that names the caller.
+    fn identity(&self) -> Vec<(&'static str, tonic::metadata::AsciiMetadataValue)> {
+        match self {
+            Target::Plaintext(_) => vec![
+                ("x-podca-namespace", "default".parse().unwrap()),
+                ("x-podca-service-account", "default".parse().unwrap()),
+            ],
+            Target::Tls { token, .. } => {
+                vec![("authorization", format!("Bearer {token}").parse().unwrap())]
+            }
+        }
+    }
+}
+
+/// A release `podca serve` on the API emulator, allowed TokenReviews, and a token for it.
+async fn tls_target() -> (Target, ServeProcess, Cluster) {
+    let cluster = Cluster::start_with(ClusterConfig {
+        emulator: EmulatorConfig {
+            api_mode: ApiMode::V1Only,
+            auto_create_namespaces: true,
+            ..Default::default()
+        },
+        podca_groups: &["system:serviceaccounts"],
+        signers: &[],
+    })
+    .await;
+    cluster.emu.grant(
+        Subject::User(PODCA_USER.into()),
+        PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+    );
+    let ca_dir = cluster.dir.path().join("ca");
+    let init = std::process::Command::new(podca_binary_release())
+        .args(["ca", "init", "--dir"])
+        .arg(&ca_dir)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(init.success());
+    let config = cluster.dir.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndir = {:?}\n\n[signers.\"example.com/workload\"]\ntrust_domain = \
+             \"cluster.local\"\n\n[grpc]\n{}",
+            ca_dir.display().to_string(),
+            podca_tests::tls::GRPC_TLS_CONFIG
+        ),
+    )
+    .unwrap();
+    let serve = ServeProcess::start_release(&config, &cluster.kubeconfig, &[]);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], serve.grpc));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "podca serve's gRPC API did not listen"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let token = cluster.emu.add_service_account_token(ServiceAccountToken {
+        namespace: "default".into(),
+        service_account: "default".into(),
+        service_account_uid: podca_tests::emulator::new_uid(),
+        audiences: vec!["podca".into()],
+        expires: cluster.emu.now() + time::Duration::hours(1),
+        pod_name: None,
+        pod_uid: None,
+        node_name: None,
+        node_uid: None,
+        credential_id: podca_tests::emulator::new_uid(),
+    });
+    let target = Target::Tls {
+        addr,
+        anchors: podca_bundle(&ca_dir),
+        token,
+    };
+    (target, serve, cluster)
+}
+
+async fn issue_throughput(target: &Target) {
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(ISSUE_SECONDS);
     let mut latencies = Vec::new();
     let mut tasks = Vec::new();
     for _ in 0..CLIENTS {
-        let channel = Endpoint::from_shared(format!("http://{}", dev.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut client = PodCaClient::new(channel);
+        let mut client = PodCaClient::new(target.channel().await);
+        let identity = target.identity();
         let csr = csr_for(&rcgen::KeyPair::generate().unwrap());
         let (done, failed) = (Arc::clone(&done), Arc::clone(&failed));
         tasks.push(tokio::spawn(async move {
@@ -64,12 +186,9 @@ async fn issue_throughput(dev: &DevProcess) {
                     csr: csr.clone(),
                     ..Default::default()
                 });
-                request
-                    .metadata_mut()
-                    .insert("x-podca-namespace", "default".parse().unwrap());
-                request
-                    .metadata_mut()
-                    .insert("x-podca-service-account", "default".parse().unwrap());
+                for (key, value) in &identity {
+                    request.metadata_mut().insert(*key, value.clone());
+                }
                 let start = Instant::now();
                 match client.issue_certificate(request).await {
                     Ok(_) => {
@@ -92,8 +211,12 @@ async fn issue_throughput(dev: &DevProcess) {
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     let n = done.load(Ordering::Relaxed);
+    let transport = match target {
+        Target::Plaintext(_) => "plaintext (podca dev)",
+        Target::Tls { .. } => "TLS (podca serve)",
+    };
     println!(
-        "IssueCertificate, {CLIENTS} clients, P-256, {ISSUE_SECONDS} s: {n} issued ({:.0}/s), {} failed, \
+        "IssueCertificate over {transport}, {CLIENTS} clients, P-256, {ISSUE_SECONDS} s: {n} issued ({:.0}/s), {} failed, \
          latency p50 {:?} p99 {:?}",
         n as f64 / elapsed,
         failed.load(Ordering::Relaxed),

@@ -7,6 +7,7 @@
 //! * [`cluster`]: the emulator set up for podca (identity, signer grants, kubeconfig) and
 //!   PCRs filed by hand.
 //! * [`process`]: the real `podca serve` and `podca dev` as child processes.
+//! * [`tls`]: TLS clients of podca serve's gRPC listener, trusting only given anchors.
 //! * [`verify`]: `openssl verify`, the independent check of every issued chain.
 
 pub mod client;
@@ -15,6 +16,7 @@ pub mod emulator;
 pub mod kubelet;
 pub mod process;
 pub mod testca;
+pub mod tls;
 pub mod verify;
 
 pub use emulator::{Emulator, EmulatorConfig};

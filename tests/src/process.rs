@@ -54,6 +54,21 @@ fn build(extra: &[&str]) -> PathBuf {
         .expect("cargo did not report the podca executable")
 }
 
+/// `podca bundle --dir dir`: the trust anchors of a CA data directory, as clients get them.
+pub fn podca_bundle(dir: &Path) -> String {
+    let out = Command::new(podca_binary())
+        .args(["bundle", "--dir"])
+        .arg(dir)
+        .output()
+        .expect("running podca bundle");
+    assert!(
+        out.status.success(),
+        "podca bundle: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("the bundle is PEM text")
+}
+
 /// A TCP port nobody listens on right now.
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -101,9 +116,24 @@ pub struct ServeProcess {
 impl ServeProcess {
     /// `podca serve --config config --kubeconfig kubeconfig` plus `extra` arguments, with `env`.
     pub fn start(config: &Path, kubeconfig: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Self {
+        Self::start_binary(&podca_binary(), config, kubeconfig, extra, env)
+    }
+
+    /// [`ServeProcess::start`] with the release build (benchmarks).
+    pub fn start_release(config: &Path, kubeconfig: &Path, extra: &[&str]) -> Self {
+        Self::start_binary(&podca_binary_release(), config, kubeconfig, extra, &[])
+    }
+
+    fn start_binary(
+        binary: &Path,
+        config: &Path,
+        kubeconfig: &Path,
+        extra: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Self {
         let admin = free_port();
         let grpc = free_port();
-        let mut cmd = Command::new(podca_binary());
+        let mut cmd = Command::new(binary);
         cmd.args(["serve", "--config"])
             .arg(config)
             .arg("--kubeconfig")
@@ -111,15 +141,32 @@ impl ServeProcess {
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
             .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
             .args(extra)
+            // The serving certificate's names must not depend on where the tests run.
+            .env_remove("POD_NAMESPACE")
+            .env_remove("PODCA_SERVICE_ACCOUNT")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        ServeProcess {
+        let mut serve = ServeProcess {
             child: cmd.spawn().expect("spawn podca serve"),
             admin,
             grpc,
+        };
+        serve.wait_admin(Duration::from_secs(30));
+        serve
+    }
+
+    /// Waits until the admin listener accepts connections (the last listener `podca serve`
+    /// opens), or the process has exited, at most `timeout`.
+    fn wait_admin(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while std::net::TcpStream::connect(("127.0.0.1", self.admin)).is_err() {
+            if self.child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
         }
     }
 

@@ -313,8 +313,12 @@ fn issue_with_server_refusals_are_one_line_with_the_grpc_code() {
             "cannot connect to http://127.0.0.1:",
         ),
         (
+            vec!["issue", "--server", "ftp://podca:8443"],
+            "use https://HOST:PORT, http://HOST:PORT or unix:///path/to/socket",
+        ),
+        (
             vec!["issue", "--server", "https://podca:8443"],
-            "use http://HOST:PORT or unix:///path/to/socket",
+            "https://podca:8443: give --ca-file ROOTS.pem",
         ),
         (
             vec![

@@ -20,7 +20,7 @@ use podca_tests::cluster::{ClusterConfig, PODCA_USER};
 use podca_tests::emulator::{
     ApiMode, FaultScope, PodFixture, PolicyRule, ServiceAccountToken, Subject,
 };
-use podca_tests::process::{csr_for, free_port, podca_binary};
+use podca_tests::process::{csr_for, free_port, podca_binary, podca_bundle};
 use podca_tests::verify::assert_verifies;
 use podca_tests::{Emulator, EmulatorConfig};
 use tonic::transport::Channel;
@@ -34,6 +34,8 @@ struct Cluster {
     emu: Emulator,
     serve: Child,
     grpc: u16,
+    /// What clients verify the gRPC listener against (`podca bundle`).
+    anchors: String,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -78,11 +80,13 @@ impl Cluster {
             &config,
             format!(
                 "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
-                 [grpc]\nlisten = \"127.0.0.1:{grpc}\"\nnode_proxy_service_accounts = [\"{NODE_PROXY}\"]\n",
-                ca_dir.display().to_string()
+                 [grpc]\nlisten = \"127.0.0.1:{grpc}\"\nnode_proxy_service_accounts = [\"{NODE_PROXY}\"]\n{}",
+                ca_dir.display().to_string(),
+                podca_tests::tls::GRPC_TLS_CONFIG,
             ),
         )
         .unwrap();
+        let anchors = podca_bundle(&ca_dir);
         let log = dir.path().join("serve.log");
         let serve = Command::new(podca_binary())
             .arg("serve")
@@ -100,6 +104,7 @@ impl Cluster {
             emu,
             serve,
             grpc,
+            anchors,
             log,
             _dir: dir,
         };
@@ -127,13 +132,7 @@ impl Cluster {
     }
 
     async fn client(&self) -> PodCaClient<Channel> {
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", self.grpc))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-        PodCaClient::new(channel)
+        podca_tests::tls::client(self.grpc, &self.anchors).await
     }
 
     /// A service-account token TokenReview knows, for `namespace/service_account`.

@@ -125,13 +125,16 @@ async fn serve_publishes_bundles_follows_ca_rotate_and_serves_grpc() {
         "{metrics}"
     );
 
-    // The gRPC API is up and asks for a service-account token.
-    let mut client = podca_proto::podca::v1::pod_ca_client::PodCaClient::connect(format!(
-        "http://127.0.0.1:{}",
-        serve.grpc
-    ))
+    // The gRPC API is up (TLS, verified against the published bundle for the Service's name in
+    // the default namespace) and asks for a service-account token.
+    let mut client = podca_tests::tls::TlsChannel::connect(
+        std::net::SocketAddr::from(([127, 0, 0, 1], serve.grpc)),
+        &both,
+        "podca.default.svc",
+    )
     .await
-    .expect("gRPC connects");
+    .expect("gRPC connects over TLS")
+    .client();
     let err = client
         .get_trust_bundle(podca_proto::podca::v1::GetTrustBundleRequest::default())
         .await

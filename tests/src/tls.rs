@@ -1,0 +1,139 @@
+//! TLS clients of podca serve's gRPC listener: a rustls client (aws-lc-rs) that trusts only the
+//! anchors a test gives it and verifies the name it is told, as tonic channels and as raw
+//! handshakes (to look at the served chain).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use podca_proto::podca::v1::pod_ca_client::PodCaClient;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tonic::transport::{Channel, Endpoint};
+
+/// The namespace `podca serve` runs in, in the tests that look at its serving certificate
+/// (`[grpc] tls_namespace`).
+pub const NAMESPACE: &str = "podca-system";
+/// The name clients verify: the Service `podca` in [`NAMESPACE`].
+pub const SERVER_NAME: &str = "podca.podca-system.svc";
+/// The `[grpc]` lines that give `podca serve` the serving certificate tests verify.
+pub const GRPC_TLS_CONFIG: &str = "tls_namespace = \"podca-system\"\n";
+
+/// A rustls client configuration trusting exactly the certificates in `anchors_pem`, ALPN `h2`.
+pub fn client_config(anchors_pem: &str) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(anchors_pem.as_bytes()) {
+        roots
+            .add(cert.expect("the anchors are PEM certificates"))
+            .expect("the anchor is a usable root");
+    }
+    assert!(!roots.is_empty(), "no anchors in:\n{anchors_pem}");
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("rustls' default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(config)
+}
+
+/// One TLS handshake with `addr`, verifying the server for `name` against `anchors_pem`.
+pub async fn handshake(
+    addr: SocketAddr,
+    anchors_pem: &str,
+    name: &str,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let name = ServerName::try_from(name.to_owned()).expect("a valid server name");
+    let tcp = TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(client_config(anchors_pem))
+        .connect(name, tcp)
+        .await
+}
+
+/// The certificate chain `addr` serves (leaf first), after verifying it as [`handshake`] does.
+pub async fn served_chain(
+    addr: SocketAddr,
+    anchors_pem: &str,
+    name: &str,
+) -> std::io::Result<Vec<CertificateDer<'static>>> {
+    let tls = handshake(addr, anchors_pem, name).await?;
+    let (_, session) = tls.get_ref();
+    Ok(session
+        .peer_certificates()
+        .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+        .unwrap_or_default())
+}
+
+/// A gRPC channel over TLS to `addr` (see [`handshake`]), and how many TCP connections it has
+/// made so far: a channel reconnects only when its connection breaks.
+#[derive(Debug, Clone)]
+pub struct TlsChannel {
+    pub channel: Channel,
+    pub connections: Arc<AtomicUsize>,
+    /// The chain the server presented on each connection, in order.
+    pub chains: Arc<Mutex<Vec<Vec<CertificateDer<'static>>>>>,
+}
+
+impl TlsChannel {
+    pub async fn connect(
+        addr: SocketAddr,
+        anchors_pem: &str,
+        name: &str,
+    ) -> Result<TlsChannel, tonic::transport::Error> {
+        let connections = Arc::new(AtomicUsize::new(0));
+        let chains = Arc::new(Mutex::new(vec![]));
+        let anchors = anchors_pem.to_owned();
+        let name = name.to_owned();
+        let (count, seen) = (Arc::clone(&connections), Arc::clone(&chains));
+        let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+            let (anchors, name) = (anchors.clone(), name.clone());
+            let (count, seen) = (Arc::clone(&count), Arc::clone(&seen));
+            async move {
+                count.fetch_add(1, Ordering::SeqCst);
+                let tls = handshake(addr, &anchors, &name).await?;
+                let chain = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+                    .unwrap_or_default();
+                seen.lock().expect("not poisoned").push(chain);
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        });
+        // The scheme only names the request's :scheme; the connector does the TLS.
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .expect("a valid endpoint")
+            .connect_with_connector(connector)
+            .await?;
+        Ok(TlsChannel {
+            channel,
+            connections,
+            chains,
+        })
+    }
+
+    pub fn client(&self) -> PodCaClient<Channel> {
+        PodCaClient::new(self.channel.clone())
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+/// A `podca.v1` client over TLS to 127.0.0.1:`port`, verifying [`SERVER_NAME`] against
+/// `anchors_pem`.
+pub async fn client(port: u16, anchors_pem: &str) -> PodCaClient<Channel> {
+    TlsChannel::connect(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        anchors_pem,
+        SERVER_NAME,
+    )
+    .await
+    .expect("podca serve's gRPC listener accepts a verified TLS connection")
+    .client()
+}
