@@ -48,24 +48,8 @@ pub struct ServeArgs {
     /// Take a coordination.k8s.io/v1 Lease; only the holder writes.
     #[arg(long)]
     pub leader_elect: bool,
-    /// Name of the leader Lease.
-    #[arg(long, default_value = "podca-controller")]
-    pub lease_name: String,
-    /// Namespace of the leader Lease (default: POD_NAMESPACE, else `default`).
-    #[arg(long, env = "POD_NAMESPACE")]
-    pub lease_namespace: Option<String>,
-    /// Identity in the Lease (default: POD_NAME or the host name, plus a random suffix).
-    #[arg(long)]
-    pub lease_identity: Option<String>,
-    /// How long a Lease is valid after its last renewal (e.g. `15s`).
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub lease_duration: Duration,
-    /// The holder renews this long after its last renewal at the latest (e.g. `10s`).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub lease_renew_deadline: Duration,
-    /// Wait between attempts after a leader-election error (e.g. `2s`).
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
-    pub lease_retry_period: Duration,
+    #[command(flatten)]
+    pub lease: LeaseFlags,
     /// How long shutdown waits for in-flight status writes.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
@@ -107,18 +91,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         workers,
         queue_capacity,
         leader_elect,
-        lease_name,
-        lease_namespace,
-        lease_identity,
-        lease_duration,
-        lease_renew_deadline,
-        lease_retry_period,
+        lease,
         drain_timeout,
         grpc_listen,
         no_grpc,
     } = args;
     let config = load_config(config)?;
-    if lease_renew_deadline >= lease_duration {
+    if lease.lease_renew_deadline >= lease.lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
     }
     let mut metrics = Metrics::new();
@@ -127,14 +106,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         None
     } else {
         Some(grpc_settings(&config, grpc_listen)?)
-    };
-    let lease = LeaseFlags {
-        lease_name,
-        lease_namespace,
-        lease_identity,
-        lease_duration,
-        lease_renew_deadline,
-        lease_retry_period,
     };
     let controller = ControllerFlags {
         workers,
@@ -628,13 +599,26 @@ fn controller_options(
 }
 
 /// The `--lease-*` flags (used with `--leader-elect`).
-struct LeaseFlags {
-    lease_name: String,
-    lease_namespace: Option<String>,
-    lease_identity: Option<String>,
-    lease_duration: Duration,
-    lease_renew_deadline: Duration,
-    lease_retry_period: Duration,
+#[derive(Debug, Args)]
+pub struct LeaseFlags {
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "podca-controller")]
+    pub lease_name: String,
+    /// Namespace of the leader Lease (default: POD_NAMESPACE, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Identity in the Lease (default: POD_NAME or the host name, plus a random suffix).
+    #[arg(long)]
+    pub lease_identity: Option<String>,
+    /// How long a Lease is valid after its last renewal (e.g. `15s`).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// The holder renews this long after its last renewal at the latest (e.g. `10s`).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub lease_renew_deadline: Duration,
+    /// Wait between attempts after a leader-election error (e.g. `2s`).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub lease_retry_period: Duration,
 }
 
 /// The Lease to take: namespace `default` and identity `<POD_NAME or HOSTNAME>-<random>`
