@@ -70,6 +70,24 @@ pub fn podca_bundle(dir: &Path) -> String {
 }
 
 /// A TCP port nobody listens on right now.
+/// Waits until `child` (a `podca serve` writing its log to `log`) accepts TCP connections on
+/// 127.0.0.1:`port`, for at most 30 s; panics with the log if it exits or never listens.
+pub fn wait_listening(child: &mut Child, port: u16, log: &Path) {
+    let log_text = || std::fs::read_to_string(log).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Some(status) = child.try_wait().expect("polling podca serve") {
+            panic!("podca serve exited ({status}):\n{}", log_text());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "podca serve's gRPC API did not listen within 30 s:\n{}",
+            log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()

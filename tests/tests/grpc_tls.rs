@@ -125,18 +125,7 @@ impl Serve {
     }
 
     fn wait_listening(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", self.grpc)).is_err() {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("podca serve exited ({status}):\n{}", self.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "podca serve's gRPC API did not listen within 30 s:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        podca_tests::process::wait_listening(&mut self.child, self.grpc, &self.log);
     }
 
     fn log_text(&self) -> String {
