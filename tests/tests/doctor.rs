@@ -87,7 +87,7 @@ impl Default for Setup {
 
 struct World {
     emu: Emulator,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     kubeconfig: PathBuf,
 }
 
@@ -146,7 +146,7 @@ async fn world(setup: Setup) -> World {
     emu.write_kubeconfig(&kubeconfig, "podca").unwrap();
     World {
         emu,
-        _dir: dir,
+        dir,
         kubeconfig,
     }
 }
@@ -154,23 +154,12 @@ async fn world(setup: Setup) -> World {
 /// Runs `podca doctor` with the world's kubeconfig and deploy/base/config.toml, off the
 /// runtime that serves the emulator.
 async fn doctor(w: &World, extra: &[&str]) -> Output {
-    let mut args: Vec<String> = vec![
-        "doctor".into(),
-        "--kubeconfig".into(),
+    let mut args = vec![
+        "--kubeconfig".to_owned(),
         w.kubeconfig.display().to_string(),
-        "--config".into(),
-        repo("deploy/base/config.toml").display().to_string(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
-    tokio::task::spawn_blocking(move || {
-        std::process::Command::new(podca_binary())
-            .args(&args)
-            .env("PODCA_LOG", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
+    doctor_with(args).await
 }
 
 /// The report's lines as (status, name, detail).
@@ -530,4 +519,62 @@ fn the_doctor_checks_exactly_the_permissions_of_the_manifests() {
     // Without --leader-elect the Lease Role is not needed.
     let without = Needs::from_config(&config, None).required();
     assert_eq!(without.len(), manifests.len() - 4);
+}
+
+#[tokio::test]
+async fn an_admin_asks_as_podca_with_impersonation() {
+    let w = world(Setup {
+        drop_rule: Some(&["sign"]),
+        ..Setup::default()
+    })
+    .await;
+    let admin = w.dir.path().join("admin.kubeconfig");
+    w.emu.write_kubeconfig(&admin, "admin").unwrap();
+    let as_podca = [
+        "--as",
+        USER,
+        "--as-group",
+        "system:serviceaccounts",
+        "--as-group",
+        "system:serviceaccounts:podca-system",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--kubeconfig", admin.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.iter()
+            .map(|a| (*a).to_owned())
+            .collect::<Vec<String>>()
+    };
+    // The admin itself may do anything: the least-privilege check says so.
+    let out = doctor_with(run(&[])).await;
+    assert_eq!(out.status.code(), Some(1), "{}", report(&out));
+    let got = lines(&out);
+    assert_eq!(got[1].0, "ok", "{}", report(&out));
+    assert_eq!(got[2].0, "FAIL", "{}", report(&out));
+    // As podca, the answers are podca's: its missing `sign` permission.
+    let out = doctor_with(run(&as_podca)).await;
+    assert_only_failure(
+        &out,
+        "rbac",
+        &["sign signers.certificates.k8s.io example.com/workload cluster-wide"],
+    );
+}
+
+/// `podca doctor` with deploy/base/config.toml and `args` (the kubeconfig included).
+async fn doctor_with(args: Vec<String>) -> Output {
+    let mut all: Vec<String> = vec![
+        "doctor".into(),
+        "--config".into(),
+        repo("deploy/base/config.toml").display().to_string(),
+    ];
+    all.extend(args);
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(podca_binary())
+            .args(&all)
+            .env("PODCA_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
 }
