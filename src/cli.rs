@@ -47,6 +47,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Run on a laptop with no cluster: local CA, gRPC on loopback, SPIFFE Workload API.
     Dev(dev::DevArgs),
+    /// Preflight a cluster for podca: APIs served, RBAC, CA Secret, trust bundle, clock skew.
+    Doctor(commands::doctor::DoctorArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -60,6 +62,7 @@ pub fn main() -> ExitCode {
         Command::Ledger(c) => c.run(),
         Command::Serve(a) => serve::run(a),
         Command::Dev(a) => dev::run(a),
+        Command::Doctor(a) => a.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,6 +7,7 @@
 mod controller;
 mod decide;
 mod discovery;
+pub mod doctor;
 mod error;
 pub mod grpc_auth;
 mod plan;

@@ -85,6 +85,10 @@ pub struct EmulatorConfig {
     /// Create the namespace of a namespaced create automatically instead of
     /// answering 404 (NamespaceLifecycle). Default false.
     pub auto_create_namespaces: bool,
+    /// The minor version `/version` reports; `None`: the release `api_mode` models (1.35 for
+    /// `V1Beta1Legacy`, 1.36 for `V1Beta1`, else 1.37). Set it to model a cluster that serves
+    /// other versions than its release does by default.
+    pub kubernetes_minor: Option<u32>,
 }
 
 impl Default for EmulatorConfig {
@@ -98,6 +102,7 @@ impl Default for EmulatorConfig {
             cleaner: CleanerConfig::default(),
             api_audiences: vec!["https://kubernetes.default.svc.cluster.local".into()],
             auto_create_namespaces: false,
+            kubernetes_minor: None,
         }
     }
 }

@@ -3,13 +3,21 @@
 use crate::emulator::resources::{ApiMode, Res};
 use serde_json::{Value, json};
 
-pub(super) fn version_info() -> Value {
+/// `/version` of the release `mode` models (1.35, 1.36 or 1.37), unless `minor` says which.
+pub(super) fn version_info(mode: ApiMode, minor: Option<u32>) -> Value {
+    let minor = minor.unwrap_or(match mode {
+        ApiMode::V1Beta1Legacy => 35,
+        ApiMode::V1Beta1 => 36,
+        ApiMode::V1Only | ApiMode::V1AndV1Beta1 => 37,
+    });
+    // 1.36.2 is the release the vectors were recorded from.
+    let patch = if minor == 36 { 2 } else { 0 };
     json!({
         "major": "1",
-        "minor": "36",
+        "minor": minor.to_string(),
         "emulationMajor": "1",
-        "emulationMinor": "36",
-        "gitVersion": "v1.36.2-podca-emulator",
+        "emulationMinor": minor.to_string(),
+        "gitVersion": format!("v1.{minor}.{patch}-podca-emulator"),
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z",
@@ -25,6 +33,7 @@ fn groups(mode: ApiMode) -> Vec<(&'static str, Vec<&'static str>)> {
         ("coordination.k8s.io", vec!["v1"]),
         ("events.k8s.io", vec!["v1"]),
         ("authentication.k8s.io", vec!["v1"]),
+        ("authorization.k8s.io", vec!["v1"]),
     ]
 }
 
@@ -105,6 +114,9 @@ pub(super) fn resource_list(group: &str, version: &str, mode: ApiMode) -> Value 
     }
     if group == "authentication.k8s.io" {
         rs.push(json!({"name": "tokenreviews", "singularName": "tokenreview", "namespaced": false, "kind": "TokenReview", "verbs": ["create"]}));
+    }
+    if group == "authorization.k8s.io" {
+        rs.push(json!({"name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview", "namespaced": false, "kind": "SelfSubjectAccessReview", "verbs": ["create"]}));
     }
     let gv = if group.is_empty() {
         version.to_string()

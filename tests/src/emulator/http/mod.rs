@@ -8,15 +8,19 @@
 //! * [`podcertificaterequests`] and [`clustertrustbundles`]: their admission and strategies.
 //! * [`authn`]: bearer tokens and the TokenReview endpoint.
 //! * [`token_request`]: the TokenRequest endpoint, minting service-account tokens.
+//! * [`selfsubjectaccessreview`]: SelfSubjectAccessReview, answered by the authorizer.
+//! * [`date`]: the `Date` header, from the emulator's clock.
 
 mod authn;
 mod clustertrustbundles;
 mod create;
+mod date;
 mod delete;
 mod discovery;
 mod podcertificaterequests;
 mod read;
 mod routing;
+mod selfsubjectaccessreview;
 mod server;
 mod token_request;
 mod update;

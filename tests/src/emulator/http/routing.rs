@@ -6,6 +6,7 @@ use super::create::create;
 use super::delete::{delete, delete_collection};
 use super::discovery::{api_group, api_group_list, group_has_version, resource_list, version_info};
 use super::read::{get, list};
+use super::selfsubjectaccessreview::self_subject_access_review;
 use super::server::Req;
 use super::token_request::token_request;
 use super::update::update;
@@ -42,7 +43,10 @@ pub(super) async fn route(shared: &Arc<Shared>, r: &Req) -> Result<Response<Resp
         .collect();
     let mode = shared.config.api_mode;
     match segs.as_slice() {
-        ["version"] => return Ok(json_response(200, &version_info())),
+        ["version"] => {
+            let v = version_info(mode, shared.config.kubernetes_minor);
+            return Ok(json_response(200, &v));
+        }
         ["healthz"] | ["livez"] | ["readyz"] => {
             let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")).boxed());
             resp.headers_mut().insert(
@@ -78,6 +82,14 @@ pub(super) async fn route(shared: &Arc<Shared>, r: &Req) -> Result<Response<Resp
         }
         ["apis", "authentication.k8s.io", "v1", "tokenreviews"] => {
             return token_review(shared, r, &user);
+        }
+        [
+            "apis",
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+        ] => {
+            return self_subject_access_review(shared, r, &user);
         }
         [
             "api",

@@ -148,12 +148,18 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBod
         user,
     };
 
+    let mut response = answer(&shared, &r, fault).await;
+    super::date::stamp(&mut response, shared.now());
+    response
+}
+
+async fn answer(shared: &Arc<Shared>, r: &Req, fault: Option<u16>) -> Response<RespBody> {
     if let Some(code) = fault {
         shared.count(|c| c.injected_faults += 1);
         return error_response(&injected(code, &r.path));
     }
 
-    match route(&shared, &r).await {
+    match route(shared, r).await {
         Ok(resp) => resp,
         Err(e) => {
             shared.count(|c| match e.code {

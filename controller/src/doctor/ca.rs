@@ -1,0 +1,378 @@
+//! `ca-secret` and `trust-bundle`: the CA in the configured Secret, checked as `podca serve`
+//! checks it at start-up ([`crate::secret_ca::parse_secret`]), with its days left; and each
+//! signer's ClusterTrustBundle, present and holding the CA's anchors.
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Client};
+use podca_authority::Clock;
+use podca_authority::config::Config;
+use podca_signer::CaCertificate;
+use time::{Duration, OffsetDateTime};
+
+use super::api::Discovered;
+use super::{Check, NO_CONFIG, Status};
+use crate::discovery::Resource;
+use crate::publisher::{Publisher, PublisherOptions};
+use crate::secret_ca::parse_secret;
+
+/// Fewer days left than this fails: time to put the next CA into the Secret is short (the new
+/// CA signs only after the propagation window, and the old one must outlive its leaves).
+pub(super) const FAIL_DAYS: i64 = 7;
+/// Fewer days left than this warns.
+pub(super) const WARN_DAYS: i64 = 30;
+
+/// What the doctor learnt about the CA.
+#[derive(Debug)]
+pub(super) enum SecretCa {
+    NoConfig,
+    /// The CA is not in a Secret (`[ca] backend` names the backend).
+    NotSecret(&'static str),
+    /// The Secret could not be read or does not hold a CA podca accepts.
+    Unusable {
+        secret: String,
+        problem: String,
+    },
+    Valid {
+        secret: String,
+        /// The issuing certificate and the chain above it.
+        chain: Vec<CaCertificate>,
+        anchors: Vec<CaCertificate>,
+    },
+}
+
+pub(super) async fn read_secret(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    now: OffsetDateTime,
+    clock: Clock,
+) -> SecretCa {
+    let secret = format!("{namespace}/{name}");
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let object = match api.get_opt(name).await {
+        Ok(Some(object)) => object,
+        Ok(None) => {
+            return SecretCa::Unusable {
+                secret,
+                problem: "not found: create it (docs/operator-guide.md, \"Secret backend\")".into(),
+            };
+        }
+        Err(e) => {
+            return SecretCa::Unusable {
+                secret,
+                problem: format!("cannot be read: {e}"),
+            };
+        }
+    };
+    match parse_secret(&object, now, clock) {
+        Ok(contents) => {
+            let ca = contents.ca();
+            let mut chain = vec![ca.certificate().clone()];
+            chain.extend(ca.chain().iter().cloned());
+            SecretCa::Valid {
+                secret,
+                chain,
+                anchors: ca.roots().to_vec(),
+            }
+        }
+        Err(e) => SecretCa::Unusable {
+            secret,
+            problem: format!("podca refuses it: {e}"),
+        },
+    }
+}
+
+pub(super) fn check_secret(ca: &SecretCa, now: OffsetDateTime) -> Check {
+    const NAME: &str = "ca-secret";
+    match ca {
+        SecretCa::NoConfig => Check::new(NAME, Status::Warn, NO_CONFIG),
+        SecretCa::NotSecret(backend) => Check::new(
+            NAME,
+            Status::Ok,
+            format!(
+                "not applicable: [ca] backend = \"{backend}\" keeps the CA in a data directory \
+                 (check it with `podca ca show`)"
+            ),
+        ),
+        SecretCa::Unusable { secret, problem } => {
+            Check::new(NAME, Status::Fail, format!("Secret {secret} {problem}"))
+        }
+        SecretCa::Valid {
+            secret,
+            chain,
+            anchors,
+        } => {
+            let (status, detail) = validity(chain, anchors, now);
+            Check::new(NAME, status, format!("Secret {secret}: {detail}"))
+        }
+    }
+}
+
+/// How long the CA (the earliest notAfter of its chain and anchors) has left.
+fn validity(
+    chain: &[CaCertificate],
+    anchors: &[CaCertificate],
+    now: OffsetDateTime,
+) -> (Status, String) {
+    let all = || chain.iter().chain(anchors);
+    if let Some(early) = all().find(|c| c.not_before() > now) {
+        return (
+            Status::Fail,
+            format!(
+                "certificate {:?} is not valid before {} (is the local clock right?)",
+                early.subject(),
+                early.not_before()
+            ),
+        );
+    }
+    let Some(first) = all().min_by_key(|c| c.not_after()) else {
+        return (Status::Fail, "holds no certificate".into());
+    };
+    let left = first.not_after() - now;
+    let days = left.whole_days();
+    let issuing = chain.first().map_or("", |c| c.subject());
+    let summary = format!(
+        "issuing CA {issuing:?} valid; {:?} expires {} ({days} days left)",
+        first.subject(),
+        first.not_after().date()
+    );
+    if left < Duration::days(FAIL_DAYS) {
+        (
+            Status::Fail,
+            format!(
+                "{summary}: less than {FAIL_DAYS} days; put the next CA into the Secret now \
+                 (docs/operator-guide.md, \"Runbook: the Secret backend\")"
+            ),
+        )
+    } else if left < Duration::days(WARN_DAYS) {
+        (
+            Status::Warn,
+            format!("{summary}: less than {WARN_DAYS} days; plan the next CA"),
+        )
+    } else {
+        (Status::Ok, summary)
+    }
+}
+
+/// `trust-bundle`: each signer's ClusterTrustBundle.
+pub(super) async fn check_bundles(
+    client: &Client,
+    config: Option<&Config>,
+    served: &Discovered,
+    ca: &SecretCa,
+) -> Check {
+    const NAME: &str = "trust-bundle";
+    let Some(config) = config else {
+        return Check::new(NAME, Status::Warn, NO_CONFIG);
+    };
+    let Some(version) = served.served(Resource::ClusterTrustBundles).preferred() else {
+        return Check::new(
+            NAME,
+            Status::Fail,
+            "cannot look: ClusterTrustBundles are not served (see certificates-api)",
+        );
+    };
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &Resource::ClusterTrustBundles.api_resource(version),
+    );
+    // The names and labels podca gives its bundles, from the publisher itself.
+    let publisher = if config.trust_bundles.publish {
+        let options = PublisherOptions {
+            suffix: config.trust_bundles.suffix.clone(),
+            instance: config.trust_bundles.instance.clone(),
+            ..PublisherOptions::default()
+        };
+        match Publisher::new(config.signers.keys(), &options) {
+            Ok(p) => Some(p),
+            Err(e) => return Check::new(NAME, Status::Fail, format!("[trust_bundles]: {e}")),
+        }
+    } else {
+        None
+    };
+    let mut findings = Vec::new();
+    for signer in config.signers.keys() {
+        findings.push(match bundle(&api, publisher.as_ref(), signer).await {
+            Err(problem) => (Status::Fail, format!("{signer}: {problem}")),
+            Ok((name, pem)) => compare(signer, &name, &pem, ca),
+        });
+    }
+    Check::combined(NAME, findings)
+}
+
+/// The bundle `publisher` keeps for `signer` (its name and labels), or without a publisher
+/// (`publish = false`) any bundle of the signer: (name, `spec.trustBundle`).
+async fn bundle(
+    api: &Api<DynamicObject>,
+    publisher: Option<&Publisher>,
+    signer: &str,
+) -> Result<(String, String), String> {
+    let list = api
+        .list(&ListParams::default().fields(&format!("spec.signerName={signer}")))
+        .await
+        .map_err(|e| format!("cannot list ClusterTrustBundles: {e}"))?;
+    let found = match publisher {
+        Some(publisher) => {
+            let wanted = publisher
+                .bundles()
+                .iter()
+                .find(|b| b.signer_name == signer)
+                .map(|b| b.name.clone())
+                .unwrap_or_default();
+            let labels = publisher.labels();
+            let ours = list.items.into_iter().find(|o| {
+                let present = o.metadata.labels.clone().unwrap_or_default();
+                o.metadata.name.as_deref() == Some(wanted.as_str())
+                    && labels.iter().all(|(k, v)| present.get(k) == Some(v))
+            });
+            ours.ok_or_else(|| {
+                format!(
+                    "ClusterTrustBundle {wanted} (labels {}) is missing: podca publishes it once \
+                     it runs and leads",
+                    publisher.label_selector()
+                )
+            })?
+        }
+        None => list.items.into_iter().next().ok_or_else(|| {
+            "no ClusterTrustBundle names this signer ([trust_bundles] publish = false: \
+             publish it yourself)"
+                .to_owned()
+        })?,
+    };
+    let name = found.metadata.name.clone().unwrap_or_default();
+    let pem = found.data["spec"]["trustBundle"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    Ok((name, pem))
+}
+
+/// Whether the bundle `name` holds every anchor of the Secret's CA.
+fn compare(signer: &str, name: &str, pem: &str, ca: &SecretCa) -> (Status, String) {
+    let published = match CaCertificate::all_from_pem(pem) {
+        Ok(certs) if !certs.is_empty() => certs,
+        Ok(_) => {
+            return (
+                Status::Fail,
+                format!("{signer}: {name} holds no certificate"),
+            );
+        }
+        Err(e) => {
+            return (
+                Status::Fail,
+                format!("{signer}: {name} does not parse: {e}"),
+            );
+        }
+    };
+    let SecretCa::Valid { anchors, .. } = ca else {
+        return (
+            Status::Ok,
+            format!(
+                "{signer}: {name} holds {} certificate(s) (not compared: the CA is not in a \
+                 readable Secret)",
+                published.len()
+            ),
+        );
+    };
+    let held: HashSet<&[u8]> = published.iter().map(CaCertificate::der).collect();
+    let missing: Vec<String> = anchors
+        .iter()
+        .filter(|a| !held.contains(a.der()))
+        .map(|a| format!("{:?} ({})", a.subject(), a.fingerprint()))
+        .collect();
+    if missing.is_empty() {
+        (
+            Status::Ok,
+            format!(
+                "{signer}: {name} holds the CA's {} anchor(s) ({} certificate(s) in all)",
+                anchors.len(),
+                published.len()
+            ),
+        )
+    } else {
+        (
+            Status::Fail,
+            format!(
+                "{signer}: {name} lacks the CA's anchor {}: pods would not trust podca's \
+                 certificates (is podca running with this Secret?)",
+                missing.join(", ")
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use podca_signer::{CaAlgorithm, FileKey, IssuingCa};
+    use time::macros::datetime;
+
+    const T0: OffsetDateTime = datetime!(2027-01-01 0:00 UTC);
+
+    fn root(cn: &str, days: i64) -> CaCertificate {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = FileKey::create(&dir.path().join("k.pem"), CaAlgorithm::EcdsaP256).expect("key");
+        IssuingCa::self_signed_root(Arc::new(key), cn, T0, Duration::days(days))
+            .expect("root")
+            .certificate()
+            .clone()
+    }
+
+    #[test]
+    fn days_left_decide_between_ok_warn_and_fail() {
+        let cases = [
+            (400, Status::Ok, "days left)"),
+            (29, Status::Warn, "less than 30 days; plan the next CA"),
+            (
+                6,
+                Status::Fail,
+                "less than 7 days; put the next CA into the Secret now",
+            ),
+        ];
+        for (days, status, text) in cases {
+            let r = root("podca", days);
+            let (got, detail) = validity(std::slice::from_ref(&r), std::slice::from_ref(&r), T0);
+            assert_eq!(got, status, "{days}: {detail}");
+            assert!(detail.contains(text), "{days}: {detail}");
+        }
+        let r = root("later", 30);
+        let (got, detail) = validity(
+            std::slice::from_ref(&r),
+            std::slice::from_ref(&r),
+            T0 - Duration::days(1),
+        );
+        assert_eq!(got, Status::Fail);
+        assert!(detail.contains("is not valid before"), "{detail}");
+    }
+
+    #[test]
+    fn a_bundle_without_the_anchor_fails_and_with_it_passes() {
+        let a = root("a", 100);
+        let b = root("b", 100);
+        let ca = SecretCa::Valid {
+            secret: "ns/ca".into(),
+            chain: vec![a.clone()],
+            anchors: vec![a.clone()],
+        };
+        let (s, d) = compare("x/y", "x:y:podca", &format!("{}{}", b.pem(), a.pem()), &ca);
+        assert_eq!(s, Status::Ok, "{d}");
+        assert!(
+            d.contains("holds the CA's 1 anchor(s) (2 certificate(s) in all)"),
+            "{d}"
+        );
+        let (s, d) = compare("x/y", "x:y:podca", &b.pem(), &ca);
+        assert_eq!(s, Status::Fail, "{d}");
+        assert!(d.contains(&a.fingerprint()), "{d}");
+        let (s, d) = compare("x/y", "x:y:podca", "", &ca);
+        assert_eq!(s, Status::Fail, "{d}");
+        assert!(
+            d.contains("does not parse: no CERTIFICATE block found"),
+            "{d}"
+        );
+    }
+}

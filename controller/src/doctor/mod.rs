@@ -1,0 +1,269 @@
+//! `podca doctor`: a preflight of the cluster podca is about to run in (or runs in), through
+//! the caller's kubeconfig. Each check asks the API server one question and answers with one
+//! [`Check`]: `ok`, `warn` (podca works, but look at it) or `FAIL` (something podca needs is
+//! missing or wrong). [`Report::healthy`] is false when any check failed.
+//!
+//! The checks, in the order they are reported:
+//!
+//! * `certificates-api`: which `certificates.k8s.io` versions serve PodCertificateRequests and
+//!   ClusterTrustBundles, and, from `/version`, which feature gates and runtime-config to turn
+//!   on when they are missing ([`api`]).
+//! * `rbac`: a SelfSubjectAccessReview for every permission podca needs ([`permissions`]);
+//!   `rbac-least-privilege`: a few dangerous ones it must not have.
+//! * `ca-secret`: the CA in the configured Secret parses and how many days it has left.
+//! * `trust-bundle`: the signer's ClusterTrustBundle exists and holds the CA's anchors.
+//! * `pending-requests`: PodCertificateRequests of podca's signers still unanswered, and how old.
+//! * `clock-skew`: the API server's `Date` header against the local clock.
+//!
+//! SelfSubjectAccessReview answers for the caller: run the doctor as podca (its service
+//! account's kubeconfig, or `--as system:serviceaccount:<ns>:<sa>` from an admin kubeconfig).
+
+mod api;
+mod ca;
+mod clock;
+mod pending;
+pub mod permissions;
+
+use std::path::PathBuf;
+
+use kube::Client;
+use podca_authority::Clock;
+use podca_authority::config::{CaConfig, Config};
+use serde::Serialize;
+
+use crate::Error;
+pub use permissions::{Needs, Permission};
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum Status {
+    Ok,
+    /// podca works, but something deserves attention.
+    Warn,
+    /// Something podca needs is missing or wrong.
+    Fail,
+}
+
+impl Status {
+    /// As printed: `ok`, `warn`, `FAIL`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        }
+    }
+}
+
+/// The answer of one check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    pub detail: String,
+}
+
+impl Check {
+    fn new(name: &'static str, status: Status, detail: impl Into<String>) -> Self {
+        Check {
+            name,
+            status,
+            detail: detail.into(),
+        }
+    }
+
+    /// The worst of several findings of one check, their details joined.
+    fn combined(name: &'static str, findings: Vec<(Status, String)>) -> Self {
+        let status = findings.iter().map(|(s, _)| *s).max().unwrap_or(Status::Ok);
+        let detail = findings
+            .into_iter()
+            .map(|(_, d)| d)
+            .collect::<Vec<_>>()
+            .join("; ");
+        Check::new(name, status, detail)
+    }
+}
+
+/// Every check's answer, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// No check failed.
+    pub healthy: bool,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    fn new(checks: Vec<Check>) -> Self {
+        Report {
+            healthy: checks.iter().all(|c| c.status != Status::Fail),
+            checks,
+        }
+    }
+
+    /// One line per check: status, name, detail.
+    pub fn text(&self) -> String {
+        let width = self.checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+        self.checks
+            .iter()
+            .map(|c| {
+                format!(
+                    "{:<4}  {:<width$}  {}\n",
+                    c.status.label(),
+                    c.name,
+                    c.detail
+                )
+            })
+            .collect()
+    }
+}
+
+/// The Lease podca takes with `--leader-elect`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What the doctor checks against.
+#[derive(Clone)]
+pub struct DoctorOptions {
+    /// podca's configuration; `None`: the checks that need it (signer names, the CA Secret, the
+    /// bundles) say they were skipped.
+    pub config: Option<Config>,
+    /// The leader Lease, when podca runs with `--leader-elect`.
+    pub lease: Option<LeaseRef>,
+    /// The local clock, compared with the API server's.
+    pub clock: Clock,
+}
+
+impl std::fmt::Debug for DoctorOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DoctorOptions")
+            .field("config", &self.config.is_some())
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the client comes from: kube's usual kubeconfig handling, plus impersonation.
+#[derive(Debug, Clone, Default)]
+pub struct ClientOptions {
+    /// A kubeconfig file; `None`: `KUBECONFIG`, `~/.kube/config`, else in-cluster.
+    pub kubeconfig: Option<PathBuf>,
+    /// A context of the kubeconfig other than its current one.
+    pub context: Option<String>,
+    /// Act as this user (`Impersonate-User`), e.g. `system:serviceaccount:podca-system:podca`.
+    pub impersonate: Option<String>,
+    /// With these groups (`Impersonate-Group`).
+    pub impersonate_groups: Vec<String>,
+}
+
+/// A client as `options` says.
+pub async fn connect(options: &ClientOptions) -> Result<Client, Error> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let kube_options = KubeConfigOptions {
+        context: options.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = match (&options.kubeconfig, &options.context) {
+        (Some(path), _) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube_options)
+                .await
+                .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&kube_options)
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?,
+        (None, None) => kube::Config::infer()
+            .await
+            .map_err(|e| Error::Config(e.to_string()))?,
+    };
+    if let Some(user) = &options.impersonate {
+        config.auth_info.impersonate = Some(user.clone());
+    }
+    if !options.impersonate_groups.is_empty() {
+        config.auth_info.impersonate_groups = Some(options.impersonate_groups.clone());
+    }
+    Ok(Client::try_from(config)?)
+}
+
+/// Runs every check; never fails as a whole: an API error is the answer of the check that met it.
+pub async fn run(client: &Client, options: &DoctorOptions) -> Report {
+    let skew = clock::measure(client, &options.clock).await;
+    let served = api::discover(client).await;
+    let mut checks = vec![api::check(&served)];
+    let needs = options
+        .config
+        .as_ref()
+        .map(|c| Needs::from_config(c, options.lease.clone()));
+    checks.push(permissions::check_required(client, needs.as_ref()).await);
+    checks.push(permissions::check_beyond(client, needs.as_ref()).await);
+    let now = options.clock.as_ref()();
+    let ca = match options.config.as_ref().map(|c| &c.ca) {
+        None => ca::SecretCa::NoConfig,
+        Some(CaConfig::Secret(s)) => {
+            ca::read_secret(client, &s.namespace, &s.name, now, options.clock.clone()).await
+        }
+        Some(other) => ca::SecretCa::NotSecret(other.backend_name()),
+    };
+    checks.push(ca::check_secret(&ca, now));
+    checks.push(ca::check_bundles(client, options.config.as_ref(), &served, &ca).await);
+    let server_now = skew.as_ref().ok().map_or(now, |s| now + s.skew);
+    checks.push(pending::check(client, options.config.as_ref(), &served, server_now).await);
+    checks.push(clock::check(&skew));
+    Report::new(checks)
+}
+
+/// The text of the check that needs podca's configuration and has none.
+const NO_CONFIG: &str = "skipped: no podca configuration (give --config, the podca serve one)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_is_healthy_unless_a_check_failed_and_prints_one_line_per_check() {
+        let report = Report::new(vec![
+            Check::new("one", Status::Ok, "fine"),
+            Check::new("second", Status::Warn, "look"),
+        ]);
+        assert!(report.healthy);
+        assert_eq!(report.text(), "ok    one     fine\nwarn  second  look\n");
+        let report = Report::new(vec![
+            Check::new("one", Status::Ok, "fine"),
+            Check::new("two", Status::Fail, "broken"),
+        ]);
+        assert!(!report.healthy);
+        assert_eq!(report.text(), "ok    one  fine\nFAIL  two  broken\n");
+    }
+
+    #[test]
+    fn a_combined_check_takes_the_worst_status_and_every_detail() {
+        let c = Check::combined(
+            "x",
+            vec![
+                (Status::Ok, "a".into()),
+                (Status::Fail, "b".into()),
+                (Status::Warn, "c".into()),
+            ],
+        );
+        assert_eq!(c, Check::new("x", Status::Fail, "a; b; c"));
+        assert_eq!(Check::combined("x", vec![]).status, Status::Ok);
+    }
+
+    #[test]
+    fn json_names_the_status_in_lower_case() {
+        let report = Report::new(vec![Check::new("one", Status::Fail, "broken")]);
+        let json = serde_json::to_value(&report).expect("serializes");
+        assert_eq!(
+            json,
+            serde_json::json!({"healthy": false, "checks": [
+                {"name": "one", "status": "fail", "detail": "broken"}
+            ]})
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! podca's permissions, listed once: [`Needs::required`] is what `podca serve` uses (the
+//! ClusterRole `podca` of `deploy/base/rbac.yaml`, the Role on the CA Secret, and the leader
+//! Lease Role of `deploy/overlays/ha`); `tests/tests/doctor.rs` checks it against those
+//! manifests, so the two cannot drift apart. [`beyond`] lists a few permissions podca must not
+//! have, each of which would turn a compromised podca into a cluster compromise.
+//!
+//! Each is asked with a SelfSubjectAccessReview (authorization.k8s.io/v1), which kube-apiserver
+//! answers for the caller from every authorizer (RBAC, Node, webhooks) at once.
+
+use std::fmt;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use podca_authority::config::{CaConfig, Config};
+
+use super::{Check, LeaseRef, NO_CONFIG, Status};
+use crate::secret_ca::HISTORY_SUFFIX;
+
+/// One permission: a verb on a resource (`resource/subresource`), cluster-wide or in one
+/// namespace, for any object or only the named one.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Permission {
+    pub verb: String,
+    /// `""` for the core group.
+    pub group: String,
+    /// The plural, with `/subresource` when there is one.
+    pub resource: String,
+    /// `None`: every namespace (a ClusterRole bound cluster-wide).
+    pub namespace: Option<String>,
+    /// `None`: any object (a rule without resourceNames).
+    pub name: Option<String>,
+}
+
+impl Permission {
+    fn new(verb: &str, group: &str, resource: &str) -> Self {
+        Permission {
+            verb: verb.into(),
+            group: group.into(),
+            resource: resource.into(),
+            namespace: None,
+            name: None,
+        }
+    }
+
+    fn named(mut self, name: &str) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    fn in_namespace(mut self, namespace: &str) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    fn review(&self) -> SelfSubjectAccessReview {
+        let (resource, subresource) = match self.resource.split_once('/') {
+            Some((r, s)) => (r, Some(s.to_owned())),
+            None => (self.resource.as_str(), None),
+        };
+        SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(self.verb.clone()),
+                    group: Some(self.group.clone()),
+                    resource: Some(resource.to_owned()),
+                    subresource,
+                    namespace: self.namespace.clone(),
+                    name: self.name.clone(),
+                    ..ResourceAttributes::default()
+                }),
+                ..SelfSubjectAccessReviewSpec::default()
+            },
+            ..SelfSubjectAccessReview::default()
+        }
+    }
+}
+
+/// As `kubectl auth can-i` takes it: `verb resource[.group] [name] in <namespace>|cluster-wide`.
+impl fmt::Display for Permission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (resource, sub) = match self.resource.split_once('/') {
+            Some((r, s)) => (r, format!("/{s}")),
+            None => (self.resource.as_str(), String::new()),
+        };
+        write!(f, "{} {resource}", self.verb)?;
+        if !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
+        }
+        write!(f, "{sub}")?;
+        if let Some(name) = &self.name {
+            write!(f, " {name}")?;
+        }
+        match &self.namespace {
+            Some(ns) => write!(f, " in {ns}"),
+            None => write!(f, " cluster-wide"),
+        }
+    }
+}
+
+/// What decides podca's permissions: the configuration and `--leader-elect`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Needs {
+    /// The configured signer names (`sign` and `attest` resourceNames).
+    pub signers: Vec<String>,
+    /// The Secret of `[ca] backend = "secret"`: (namespace, name).
+    pub ca_secret: Option<(String, String)>,
+    /// The leader Lease.
+    pub lease: Option<LeaseRef>,
+}
+
+impl Needs {
+    pub fn from_config(config: &Config, lease: Option<LeaseRef>) -> Self {
+        Needs {
+            signers: config.signers.keys().cloned().collect(),
+            ca_secret: match &config.ca {
+                CaConfig::Secret(s) => Some((s.namespace.clone(), s.name.clone())),
+                CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
+            },
+            lease,
+        }
+    }
+
+    /// Every permission `podca serve` uses, in the order of the manifests' rules.
+    pub fn required(&self) -> Vec<Permission> {
+        let cert = "certificates.k8s.io";
+        let mut all = Vec::new();
+        let each = |verbs: &[&str], group: &str, resource: &str| -> Vec<Permission> {
+            verbs
+                .iter()
+                .map(|v| Permission::new(v, group, resource))
+                .collect()
+        };
+        // The watch of PodCertificateRequests, in every namespace.
+        all.extend(each(
+            &["get", "list", "watch"],
+            cert,
+            "podcertificaterequests",
+        ));
+        // The one /status write per request.
+        all.extend(each(
+            &["update", "patch"],
+            cert,
+            "podcertificaterequests/status",
+        ));
+        // kube-apiserver's signer check on every status write.
+        all.extend(
+            self.signers
+                .iter()
+                .map(|s| Permission::new("sign", cert, "signers").named(s)),
+        );
+        // The ClusterTrustBundle publisher.
+        all.extend(each(
+            &[
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ],
+            cert,
+            "clustertrustbundles",
+        ));
+        all.extend(
+            self.signers
+                .iter()
+                .map(|s| Permission::new("attest", cert, "signers").named(s)),
+        );
+        // Warning Events on requests (the Recorder patches a repeated Event).
+        all.extend(each(&["create", "patch"], "events.k8s.io", "events"));
+        // The gRPC API: TokenReview, and IssueForPod's pod lookup.
+        all.push(Permission::new(
+            "create",
+            "authentication.k8s.io",
+            "tokenreviews",
+        ));
+        all.push(Permission::new("get", "", "pods"));
+        if let Some((namespace, name)) = &self.ca_secret {
+            let history = format!("{name}{HISTORY_SUFFIX}");
+            all.extend(["get", "list", "watch"].map(|v| {
+                Permission::new(v, "", "secrets")
+                    .named(name)
+                    .in_namespace(namespace)
+            }));
+            all.extend(["get", "update"].map(|v| {
+                Permission::new(v, "", "configmaps")
+                    .named(&history)
+                    .in_namespace(namespace)
+            }));
+            all.push(Permission::new("create", "", "configmaps").in_namespace(namespace));
+        }
+        if let Some(lease) = &self.lease {
+            let group = "coordination.k8s.io";
+            all.push(Permission::new("create", group, "leases").in_namespace(&lease.namespace));
+            all.extend(["get", "update", "patch"].map(|v| {
+                Permission::new(v, group, "leases")
+                    .named(&lease.name)
+                    .in_namespace(&lease.namespace)
+            }));
+        }
+        all
+    }
+}
+
+/// Permissions podca must not have: every Secret of the cluster, any Secret of the CA's
+/// namespace besides its own, everything (`*`), and binding itself a ClusterRole.
+pub fn beyond(needs: Option<&Needs>) -> Vec<Permission> {
+    let secret_namespace = needs
+        .and_then(|n| n.ca_secret.as_ref())
+        .map_or("kube-system", |(ns, _)| ns.as_str());
+    vec![
+        Permission::new("list", "", "secrets"),
+        Permission::new("get", "", "secrets").in_namespace(secret_namespace),
+        Permission::new("*", "*", "*"),
+        Permission::new("create", "rbac.authorization.k8s.io", "clusterrolebindings"),
+    ]
+}
+
+/// Asks whether the caller may do `permission`.
+async fn allowed(client: &Client, permission: &Permission) -> Result<bool, kube::Error> {
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let answer = api
+        .create(&PostParams::default(), &permission.review())
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// `rbac`: every required permission is granted.
+pub(super) async fn check_required(client: &Client, needs: Option<&Needs>) -> Check {
+    let Some(needs) = needs else {
+        return Check::new("rbac", Status::Warn, NO_CONFIG);
+    };
+    let required = needs.required();
+    let mut missing = Vec::new();
+    for p in &required {
+        match allowed(client, p).await {
+            Ok(true) => {}
+            Ok(false) => missing.push(p.to_string()),
+            Err(e) => {
+                return Check::new(
+                    "rbac",
+                    Status::Fail,
+                    format!("SelfSubjectAccessReview for {p}: {e}"),
+                );
+            }
+        }
+    }
+    if missing.is_empty() {
+        Check::new(
+            "rbac",
+            Status::Ok,
+            format!("all {} permissions podca needs are granted", required.len()),
+        )
+    } else {
+        Check::new(
+            "rbac",
+            Status::Fail,
+            format!(
+                "{} of {} permissions missing (see deploy/base/rbac.yaml): {}",
+                missing.len(),
+                required.len(),
+                missing.join(", ")
+            ),
+        )
+    }
+}
+
+/// `rbac-least-privilege`: none of [`beyond`] is granted.
+pub(super) async fn check_beyond(client: &Client, needs: Option<&Needs>) -> Check {
+    const NAME: &str = "rbac-least-privilege";
+    let mut excess = Vec::new();
+    let dangerous = beyond(needs);
+    for p in &dangerous {
+        match allowed(client, p).await {
+            Ok(false) => {}
+            Ok(true) => excess.push(p.to_string()),
+            Err(e) => {
+                return Check::new(
+                    NAME,
+                    Status::Fail,
+                    format!("SelfSubjectAccessReview for {p}: {e}"),
+                );
+            }
+        }
+    }
+    if excess.is_empty() {
+        Check::new(
+            NAME,
+            Status::Ok,
+            format!(
+                "denied, as they should be: {}",
+                dangerous
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    } else {
+        Check::new(
+            NAME,
+            Status::Fail,
+            format!(
+                "granted beyond what podca needs (remove the binding that grants it): {}",
+                excess.join(", ")
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permissions_print_as_kubectl_auth_can_i_reads_them() {
+        let p = |verb, group, resource| Permission::new(verb, group, resource);
+        assert_eq!(p("get", "", "pods").to_string(), "get pods cluster-wide");
+        assert_eq!(
+            p(
+                "update",
+                "certificates.k8s.io",
+                "podcertificaterequests/status"
+            )
+            .to_string(),
+            "update podcertificaterequests.certificates.k8s.io/status cluster-wide"
+        );
+        assert_eq!(
+            p("get", "", "secrets")
+                .named("podca-ca")
+                .in_namespace("podca-system")
+                .to_string(),
+            "get secrets podca-ca in podca-system"
+        );
+    }
+
+    #[test]
+    fn a_review_splits_the_subresource_off() {
+        let review = Permission::new(
+            "patch",
+            "certificates.k8s.io",
+            "podcertificaterequests/status",
+        )
+        .review();
+        let a = review
+            .spec
+            .resource_attributes
+            .expect("resource attributes");
+        assert_eq!(a.resource.as_deref(), Some("podcertificaterequests"));
+        assert_eq!(a.subresource.as_deref(), Some("status"));
+        assert_eq!(a.verb.as_deref(), Some("patch"));
+        assert_eq!(a.namespace, None);
+        assert_eq!(a.name, None);
+    }
+
+    #[test]
+    fn the_secret_and_the_lease_add_their_namespaced_permissions() {
+        let base = Needs {
+            signers: vec!["a.example/x".into(), "b.example/y".into()],
+            ca_secret: None,
+            lease: None,
+        };
+        let plain = base.required();
+        assert!(plain.iter().all(|p| p.namespace.is_none()));
+        let sign: Vec<_> = plain.iter().filter(|p| p.verb == "sign").collect();
+        assert_eq!(sign.len(), 2);
+        let full = Needs {
+            ca_secret: Some(("ca-ns".into(), "ca".into())),
+            lease: Some(LeaseRef {
+                namespace: "podca-system".into(),
+                name: "podca-controller".into(),
+            }),
+            ..base
+        }
+        .required();
+        let extra: Vec<String> = full[plain.len()..]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            extra,
+            [
+                "get secrets ca in ca-ns",
+                "list secrets ca in ca-ns",
+                "watch secrets ca in ca-ns",
+                "get configmaps ca-podca-history in ca-ns",
+                "update configmaps ca-podca-history in ca-ns",
+                "create configmaps in ca-ns",
+                "create leases.coordination.k8s.io in podca-system",
+                "get leases.coordination.k8s.io podca-controller in podca-system",
+                "update leases.coordination.k8s.io podca-controller in podca-system",
+                "patch leases.coordination.k8s.io podca-controller in podca-system",
+            ]
+        );
+    }
+}
