@@ -47,6 +47,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Run on a laptop with no cluster: local CA, gRPC on loopback, SPIFFE Workload API.
     Dev(dev::DevArgs),
+    /// Print shell completions (bash, zsh, fish) or, with --man, the man page.
+    Completions(commands::completions::CompletionsArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -60,6 +62,7 @@ pub fn main() -> ExitCode {
         Command::Ledger(c) => c.run(),
         Command::Serve(a) => serve::run(a),
         Command::Dev(a) => dev::run(a),
+        Command::Completions(a) => a.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

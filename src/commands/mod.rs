@@ -2,6 +2,7 @@
 
 pub mod bundle;
 pub mod ca;
+pub mod completions;
 pub mod inspect;
 pub mod issue;
 pub mod ledger;
