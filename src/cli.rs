@@ -49,6 +49,8 @@ pub enum Command {
     Dev(dev::DevArgs),
     /// Preflight a cluster for podca: APIs served, RBAC, CA Secret, trust bundle, clock skew.
     Doctor(commands::doctor::DoctorArgs),
+    /// Print shell completions (bash, zsh, fish) or, with --man, the man page.
+    Completions(commands::completions::CompletionsArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -63,6 +65,7 @@ pub fn main() -> ExitCode {
         Command::Serve(a) => serve::run(a),
         Command::Dev(a) => dev::run(a),
         Command::Doctor(a) => a.run(),
+        Command::Completions(a) => a.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 pub mod bundle;
 pub mod ca;
 pub mod doctor;
+pub mod completions;
 pub mod inspect;
 pub mod issue;
 pub mod ledger;

@@ -29,7 +29,7 @@ impl EmulatorProcess {
         let child = Command::new(BIN)
             .args(["--listen", "127.0.0.1:0", "--kubeconfig-dir"])
             .arg(dir.path().join("kube"))
-            .args(["--namespace", "app", "--node", "node-1"])
+            .args(["--namespace", "app", "--node", "node-1", "--issue-for-pod"])
             .stdout(std::fs::File::create(&stdout).unwrap())
             .stderr(Stdio::inherit())
             .spawn()

@@ -47,6 +47,10 @@ struct Args {
     /// The Lease of `podca serve --leader-elect --lease-name NAME`: podca may hold it.
     #[arg(long, value_name = "NAME")]
     lease_name: Option<String>,
+    /// podca may `get` pods, for gRPC IssueForPod (deploy/components/issue-for-pod; podca's
+    /// config needs `[grpc] node_proxy_service_accounts` too).
+    #[arg(long)]
+    issue_for_pod: bool,
 }
 
 /// `--api-mode`, after the releases that serve each set of versions.
@@ -131,6 +135,7 @@ impl Args {
             api_mode,
             ca_secret,
             lease_name,
+            issue_for_pod,
         } = self;
         if signers.is_empty() {
             signers.push(DEFAULT_SIGNER.to_string());
@@ -187,6 +192,7 @@ impl Args {
                 signer_names: signers,
                 ca_secret: Some(ca_secret),
                 lease_name,
+                issue_for_pod,
             },
         })
     }

@@ -19,6 +19,9 @@ pub struct PodcaRbac {
     pub ca_secret: Option<(String, String)>,
     /// `--lease-name` of `podca serve --leader-elect`: the Lease Role in podca's namespace.
     pub lease_name: Option<String>,
+    /// `pods get` for gRPC IssueForPod (deploy/components/issue-for-pod, with
+    /// `[grpc] node_proxy_service_accounts` set).
+    pub issue_for_pod: bool,
 }
 
 impl PodcaRbac {
@@ -48,8 +51,10 @@ impl PodcaRbac {
             PolicyRule::new(&[cert], &["signers"], &["attest"]).with_names(&signers),
             PolicyRule::new(&["events.k8s.io"], &["events"], &["create", "patch"]),
             PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
-            PolicyRule::new(&[""], &["pods"], &["get"]),
         ];
+        if self.issue_for_pod {
+            rules.push(PolicyRule::new(&[""], &["pods"], &["get"]));
+        }
         if let Some((namespace, name)) = &self.ca_secret {
             let history = format!("{name}-podca-history");
             let ns = [namespace.as_str()];
@@ -109,14 +114,51 @@ mod tests {
         rules
     }
 
+    /// The rules the component deploy/components/issue-for-pod adds to the ClusterRole (the
+    /// values of its JSON patch's `add` operations).
+    fn component_rules(relative: &str) -> Vec<PolicyRule> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(relative);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let v: serde_json::Value = serde_yaml::from_str(&text).expect("the component is YAML");
+        let mut rules = Vec::new();
+        for patch in v["patches"].as_array().expect("patches") {
+            assert_eq!(patch["target"]["kind"], "ClusterRole");
+            let ops: serde_json::Value =
+                serde_yaml::from_str(patch["patch"].as_str().expect("an inline patch"))
+                    .expect("the patch is YAML");
+            for op in ops.as_array().expect("JSON patch operations") {
+                assert_eq!(op["op"], "add");
+                assert_eq!(op["path"], "/rules/-");
+                rules.push(PolicyRule::from_json(&op["value"]));
+            }
+        }
+        rules
+    }
+
     #[test]
     fn the_rules_are_those_of_deploy_base_and_the_ha_overlay() {
-        let rbac = PodcaRbac {
+        let mut rbac = PodcaRbac {
             signer_names: vec!["example.com/workload".into()],
             ca_secret: Some(("podca-system".into(), "podca-ca".into())),
             lease_name: Some("podca-controller".into()),
+            issue_for_pod: false,
         };
         let mut want = manifest_rules("deploy/base/rbac.yaml");
+        want.extend(manifest_rules(
+            "deploy/overlays/ha/leader-election-rbac.yaml",
+        ));
+        assert_eq!(rbac.rules(), want);
+        // IssueForPod's component adds its rule to the ClusterRole, whose rules come first.
+        rbac.issue_for_pod = true;
+        let mut want = manifest_rules("deploy/base/rbac.yaml");
+        let cluster_rules = want.iter().take_while(|r| r.namespaces.is_empty()).count();
+        want.splice(
+            cluster_rules..cluster_rules,
+            component_rules("deploy/components/issue-for-pod/kustomization.yaml"),
+        );
         want.extend(manifest_rules(
             "deploy/overlays/ha/leader-election-rbac.yaml",
         ));
@@ -129,9 +171,10 @@ mod tests {
             signer_names: vec!["a.example/x".into(), "b.example/y".into()],
             ca_secret: None,
             lease_name: None,
+            issue_for_pod: false,
         };
         let rules = rbac.rules();
-        assert_eq!(rules.len(), 8);
+        assert_eq!(rules.len(), 7);
         assert!(rules.iter().all(|r| r.namespaces.is_empty()));
         let sign = rules
             .iter()

@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use podca_authority::config::{CaConfig, Config};
+use k8s_openapi::api::core::v1::Container;
+use podca_authority::config::{CaConfig, Config, Pkcs11Ca};
 use podca_signer::backend::PinSource;
 
 use crate::objects::{args, flag, mount_path, pod_spec, podca_container, the_deployment, volume};
@@ -86,125 +87,172 @@ fn every_config_file_is_a_podca_config() {
 #[test]
 fn the_config_map_holds_a_valid_podca_config() {
     for overlay in OVERLAYS {
-        let r = parse_overlay(overlay);
-        let cfg = config(&r);
-        let raw: toml::Table = toml::from_str(&config_text(&r)).unwrap();
-        assert!(
-            raw.get("dev").is_none(),
-            "{overlay}: [dev] is for `podca dev` only"
+        check_config(
+            &format!("overlay {overlay}"),
+            overlay,
+            &parse_overlay(overlay),
         );
-        let ca = &cfg.ca;
-        let d = the_deployment(&r);
-        let c = podca_container(d);
-        // The file layout (file and pkcs11 backends): `[ca] dir` is the `ca` volume, a Secret
-        // holding the data directory's certificates.
-        let ca_dir = match ca {
-            CaConfig::File(f) => f.dir.as_deref(),
-            CaConfig::Pkcs11(p) => p.dir.as_deref(),
-            CaConfig::Secret(_) => None,
-        };
-        let ca_dir_items = || {
-            let ca_mount = mount_path(c, "ca");
+    }
+}
+
+/// The rendered config against the Deployment: `flavour` is default, ha or hsm (the overlay, or
+/// the Helm example values file of the same name).
+pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
+    let cfg = config(r);
+    let raw: toml::Table = toml::from_str(&config_text(r)).unwrap();
+    assert!(
+        raw.get("dev").is_none(),
+        "{what}: [dev] is for `podca dev` only"
+    );
+    let ca = &cfg.ca;
+    let d = the_deployment(r);
+    let c = podca_container(d);
+    // The file layout (file and pkcs11 backends): `[ca] dir` is the `ca` volume, a Secret
+    // holding the data directory's certificates.
+    let ca_dir = match ca {
+        CaConfig::File(f) => f.dir.as_deref(),
+        CaConfig::Pkcs11(p) => p.dir.as_deref(),
+        CaConfig::Secret(_) => None,
+    };
+    let ca_dir_items = || {
+        let ca_mount = mount_path(c, "ca");
+        assert_eq!(
+            ca_dir,
+            Some(Path::new(&ca_mount)),
+            "{what}: [ca] dir is the CA mount"
+        );
+        let items: Vec<String> = volume(d, "ca")
+            .secret
+            .as_ref()
+            .expect("the ca volume is a Secret")
+            .items
+            .iter()
+            .flatten()
+            .map(|i| i.path.clone())
+            .collect();
+        assert!(
+            items.contains(&"state.json".to_string()),
+            "{what}: state.json mounted"
+        );
+        assert!(items.contains(&"generations/1/issuing.pem".to_string()));
+        assert!(items.contains(&"generations/1/root.pem".to_string()));
+        items
+    };
+    match ca {
+        CaConfig::Secret(secret) => {
+            assert_ne!(flavour, "hsm", "{what}");
+            // Read through the API (the Role podca-ca-secret): a Secret in podca's own
+            // namespace, and nothing of the file layout. (Config parsing already refuses a
+            // reference that is not namespace/name and a [ca] dir beside backend = secret.)
             assert_eq!(
-                ca_dir,
-                Some(Path::new(&ca_mount)),
-                "{overlay}: [ca] dir is the CA mount"
+                secret.namespace, NAMESPACE,
+                "{what}: the CA Secret is in podca's namespace"
             );
-            let items: Vec<String> = volume(d, "ca")
+            for v in pod_spec(d).volumes.iter().flatten() {
+                assert!(
+                    v.secret.is_none(),
+                    "{what}: Secret volume {} (the secret backend reads the CA through \
+                     the API; no Secret needs mounting)",
+                    v.name
+                );
+            }
+        }
+        CaConfig::File(_) => {
+            assert_ne!(flavour, "hsm", "{what}");
+            let items = ca_dir_items();
+            assert!(
+                items.contains(&"generations/1/issuing.key".to_string()),
+                "{what}: the file backend needs the issuing key"
+            );
+        }
+        CaConfig::Pkcs11(p11) => {
+            assert_eq!(flavour, "hsm", "{what}");
+            let items = ca_dir_items();
+            assert!(
+                !items.iter().any(|p| p.ends_with(".key")),
+                "{what}: with an HSM no key file is mounted"
+            );
+            let module = pkcs11_module(p11).unwrap_or_else(|| panic!("{what}: no PKCS#11 module"));
+            assert_module_from_image(what, &module, c);
+            let PinSource::File(pin) = &p11.pin else {
+                panic!("{what}: the PIN comes from a file, got {:?}", p11.pin)
+            };
+            let pin_mount = mount_path(c, "pkcs11-pin");
+            let rel = pin.strip_prefix(&pin_mount).expect("PIN under its mount");
+            let pin_items: Vec<String> = volume(d, "pkcs11-pin")
                 .secret
                 .as_ref()
-                .expect("the ca volume is a Secret")
+                .expect("the PIN comes from a Secret")
                 .items
                 .iter()
                 .flatten()
                 .map(|i| i.path.clone())
                 .collect();
-            assert!(
-                items.contains(&"state.json".to_string()),
-                "{overlay}: state.json mounted"
+            assert_eq!(
+                pin_items,
+                [rel.to_str().unwrap()],
+                "{what}: the PIN file is mounted"
             );
-            assert!(items.contains(&"generations/1/issuing.pem".to_string()));
-            assert!(items.contains(&"generations/1/root.pem".to_string()));
-            items
-        };
-        match ca {
-            CaConfig::Secret(secret) => {
-                assert_ne!(overlay, &"hsm");
-                // Read through the API (the Role podca-ca-secret): a Secret in podca's own
-                // namespace, and nothing of the file layout. (Config parsing already refuses a
-                // reference that is not namespace/name and a [ca] dir beside backend = secret.)
-                assert_eq!(
-                    secret.namespace, NAMESPACE,
-                    "{overlay}: the CA Secret is in podca's namespace"
-                );
-                for v in pod_spec(d).volumes.iter().flatten() {
-                    assert!(
-                        v.secret.is_none(),
-                        "{overlay}: Secret volume {} (the secret backend reads the CA through \
-                         the API; no Secret needs mounting)",
-                        v.name
-                    );
-                }
-            }
-            CaConfig::File(_) => {
-                assert_ne!(overlay, &"hsm");
-                let items = ca_dir_items();
-                assert!(
-                    items.contains(&"generations/1/issuing.key".to_string()),
-                    "{overlay}: the file backend needs the issuing key"
-                );
-            }
-            CaConfig::Pkcs11(p11) => {
-                assert_eq!(overlay, &"hsm");
-                let items = ca_dir_items();
-                assert!(
-                    !items.iter().any(|p| p.ends_with(".key")),
-                    "{overlay}: with an HSM no key file is mounted"
-                );
-                let uri = p11.uri.as_deref().expect("pkcs11_uri");
-                assert!(
-                    uri.starts_with("pkcs11:") && uri.contains("module-path="),
-                    "{uri}"
-                );
-                let module = uri
-                    .split("module-path=")
-                    .nth(1)
-                    .unwrap()
-                    .split('&')
-                    .next()
-                    .unwrap();
-                assert!(
-                    Path::new(module).starts_with(mount_path(c, "pkcs11")),
-                    "{overlay}: the module {module} is on the pkcs11 volume"
-                );
-                let PinSource::File(pin) = &p11.pin else {
-                    panic!("{overlay}: the PIN comes from a file, got {:?}", p11.pin)
-                };
-                let pin_mount = mount_path(c, "pkcs11-pin");
-                let rel = pin.strip_prefix(&pin_mount).expect("PIN under its mount");
-                let pin_items: Vec<String> = volume(d, "pkcs11-pin")
-                    .secret
-                    .as_ref()
-                    .expect("the PIN comes from a Secret")
-                    .items
-                    .iter()
-                    .flatten()
-                    .map(|i| i.path.clone())
-                    .collect();
-                assert_eq!(
-                    pin_items,
-                    [rel.to_str().unwrap()],
-                    "{overlay}: the PIN file is mounted"
-                );
-            }
         }
+    }
 
-        // Config::parse has validated every signer policy.
-        assert!(!cfg.signers.is_empty(), "{overlay}: at least one signer");
-        let signer = cfg.grpc.signer.as_deref().expect("grpc.signer");
+    // Config::parse has validated every signer policy.
+    assert!(!cfg.signers.is_empty(), "{what}: at least one signer");
+    let signer = cfg.grpc.signer.as_deref().expect("grpc.signer");
+    assert!(
+        cfg.signers.contains_key(signer),
+        "{what}: grpc.signer {signer} is configured"
+    );
+}
+
+/// The PKCS#11 module podca loads: `[ca] pkcs11_module`, else the URI's `module-path`.
+pub fn pkcs11_module(p11: &Pkcs11Ca) -> Option<PathBuf> {
+    if let Some(module) = &p11.module {
+        return Some(module.clone());
+    }
+    let uri = p11.uri.as_deref()?;
+    let query = uri.split_once('?')?.1;
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("module-path="))
+        .map(PathBuf::from)
+}
+
+/// The module runs inside podca's process: it must come from the image (read-only root
+/// filesystem), never from a volume that something else could write (issue #13).
+pub fn assert_module_from_image(what: &str, module: &Path, c: &Container) {
+    assert!(
+        module.is_absolute(),
+        "{what}: the module path {} is not absolute",
+        module.display()
+    );
+    for m in c.volume_mounts.iter().flatten() {
         assert!(
-            cfg.signers.contains_key(signer),
-            "{overlay}: grpc.signer {signer} is configured"
+            !module.starts_with(&m.mount_path),
+            "{what}: the PKCS#11 module {} is on the volume {} (mounted at {}); it must come \
+             from the image",
+            module.display(),
+            m.name,
+            m.mount_path
         );
     }
+}
+
+#[test]
+fn the_module_check_refuses_a_module_on_a_volume() {
+    let r = parse_overlay("hsm");
+    let c = podca_container(the_deployment(&r));
+    let CaConfig::Pkcs11(p11) = config(&r).ca else {
+        panic!("the hsm overlay runs the pkcs11 backend")
+    };
+    let module = pkcs11_module(&p11).expect("a module");
+    assert_module_from_image("hsm", &module, c);
+    let on_volume = Path::new(&mount_path(c, "pkcs11-tokens")).join("lib/libpkcs11.so");
+    let caught = std::panic::catch_unwind(|| assert_module_from_image("hsm", &on_volume, c));
+    let message = caught.expect_err("a module on the token volume must be refused");
+    let text = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(text.contains("it must come from the image"), "{text}");
 }

@@ -6,7 +6,11 @@
 //! kubectl: `PODCA_KUBECTL`, else the cache of deploy/tools/install-kubectl.sh. Missing kubectl
 //! is a failure, never a skip.
 //!
-//! One module per concern: [`render`] (kubectl, golden files), [`strict`] (typed parsing),
+//! The Helm chart (deploy/helm/podca) is held to the same checks: [`helm`] renders each example
+//! values file with the real helm (`PODCA_HELM`, else the cache of deploy/tools/install-helm.sh;
+//! missing helm is a failure too) and runs the check functions of the modules below on it.
+//!
+//! One module per concern: [`render`] (kubectl, helm, golden files), [`strict`] (typed parsing),
 //! [`objects`] (Deployment helpers), [`config`], [`rbac`], [`workload`] (the pod) and
 //! [`network`] (Service, NetworkPolicy, ServiceMonitor).
 
@@ -14,6 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod config;
+mod helm;
 mod network;
 mod objects;
 mod rbac;

@@ -8,126 +8,130 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use crate::config::config;
 use crate::objects::{container_port, podca_container, port_of, the_deployment};
 use crate::render::{documents, render_default_with_monitoring, render_overlay};
-use crate::strict::{parse_all, parse_overlay};
+use crate::strict::{Rendered, parse_all, parse_overlay};
 use crate::{ADMIN_PORT, GRPC_PORT, NAMESPACE, OVERLAYS};
 
 #[test]
 fn service_and_network_policy_expose_only_grpc_and_metrics() {
     for overlay in OVERLAYS {
-        let r = parse_overlay(overlay);
-        let d = the_deployment(&r);
-        let c = podca_container(d);
-        let cfg = config(&r);
-        let grpc = port_of(cfg.grpc.listen);
-        let admin = port_of(cfg.admin.listen);
-        assert_eq!((grpc, admin), (GRPC_PORT, ADMIN_PORT), "{overlay}");
-        assert_eq!(container_port(c, "grpc"), grpc);
-        assert_eq!(container_port(c, "metrics"), admin);
-
-        let pod_labels = d
-            .spec
-            .template
-            .metadata
-            .as_ref()
-            .unwrap()
-            .labels
-            .clone()
-            .unwrap();
-        let svc = r.services[0].spec.as_ref().unwrap();
-        let sel = svc.selector.clone().unwrap();
-        assert!(!sel.is_empty() && sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
-        let ports: BTreeMap<String, (i32, Option<IntOrString>)> = svc
-            .ports
-            .iter()
-            .flatten()
-            .map(|p| (p.name.clone().unwrap(), (p.port, p.target_port.clone())))
-            .collect();
-        assert_eq!(
-            ports,
-            BTreeMap::from([
-                (
-                    "grpc".into(),
-                    (GRPC_PORT, Some(IntOrString::String("grpc".into())))
-                ),
-                (
-                    "metrics".into(),
-                    (ADMIN_PORT, Some(IntOrString::String("metrics".into())))
-                ),
-            ]),
-            "{overlay}: Service ports"
-        );
-
-        let np = r.network_policies[0].spec.as_ref().unwrap();
-        let np_sel = np
-            .pod_selector
-            .as_ref()
-            .and_then(|s| s.match_labels.clone())
-            .unwrap();
-        assert!(!np_sel.is_empty() && np_sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
-        assert_eq!(
-            np.policy_types.clone().unwrap(),
-            ["Ingress", "Egress"],
-            "{overlay}: both directions are restricted"
-        );
-        let port_set = |rules: Vec<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPort>>| {
-            rules
-                .into_iter()
-                .flatten()
-                .map(|p| {
-                    let port = match p.port.expect("every rule names its port") {
-                        IntOrString::Int(n) => n,
-                        IntOrString::String(s) => panic!("named port {s}"),
-                    };
-                    assert!(p.end_port.is_none(), "no port ranges");
-                    (port, p.protocol.unwrap_or_else(|| "TCP".into()))
-                })
-                .collect::<BTreeSet<_>>()
-        };
-        let ingress = np.ingress.clone().unwrap();
-        let ingress_ports = port_set(
-            ingress
-                .iter()
-                .map(|r| r.ports.clone().expect("ingress rules name ports"))
-                .collect(),
-        );
-        assert_eq!(
-            ingress_ports,
-            BTreeSet::from([(GRPC_PORT, "TCP".into()), (ADMIN_PORT, "TCP".into())]),
-            "{overlay}: ingress only to gRPC and metrics"
-        );
-        let egress = np.egress.clone().unwrap();
-        let egress_ports = port_set(
-            egress
-                .iter()
-                .map(|r| r.ports.clone().expect("egress rules name ports"))
-                .collect(),
-        );
-        assert_eq!(
-            egress_ports,
-            BTreeSet::from([
-                (53, "UDP".into()),
-                (53, "TCP".into()),
-                (443, "TCP".into()),
-                (6443, "TCP".into()),
-            ]),
-            "{overlay}: egress only to DNS and the API server"
-        );
-        // DNS goes to kube-dns only.
-        let dns = egress
-            .iter()
-            .find(|r| {
-                r.ports
-                    .iter()
-                    .flatten()
-                    .any(|p| p.port == Some(IntOrString::Int(53)))
-            })
-            .unwrap();
-        let to = dns.to.clone().expect("DNS egress has a destination");
-        assert!(
-            to.iter()
-                .all(|peer| peer.pod_selector.is_some() && peer.namespace_selector.is_some())
-        );
+        check_network(&format!("overlay {overlay}"), &parse_overlay(overlay));
     }
+}
+
+/// The Service and the NetworkPolicy expose only gRPC and metrics; egress only DNS and the API.
+pub fn check_network(what: &str, r: &Rendered) {
+    let d = the_deployment(r);
+    let c = podca_container(d);
+    let cfg = config(r);
+    let grpc = port_of(cfg.grpc.listen);
+    let admin = port_of(cfg.admin.listen);
+    assert_eq!((grpc, admin), (GRPC_PORT, ADMIN_PORT), "{what}");
+    assert_eq!(container_port(c, "grpc"), grpc);
+    assert_eq!(container_port(c, "metrics"), admin);
+
+    let pod_labels = d
+        .spec
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    let svc = r.services[0].spec.as_ref().unwrap();
+    let sel = svc.selector.clone().unwrap();
+    assert!(!sel.is_empty() && sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    let ports: BTreeMap<String, (i32, Option<IntOrString>)> = svc
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone().unwrap(), (p.port, p.target_port.clone())))
+        .collect();
+    assert_eq!(
+        ports,
+        BTreeMap::from([
+            (
+                "grpc".into(),
+                (GRPC_PORT, Some(IntOrString::String("grpc".into())))
+            ),
+            (
+                "metrics".into(),
+                (ADMIN_PORT, Some(IntOrString::String("metrics".into())))
+            ),
+        ]),
+        "{what}: Service ports"
+    );
+
+    let np = r.network_policies[0].spec.as_ref().unwrap();
+    let np_sel = np
+        .pod_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .unwrap();
+    assert!(!np_sel.is_empty() && np_sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    assert_eq!(
+        np.policy_types.clone().unwrap(),
+        ["Ingress", "Egress"],
+        "{what}: both directions are restricted"
+    );
+    let port_set = |rules: Vec<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPort>>| {
+        rules
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                let port = match p.port.expect("every rule names its port") {
+                    IntOrString::Int(n) => n,
+                    IntOrString::String(s) => panic!("named port {s}"),
+                };
+                assert!(p.end_port.is_none(), "no port ranges");
+                (port, p.protocol.unwrap_or_else(|| "TCP".into()))
+            })
+            .collect::<BTreeSet<_>>()
+    };
+    let ingress = np.ingress.clone().unwrap();
+    let ingress_ports = port_set(
+        ingress
+            .iter()
+            .map(|r| r.ports.clone().expect("ingress rules name ports"))
+            .collect(),
+    );
+    assert_eq!(
+        ingress_ports,
+        BTreeSet::from([(GRPC_PORT, "TCP".into()), (ADMIN_PORT, "TCP".into())]),
+        "{what}: ingress only to gRPC and metrics"
+    );
+    let egress = np.egress.clone().unwrap();
+    let egress_ports = port_set(
+        egress
+            .iter()
+            .map(|r| r.ports.clone().expect("egress rules name ports"))
+            .collect(),
+    );
+    assert_eq!(
+        egress_ports,
+        BTreeSet::from([
+            (53, "UDP".into()),
+            (53, "TCP".into()),
+            (443, "TCP".into()),
+            (6443, "TCP".into()),
+        ]),
+        "{what}: egress only to DNS and the API server"
+    );
+    // DNS goes to kube-dns only.
+    let dns = egress
+        .iter()
+        .find(|r| {
+            r.ports
+                .iter()
+                .flatten()
+                .any(|p| p.port == Some(IntOrString::Int(53)))
+        })
+        .unwrap();
+    let to = dns.to.clone().expect("DNS egress has a destination");
+    assert!(
+        to.iter()
+            .all(|peer| peer.pod_selector.is_some() && peer.namespace_selector.is_some())
+    );
 }
 
 #[test]

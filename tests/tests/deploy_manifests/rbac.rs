@@ -8,7 +8,8 @@ use podca_authority::config::CaConfig;
 
 use crate::config::config;
 use crate::objects::{args, flag, podca_container, the_deployment};
-use crate::strict::{Rendered, parse_overlay};
+use crate::render::{documents, render_default_with, repo_root};
+use crate::strict::{Rendered, parse_all, parse_overlay};
 use crate::{DEFAULT_LEASE, NAMESPACE, OVERLAYS, SERVICE_ACCOUNT, SIGNER};
 
 /// One permission: scope ("cluster" or a namespace), apiGroup, resource, verb, resourceName.
@@ -72,6 +73,7 @@ pub fn expected_grants(
     signers: &[String],
     ca_secret: Option<(&str, &str)>,
     lease: Option<&str>,
+    issue_for_pod: bool,
 ) -> BTreeSet<Grant> {
     let mut g = BTreeSet::new();
     let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
@@ -115,7 +117,7 @@ pub fn expected_grants(
         None,
     );
     // Extras (each justified in deploy/base/rbac.yaml): Events (the kube-runtime Recorder
-    // creates, then patches a repeat), TokenReview (gRPC API), pods get (IssueForPod).
+    // creates, then patches a repeat), TokenReview (gRPC API).
     add(
         "cluster",
         "events.k8s.io",
@@ -130,7 +132,13 @@ pub fn expected_grants(
         &["create"],
         None,
     );
-    add("cluster", "", "pods", &["get"], None);
+    // pods get, cluster-wide, only when IssueForPod can succeed: with
+    // `[grpc] node_proxy_service_accounts` set (deploy/components/issue-for-pod, or the Helm
+    // chart's config.grpc.node_proxy_service_accounts). Without it every IssueForPod is refused
+    // before any pod is read.
+    if issue_for_pod {
+        add("cluster", "", "pods", &["get"], None);
+    }
     // The `secret` CA backend, only when the config uses it, in the Secret's namespace: the
     // Secret by name (get, and list/watch with a metadata.name field selector), the history
     // ConfigMap `<secret>-podca-history` by name, and create for that ConfigMap (create cannot
@@ -253,8 +261,8 @@ pub fn rbac_problems(r: &Rendered, expected: &BTreeSet<Grant>) -> Vec<String> {
 }
 
 /// The expected grants for a rendering, from its own config and Deployment: the signer names
-/// of the config, the CA Secret of `[ca] secret` (only with `backend = "secret"`), and the
-/// Lease when --leader-elect is set.
+/// of the config, the CA Secret of `[ca] secret` (only with `backend = "secret"`), the Lease
+/// when --leader-elect is set, and pods get when IssueForPod has callers.
 pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
     let cfg = config(r);
     let signers: Vec<String> = cfg.signers.keys().cloned().collect();
@@ -268,29 +276,34 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         .iter()
         .any(|x| x == "--leader-elect")
         .then(|| flag(&a, "--lease-name").unwrap_or_else(|| DEFAULT_LEASE.to_string()));
-    expected_grants(&signers, ca_secret, lease.as_deref())
+    let issue_for_pod = !cfg.grpc.node_proxy_service_accounts.is_empty();
+    expected_grants(&signers, ca_secret, lease.as_deref(), issue_for_pod)
 }
 
 #[test]
 fn rbac_is_exactly_the_spec_table_plus_justified_extras() {
     for overlay in OVERLAYS {
-        let r = parse_overlay(overlay);
-        let expected = expected_for(&r);
-        let problems = rbac_problems(&r, &expected);
-        assert!(
-            problems.is_empty(),
-            "overlay {overlay}: RBAC problems:\n  {}",
-            problems.join("\n  ")
-        );
-        // The signer name in the sign/attest rules is the one the config configures.
-        let cfg = config(&r);
-        let signers: Vec<&String> = cfg.signers.keys().collect();
-        assert_eq!(
-            signers,
-            [SIGNER],
-            "{overlay}: the documented placeholder signer"
-        );
+        check_rbac(&format!("overlay {overlay}"), &parse_overlay(overlay));
     }
+}
+
+/// The RBAC of a rendering is exactly what its config and Deployment need.
+pub fn check_rbac(what: &str, r: &Rendered) {
+    let expected = expected_for(r);
+    let problems = rbac_problems(r, &expected);
+    assert!(
+        problems.is_empty(),
+        "{what}: RBAC problems:\n  {}",
+        problems.join("\n  ")
+    );
+    // The signer name in the sign/attest rules is the one the config configures.
+    let cfg = config(r);
+    let signers: Vec<&String> = cfg.signers.keys().collect();
+    assert_eq!(
+        signers,
+        [SIGNER],
+        "{what}: the documented placeholder signer"
+    );
 }
 
 /// The CA Role's rule for the history ConfigMap (the ConfigMap rule with resourceNames).
@@ -312,10 +325,18 @@ fn the_rbac_check_rejects_any_extra_permission() {
     let mutations: &[Mutation] = &[
         ("extra verb", |r| {
             let rules = r.cluster_roles[0].rules.as_mut().unwrap();
-            let pods = rules
+            let tokenreviews = rules
                 .iter_mut()
-                .find(|x| x.resources == Some(vec!["pods".into()]));
-            pods.unwrap().verbs.push("list".into());
+                .find(|x| x.resources == Some(vec!["tokenreviews".into()]));
+            tokenreviews.unwrap().verbs.push("get".into());
+        }),
+        ("pods get without IssueForPod callers", |r| {
+            r.cluster_roles[0].rules.as_mut().unwrap().push(PolicyRule {
+                api_groups: Some(vec!["".into()]),
+                resources: Some(vec!["pods".into()]),
+                verbs: vec!["get".into()],
+                ..Default::default()
+            });
         }),
         ("extra resource", |r| {
             let rules = r.cluster_roles[0].rules.as_mut().unwrap();
@@ -377,4 +398,67 @@ fn the_rbac_check_rejects_any_extra_permission() {
         let problems = rbac_problems(&r, &expected);
         assert!(!problems.is_empty(), "the RBAC check missed: {what}");
     }
+}
+
+/// The component and the config that turn IssueForPod on.
+const ISSUE_FOR_POD: &str = "deploy/components/issue-for-pod";
+
+/// The base config with a node proxy allowed to call IssueForPod.
+fn config_with_node_proxy() -> String {
+    let base = std::fs::read_to_string(repo_root().join("deploy/base/config.toml")).unwrap();
+    let with = base.replace(
+        "\ntoken_audience = ",
+        "\nnode_proxy_service_accounts = [\"kube-system/node-proxy\"]\ntoken_audience = ",
+    );
+    assert_ne!(with, base, "the base config has [grpc] token_audience");
+    with
+}
+
+fn parse_kustomization(yaml: &str) -> Rendered {
+    parse_all(&documents(yaml)).unwrap_or_else(|e| panic!("{}", e.join("\n")))
+}
+
+fn grants_pods(r: &Rendered) -> bool {
+    let mut problems = Vec::new();
+    r.cluster_roles.iter().any(|cr| {
+        expand(
+            "cluster",
+            cr.rules.as_deref().unwrap_or_default(),
+            &mut problems,
+        )
+        .iter()
+        .any(|(_, group, res, _, _)| group.is_empty() && res == "pods")
+    })
+}
+
+#[test]
+fn pods_get_only_with_issue_for_pod_callers() {
+    for overlay in OVERLAYS {
+        assert!(
+            !grants_pods(&parse_overlay(overlay)),
+            "overlay {overlay}: pods access without IssueForPod callers"
+        );
+    }
+    // The component with callers configured: exactly the expected grants, pods get included.
+    let with = config_with_node_proxy();
+    let r = parse_kustomization(&render_default_with(&[ISSUE_FOR_POD], Some(&with)));
+    check_rbac("default + issue-for-pod", &r);
+    assert!(grants_pods(&r), "the component grants pods get");
+    // The component without callers: pods get is one permission too many.
+    let r = parse_kustomization(&render_default_with(&[ISSUE_FOR_POD], None));
+    let problems = rbac_problems(&r, &expected_for(&r));
+    assert_eq!(
+        problems,
+        ["permission not in spec §3 or the justified extras: \
+             (\"cluster\", \"\", \"pods\", \"get\", None)"],
+        "the component without callers"
+    );
+    // Callers without the component: IssueForPod would fail with 403 on every call.
+    let r = parse_kustomization(&render_default_with(&[], Some(&with)));
+    let problems = rbac_problems(&r, &expected_for(&r));
+    assert_eq!(
+        problems,
+        ["missing permission: (\"cluster\", \"\", \"pods\", \"get\", None)"],
+        "callers without the component"
+    );
 }

@@ -1,0 +1,138 @@
+{{/*
+The object name: the release name when it already says podca (`helm install podca ...` gives
+the names of the kustomize manifests), else <release>-podca.
+*/}}
+{{- define "podca.fullname" -}}
+{{- if contains "podca" .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-podca" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "podca.selectorLabels" -}}
+app.kubernetes.io/name: podca
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "podca.labels" -}}
+{{ include "podca.selectorLabels" . }}
+app.kubernetes.io/part-of: podca
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The ServiceAccount podca runs as (and the RBAC subjects). */}}
+{{- define "podca.serviceAccount" -}}
+{{- include "podca.fullname" . -}}
+{{- end -}}
+
+{{/* Fixed container ports: the Service, probes and NetworkPolicy follow them. */}}
+{{- define "podca.grpcPort" -}}8443{{- end -}}
+{{- define "podca.metricsPort" -}}9090{{- end -}}
+
+{{/* Mount points. */}}
+{{- define "podca.configDir" -}}/etc/podca{{- end -}}
+{{- define "podca.caDir" -}}/var/run/podca/ca{{- end -}}
+{{- define "podca.pinDir" -}}/var/run/podca/pkcs11-pin{{- end -}}
+
+{{/* Checks across values that the schema cannot express. */}}
+{{- define "podca.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) -}}
+{{- fail "replicaCount > 1 needs leaderElection.enabled=true: without leader election every replica would write" -}}
+{{- end -}}
+{{- if not .Values.config.signers -}}
+{{- fail "config.signers: configure at least one signer name" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The podca config file: .Values.config with [ca], [admin] and [grpc] listen filled in from the
+chart's own settings, written as TOML (Helm's toToml writes every number as a float, which
+podca's integer settings refuse).
+*/}}
+{{- define "podca.config" -}}
+{{- $cfg := deepCopy .Values.config -}}
+{{- $ca := dict "backend" .Values.ca.backend -}}
+{{- if eq .Values.ca.backend "secret" -}}
+{{- $_ := set $ca "secret" (printf "%s/%s" .Release.Namespace .Values.ca.secretName) -}}
+{{- else -}}
+{{- $p := .Values.ca.pkcs11 -}}
+{{- $_ := set $ca "dir" (include "podca.caDir" .) -}}
+{{- $_ := set $ca "pkcs11_uri" $p.uri -}}
+{{- $_ := set $ca "pkcs11_module" $p.module -}}
+{{- $_ := set $ca "pkcs11_pin_file" (printf "%s/pin" (include "podca.pinDir" .)) -}}
+{{- $_ := set $ca "pkcs11_mode" $p.mode -}}
+{{- if not (kindIs "invalid" $p.intermediateLifetimeSeconds) -}}
+{{- $_ := set $ca "intermediate_lifetime_seconds" $p.intermediateLifetimeSeconds -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $cfg "ca" $ca -}}
+{{- $grpc := $cfg.grpc | default dict -}}
+{{- $_ := set $grpc "listen" (printf "0.0.0.0:%s" (include "podca.grpcPort" .)) -}}
+{{- if and (eq ($grpc.tls | default "self-issued") "self-issued") (not (hasKey $grpc "tls_service")) (not (hasKey $grpc "tls_dns_names")) -}}
+{{- $_ := set $grpc "tls_service" (include "podca.fullname" .) -}}
+{{- end -}}
+{{- $_ := set $cfg "grpc" $grpc -}}
+{{- $_ := set $cfg "admin" (dict "listen" (printf "0.0.0.0:%s" (include "podca.metricsPort" .))) -}}
+# podca serve configuration, rendered by the podca Helm chart from its values (schema:
+# authority/src/config.rs; unknown keys are errors).
+{{ include "podca.toml.table" (dict "path" "" "table" $cfg) }}
+{{- end -}}
+
+{{/* The config file as mounted: podca.config without runs of blank lines. */}}
+{{- define "podca.configFile" -}}
+{{- regexReplaceAll "\n\n+" (include "podca.config" .) "\n\n" | trim -}}
+{{- end -}}
+
+{{/* A TOML key: bare when it can be, else a quoted string. */}}
+{{- define "podca.toml.key" -}}
+{{- if regexMatch "^[A-Za-z0-9_-]+$" . -}}{{ . }}{{- else -}}{{ toJson . }}{{- end -}}
+{{- end -}}
+
+{{/* A TOML value: string, boolean, integer (whole numbers), float, or an array of those. */}}
+{{- define "podca.toml.value" -}}
+{{- $v := . -}}
+{{- if kindIs "string" $v -}}
+{{- toJson $v -}}
+{{- else if kindIs "bool" $v -}}
+{{- $v -}}
+{{- else if or (kindIs "float64" $v) (kindIs "int64" $v) (kindIs "int" $v) -}}
+{{- if eq (float64 (int64 $v)) (float64 $v) -}}{{ int64 $v }}{{- else -}}{{ $v }}{{- end -}}
+{{- else if kindIs "slice" $v -}}
+[{{ range $i, $e := $v }}{{ if $i }}, {{ end }}{{ include "podca.toml.value" $e }}{{ end }}]
+{{- else -}}
+{{- fail (printf "config: %v (%s) cannot be written as TOML" $v (kindOf $v)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A TOML table at `path` ("" for the top level): its keys and values, then each sub-table.
+Null values are left out (Helm's way of deleting a default).
+*/}}
+{{- define "podca.toml.table" -}}
+{{- $path := .path -}}
+{{- $m := .table -}}
+{{- $scalars := list -}}
+{{- $tables := list -}}
+{{- range $k, $v := $m -}}
+{{- if kindIs "map" $v -}}
+{{- $tables = append $tables $k -}}
+{{- else if not (kindIs "invalid" $v) -}}
+{{- $scalars = append $scalars $k -}}
+{{- end -}}
+{{- end -}}
+{{- if and $path (or $scalars (not $tables)) }}
+[{{ $path }}]
+{{- end -}}
+{{- range $scalars }}
+{{ include "podca.toml.key" . }} = {{ include "podca.toml.value" (get $m .) }}
+{{- end -}}
+{{- range $tables -}}
+{{- $key := include "podca.toml.key" . -}}
+{{- $sub := $key -}}
+{{- if $path -}}{{- $sub = printf "%s.%s" $path $key -}}{{- end }}
+{{ include "podca.toml.table" (dict "path" $sub "table" (get $m .)) }}
+{{- end -}}
+{{- end -}}

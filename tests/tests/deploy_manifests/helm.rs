@@ -1,0 +1,382 @@
+//! The Helm chart deploy/helm/podca: `helm lint --strict`, each example values file rendered
+//! with the real helm and held to the same checks as the kustomize overlays (typed parsing,
+//! RBAC, pod security, NetworkPolicy, config), goldens in deploy/helm/golden/, and the values
+//! schema refusing unknown and ill-typed values.
+//!
+//! helm: `PODCA_HELM`, else the cache of deploy/tools/install-helm.sh. Missing helm is a
+//! failure, never a skip.
+
+use std::ffi::OsStr;
+use std::process::Command;
+
+use podca_authority::config::Config;
+
+use crate::config::{check_config, config, config_text};
+use crate::network::check_network;
+use crate::rbac::{check_rbac, expected_for};
+use crate::render::{
+    CHART, documents, helm, helm_example, helm_template, kind_of, name_of, render_helm, repo_root,
+};
+use crate::strict::{Rendered, parse_all, parse_overlay};
+use crate::workload::{check_pod_locked_down, check_replicas};
+use crate::{NAMESPACE, OVERLAYS, SIGNER};
+
+const HELM_UPDATE_HINT: &str =
+    "PODCA_UPDATE_GOLDEN=1 cargo test -p podca-tests --test deploy_manifests helm";
+
+/// Every object of a Helm rendering, parsed strictly into its Kubernetes type.
+fn parse_helm_yaml(what: &str, yaml: &str) -> Rendered {
+    let docs = documents(yaml);
+    for doc in &docs {
+        let cluster_scoped = matches!(kind_of(doc).1, "ClusterRole" | "ClusterRoleBinding");
+        let ns = doc["metadata"]["namespace"].as_str();
+        let expected = (!cluster_scoped).then_some(NAMESPACE);
+        assert_eq!(ns, expected, "{what}: {}", name_of(doc));
+    }
+    parse_all(&docs).unwrap_or_else(|errors| {
+        panic!(
+            "{what}: objects that do not match their Kubernetes 1.37 schema:\n  {}",
+            errors.join("\n  ")
+        )
+    })
+}
+
+fn parse_helm(example: &str) -> Rendered {
+    parse_helm_yaml(&format!("helm {example}"), &render_helm(example))
+}
+
+/// `helm template` with extra values given as YAML text (written to a values file).
+fn helm_with_values(values: &str) -> Result<String, String> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, values).unwrap();
+    helm_template(&["--values".as_ref(), file.as_os_str()])
+}
+
+#[test]
+fn helm_lint_strict_passes_for_the_chart_and_every_example() {
+    let out = Command::new(helm()).arg("version").output().unwrap();
+    assert!(out.status.success(), "helm version failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Version:\"v"), "unexpected: {text}");
+    let chart = repo_root().join(CHART);
+    let mut runs: Vec<Vec<&OsStr>> = vec![vec![]];
+    let examples: Vec<_> = OVERLAYS.iter().map(|e| helm_example(e)).collect();
+    for e in &examples {
+        runs.push(vec!["--values".as_ref(), e.as_os_str()]);
+    }
+    for extra in runs {
+        let out = Command::new(helm())
+            .args(["lint", "--strict"])
+            .arg(&chart)
+            .args(&extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "helm lint --strict {extra:?}:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn every_helm_example_passes_the_kustomize_checks() {
+    for example in OVERLAYS {
+        let what = format!("helm {example}");
+        let r = parse_helm(example);
+        assert!(
+            r.namespaces.is_empty(),
+            "{what}: the release namespace is not the chart's"
+        );
+        assert!(r.custom.is_empty(), "{what}: CRD objects by default");
+        assert_eq!(r.service_accounts.len(), 1, "{what}: one ServiceAccount");
+        assert_eq!(r.services.len(), 1, "{what}: one Service");
+        assert_eq!(r.network_policies.len(), 1, "{what}: one NetworkPolicy");
+        check_config(&what, example, &r);
+        check_network(&what, &r);
+        check_pod_locked_down(&what, &r);
+        check_replicas(&what, example, &r);
+        check_rbac(&what, &r);
+        let cfg = config(&r);
+        let signers: Vec<&String> = cfg.signers.keys().collect();
+        assert_eq!(
+            signers,
+            [SIGNER],
+            "{what}: the documented placeholder signer"
+        );
+    }
+}
+
+#[test]
+fn helm_and_kustomize_grant_exactly_the_same_permissions() {
+    for flavour in OVERLAYS {
+        // check_rbac holds each rendering to exactly its expected grants; equal expectations
+        // make the two exactly as tight.
+        let kustomize = expected_for(&parse_overlay(flavour));
+        let chart = expected_for(&parse_helm(flavour));
+        assert_eq!(
+            kustomize, chart,
+            "{flavour}: helm and kustomize RBAC differ"
+        );
+    }
+}
+
+#[test]
+fn helm_config_matches_the_kustomize_config() {
+    // The same settings, whatever the order of keys and comments: the kustomize config parsed
+    // as TOML equals the chart's, apart from what only one of them writes.
+    for flavour in OVERLAYS {
+        let k: toml::Table = toml::from_str(&config_text(&parse_overlay(flavour))).unwrap();
+        let mut h: toml::Table = toml::from_str(&config_text(&parse_helm(flavour))).unwrap();
+        // The chart writes IssueForPod's (empty) list explicitly.
+        let grpc = h["grpc"].as_table_mut().unwrap();
+        assert_eq!(
+            grpc.remove("node_proxy_service_accounts"),
+            Some(toml::Value::Array(vec![]))
+        );
+        assert_eq!(k, h, "{flavour}: the rendered configs differ");
+    }
+}
+
+#[test]
+fn helm_renderings_match_the_golden_files() {
+    let update = std::env::var_os("PODCA_UPDATE_GOLDEN").is_some_and(|v| v == "1");
+    let mut stale = Vec::new();
+    for example in OVERLAYS {
+        let rendered = render_helm(example);
+        let path = repo_root()
+            .join("deploy/helm/golden")
+            .join(format!("{example}.yaml"));
+        if update {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &rendered).unwrap();
+            continue;
+        }
+        let golden = std::fs::read_to_string(&path).unwrap_or_default();
+        if golden != rendered {
+            let first = golden
+                .lines()
+                .zip(rendered.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or_else(|| golden.lines().count().min(rendered.lines().count()));
+            stale.push(format!(
+                "{}: differs from `helm template podca {CHART} -n {NAMESPACE} -f \
+                 {CHART}/examples/{example}.yaml` from line {} (golden: {:?}, rendered: {:?})",
+                path.display(),
+                first + 1,
+                golden.lines().nth(first).unwrap_or("<end>"),
+                rendered.lines().nth(first).unwrap_or("<end>")
+            ));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "{}\nIf the change is intended, update the golden files with:\n  {HELM_UPDATE_HINT}",
+        stale.join("\n")
+    );
+}
+
+#[test]
+fn the_values_schema_refuses_unknown_and_ill_typed_values() {
+    let schema_error = "values don't meet the specifications of the schema(s)";
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "unknown top-level key",
+            "replicas: 2\n",
+            "at '': additional properties 'replicas' not allowed",
+        ),
+        (
+            "unknown config key (a typo podca would refuse at start)",
+            "config:\n  grpc:\n    token_audiense: podca\n",
+            "at '/config/grpc': additional properties 'token_audiense' not allowed",
+        ),
+        (
+            "unknown signer policy key",
+            "config:\n  signers:\n    example.com/workload:\n      max_lifetime: 3600\n",
+            "additional properties 'max_lifetime' not allowed",
+        ),
+        (
+            "[ca] comes from the chart, not from config",
+            "config:\n  ca:\n    backend: file\n",
+            "at '/config': additional properties 'ca' not allowed",
+        ),
+        (
+            "wrong type",
+            "replicaCount: two\n",
+            "at '/replicaCount': got string, want integer",
+        ),
+        (
+            "wrong type in the config",
+            "config:\n  controller:\n    workers: \"8\"\n",
+            "at '/config/controller/workers': got string, want integer",
+        ),
+        (
+            "a fractional number where podca wants an integer",
+            "config:\n  controller:\n    workers: 1.5\n",
+            "at '/config/controller/workers': got number, want integer",
+        ),
+        (
+            "unknown key type",
+            "config:\n  signers:\n    example.com/workload:\n      key_types: [ECDSA]\n",
+            "key_types/0': value must be one of",
+        ),
+        (
+            "unknown CA backend",
+            "ca:\n  backend: file\n",
+            "at '/ca/backend': value must be one of 'secret', 'pkcs11'",
+        ),
+        (
+            "a module path that is not absolute",
+            "ca:\n  pkcs11:\n    module: lib/libpkcs11.so\n",
+            "at '/ca/pkcs11/module'",
+        ),
+    ];
+    for (what, values, expected) in cases {
+        let err = helm_with_values(values)
+            .map(|_| ())
+            .expect_err(&format!("{what}: the schema must refuse:\n{values}"));
+        assert!(
+            err.contains(schema_error) && err.contains(expected),
+            "{what}: expected {expected:?} in helm's error:\n{err}"
+        );
+    }
+    // The cases are refusals of the values, not of the YAML: without the bad key, it renders.
+    helm_with_values("replicaCount: 1\n").expect("a valid values file renders");
+}
+
+#[test]
+fn the_chart_refuses_two_replicas_without_leader_election() {
+    let err = helm_with_values("replicaCount: 2\n").expect_err("two writers");
+    assert!(
+        err.contains("replicaCount > 1 needs leaderElection.enabled=true"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_value_the_schema_accepts_but_podca_refuses_fails_podcas_parser() {
+    // The schema checks types; podca's own parser checks the rest (here a default lifetime
+    // above the maximum): the pod would not start, with this error.
+    let yaml = helm_with_values(
+        "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      \
+         default_lifetime_seconds: 90000\n      max_lifetime_seconds: 86400\n",
+    )
+    .expect("the schema accepts it");
+    let r = parse_helm_yaml("helm lifetimes", &yaml);
+    let err = format!(
+        "{:#}",
+        Config::parse(&config_text(&r)).expect_err("podca refuses it")
+    );
+    assert!(err.contains("signer \"example.com/workload\""), "{err}");
+}
+
+#[test]
+fn the_toml_writer_keeps_every_value_kind() {
+    // Helm hands numbers to templates as floats; the chart writes whole numbers as integers,
+    // the rest as floats, and strings escaped.
+    let yaml = helm_with_values(
+        "config:\n  grpc:\n    token_audience: \"a \\\"quoted\\\" \\\\ <é> aud\"\n    \
+         rate_limit_per_identity: 4294967295\n  rotation:\n    prepare_at: 0.4\n    \
+         activate_at: 0.75\n    ca_lifetime_seconds: 31536000\n  trust_bundles:\n    \
+         publish: false\n    suffix: live\n",
+    )
+    .expect("renders");
+    let r = parse_helm_yaml("helm value kinds", &yaml);
+    let cfg = config(&r);
+    assert_eq!(cfg.grpc.token_audience, "a \"quoted\" \\ <é> aud");
+    assert_eq!(cfg.grpc.rate_limit_per_identity, u32::MAX);
+    assert_eq!(cfg.rotation.prepare_at, 0.4);
+    assert_eq!(cfg.rotation.activate_at, 0.75);
+    assert_eq!(cfg.rotation.ca_lifetime_seconds, 31_536_000);
+    assert!(!cfg.trust_bundles.publish);
+    assert_eq!(cfg.trust_bundles.suffix, "live");
+}
+
+#[test]
+fn helm_grants_pods_get_only_with_issue_for_pod_callers() {
+    let grants_pods = |r: &Rendered| {
+        expected_for(r)
+            .iter()
+            .any(|(_, group, res, verb, _)| group.is_empty() && res == "pods" && verb == "get")
+    };
+    for example in OVERLAYS {
+        assert!(!grants_pods(&parse_helm(example)), "helm {example}");
+    }
+    let yaml = helm_with_values(
+        "config:\n  grpc:\n    node_proxy_service_accounts: [kube-system/node-proxy]\n",
+    )
+    .expect("renders");
+    let r = parse_helm_yaml("helm issue-for-pod", &yaml);
+    check_rbac("helm issue-for-pod", &r);
+    assert!(grants_pods(&r), "pods get with IssueForPod callers");
+    assert_eq!(
+        config(&r).grpc.node_proxy_service_accounts,
+        ["kube-system/node-proxy"]
+    );
+    let rendered = r.cluster_roles[0].rules.as_ref().unwrap();
+    assert!(
+        rendered
+            .iter()
+            .any(|rule| rule.resources.as_deref() == Some(&["pods".to_string()][..])),
+        "the ClusterRole has the pods rule"
+    );
+}
+
+#[test]
+fn the_notes_say_what_to_do_next() {
+    for example in OVERLAYS {
+        let values = helm_example(example);
+        let out = Command::new(helm())
+            .current_dir(repo_root())
+            .args([
+                "install",
+                crate::render::RELEASE,
+                CHART,
+                "--namespace",
+                NAMESPACE,
+            ])
+            .args(["--dry-run=client", "--values"])
+            .arg(&values)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "helm install --dry-run {example}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let notes = text
+            .split_once("NOTES:\n")
+            .map(|(_, n)| n)
+            .unwrap_or_default();
+        let secret = if *example == "hsm" {
+            "create secret generic podca-ca"
+        } else {
+            "create secret generic podca-ca --type=kubernetes.io/tls"
+        };
+        for expected in [
+            secret,
+            "pod-security.kubernetes.io/enforce=restricted",
+            "- podCertificate:\n                 signerName: example.com/workload",
+            "podca.dev/instance: podca",
+            "rollout status deployment/podca",
+        ] {
+            assert!(
+                notes.contains(expected),
+                "helm {example}: NOTES lack {expected:?}:\n{notes}"
+            );
+        }
+        if *example == "hsm" {
+            assert!(
+                notes.contains("create secret generic podca-pkcs11-pin"),
+                "{notes}"
+            );
+            assert!(
+                !notes.contains("tls.key"),
+                "hsm: no key file in a Secret:\n{notes}"
+            );
+        }
+    }
+}
