@@ -2,8 +2,8 @@
 
 pub mod bundle;
 pub mod ca;
-pub mod doctor;
 pub mod completions;
+pub mod doctor;
 pub mod inspect;
 pub mod issue;
 pub mod ledger;
