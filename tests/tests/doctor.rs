@@ -113,6 +113,7 @@ async fn world(setup: Setup) -> World {
         signer_names: vec![SIGNER.into()],
         ca_secret: Some((NAMESPACE.into(), SECRET.into())),
         lease_name: None,
+        issue_for_pod: false,
     };
     for rule in rbac.rules() {
         if setup.drop_rule.is_some_and(|verbs| rule.verbs == verbs) {
@@ -231,7 +232,7 @@ async fn a_cluster_set_up_as_deploy_says_is_all_green() {
     );
     assert_eq!(
         got[1].2,
-        "all 24 permissions podca needs are granted",
+        "all 23 permissions podca needs are granted",
         "{}",
         report(&out)
     );
@@ -302,7 +303,7 @@ async fn a_missing_permission_is_named() {
         &out,
         "rbac",
         &[
-            "1 of 24 permissions missing (see deploy/base/rbac.yaml): sign \
+            "1 of 23 permissions missing (see deploy/base/rbac.yaml): sign \
            signers.certificates.k8s.io example.com/workload cluster-wide",
         ],
     );
@@ -519,6 +520,23 @@ fn the_doctor_checks_exactly_the_permissions_of_the_manifests() {
     // Without --leader-elect the Lease Role is not needed.
     let without = Needs::from_config(&config, None).required();
     assert_eq!(without.len(), manifests.len() - 4);
+    // With IssueForPod on, exactly the rule of deploy/components/issue-for-pod is added.
+    let mut config = config;
+    config.grpc.node_proxy_service_accounts = vec!["kube-system/ztunnel".into()];
+    let with_pods = Needs::from_config(&config, None).required();
+    let added: Vec<String> = with_pods
+        .iter()
+        .filter(|p| !without.contains(p))
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(added, ["get pods cluster-wide"]);
+    let component =
+        std::fs::read_to_string(repo("deploy/components/issue-for-pod/kustomization.yaml"))
+            .unwrap();
+    assert!(
+        component.contains("resources: [\"pods\"]") && component.contains("verbs: [\"get\"]"),
+        "the issue-for-pod component no longer grants pods get"
+    );
 }
 
 #[tokio::test]

@@ -109,6 +109,8 @@ pub struct Needs {
     pub ca_secret: Option<(String, String)>,
     /// The leader Lease.
     pub lease: Option<LeaseRef>,
+    /// gRPC IssueForPod is on (`[grpc] node_proxy_service_accounts` set): it reads pods.
+    pub issue_for_pod: bool,
 }
 
 impl Needs {
@@ -120,6 +122,7 @@ impl Needs {
                 CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
             },
             lease,
+            issue_for_pod: !config.grpc.node_proxy_service_accounts.is_empty(),
         }
     }
 
@@ -166,13 +169,16 @@ impl Needs {
         );
         // Warning Events on requests (the Recorder patches a repeated Event).
         all.extend(each(&["create", "patch"], "events.k8s.io", "events"));
-        // The gRPC API: TokenReview, and IssueForPod's pod lookup.
+        // The gRPC API: TokenReview, and IssueForPod's pod lookup (only when it is on:
+        // deploy/components/issue-for-pod).
         all.push(Permission::new(
             "create",
             "authentication.k8s.io",
             "tokenreviews",
         ));
-        all.push(Permission::new("get", "", "pods"));
+        if self.issue_for_pod {
+            all.push(Permission::new("get", "", "pods"));
+        }
         if let Some((namespace, name)) = &self.ca_secret {
             let history = format!("{name}{HISTORY_SUFFIX}");
             all.extend(["get", "list", "watch"].map(|v| {
@@ -357,8 +363,17 @@ mod tests {
             signers: vec!["a.example/x".into(), "b.example/y".into()],
             ca_secret: None,
             lease: None,
+            issue_for_pod: false,
         };
         let plain = base.required();
+        assert!(!plain.iter().any(|p| p.resource == "pods"));
+        let with_pods = Needs {
+            issue_for_pod: true,
+            ..base.clone()
+        }
+        .required();
+        assert_eq!(with_pods.len(), plain.len() + 1);
+        assert!(with_pods.iter().any(|p| p.to_string() == "get pods cluster-wide"));
         assert!(plain.iter().all(|p| p.namespace.is_none()));
         let sign: Vec<_> = plain.iter().filter(|p| p.verb == "sign").collect();
         assert_eq!(sign.len(), 2);
