@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use podca_signer::{FileStore, InitOptions, KeyType, Ledger, SignerPolicy, SubjectKey};
-use rcgen::PublicKeyData;
+use podca_signer::keys::GeneratedKey;
+use podca_signer::{FileStore, InitOptions, KeyType, Ledger, SignerPolicy};
 use time::OffsetDateTime;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
@@ -101,6 +101,10 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             .init(&options, OffsetDateTime::now_utc())
             .with_context(|| format!("creating a CA in {}", data_dir.display()))?;
     }
+    // A writer killed mid-change left the directory half-way: finish or roll back first.
+    store
+        .recover()
+        .with_context(|| format!("repairing the CA data directory {}", data_dir.display()))?;
     let max_leaf_lifetime = config.max_leaf_lifetime();
     let source = ca::open(&ca_config, max_leaf_lifetime)?;
     let (active, anchors) = source.load().context("opening the CA")?;
@@ -116,7 +120,9 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let clock = podca_authority::system_clock();
     let rotator = Arc::new(Rotator::new(
         RotatorOptions {
-            store: store.clone(),
+            // The driver runs on the async runtime: wait briefly for a CLI writer, and retry at
+            // the next tick rather than block.
+            store: store.clone().with_lock_wait(Duration::from_secs(2)),
             schedule: config.rotation,
             automatic: source.automatic_rotation,
             max_leaf_lifetime,
@@ -394,31 +400,19 @@ async fn write_bundle(
     snapshot: Arc<podca_authority::CaSnapshot>,
     dir: &Path,
 ) -> anyhow::Result<OffsetDateTime> {
-    let key_pair = tokio::task::spawn_blocking(move || generate_key(key_type)).await??;
-    let subject = SubjectKey::from_spki_der(&key_pair.subject_public_key_info())?;
+    // The signer's key generator writes PKCS#8 v1, which every TLS stack reads (Ed25519 too).
+    let key = tokio::task::spawn_blocking(move || GeneratedKey::generate(key_type))
+        .await?
+        .with_context(|| format!("generating a {key_type} key"))?;
     let issued = api
-        .issue_for_key(identity, subject, snapshot, IssuedVia::DevBundle)
+        .issue_for_key(identity, key.public.clone(), snapshot, IssuedVia::DevBundle)
         .await?;
     std::fs::create_dir_all(dir)?;
-    let mut credential = key_pair.serialize_pem();
+    let mut credential = key.private_key_pem();
     credential.push_str(&issued.certificate.chain_pem);
     write_atomic(&dir.join("credentialbundle.pem"), &credential, 0o600)?;
     write_atomic(&dir.join("trust-bundle.pem"), &issued.anchors_pem, 0o644)?;
     Ok(issued.certificate.validity.begin_refresh_at)
-}
-
-/// A fresh key of a kubelet key type.
-pub fn generate_key(key_type: KeyType) -> anyhow::Result<rcgen::KeyPair> {
-    use rcgen::{KeyPair, RsaKeySize};
-    let key = match key_type {
-        KeyType::EcdsaP256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
-        KeyType::EcdsaP384 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
-        KeyType::EcdsaP521 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512),
-        KeyType::Ed25519 => KeyPair::generate_for(&rcgen::PKCS_ED25519),
-        KeyType::Rsa3072 => KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, RsaKeySize::_3072),
-        KeyType::Rsa4096 => KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, RsaKeySize::_4096),
-    };
-    key.with_context(|| format!("generating a {key_type} key"))
 }
 
 fn write_atomic(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {

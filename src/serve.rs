@@ -205,6 +205,9 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long the rotation driver waits for another writer of the data directory per tick.
+const ROTATOR_LOCK_WAIT: Duration = Duration::from_secs(2);
+
 /// Where the CA comes from, as set up before the runtime starts.
 enum Backend {
     /// A data directory (file or PKCS#11 keys), followed and rotated by the rotation driver.
@@ -238,6 +241,14 @@ fn open_backend(
         }
         CaConfig::File(_) | CaConfig::Pkcs11(_) => {
             let source = ca::open(&config.ca, max_leaf_lifetime)?;
+            if dir_writable(source.store.dir()) {
+                // A writer killed mid-change left the directory half-way: finish or roll back
+                // first (under the directory's lock, which every writer shares).
+                source
+                    .store
+                    .recover()
+                    .context("repairing the CA data directory")?;
+            }
             // Opening the CA here makes a wrong PIN, a missing token or a broken data directory
             // a start-up error rather than a stream of pending requests.
             let (ca, anchors) = source.load().context("opening the CA")?;
@@ -250,7 +261,9 @@ fn open_backend(
                 config.rotation.validate()?;
             }
             let rotator = RotatorOptions {
-                store: source.store.clone(),
+                // The driver runs on the async runtime: wait briefly for a CLI writer, and
+                // retry at the next tick rather than block.
+                store: source.store.clone().with_lock_wait(ROTATOR_LOCK_WAIT),
                 schedule: config.rotation,
                 automatic,
                 max_leaf_lifetime,

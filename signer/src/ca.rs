@@ -4,13 +4,15 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyIdMethod,
-    KeyUsagePurpose, PublicKeyData, SerialNumber,
+    BasicConstraints, CertificateParams, CustomExtension, DistinguishedName, DnType, IsCa,
+    KeyIdMethod, KeyUsagePurpose, PublicKeyData, SerialNumber,
 };
+use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 use x509_parser::extensions::ParsedExtension;
 
 use crate::backend::{BackendError, CaKey};
+use crate::der;
 use crate::leaf::{self, LeafTemplate};
 use crate::x509::{self, CertError};
 
@@ -37,8 +39,118 @@ pub enum CaError {
         subject: String,
         not_after: OffsetDateTime,
     },
+    #[error("certificate {subject:?} is not valid yet (notBefore {not_before})")]
+    NotYetValid {
+        subject: String,
+        not_before: OffsetDateTime,
+    },
+    #[error("certificate {subject:?} may not sign certificates (its keyUsage lacks keyCertSign)")]
+    NoKeyCertSign { subject: String },
+    #[error(
+        "certificate {subject:?} allows {path_len} CA certificate(s) below it \
+         (pathLenConstraint) but the chain has {below}"
+    )]
+    PathLength {
+        subject: String,
+        path_len: u32,
+        below: usize,
+    },
+    #[error("invalid name constraint {value:?}: {detail}")]
+    NameConstraint { value: String, detail: &'static str },
     #[error("building a certificate failed: {0}")]
     Build(String),
+}
+
+/// How far a certificate's notBefore may lie ahead of our clock when importing it.
+const IMPORT_CLOCK_SKEW: Duration = Duration::minutes(5);
+
+/// Permitted name subtrees (RFC 5280 §4.2.1.10) that a CA places on every certificate below
+/// it. Verifiers (OpenSSL, Go, rustls/webpki) then refuse any leaf naming something else, even
+/// one signed with a stolen issuing key.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NameConstraints {
+    /// URI subtrees by host (RFC 5280 constrains a URI's host): `cluster.local` permits
+    /// exactly `spiffe://cluster.local/…`, i.e. the trust domain.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permitted_uri_hosts: Vec<String>,
+    /// DNS subtrees: `example.com` permits it and every name below it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub permitted_dns: Vec<String>,
+}
+
+impl NameConstraints {
+    /// Constraints for SPIFFE trust domains (`cluster.local`, or `spiffe://cluster.local`) and
+    /// DNS subtrees, each checked to be a lowercase host name.
+    pub fn new(trust_domains: &[String], dns: &[String]) -> Result<Self, CaError> {
+        let uri = trust_domains
+            .iter()
+            .map(|td| {
+                let host = td.strip_prefix("spiffe://").unwrap_or(td);
+                check_host(td, host.strip_suffix('/').unwrap_or(host), |c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let dns = dns
+            .iter()
+            .map(|d| {
+                let name = d.strip_prefix('.').unwrap_or(d);
+                check_host(d, name, |c| {
+                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-')
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(NameConstraints {
+            permitted_uri_hosts: uri,
+            permitted_dns: dns,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.permitted_uri_hosts.is_empty() && self.permitted_dns.is_empty()
+    }
+
+    /// The DER of the NameConstraints extension value: `SEQUENCE { permittedSubtrees [0]
+    /// SEQUENCE OF GeneralSubtree }`, each `GeneralSubtree { base GeneralName }` with
+    /// uniformResourceIdentifier `[6]` or dNSName `[2]`.
+    pub fn to_der(&self) -> Vec<u8> {
+        let mut out = vec![];
+        der::push_nested(&mut out, der::SEQUENCE, |nc| {
+            der::push_nested(nc, der::context_constructed(0), |subtrees| {
+                let names = self
+                    .permitted_uri_hosts
+                    .iter()
+                    .map(|h| (6, h))
+                    .chain(self.permitted_dns.iter().map(|d| (2, d)));
+                for (tag, name) in names {
+                    der::push_nested(subtrees, der::SEQUENCE, |subtree| {
+                        der::push(subtree, der::context_primitive(tag), name.as_bytes())
+                    });
+                }
+            });
+        });
+        out
+    }
+}
+
+fn check_host(value: &str, host: &str, allowed: impl Fn(char) -> bool) -> Result<String, CaError> {
+    let error = |detail| CaError::NameConstraint {
+        value: value.to_owned(),
+        detail,
+    };
+    if host.is_empty() || host.len() > 253 {
+        return Err(error("must be a host name of 1 to 253 characters"));
+    }
+    if !host.chars().all(allowed) {
+        return Err(error(
+            "only lowercase letters, digits, '.' and '-' (and '_' in a trust domain)",
+        ));
+    }
+    if host.split('.').any(str::is_empty) {
+        return Err(error("empty label"));
+    }
+    Ok(host.to_owned())
 }
 
 /// A parsed CA (or any) certificate with the facts podca needs.
@@ -52,6 +164,11 @@ pub struct CaCertificate {
     not_before: OffsetDateTime,
     not_after: OffsetDateTime,
     is_ca: bool,
+    /// basicConstraints pathLenConstraint.
+    path_len: Option<u32>,
+    /// Whether keyUsage has keyCertSign; None without a keyUsage extension (RFC 5280: no
+    /// restriction).
+    key_cert_sign: Option<bool>,
     spki: Vec<u8>,
     subject_key_id: Option<Vec<u8>>,
     signature_oid: String,
@@ -73,11 +190,14 @@ impl CaCertificate {
     /// Parses a DER certificate.
     pub fn from_der(der: &[u8]) -> Result<Self, CertError> {
         let cert = x509::parse_certificate(der, 0)?;
-        let is_ca = cert
-            .basic_constraints()
+        let basic_constraints = cert.basic_constraints().ok().flatten();
+        let is_ca = basic_constraints.as_ref().is_some_and(|bc| bc.value.ca);
+        let path_len = basic_constraints.and_then(|bc| bc.value.path_len_constraint);
+        let key_cert_sign = cert
+            .key_usage()
             .ok()
             .flatten()
-            .is_some_and(|bc| bc.value.ca);
+            .map(|ku| ku.value.key_cert_sign());
         let subject_key_id = cert
             .extensions()
             .iter()
@@ -93,6 +213,8 @@ impl CaCertificate {
             not_before: x509::to_offset(cert.validity().not_before),
             not_after: x509::to_offset(cert.validity().not_after),
             is_ca,
+            path_len,
+            key_cert_sign,
             spki: cert.public_key().raw.to_vec(),
             subject_key_id,
             signature_oid: cert.signature_algorithm.algorithm.to_id_string(),
@@ -227,7 +349,24 @@ impl IssuingCa {
         now: OffsetDateTime,
         validity: Duration,
     ) -> Result<Self, CaError> {
-        let params = ca_params(common_name, now, validity, None)?;
+        Self::self_signed_root_constrained(
+            key,
+            common_name,
+            now,
+            validity,
+            &NameConstraints::default(),
+        )
+    }
+
+    /// [`IssuingCa::self_signed_root`] with name constraints (none when empty).
+    pub fn self_signed_root_constrained(
+        key: Arc<dyn CaKey>,
+        common_name: &str,
+        now: OffsetDateTime,
+        validity: Duration,
+        constraints: &NameConstraints,
+    ) -> Result<Self, CaError> {
+        let params = ca_params(common_name, now, validity, None, constraints)?;
         let signing = shared(Arc::clone(&key));
         let cert = params
             .self_signed(&signing)
@@ -245,8 +384,26 @@ impl IssuingCa {
         now: OffsetDateTime,
         validity: Duration,
     ) -> Result<IssuingCa, CaError> {
+        self.sign_intermediate_constrained(
+            key,
+            common_name,
+            now,
+            validity,
+            &NameConstraints::default(),
+        )
+    }
+
+    /// [`IssuingCa::sign_intermediate`] with name constraints (none when empty).
+    pub fn sign_intermediate_constrained(
+        &self,
+        key: Arc<dyn CaKey>,
+        common_name: &str,
+        now: OffsetDateTime,
+        validity: Duration,
+        constraints: &NameConstraints,
+    ) -> Result<IssuingCa, CaError> {
         let not_after_cap = self.certificate.not_after;
-        let mut params = ca_params(common_name, now, validity, Some(0))?;
+        let mut params = ca_params(common_name, now, validity, Some(0), constraints)?;
         if params.not_after > not_after_cap {
             params.not_after = not_after_cap;
         }
@@ -346,6 +503,51 @@ impl IssuingCa {
         })
     }
 
+    /// The checks an imported CA must pass before anything is written, beyond
+    /// [`IssuingCa::from_pem`]'s: along the path from the issuing certificate to the anchor
+    /// that signs the top of the chain, every certificate may sign certificates (keyUsage
+    /// keyCertSign when it has a keyUsage), allows the CA certificates below it
+    /// (pathLenConstraint), and is valid now (notBefore at most 5 minutes ahead).
+    pub fn check_importable(&self, now: OffsetDateTime) -> Result<(), CaError> {
+        let mut path = vec![&self.certificate];
+        path.extend(self.chain.iter().filter(|c| **c != self.certificate));
+        let top = path.last().copied().unwrap_or(&self.certificate);
+        if let Some(anchor) = self.roots.iter().find(|r| top.verify_signed_by(r).is_ok())
+            && anchor != top
+        {
+            path.push(anchor);
+        }
+        for (below, c) in path.into_iter().enumerate() {
+            if c.key_cert_sign == Some(false) {
+                return Err(CaError::NoKeyCertSign {
+                    subject: c.subject.clone(),
+                });
+            }
+            if let Some(path_len) = c.path_len
+                && below > path_len as usize
+            {
+                return Err(CaError::PathLength {
+                    subject: c.subject.clone(),
+                    path_len,
+                    below,
+                });
+            }
+            if now > c.not_after {
+                return Err(CaError::Expired {
+                    subject: c.subject.clone(),
+                    not_after: c.not_after,
+                });
+            }
+            if c.not_before > now + IMPORT_CLOCK_SKEW {
+                return Err(CaError::NotYetValid {
+                    subject: c.subject.clone(),
+                    not_before: c.not_before,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The certificate whose key signs leaves.
     pub fn certificate(&self) -> &CaCertificate {
         &self.certificate
@@ -430,6 +632,7 @@ fn ca_params(
     now: OffsetDateTime,
     validity: Duration,
     path_len: Option<u8>,
+    constraints: &NameConstraints,
 ) -> Result<CertificateParams, CaError> {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
@@ -451,6 +654,12 @@ fn ca_params(
     params.not_before = start;
     params.not_after = start + validity;
     params.serial_number = Some(SerialNumber::from_slice(&random_serial()));
+    if !constraints.is_empty() {
+        // RFC 5280 §4.2.1.10: conforming CAs mark it critical.
+        let mut ext = CustomExtension::from_oid_content(&[2, 5, 29, 30], constraints.to_der());
+        ext.set_criticality(true);
+        params.custom_extensions.push(ext);
+    }
     Ok(params)
 }
 

@@ -490,9 +490,10 @@ impl GeneratedKey {
         Ok(GeneratedKey { public, pair })
     }
 
-    /// The private key as a PKCS#8 `PRIVATE KEY` PEM block (kubelet's credential-bundle form).
+    /// The private key as a PKCS#8 v1 `PRIVATE KEY` PEM block (kubelet's credential-bundle
+    /// form; see [`pkcs8_v1_der`]).
     pub fn private_key_pem(&self) -> String {
-        self.pair.serialize_pem()
+        pkcs8_v1_pem(&self.pair)
     }
 
     /// A DER PKCS#10 CSR with an empty subject, signed by this key (a kubelet stub CSR).
@@ -509,9 +510,58 @@ impl GeneratedKey {
     }
 }
 
+/// The private key of `pair` as PKCS#8 v1 (RFC 5208) DER. aws-lc-rs makes Ed25519 keys as
+/// PKCS#8 v2 (RFC 5958, with the public key), which OpenSSL 3.0 (`openssl pkey`, nginx, curl)
+/// and pyca/cryptography refuse; kubelet writes v1. ECDSA and RSA keys are v1 already.
+pub(crate) fn pkcs8_v1_der(pair: &rcgen::KeyPair) -> Vec<u8> {
+    let der = pair.serialized_der();
+    if pair.algorithm() == &rcgen::PKCS_ED25519 {
+        // The key parsed as Ed25519 when the pair was made, so it parses again; the v1 form
+        // holds the same seed.
+        if let Some(v1) = signature::Ed25519KeyPair::from_pkcs8_maybe_unchecked(der)
+            .ok()
+            .and_then(|k| k.to_pkcs8v1().ok())
+        {
+            return v1.as_ref().to_vec();
+        }
+    }
+    der.to_vec()
+}
+
+/// [`pkcs8_v1_der`] as a `PRIVATE KEY` PEM block, LF line endings.
+pub(crate) fn pkcs8_v1_pem(pair: &rcgen::KeyPair) -> String {
+    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    pem::encode_config(&pem::Pem::new("PRIVATE KEY", pkcs8_v1_der(pair)), config)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 5208 PrivateKeyInfo: `SEQUENCE { INTEGER 0, …`; v2 (RFC 5958) has version 1.
+    fn pkcs8_version(der: &[u8]) -> u8 {
+        let (_, info) = x509_parser::der_parser::parse_der(der).unwrap_or_else(|e| panic!("{e}"));
+        let items = info.as_sequence().unwrap_or_else(|e| panic!("{e}"));
+        items[0].as_u32().unwrap_or_else(|e| panic!("{e}")) as u8
+    }
+
+    #[test]
+    fn every_generated_subject_key_is_pkcs8_v1() {
+        for key_type in KeyType::ALL {
+            let generated = GeneratedKey::generate(key_type).unwrap_or_else(|e| panic!("{e}"));
+            let pem = pem::parse(generated.private_key_pem()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(pem.tag(), "PRIVATE KEY");
+            assert_eq!(pkcs8_version(pem.contents()), 0, "{key_type}");
+            // The v1 form is the same key: it loads and has the certified public key.
+            let reloaded =
+                rcgen::KeyPair::try_from(pem.contents()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(
+                reloaded.subject_public_key_info(),
+                generated.public.spki_der(),
+                "{key_type}"
+            );
+        }
+    }
 
     #[test]
     fn canonical_spki_is_what_rcgen_and_aws_lc_write() {

@@ -16,11 +16,11 @@ pub mod store;
 pub mod x509;
 
 pub use backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};
-pub use ca::{CaCertificate, CaError, IssuingCa};
+pub use ca::{CaCertificate, CaError, IssuingCa, NameConstraints};
 pub use issue::{CertificateRequest, IssueError, IssuedCertificate, Outcome, sign_request};
 pub use keys::{KeyError, KeyType, SubjectKey};
 pub use ledger::{Ledger, LedgerError, LedgerRecord};
 pub use policy::{Decision, SignerPolicy};
 pub use reason::{DenyReason, FailReason};
 pub use schedule::{Validity, ValidityError, plan_validity};
-pub use store::{FileStore, InitOptions, StoreError};
+pub use store::{DirLock, FileStore, InitOptions, Recovered, StoreError};

@@ -9,21 +9,38 @@
 //! <dir>/generations/<n>/issuing.pem  issuing certificate, then intermediates up to the root
 //! <dir>/generations/<n>/issuing.key  issuing key, PKCS#8 PEM, mode 0600
 //! <dir>/ledger.redb                the issuance ledger
+//! <dir>/lock                       the writers' lock (flock), holding the last holder's PID
 //! ```
+//!
+//! Crash safety: every writer ([`FileStore::init`], [`FileStore::import`],
+//! [`FileStore::rotate`], [`FileStore::recover`]) holds the directory's exclusive lock for the
+//! length of its change, so `podca serve`, `podca dev` and the command line interleave their
+//! changes and never mix them; a second writer waits up to [`FileStore::with_lock_wait`] (10 s by
+//! default) and then fails naming the holder's PID. Every file is written to a unique temporary
+//! file beside it, fsynced, renamed into place and its directory fsynced. A new generation is
+//! built in full in a staging directory (`generations/.new-*`) and renamed to
+//! `generations/<n>` before any `state.json` names it; `root.pem` is written with every anchor
+//! of both the old and the new state before `state.json` changes, and trimmed after. So a writer
+//! killed at any point leaves either the old or the new state, plus leftovers that the next
+//! writer removes first ([`FileStore::recover`]): staging and unreferenced generation
+//! directories, temporary files, keys of dropped generations, and a `root.pem` that does not
+//! match the state.
 //!
 //! Rotation levels: a podca-made generation is a root plus an issuing intermediate of the same
 //! lifetime, so a rotation replaces both and always changes the trust anchors; it therefore
 //! always goes through the prepared → active overlap. An imported CA becomes a generation as is.
 
 use std::fs;
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use time::{Duration, OffsetDateTime};
 
 use crate::backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};
-use crate::ca::{CaCertificate, CaError, IssuingCa};
+use crate::ca::{CaCertificate, CaError, IssuingCa, NameConstraints};
 use crate::rotation::{self, Advanced, Generation, Phase, Schedule, ScheduleError, Step};
 
 /// Why the store could not be created or read.
@@ -37,6 +54,17 @@ pub enum StoreError {
     AlreadyInitialised { dir: String, file: String },
     #[error("{dir} holds no CA yet; run `podca ca init` first")]
     NotInitialised { dir: String },
+    /// Another process holds the data directory's writer lock.
+    #[error(
+        "{dir} is being changed by another podca process ({holder}); waited {waited_seconds} s \
+         for it to finish: try again once it has"
+    )]
+    Locked {
+        dir: String,
+        /// `pid N` as the holder recorded it, or `pid unknown`.
+        holder: String,
+        waited_seconds: u64,
+    },
     #[error("{path}: {source}")]
     Ca { path: String, source: CaError },
     #[error("{path}: corrupt CA state: {detail}")]
@@ -86,6 +114,10 @@ pub struct InitOptions {
     pub name: String,
     pub root_validity: Duration,
     pub issuing_validity: Duration,
+    /// Name constraints written into every root and issuing certificate of this CA (and of
+    /// the generations rotation makes later); empty: none.
+    #[serde(default, skip_serializing_if = "NameConstraints::is_empty")]
+    pub name_constraints: NameConstraints,
 }
 
 impl Default for InitOptions {
@@ -95,9 +127,43 @@ impl Default for InitOptions {
             name: "podca".into(),
             root_validity: Duration::days(3650),
             issuing_validity: Duration::days(365),
+            name_constraints: NameConstraints::default(),
         }
     }
 }
+
+/// What [`FileStore::recover`] found and repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Recovered {
+    /// Leftovers removed: staging and unreferenced generation directories, temporary files,
+    /// keys of dropped generations.
+    pub removed: Vec<PathBuf>,
+    /// `root.pem` did not hold exactly the anchors the state publishes, and was rewritten.
+    pub anchors_rewritten: bool,
+}
+
+impl Recovered {
+    /// Whether the directory was already consistent.
+    pub fn is_empty(&self) -> bool {
+        self.removed.is_empty() && !self.anchors_rewritten
+    }
+}
+
+/// The data directory's writer lock, released when dropped (see [`FileStore::lock`]).
+#[derive(Debug)]
+pub struct DirLock {
+    // Closing the file releases the flock.
+    _file: fs::File,
+}
+
+/// How long a writer waits for another one by default.
+const DEFAULT_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(25);
+/// Prefix of a generation being built (`generations/.new-*`).
+const STAGING_PREFIX: &str = ".new-";
+/// Prefix of a file being written (`.tmp-*` beside its final name).
+const TEMP_PREFIX: &str = ".tmp-";
 
 /// What `state.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -129,11 +195,74 @@ pub struct GenerationInfo {
 #[derive(Debug, Clone)]
 pub struct FileStore {
     dir: PathBuf,
+    lock_wait: std::time::Duration,
 }
 
 impl FileStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        FileStore { dir: dir.into() }
+        FileStore {
+            dir: dir.into(),
+            lock_wait: DEFAULT_LOCK_WAIT,
+        }
+    }
+
+    /// How long a writer waits for the directory's lock before it fails with
+    /// [`StoreError::Locked`].
+    pub fn with_lock_wait(mut self, wait: std::time::Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// The writers' lock file.
+    pub fn lock_path(&self) -> PathBuf {
+        self.dir.join("lock")
+    }
+
+    /// Takes the directory's exclusive writer lock (an flock on `<dir>/lock`), waiting up to the
+    /// lock wait for another holder to finish. The store's writing methods take it themselves;
+    /// this is for callers that must keep others out across several calls.
+    pub fn lock(&self) -> Result<DirLock, StoreError> {
+        if !self.dir.is_dir() {
+            return Err(StoreError::NotInitialised {
+                dir: self.dir.display().to_string(),
+            });
+        }
+        let path = self.lock_path();
+        let mut options = fs::OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        let mut file = options.open(&path).map_err(|e| io(&path, &e))?;
+        let start = Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(fs::TryLockError::WouldBlock) if start.elapsed() < self.lock_wait => {
+                    std::thread::sleep(LOCK_POLL)
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    let holder = fs::read_to_string(&path)
+                        .ok()
+                        .and_then(|t| t.trim().parse::<u32>().ok())
+                        .map_or_else(|| "pid unknown".to_owned(), |pid| format!("pid {pid}"));
+                    return Err(StoreError::Locked {
+                        dir: self.dir.display().to_string(),
+                        holder,
+                        waited_seconds: self.lock_wait.as_secs(),
+                    });
+                }
+                Err(fs::TryLockError::Error(e)) => return Err(io(&path, &e)),
+            }
+        }
+        // Best effort: the PID only makes another writer's message more useful.
+        let _ = file
+            .set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| writeln!(file, "{}", std::process::id()));
+        Ok(DirLock { _file: file })
     }
 
     pub fn dir(&self) -> &Path {
@@ -190,9 +319,11 @@ impl FileStore {
         options: &InitOptions,
         now: OffsetDateTime,
     ) -> Result<IssuingCa, StoreError> {
-        self.refuse_existing()?;
         self.prepare_dir()?;
-        let (mut generation, ca) = self.create_generation(1, options, now)?;
+        let _lock = self.lock()?;
+        self.clear_interrupted_init()?;
+        self.refuse_existing()?;
+        let mut generation = self.create_generation(1, options, now)?;
         generation.activate(now);
         let state = State {
             generations: vec![generation],
@@ -200,8 +331,8 @@ impl FileStore {
             self_managed: true,
             external_keys: Default::default(),
         };
-        self.write_state(&state, now)?;
-        Ok(ca)
+        self.commit(None, &state, &["init"], now)?;
+        self.load()
     }
 
     /// Imports an existing CA (made by openssl, cfssl, …) as a new generation: `cert_pem` is the
@@ -215,6 +346,7 @@ impl FileStore {
         key_pem: &str,
         roots_pem: Option<&str>,
     ) -> Result<IssuingCa, StoreError> {
+        let now = OffsetDateTime::now_utc();
         let key = MemoryKey::from_pem(key_pem).map_err(|e| self.backend_error(e))?;
         // Validate everything before writing anything.
         let probe = IssuingCa::from_pem(
@@ -222,12 +354,17 @@ impl FileStore {
             cert_pem,
             roots_pem,
         )
+        .and_then(|probe| probe.check_importable(now).map(|()| probe))
         .map_err(|e| self.ca_error(Path::new("<imported certificate>"), e))?;
-        let now = OffsetDateTime::now_utc();
+        if !self.is_initialised() {
+            self.prepare_dir()?;
+        }
+        let _lock = self.lock()?;
+        self.clear_interrupted_init()?;
+        self.recover_locked(now)?;
         let existing = if self.is_initialised() {
             Some(self.read_state()?)
         } else {
-            self.prepare_dir()?;
             None
         };
         let id = existing
@@ -235,24 +372,25 @@ impl FileStore {
             .and_then(|s| s.generations.iter().map(|g| g.id).max())
             .unwrap_or(0)
             + 1;
-        let gdir = self.generation_dir(id);
-        fs::create_dir_all(&gdir).map_err(|e| io(&gdir, &e))?;
-        let key =
-            FileKey::store(&gdir.join("issuing.key"), key).map_err(|e| self.backend_error(e))?;
+        let staging = self.staging_dir()?;
+        FileKey::store(&staging.join("issuing.key"), key).map_err(|e| self.backend_error(e))?;
         let roots = probe.roots_pem();
-        write_public(&gdir.join("root.pem"), &roots)?;
+        write_public(&staging.join("root.pem"), &roots)?;
         let mut chain = probe.chain_pem();
         if chain.is_empty() {
             // The imported certificate is itself the root.
             chain = probe.certificate().pem();
         }
-        write_public(&gdir.join("issuing.pem"), &chain)?;
-        let ca = IssuingCa::from_pem(Arc::new(key), &chain, Some(&roots))
-            .map_err(|e| self.ca_error(&gdir.join("issuing.pem"), e))?;
+        write_public(&staging.join("issuing.pem"), &chain)?;
+        self.install_generation(&staging, id)?;
+        let gdir = self.generation_dir(id);
+        let key = FileKey::load(&gdir.join("issuing.key")).map_err(|e| self.backend_error(e))?;
+        let ca = self.load_generation(id, Arc::new(key))?;
         let generation = prepared_generation(id, &ca, now);
-        let state = match existing {
-            Some(mut state) => {
+        let state = match &existing {
+            Some(state) => {
                 // The operator brought the next CA: it takes over once its anchor propagated.
+                let mut state = state.clone();
                 state.generations.push(Generation {
                     activate_asap: true,
                     ..generation
@@ -270,7 +408,7 @@ impl FileStore {
                 }
             }
         };
-        self.write_state(&state, now)?;
+        self.commit(existing.as_ref(), &state, &["prepare"], now)?;
         Ok(ca)
     }
 
@@ -282,20 +420,23 @@ impl FileStore {
         options: &InitOptions,
         now: OffsetDateTime,
     ) -> Result<IssuingCa, StoreError> {
-        self.refuse_existing()?;
         self.prepare_dir()?;
-        let gdir = self.generation_dir(1);
-        fs::create_dir_all(&gdir).map_err(|e| io(&gdir, &e))?;
+        let _lock = self.lock()?;
+        self.clear_interrupted_init()?;
+        self.refuse_existing()?;
         let location = key.location();
-        let ca = IssuingCa::self_signed_root(
+        let ca = IssuingCa::self_signed_root_constrained(
             key,
             &format!("{} root 1", options.name),
             now,
             options.root_validity,
+            &options.name_constraints,
         )
-        .map_err(|e| self.ca_error(&gdir.join("root.pem"), e))?;
-        write_public(&gdir.join("root.pem"), &ca.certificate().pem())?;
-        write_public(&gdir.join("issuing.pem"), &ca.certificate().pem())?;
+        .map_err(|e| self.ca_error(&self.generation_dir(1).join("root.pem"), e))?;
+        let staging = self.staging_dir()?;
+        write_public(&staging.join("root.pem"), &ca.certificate().pem())?;
+        write_public(&staging.join("issuing.pem"), &ca.certificate().pem())?;
+        self.install_generation(&staging, 1)?;
         let mut generation = prepared_generation(1, &ca, now);
         generation.activate(now);
         let state = State {
@@ -304,7 +445,7 @@ impl FileStore {
             self_managed: false,
             external_keys: [(1, location)].into(),
         };
-        self.write_state(&state, now)?;
+        self.commit(None, &state, &["init"], now)?;
         Ok(ca)
     }
 
@@ -398,7 +539,15 @@ impl FileStore {
         now: OffsetDateTime,
     ) -> Result<Vec<Step>, StoreError> {
         schedule.validate()?;
-        let mut state = self.read_state()?;
+        if !self.is_initialised() {
+            return Err(StoreError::NotInitialised {
+                dir: self.dir.display().to_string(),
+            });
+        }
+        let _lock = self.lock()?;
+        self.recover_locked(now)?;
+        let before = self.read_state()?;
+        let mut state = before.clone();
         let force = force_prepare && !state.generations.iter().any(|g| g.phase == Phase::Prepared);
         if force && !state.self_managed {
             let ca = if state.external_keys.is_empty() {
@@ -423,7 +572,7 @@ impl FileStore {
                 issuing_validity: schedule.ca_lifetime(),
                 ..state.options.clone()
             };
-            let (mut generation, _) = self.create_generation(id, &options, now)?;
+            let mut generation = self.create_generation(id, &options, now)?;
             generation.activate_asap = force_prepare;
             state.generations.push(generation);
             steps.push(Step::Prepare);
@@ -433,18 +582,12 @@ impl FileStore {
         }
         let taken = steps;
         if !taken.is_empty() {
-            self.write_state(&state, now)?;
+            let names: Vec<&str> = taken.iter().map(|s| step_name(*s)).collect();
+            self.commit(Some(&before), &state, &names, now)?;
             if taken.iter().any(|s| matches!(s, Step::Drop(_))) {
-                // A dropped generation signs nothing and is trusted by nobody: remove its keys.
-                for g in state
-                    .generations
-                    .iter()
-                    .filter(|g| g.phase == Phase::Dropped)
-                {
-                    for file in ["root.key", "issuing.key"] {
-                        let _ = fs::remove_file(self.generation_dir(g.id).join(file));
-                    }
-                }
+                // A dropped generation signs nothing and is trusted by nobody: remove its keys
+                // (what a crash leaves here, the next writer's recovery removes).
+                self.remove_dropped_keys(&state)?;
             }
         }
         Ok(taken)
@@ -460,37 +603,167 @@ impl FileStore {
         Ok(rotation::next_event(&state.generations, schedule, now))
     }
 
+    /// Builds generation `id` (root and issuing CA with their keys) in a staging directory and
+    /// moves it to `generations/<id>` once complete; nothing refers to it yet.
     fn create_generation(
         &self,
         id: u32,
         options: &InitOptions,
         now: OffsetDateTime,
-    ) -> Result<(Generation, IssuingCa), StoreError> {
+    ) -> Result<Generation, StoreError> {
+        let staging = self.staging_dir()?;
         let gdir = self.generation_dir(id);
-        fs::create_dir_all(&gdir).map_err(|e| io(&gdir, &e))?;
-        let root_key = FileKey::create(&gdir.join("root.key"), options.algorithm)
+        let root_key = FileKey::create(&staging.join("root.key"), options.algorithm)
             .map_err(|e| self.backend_error(e))?;
-        let root = IssuingCa::self_signed_root(
+        crash_point("prepare:after-key");
+        let root = IssuingCa::self_signed_root_constrained(
             Arc::new(root_key),
             &format!("{} root {id}", options.name),
             now,
             options.root_validity,
+            &options.name_constraints,
         )
         .map_err(|e| self.ca_error(&gdir.join("root.pem"), e))?;
-        let issuing_key = FileKey::create(&gdir.join("issuing.key"), options.algorithm)
+        let issuing_key = FileKey::create(&staging.join("issuing.key"), options.algorithm)
             .map_err(|e| self.backend_error(e))?;
         let issuing = root
-            .sign_intermediate(
+            .sign_intermediate_constrained(
                 Arc::new(issuing_key),
                 &format!("{} issuing {id}", options.name),
                 now,
                 options.issuing_validity,
+                &options.name_constraints,
             )
             .map_err(|e| self.ca_error(&gdir.join("issuing.pem"), e))?;
-        write_public(&gdir.join("root.pem"), &root.certificate().pem())?;
-        write_public(&gdir.join("issuing.pem"), &issuing.chain_pem())?;
-        let generation = prepared_generation(id, &issuing, now);
-        Ok((generation, issuing))
+        write_public(&staging.join("root.pem"), &root.certificate().pem())?;
+        write_public(&staging.join("issuing.pem"), &issuing.chain_pem())?;
+        self.install_generation(&staging, id)?;
+        crash_point("prepare:after-generation");
+        Ok(prepared_generation(id, &issuing, now))
+    }
+
+    /// A fresh staging directory under `generations/`, kept until installed or recovered.
+    fn staging_dir(&self) -> Result<PathBuf, StoreError> {
+        let parent = self.dir.join("generations");
+        fs::create_dir_all(&parent).map_err(|e| io(&parent, &e))?;
+        tempfile::Builder::new()
+            .prefix(STAGING_PREFIX)
+            .tempdir_in(&parent)
+            .map(|d| d.keep())
+            .map_err(|e| io(&parent, &e))
+    }
+
+    /// Moves a complete staging directory to `generations/<id>`, durably.
+    fn install_generation(&self, staging: &Path, id: u32) -> Result<(), StoreError> {
+        sync_dir(staging)?;
+        let target = self.generation_dir(id);
+        fs::rename(staging, &target).map_err(|e| io(&target, &e))?;
+        sync_dir(&self.dir.join("generations"))
+    }
+
+    /// Completes or rolls back what an interrupted writer left behind, under the directory's
+    /// lock (every writer does this first; `podca serve` and `podca dev` also at start):
+    /// staging directories and generation directories no state names are removed (they never
+    /// signed anything), as are temporary files and the keys of dropped generations; `root.pem`
+    /// is rewritten from the state when it differs.
+    pub fn recover(&self) -> Result<Recovered, StoreError> {
+        if !self.is_initialised() {
+            return Ok(Recovered::default());
+        }
+        let _lock = self.lock()?;
+        self.recover_locked(OffsetDateTime::now_utc())
+    }
+
+    fn recover_locked(&self, now: OffsetDateTime) -> Result<Recovered, StoreError> {
+        let mut done = Recovered::default();
+        for entry in read_dir_names(&self.dir)? {
+            if entry.starts_with(TEMP_PREFIX) {
+                let path = self.dir.join(&entry);
+                fs::remove_file(&path).map_err(|e| io(&path, &e))?;
+                done.removed.push(path);
+            }
+        }
+        if !self.is_initialised() {
+            return Ok(done);
+        }
+        let state = self.read_state()?;
+        let generations = self.dir.join("generations");
+        if generations.is_dir() {
+            for name in read_dir_names(&generations)? {
+                let known = name
+                    .parse::<u32>()
+                    .is_ok_and(|id| state.generations.iter().any(|g| g.id == id));
+                let leftover =
+                    name.starts_with(STAGING_PREFIX) || (name.parse::<u32>().is_ok() && !known);
+                if leftover {
+                    let path = generations.join(&name);
+                    fs::remove_dir_all(&path).map_err(|e| io(&path, &e))?;
+                    done.removed.push(path);
+                }
+            }
+        }
+        done.removed.extend(self.remove_dropped_keys(&state)?);
+        let published = rotation::published(&state.generations, now);
+        let bundle = self.bundle(&published)?;
+        if fs::read_to_string(self.root_cert_path()).ok().as_deref() != Some(bundle.as_str()) {
+            write_public(&self.root_cert_path(), &bundle)?;
+            done.anchors_rewritten = true;
+        }
+        if !done.is_empty() {
+            if generations.is_dir() {
+                sync_dir(&generations)?;
+            }
+            sync_dir(&self.dir)?;
+            tracing::warn!(
+                dir = %self.dir.display(),
+                removed = ?done.removed,
+                anchors_rewritten = done.anchors_rewritten,
+                "repaired the CA data directory after an interrupted change"
+            );
+        }
+        Ok(done)
+    }
+
+    /// Removes the key files of dropped generations; returns the files removed.
+    fn remove_dropped_keys(&self, state: &State) -> Result<Vec<PathBuf>, StoreError> {
+        let mut removed = vec![];
+        for g in state
+            .generations
+            .iter()
+            .filter(|g| g.phase == Phase::Dropped)
+        {
+            for file in ["root.key", "issuing.key"] {
+                let path = self.generation_dir(g.id).join(file);
+                match fs::remove_file(&path) {
+                    Ok(()) => removed.push(path),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io(&path, &e)),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// A directory with generations but no state.json and no ledger is what an interrupted
+    /// first `ca init` (or first import) leaves: nothing was ever issued from it, so it is
+    /// cleared. With a ledger it may be a CA that signed, and [`Self::refuse_existing`] refuses.
+    fn clear_interrupted_init(&self) -> Result<(), StoreError> {
+        let generations = self.dir.join("generations");
+        if self.is_initialised() || !generations.is_dir() || self.ledger_path().exists() {
+            return Ok(());
+        }
+        let only_first = read_dir_names(&generations)?
+            .iter()
+            .all(|n| n == "1" || n.starts_with(STAGING_PREFIX));
+        if only_first {
+            fs::remove_dir_all(&generations).map_err(|e| io(&generations, &e))?;
+            sync_dir(&self.dir)?;
+            tracing::warn!(
+                dir = %self.dir.display(),
+                "removed the leftovers of an interrupted `podca ca init`"
+            );
+        }
+        Ok(())
     }
 
     fn read_state(&self) -> Result<State, StoreError> {
@@ -507,19 +780,46 @@ impl FileStore {
         })
     }
 
-    /// Writes the state, then the published bundle. state.json is replaced atomically (write to
-    /// a temporary file, fsync, rename), so a crash leaves the old or the new state, never half.
-    fn write_state(&self, state: &State, now: OffsetDateTime) -> Result<(), StoreError> {
+    /// Replaces the state, keeping `root.pem` ahead of it: first every anchor either state
+    /// publishes, then the new state, then only the new state's anchors. So no state ever says
+    /// a CA is prepared or active whose root is not in `root.pem`, whatever point a crash hits.
+    /// `steps` name the change for the test-only crash points.
+    fn commit(
+        &self,
+        before: Option<&State>,
+        state: &State,
+        steps: &[&str],
+        now: OffsetDateTime,
+    ) -> Result<(), StoreError> {
         let json = serde_json::to_string_pretty(state).map_err(|e| StoreError::State {
             path: self.state_path().display().to_string(),
             detail: e.to_string(),
         })?;
+        let after = rotation::published(&state.generations, now);
+        let mut both = before
+            .map(|b| rotation::published(&b.generations, now))
+            .unwrap_or_default();
+        both.extend(after.iter().copied());
+        both.sort_unstable();
+        both.dedup();
+        write_public(&self.root_cert_path(), &self.bundle(&both)?)?;
+        crash_points(steps, "before-state");
         write_public(&self.state_path(), &json)?;
-        let mut bundle = String::new();
-        for id in rotation::published(&state.generations, now) {
-            bundle.push_str(&read(&self.generation_dir(id).join("root.pem"))?);
+        crash_points(steps, "after-state");
+        if both != after {
+            write_public(&self.root_cert_path(), &self.bundle(&after)?)?;
         }
-        write_public(&self.root_cert_path(), &bundle)
+        crash_points(steps, "after-anchors");
+        Ok(())
+    }
+
+    /// The roots of generations `ids`, concatenated.
+    fn bundle(&self, ids: &[u32]) -> Result<String, StoreError> {
+        let mut bundle = String::new();
+        for id in ids {
+            bundle.push_str(&read(&self.generation_dir(*id).join("root.pem"))?);
+        }
+        Ok(bundle)
     }
 
     fn refuse_existing(&self) -> Result<(), StoreError> {
@@ -597,13 +897,75 @@ fn read(path: &Path) -> Result<String, StoreError> {
     fs::read_to_string(path).map_err(|e| io(path, &e))
 }
 
+/// Replaces `path` atomically and durably: a unique temporary file beside it (mode 0644),
+/// fsynced, renamed over it, and the directory fsynced.
 fn write_public(path: &Path, contents: &str) -> Result<(), StoreError> {
-    let tmp = path.with_extension("tmp");
-    fs::write(&tmp, contents)
-        .and_then(|()| fs::File::open(&tmp).and_then(|f| f.sync_all()))
-        .and_then(|()| fs::rename(&tmp, path))
-        .map_err(|e| io(path, &e))
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(TEMP_PREFIX);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(fs::Permissions::from_mode(0o644));
+    }
+    let mut tmp = builder.tempfile_in(dir).map_err(|e| io(path, &e))?;
+    tmp.write_all(contents.as_bytes())
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| io(path, &e))?;
+    tmp.persist(path).map_err(|e| io(path, &e.error))?;
+    sync_dir(dir)
 }
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(dir, &e))
+}
+
+fn read_dir_names(dir: &Path) -> Result<Vec<String>, StoreError> {
+    fs::read_dir(dir)
+        .and_then(|entries| {
+            entries
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect()
+        })
+        .map_err(|e| io(dir, &e))
+}
+
+fn step_name(step: Step) -> &'static str {
+    match step {
+        Step::Prepare => "prepare",
+        Step::Activate(_) => "activate",
+        Step::Retire(_) => "retire",
+        Step::Drop(_) => "drop",
+    }
+}
+
+fn crash_points(steps: &[&str], point: &str) {
+    for step in steps {
+        crash_point(&format!("{step}:{point}"));
+    }
+}
+
+/// Test-only fault injection, compiled into debug builds only: with
+/// `PODCA_TEST_CRASH_AT=<step>:<point>` (e.g. `prepare:after-key`, `activate:before-state`) the
+/// process SIGKILLs itself on reaching that point, so tests can show that every step resumes.
+#[cfg(debug_assertions)]
+fn crash_point(point: &str) {
+    if std::env::var("PODCA_TEST_CRASH_AT").is_ok_and(|p| p == point) {
+        let pid = std::process::id().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status();
+        // SIGKILL is delivered before kill(1) returns; never go on past the point.
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn crash_point(_point: &str) {}
 
 fn io(path: &Path, e: &std::io::Error) -> StoreError {
     StoreError::Io {

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use podca_signer::{CaAlgorithm, CaCertificate, FileStore, InitOptions};
+use podca_signer::{CaAlgorithm, CaCertificate, FileStore, InitOptions, NameConstraints};
 use time::{Duration, OffsetDateTime};
 
 #[derive(Debug, Subcommand)]
@@ -54,6 +54,22 @@ pub struct InitArgs {
     /// Issuing CA lifetime in days.
     #[arg(long, default_value_t = 365)]
     pub issuing_days: i64,
+    /// Name constraints: permit only URIs of this SPIFFE trust domain (`cluster.local` or
+    /// `spiffe://cluster.local`) below the CA. Repeatable. Rotated generations keep them.
+    #[arg(
+        long = "permitted-trust-domain",
+        value_name = "TRUST_DOMAIN",
+        conflicts_with = "import_cert"
+    )]
+    pub permitted_trust_domains: Vec<String>,
+    /// Name constraints: permit only DNS names in this subtree (`example.com` permits it and
+    /// every name below it). Repeatable.
+    #[arg(
+        long = "permitted-dns",
+        value_name = "DOMAIN",
+        conflicts_with = "import_cert"
+    )]
+    pub permitted_dns: Vec<String>,
     /// Import this CA certificate (PEM; may be followed by intermediates and the root)
     /// instead of creating a CA.
     #[arg(long, requires = "import_key")]
@@ -111,6 +127,8 @@ impl InitArgs {
             name,
             root_days,
             issuing_days,
+            permitted_trust_domains,
+            permitted_dns,
             import_cert,
             import_key,
             import_roots,
@@ -119,11 +137,14 @@ impl InitArgs {
             hsm,
         } = self;
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        let name_constraints = NameConstraints::new(&permitted_trust_domains, &permitted_dns)
+            .context("--permitted-trust-domain/--permitted-dns")?;
         let options = InitOptions {
             algorithm,
             name,
             root_validity: Duration::days(root_days),
             issuing_validity: Duration::days(issuing_days),
+            name_constraints,
         };
         if let Some(uri) = pkcs11_uri {
             let config = hsm.config(&uri)?;

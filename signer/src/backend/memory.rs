@@ -46,9 +46,10 @@ impl MemoryKey {
         Ok(MemoryKey { pair, algorithm })
     }
 
-    /// The private key as PKCS#8 PEM, for writing a key file. Handle with care.
+    /// The private key as PKCS#8 v1 PEM (every TLS stack reads it; Ed25519 included), for
+    /// writing a key file. Handle with care.
     pub(crate) fn pkcs8_pem(&self) -> String {
-        self.pair.serialize_pem()
+        crate::keys::pkcs8_v1_pem(&self.pair)
     }
 }
 

@@ -1,0 +1,6 @@
+//! The fuzz targets' shared bodies. `cargo +nightly fuzz run <target>` (see
+//! `docs/operator-guide.md`, "Fuzzing"); the same functions run on stable in `cargo test` as
+//! property tests.
+
+pub mod edge_targets;
+pub mod signer_targets;
