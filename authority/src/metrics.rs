@@ -23,6 +23,12 @@ pub struct CauseLabels {
     pub cause: &'static str,
 }
 
+/// A Kubernetes API call, by podca's name for it (`podca_kube_request_timeouts_total`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub call: &'static str,
+}
+
 /// The kind of a ClusterTrustBundle write: `create`, `update` or `delete`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
@@ -67,6 +73,8 @@ pub struct Metrics {
     pub rotation_steps: Family<crate::rotation::StepLabels, Counter>,
     /// Rotation checks that failed (the CA in force stays).
     pub rotation_errors: Counter,
+    /// Kubernetes API calls that did not answer within their bound, by call.
+    pub kube_request_timeouts: Family<CallLabels, Counter>,
     /// 1 when the gRPC API serves plaintext on an address other than loopback
     /// (`[grpc] insecure_plaintext = true`).
     pub grpc_insecure_plaintext: Gauge,
@@ -103,6 +111,12 @@ impl Metrics {
         let ca_next_rotation = Gauge::default();
         let rotation_steps = Family::<crate::rotation::StepLabels, Counter>::default();
         let rotation_errors = Counter::default();
+        let kube_request_timeouts = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "kube_request_timeouts",
+            "Kubernetes API calls that did not answer within their bound (the work stays pending)",
+            kube_request_timeouts.clone(),
+        );
         let grpc_insecure_plaintext = Gauge::default();
         registry.register(
             "grpc_insecure_plaintext",
@@ -225,6 +239,7 @@ impl Metrics {
             ca_next_rotation,
             rotation_steps,
             rotation_errors,
+            kube_request_timeouts,
             grpc_insecure_plaintext,
         }
     }

@@ -8,12 +8,14 @@
 //! * [`podcertificaterequests`] and [`clustertrustbundles`]: their admission and strategies.
 //! * [`authn`]: bearer tokens and the TokenReview endpoint.
 //! * [`token_request`]: the TokenRequest endpoint, minting service-account tokens.
+//! * [`outage`]: a black-hole outage (requests and open watches stall), toggled by tests.
 
 mod authn;
 mod clustertrustbundles;
 mod create;
 mod delete;
 mod discovery;
+mod outage;
 mod podcertificaterequests;
 mod read;
 mod routing;
@@ -22,6 +24,7 @@ mod token_request;
 mod update;
 mod watch;
 
+pub(crate) use outage::Outage;
 pub(crate) use server::spawn_server;
 
 use super::Shared;
