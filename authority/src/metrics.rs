@@ -23,6 +23,18 @@ pub struct CauseLabels {
     pub cause: &'static str,
 }
 
+/// Why something was refused, e.g. a CA history (`podca_ca_history_rejected_total`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+/// A Kubernetes API call, by podca's name for it (`podca_kube_request_timeouts_total`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    pub call: &'static str,
+}
+
 /// The kind of a ClusterTrustBundle write: `create`, `update` or `delete`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OpLabels {
@@ -67,6 +79,10 @@ pub struct Metrics {
     pub rotation_steps: Family<crate::rotation::StepLabels, Counter>,
     /// Rotation checks that failed (the CA in force stays).
     pub rotation_errors: Counter,
+    /// CA histories ignored (seal or values), by reason; once per ConfigMap resourceVersion.
+    pub ca_history_rejected: Family<ReasonLabels, Counter>,
+    /// Kubernetes API calls that did not answer within their bound, by call.
+    pub kube_request_timeouts: Family<CallLabels, Counter>,
     /// 1 when the gRPC API serves plaintext on an address other than loopback
     /// (`[grpc] insecure_plaintext = true`).
     pub grpc_insecure_plaintext: Gauge,
@@ -103,6 +119,18 @@ impl Metrics {
         let ca_next_rotation = Gauge::default();
         let rotation_steps = Family::<crate::rotation::StepLabels, Counter>::default();
         let rotation_errors = Counter::default();
+        let ca_history_rejected = Family::<ReasonLabels, Counter>::default();
+        let kube_request_timeouts = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "kube_request_timeouts",
+            "Kubernetes API calls that did not answer within their bound (the work stays pending)",
+            kube_request_timeouts.clone(),
+        );
+        registry.register(
+            "ca_history_rejected",
+            "CA history ConfigMaps ignored because their seal or values did not verify, by reason",
+            ca_history_rejected.clone(),
+        );
         let grpc_insecure_plaintext = Gauge::default();
         registry.register(
             "grpc_insecure_plaintext",
@@ -225,6 +253,8 @@ impl Metrics {
             ca_next_rotation,
             rotation_steps,
             rotation_errors,
+            ca_history_rejected,
+            kube_request_timeouts,
             grpc_insecure_plaintext,
         }
     }

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use crate::bounded;
 use crate::decide::{self, ErrorClass, Settlement};
 use crate::discovery::{self, Resource, Served};
 use crate::plan::{self, Facts, Plan, Read, SkipReason, Write};
@@ -98,7 +99,9 @@ pub async fn run(
         None => None,
     };
 
-    let served = discovery::discover(&client).await?;
+    let served = bounded::retrying("discover", &metrics, || discovery::certificates(&client))
+        .await?
+        .served(Resource::PodCertificateRequests);
     let version = served.watch_version()?;
     info!(
         v1 = served.v1,
@@ -362,7 +365,9 @@ impl Synced {
 }
 
 async fn watch_signer(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, signer: String, synced: Arc<Synced>) {
-    let config = watcher::Config::default().fields(&format!("spec.signerName={signer}"));
+    let config = bounded::watcher_config(
+        watcher::Config::default().fields(&format!("spec.signerName={signer}")),
+    );
     match ctx.version {
         ApiVersion::V1 => {
             let api: Api<v1::PodCertificateRequest> = Api::all(ctx.client.clone());
@@ -625,9 +630,13 @@ async fn write_status(ctx: &Ctx, pcr: &Pcr, patch: &Value) -> Result<(), kube::E
         &pcr.namespace,
         &Resource::PodCertificateRequests.api_resource(pcr.version),
     );
-    api.patch_status(&pcr.name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(|_| ())
+    bounded::call(
+        "patch_pcr_status",
+        &ctx.metrics,
+        api.patch_status(&pcr.name, &PatchParams::default(), &Patch::Merge(patch)),
+    )
+    .await
+    .map(|_| ())
 }
 
 async fn fetch(
@@ -640,12 +649,16 @@ async fn fetch(
         ApiVersion::V1 => {
             let api: Api<v1::PodCertificateRequest> =
                 Api::namespaced(ctx.client.clone(), namespace);
-            Ok(api.get_opt(name).await?.and_then(Pcr::from_v1))
+            Ok(bounded::call("get_pcr", &ctx.metrics, api.get_opt(name))
+                .await?
+                .and_then(Pcr::from_v1))
         }
         ApiVersion::V1Beta1 => {
             let api: Api<v1beta1::PodCertificateRequest> =
                 Api::namespaced(ctx.client.clone(), namespace);
-            Ok(api.get_opt(name).await?.and_then(Pcr::from_v1beta1))
+            Ok(bounded::call("get_pcr", &ctx.metrics, api.get_opt(name))
+                .await?
+                .and_then(Pcr::from_v1beta1))
         }
     }
 }

@@ -4,7 +4,7 @@
 //! nothing: each version's resource list must name the resource.
 //!
 //! [`certificates`] reads both versions' resource lists once; [`Certificates::served`] answers
-//! for either resource. [`discover`] is the controller's shorthand for PodCertificateRequests.
+//! for either resource. Callers bound the call (`crate::bounded`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::Client;
@@ -116,13 +116,6 @@ pub async fn certificates(client: &Client) -> Result<Certificates, kube::Error> 
         resource_list(client, ApiVersion::V1).await?,
         resource_list(client, ApiVersion::V1Beta1).await?,
     ))
-}
-
-/// The versions that serve PodCertificateRequests.
-pub async fn discover(client: &Client) -> Result<Served, Error> {
-    Ok(certificates(client)
-        .await?
-        .served(Resource::PodCertificateRequests))
 }
 
 async fn resource_list(

@@ -4,6 +4,7 @@
 //! watches PCRs of the configured signer names, and answers each with exactly one `/status`
 //! write: fetch → decide (pure, via `podca_signer::sign_request`) → write.
 
+pub mod bounded;
 mod controller;
 mod decide;
 mod discovery;
@@ -115,9 +116,10 @@ impl Options {
 }
 
 /// A client from a kubeconfig file, or else the usual inference (`KUBECONFIG`,
-/// `~/.kube/config`, in-cluster service account).
+/// `~/.kube/config`, in-cluster service account), with podca's timeouts and retry budget
+/// ([`bounded`]).
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
@@ -129,6 +131,7 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<kube::Client, Error> {
             .await
             .map_err(|e| Error::Config(e.to_string()))?,
     };
+    bounded::configure(&mut config);
     Ok(kube::Client::try_from(config)?)
 }
 

@@ -20,6 +20,11 @@
 //! external-secrets, GitOps) that rewrites or reports drift on its metadata. A ConfigMap that
 //! exists without podca's label is never overwritten.
 //!
+//! The history is sealed with the Secret's key (`history.seal`) and verified on every read
+//! ([`podca_authority::secret_rotation::seal`] tells why and how); a history that fails is never
+//! used, and is reported once per ConfigMap resourceVersion as a Warning Event
+//! (`CAHistoryRejected`) and in `podca_ca_history_rejected_total{reason}`.
+//!
 //! A bad Secret (unparsable, key and certificate that do not match, not a CA, expired, broken
 //! chain) is refused: at start [`SecretCa::start`] fails; later the CA in force stays, the
 //! problem is logged and counted once per Secret resourceVersion (`podca_ca_rotation_errors`),
@@ -40,9 +45,10 @@ use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use podca_signer::CaCertificate;
@@ -51,12 +57,13 @@ use time::{Duration, OffsetDateTime};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::bounded;
 use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use crate::secret_history::{self, owned, secret_ref};
-use podca_authority::metrics::Metrics;
+use crate::secret_history::{owned, secret_ref};
+use podca_authority::metrics::{Metrics, ReasonLabels};
 use podca_authority::rotation::{CaLabels, StepLabels};
 use podca_authority::secret_rotation::{
-    Checked, Install, Observation, SecretRotation, Settings, Stepped,
+    Install, Observation, Rejection, Sealed, SecretRotation, Settings, Stepped,
 };
 use podca_authority::trust::{CaHandle, Clock};
 
@@ -69,6 +76,8 @@ pub use secret::parse_secret;
 
 /// The ConfigMap key that holds the history.
 pub const HISTORY_KEY: &str = "history.json";
+/// The ConfigMap key that holds the history's seal (a signature by the Secret's key).
+pub const SEAL_KEY: &str = "history.seal";
 /// Appended to the Secret's name for the default history ConfigMap name.
 pub const HISTORY_SUFFIX: &str = "-podca-history";
 /// The shortest propagation window accepted (kubelet caches trust bundles for about 5 minutes).
@@ -165,12 +174,17 @@ impl SecretCa {
     ) -> Result<(CaHandle, SecretCaDriver), SecretCaError> {
         options.validate()?;
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &options.namespace);
-        let configmaps: Api<ConfigMap> = Api::namespaced(client, &options.namespace);
-        let recorded = read_history(&configmaps, &options)
-            .await?
-            .unwrap_or_default();
+        let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &options.namespace);
+        let recorder = Recorder::new(
+            client,
+            Reporter {
+                controller: "podca.dev/secret-ca".into(),
+                instance: None,
+            },
+        );
+        // The Secret first: the history is verified against its CA.
         let now = clock();
-        let secret = read_secret(&secrets, &options).await?;
+        let secret = read_secret(&secrets, &options, &metrics).await?;
         let contents = parse_secret(&secret, now, clock.clone()).map_err(|reason| {
             SecretCaError::InvalidSecret {
                 namespace: options.namespace.clone(),
@@ -189,15 +203,52 @@ impl SecretCa {
             schedule: options.schedule,
             max_leaf_lifetime: options.max_leaf_lifetime,
         };
+        let stored = read_stored(&configmaps, &options, &metrics).await?;
+        let mut rejected = None;
+        let state = match stored.as_ref().and_then(|s| s.text().map(|t| (s, t))) {
+            // No history yet: the first start with this Secret.
+            None => SecretRotation::new(settings, vec![], contents),
+            Some((stored, (history_json, seal_json))) => {
+                match podca_authority::secret_rotation::seal::open(
+                    history_json,
+                    seal_json,
+                    &settings.secret,
+                    contents.ca(),
+                    None,
+                    settings.schedule.propagation(),
+                    now,
+                ) {
+                    Ok(opened) => SecretRotation::from_opened(settings, opened, contents),
+                    Err(rejection) => {
+                        let mut state = SecretRotation::new(settings, vec![], contents);
+                        state.distrust_history(now);
+                        rejected = Some((stored.clone(), rejection));
+                        state
+                    }
+                }
+            }
+        };
         let mut driver = SecretCaDriver {
-            state: SecretRotation::new(settings, recorded, contents),
+            state,
             options,
             secrets,
             configmaps,
             clock,
             metrics,
+            recorder,
             handle: None,
+            reported_version: None,
+            last_written: None,
         };
+        if let Some((stored, rejection)) = rejected {
+            driver
+                .report_rejected(
+                    &stored,
+                    &rejection,
+                    "ignored at start: the Secret's CA alone, held for one propagation window",
+                )
+                .await;
+        }
         let stepped = driver.state.step(now);
         driver.apply(stepped);
         if driver.leading() {
@@ -219,8 +270,13 @@ pub struct SecretCaDriver {
     configmaps: Api<ConfigMap>,
     clock: Clock,
     metrics: Arc<Metrics>,
+    recorder: Recorder,
     state: SecretRotation,
     handle: Option<CaHandle>,
+    /// The resourceVersion of the history ConfigMap last reported as rejected (once each).
+    reported_version: Option<String>,
+    /// What this replica last wrote, to tell someone else's change from its own.
+    last_written: Option<Sealed>,
 }
 
 impl fmt::Debug for SecretCaDriver {
@@ -243,20 +299,22 @@ impl SecretCaDriver {
         self.state.history()
     }
 
-    /// One check: follows the leader's history (when not leading), takes the time-based steps
-    /// that are due, reads the Secret and prepares a new CA found there, swaps the handle if
+    /// One check: reads the Secret and prepares a new CA found there, verifies the history
+    /// (a follower adopts the leader's; a forged one is reported and ignored, and the leader
+    /// writes its own over it), takes the time-based steps that are due, swaps the handle if
     /// the signer or the anchors changed, and writes the history (when leading). An API error
     /// leaves the CA in force; the next tick tries again.
     pub async fn tick(&mut self) -> Result<Tick, SecretCaError> {
         let leading = self.leading();
-        if !leading && let Some(recorded) = read_history(&self.configmaps, &self.options).await? {
-            self.state.adopt(recorded);
-        }
         let now = (self.clock)();
         let mut error = None;
-        match read_secret(&self.secrets, &self.options).await {
+        // The Secret first: the history is verified against its CA.
+        match read_secret(&self.secrets, &self.options, &self.metrics).await {
             Ok(secret) => self.observe(&secret, now),
             Err(e) => error = Some(e),
+        }
+        if let Err(e) = self.check_history(leading, now).await {
+            error.get_or_insert(e);
         }
         let stepped = self.state.step(now);
         let mut tick = self.apply(stepped);
@@ -280,7 +338,7 @@ impl SecretCaDriver {
         let fields = format!("metadata.name={}", self.options.name);
         let stream = watcher(
             self.secrets.clone(),
-            watcher::Config::default().fields(&fields),
+            bounded::watcher_config(watcher::Config::default().fields(&fields)),
         )
         .default_backoff();
         let mut stream = std::pin::pin!(stream);
@@ -332,6 +390,98 @@ impl SecretCaDriver {
 
     fn secret_ref(&self) -> String {
         secret_ref(&self.options)
+    }
+
+    /// Reads the history ConfigMap and verifies it (when it is not what this replica wrote). A
+    /// follower adopts a history that verifies; a rejected one is reported and left unused (the
+    /// replica keeps what it had), and the leader writes its own over it.
+    async fn check_history(
+        &mut self,
+        leading: bool,
+        now: OffsetDateTime,
+    ) -> Result<(), SecretCaError> {
+        let Some(stored) = read_stored(&self.configmaps, &self.options, &self.metrics).await?
+        else {
+            return Ok(());
+        };
+        let Some((history_json, seal_json)) = stored.text() else {
+            return Ok(());
+        };
+        if let Some(ours) = &self.last_written
+            && ours.history_json == history_json
+            && Some(ours.seal_json.as_str()) == seal_json
+        {
+            return Ok(());
+        }
+        match self.state.open(history_json, seal_json, now) {
+            Ok(opened) if !leading => self.state.adopt_opened(opened),
+            Ok(_) => {}
+            Err(rejection) => {
+                let action = if leading {
+                    self.state.rewrite();
+                    "ignored: the CA and anchors in force stay, and the leader writes its history over it"
+                } else {
+                    "ignored: the CA and anchors in force stay"
+                };
+                self.report_rejected(&stored, &rejection, action).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs, counts and records as a Warning Event a rejected history, once per resourceVersion
+    /// of its ConfigMap. The Event is best effort.
+    async fn report_rejected(&mut self, stored: &Stored, rejection: &Rejection, action: &str) {
+        if stored.resource_version.is_some() && stored.resource_version == self.reported_version {
+            return;
+        }
+        self.reported_version.clone_from(&stored.resource_version);
+        self.metrics
+            .ca_history_rejected
+            .get_or_create(&ReasonLabels {
+                reason: rejection.reason(),
+            })
+            .inc();
+        let name = self.options.history_name();
+        warn!(
+            configmap = %name,
+            namespace = %self.options.namespace,
+            resource_version = stored.resource_version.as_deref().unwrap_or(""),
+            reason = rejection.reason(),
+            %rejection,
+            "the CA history does not verify; {action}"
+        );
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: "CAHistoryRejected".into(),
+            note: Some(
+                format!("{rejection}; {action}")
+                    .chars()
+                    .take(1000)
+                    .collect(),
+            ),
+            action: "VerifyHistory".into(),
+            secondary: None,
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("ConfigMap".into()),
+            name: Some(name),
+            namespace: Some(self.options.namespace.clone()),
+            uid: stored.uid.clone(),
+            resource_version: stored.resource_version.clone(),
+            ..Default::default()
+        };
+        match tokio::time::timeout(
+            StdDuration::from_secs(5),
+            self.recorder.publish(&event, &reference),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "could not record the CA history Event"),
+            Err(_) => warn!("recording the CA history Event timed out"),
+        }
     }
 
     /// Hands the Secret to the state machine; a bad one is logged and counted once.
@@ -433,7 +583,7 @@ impl SecretCaDriver {
 
     async fn write_history(&mut self) -> Result<(), SecretCaError> {
         let name = self.options.history_name();
-        let text = serde_json::to_string_pretty(&self.state.history()).map_err(|e| {
+        let sealed = self.state.seal((self.clock)()).map_err(|e| {
             self.history_error(HistoryError::Encode {
                 detail: e.to_string(),
             })
@@ -448,31 +598,47 @@ impl SecretCaDriver {
                 )])),
                 ..ObjectMeta::default()
             },
-            data: Some(BTreeMap::from([(HISTORY_KEY.to_string(), text)])),
+            data: Some(BTreeMap::from([
+                (HISTORY_KEY.to_string(), sealed.history_json.clone()),
+                (SEAL_KEY.to_string(), sealed.seal_json.clone()),
+            ])),
             ..ConfigMap::default()
         };
         let pp = PostParams {
             field_manager: Some("podca".into()),
             ..PostParams::default()
         };
-        match self.configmaps.get_opt(&name).await? {
+        let existing = bounded::call(
+            "get_ca_history",
+            &self.metrics,
+            self.configmaps.get_opt(&name),
+        )
+        .await?;
+        match existing {
             None => {
-                self.configmaps.create(&pp, &cm).await?;
+                bounded::call(
+                    "create_ca_history",
+                    &self.metrics,
+                    self.configmaps.create(&pp, &cm),
+                )
+                .await?;
             }
             Some(existing) => {
                 if !owned(&existing) {
                     return Err(self.history_error(HistoryError::NotOwned));
                 }
-                if existing.data == cm.data {
-                    self.state.written();
-                    return Ok(());
-                }
                 cm.metadata.resource_version = existing.metadata.resource_version;
-                self.configmaps.replace(&name, &pp, &cm).await?;
+                bounded::call(
+                    "replace_ca_history",
+                    &self.metrics,
+                    self.configmaps.replace(&name, &pp, &cm),
+                )
+                .await?;
             }
         }
         debug!(configmap = %name, "CA history written");
         self.state.written();
+        self.last_written = Some(sealed);
         Ok(())
     }
 }
@@ -489,9 +655,9 @@ pub(crate) fn history_error(options: &SecretCaOptions, reason: HistoryError) -> 
 async fn read_secret(
     secrets: &Api<Secret>,
     options: &SecretCaOptions,
+    metrics: &Metrics,
 ) -> Result<Secret, SecretCaError> {
-    secrets
-        .get_opt(&options.name)
+    bounded::call("get_ca_secret", metrics, secrets.get_opt(&options.name))
         .await?
         .ok_or_else(|| SecretCaError::SecretNotFound {
             namespace: options.namespace.clone(),
@@ -499,17 +665,45 @@ async fn read_secret(
         })
 }
 
-/// The recorded generations; `None` when there is no history ConfigMap yet.
-async fn read_history(
+/// The history ConfigMap as stored, not yet verified.
+#[derive(Debug, Clone)]
+struct Stored {
+    resource_version: Option<String>,
+    uid: Option<String>,
+    history_json: Option<String>,
+    seal_json: Option<String>,
+}
+
+impl Stored {
+    /// The history text and its seal; `None` without a history.
+    fn text(&self) -> Option<(&str, Option<&str>)> {
+        let history = self.history_json.as_deref()?;
+        Some((history, self.seal_json.as_deref()))
+    }
+}
+
+/// The history ConfigMap; `None` when there is none yet. One that podca does not own is an
+/// error (podca neither uses nor overwrites it).
+async fn read_stored(
     configmaps: &Api<ConfigMap>,
     options: &SecretCaOptions,
-) -> Result<Option<Vec<Checked>>, SecretCaError> {
-    let Some(cm) = configmaps.get_opt(&options.history_name()).await? else {
+    metrics: &Metrics,
+) -> Result<Option<Stored>, SecretCaError> {
+    let name = options.history_name();
+    let Some(cm) = bounded::call("get_ca_history", metrics, configmaps.get_opt(&name)).await?
+    else {
         return Ok(None);
     };
-    Ok(Some(
-        secret_history::parse_generations(&cm, options)?.unwrap_or_default(),
-    ))
+    if !owned(&cm) {
+        return Err(history_error(options, HistoryError::NotOwned));
+    }
+    let mut data = cm.data.unwrap_or_default();
+    Ok(Some(Stored {
+        resource_version: cm.metadata.resource_version,
+        uid: cm.metadata.uid,
+        history_json: data.remove(HISTORY_KEY),
+        seal_json: data.remove(SEAL_KEY),
+    }))
 }
 
 /// The step's `podca_ca_rotation_steps` label.

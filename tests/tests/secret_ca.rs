@@ -3,7 +3,7 @@
 //! into the Secret is picked up without restart and taken over with overlap (published at once,
 //! signing only after the propagation window, the old anchor kept until its last certificate
 //! expired); a malformed Secret leaves the CA in force; a restart during the overlap changes
-//! nothing about when the old anchor goes.
+//! nothing about when the old anchor goes; a forged history changes nothing and is reported.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -206,6 +206,12 @@ impl World {
         emu.grant(
             user(),
             PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&[CA_NS]),
+        );
+        // Warning Events on a rejected history (podca's ClusterRole grants these).
+        emu.grant(
+            user(),
+            PolicyRule::new(&["events.k8s.io"], &["events"], &["create", "patch"])
+                .in_namespaces(&[CA_NS]),
         );
         let ca_kubeconfig = cluster.write_kubeconfig("podca-ca");
         let Cluster {
@@ -738,4 +744,238 @@ async fn a_bad_or_missing_secret_refuses_to_start() {
     let text = e.to_string();
     assert!(text.contains("does not match"), "{text}");
     assert!(!text.contains("PRIVATE KEY"), "{text}");
+}
+
+/// The history ConfigMap's data as stored: `history.json` and `history.seal`.
+fn stored_history(emu: &Emulator) -> (String, Option<String>) {
+    let cm = emu
+        .get_object(Res::ConfigMap, CA_NS, HISTORY)
+        .expect("the history ConfigMap exists");
+    (
+        cm["data"]["history.json"]
+            .as_str()
+            .expect("history.json")
+            .to_owned(),
+        cm["data"]["history.seal"].as_str().map(str::to_owned),
+    )
+}
+
+/// Overwrites the history ConfigMap as someone with ConfigMap write access in podca's namespace
+/// could (podca's label included).
+fn forge_history(emu: &Emulator, history_json: &str, seal: Option<&str>) {
+    let mut data = serde_json::json!({ "history.json": history_json });
+    if let Some(seal) = seal {
+        data["history.seal"] = serde_json::json!(seal);
+    }
+    let uid = emu
+        .get_object(Res::ConfigMap, CA_NS, HISTORY)
+        .and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned));
+    let mut metadata = serde_json::json!({
+        "name": HISTORY,
+        "namespace": CA_NS,
+        "labels": { "app.kubernetes.io/managed-by": "podca" },
+    });
+    if let Some(uid) = uid {
+        metadata["uid"] = serde_json::json!(uid);
+    }
+    emu.seed_object(
+        Res::ConfigMap,
+        serde_json::json!({ "metadata": metadata, "data": data }),
+    );
+}
+
+/// `history_json` changed by `edit` (on its JSON form).
+fn edit_history(history_json: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(history_json).expect("history JSON");
+    edit(&mut v);
+    serde_json::to_string_pretty(&v).expect("encodes")
+}
+
+fn rejected(metrics: &Metrics, reason: &'static str) -> u64 {
+    metrics
+        .ca_history_rejected
+        .get_or_create(&podca_authority::metrics::ReasonLabels { reason })
+        .get()
+}
+
+fn rejected_total(metrics: &Metrics) -> u64 {
+    [
+        "unsigned",
+        "seal_unreadable",
+        "unknown_signer",
+        "bad_signature",
+        "unreadable",
+        "other_secret",
+        "impossible_values",
+        "replayed",
+    ]
+    .into_iter()
+    .map(|r| rejected(metrics, r))
+    .sum()
+}
+
+/// The Warning Events regarding the history ConfigMap.
+fn history_events(emu: &Emulator) -> Vec<serde_json::Value> {
+    emu.list_objects(Res::Event, Some(CA_NS))
+        .into_iter()
+        .filter(|e| {
+            e["regarding"]["kind"] == "ConfigMap"
+                && e["regarding"]["name"] == HISTORY
+                && e["reason"] == "CAHistoryRejected"
+                && e["type"] == "Warning"
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_history_changes_nothing_is_reported_and_podca_starts() {
+    let w = World::new().await;
+    let a = root_ca("podca secret CA A");
+    let b = root_ca("podca secret CA B");
+    let mallory = root_ca("mallory");
+    w.put_secret(&a, false);
+    let run = w.start().await;
+    w.wait_published(&[&a]).await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    let (first_json, first_seal) = stored_history(&w.emu);
+    let changed = T0 + Duration::minutes(1);
+    w.set_time(changed);
+    w.put_secret(&b, false);
+    w.wait_published(&[&a, &b]).await;
+    let genuine = wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    let (genuine_json, genuine_seal) = stored_history(&w.emu);
+    let genuine_seal = genuine_seal.expect("podca seals its history");
+    run.wait_signer(&a).await;
+
+    let with_mallory = edit_history(&genuine_json, |h| {
+        let mut extra = h["generations"][0].clone();
+        extra["generation"]["id"] = 9.into();
+        extra["chain_pem"] = mallory.cert_pem.clone().into();
+        extra["anchors_pem"] = mallory.root_pem.clone().into();
+        h["generations"]
+            .as_array_mut()
+            .expect("generations")
+            .push(extra);
+    });
+    #[rustfmt::skip]
+    let forgeries: Vec<(&str, String, Option<String>, &'static str)> = vec![
+        ("extra root", with_mallory.clone(), Some(genuine_seal.clone()), "bad_signature"),
+        ("extra root, seal removed", with_mallory, None, "unsigned"),
+        ("skipped window", edit_history(&genuine_json, |h| {
+            h["generations"][1]["generation"]["prepared_at"] = "2027-04-01T00:00:00Z".into();
+        }), Some(genuine_seal.clone()), "bad_signature"),
+        ("dropped live root", edit_history(&genuine_json, |h| {
+            h["generations"].as_array_mut().expect("generations").remove(0);
+        }), Some(genuine_seal.clone()), "bad_signature"),
+        ("far-future times", edit_history(&genuine_json, |h| {
+            h["generations"][1]["generation"]["prepared_at"] = "9999-12-31T00:00:00Z".into();
+        }), Some(genuine_seal.clone()), "bad_signature"),
+        ("replayed older genuine history", first_json, first_seal, "replayed"),
+    ];
+    let both = ders(&format!("{}{}", a.root_pem, b.root_pem));
+    let a_issuing = ders(&a.cert_pem).into_iter().next().expect("cert");
+    for (i, (name, history_json, seal, reason)) in forgeries.into_iter().enumerate() {
+        let before = rejected(&run.metrics, reason);
+        forge_history(&w.emu, &history_json, seal.as_deref());
+        // Reported: counted under its reason …
+        for _ in 0..400 {
+            if rejected(&run.metrics, reason) > before {
+                break;
+            }
+            tokio::time::sleep(StdDuration::from_millis(25)).await;
+        }
+        assert_eq!(
+            rejected(&run.metrics, reason),
+            before + 1,
+            "{name}: not counted"
+        );
+        // … and the leader writes the genuine history back over it.
+        let restored = wait_history(&w.emu, |h| *h == genuine).await;
+        assert_eq!(restored, genuine, "{name}");
+        // Nothing changed: the same anchors and the same signing CA.
+        assert_eq!(w.published().await, both, "{name}");
+        assert_eq!(
+            run.handle.current().ca.certificate().der(),
+            a_issuing.as_slice(),
+            "{name}: the signing CA changed"
+        );
+        assert_eq!(
+            rejected_total(&run.metrics),
+            i as u64 + 1,
+            "{name}: counted once"
+        );
+    }
+    let leaf = w.obtain().await;
+    assert_signed_by(&leaf, &a, &[&b, &mallory], changed);
+    // Once per ConfigMap version: more checks of the restored history report nothing.
+    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    assert_eq!(rejected_total(&run.metrics), 6);
+    for _ in 0..400 {
+        if history_events(&w.emu).len() >= 6 {
+            break;
+        }
+        tokio::time::sleep(StdDuration::from_millis(25)).await;
+    }
+    let events = history_events(&w.emu);
+    assert!(
+        events.iter().any(|e| e["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("the seal's signature does not verify"))),
+        "{events:#?}"
+    );
+
+    // A restart with a forged history (the far-future time that used to crash podca, and an
+    // anchor of its own): podca starts, reports it, publishes no forged anchor, and the
+    // Secret's CA signs nothing for a whole window from now.
+    run.stop().await;
+    let forged = edit_history(&genuine_json, |h| {
+        h["generations"][1]["generation"]["prepared_at"] = "9999-12-31T00:00:00Z".into();
+        h["generations"][0]["anchors_pem"] = mallory.root_pem.clone().into();
+    });
+    forge_history(&w.emu, &forged, Some(&genuine_seal));
+    let restarted = changed + Duration::minutes(5);
+    w.set_time(restarted);
+    let run = w.start().await;
+    assert_eq!(rejected(&run.metrics, "bad_signature"), 1);
+    let b_issuing = ders(&b.cert_pem).into_iter().next().expect("cert");
+    assert_eq!(
+        run.handle.current().ca.certificate().der(),
+        b_issuing.as_slice()
+    );
+    let held = run
+        .handle
+        .current()
+        .ca
+        .key()
+        .sign(b"probe")
+        .expect_err("held for a window after a rejected history");
+    assert!(held.to_string().contains("propagation window"), "{held}");
+    w.wait_published(&[&b]).await;
+    let rewritten = wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    assert_eq!(rewritten.generations.len(), 1);
+    // The hold is sealed into the history: a restart within it keeps it.
+    run.stop().await;
+    w.set_time(restarted + Duration::minutes(1));
+    let run = w.start().await;
+    assert_eq!(
+        rejected_total(&run.metrics),
+        0,
+        "podca's own history verifies"
+    );
+    assert!(
+        run.handle.current().ca.key().sign(b"probe").is_err(),
+        "still held"
+    );
+    let after = restarted + Duration::seconds(WINDOW + 1);
+    w.set_time(after);
+    let leaf = w.obtain().await;
+    assert_signed_by(&leaf, &b, &[&a, &mallory], after);
+    run.stop().await;
+    let counters = w.emu.counters();
+    assert_eq!(
+        (counters.validation_rejections, counters.forbidden),
+        (0, 0),
+        "the emulator refused a request: {:?}",
+        counters.rejections_by_cause
+    );
 }

@@ -106,6 +106,8 @@ impl fmt::Debug for SecretData<'_> {
 /// A validated CA from the Secret, with its (gated) key.
 pub struct SecretCaContents {
     ca: Arc<IssuingCa>,
+    /// The key itself, ungated: only for sealing the history ([`Self::sign_ungated`]).
+    key: Arc<MemoryKey>,
     pub(super) gate: Arc<Gate>,
     pub(super) chain_pem: String,
     pub(super) anchors_pem: String,
@@ -144,7 +146,7 @@ impl SecretCaContents {
         let key_pem = text(SecretField::TlsKey, data.tls_key)?
             .ok_or(SecretError::Missing(SecretField::TlsKey))?;
         let roots_pem = text(SecretField::CaCrt, data.ca_crt)?;
-        let key = MemoryKey::from_pem(key_pem).map_err(SecretError::Key)?;
+        let key = Arc::new(MemoryKey::from_pem(key_pem).map_err(SecretError::Key)?);
         // Parsed on their own first only to tell which field holds bad PEM.
         CaCertificate::all_from_pem(cert_pem).map_err(|error| SecretError::Certificates {
             field: SecretField::TlsCrt,
@@ -158,7 +160,7 @@ impl SecretCaContents {
         }
         let gate = Arc::new(Gate::closed());
         let gated = GatedKey {
-            inner: key,
+            inner: Arc::clone(&key),
             gate: Arc::clone(&gate),
             clock,
             location: data.location,
@@ -185,6 +187,7 @@ impl SecretCaContents {
         let anchors_pem = ca.roots_pem();
         Ok(SecretCaContents {
             ca: Arc::new(ca),
+            key,
             gate,
             chain_pem,
             anchors_pem,
@@ -194,6 +197,14 @@ impl SecretCaContents {
     /// The CA, its key gated.
     pub fn ca(&self) -> &Arc<IssuingCa> {
         &self.ca
+    }
+
+    /// Signs `message` with the Secret's key whatever its gate says. The gate keeps certificates
+    /// from being signed before relying parties trust the CA; the history's seal is no
+    /// certificate and is trusted by podca alone, and it must be written while the gate is
+    /// still closed (the history records the window the gate waits for).
+    pub(super) fn sign_ungated(&self, message: &[u8]) -> Result<Vec<u8>, BackendError> {
+        self.key.sign(message)
     }
 
     /// Whether `record` is this CA: the same chain and the same anchors.
@@ -253,7 +264,7 @@ impl Gate {
 
 /// The Secret's key behind a [`Gate`].
 struct GatedKey {
-    inner: MemoryKey,
+    inner: Arc<MemoryKey>,
     gate: Arc<Gate>,
     clock: Clock,
     location: String,

@@ -33,14 +33,24 @@
 //! running. So no certificate is ever signed by a CA whose anchor was published less than the
 //! propagation window ago; the price is a delay of at most the window after such a restart.
 //!
+//! The history is sealed with the Secret's key and verified on every read ([`seal`]). A
+//! history that does not verify or holds impossible values is never used: a running replica
+//! keeps what it had, and a replica starting without a trusted history takes the Secret's CA
+//! with a **hold** ([`SecretRotation::distrust_history`]): its anchors are published at once,
+//! but it signs nothing for one propagation window, since podca cannot know whether relying
+//! parties trust it yet. The hold is recorded in the seal, so a restart does not shorten it.
+//!
 //! [`Schedule::propagation`]: podca_signer::rotation::Schedule::propagation
 
 mod contents;
 mod rules;
+pub mod seal;
 mod state;
 
 #[cfg(test)]
 mod fixtures;
+#[cfg(test)]
+mod seal_tests;
 #[cfg(test)]
 mod tests;
 
@@ -49,6 +59,7 @@ use podca_signer::rotation::Generation;
 use serde::{Deserialize, Serialize};
 
 pub use contents::{SECRET_TYPE, SecretCaContents, SecretData, SecretError, SecretField};
+pub use seal::{Opened, Rejection, SealError, Sealed};
 pub use state::{
     GenerationGauge, Install, MetricValues, Observation, SecretRotation, Settings, Stepped,
 };

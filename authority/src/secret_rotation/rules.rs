@@ -20,9 +20,15 @@ pub(super) enum Gate {
 pub(super) fn gate(generation: &Generation, propagation: Duration) -> Gate {
     match generation.phase {
         Phase::Active => Gate::OpenFrom(OffsetDateTime::UNIX_EPOCH),
-        Phase::Prepared => Gate::OpenFrom(generation.prepared_at + propagation),
+        Phase::Prepared => Gate::OpenFrom(window_end(generation, propagation)),
         Phase::Retired | Phase::Dropped => Gate::Retired,
     }
+}
+
+/// When a prepared generation's propagation window ends. Saturating: a time at the end of
+/// `OffsetDateTime`'s range means never, and can neither panic nor wrap round to the past.
+pub(super) fn window_end(generation: &Generation, propagation: Duration) -> OffsetDateTime {
+    generation.prepared_at.saturating_add(propagation)
 }
 
 /// The index of the generation whose key signs: the active one if this process holds its key;
@@ -48,7 +54,13 @@ pub(super) fn signer<'a>(
 
 /// The id of a new generation: one more than any recorded.
 pub(super) fn next_id<'a>(generations: impl IntoIterator<Item = &'a Generation>) -> u32 {
-    generations.into_iter().map(|g| g.id).max().unwrap_or(0) + 1
+    // Saturating: a recorded id this large is refused as impossible before it gets here.
+    generations
+        .into_iter()
+        .map(|g| g.id)
+        .max()
+        .unwrap_or(0)
+        .saturating_add(1)
 }
 
 /// When a step is next due (not before `now`): a prepared CA's window ends, or a retired
@@ -61,7 +73,7 @@ pub(super) fn next_event<'a>(
     generations
         .into_iter()
         .filter_map(|g| match g.phase {
-            Phase::Prepared => Some(g.prepared_at + propagation),
+            Phase::Prepared => Some(window_end(g, propagation)),
             Phase::Retired => Some(g.anchor_needed_until()),
             Phase::Active | Phase::Dropped => None,
         })
@@ -127,6 +139,15 @@ mod tests {
             let got = signer(generations.iter().map(|(g, keyed)| (g, *keyed)));
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_window_past_the_end_of_time_never_opens_and_never_panics() {
+        let mut g = generation(2, Phase::Prepared);
+        g.prepared_at = OffsetDateTime::new_utc(time::Date::MAX, time::Time::MIDNIGHT);
+        let end_of_time = time::PrimitiveDateTime::MAX.assume_utc();
+        assert_eq!(gate(&g, WINDOW * 48), Gate::OpenFrom(end_of_time));
+        assert_eq!(next_event(&[g], WINDOW * 48, T0), Some(end_of_time));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use tracing::info;
 
 use super::contents::{SecretCaContents, SecretError};
 use super::rules::{self, Gate as Opening};
+use super::seal::{self, Opened, Rejection, SealError, Sealed};
 use super::{Checked, History, Record};
 
 /// What the state machine needs to know besides the Secret and the history.
@@ -58,8 +59,8 @@ pub struct Install {
     /// The anchors of every published generation, without duplicates.
     pub anchors: Vec<CaCertificate>,
     /// Set when the signer is a prepared CA whose predecessor's key this process does not hold
-    /// (a restart during the window, or a Secret changed while podca was down): it signs
-    /// nothing before this instant.
+    /// (a restart during the window, or a Secret changed while podca was down), or while a
+    /// hold after a distrusted history lasts: it signs nothing before this instant.
     pub gated_until: Option<OffsetDateTime>,
 }
 
@@ -119,6 +120,11 @@ pub struct SecretRotation {
     installed: Option<(u32, Vec<String>)>,
     /// The history changed since it was last written.
     dirty: bool,
+    /// The sequence number of the newest history verified or written.
+    sequence: Option<u64>,
+    /// Nothing signs before this instant: set when podca started without a history it could
+    /// trust ([`SecretRotation::distrust_history`]).
+    hold_until: Option<OffsetDateTime>,
 }
 
 impl fmt::Debug for SecretRotation {
@@ -154,7 +160,77 @@ impl SecretRotation {
             rejected_version: None,
             installed: None,
             dirty: false,
+            sequence: None,
+            hold_until: None,
         }
+    }
+
+    /// [`SecretRotation::new`] from a history that verified: its sequence is the floor for
+    /// replays, and its hold stays in force.
+    pub fn from_opened(settings: Settings, opened: Opened, contents: SecretCaContents) -> Self {
+        let Opened {
+            recorded,
+            sequence,
+            hold_until,
+        } = opened;
+        let mut state = SecretRotation::new(settings, recorded, contents);
+        state.sequence = Some(sequence);
+        state.hold_until = hold_until;
+        state
+    }
+
+    /// Starts without the history, which was there but could not be trusted: the Secret's CA
+    /// is taken as new, its anchors published at once, and nothing signs for one propagation
+    /// window from `now` — whether relying parties trust it yet is unknown, so the forged (or
+    /// damaged) history can neither skip the window nor add an anchor. The anchors a genuine
+    /// history held of earlier CAs are lost with it. The hold is recorded in the seal.
+    pub fn distrust_history(&mut self, now: OffsetDateTime) {
+        let until = now.saturating_add(self.settings.schedule.propagation());
+        self.hold_until = Some(self.hold_until.map_or(until, |h| h.max(until)));
+        self.dirty = true;
+    }
+
+    /// Verifies a stored history against the Secret's CA and the live generations this
+    /// replica trusts already (see [`seal::open`]).
+    pub fn open(
+        &self,
+        history_json: &str,
+        seal_json: Option<&str>,
+        now: OffsetDateTime,
+    ) -> Result<Opened, Rejection> {
+        let mut known = seal::vouching(self.latest.ca());
+        for e in self.entries.iter().filter(|e| e.is_live()) {
+            known.extend(CaCertificate::all_from_pem(&e.record.chain_pem).unwrap_or_default());
+            known.extend(e.anchors.iter().cloned());
+        }
+        seal::open_with(
+            history_json,
+            seal_json,
+            &self.settings.secret,
+            &known,
+            self.sequence,
+            self.settings.schedule.propagation(),
+            now,
+        )
+    }
+
+    /// Takes over a verified history of the leader ([`SecretRotation::adopt`]).
+    pub fn adopt_opened(&mut self, opened: Opened) {
+        let Opened {
+            recorded,
+            sequence,
+            hold_until,
+        } = opened;
+        self.adopt(recorded);
+        self.sequence = Some(sequence);
+        self.hold_until = hold_until;
+    }
+
+    /// The history, sealed with the Secret's key, to write; the sequence grows by one.
+    pub fn seal(&self, now: OffsetDateTime) -> Result<Sealed, SealError> {
+        let sequence = self.sequence.map_or(1, |s| s.saturating_add(1));
+        let hold = self.hold_until.filter(|h| *h > now);
+        seal::seal(&self.history(), sequence, hold, &self.latest)
     }
 
     /// Takes over the leader's history (a standby follows it), keeping the keys this process
@@ -239,9 +315,15 @@ impl SecretRotation {
         self.dirty
     }
 
-    /// The history as it is now has been persisted.
+    /// The history as [`SecretRotation::seal`] sealed it has been persisted.
     pub fn written(&mut self) {
         self.dirty = false;
+        self.sequence = Some(self.sequence.map_or(1, |s| s.saturating_add(1)));
+    }
+
+    /// The stored history is not what this replica wrote (someone changed it): write it again.
+    pub fn rewrite(&mut self) {
+        self.dirty = true;
     }
 
     /// When a step is next due: a prepared CA's window ends, or a retired anchor may go.
@@ -316,7 +398,7 @@ impl SecretRotation {
             issuing = %record.subject,
             fingerprint = %record.fingerprint,
             anchors_published_since = %prepared_at,
-            signs_from = %(prepared_at + self.settings.schedule.propagation()),
+            signs_from = %prepared_at.saturating_add(self.settings.schedule.propagation()),
             "prepared: the new CA's anchors are published; it signs once they have propagated"
         );
         steps.push(Step::Prepare);
@@ -463,7 +545,9 @@ impl SecretRotation {
         for e in &self.entries {
             if let Some(k) = &e.keyed {
                 match rules::gate(&e.record.generation, propagation) {
-                    Opening::OpenFrom(t) => k.gate.open_from(t),
+                    Opening::OpenFrom(t) => {
+                        k.gate.open_from(self.hold_until.map_or(t, |h| h.max(t)))
+                    }
                     Opening::Retired => k.gate.retire(),
                 }
             }
@@ -496,8 +580,10 @@ impl SecretRotation {
             return None;
         }
         let keyed = signer.keyed.as_ref()?;
-        let gated_until = (signer.record.generation.phase == Phase::Prepared)
-            .then(|| signer.record.generation.prepared_at + propagation);
+        let window = (signer.record.generation.phase == Phase::Prepared)
+            .then(|| rules::window_end(&signer.record.generation, propagation));
+        let hold = self.hold_until.filter(|h| *h > now);
+        let gated_until = window.max(hold);
         let install = Install {
             generation,
             ca: Arc::clone(keyed.ca()),

@@ -15,6 +15,7 @@ use tokio::sync::Notify;
 use tracing::{debug, error, warn};
 
 use super::plan::{DesiredBundle, Observed};
+use crate::bounded;
 use crate::discovery::Resource;
 use crate::request::ApiVersion;
 use podca_authority::metrics::Metrics;
@@ -24,18 +25,21 @@ use podca_authority::metrics::Metrics;
 pub struct Ctbs {
     api: Api<DynamicObject>,
     api_version: &'static str,
+    /// Where timed-out calls are counted.
+    metrics: Arc<Metrics>,
 }
 
 impl Ctbs {
-    pub fn new(client: Client, version: ApiVersion) -> Self {
+    pub fn new(client: Client, version: ApiVersion, metrics: Arc<Metrics>) -> Self {
         Ctbs {
             api: Api::all_with(client, &Resource::ClusterTrustBundles.api_resource(version)),
             api_version: version.as_str(),
+            metrics,
         }
     }
 
     pub async fn get(&self, name: &str) -> Result<Option<DynamicObject>, kube::Error> {
-        self.api.get_opt(name).await
+        bounded::call("get_ctb", &self.metrics, self.api.get_opt(name)).await
     }
 
     pub async fn create(
@@ -45,7 +49,12 @@ impl Ctbs {
         trust_bundle: &str,
     ) -> Result<DynamicObject, kube::Error> {
         let object = new_object(self.api_version, desired, labels, trust_bundle);
-        self.api.create(&PostParams::default(), &object).await
+        bounded::call(
+            "create_ctb",
+            &self.metrics,
+            self.api.create(&PostParams::default(), &object),
+        )
+        .await
     }
 
     /// PUT `current` (as just read) with the labels and trustBundle set: a concurrent change
@@ -58,17 +67,22 @@ impl Ctbs {
         trust_bundle: &str,
     ) -> Result<DynamicObject, kube::Error> {
         let object = updated_object(current, labels, trust_bundle);
-        self.api
-            .replace(name, &PostParams::default(), &object)
-            .await
+        bounded::call(
+            "replace_ctb",
+            &self.metrics,
+            self.api.replace(name, &PostParams::default(), &object),
+        )
+        .await
     }
 
     /// The bundles that carry `selector`'s labels.
     pub async fn list(&self, selector: &str) -> Result<Vec<Observed>, kube::Error> {
-        let list = self
-            .api
-            .list(&ListParams::default().labels(selector))
-            .await?;
+        let list = bounded::call(
+            "list_ctb",
+            &self.metrics,
+            self.api.list(&ListParams::default().labels(selector)),
+        )
+        .await?;
         Ok(list.items.iter().map(observed).collect())
     }
 
@@ -81,12 +95,20 @@ impl Ctbs {
             }),
             ..Default::default()
         };
-        self.api.delete(&victim.name, &params).await.map(|_| ())
+        bounded::call(
+            "delete_ctb",
+            &self.metrics,
+            self.api.delete(&victim.name, &params),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Pokes on every change of `signer`'s bundles, until aborted.
     pub async fn watch_signer(self, signer: String, poke: Arc<Notify>) {
-        let config = watcher::Config::default().fields(&format!("spec.signerName={signer}"));
+        let config = bounded::watcher_config(
+            watcher::Config::default().fields(&format!("spec.signerName={signer}")),
+        );
         let mut stream = std::pin::pin!(watcher(self.api, config).default_backoff());
         while let Some(event) = stream.next().await {
             match event {

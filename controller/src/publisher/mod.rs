@@ -172,7 +172,7 @@ impl Publisher {
             bundles = ?self.bundles.iter().map(|b| &b.name).collect::<Vec<_>>(),
             "publishing ClusterTrustBundles"
         );
-        let ctbs = Ctbs::new(client, version);
+        let ctbs = Ctbs::new(client, version, Arc::clone(&metrics));
         let poke = Arc::new(Notify::new());
         // One watch per signer with `spec.signerName=<name>` rather than one label-selected
         // watch: it also shows a bundle of ours whose labels someone removed (to a
@@ -373,7 +373,7 @@ struct State {
 async fn discover_until_served(client: &Client, metrics: &Metrics) -> ApiVersion {
     let mut attempt = 0u32;
     loop {
-        match discovery::certificates(client).await {
+        match crate::bounded::call("discover", metrics, discovery::certificates(client)).await {
             Ok(found) => match found.served(Resource::ClusterTrustBundles).preferred() {
                 Some(version) => return version,
                 None => {

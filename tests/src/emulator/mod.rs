@@ -182,6 +182,8 @@ pub struct Counters {
     pub watches_opened: u64,
     pub cleaner_deleted: u64,
     pub token_reviews: u64,
+    /// Requests that arrived during an outage ([`Emulator::set_outage`]) and were never answered.
+    pub stalled_requests: u64,
 }
 
 pub(crate) struct Shared {
@@ -194,6 +196,7 @@ pub(crate) struct Shared {
     pub(crate) kill_watches: watch::Sender<u64>,
     pub(crate) addr: Mutex<Option<SocketAddr>>,
     shutdown: Notify,
+    pub(crate) outage: http::Outage,
 }
 
 impl std::fmt::Debug for Shared {
@@ -375,6 +378,7 @@ impl Emulator {
             kill_watches: kill_tx,
             addr: Mutex::new(Some(addr)),
             shutdown: Notify::new(),
+            outage: http::Outage::default(),
         });
         let emu = Emulator {
             shared: shared.clone(),
@@ -627,6 +631,12 @@ impl Emulator {
     /// Remove all injected errors, hangs and latency.
     pub fn clear_faults(&self) {
         *lock(&self.shared.faults) = Faults::default();
+    }
+    /// Begins or ends a black-hole outage: while it lasts connections are accepted but no
+    /// request is answered, and every watch stream open when it began stays silent for good.
+    /// The store stays reachable through the methods of this type (e.g. [`Self::seed_object`]).
+    pub fn set_outage(&self, out: bool) {
+        self.shared.outage.set(out);
     }
     /// End every open watch stream.
     pub fn drop_watches(&self) {

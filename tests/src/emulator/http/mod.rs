@@ -10,6 +10,7 @@
 //! * [`token_request`]: the TokenRequest endpoint, minting service-account tokens.
 //! * [`selfsubjectaccessreview`]: SelfSubjectAccessReview, answered by the authorizer.
 //! * [`date`]: the `Date` header, from the emulator's clock.
+//! * [`outage`]: a black-hole outage (requests and open watches stall), toggled by tests.
 
 mod authn;
 mod clustertrustbundles;
@@ -17,6 +18,7 @@ mod create;
 mod date;
 mod delete;
 mod discovery;
+mod outage;
 mod podcertificaterequests;
 mod read;
 mod routing;
@@ -26,6 +28,7 @@ mod token_request;
 mod update;
 mod watch;
 
+pub(crate) use outage::Outage;
 pub(crate) use server::spawn_server;
 
 use super::Shared;

@@ -80,6 +80,10 @@ impl Req {
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBody> {
+    if shared.outage.is_out() {
+        shared.count(|c| c.stalled_requests += 1);
+    }
+    shared.outage.stall_if_out().await;
     shared.count(|c| c.requests += 1);
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -159,7 +163,9 @@ async fn answer(shared: &Arc<Shared>, r: &Req, fault: Option<u16>) -> Response<R
         return error_response(&injected(code, &r.path));
     }
 
+    let is_watch = matches!(r.query.get("watch").map(String::as_str), Some("true" | "1"));
     match route(shared, r).await {
+        Ok(resp) if is_watch => resp.map(|body| shared.outage.watch_body(body)),
         Ok(resp) => resp,
         Err(e) => {
             shared.count(|c| match e.code {

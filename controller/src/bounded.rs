@@ -1,0 +1,181 @@
+//! Bounds on every Kubernetes call podca makes, in one place. During an API outage — the nasty
+//! kind, where connections are accepted but nothing is answered — no task may wait longer than
+//! these bounds: a stalled call fails with a timeout, counts in
+//! `podca_kube_request_timeouts_total{call}`, and its work stays pending (the PCR stays queued,
+//! the bundle or the history is written on the next round) until the API answers again.
+//!
+//! * Every request/response call (get, list, create, replace, patch, delete) is one attempt
+//!   bounded by [`CALL_TIMEOUT`] as a whole ([`call`]).
+//! * The client itself: [`CONNECT_TIMEOUT`], [`WRITE_TIMEOUT`], and [`READ_TIMEOUT`] between
+//!   two reads of a response (counted from the request, not from when a pooled connection went
+//!   idle), which also ends a watch whose connection went silent. Watches ask the server to end
+//!   them after [`WATCH_TIMEOUT_SECONDS`] (then resume from their resourceVersion without a
+//!   relist), and kube's watcher reconnects a watch that delivered nothing — not even a
+//!   bookmark — for that long plus 5 s, so a watch open when the API vanished is re-established
+//!   at most about 25 s after the last thing it heard, and at once when the API is back.
+//! * Retry budget: kube's built-in retry of 429/503/504 (up to 15 attempts, delays up to 1000 s)
+//!   is turned off: it is what blocked calls for minutes. A failed or timed-out call is retried
+//!   by the loop that owns the work, with that loop's backoff: a PCR with
+//!   exponential backoff from 200 ms to 30 s (plus jitter) until it is answered or expires, a
+//!   ClusterTrustBundle on the publisher's next round (backoff to 30 s), the CA history on the
+//!   Secret backend's next check (at most 30 s later). Calls at start, where no loop retries
+//!   yet, get [`START_ATTEMPTS`] attempts ([`retrying`]).
+
+use std::future::Future;
+use std::time::Duration;
+
+use podca_authority::metrics::{CallLabels, Metrics};
+use tracing::warn;
+
+/// Connecting to the API server (TCP and TLS).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Sending a request.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Waiting for the next bytes of a response. Above [`WATCH_TIMEOUT_SECONDS`], so that a quiet
+/// but healthy watch is ended by the server before this fires.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// One request/response call as a whole.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the server keeps a watch open before ending it (`timeoutSeconds`).
+pub const WATCH_TIMEOUT_SECONDS: u32 = 20;
+/// Attempts of a call made at start, before any retrying loop runs.
+pub const START_ATTEMPTS: u32 = 3;
+/// The pause before the second attempt at start; doubled for each further one.
+pub const START_RETRY_DELAY: Duration = Duration::from_millis(500);
+
+/// Sets the client's timeouts and turns off kube's own retries (see the module docs).
+pub fn configure(config: &mut kube::Config) {
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.write_timeout = Some(WRITE_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
+    config.reset_reader_on_write = true;
+    config.default_retry = false;
+}
+
+/// A watcher configuration with podca's watch timeout.
+pub fn watcher_config(config: kube::runtime::watcher::Config) -> kube::runtime::watcher::Config {
+    config.timeout(WATCH_TIMEOUT_SECONDS)
+}
+
+/// Why a call gave up waiting.
+#[derive(Debug, thiserror::Error)]
+#[error("the Kubernetes API did not answer {call} within {CALL_TIMEOUT:?}")]
+pub struct TimedOut {
+    pub call: &'static str,
+}
+
+/// Runs one Kubernetes call bounded by [`CALL_TIMEOUT`]; a timeout is counted under `call` and
+/// returned as a transport error (which every caller already treats as transient).
+pub async fn call<T>(
+    call: &'static str,
+    metrics: &Metrics,
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(CALL_TIMEOUT, request).await {
+        Ok(result) => result,
+        Err(_) => {
+            metrics
+                .kube_request_timeouts
+                .get_or_create(&CallLabels { call })
+                .inc();
+            warn!(call, timeout = ?CALL_TIMEOUT, "Kubernetes API call timed out; the work stays pending");
+            Err(kube::Error::Service(Box::new(TimedOut { call })))
+        }
+    }
+}
+
+/// [`call`] up to [`START_ATTEMPTS`] times while it fails transiently (a timeout, a transport
+/// error, 429 or 5xx), for the calls at start.
+pub async fn retrying<T, F, Fut>(
+    name: &'static str,
+    metrics: &Metrics,
+    mut request: F,
+) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let mut delay = START_RETRY_DELAY;
+    let mut attempt = 1;
+    loop {
+        match call(name, metrics, request()).await {
+            Err(e) if attempt < START_ATTEMPTS && transient(&e) => {
+                warn!(call = name, attempt, error = %e, ?delay, "retrying a Kubernetes API call");
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2);
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_call_times_out_and_is_counted_under_its_name() {
+        let metrics = Metrics::new();
+        let started = tokio::time::Instant::now();
+        let e = call(
+            "get_thing",
+            &metrics,
+            std::future::pending::<Result<(), _>>(),
+        )
+        .await
+        .expect_err("stalled");
+        assert_eq!(started.elapsed(), CALL_TIMEOUT);
+        assert_eq!(
+            e.to_string(),
+            "ServiceError: the Kubernetes API did not answer get_thing within 10s"
+        );
+        let count = |call| {
+            metrics
+                .kube_request_timeouts
+                .get_or_create(&CallLabels { call })
+                .get()
+        };
+        assert_eq!((count("get_thing"), count("other")), (1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_at_start_get_a_bounded_number_of_attempts() {
+        let metrics = Metrics::new();
+        let attempts = AtomicU32::new(0);
+        let started = tokio::time::Instant::now();
+        let e = retrying("discover", &metrics, || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<Result<(), kube::Error>>()
+        })
+        .await
+        .expect_err("never answered");
+        assert!(e.to_string().contains("did not answer discover"), "{e}");
+        assert_eq!(attempts.load(Ordering::SeqCst), START_ATTEMPTS);
+        // Three timeouts and the pauses of 0.5 s and 1 s between them.
+        assert_eq!(
+            started.elapsed(),
+            CALL_TIMEOUT * 3 + Duration::from_millis(1500)
+        );
+        let refused = AtomicU32::new(0);
+        let forbidden = retrying("discover", &metrics, || {
+            refused.fetch_add(1, Ordering::SeqCst);
+            async {
+                Err::<(), _>(kube::Error::Api(Box::new(
+                    kube::core::Status::failure("forbidden", "Forbidden").with_code(403),
+                )))
+            }
+        })
+        .await;
+        assert!(forbidden.is_err());
+        assert_eq!(refused.load(Ordering::SeqCst), 1, "403 is not retried");
+    }
+}
