@@ -200,7 +200,11 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         "CA rotation driver",
         Arc::clone(&rotator).run(tasks.receiver()),
     );
-    let tcp_server = server::serve_tcp(tcp, Arc::clone(&api), tasks.stopped());
+    let limits = podca_grpc::connections::ConnectionLimits {
+        per_peer: config.grpc.max_connections_per_peer.get(),
+        total: config.grpc.max_connections.get(),
+    };
+    let tcp_server = server::serve_tcp(tcp, Arc::clone(&api), limits, tasks.stopped());
     tasks.spawn("gRPC server", async move {
         let _ = tcp_server.await;
     });

@@ -21,7 +21,9 @@ use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
 use podca_controller::publisher::PublisherOptions;
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
-use podca_grpc::auth::{PodDirectory, TokenReviewAuthenticator, TokenReviewer};
+use podca_grpc::auth::{Authenticator, PodDirectory, TokenReviewAuthenticator, TokenReviewer};
+use podca_grpc::connections::ConnectionLimits;
+use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
 use tokio::net::TcpListener;
@@ -349,6 +351,10 @@ struct GrpcSettings {
     tls: GrpcTls,
     /// The trust domain of the gRPC signer's policy: podca's own SPIFFE ID is in it.
     trust_domain: String,
+    /// Caps on connections before any TLS or authentication.
+    limits: ConnectionLimits,
+    /// With TLS: accept podca client certificates for renewal without a token.
+    mtls_renewal: bool,
 }
 
 /// The gRPC API's settings: `--grpc-listen` over `[grpc] listen`, the signer it issues for.
@@ -368,6 +374,11 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
             max_open_streams: config.grpc.max_open_streams,
         },
         audience: config.grpc.token_audience.clone(),
+        limits: ConnectionLimits {
+            per_peer: config.grpc.max_connections_per_peer.get(),
+            total: config.grpc.max_connections.get(),
+        },
+        mtls_renewal: config.grpc.mtls_renewal,
     })
 }
 
@@ -393,8 +404,22 @@ async fn start_grpc(
         audience,
         tls,
         trust_domain,
+        limits,
+        mtls_renewal,
     } = settings;
-    let tls = start_tls(tls, &trust_domain, handle, clock, metrics, tasks)?;
+    let client_trust = match (&tls, mtls_renewal) {
+        (GrpcTls::Off { .. }, _) | (_, false) => None,
+        _ => Some(start_client_trust(&api, handle, tasks)?),
+    };
+    let tls = start_tls(
+        tls,
+        &trust_domain,
+        client_trust.clone(),
+        handle,
+        clock,
+        metrics,
+        tasks,
+    )?;
     let tcp = TcpListener::bind(listen)
         .await
         .with_context(|| format!("gRPC: listening on {listen}"))?;
@@ -406,13 +431,22 @@ async fn start_grpc(
     );
     let grpc_ready = readiness.component("grpc");
     grpc_ready.set(true);
-    let authenticator =
-        TokenReviewAuthenticator::new(kube.reviewer, audience).with_clock(Arc::clone(clock));
+    let tokens: Arc<dyn Authenticator> = Arc::new(
+        TokenReviewAuthenticator::new(kube.reviewer, audience).with_clock(Arc::clone(clock)),
+    );
+    let authenticator: Arc<dyn Authenticator> = match client_trust {
+        Some(trust) => Arc::new(CertificateAuthenticator::new(
+            tokens,
+            trust,
+            Arc::clone(clock),
+        )),
+        None => tokens,
+    };
     let api = Arc::new(
         Api::new(
             api,
             handle.clone(),
-            Arc::new(authenticator),
+            authenticator,
             Some(kube.pods),
             tasks.receiver(),
         )?
@@ -421,8 +455,8 @@ async fn start_grpc(
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {
         let served = match tls {
-            Some(config) => server::serve_tls(tcp, config, api, stopped).await,
-            None => server::serve_tcp(tcp, api, stopped).await,
+            Some(config) => server::serve_tls(tcp, config, api, limits, stopped).await,
+            None => server::serve_tcp(tcp, api, limits, stopped).await,
         };
         if let Err(e) = served {
             tracing::error!(error = %e, "gRPC server failed");
@@ -432,11 +466,35 @@ async fn start_grpc(
     Ok(())
 }
 
+/// The verifier of client certificates (mTLS renewal), with the task that rebuilds it on every
+/// CA change spawned. Certificates of every configured signer's trust domain are accepted.
+fn start_client_trust(
+    api: &ApiOptions,
+    handle: &CaHandle,
+    tasks: &mut Shutdown,
+) -> anyhow::Result<Arc<ClientTrust>> {
+    let mut trust_domains: Vec<String> = api
+        .signers
+        .values()
+        .map(|policy| policy.trust_domain.clone())
+        .collect();
+    trust_domains.sort();
+    trust_domains.dedup();
+    let trust = ClientTrust::new(&handle.current(), trust_domains)
+        .map_err(|e| anyhow::anyhow!("gRPC: verifying client certificates: {e}"))?;
+    tasks.spawn(
+        "gRPC client certificate anchors",
+        Arc::clone(&trust).follow(handle.subscribe(), tasks.receiver()),
+    );
+    Ok(trust)
+}
+
 /// The gRPC listener's rustls configuration (`None`: plaintext), with the task that keeps its
-/// certificate current spawned.
+/// certificate current spawned; `clients` verifies client certificates.
 fn start_tls(
     tls: GrpcTls,
     trust_domain: &str,
+    clients: Option<Arc<ClientTrust>>,
     handle: &CaHandle,
     clock: &Clock,
     metrics: &Metrics,
@@ -501,7 +559,7 @@ fn start_tls(
             return Ok(None);
         }
     };
-    Ok(Some(tls::server_config(keys)?))
+    Ok(Some(tls::server_config(keys, clients)?))
 }
 
 /// What podca's pod says of itself (downward API and service-account mount).

@@ -1,18 +1,30 @@
 //! The admin listener: `/metrics`, `/livez`, `/readyz`.
+//!
+//! Its limits ([`AdminLimits`]): a connection must send a whole request head within
+//! `header_read_timeout` (also the longest a kept-alive connection waits for its next request),
+//! is closed after `idle_timeout` without a byte either way (a client that stops reading), and
+//! at most `max_connections` are open at once; more are closed at accept. So a slowloris peer
+//! holds a slot for seconds, and the kubelet's probes and Prometheus keep being answered.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::time::{Instant, Sleep};
 
 use crate::metrics::Metrics;
 
@@ -90,30 +102,152 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
         .map_err(|source| BindError { addr, source })
 }
 
-/// Serves until `stop` turns true.
+/// The admin listener's limits (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminLimits {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for AdminLimits {
+    /// 10 s for a request head, 30 s without traffic, 64 connections: probes and scrapes send
+    /// one small GET each, and a handful of them run at once.
+    fn default() -> Self {
+        AdminLimits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 64,
+        }
+    }
+}
+
+/// Serves until `stop` turns true, with the default [`AdminLimits`].
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Readiness>,
+    stop: watch::Receiver<bool>,
+) {
+    serve_with(listener, metrics, health, AdminLimits::default(), stop).await;
+}
+
+/// Serves until `stop` turns true, within `limits`.
+pub async fn serve_with(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Readiness>,
+    limits: AdminLimits,
     mut stop: watch::Receiver<bool>,
 ) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = async { let _ = stop.wait_for(|s| *s).await; } => return,
         };
-        let Ok((stream, _)) = accepted else { continue };
+        let Ok((stream, peer)) = accepted else {
+            continue;
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(%peer, "admin: connection closed at accept (max_connections)");
+            drop(stream);
+            continue;
+        };
         let metrics = Arc::clone(&metrics);
         let health = Arc::clone(&health);
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req| {
                 let response = respond(&req, &metrics, &health);
                 async move { Ok::<_, Infallible>(response) }
             });
+            let io = IdleTimeout::new(stream, limits.idle_timeout);
             let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .serve_connection(TokioIo::new(io), service)
                 .await;
         });
+    }
+}
+
+/// A stream that fails with `TimedOut` once no byte has moved either way for `idle`.
+struct IdleTimeout {
+    stream: TcpStream,
+    idle: Duration,
+    deadline: Pin<Box<Sleep>>,
+}
+
+impl IdleTimeout {
+    fn new(stream: TcpStream, idle: Duration) -> Self {
+        IdleTimeout {
+            stream,
+            idle,
+            deadline: Box::pin(tokio::time::sleep(idle)),
+        }
+    }
+
+    fn moved(&mut self) {
+        self.deadline.as_mut().reset(Instant::now() + self.idle);
+    }
+
+    /// After a `Pending` from the stream: `Ready(TimedOut)` once the deadline has passed (the
+    /// deadline's waker is registered either way).
+    fn check_idle(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        match self.deadline.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "admin: connection idle too long",
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for IdleTimeout {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                if buf.filled().len() > before {
+                    self.moved();
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => self.check_idle(cx).map(Err),
+        }
+    }
+}
+
+impl AsyncWrite for IdleTimeout {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match Pin::new(&mut self.stream).poll_write(cx, buf) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.moved();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => self.check_idle(cx).map(Err),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -178,5 +312,126 @@ mod tests {
         watches.set(false);
         assert!(!readiness.is_ready());
         assert_eq!(readiness.waiting_for(), ["pcr watches"]);
+    }
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const LIMITS: AdminLimits = AdminLimits {
+        header_read_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_millis(800),
+        max_connections: 3,
+    };
+
+    async fn admin() -> (SocketAddr, watch::Sender<bool>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(serve_with(
+            listener,
+            Arc::new(Metrics::new()),
+            Readiness::new(),
+            LIMITS,
+            stopped,
+        ));
+        (addr, stop)
+    }
+
+    /// One `GET path` on a fresh connection: the status line.
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut answer))
+            .await
+            .expect("answered in time")
+            .unwrap();
+        answer.lines().next().unwrap_or_default().to_owned()
+    }
+
+    /// How long until the server closes `tcp` (reads until EOF or an error).
+    async fn closed_after(tcp: &mut TcpStream) -> Duration {
+        let start = std::time::Instant::now();
+        let mut buf = [0u8; 1024];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await {
+                Ok(Ok(0) | Err(_)) => return start.elapsed(),
+                Ok(Ok(_)) => {}
+                Err(_) => panic!("the connection is still open after 5 s"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slowloris_is_closed_at_the_header_timeout_while_metrics_answer() {
+        let (addr, _stop) = admin().await;
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        // A byte every 200 ms keeps the connection busy, never idle: only the header timeout
+        // can end it.
+        let trickle = tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            while started.elapsed() < Duration::from_secs(3) {
+                if slow.write_all(b"x").await.is_err() {
+                    return (slow, started.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (slow, started.elapsed())
+        });
+        assert!(get(addr, "/metrics").await.starts_with("HTTP/1.1 200"));
+        let (mut slow, trickled) = trickle.await.unwrap();
+        assert!(
+            trickled < Duration::from_millis(2500),
+            "the slow connection must be closed at the header timeout, not kept ({trickled:?})"
+        );
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(1), slow.read_to_end(&mut rest)).await;
+        let answer = String::from_utf8_lossy(&rest);
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+            "the slow request is never served: {answer}"
+        );
+    }
+
+    #[tokio::test]
+    async fn silent_and_kept_alive_connections_are_closed_at_the_header_timeout() {
+        let (addr, _stop) = admin().await;
+        // Nothing sent at all.
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let waited = closed_after(&mut silent).await;
+        assert!(waited < Duration::from_secs(2), "closed after {waited:?}");
+        // A kept-alive connection after its answer.
+        let mut kept = TcpStream::connect(addr).await.unwrap();
+        kept.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let waited = closed_after(&mut kept).await;
+        assert!(waited < Duration::from_secs(2), "closed after {waited:?}");
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_cap_are_closed_and_slots_come_back() {
+        let (addr, _stop) = admin().await;
+        let mut held = Vec::new();
+        for _ in 0..LIMITS.max_connections {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // Let the server accept them all before the extra one.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        let waited = closed_after(&mut extra).await;
+        assert!(
+            waited < Duration::from_millis(300),
+            "the extra connection must be closed at once, not at a timeout ({waited:?})"
+        );
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(get(addr, "/metrics").await.starts_with("HTTP/1.1 200"));
     }
 }

@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -359,7 +360,8 @@ pub struct GrpcConfig {
     /// `namespace/name` of service accounts allowed to call IssueForPod (node-level proxies).
     #[serde(default)]
     pub node_proxy_service_accounts: Vec<String>,
-    /// Requests per second allowed per identity (token bucket), 0 = unlimited.
+    /// Requests per second allowed per identity (token bucket, bursts of as many), 0 =
+    /// unlimited; default 100.
     #[serde(default = "default_rate")]
     pub rate_limit_per_identity: u32,
     /// Server streams (WatchTrustBundle, Workload API) open at once, across all callers.
@@ -389,6 +391,20 @@ pub struct GrpcConfig {
     /// `podca_grpc_insecure_plaintext` gauge).
     #[serde(default)]
     pub insecure_plaintext: bool,
+
+    // Limits before authentication and mTLS renewal (issue #12; operator guide, "Connection
+    // limits and HTTP/2 settings" and "mTLS renewal").
+    /// TCP connections from one IP address at once, TLS handshakes included; more are closed at
+    /// accept, before the handshake.
+    #[serde(default = "default_max_connections_per_peer")]
+    pub max_connections_per_peer: NonZeroUsize,
+    /// TCP connections at once, from everyone; more are closed at accept.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: NonZeroUsize,
+    /// With TLS: ask clients for an (optional) podca certificate, with which they may renew
+    /// for its identity without a token.
+    #[serde(default = "yes")]
+    pub mtls_renewal: bool,
 }
 
 /// `[grpc] tls` as written.
@@ -556,6 +572,9 @@ impl Default for GrpcConfig {
             tls_cert_file: None,
             tls_key_file: None,
             insecure_plaintext: false,
+            max_connections_per_peer: default_max_connections_per_peer(),
+            max_connections: default_max_connections(),
+            mtls_renewal: true,
         }
     }
 }
@@ -639,8 +658,16 @@ fn default_admin_listen() -> SocketAddr {
 fn default_audience() -> String {
     "podca".into()
 }
+/// On by default so that one identity cannot monopolise issuance; a burst of 100 covers a
+/// node's pods restarting at once.
 fn default_rate() -> u32 {
-    0
+    100
+}
+fn default_max_connections_per_peer() -> NonZeroUsize {
+    NonZeroUsize::new(64).unwrap_or(NonZeroUsize::MIN)
+}
+fn default_max_connections() -> NonZeroUsize {
+    NonZeroUsize::new(4096).unwrap_or(NonZeroUsize::MIN)
 }
 fn default_max_open_streams() -> usize {
     10_000
@@ -961,5 +988,34 @@ mod tests {
                 listen: "0.0.0.0:1".parse().unwrap()
             })
         );
+    }
+
+    #[test]
+    fn connection_limits_and_mtls_renewal_default_on_and_zero_is_refused() {
+        let grpc = Config::parse("").unwrap().grpc;
+        assert_eq!(grpc.max_connections_per_peer.get(), 64);
+        assert_eq!(grpc.max_connections.get(), 4096);
+        assert!(grpc.mtls_renewal);
+        assert_eq!(grpc.rate_limit_per_identity, 100);
+        let grpc = Config::parse(
+            "[grpc]\nmax_connections_per_peer = 3\nmax_connections = 7\nmtls_renewal = false",
+        )
+        .unwrap()
+        .grpc;
+        assert_eq!(
+            (
+                grpc.max_connections_per_peer.get(),
+                grpc.max_connections.get(),
+                grpc.mtls_renewal
+            ),
+            (3, 7, false)
+        );
+        for key in ["max_connections_per_peer", "max_connections"] {
+            let error = format!(
+                "{:#}",
+                Config::parse(&format!("[grpc]\n{key} = 0")).unwrap_err()
+            );
+            assert!(error.contains("nonzero"), "{key}: {error}");
+        }
     }
 }

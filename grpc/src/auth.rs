@@ -79,6 +79,9 @@ pub struct Credentials {
     /// Dev mode only (`x-podca-namespace`, `x-podca-service-account`).
     pub dev_namespace: Option<String>,
     pub dev_service_account: Option<String>,
+    /// The TLS client certificate of the connection, verified at the handshake; only
+    /// [`crate::peer_identity`] reads an identity from it (mTLS renewal).
+    pub client_certificate: Option<crate::peer_identity::ClientCertificate>,
 }
 
 /// Why the caller could not be identified. Never contains a token.
@@ -95,6 +98,9 @@ pub enum AuthError {
     NotLoopback(String),
     #[error("cannot check credentials now: {}", review_problem(.0))]
     Unavailable(LookupError),
+    /// The token and the client certificate name different identities.
+    #[error("{0}")]
+    Mismatch(String),
 }
 
 /// Why a question to the Kubernetes API (a TokenReview, a pod read) got no answer. The edge

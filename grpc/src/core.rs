@@ -14,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
 use super::errors::ApiError;
 use super::ledger::LedgerSink;
-use super::ratelimit::RateLimiter;
+use super::ratelimit::{RateLimiter, SigningShare};
 use podca_authority::trust::{CaHandle, CaSnapshot, Clock, system_clock};
 
 /// Largest request message the servers accept.
@@ -80,6 +80,8 @@ pub struct Api {
     auth: Arc<dyn Authenticator>,
     pods: Option<Arc<dyn PodDirectory>>,
     limiter: RateLimiter,
+    /// Concurrent gRPC signings: PCR signing keeps the rest of the machine.
+    signing: SigningShare,
     streams: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
     /// Where issued certificates are recorded; none = not recorded here.
@@ -98,6 +100,7 @@ impl std::fmt::Debug for Api {
             .field("auth", &self.auth)
             .field("pods", &self.pods)
             .field("limiter", &self.limiter)
+            .field("signing", &self.signing)
             .field("streams", &self.streams)
             .field("shutdown", &self.shutdown)
             .field("ledger", &self.ledger)
@@ -123,6 +126,7 @@ impl Api {
         }
         Ok(Api {
             limiter: RateLimiter::new(options.rate_limit_per_identity),
+            signing: SigningShare::for_this_machine(),
             streams: Arc::new(Semaphore::new(options.max_open_streams)),
             options,
             ca,
@@ -143,6 +147,12 @@ impl Api {
     /// Now, by the API's clock.
     pub fn now(&self) -> OffsetDateTime {
         (self.clock)()
+    }
+
+    /// Allows `share` concurrent gRPC signings instead of one core fewer than the machine has.
+    pub fn with_signing_share(mut self, share: SigningShare) -> Self {
+        self.signing = share;
+        self
     }
 
     /// Records every certificate this API issues in the ledger behind `sink`.
@@ -240,6 +250,7 @@ impl Api {
                 clock(),
             )
         };
+        let _turn = self.signing.turn().await;
         if inline {
             return work();
         }
@@ -326,6 +337,7 @@ impl Api {
         let policy = policy.clone();
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
+        let turn = self.signing.turn().await;
         let issued = tokio::task::spawn_blocking(move || {
             issue_blocking(
                 &policy,
@@ -339,6 +351,7 @@ impl Api {
         })
         .await
         .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))??;
+        drop(turn);
         self.record(&issued, via, None).await;
         Ok(issued)
     }

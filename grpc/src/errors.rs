@@ -113,7 +113,9 @@ impl AuthError {
     fn code(&self) -> Code {
         match self {
             AuthError::Missing | AuthError::Invalid(_) => Code::Unauthenticated,
-            AuthError::UnknownCaller(_) | AuthError::NotLoopback(_) => Code::PermissionDenied,
+            AuthError::UnknownCaller(_) | AuthError::NotLoopback(_) | AuthError::Mismatch(_) => {
+                Code::PermissionDenied
+            }
             AuthError::Unavailable(_) => Code::Unavailable,
         }
     }

@@ -16,6 +16,8 @@
 //! | `signer_name` is not a configured signer | `NOT_FOUND` |
 //! | no credentials (message `no credentials: …`); an `authorization` that is not `Bearer <token>`; unknown or expired token, wrong audience, not a service-account token (`invalid credentials: <the TokenReview's reason>`) | `UNAUTHENTICATED` |
 //! | dev mode: Unix-socket caller whose uid is not in `[dev] identities`; metadata identity from a non-loopback peer | `PERMISSION_DENIED` |
+//! | TLS client certificate no longer valid at a request (expired, or its CA retired since the handshake), or naming no podca SPIFFE ID (`invalid credentials: the client certificate …`); refused at the handshake instead: TLS alerts `certificate_expired`, `unknown_ca` ([`peer_identity`]) | `UNAUTHENTICATED` |
+//! | token and TLS client certificate of different identities (`the token is for … but the client certificate is for …`) | `PERMISSION_DENIED` |
 //! | policy denial (namespace, service account, DNS-name annotation, unknown annotation); message = `<Reason>: <detail>` | `PERMISSION_DENIED` |
 //! | `requested_lifetime_seconds` ≤ 0 | `INVALID_ARGUMENT` |
 //! | `requested_lifetime_seconds` above the policy maximum | clamped, not an error: the answer's `not_after` tells the real lifetime (below 3600 s it is raised to 3600 s) |
@@ -39,6 +41,9 @@
 //! * In a cluster (`podca serve`): `authorization: Bearer <service-account token>`, checked with
 //!   a TokenReview for the audience `grpc.token_audience` ([`auth::TokenReviewAuthenticator`]).
 //!   podca needs `tokenreviews create` and, for IssueForPod, `pods get`: nothing else.
+//! * mTLS renewal (`podca serve` with TLS): a valid podca client certificate stands for its
+//!   SPIFFE ID's identity without a token; with a token, both must agree
+//!   ([`peer_identity::CertificateAuthenticator`]).
 //! * In `podca dev` ([`auth::DevAuthenticator`]): Unix-socket callers by their uid
 //!   (SO_PEERCRED), mapped through `[dev] identities`; TCP callers on loopback name their
 //!   identity with the metadata `x-podca-namespace` and `x-podca-service-account` (defaulting
@@ -46,9 +51,11 @@
 //!   any identity that way: this is a development convenience, refused from other addresses.
 
 pub mod auth;
+pub mod connections;
 pub mod core;
 pub mod errors;
 pub mod ledger;
+pub mod peer_identity;
 pub mod podca_service;
 pub mod ratelimit;
 pub mod server;

@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 use super::auth::{AuthError, BearerToken, Credentials, Identity, Peer};
 use super::core::{Api, IssueInput, Issued};
 use super::errors::ApiError;
+use super::peer_identity::ClientCertificate;
 use podca_authority::trust::CaSnapshot;
 
 /// `podca.v1.PodCA`.
@@ -74,6 +75,7 @@ pub fn credentials_of<T>(request: &Request<T>) -> Result<Credentials, ApiError> 
         bearer,
         dev_namespace: text("x-podca-namespace"),
         dev_service_account: text("x-podca-service-account"),
+        client_certificate: ClientCertificate::of_request(request),
     })
 }
 

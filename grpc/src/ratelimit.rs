@@ -1,8 +1,16 @@
-//! A token bucket per identity: `rate` requests per second, bursts of up to `rate`.
+//! Fair sharing at the gRPC edge:
+//!
+//! * [`RateLimiter`]: a token bucket per identity, `rate` requests per second, bursts of up to
+//!   `rate` (`[grpc] rate_limit_per_identity`, default 100).
+//! * [`SigningShare`]: how many gRPC issuances may verify and sign at once. PodCertificateRequest
+//!   signing (the controller, on tokio's blocking pool) never takes from it, so however many
+//!   gRPC callers there are, they hold at most this many cores and the rest stays for PCRs.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 #[derive(Debug)]
 pub struct RateLimiter {
@@ -65,10 +73,71 @@ impl RateLimiter {
     }
 }
 
+/// The concurrent gRPC signings allowed (see the module docs).
+#[derive(Debug, Clone)]
+pub struct SigningShare {
+    permits: Arc<Semaphore>,
+    size: usize,
+}
+
+impl SigningShare {
+    /// At most `concurrent` (at least 1) gRPC signings at once.
+    pub fn new(concurrent: usize) -> Self {
+        let size = concurrent.max(1);
+        SigningShare {
+            permits: Arc::new(Semaphore::new(size)),
+            size,
+        }
+    }
+
+    /// One core fewer than the machine has (at least one): the remaining core is the
+    /// controller's reserved share.
+    pub fn for_this_machine() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        Self::new(reserved_share(cores))
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Waits for a turn to sign; the turn ends when the permit is dropped. `None` never happens
+    /// in practice (the semaphore is never closed); a caller then signs without a turn.
+    pub async fn turn(&self) -> Option<SemaphorePermit<'_>> {
+        self.permits.acquire().await.ok()
+    }
+}
+
+/// gRPC signings allowed on a machine with `cores` cores.
+fn reserved_share(cores: usize) -> usize {
+    cores.saturating_sub(1).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn grpc_leaves_one_core_to_the_controller() {
+        assert_eq!(
+            [1, 2, 4, 16].map(reserved_share),
+            [1, 1, 3, 15],
+            "cores → concurrent gRPC signings"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_share_admits_its_size_then_waits() {
+        let share = SigningShare::new(2);
+        let first = share.turn().await.unwrap();
+        let _second = share.turn().await.unwrap();
+        let third = tokio::time::timeout(Duration::from_millis(50), share.turn()).await;
+        assert!(third.is_err(), "a third turn must wait");
+        drop(first);
+        let third = tokio::time::timeout(Duration::from_secs(5), share.turn()).await;
+        assert!(third.unwrap().is_some());
+    }
 
     #[test]
     fn bucket_refills_per_identity() {

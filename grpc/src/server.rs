@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use podca_proto::podca::v1::pod_ca_server::PodCaServer;
 use podca_proto::workload::spiffe_workload_api_server::SpiffeWorkloadApiServer;
@@ -12,14 +13,27 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 
+use super::connections::{Admitted, ConnectionCounter, ConnectionLimits};
 use super::core::{Api, MAX_MESSAGE_BYTES};
 use super::podca_service::PodCaService;
 use super::tls;
 use super::uds_authority::AuthorityFix;
 use super::workload::WorkloadService;
 
-/// HTTP/2 streams one connection may have open at once.
+/// HTTP/2 streams one connection may have open at once: a node proxy multiplexes the
+/// renewals of every pod on its node over one connection.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 1024;
+/// Largest header block (HPACK-decoded) a request may send: a bearer token is 1–2 KiB; hyper's
+/// default (16 MiB) would let one request hold megabytes before authentication.
+pub const MAX_HEADER_LIST_BYTES: u32 = 16 * 1024;
+/// An HTTP/2 PING after this long without frames from the peer…
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+/// …which must be answered within this, or the connection is closed (dead peers).
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// After this a connection gets a GOAWAY: no new streams, the open ones finish, then it
+/// closes. This bounds how long an idle connection holds a slot of [`crate::connections`];
+/// clients reconnect transparently.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(3600);
 
 fn podca(api: &Arc<Api>) -> PodCaServer<PodCaService> {
     PodCaServer::new(PodCaService::new(Arc::clone(api)))
@@ -31,42 +45,76 @@ fn workload(api: &Arc<Api>) -> SpiffeWorkloadApiServer<WorkloadService> {
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
+/// The HTTP/2 settings of every listener (documented in the operator guide, "Connection limits
+/// and HTTP/2 settings").
 fn builder() -> Server {
     Server::builder()
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(60)))
+        .http2_max_header_list_size(Some(MAX_HEADER_LIST_BYTES))
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
 }
 
-/// Serves `podca.v1` over TLS on `listener` until `shutdown` resolves: every connection is
-/// handshaken in its own task (at most [`tls::HANDSHAKE_TIMEOUT`]) with the certificate
-/// `config` resolves at that moment.
+/// [`builder`] for TCP listeners, whose connections also age out.
+fn tcp_builder() -> Server {
+    builder().max_connection_age(MAX_CONNECTION_AGE)
+}
+
+/// Serves `podca.v1` over TLS on `listener` until `shutdown` resolves: connections over
+/// `limits` are closed at accept; every other one is handshaken in its own task (at most
+/// [`tls::HANDSHAKE_TIMEOUT`]) with the certificate `config` resolves at that moment.
 pub async fn serve_tls(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     api: Arc<Api>,
+    limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = tls::incoming(listener, config, tls::HANDSHAKE_TIMEOUT);
-    builder()
+    let incoming = tls::incoming(
+        listener,
+        config,
+        tls::HANDSHAKE_TIMEOUT,
+        ConnectionCounter::new(limits),
+    );
+    tcp_builder()
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 
-/// Serves `podca.v1` in plaintext on `listener` until `shutdown` resolves.
+/// Serves `podca.v1` in plaintext on `listener` until `shutdown` resolves; connections over
+/// `limits` are closed at accept.
 pub async fn serve_tcp(
     listener: TcpListener,
     api: Arc<Api>,
+    limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    // Without TCP_NODELAY, small unary answers wait on delayed ACKs (~40 ms each).
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        conn.and_then(|stream| {
-            stream.set_nodelay(true)?;
-            Ok(stream)
-        })
+    let counter = ConnectionCounter::new(limits);
+    let incoming = TcpListenerStream::new(listener).filter_map(move |conn| {
+        let stream = match conn {
+            Ok(stream) => stream,
+            Err(e) => return Some(Err(e)),
+        };
+        let peer = match stream.peer_addr() {
+            Ok(peer) => peer,
+            Err(e) => return Some(Err(e)),
+        };
+        let slot = match counter.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(refused) => {
+                tracing::debug!(%peer, reason = %refused, "gRPC: connection closed at accept");
+                return None;
+            }
+        };
+        // Without TCP_NODELAY, small unary answers wait on delayed ACKs (~40 ms each).
+        Some(
+            stream
+                .set_nodelay(true)
+                .map(|()| Admitted::new(stream, slot)),
+        )
     });
-    builder()
+    tcp_builder()
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -9,7 +9,9 @@
 //!   with the peer address.
 //! * The accepted connection is a `tokio_rustls::server::TlsStream`, whose tonic connect info
 //!   (`tonic::transport::server::TlsConnectInfo`) carries the peer address and the client's
-//!   certificate chain (for mTLS renewal, once a client certificate verifier is configured).
+//!   certificate chain (for mTLS renewal: [`crate::peer_identity`]).
+//! * Connections over the caps of [`crate::connections`] are closed at accept, before the
+//!   handshake.
 
 use std::io;
 use std::net::SocketAddr;
@@ -29,6 +31,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, error, info};
+
+use crate::connections::{Admitted, ConnectionCounter};
+use crate::peer_identity::ClientTrust;
 
 /// How long a peer has to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -158,26 +163,34 @@ fn from_der(
     })
 }
 
-/// The listener's rustls configuration: TLS 1.2 and 1.3 (rustls defaults), ALPN `h2`, no
-/// client certificates yet, the certificate from `keys`.
-pub fn server_config(keys: Arc<ServingKeys>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+/// The listener's rustls configuration: TLS 1.2 and 1.3 (rustls defaults), ALPN `h2`, the
+/// certificate from `keys`; with `clients`, optional client certificates verified by it (mTLS
+/// renewal, see [`crate::peer_identity`]), else none asked for.
+pub fn server_config(
+    keys: Arc<ServingKeys>,
+    clients: Option<Arc<ClientTrust>>,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(keys);
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match clients {
+        Some(clients) => builder.with_client_cert_verifier(clients),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(keys);
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }
 
-/// Accepts TCP connections on `listener` and handshakes each in its own task (at most
-/// `timeout`); yields the connections whose handshake succeeded. Ends when the returned stream
-/// is dropped.
+/// Accepts TCP connections on `listener`, closes at once those over the caps of `counter`, and
+/// handshakes the others each in its own task (at most `timeout`); yields the connections whose
+/// handshake succeeded. Ends when the returned stream is dropped.
 pub fn incoming(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
     timeout: Duration,
-) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+    counter: Arc<ConnectionCounter>,
+) -> ReceiverStream<io::Result<Admitted<TlsStream<TcpStream>>>> {
     let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
     let acceptor = TlsAcceptor::from(config);
     tokio::spawn(async move {
@@ -195,10 +208,18 @@ pub fn incoming(
                     continue;
                 }
             };
+            let slot = match counter.admit(peer.ip()) {
+                Ok(slot) => slot,
+                Err(refused) => {
+                    debug!(%peer, reason = %refused, "gRPC: connection closed before TLS");
+                    drop(stream);
+                    continue;
+                }
+            };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 if let Some(tls) = handshake(&acceptor, stream, peer, timeout).await {
-                    let _ = tx.send(Ok(tls)).await;
+                    let _ = tx.send(Ok(Admitted::new(tls, slot))).await;
                 }
             });
         }

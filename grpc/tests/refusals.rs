@@ -42,6 +42,7 @@ async fn serve(api: Arc<Api>) -> (PodCaClient<Channel>, SpiffeWorkloadApiClient<
     tokio::spawn(server::serve_tcp(
         podca,
         Arc::clone(&api),
+        podca_grpc::connections::ConnectionLimits::default(),
         std::future::pending(),
     ));
     let workload = TcpListener::bind("127.0.0.1:0").await.unwrap();

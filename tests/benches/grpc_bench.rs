@@ -132,7 +132,9 @@ async fn tls_target() -> (Target, ServeProcess, Cluster) {
         &config,
         format!(
             "[ca]\ndir = {:?}\n\n[signers.\"example.com/workload\"]\ntrust_domain = \
-             \"cluster.local\"\n\n[grpc]\n{}",
+             \"cluster.local\"\n\n[grpc]\n{}\
+             # One identity and one address measure podca, not its fair-share limits.\n\
+             rate_limit_per_identity = 0\nmax_connections_per_peer = 4096\n",
             ca_dir.display().to_string(),
             podca_tests::tls::GRPC_TLS_CONFIG
         ),

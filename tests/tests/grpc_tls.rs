@@ -568,8 +568,9 @@ mod rotation {
         let mut shutdown = stopped.clone();
         tokio::spawn(server::serve_tls(
             listener,
-            server_config(keys).unwrap(),
+            server_config(keys, None).unwrap(),
             Arc::new(api),
+            podca_grpc::connections::ConnectionLimits::default(),
             async move {
                 let _ = shutdown.wait_for(|s| *s).await;
             },

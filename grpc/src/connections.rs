@@ -1,0 +1,216 @@
+//! Caps on the gRPC listener's TCP connections, applied at accept, before any TLS handshake or
+//! authentication: so one peer cannot hold every file descriptor, handshake slot or HTTP/2
+//! connection, nor turn podca into a TokenReview flood, and everyone else keeps being served.
+//!
+//! A connection over a cap is closed at once (the peer sees the TCP connection closed before
+//! any TLS byte: no alert, no HTTP/2 GOAWAY). A slot is held from accept until the connection
+//! is gone, handshake included.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::server::Connected;
+
+/// Connections from one IP address at once (handshakes included).
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 64;
+/// Connections at once, from everyone.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// The caps (`[grpc] max_connections_per_peer`, `[grpc] max_connections`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    pub per_peer: usize,
+    pub total: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            total: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// Why a connection was closed at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("{0} connections from this address are open (max_connections_per_peer)")]
+    PerPeer(usize),
+    #[error("{0} connections are open (max_connections)")]
+    Total(usize),
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    total: usize,
+    by_peer: HashMap<IpAddr, usize>,
+}
+
+/// The connections open now, by peer address.
+#[derive(Debug)]
+pub struct ConnectionCounter {
+    limits: ConnectionLimits,
+    open: Mutex<Open>,
+}
+
+impl ConnectionCounter {
+    pub fn new(limits: ConnectionLimits) -> Arc<Self> {
+        Arc::new(ConnectionCounter {
+            limits,
+            open: Mutex::new(Open::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        // Plain counters: a panic elsewhere leaves them consistent.
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A slot for one more connection from `peer`, or why there is none.
+    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<ConnectionSlot, Refused> {
+        let mut open = self.lock();
+        if open.total >= self.limits.total {
+            return Err(Refused::Total(open.total));
+        }
+        let from_peer = open.by_peer.entry(peer).or_insert(0);
+        if *from_peer >= self.limits.per_peer {
+            return Err(Refused::PerPeer(*from_peer));
+        }
+        *from_peer += 1;
+        open.total += 1;
+        Ok(ConnectionSlot {
+            counter: Arc::clone(self),
+            peer,
+        })
+    }
+
+    /// Connections open now (all peers).
+    pub fn open(&self) -> usize {
+        self.lock().total
+    }
+
+    fn release(&self, peer: IpAddr) {
+        let mut open = self.lock();
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.by_peer.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_peer.remove(&peer);
+            }
+        }
+    }
+}
+
+/// One admitted connection; dropping it frees the slot.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    counter: Arc<ConnectionCounter>,
+    peer: IpAddr,
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.counter.release(self.peer);
+    }
+}
+
+/// A connection that holds its slot for as long as it lives; otherwise the stream it wraps
+/// (tonic's connect info included, so the peer address and TLS certificates are unchanged).
+#[derive(Debug)]
+pub struct Admitted<S> {
+    stream: S,
+    _slot: ConnectionSlot,
+}
+
+impl<S> Admitted<S> {
+    pub fn new(stream: S, slot: ConnectionSlot) -> Self {
+        Admitted {
+            stream,
+            _slot: slot,
+        }
+    }
+}
+
+impl<S: Connected> Connected for Admitted<S> {
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Admitted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Admitted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn caps_per_peer_and_in_total_and_slots_come_back() {
+        let counter = ConnectionCounter::new(ConnectionLimits {
+            per_peer: 2,
+            total: 3,
+        });
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let c: IpAddr = "10.0.0.3".parse().unwrap();
+        let a1 = counter.admit(a).unwrap();
+        let _a2 = counter.admit(a).unwrap();
+        assert_eq!(counter.admit(a).unwrap_err(), Refused::PerPeer(2));
+        let _b1 = counter.admit(b).unwrap();
+        assert_eq!(counter.admit(c).unwrap_err(), Refused::Total(3));
+        assert_eq!(counter.open(), 3);
+        drop(a1);
+        assert_eq!(counter.open(), 2);
+        let _c1 = counter.admit(c).unwrap();
+        assert_eq!(counter.admit(a).unwrap_err(), Refused::Total(3));
+    }
+}

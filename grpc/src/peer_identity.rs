@@ -1,0 +1,517 @@
+//! Who a TLS client is by its certificate (mTLS renewal): a workload that presents a valid podca
+//! certificate may renew for exactly the identity in it, without a token, as SPIRE agents renew
+//! with their SVID.
+//!
+//! * [`ClientTrust`] is the listener's client-certificate verifier: optional client
+//!   certificates, verified (chain, notAfter, clientAuth) against the anchors of the CA
+//!   generations that are active or prepared, never a retired or dropped one
+//!   ([`accepted_anchors`]). [`ClientTrust::follow`] rebuilds it on every CA change; new
+//!   handshakes see the new anchors at once, established connections stay open.
+//! * Each request re-checks the presented chain against the anchors in force *now* (a
+//!   connection may outlive its certificate or the CA that issued it), then reads the identity
+//!   from the leaf's SPIFFE URI SAN ([`CertIdentity`]), never from anything the request says.
+//! * [`CertificateAuthenticator`] combines that with the token authenticator: certificate only →
+//!   its identity; token only → the token's; both → they must name the same identity
+//!   ([`same_identity`]), else `PERMISSION_DENIED`. Policy still decides what gets issued.
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use podca_authority::trust::{CaSnapshot, Clock};
+use podca_signer::CaCertificate;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use super::auth::{AuthError, Authenticator, Credentials, Identity, Peer};
+
+/// The certificate chain a TLS client presented (leaf first), as rustls verified it at the
+/// handshake. Only [`ClientTrust::identify`] turns it into an identity.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientCertificate {
+    chain: Arc<Vec<CertificateDer<'static>>>,
+}
+
+impl ClientCertificate {
+    /// `None` for an empty chain (no client certificate).
+    pub fn new(chain: Arc<Vec<CertificateDer<'static>>>) -> Option<Self> {
+        (!chain.is_empty()).then_some(ClientCertificate { chain })
+    }
+
+    /// The certificate a request's connection presented, if any (TLS connections only).
+    pub fn of_request<T>(request: &tonic::Request<T>) -> Option<Self> {
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+        request
+            .extensions()
+            .get::<TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(TlsConnectInfo::peer_certs)
+            .and_then(Self::new)
+    }
+}
+
+impl fmt::Debug for ClientCertificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientCertificate")
+            .field("certificates", &self.chain.len())
+            .finish()
+    }
+}
+
+/// The identity a verified leaf names: `spiffe://<trust domain>/ns/<namespace>/sa/<name>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertIdentity {
+    pub spiffe_id: String,
+    pub trust_domain: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+impl CertIdentity {
+    /// Reads the one SPIFFE URI SAN of `leaf` (DER).
+    pub fn of_leaf(leaf: &[u8]) -> Result<Self, String> {
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf)
+            .map_err(|e| format!("the client certificate does not parse: {e}"))?;
+        let sans = cert
+            .subject_alternative_name()
+            .map_err(|e| format!("the client certificate's SAN extension is malformed: {e}"))?
+            .ok_or("the client certificate has no subjectAltName (no SPIFFE ID)")?;
+        let mut uris = sans.value.general_names.iter().filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::URI(uri) => Some(*uri),
+            _ => None,
+        });
+        let (Some(uri), None) = (uris.next(), uris.next()) else {
+            return Err(
+                "the client certificate must carry exactly one URI SAN (its SPIFFE ID)".into(),
+            );
+        };
+        Self::parse(uri)
+    }
+
+    /// Parses a podca SPIFFE ID.
+    pub fn parse(spiffe_id: &str) -> Result<Self, String> {
+        let not_podca = || {
+            format!(
+                "the client certificate's URI SAN {spiffe_id:?} is not a podca SPIFFE ID \
+                 (spiffe://<trust domain>/ns/<namespace>/sa/<service account>)"
+            )
+        };
+        let rest = spiffe_id.strip_prefix("spiffe://").ok_or_else(not_podca)?;
+        let mut parts = rest.split('/');
+        match (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) {
+            (Some(td), Some("ns"), Some(ns), Some("sa"), Some(sa), None)
+                if !td.is_empty() && !ns.is_empty() && !sa.is_empty() =>
+            {
+                Ok(CertIdentity {
+                    spiffe_id: spiffe_id.to_owned(),
+                    trust_domain: td.to_owned(),
+                    namespace: ns.to_owned(),
+                    service_account: sa.to_owned(),
+                })
+            }
+            _ => Err(not_podca()),
+        }
+    }
+
+    pub fn identity(&self) -> Identity {
+        Identity::service_account(&self.namespace, &self.service_account)
+    }
+}
+
+/// The anchors client certificates may chain to: those of the active CA generation and of any
+/// generation created after it (prepared), never one created before it (retired, soon dropped;
+/// dropped anchors are not in the snapshot at all).
+///
+/// The snapshot does not carry phases, but generations are created in order and activated in
+/// order, so an anchor whose notBefore is earlier than the active root's belongs to a
+/// generation the active one replaced. The active CA's own roots are always accepted.
+pub fn accepted_anchors(snapshot: &CaSnapshot) -> Vec<CaCertificate> {
+    let active = snapshot.ca.roots();
+    let Some(cutoff) = active.iter().map(CaCertificate::not_before).min() else {
+        return snapshot.anchors.clone();
+    };
+    snapshot
+        .anchors
+        .iter()
+        .filter(|a| active.contains(a) || a.not_before() >= cutoff)
+        .cloned()
+        .collect()
+}
+
+/// Why a client certificate is not accepted for a request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CertRefusal {
+    /// The chain does not verify against the anchors in force now (expired since the
+    /// handshake, or its CA was retired).
+    #[error("the client certificate is not valid now: {0}")]
+    NotValid(String),
+    /// It verifies but names no podca identity of an accepted trust domain.
+    #[error("{0}")]
+    NoIdentity(String),
+}
+
+struct Verifier {
+    verifier: Arc<dyn ClientCertVerifier>,
+    /// Of the snapshot the verifier was built from.
+    generation: u64,
+}
+
+/// The gRPC listener's client-certificate verifier, swapped on every CA change (see the module
+/// docs). Client certificates are optional: a client without one authenticates with a token.
+pub struct ClientTrust {
+    current: RwLock<Arc<Verifier>>,
+    /// The trust domains of the configured signers: a SPIFFE ID of another one is refused.
+    trust_domains: Vec<String>,
+}
+
+impl fmt::Debug for ClientTrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientTrust")
+            .field("generation", &self.verifier().generation)
+            .field("trust_domains", &self.trust_domains)
+            .finish()
+    }
+}
+
+impl ClientTrust {
+    /// A verifier for the accepted anchors of `snapshot`.
+    pub fn new(snapshot: &CaSnapshot, trust_domains: Vec<String>) -> Result<Arc<Self>, String> {
+        Ok(Arc::new(ClientTrust {
+            current: RwLock::new(Arc::new(build(snapshot)?)),
+            trust_domains,
+        }))
+    }
+
+    /// Rebuilds the verifier from `snapshot`; on failure the current one stays.
+    pub fn update(&self, snapshot: &CaSnapshot) -> Result<(), String> {
+        let verifier = Arc::new(build(snapshot)?);
+        match self.current.write() {
+            Ok(mut current) => *current = verifier,
+            // A writer panicked mid-assignment of an `Arc`: the value is still whole.
+            Err(poisoned) => *poisoned.into_inner() = verifier,
+        }
+        Ok(())
+    }
+
+    /// Follows the CA handle until `stop` turns true or the handle is gone: every new snapshot
+    /// rebuilds the verifier.
+    pub async fn follow(
+        self: Arc<Self>,
+        mut snapshots: watch::Receiver<Arc<CaSnapshot>>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                changed = snapshots.changed() => if changed.is_err() { return },
+                _ = stop.wait_for(|stopped| *stopped) => return,
+            }
+            let snapshot = Arc::clone(&snapshots.borrow_and_update());
+            match self.update(&snapshot) {
+                Ok(()) => info!(
+                    generation = snapshot.generation,
+                    "gRPC: client certificates now verified against the new CA anchors"
+                ),
+                Err(e) => error!(
+                    error = %e,
+                    "gRPC: cannot verify client certificates against the new CA anchors; the \
+                     previous ones stay"
+                ),
+            }
+        }
+    }
+
+    fn verifier(&self) -> Arc<Verifier> {
+        match self.current.read() {
+            Ok(current) => Arc::clone(&current),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Verifies `presented` against the anchors in force at `now` and reads its identity.
+    pub fn identify(
+        &self,
+        presented: &ClientCertificate,
+        now: UnixTime,
+    ) -> Result<CertIdentity, CertRefusal> {
+        let (leaf, intermediates) = presented
+            .chain
+            .split_first()
+            .ok_or_else(|| CertRefusal::NotValid("no certificate".into()))?;
+        self.verifier()
+            .verifier
+            .verify_client_cert(leaf, intermediates, now)
+            .map_err(|e| CertRefusal::NotValid(e.to_string()))?;
+        let identity = CertIdentity::of_leaf(leaf).map_err(CertRefusal::NoIdentity)?;
+        if !self.trust_domains.contains(&identity.trust_domain) {
+            return Err(CertRefusal::NoIdentity(format!(
+                "the client certificate's trust domain {:?} is not one of podca's ({})",
+                identity.trust_domain,
+                self.trust_domains.join(", ")
+            )));
+        }
+        Ok(identity)
+    }
+}
+
+fn build(snapshot: &CaSnapshot) -> Result<Verifier, String> {
+    let mut roots = RootCertStore::empty();
+    for anchor in accepted_anchors(snapshot) {
+        roots
+            .add(CertificateDer::from(anchor.der().to_vec()))
+            .map_err(|e| format!("anchor {}: {e}", anchor.subject()))?;
+    }
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), super::tls::provider())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| e.to_string())?;
+    Ok(Verifier {
+        verifier,
+        generation: snapshot.generation,
+    })
+}
+
+impl ClientCertVerifier for ClientTrust {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    /// No hints: the anchors change with the CA, and a borrowed list cannot follow the swap. An
+    /// empty list tells clients to send their certificate whatever issued it.
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.verifier()
+            .verifier
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier()
+            .verifier
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier()
+            .verifier
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.verifier().verifier.supported_verify_schemes()
+    }
+}
+
+/// Token and certificate together: the token's identity (it may say more, e.g. the pod) if it
+/// is the certificate's, else a refusal naming both.
+pub fn same_identity(certificate: &CertIdentity, token: Identity) -> Result<Identity, AuthError> {
+    if token.namespace == certificate.namespace
+        && token.service_account == certificate.service_account
+    {
+        Ok(token)
+    } else {
+        Err(AuthError::Mismatch(format!(
+            "the token is for {} but the client certificate is for {}/{} ({}); send one \
+             identity's credentials",
+            token.key(),
+            certificate.namespace,
+            certificate.service_account,
+            certificate.spiffe_id
+        )))
+    }
+}
+
+/// The caller's identity from its client certificate and/or its token (see the module docs).
+pub struct CertificateAuthenticator {
+    tokens: Arc<dyn Authenticator>,
+    trust: Arc<ClientTrust>,
+    /// The time a chain is verified at: the process clock.
+    clock: Clock,
+}
+
+impl fmt::Debug for CertificateAuthenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertificateAuthenticator")
+            .field("tokens", &self.tokens)
+            .field("trust", &self.trust)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CertificateAuthenticator {
+    pub fn new(tokens: Arc<dyn Authenticator>, trust: Arc<ClientTrust>, clock: Clock) -> Self {
+        CertificateAuthenticator {
+            tokens,
+            trust,
+            clock,
+        }
+    }
+
+    fn now(&self) -> UnixTime {
+        let seconds = u64::try_from((self.clock)().unix_timestamp()).unwrap_or(0);
+        UnixTime::since_unix_epoch(std::time::Duration::from_secs(seconds))
+    }
+}
+
+#[tonic::async_trait]
+impl Authenticator for CertificateAuthenticator {
+    async fn authenticate(
+        &self,
+        peer: &Peer,
+        credentials: &Credentials,
+    ) -> Result<Identity, AuthError> {
+        let Some(presented) = &credentials.client_certificate else {
+            return self.tokens.authenticate(peer, credentials).await;
+        };
+        let certificate = self
+            .trust
+            .identify(presented, self.now())
+            .map_err(|e| AuthError::Invalid(e.to_string()))?;
+        if credentials.bearer.is_none() {
+            return Ok(certificate.identity());
+        }
+        let token = self.tokens.authenticate(peer, credentials).await?;
+        same_identity(&certificate, token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey};
+    use time::{Duration, OffsetDateTime};
+
+    fn root(name: &str, not_before: OffsetDateTime) -> Arc<IssuingCa> {
+        let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
+        Arc::new(
+            IssuingCa::self_signed_root(Arc::new(key), name, not_before, Duration::days(30))
+                .unwrap(),
+        )
+    }
+
+    #[test]
+    fn spiffe_ids_parse_only_in_podca_form() {
+        let id = CertIdentity::parse("spiffe://cluster.local/ns/shop/sa/web").unwrap();
+        assert_eq!(
+            (
+                id.trust_domain.as_str(),
+                id.namespace.as_str(),
+                id.service_account.as_str()
+            ),
+            ("cluster.local", "shop", "web")
+        );
+        assert_eq!(id.identity().key(), "shop/web");
+        for bad in [
+            "https://cluster.local/ns/shop/sa/web",
+            "spiffe://cluster.local/ns/shop",
+            "spiffe://cluster.local/ns/shop/sa/web/extra",
+            "spiffe://cluster.local/sa/web/ns/shop",
+            "spiffe:///ns/shop/sa/web",
+            "spiffe://cluster.local/ns//sa/web",
+            "spiffe://cluster.local/ns/shop/sa/",
+        ] {
+            let error = CertIdentity::parse(bad).unwrap_err();
+            assert!(error.contains("is not a podca SPIFFE ID"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn retired_anchors_are_not_accepted_and_prepared_ones_are() {
+        let now = OffsetDateTime::now_utc();
+        let retired = root("retired", now - Duration::days(20));
+        let active = root("active", now - Duration::days(10));
+        let prepared = root("prepared", now - Duration::days(1));
+        let all = [&retired, &active, &prepared]
+            .iter()
+            .flat_map(|ca| ca.roots().to_vec())
+            .collect::<Vec<_>>();
+        let fingerprints = |certs: Vec<CaCertificate>| {
+            certs
+                .iter()
+                .map(|c| c.subject().to_owned())
+                .collect::<Vec<_>>()
+        };
+        let subject = |ca: &IssuingCa| ca.roots()[0].subject().to_owned();
+        let handle = podca_authority::CaHandle::from_arc(Arc::clone(&active), all.clone());
+        assert_eq!(
+            fingerprints(accepted_anchors(&handle.current())),
+            [subject(&active), subject(&prepared)]
+        );
+        // Before the rotation: only the active root is published.
+        let handle = podca_authority::CaHandle::from_arc(Arc::clone(&retired), vec![]);
+        assert_eq!(
+            fingerprints(accepted_anchors(&handle.current())),
+            [subject(&retired)]
+        );
+        // After the next activation the former active root is the retired one.
+        let handle = podca_authority::CaHandle::from_arc(Arc::clone(&prepared), all);
+        assert_eq!(
+            fingerprints(accepted_anchors(&handle.current())),
+            [subject(&prepared)]
+        );
+    }
+
+    #[test]
+    fn token_and_certificate_must_agree() {
+        let cert = CertIdentity::parse("spiffe://cluster.local/ns/shop/sa/web").unwrap();
+        let mut token = Identity::service_account("shop", "web");
+        token.pod_name = Some("web-0".into());
+        assert_eq!(same_identity(&cert, token.clone()), Ok(token));
+        for (ns, sa) in [("shop", "db"), ("other", "web")] {
+            let error = same_identity(&cert, Identity::service_account(ns, sa)).unwrap_err();
+            assert_eq!(
+                error,
+                AuthError::Mismatch(format!(
+                    "the token is for {ns}/{sa} but the client certificate is for shop/web \
+                     (spiffe://cluster.local/ns/shop/sa/web); send one identity's credentials"
+                ))
+            );
+        }
+    }
+
+    #[test]
+    fn debug_shows_no_certificate_bytes() {
+        let chain = Arc::new(vec![CertificateDer::from(vec![0x30, 0x82, 0xAB, 0xCD])]);
+        let presented = ClientCertificate::new(chain).unwrap();
+        assert_eq!(
+            format!("{presented:?}"),
+            "ClientCertificate { certificates: 1 }"
+        );
+        assert!(ClientCertificate::new(Arc::new(vec![])).is_none());
+    }
+}

@@ -1,0 +1,239 @@
+//! Limits before authentication on the gRPC TLS listener (issue #12, item 3, connection level),
+//! in process with small caps:
+//!
+//! * a flood of connections from one peer: those over `max_connections_per_peer` are closed at
+//!   accept, before any TLS byte, while another peer address (127.0.0.2 is loopback too) is
+//!   served; slots come back when connections close;
+//! * over `max_connections` in total, every peer's new connection is closed the same way;
+//! * a request whose headers exceed the header-list limit is refused, the connection's others
+//!   are not.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use podca_authority::CaHandle;
+use podca_authority::config::DevIdentity;
+use podca_authority::serving_cert::{self, ServingIdentity};
+use podca_grpc::auth::DevAuthenticator;
+use podca_grpc::connections::ConnectionLimits;
+use podca_grpc::tls::{ServingKeys, certified_key, server_config};
+use podca_grpc::{Api, ApiOptions, server};
+use podca_proto::podca::v1::IssueCertificateRequest;
+use podca_proto::podca::v1::pod_ca_client::PodCaClient;
+use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
+use podca_tests::process::csr_for;
+use podca_tests::tls::{SERVER_NAME, client_config};
+use rustls::pki_types::ServerName;
+use time::OffsetDateTime;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tonic::Request;
+use tonic::transport::{Channel, Endpoint};
+
+const LIMITS: ConnectionLimits = ConnectionLimits {
+    per_peer: 4,
+    total: 6,
+};
+
+struct Listener {
+    addr: SocketAddr,
+    anchors: String,
+    _stop: watch::Sender<bool>,
+}
+
+async fn serve() -> Listener {
+    let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
+    let ca = IssuingCa::self_signed_root(
+        Arc::new(key),
+        "limits root",
+        OffsetDateTime::now_utc(),
+        time::Duration::days(30),
+    )
+    .unwrap();
+    let anchors = ca.roots_pem();
+    let handle = CaHandle::new(ca, vec![]);
+    let identity = ServingIdentity {
+        spiffe_id: serving_cert::spiffe_id("cluster.local", "podca-system", "podca"),
+        dns_names: serving_cert::service_dns_names("podca", "podca-system"),
+        lifetime: serving_cert::DEFAULT_LIFETIME,
+    };
+    let cert = identity
+        .issue(&handle.current().ca, OffsetDateTime::now_utc())
+        .unwrap();
+    let keys = ServingKeys::new(certified_key(&cert.chain_der, &cert.key_pkcs8_der).unwrap());
+    let (stop, stopped) = watch::channel(false);
+    let api = Api::new(
+        ApiOptions {
+            signers: BTreeMap::from([(
+                "default".into(),
+                SignerPolicy::permissive("cluster.local"),
+            )]),
+            default_signer: "default".into(),
+            node_proxy_service_accounts: vec![],
+            rate_limit_per_identity: 0,
+            max_open_streams: 100,
+        },
+        handle,
+        Arc::new(DevAuthenticator::new(&[DevIdentity {
+            uid: 0,
+            namespace: "default".into(),
+            service_account: "app".into(),
+        }])),
+        None,
+        stopped.clone(),
+    )
+    .unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut shutdown = stopped;
+    tokio::spawn(server::serve_tls(
+        listener,
+        server_config(keys, None).unwrap(),
+        Arc::new(api),
+        LIMITS,
+        async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        },
+    ));
+    Listener {
+        addr,
+        anchors,
+        _stop: stop,
+    }
+}
+
+/// A TCP connection to `to` from the loopback address `from`.
+async fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(from.parse::<IpAddr>().unwrap(), 0))
+        .unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// Whether the server closed `tcp` within `within` without sending a byte.
+async fn closed_silently(tcp: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 16];
+    match tokio::time::timeout(within, tcp.read(&mut buf)).await {
+        Ok(Ok(0)) => true,
+        // A reset is a close too.
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(Ok(_)) | Err(_) => false,
+    }
+}
+
+/// A gRPC client over TLS whose connections come from `from`.
+async fn client_from(from: &'static str, listener: &Listener) -> PodCaClient<Channel> {
+    let (addr, config) = (listener.addr, client_config(&listener.anchors));
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let config = Arc::clone(&config);
+        async move {
+            let tcp = connect_from(from, addr).await;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+                .await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+        }
+    });
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await
+        .unwrap();
+    PodCaClient::new(channel)
+}
+
+fn request() -> Request<IssueCertificateRequest> {
+    Request::new(IssueCertificateRequest {
+        csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+        ..Default::default()
+    })
+}
+
+/// Waits until the server has accepted `n` connections (their slots are taken at accept).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_from_one_peer_is_cut_at_accept_and_others_are_served() {
+    let listener = serve().await;
+    // The flooding peer holds its cap with connections that never handshake.
+    let mut held = Vec::new();
+    for _ in 0..LIMITS.per_peer {
+        held.push(connect_from("127.0.0.1", listener.addr).await);
+    }
+    settle().await;
+    // Every further connection from it is closed at once, without a TLS byte: 200 of them.
+    let started = Instant::now();
+    for i in 0..200 {
+        let mut extra = connect_from("127.0.0.1", listener.addr).await;
+        assert!(
+            closed_silently(&mut extra, Duration::from_secs(2)).await,
+            "extra connection {i} from the flooding peer was not closed at accept"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "closing 200 connections took {:?}",
+        started.elapsed()
+    );
+    // Another peer is served meanwhile.
+    let mut other = client_from("127.0.0.2", &listener).await;
+    other
+        .issue_certificate(request())
+        .await
+        .expect("another peer issues during the flood");
+    // Slots come back: once the flood's connections close, the peer is served again.
+    drop(held);
+    settle().await;
+    client_from("127.0.0.1", &listener)
+        .await
+        .issue_certificate(request())
+        .await
+        .expect("the peer issues once its connections are gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_total_cap_every_peer_is_cut_at_accept() {
+    let listener = serve().await;
+    let mut held = Vec::new();
+    for from in ["127.0.0.1", "127.0.0.2", "127.0.0.3"] {
+        for _ in 0..LIMITS.total / 3 {
+            held.push(connect_from(from, listener.addr).await);
+        }
+    }
+    settle().await;
+    let mut extra = connect_from("127.0.0.4", listener.addr).await;
+    assert!(
+        closed_silently(&mut extra, Duration::from_secs(2)).await,
+        "a new peer over the total cap was not closed at accept"
+    );
+    held.truncate(LIMITS.total - 1);
+    settle().await;
+    client_from("127.0.0.4", &listener)
+        .await
+        .issue_certificate(request())
+        .await
+        .expect("a free slot serves the next peer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_over_the_list_limit_are_refused_and_the_connection_serves_on() {
+    let listener = serve().await;
+    let mut client = client_from("127.0.0.1", &listener).await;
+    let mut big = request();
+    big.metadata_mut()
+        .insert("x-padding", "a".repeat(32 * 1024).parse().unwrap());
+    let refused = client.issue_certificate(big).await;
+    assert!(refused.is_err(), "a 32 KiB header was accepted");
+    client
+        .issue_certificate(request())
+        .await
+        .expect("a normal request after the refused one");
+}
