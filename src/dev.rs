@@ -14,7 +14,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use podca_signer::keys::GeneratedKey;
-use podca_signer::{FileStore, InitOptions, KeyType, Ledger, SignerPolicy};
+use podca_signer::{FileStore, InitOptions, KeyType, SignerPolicy, SubjectKey};
+use rcgen::PublicKeyData;
 use time::OffsetDateTime;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
@@ -24,12 +25,12 @@ use crate::commands::default_data_dir;
 use podca_authority::ca;
 use podca_authority::config::{CaConfig, FileCa, Pkcs11Ca};
 use podca_authority::config::{Config, DevBundle, DevIdentity};
+use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_authority::shutdown::Shutdown;
 use podca_grpc::auth::{DevAuthenticator, Identity};
 use podca_grpc::core::IssuedVia;
-use podca_grpc::ledger::LedgerWriter;
 use podca_grpc::{Api, ApiOptions, CaHandle, server};
 
 /// The signer `podca dev` uses when the config names none.
@@ -171,13 +172,23 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| data_dir.join("workload.sock"));
     let unix = bind_socket(&socket)?;
 
-    // Every certificate issued here goes into the data directory's ledger, as `podca issue`'s
-    // do; `podca ledger list` reads it once podca dev has stopped (redb allows one process).
-    let ledger = Ledger::open(&store.ledger_path())?;
-    let (ledger_sink, ledger_writer) =
-        LedgerWriter::start(ledger).context("starting the ledger writer")?;
-
+    // Every decision made here goes into the data directory's ledger (unless `[ledger]` says
+    // otherwise), as `podca issue`'s do, before the answer leaves; `podca ledger list` reads a
+    // redb ledger once podca dev has stopped (redb allows one process).
     let mut tasks = Shutdown::new();
+    let ledger_sink = match Store::open(&config.ledger.backend, Some(store.ledger_path().as_path()))
+        .await
+        .context("opening the ledger")?
+    {
+        Some(ledger_store) => {
+            let (handle, writer) =
+                ledger::start(ledger_store, &config.ledger, LedgerMetrics::default());
+            tasks.spawn("ledger writer", writer.run(tasks.receiver()));
+            handle
+        }
+        None => LedgerHandle::none(),
+    };
+
     let api = Arc::new(
         Api::new(
             ApiOptions {
@@ -256,13 +267,12 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         }
     }
     println!("podca dev: stopping");
-    if !tasks.drain(Duration::from_secs(5)).await.is_empty() {
-        eprintln!("podca dev: connections still open after 5 s; exiting anyway");
+    let unfinished = tasks.drain(Duration::from_secs(5)).await;
+    if unfinished.iter().any(|name| name == "ledger writer") {
+        eprintln!("podca dev: the ledger writer did not finish within 5 s");
     }
-    match tokio::task::spawn_blocking(move || ledger_writer.finish(Duration::from_secs(10))).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => eprintln!("podca dev: the ledger may miss the last certificates: {e}"),
-        Err(e) => eprintln!("podca dev: the ledger may miss the last certificates: {e}"),
+    if !unfinished.is_empty() {
+        eprintln!("podca dev: connections still open after 5 s; exiting anyway");
     }
     let _ = std::fs::remove_file(&socket);
     Ok(())

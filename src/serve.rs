@@ -12,6 +12,7 @@ use podca_authority::admin::Readiness;
 use podca_authority::ca::{self, HsmKeySlot};
 use podca_authority::config::{CaConfig, Config, GrpcTls, SelfIssuedTls};
 use podca_authority::hsm_metrics::HsmMetrics;
+use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_authority::serving_cert::{self, ServingIdentity};
@@ -104,6 +105,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let mut metrics = Metrics::new();
     let backend = open_backend(&config, leader_elect, &mut metrics)?;
+    let ledger_metrics = LedgerMetrics::register(&mut metrics.registry);
     let grpc = if no_grpc {
         None
     } else {
@@ -128,6 +130,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         controller,
         clock: podca_authority::system_clock(),
         metrics: Arc::new(metrics),
+        ledger_metrics,
     }))
 }
 
@@ -153,6 +156,7 @@ struct Prepared {
     controller: ControllerFlags,
     clock: Clock,
     metrics: Arc<Metrics>,
+    ledger_metrics: LedgerMetrics,
 }
 
 /// Connects to the API, starts the CA driver and the gRPC API, runs the controller until
@@ -166,10 +170,23 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         controller,
         clock,
         metrics,
+        ledger_metrics,
     } = prepared;
     let client = podca_controller::connect(kubeconfig.as_deref()).await?;
     let mut tasks = Shutdown::new();
     let (leadership, _) = watch::channel(controller.leader_election.is_none());
+    let default_redb = match &backend {
+        Backend::Files(files) => Some(files.rotator.store.ledger_path()),
+        Backend::Secret(_) => None,
+    };
+    let ledger = start_ledger(
+        &config.ledger,
+        default_redb.as_deref(),
+        ledger_metrics,
+        &leadership,
+        &mut tasks,
+    )
+    .await?;
     let handle = match backend {
         Backend::Files(files) => files.start(&clock, &metrics, &mut tasks),
         Backend::Secret(mut options) => {
@@ -193,12 +210,17 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
             reviewer: Arc::new(KubeTokenReviewer::new(client.clone())),
             pods: Arc::new(KubePodDirectory::new(client.clone())),
         };
+        let grpc = GrpcSettings {
+            ledger: ledger.clone(),
+            ..grpc
+        };
         start_grpc(
             grpc, kube, &handle, &clock, &metrics, &readiness, &mut tasks,
         )
         .await?;
     }
     let mut options = controller_options(&config, controller, handle, clock, metrics, readiness);
+    options.ledger = Some(ledger);
     // The controller says here whether this replica leads; the Secret CA driver follows it.
     options.leadership = Some(leadership);
     let result = podca_controller::run(client, options, shutdown::signal()).await;
@@ -209,6 +231,36 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
 
 /// How long the rotation driver waits for another writer of the data directory per tick.
 const ROTATOR_LOCK_WAIT: Duration = Duration::from_secs(2);
+/// Opens the `[ledger]` store (a one-line error when it cannot be: unreachable, credentials,
+/// TLS, a newer schema, a redb file in use) and spawns its writer and, for the leader, its
+/// retention. Every replica records into it, leader or standby.
+async fn start_ledger(
+    config: &ledger::LedgerConfig,
+    default_redb: Option<&Path>,
+    metrics: LedgerMetrics,
+    leadership: &watch::Sender<bool>,
+    tasks: &mut Shutdown,
+) -> anyhow::Result<LedgerHandle> {
+    let Some(store) = Store::open(&config.backend, default_redb).await? else {
+        warn!("[ledger] backend = \"none\": decisions are written to the audit log only");
+        return Ok(LedgerHandle::none());
+    };
+    info!(backend = store.label(), on_unavailable = ?config.on_unavailable, "ledger open");
+    if let Some(retention) = config.retention {
+        tasks.spawn(
+            "ledger retention",
+            ledger::apply_retention(
+                store.clone(),
+                retention,
+                leadership.subscribe(),
+                tasks.receiver(),
+            ),
+        );
+    }
+    let (handle, writer) = ledger::start(store, config, metrics);
+    tasks.spawn("ledger writer", writer.run(tasks.receiver()));
+    Ok(handle)
+}
 
 /// Where the CA comes from, as set up before the runtime starts.
 enum Backend {
@@ -355,6 +407,8 @@ struct GrpcSettings {
     limits: ConnectionLimits,
     /// With TLS: accept podca client certificates for renewal without a token.
     mtls_renewal: bool,
+    /// Where the API records its decisions (set once the ledger is open).
+    ledger: LedgerHandle,
 }
 
 /// The gRPC API's settings: `--grpc-listen` over `[grpc] listen`, the signer it issues for.
@@ -379,6 +433,7 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
             total: config.grpc.max_connections.get(),
         },
         mtls_renewal: config.grpc.mtls_renewal,
+        ledger: LedgerHandle::none(),
     })
 }
 
@@ -406,6 +461,7 @@ async fn start_grpc(
         trust_domain,
         limits,
         mtls_renewal,
+        ledger,
     } = settings;
     let client_trust = match (&tls, mtls_renewal) {
         (GrpcTls::Off { .. }, _) | (_, false) => None,
@@ -450,7 +506,8 @@ async fn start_grpc(
             Some(kube.pods),
             tasks.receiver(),
         )?
-        .with_clock(Arc::clone(clock)),
+        .with_clock(Arc::clone(clock))
+        .with_ledger(ledger),
     );
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {

@@ -52,6 +52,9 @@ pub struct Config {
     /// ClusterTrustBundle publishing (`podca serve`).
     #[serde(default)]
     pub trust_bundles: TrustBundlesConfig,
+    /// Where decisions are recorded (`crate::ledger::config`).
+    #[serde(default)]
+    pub ledger: crate::ledger::LedgerConfig,
 }
 
 /// One ClusterTrustBundle per signer name, named `<signer with / → :>:<suffix>`.

@@ -14,6 +14,8 @@
 //!   `/metrics` `/livez` `/readyz` listener;
 //! * [`serving_cert`]: the gRPC listener's self-issued TLS certificate, its renewal rule and
 //!   the task that renews it;
+//! * [`ledger`]: the ledger service (redb, PostgreSQL or none): group commit, the durability
+//!   contract, the audit log line, retention;
 //! * [`shutdown`]: the signals that stop podca, and the one stop signal and drain deadline
 //!   every task of a command shares.
 //!
@@ -25,6 +27,7 @@ pub mod ca;
 pub mod config;
 pub mod hsm_metrics;
 pub mod intermediate;
+pub mod ledger;
 pub mod metrics;
 pub mod rotation;
 pub mod secret_rotation;

@@ -13,7 +13,9 @@ use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use podca_signer::{Outcome, SignerPolicy, sign_request};
+use podca_authority::ledger::{LedgerHandle, LedgerUnavailable};
+use podca_signer::ledger::{RecordContext, Source, spiffe_id};
+use podca_signer::{LedgerRecord, Outcome, SignerPolicy, sign_request};
 use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::watch;
@@ -42,6 +44,9 @@ struct Ctx {
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: watch::Receiver<bool>,
+    ledger: Option<LedgerHandle>,
+    /// This process in ledger records.
+    replica: String,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -67,6 +72,7 @@ pub async fn run(
         reporting_instance,
         publisher,
         leadership,
+        ledger,
         readiness,
     } = options;
     if signers.is_empty() {
@@ -148,6 +154,8 @@ pub async fn run(
         metrics: Arc::clone(&metrics),
         recorder,
         leading: leading.clone(),
+        ledger,
+        replica: podca_signer::ledger::replica_identity(),
     });
     // A standby has nothing to sync: ready (it serves gRPC); a leader once its watches synced.
     ready.set(true);
@@ -546,6 +554,12 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
         patch,
         outcome,
     } = write;
+    // The durability contract: the answer is in the ledger before the status shows it.
+    if let Err(e) = record_decision(ctx, &pcr, &outcome, now).await {
+        warn!(error = %e, "the ledger cannot record the answer; leaving the request pending");
+        item.signed = None;
+        return Step::Retry(item, "ledger");
+    }
     match write_status(ctx, &pcr, &patch).await {
         Ok(()) => {
             record_settled(ctx, &pcr, settlement, &outcome, now).await;
@@ -622,6 +636,44 @@ fn late(ctx: &Ctx, cause: &'static str) {
         .late_writes
         .get_or_create(&CauseLabels { cause })
         .inc();
+}
+
+/// Records the answer to `pcr` and waits until it is durable.
+async fn record_decision(
+    ctx: &Ctx,
+    pcr: &Pcr,
+    outcome: &Outcome,
+    now: OffsetDateTime,
+) -> Result<(), LedgerUnavailable> {
+    let Some(ledger) = &ctx.ledger else {
+        return Ok(());
+    };
+    let snapshot = ctx.ca.current();
+    let trust_domain = ctx
+        .signers
+        .get(&pcr.signer_name)
+        .map_or("", |p| p.trust_domain.as_str());
+    let context = RecordContext {
+        source: Source::Pcr,
+        signer: pcr.signer_name.clone(),
+        identity: spiffe_id(trust_domain, &pcr.namespace, &pcr.service_account),
+        requester: Some(format!("system:node:{}", pcr.node_name)),
+        namespace: pcr.namespace.clone(),
+        service_account: pcr.service_account.clone(),
+        pod_name: Some(pcr.pod_name.clone()),
+        pod_uid: Some(pcr.pod_uid.clone()),
+        node_name: Some(pcr.node_name.clone()),
+        request_uid: Some(pcr.uid.clone()),
+        request_name: Some(format!("{}/{}", pcr.namespace, pcr.name)),
+        ca_generation: Some(snapshot.generation),
+        issuer_fingerprint: Some(snapshot.ca.fingerprint().to_owned()),
+        replica: ctx.replica.clone(),
+        time: now,
+    };
+    match LedgerRecord::of_outcome(&context, outcome) {
+        Some(record) => ledger.record(record).await,
+        None => Ok(()),
+    }
 }
 
 async fn write_status(ctx: &Ctx, pcr: &Pcr, patch: &Value) -> Result<(), kube::Error> {

@@ -74,6 +74,8 @@ pub struct Options {
     /// Where [`run`] reports whether this process leads (true without leader election), for
     /// callers that must act only as leader; `None`: not reported.
     pub leadership: Option<tokio::sync::watch::Sender<bool>>,
+    /// Where every answer is recorded, durably before its status write; `None`: not recorded.
+    pub ledger: Option<podca_authority::ledger::LedgerHandle>,
     /// What `/readyz` answers; the controller registers itself in it (ready once its watches
     /// have synced, or as a standby). `None`: its own, covering the controller alone.
     pub readiness: Option<Arc<podca_authority::admin::Readiness>>,
@@ -110,6 +112,7 @@ impl Options {
             reporting_instance: None,
             publisher: None,
             leadership: None,
+            ledger: None,
             readiness: None,
         }
     }

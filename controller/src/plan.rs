@@ -173,6 +173,7 @@ mod tests {
             terminal: terminal.map(str::to_owned),
             pod_name: "pod".into(),
             pod_uid: "pod-uid".into(),
+            node_name: "node-1".into(),
             service_account: "sa".into(),
             max_expiration_seconds: None,
             stub_csr: stub.to_vec(),

@@ -222,6 +222,7 @@ mod tests {
             terminal: None,
             pod_name: "p".into(),
             pod_uid: "pu".into(),
+            node_name: "n".into(),
             service_account: "sa".into(),
             max_expiration_seconds: None,
             stub_csr: vec![],

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use podca_signer::ledger::{RecordOutcome, Source};
 use podca_signer::{
     CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
     sign_request,
@@ -13,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
 use super::errors::ApiError;
-use super::ledger::LedgerSink;
+use super::ledger::{LedgerSink, RpcFacts};
 use super::ratelimit::{RateLimiter, SigningShare};
 use podca_authority::trust::{CaHandle, CaSnapshot, Clock, system_clock};
 
@@ -50,6 +51,8 @@ pub struct Issued {
     pub certificate: IssuedCertificate,
     pub anchors_pem: String,
     pub anchors_der: Vec<u8>,
+    /// The generation of the CA handle that signed it (for the ledger).
+    pub ca_generation: u64,
 }
 
 /// Which path issued a certificate: the `source` of its ledger record.
@@ -64,11 +67,11 @@ pub enum IssuedVia {
 }
 
 impl IssuedVia {
-    pub fn ledger_source(self) -> &'static str {
+    pub fn ledger_source(self) -> Source {
         match self {
-            IssuedVia::Grpc => "grpc",
-            IssuedVia::WorkloadApi => "workload-api",
-            IssuedVia::DevBundle => "dev",
+            IssuedVia::Grpc => Source::Grpc,
+            IssuedVia::WorkloadApi => Source::WorkloadApi,
+            IssuedVia::DevBundle => Source::DevBundle,
         }
     }
 }
@@ -84,8 +87,10 @@ pub struct Api {
     signing: SigningShare,
     streams: Arc<Semaphore>,
     shutdown: watch::Receiver<bool>,
-    /// Where issued certificates are recorded; none = not recorded here.
+    /// Where decisions are recorded, before the answer leaves; none = not recorded here.
     ledger: Option<LedgerSink>,
+    /// This process in ledger records (`POD_NAME`, else the host name).
+    replica: String,
     /// The time certificates are issued at: the process clock, so that the API, rotation and
     /// the controller agree on "now" (and tests can move it).
     clock: Clock,
@@ -134,6 +139,7 @@ impl Api {
             pods,
             shutdown,
             ledger: None,
+            replica: podca_signer::ledger::replica_identity(),
             clock: system_clock(),
         })
     }
@@ -155,7 +161,9 @@ impl Api {
         self
     }
 
-    /// Records every certificate this API issues in the ledger behind `sink`.
+    /// Records every decision this API makes in the ledger behind `sink`, durably before the
+    /// answer leaves: when the ledger cannot record a certificate, the caller gets UNAVAILABLE
+    /// instead of it.
     pub fn with_ledger(mut self, sink: LedgerSink) -> Self {
         self.ledger = Some(sink);
         self
@@ -210,9 +218,10 @@ impl Api {
 
     /// IssueCertificate: a certificate for the caller's own identity.
     pub async fn issue(&self, identity: &Identity, input: IssueInput) -> Result<Issued, ApiError> {
-        let issued = self.issue_unrecorded(identity, input).await?;
-        self.record(&issued, IssuedVia::Grpc, None).await;
-        Ok(issued)
+        let signer = self.signer(&input.signer_name)?.0.to_owned();
+        let result = self.issue_unrecorded(identity, input).await;
+        self.settle(result, Source::Grpc, &signer, identity, identity, None)
+            .await
     }
 
     async fn issue_unrecorded(
@@ -318,11 +327,18 @@ impl Api {
             pod_uid: pod.uid,
             node_name: pod.node_name,
         };
-        let issued = self.issue_unrecorded(&subject, input).await?;
+        let signer = self.signer(&input.signer_name)?.0.to_owned();
+        let result = self.issue_unrecorded(&subject, input).await;
         let request_name = format!("{pod_namespace}/{pod_name}");
-        self.record(&issued, IssuedVia::Grpc, Some(&request_name))
-            .await;
-        Ok(issued)
+        self.settle(
+            result,
+            Source::IssueForPod,
+            &signer,
+            &subject,
+            caller,
+            Some(request_name),
+        )
+        .await
     }
 
     /// A certificate for a key podca generated itself (the Workload API, credential bundles).
@@ -333,12 +349,14 @@ impl Api {
         snapshot: Arc<CaSnapshot>,
         via: IssuedVia,
     ) -> Result<Issued, ApiError> {
-        let (_, policy) = self.signer("")?;
+        let (signer, policy) = self.signer("")?;
+        let signer = signer.to_owned();
         let policy = policy.clone();
+        let subject = identity.clone();
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
         let turn = self.signing.turn().await;
-        let issued = tokio::task::spawn_blocking(move || {
+        let result = tokio::task::spawn_blocking(move || {
             issue_blocking(
                 &policy,
                 &snapshot,
@@ -350,23 +368,79 @@ impl Api {
             )
         })
         .await
-        .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))??;
+        .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))?;
         drop(turn);
-        self.record(&issued, via, None).await;
-        Ok(issued)
+        self.settle(
+            result,
+            via.ledger_source(),
+            &signer,
+            &subject,
+            &subject,
+            None,
+        )
+        .await
     }
 
-    /// Queues the ledger record of a certificate just issued (the writer batches them).
-    async fn record(&self, issued: &Issued, via: IssuedVia, request_name: Option<&str>) {
-        if let Some(ledger) = &self.ledger {
-            let record = LedgerRecord::of(
-                &issued.certificate,
-                via.ledger_source(),
-                None,
-                request_name,
-                self.now(),
-            );
-            ledger.record(record).await;
+    /// Records the decision `result` stands for (issued, denied or failed) and waits for it to
+    /// be durable. An issued certificate the ledger could not record is not handed out
+    /// (UNAVAILABLE); a refusal is answered whatever the ledger says.
+    async fn settle(
+        &self,
+        result: Result<Issued, ApiError>,
+        source: Source,
+        signer: &str,
+        subject: &Identity,
+        caller: &Identity,
+        request_name: Option<String>,
+    ) -> Result<Issued, ApiError> {
+        let Some(ledger) = &self.ledger else {
+            return result;
+        };
+        let snapshot = self.ca.current();
+        let trust_domain = self
+            .options
+            .signers
+            .get(signer)
+            .map_or("", |p| p.trust_domain.as_str());
+        let facts = RpcFacts {
+            source,
+            signer,
+            trust_domain,
+            subject,
+            caller,
+            request_name,
+            snapshot: &snapshot,
+            replica: &self.replica,
+            time: self.now(),
+        };
+        let mut context = facts.context();
+        let record = match &result {
+            Ok(issued) => {
+                context.ca_generation = Some(issued.ca_generation);
+                LedgerRecord::issued(&context, &issued.certificate)
+            }
+            Err(ApiError::Denied { reason, message }) => LedgerRecord::refused(
+                &context,
+                RecordOutcome::Denied,
+                reason.condition_reason(),
+                message,
+            ),
+            Err(ApiError::Failed { reason, message }) => LedgerRecord::refused(
+                &context,
+                RecordOutcome::Failed,
+                reason.condition_reason(),
+                message,
+            ),
+            // Not a decision on the request (bad input, no CA now): nothing to record.
+            Err(_) => return result,
+        };
+        match (ledger.record(record).await, result) {
+            (Ok(()), result) => result,
+            (Err(e), Ok(_)) => Err(ApiError::LedgerUnavailable(e.to_string())),
+            (Err(e), refusal) => {
+                tracing::warn!(error = %e, "the ledger could not record a refusal");
+                refusal
+            }
         }
     }
 
@@ -425,6 +499,7 @@ fn issue_blocking(
             certificate: *certificate,
             anchors_pem: snapshot.anchors_pem.clone(),
             anchors_der: snapshot.anchors_der(),
+            ca_generation: snapshot.generation,
         }),
         Outcome::Denied { reason, message } => Err(ApiError::Denied { reason, message }),
         Outcome::Failed { reason, message } => Err(ApiError::Failed { reason, message }),

@@ -28,6 +28,9 @@ pub enum ApiError {
     BadLifetime(i64),
     #[error("{0}; retry later")]
     Unavailable(BackendError),
+    /// The certificate was issued but could not be recorded in the ledger: not handed out.
+    #[error("{0}; retry later")]
+    LedgerUnavailable(String),
     #[error("rate limit of {0} requests per second for this identity exceeded; retry later")]
     RateLimited(u32),
     #[error("too many open streams ({0}); retry later")]
@@ -68,7 +71,9 @@ impl ApiError {
             ApiError::Failed { reason, .. } => fail_code(*reason),
             ApiError::NotNodeProxy(_) | ApiError::PodOnOtherNode(_) => Code::PermissionDenied,
             ApiError::NoPodDirectory => Code::FailedPrecondition,
-            ApiError::Unavailable(_) | ApiError::PodLookupUnavailable { .. } => Code::Unavailable,
+            ApiError::Unavailable(_)
+            | ApiError::LedgerUnavailable(_)
+            | ApiError::PodLookupUnavailable { .. } => Code::Unavailable,
             ApiError::RateLimited(_) | ApiError::TooManyStreams(_) => Code::ResourceExhausted,
             ApiError::Internal(_) => Code::Internal,
         }

@@ -24,6 +24,7 @@
 //! | policy cannot issue at all (CA expires too soon, lifetime not satisfiable, bad DNS template) | `FAILED_PRECONDITION` |
 //! | request larger than 64 KiB | `OUT_OF_RANGE` (tonic's decoder limit) |
 //! | CA key backend unavailable (`Outcome::Retry`): retry later | `UNAVAILABLE` |
+//! | the certificate was issued but the issuance ledger could not record it (`[ledger] on_unavailable = "retry"`): it is not handed out | `UNAVAILABLE` |
 //! | TokenReview / Kubernetes API unreachable, failing or slower than 5 s (`cannot check credentials now: …`); never cached, the next call asks again | `UNAVAILABLE` |
 //! | per-identity rate limit (`grpc.rate_limit_per_identity`, token bucket) exceeded | `RESOURCE_EXHAUSTED` |
 //! | open streams above `grpc.max_open_streams` | `RESOURCE_EXHAUSTED` |

@@ -80,13 +80,46 @@ pub fn credentials_of<T>(request: &Request<T>) -> Result<Credentials, ApiError> 
 }
 
 impl PodCaService {
-    async fn caller<T>(&self, request: &Request<T>) -> Result<Identity, ApiError> {
-        let credentials = credentials_of(request)?;
-        let identity = self.api.identify(&peer_of(request), &credentials).await?;
+    /// Who is calling `rpc` (a method of `podca.v1.PodCA`); a refusal is audited.
+    async fn caller<T>(&self, request: &Request<T>, rpc: &str) -> Result<Identity, ApiError> {
+        let peer = peer_of(request);
+        let identified = match credentials_of(request) {
+            Ok(credentials) => self.api.identify(&peer, &credentials).await,
+            Err(e) => Err(e),
+        };
+        let identity = identified
+            .inspect_err(|e| audit_refusal(&format!("podca.v1.PodCA/{rpc}"), &peer, e))?;
         record_caller(&identity);
         self.api.check_rate(&identity)?;
         Ok(identity)
     }
+}
+
+/// The audit line of a caller refused before it was identified (never its token).
+pub fn audit_refusal(method: &str, peer: &Peer, error: &ApiError) {
+    podca_authority::ledger::audit::refused(&podca_authority::ledger::audit::Refusal {
+        method: method.to_owned(),
+        peer: match peer {
+            Peer::Tcp(addr) => addr.to_string(),
+            Peer::Unix { uid: Some(uid) } => format!("unix:uid={uid}"),
+            Peer::Unix { uid: None } => "unix".into(),
+            Peer::Unknown => "unknown".into(),
+        },
+        code: code_name(error.code()),
+        reason: error.to_string(),
+    });
+}
+
+/// `UNAUTHENTICATED`, `PERMISSION_DENIED`, …: the code as the gRPC specification names it.
+fn code_name(code: tonic::Code) -> String {
+    let mut name = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
 }
 
 /// Names the caller in the handler's span (its `caller` field), once it is known.
@@ -150,7 +183,7 @@ impl PodCa for PodCaService {
         &self,
         request: Request<IssueCertificateRequest>,
     ) -> Result<Response<IssueCertificateResponse>, Status> {
-        let identity = self.caller(&request).await?;
+        let identity = self.caller(&request, "IssueCertificate").await?;
         let issued = self
             .api
             .issue(&identity, input(request.into_inner()))
@@ -174,7 +207,7 @@ impl PodCa for PodCaService {
         &self,
         request: Request<IssueForPodRequest>,
     ) -> Result<Response<IssueCertificateResponse>, Status> {
-        let caller = self.caller(&request).await?;
+        let caller = self.caller(&request, "IssueForPod").await?;
         let IssueForPodRequest {
             pod_namespace,
             pod_name,
@@ -207,7 +240,7 @@ impl PodCa for PodCaService {
         &self,
         request: Request<GetTrustBundleRequest>,
     ) -> Result<Response<TrustBundle>, Status> {
-        self.caller(&request).await?;
+        self.caller(&request, "GetTrustBundle").await?;
         let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
         Ok(Response::new(bundle(name, &self.api.ca().current())))
     }
@@ -223,7 +256,7 @@ impl PodCa for PodCaService {
         &self,
         request: Request<GetTrustBundleRequest>,
     ) -> Result<Response<Self::WatchTrustBundleStream>, Status> {
-        self.caller(&request).await?;
+        self.caller(&request, "WatchTrustBundle").await?;
         let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
         let name = name.to_owned();
         let permit = self.api.open_stream()?;
@@ -251,5 +284,21 @@ impl PodCa for PodCaService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn code_names_are_the_specification_names() {
+        assert_eq!(
+            super::code_name(tonic::Code::Unauthenticated),
+            "UNAUTHENTICATED"
+        );
+        assert_eq!(
+            super::code_name(tonic::Code::PermissionDenied),
+            "PERMISSION_DENIED"
+        );
+        assert_eq!(super::code_name(tonic::Code::Unavailable), "UNAVAILABLE");
     }
 }

@@ -1,10 +1,18 @@
-//! The issuance ledger: an append-only, crash-safe record of every certificate podca issued,
-//! kept in a redb file. One record per certificate; indexes by serial, identity and time.
+//! The issuance ledger: one record per decision podca made (a certificate issued, a request
+//! denied or failed), and the embedded store for it, a redb file. Indexes by record id (the
+//! serial of an issued certificate), identity and time.
+//!
+//! The record ([`LedgerRecord`], schema [`SCHEMA_VERSION`]) is the same in every backend and in
+//! the audit log line; the PostgreSQL backend lives in `podca-authority` (it needs an async
+//! runtime), this file is the pure part and the redb store.
 //!
 //! redb commits are atomic and durable (copy-on-write B-trees with a checksummed commit slot),
-//! so a process killed mid-write leaves either the whole batch or none of it.
+//! so a process killed mid-write leaves either the whole batch or none of it. Appending a record
+//! whose id is already there does nothing, so a retried write never makes a duplicate.
 
+use std::fmt;
 use std::path::Path;
+use std::str::FromStr;
 
 use redb::{
     Database, MultimapTableDefinition, ReadableDatabase, ReadableTable, ReadableTableMetadata,
@@ -13,61 +21,431 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::issue::IssuedCertificate;
+use crate::issue::{IssuedCertificate, Outcome};
+use crate::keys::SubjectKey;
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
-const BY_SERIAL: TableDefinition<&str, u64> = TableDefinition::new("by_serial");
+/// Record id → sequence number. Named for its first use: an issued certificate's id is its
+/// serial, and files written before ids existed hold serials only.
+const BY_ID: TableDefinition<&str, u64> = TableDefinition::new("by_serial");
 const BY_IDENTITY: MultimapTableDefinition<&str, u64> = MultimapTableDefinition::new("by_identity");
 const BY_TIME: TableDefinition<(i64, u64), ()> = TableDefinition::new("by_time");
 
-/// One issued certificate.
+/// The version of [`LedgerRecord`]'s JSON form (the `schema` field), in every backend and in
+/// the audit log. A change that removes or retypes a field is a new version.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Which path made the decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    /// A PodCertificateRequest (`podca serve`'s controller).
+    Pcr,
+    /// `podca.v1` IssueCertificate.
+    Grpc,
+    /// `podca.v1` IssueForPod (a node proxy asking for a pod on its node).
+    IssueForPod,
+    /// The SPIFFE Workload API (`FetchX509SVID`).
+    WorkloadApi,
+    /// A credential bundle `podca dev` keeps on disk.
+    #[serde(rename = "dev")]
+    DevBundle,
+    /// `podca issue` on the command line.
+    Cli,
+    /// A source this podca does not know (a record written by a newer one).
+    #[serde(other)]
+    Unknown,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Pcr => "pcr",
+            Source::Grpc => "grpc",
+            Source::IssueForPod => "issue-for-pod",
+            Source::WorkloadApi => "workload-api",
+            Source::DevBundle => "dev",
+            Source::Cli => "cli",
+            Source::Unknown => "unknown",
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What was decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordOutcome {
+    Issued,
+    Denied,
+    Failed,
+}
+
+impl RecordOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordOutcome::Issued => "issued",
+            RecordOutcome::Denied => "denied",
+            RecordOutcome::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for RecordOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RecordOutcome {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "issued" => Ok(RecordOutcome::Issued),
+            "denied" => Ok(RecordOutcome::Denied),
+            "failed" => Ok(RecordOutcome::Failed),
+            other => Err(format!(
+                "{other:?} is not an outcome (issued, denied or failed)"
+            )),
+        }
+    }
+}
+
+/// One decision: a certificate issued, or a request denied or failed. Schema
+/// [`SCHEMA_VERSION`]; the operator guide ("Audit ledger") documents every field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerRecord {
-    /// Serial number, lowercase hex.
-    pub serial: String,
-    /// Where the request came from: `pcr`, `grpc`, `cli`, `dev`.
-    pub source: String,
-    /// The request's UID (a PodCertificateRequest's metadata.uid), if any.
-    pub request_uid: Option<String>,
-    /// The request's `namespace/name`, if any.
-    pub request_name: Option<String>,
-    /// The SPIFFE ID in the certificate.
+    /// [`SCHEMA_VERSION`] when written.
+    pub schema: u32,
+    /// Unique per decision: the serial of an issued certificate; `<source>:<request uid>` for a
+    /// refused PodCertificateRequest; `<source>:<random>` for a refused gRPC call.
+    pub id: String,
+    /// When the decision was made (whole seconds).
+    #[serde(with = "time::serde::rfc3339")]
+    pub time: OffsetDateTime,
+    pub source: Source,
+    /// The signer name whose policy decided.
+    pub signer: String,
+    pub outcome: RecordOutcome,
+    /// `Issued`, or the condition reason of the refusal (`NamespaceNotAllowed`, …).
+    pub reason: String,
+    /// What the refusal said (absent for issued certificates).
+    pub message: Option<String>,
+    /// The SPIFFE ID: the certificate's, or the one a refused request would have had.
     pub identity: String,
-    pub dns_names: Vec<String>,
-    #[serde(with = "time::serde::rfc3339")]
-    pub not_before: OffsetDateTime,
-    #[serde(with = "time::serde::rfc3339")]
-    pub not_after: OffsetDateTime,
+    /// Who asked: `system:node:<node>` for a PodCertificateRequest (kubelet), the caller's
+    /// `namespace/service-account` for gRPC, `uid:<n>` or `cli` locally.
+    pub requester: Option<String>,
+    pub namespace: String,
+    pub service_account: String,
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
+    pub node_name: Option<String>,
+    /// The PodCertificateRequest's metadata.uid.
+    pub request_uid: Option<String>,
+    /// The request's `namespace/name` (a PodCertificateRequest, or the pod of IssueForPod).
+    pub request_name: Option<String>,
+    /// Serial number, lowercase hex (issued only).
+    pub serial: Option<String>,
+    /// SHA-256 of the leaf certificate DER, lowercase hex.
+    pub cert_sha256: Option<String>,
     /// SHA-256 of the subject public key (SPKI DER), lowercase hex.
-    pub spki_sha256: String,
+    pub spki_sha256: Option<String>,
+    /// `ECDSAP256`, `ED25519`, … (kubelet's names).
+    pub key_type: Option<String>,
+    pub dns_names: Vec<String>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub not_before: Option<OffsetDateTime>,
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub not_after: Option<OffsetDateTime>,
+    /// The CA generation of the replica's CA handle (it counts every CA swap in that process);
+    /// `issuer_fingerprint` names the issuing CA across replicas.
+    pub ca_generation: Option<u64>,
     /// SHA-256 fingerprint of the issuing CA certificate.
-    pub issuer_fingerprint: String,
-    #[serde(with = "time::serde::rfc3339")]
-    pub issued_at: OffsetDateTime,
+    pub issuer_fingerprint: Option<String>,
+    /// Which process decided: the pod name (`POD_NAME`), else the host name.
+    pub replica: String,
+}
+
+/// Everything about a decision but its outcome: who asked, for whom, where, when.
+#[derive(Debug, Clone)]
+pub struct RecordContext {
+    pub source: Source,
+    pub signer: String,
+    /// The SPIFFE ID the request is for (`spiffe://<trust domain>/ns/<ns>/sa/<sa>`).
+    pub identity: String,
+    pub requester: Option<String>,
+    pub namespace: String,
+    pub service_account: String,
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
+    pub node_name: Option<String>,
+    pub request_uid: Option<String>,
+    pub request_name: Option<String>,
+    pub ca_generation: Option<u64>,
+    /// The CA in force when the decision was made (a refusal names it too).
+    pub issuer_fingerprint: Option<String>,
+    pub replica: String,
+    pub time: OffsetDateTime,
 }
 
 impl LedgerRecord {
-    /// The record of a certificate just issued.
-    pub fn of(
-        cert: &IssuedCertificate,
-        source: &str,
-        request_uid: Option<&str>,
-        request_name: Option<&str>,
-        issued_at: OffsetDateTime,
-    ) -> Self {
-        LedgerRecord {
-            serial: cert.serial.clone(),
-            source: source.into(),
-            request_uid: request_uid.map(Into::into),
-            request_name: request_name.map(Into::into),
-            identity: cert.spiffe_id.clone(),
-            dns_names: cert.dns_names.clone(),
-            not_before: cert.validity.not_before,
-            not_after: cert.validity.not_after,
-            spki_sha256: cert.spki_sha256.clone(),
-            issuer_fingerprint: cert.issuer_fingerprint.clone(),
-            issued_at: issued_at.replace_nanosecond(0).unwrap_or(issued_at),
+    /// The record of `outcome`; `None` for [`Outcome::Retry`] (nothing was decided).
+    pub fn of_outcome(context: &RecordContext, outcome: &Outcome) -> Option<Self> {
+        match outcome {
+            Outcome::Issued(cert) => Some(Self::issued(context, cert)),
+            Outcome::Denied { reason, message } => Some(Self::refused(
+                context,
+                RecordOutcome::Denied,
+                reason.condition_reason(),
+                message,
+            )),
+            Outcome::Failed { reason, message } => Some(Self::refused(
+                context,
+                RecordOutcome::Failed,
+                reason.condition_reason(),
+                message,
+            )),
+            Outcome::Retry(_) => None,
         }
+    }
+
+    /// The record of a certificate just issued.
+    pub fn issued(context: &RecordContext, cert: &IssuedCertificate) -> Self {
+        let mut record = Self::base(context, RecordOutcome::Issued, crate::reason::ISSUED);
+        record.id.clone_from(&cert.serial);
+        record.identity.clone_from(&cert.spiffe_id);
+        record.serial = Some(cert.serial.clone());
+        record.cert_sha256 = Some(crate::x509::sha256_hex(&cert.leaf_der));
+        record.spki_sha256 = Some(cert.spki_sha256.clone());
+        record.key_type = key_type_of(&cert.leaf_der);
+        record.dns_names.clone_from(&cert.dns_names);
+        record.not_before = Some(cert.validity.not_before);
+        record.not_after = Some(cert.validity.not_after);
+        record.issuer_fingerprint = Some(cert.issuer_fingerprint.clone());
+        record
+    }
+
+    /// The record of a refusal (`Denied` or `Failed`, with its condition reason).
+    pub fn refused(
+        context: &RecordContext,
+        outcome: RecordOutcome,
+        reason: &str,
+        message: &str,
+    ) -> Self {
+        let mut record = Self::base(context, outcome, reason);
+        record.id = match &context.request_uid {
+            // A request is settled once: retrying its write must not add a second record.
+            Some(uid) => format!("{}:{uid}", context.source),
+            None => format!("{}:{}", context.source, random_id()),
+        };
+        record.message = Some(message.to_owned());
+        record
+    }
+
+    fn base(context: &RecordContext, outcome: RecordOutcome, reason: &str) -> Self {
+        let c = context.clone();
+        LedgerRecord {
+            schema: SCHEMA_VERSION,
+            id: String::new(),
+            time: c.time.replace_nanosecond(0).unwrap_or(c.time),
+            source: c.source,
+            signer: c.signer,
+            outcome,
+            reason: reason.to_owned(),
+            message: None,
+            identity: c.identity,
+            requester: c.requester,
+            namespace: c.namespace,
+            service_account: c.service_account,
+            pod_name: c.pod_name,
+            pod_uid: c.pod_uid,
+            node_name: c.node_name,
+            request_uid: c.request_uid,
+            request_name: c.request_name,
+            serial: None,
+            cert_sha256: None,
+            spki_sha256: None,
+            key_type: None,
+            dns_names: vec![],
+            not_before: None,
+            not_after: None,
+            ca_generation: c.ca_generation,
+            issuer_fingerprint: c.issuer_fingerprint,
+            replica: c.replica,
+        }
+    }
+
+    /// The record as one line of JSON (the ledger's and the audit log's form).
+    pub fn to_json(&self) -> String {
+        // Serializing plain strings, numbers and RFC 3339 times cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses a record written by any podca: schema 1, or the issued-only records of earlier
+    /// versions (no `schema` field).
+    pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        match serde_json::from_slice::<LedgerRecord>(bytes) {
+            Ok(record) => Ok(record),
+            Err(e) => match serde_json::from_slice::<LegacyRecord>(bytes) {
+                Ok(legacy) => Ok(legacy.into()),
+                Err(_) => Err(e),
+            },
+        }
+    }
+}
+
+/// The SPIFFE ID of a service account in a trust domain.
+pub fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> String {
+    format!("spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}")
+}
+
+/// Which process this is, for the `replica` field: `POD_NAME`, else `HOSTNAME`, else the
+/// kernel's host name.
+pub fn replica_identity() -> String {
+    let nonempty = |s: String| {
+        let s = s.trim().to_owned();
+        (!s.is_empty()).then_some(s)
+    };
+    std::env::var("POD_NAME")
+        .ok()
+        .and_then(nonempty)
+        .or_else(|| std::env::var("HOSTNAME").ok().and_then(nonempty))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .and_then(nonempty)
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn key_type_of(leaf_der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf_der).ok()?;
+    let key = SubjectKey::from_spki_der(cert.tbs_certificate.subject_pki.raw).ok()?;
+    Some(key.key_type().kubelet_name().to_owned())
+}
+
+fn random_id() -> String {
+    let mut bytes = [0u8; 12];
+    // A failing system RNG leaves zeros: the id is then not unique, and the store keeps the
+    // first record of that id; refusals carry no certificate, so nothing is lost that matters.
+    let _ = aws_lc_rs::rand::fill(&mut bytes);
+    hex::encode(bytes)
+}
+
+/// An issued-only record as podca wrote them before [`SCHEMA_VERSION`] 1.
+#[derive(Deserialize)]
+struct LegacyRecord {
+    serial: String,
+    source: String,
+    request_uid: Option<String>,
+    request_name: Option<String>,
+    identity: String,
+    dns_names: Vec<String>,
+    #[serde(with = "time::serde::rfc3339")]
+    not_before: OffsetDateTime,
+    #[serde(with = "time::serde::rfc3339")]
+    not_after: OffsetDateTime,
+    spki_sha256: String,
+    issuer_fingerprint: String,
+    #[serde(with = "time::serde::rfc3339")]
+    issued_at: OffsetDateTime,
+}
+
+impl From<LegacyRecord> for LedgerRecord {
+    fn from(l: LegacyRecord) -> Self {
+        let source =
+            serde_json::from_value(serde_json::Value::String(l.source)).unwrap_or(Source::Unknown);
+        // spiffe://<td>/ns/<ns>/sa/<sa>
+        let mut parts = l.identity.rsplit('/');
+        let service_account = parts.next().unwrap_or_default().to_owned();
+        let _ = parts.next();
+        let namespace = parts.next().unwrap_or_default().to_owned();
+        LedgerRecord {
+            schema: 0,
+            id: l.serial.clone(),
+            time: l.issued_at,
+            source,
+            signer: String::new(),
+            outcome: RecordOutcome::Issued,
+            reason: crate::reason::ISSUED.into(),
+            message: None,
+            identity: l.identity,
+            requester: None,
+            namespace,
+            service_account,
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            request_uid: l.request_uid,
+            request_name: l.request_name,
+            serial: Some(l.serial),
+            cert_sha256: None,
+            spki_sha256: Some(l.spki_sha256),
+            key_type: None,
+            dns_names: l.dns_names,
+            not_before: Some(l.not_before),
+            not_after: Some(l.not_after),
+            ca_generation: None,
+            issuer_fingerprint: Some(l.issuer_fingerprint),
+            replica: String::new(),
+        }
+    }
+}
+
+/// Which records a query wants; every field set must match. Serials and fingerprints are hex in
+/// any case, colons allowed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// The SPIFFE ID.
+    pub identity: Option<String>,
+    pub namespace: Option<String>,
+    pub node: Option<String>,
+    pub serial: Option<String>,
+    /// The certificate's, the subject key's or the issuing CA's SHA-256 fingerprint.
+    pub fingerprint: Option<String>,
+    /// At or after.
+    pub since: Option<OffsetDateTime>,
+    /// Before.
+    pub until: Option<OffsetDateTime>,
+    pub outcome: Option<RecordOutcome>,
+    /// At most this many (newest first); 0 = no limit.
+    pub limit: usize,
+}
+
+/// Hex as the ledger stores it: lowercase, no colons.
+pub fn normalize_hex(text: &str) -> String {
+    text.replace(':', "").trim().to_ascii_lowercase()
+}
+
+impl Filter {
+    pub fn matches(&self, r: &LedgerRecord) -> bool {
+        let eq = |want: &Option<String>, have: Option<&str>| {
+            want.as_deref().is_none_or(|w| Some(w) == have)
+        };
+        let serial = self.serial.as_deref().map(normalize_hex);
+        let fingerprint = self.fingerprint.as_deref().map(normalize_hex);
+        eq(&self.identity, Some(r.identity.as_str()))
+            && eq(&self.namespace, Some(r.namespace.as_str()))
+            && eq(&self.node, r.node_name.as_deref())
+            && eq(&serial, r.serial.as_deref())
+            && fingerprint.as_deref().is_none_or(|f| {
+                [&r.cert_sha256, &r.spki_sha256, &r.issuer_fingerprint]
+                    .iter()
+                    .any(|have| have.as_deref().map(normalize_hex).as_deref() == Some(f))
+            })
+            && self.since.is_none_or(|s| r.time >= s)
+            && self.until.is_none_or(|u| r.time < u)
+            && self.outcome.is_none_or(|o| r.outcome == o)
+    }
+
+    fn full(&self, found: usize) -> bool {
+        self.limit != 0 && found >= self.limit
     }
 }
 
@@ -77,7 +455,8 @@ impl LedgerRecord {
 pub enum LedgerError {
     #[error(
         "ledger {path} is open in another podca process (podca dev or serve); stop it to query \
-         the ledger directly"
+         the ledger directly, or give each replica its own [ledger] path (or use backend = \
+         \"postgres\")"
     )]
     InUse { path: String },
     #[error("ledger {path}: {detail}")]
@@ -116,7 +495,7 @@ impl Ledger {
         let tx = ledger.db.begin_write().map_err(|e| ledger.storage(e))?;
         {
             tx.open_table(RECORDS).map_err(|e| ledger.storage(e))?;
-            tx.open_table(BY_SERIAL).map_err(|e| ledger.storage(e))?;
+            tx.open_table(BY_ID).map_err(|e| ledger.storage(e))?;
             tx.open_multimap_table(BY_IDENTITY)
                 .map_err(|e| ledger.storage(e))?;
             tx.open_table(BY_TIME).map_err(|e| ledger.storage(e))?;
@@ -125,48 +504,71 @@ impl Ledger {
         Ok(ledger)
     }
 
-    /// Appends records in one durable transaction: all of them or none.
-    pub fn append(&self, records: &[LedgerRecord]) -> Result<(), LedgerError> {
+    /// The file, as shown in errors.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Appends records in one durable transaction: all of them or none. A record whose id is
+    /// already in the ledger (a retried write) is skipped; the answer says, per record, whether
+    /// it was new.
+    pub fn append(&self, records: &[LedgerRecord]) -> Result<Vec<bool>, LedgerError> {
         if records.is_empty() {
-            return Ok(());
+            return Ok(vec![]);
         }
+        let mut inserted = Vec::with_capacity(records.len());
         let tx = self.db.begin_write().map_err(|e| self.storage(e))?;
         {
             let mut table = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
-            let mut by_serial = tx.open_table(BY_SERIAL).map_err(|e| self.storage(e))?;
+            let mut by_id = tx.open_table(BY_ID).map_err(|e| self.storage(e))?;
             let mut by_identity = tx
                 .open_multimap_table(BY_IDENTITY)
                 .map_err(|e| self.storage(e))?;
             let mut by_time = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
-            let first = table
+            let mut seq = table
                 .last()
                 .map_err(|e| self.storage(e))?
                 .map_or(0, |(k, _)| k.value() + 1);
-            for (seq, record) in (first..).zip(records) {
-                let json = serde_json::to_vec(record).map_err(|e| self.storage(e))?;
+            for record in records {
+                if by_id
+                    .get(record.id.as_str())
+                    .map_err(|e| self.storage(e))?
+                    .is_some()
+                {
+                    inserted.push(false);
+                    continue;
+                }
+                let json = record.to_json();
                 table
-                    .insert(seq, json.as_slice())
+                    .insert(seq, json.as_bytes())
                     .map_err(|e| self.storage(e))?;
-                by_serial
-                    .insert(record.serial.as_str(), seq)
+                by_id
+                    .insert(record.id.as_str(), seq)
                     .map_err(|e| self.storage(e))?;
                 by_identity
                     .insert(record.identity.as_str(), seq)
                     .map_err(|e| self.storage(e))?;
                 by_time
-                    .insert((record.issued_at.unix_timestamp(), seq), ())
+                    .insert((record.time.unix_timestamp(), seq), ())
                     .map_err(|e| self.storage(e))?;
+                inserted.push(true);
+                seq += 1;
             }
         }
-        tx.commit().map_err(|e| self.storage(e))
+        tx.commit().map_err(|e| self.storage(e))?;
+        Ok(inserted)
     }
 
-    /// The record of one serial (hex, any case, optional colons).
+    /// The record of one issued certificate by serial (hex, any case, optional colons).
     pub fn by_serial(&self, serial: &str) -> Result<Option<LedgerRecord>, LedgerError> {
-        let serial = serial.replace(':', "").to_ascii_lowercase();
+        self.by_id(&normalize_hex(serial))
+    }
+
+    /// The record with this id.
+    pub fn by_id(&self, id: &str) -> Result<Option<LedgerRecord>, LedgerError> {
         let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
-        let index = tx.open_table(BY_SERIAL).map_err(|e| self.storage(e))?;
-        let Some(seq) = index.get(serial.as_str()).map_err(|e| self.storage(e))? else {
+        let index = tx.open_table(BY_ID).map_err(|e| self.storage(e))?;
+        let Some(seq) = index.get(id).map_err(|e| self.storage(e))? else {
             return Ok(None);
         };
         let table = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
@@ -188,7 +590,7 @@ impl Ledger {
         Ok(out)
     }
 
-    /// Records issued in `[from, to)`, oldest first, at most `limit`.
+    /// Records made in `[from, to)`, oldest first, at most `limit`.
     pub fn issued_between(
         &self,
         from: OffsetDateTime,
@@ -209,14 +611,94 @@ impl Ledger {
 
     /// The newest `limit` records, newest first.
     pub fn latest(&self, limit: usize) -> Result<Vec<LedgerRecord>, LedgerError> {
+        self.query(&Filter {
+            limit,
+            ..Filter::default()
+        })
+    }
+
+    /// The records `filter` wants, newest first.
+    pub fn query(&self, filter: &Filter) -> Result<Vec<LedgerRecord>, LedgerError> {
+        if let Some(serial) = &filter.serial {
+            return Ok(self
+                .by_serial(serial)?
+                .filter(|r| filter.matches(r))
+                .into_iter()
+                .collect());
+        }
+        if let Some(identity) = &filter.identity {
+            let mut found: Vec<_> = self
+                .by_identity(identity)?
+                .into_iter()
+                .filter(|r| filter.matches(r))
+                .collect();
+            found.reverse();
+            if filter.limit != 0 {
+                found.truncate(filter.limit);
+            }
+            return Ok(found);
+        }
         let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let index = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
         let table = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
+        let from = filter.since.map_or(i64::MIN, |t| t.unix_timestamp());
+        let to = filter.until.map_or(i64::MAX, |t| t.unix_timestamp());
         let mut out = vec![];
-        for entry in table.iter().map_err(|e| self.storage(e))?.rev().take(limit) {
-            let (seq, bytes) = entry.map_err(|e| self.storage(e))?;
-            out.push(self.decode(seq.value(), bytes.value())?);
+        for entry in index
+            .range((from, 0u64)..=(to, u64::MAX))
+            .map_err(|e| self.storage(e))?
+            .rev()
+        {
+            let (key, _) = entry.map_err(|e| self.storage(e))?;
+            let record = self.read(&table, key.value().1)?;
+            if filter.matches(&record) {
+                out.push(record);
+                if filter.full(out.len()) {
+                    break;
+                }
+            }
         }
         Ok(out)
+    }
+
+    /// Deletes every record made before `before`; says how many.
+    pub fn prune(&self, before: OffsetDateTime) -> Result<u64, LedgerError> {
+        let tx = self.db.begin_write().map_err(|e| self.storage(e))?;
+        let mut pruned = 0;
+        {
+            let mut table = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
+            let mut by_id = tx.open_table(BY_ID).map_err(|e| self.storage(e))?;
+            let mut by_identity = tx
+                .open_multimap_table(BY_IDENTITY)
+                .map_err(|e| self.storage(e))?;
+            let mut by_time = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
+            let mut old = vec![];
+            for entry in by_time
+                .range(..(before.unix_timestamp(), 0u64))
+                .map_err(|e| self.storage(e))?
+            {
+                let (key, _) = entry.map_err(|e| self.storage(e))?;
+                old.push(key.value());
+            }
+            for (second, seq) in old {
+                let record = match table.remove(seq).map_err(|e| self.storage(e))? {
+                    Some(bytes) => Some(self.decode(seq, bytes.value())?),
+                    None => None,
+                };
+                if let Some(record) = record {
+                    by_id
+                        .remove(record.id.as_str())
+                        .map_err(|e| self.storage(e))?;
+                    by_identity
+                        .remove(record.identity.as_str(), seq)
+                        .map_err(|e| self.storage(e))?;
+                    pruned += 1;
+                }
+                by_time.remove((second, seq)).map_err(|e| self.storage(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.storage(e))?;
+        Ok(pruned)
     }
 
     /// How many records the ledger holds.
@@ -248,7 +730,7 @@ impl Ledger {
     }
 
     fn decode(&self, seq: u64, bytes: &[u8]) -> Result<LedgerRecord, LedgerError> {
-        serde_json::from_slice(bytes).map_err(|e| LedgerError::Corrupt {
+        LedgerRecord::from_json(bytes).map_err(|e| LedgerError::Corrupt {
             path: self.path.clone(),
             seq,
             detail: e.to_string(),
@@ -259,6 +741,207 @@ impl Ledger {
         LedgerError::Storage {
             path: self.path.clone(),
             detail: e.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn context() -> RecordContext {
+        RecordContext {
+            source: Source::Pcr,
+            signer: "example.com/workload".into(),
+            identity: spiffe_id("cluster.local", "payments", "api"),
+            requester: Some("system:node:node-1".into()),
+            namespace: "payments".into(),
+            service_account: "api".into(),
+            pod_name: Some("api-0".into()),
+            pod_uid: Some("pod-uid".into()),
+            node_name: Some("node-1".into()),
+            request_uid: Some("pcr-uid".into()),
+            request_name: Some("payments/api-0-pcr".into()),
+            ca_generation: Some(3),
+            issuer_fingerprint: Some("ab".repeat(32)),
+            replica: "podca-0".into(),
+            time: time::macros::datetime!(2026-11-24 10:00:00.5 UTC),
+        }
+    }
+
+    #[test]
+    fn a_refused_request_is_keyed_by_its_uid_so_a_retry_is_no_second_record() {
+        let c = context();
+        let a = LedgerRecord::refused(&c, RecordOutcome::Denied, "NamespaceNotAllowed", "no");
+        let b = LedgerRecord::refused(&c, RecordOutcome::Denied, "NamespaceNotAllowed", "no");
+        assert_eq!(a.id, "pcr:pcr-uid");
+        assert_eq!(a, b);
+        assert_eq!(a.time, time::macros::datetime!(2026-11-24 10:00 UTC));
+        assert_eq!(a.schema, SCHEMA_VERSION);
+        // Without a request uid (a gRPC refusal) every record is its own.
+        let mut grpc = context();
+        grpc.source = Source::Grpc;
+        grpc.request_uid = None;
+        let x = LedgerRecord::refused(&grpc, RecordOutcome::Failed, "CANotReady", "m");
+        let y = LedgerRecord::refused(&grpc, RecordOutcome::Failed, "CANotReady", "m");
+        assert!(x.id.starts_with("grpc:"), "{}", x.id);
+        assert_ne!(x.id, y.id);
+    }
+
+    #[test]
+    fn json_round_trips_and_legacy_records_still_read() {
+        let record = LedgerRecord::refused(&context(), RecordOutcome::Denied, "R", "m");
+        let json = record.to_json();
+        assert!(json.contains("\"schema\":1"), "{json}");
+        assert!(json.contains("\"outcome\":\"denied\""), "{json}");
+        assert!(json.contains("\"source\":\"pcr\""), "{json}");
+        assert_eq!(LedgerRecord::from_json(json.as_bytes()).unwrap(), record);
+        let legacy = br#"{"serial":"0a","source":"grpc","request_uid":null,"request_name":null,
+            "identity":"spiffe://td/ns/a/sa/b","dns_names":[],
+            "not_before":"2026-11-29T12:00:00Z","not_after":"2026-11-30T12:00:00Z",
+            "spki_sha256":"cd","issuer_fingerprint":"ef","issued_at":"2026-11-29T12:00:00Z"}"#;
+        let old = LedgerRecord::from_json(legacy).unwrap();
+        assert_eq!(old.id, "0a");
+        assert_eq!(old.source, Source::Grpc);
+        assert_eq!(
+            (old.namespace.as_str(), old.service_account.as_str()),
+            ("a", "b")
+        );
+        assert_eq!(old.outcome, RecordOutcome::Issued);
+        assert!(LedgerRecord::from_json(b"{\"serial\":1}").is_err());
+    }
+
+    #[test]
+    fn filters_match_each_field_on_its_own() {
+        let mut r = LedgerRecord::refused(&context(), RecordOutcome::Issued, "Issued", "");
+        r.serial = Some("0abc".into());
+        r.cert_sha256 = Some("11".repeat(32));
+        let all = Filter::default();
+        assert!(all.matches(&r));
+        let t = r.time;
+        for (what, filter, hit) in [
+            (
+                "identity",
+                Filter {
+                    identity: Some(r.identity.clone()),
+                    ..all.clone()
+                },
+                true,
+            ),
+            (
+                "identity other",
+                Filter {
+                    identity: Some("spiffe://x".into()),
+                    ..all.clone()
+                },
+                false,
+            ),
+            (
+                "namespace other",
+                Filter {
+                    namespace: Some("web".into()),
+                    ..all.clone()
+                },
+                false,
+            ),
+            (
+                "node",
+                Filter {
+                    node: Some("node-1".into()),
+                    ..all.clone()
+                },
+                true,
+            ),
+            (
+                "node other",
+                Filter {
+                    node: Some("node-2".into()),
+                    ..all.clone()
+                },
+                false,
+            ),
+            (
+                "serial any case",
+                Filter {
+                    serial: Some("0A:BC".into()),
+                    ..all.clone()
+                },
+                true,
+            ),
+            (
+                "serial other",
+                Filter {
+                    serial: Some("0abd".into()),
+                    ..all.clone()
+                },
+                false,
+            ),
+            (
+                "cert fingerprint",
+                Filter {
+                    fingerprint: Some("11".repeat(32)),
+                    ..all.clone()
+                },
+                true,
+            ),
+            (
+                "issuer fingerprint",
+                Filter {
+                    fingerprint: Some("AB".repeat(32)),
+                    ..all.clone()
+                },
+                true,
+            ),
+            (
+                "fingerprint other",
+                Filter {
+                    fingerprint: Some("22".repeat(32)),
+                    ..all.clone()
+                },
+                false,
+            ),
+            (
+                "since",
+                Filter {
+                    since: Some(t),
+                    ..all.clone()
+                },
+                true,
+            ),
+            (
+                "since later",
+                Filter {
+                    since: Some(t + time::Duration::SECOND),
+                    ..all.clone()
+                },
+                false,
+            ),
+            (
+                "until is exclusive",
+                Filter {
+                    until: Some(t),
+                    ..all.clone()
+                },
+                false,
+            ),
+            (
+                "outcome",
+                Filter {
+                    outcome: Some(RecordOutcome::Issued),
+                    ..all.clone()
+                },
+                true,
+            ),
+            (
+                "outcome other",
+                Filter {
+                    outcome: Some(RecordOutcome::Denied),
+                    ..all.clone()
+                },
+                false,
+            ),
+        ] {
+            assert_eq!(filter.matches(&r), hit, "{what}");
         }
     }
 }

@@ -19,7 +19,7 @@ pub use backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};
 pub use ca::{CaCertificate, CaError, IssuingCa, NameConstraints};
 pub use issue::{CertificateRequest, IssueError, IssuedCertificate, Outcome, sign_request};
 pub use keys::{KeyError, KeyType, SubjectKey};
-pub use ledger::{Ledger, LedgerError, LedgerRecord};
+pub use ledger::{Filter, Ledger, LedgerError, LedgerRecord, RecordContext, RecordOutcome, Source};
 pub use policy::{Decision, SignerPolicy};
 pub use reason::{DenyReason, FailReason};
 pub use schedule::{Validity, ValidityError, plan_validity};

@@ -6,22 +6,39 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration as StdDuration, Instant};
 
-use podca_signer::{Ledger, LedgerError, LedgerRecord};
+use podca_signer::{Filter, Ledger, LedgerError, LedgerRecord, RecordOutcome, Source};
 use time::{Duration, OffsetDateTime};
 
 fn record(i: u64, identity: &str, issued_at: OffsetDateTime) -> LedgerRecord {
+    let serial = format!("{:032x}", 0x4000_0000_0000_0000_u128 + u128::from(i));
     LedgerRecord {
-        serial: format!("{:032x}", 0x4000_0000_0000_0000_u128 + u128::from(i)),
-        source: "test".into(),
+        schema: podca_signer::ledger::SCHEMA_VERSION,
+        id: serial.clone(),
+        time: issued_at,
+        source: Source::Cli,
+        signer: "test".into(),
+        outcome: RecordOutcome::Issued,
+        reason: "Issued".into(),
+        message: None,
+        identity: identity.into(),
+        requester: None,
+        namespace: "ns".into(),
+        service_account: "sa".into(),
+        pod_name: None,
+        pod_uid: None,
+        node_name: Some(format!("node-{}", i % 2)),
         request_uid: Some(format!("uid-{i}")),
         request_name: Some(format!("ns/req-{i}")),
-        identity: identity.into(),
+        serial: Some(serial),
+        cert_sha256: Some(format!("{:064x}", i + 1_000_000)),
+        spki_sha256: Some(format!("{i:064x}")),
+        key_type: Some("ECDSAP256".into()),
         dns_names: vec![],
-        not_before: issued_at,
-        not_after: issued_at + Duration::hours(24),
-        spki_sha256: format!("{i:064x}"),
-        issuer_fingerprint: "ab".repeat(32),
-        issued_at,
+        not_before: Some(issued_at),
+        not_after: Some(issued_at + Duration::hours(24)),
+        ca_generation: Some(1),
+        issuer_fingerprint: Some("ab".repeat(32)),
+        replica: "test".into(),
     }
 }
 
@@ -46,7 +63,7 @@ fn queries_by_serial_identity_and_time() {
     assert_eq!(ledger.len().unwrap(), 30);
 
     let r7 = ledger
-        .by_serial(&records[7].serial.to_uppercase())
+        .by_serial(&records[7].id.to_uppercase())
         .unwrap()
         .unwrap();
     assert_eq!(r7, records[7]);
@@ -69,6 +86,43 @@ fn queries_by_serial_identity_and_time() {
     let latest = ledger.latest(2).unwrap();
     assert_eq!(latest[0], records[29]);
     assert_eq!(latest[1], records[28]);
+
+    // A retried append adds nothing: the id (the serial) is unique.
+    assert_eq!(ledger.append(&records[5..7]).unwrap(), [false, false]);
+    assert_eq!(ledger.len().unwrap(), 30);
+
+    // Filtered queries, newest first: node and time window together.
+    let on_node_1 = ledger
+        .query(&Filter {
+            node: Some("node-1".into()),
+            since: Some(t0 + Duration::minutes(10)),
+            until: Some(t0 + Duration::minutes(16)),
+            ..Filter::default()
+        })
+        .unwrap();
+    assert_eq!(
+        on_node_1
+            .iter()
+            .map(|r| r.request_uid.clone().unwrap())
+            .collect::<Vec<_>>(),
+        ["uid-15", "uid-13", "uid-11"]
+    );
+    let by_fingerprint = ledger
+        .query(&Filter {
+            fingerprint: Some(format!("{:064X}", 12 + 1_000_000)),
+            ..Filter::default()
+        })
+        .unwrap();
+    assert_eq!(by_fingerprint, [records[12].clone()]);
+
+    // Pruning drops the old records from every index.
+    assert_eq!(ledger.prune(t0 + Duration::minutes(20)).unwrap(), 20);
+    assert_eq!(ledger.len().unwrap(), 10);
+    assert!(ledger.by_serial(&records[3].id).unwrap().is_none());
+    assert_eq!(ledger.by_identity("spiffe://t/ns/a/sa/x").unwrap().len(), 3);
+    assert_eq!(ledger.query(&Filter::default()).unwrap().len(), 10);
+    // A pruned id may be written again (it is gone, not remembered).
+    assert_eq!(ledger.append(&records[3..4]).unwrap(), [true]);
 }
 
 #[test]

@@ -16,6 +16,9 @@ use podca_signer::{
 };
 use time::{Duration, OffsetDateTime};
 
+/// The `signer` of records `podca issue` makes (it issues under no configured signer).
+const CLI_SIGNER: &str = "podca issue";
+
 #[derive(Debug, Args)]
 pub struct IssueArgs {
     /// CA data directory (local issuance; ignored with --server).
@@ -145,6 +148,23 @@ impl IssueArgs {
         if !dns_names.is_empty() {
             annotations.insert(DNS_NAMES_ANNOTATION.to_string(), dns_names.join(","));
         }
+        let context = podca_signer::RecordContext {
+            source: podca_signer::Source::Cli,
+            signer: CLI_SIGNER.into(),
+            identity: podca_signer::ledger::spiffe_id(&trust_domain, &namespace, &service_account),
+            requester: Some("cli".into()),
+            namespace: namespace.clone(),
+            service_account: service_account.clone(),
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            request_uid: None,
+            request_name: None,
+            ca_generation: None,
+            issuer_fingerprint: None,
+            replica: podca_signer::ledger::replica_identity(),
+            time: OffsetDateTime::now_utc(),
+        };
         let request = CertificateRequest {
             key: Ok(subject),
             namespace,
@@ -162,7 +182,11 @@ impl IssueArgs {
             Outcome::Retry(e) => anyhow::bail!("CA unavailable, try again: {e}"),
         };
         let ledger = Ledger::open(&store.ledger_path())?;
-        ledger.append(&[LedgerRecord::of(&cert, "cli", None, None, now)])?;
+        let context = podca_signer::RecordContext {
+            time: now,
+            ..context
+        };
+        ledger.append(&[LedgerRecord::issued(&context, &cert)])?;
         let output = match &private_pem {
             Some(key) => format!("{key}{}", cert.chain_pem),
             None => cert.chain_pem.clone(),

@@ -1,35 +1,90 @@
-//! `podca ledger list|show`: query the issuance ledger.
+//! `podca ledger list|show|export|prune`: query the ledger, redb or PostgreSQL.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use podca_signer::{FileStore, Ledger, LedgerRecord};
+use podca_authority::config::{CaConfig, Config};
+use podca_authority::ledger::{LedgerBackend, PostgresSettings, PostgresTls, Store};
+use podca_signer::{FileStore, Filter, LedgerRecord, RecordOutcome};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
-    /// List issued certificates, newest first (or filtered by identity or time).
+    /// List decisions, newest first, filtered.
     List(ListArgs),
-    /// Show one certificate's record by serial number (hex).
+    /// Show one certificate's record by serial number (hex), or any record by id.
     Show(ShowArgs),
+    /// Every matching record, one JSON object per line (for a SIEM or a spreadsheet).
+    Export(ExportArgs),
+    /// Delete the records made before a time.
+    Prune(PruneArgs),
+}
+
+/// Which ledger: a data directory's redb file, a PostgreSQL database, or a config's `[ledger]`.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// CA data directory (its ledger.redb).
+    #[arg(long, env = "PODCA_DATA_DIR")]
+    pub dir: Option<PathBuf>,
+    /// A file holding the PostgreSQL connection URL (over --config and --dir).
+    #[arg(long)]
+    pub postgres_url_file: Option<PathBuf>,
+    /// PEM CA bundle that verifies the PostgreSQL server (with --postgres-url-file).
+    #[arg(long, requires = "postgres_url_file")]
+    pub postgres_ca_file: Option<PathBuf>,
+    /// `verify-full` (default) or `disable` (Unix sockets and loopback only).
+    #[arg(long, requires = "postgres_url_file", value_parser = parse_tls)]
+    pub postgres_tls: Option<PostgresTls>,
+    /// The configuration file whose `[ledger]` (and `[ca] dir`) to read (over --dir).
+    #[arg(long, env = "PODCA_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+fn parse_tls(text: &str) -> Result<PostgresTls, String> {
+    match text {
+        "verify-full" => Ok(PostgresTls::VerifyFull),
+        "disable" => Ok(PostgresTls::Disable),
+        other => Err(format!("{other:?}: use verify-full or disable")),
+    }
+}
+
+/// What to select.
+#[derive(Debug, Args)]
+pub struct FilterArgs {
+    /// Only this SPIFFE ID.
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// Only this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only requests from pods on this node.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Only this serial (hex, colons allowed).
+    #[arg(long)]
+    pub serial: Option<String>,
+    /// Only this certificate, subject key or issuing CA SHA-256 fingerprint (hex).
+    #[arg(long)]
+    pub fingerprint: Option<String>,
+    /// Only records made at or after this RFC 3339 time.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only records made before this RFC 3339 time.
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Only `issued`, `denied` or `failed`.
+    #[arg(long)]
+    pub outcome: Option<RecordOutcome>,
 }
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// CA data directory.
-    #[arg(long, env = "PODCA_DATA_DIR")]
-    pub dir: Option<PathBuf>,
-    /// Only this SPIFFE ID.
-    #[arg(long)]
-    pub identity: Option<String>,
-    /// Only records issued at or after this RFC 3339 time.
-    #[arg(long)]
-    pub since: Option<String>,
-    /// Only records issued before this RFC 3339 time.
-    #[arg(long)]
-    pub until: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    #[command(flatten)]
+    pub filter: FilterArgs,
     /// At most this many records.
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
@@ -40,31 +95,101 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
-    /// CA data directory.
-    #[arg(long, env = "PODCA_DATA_DIR")]
-    pub dir: Option<PathBuf>,
-    /// Serial number, hex (colons allowed).
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Serial number, hex (colons allowed), or a record id.
     pub serial: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Delete the records made before this RFC 3339 time.
+    #[arg(long)]
+    pub before: String,
 }
 
 impl LedgerCommand {
     pub fn run(self) -> anyhow::Result<()> {
-        match self {
-            LedgerCommand::List(a) => a.run(),
-            LedgerCommand::Show(a) => a.run(),
-        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        runtime.block_on(async move {
+            match self {
+                LedgerCommand::List(a) => a.run().await,
+                LedgerCommand::Show(a) => a.run().await,
+                LedgerCommand::Export(a) => a.run().await,
+                LedgerCommand::Prune(a) => a.run().await,
+            }
+        })
     }
 }
 
-fn open(dir: Option<PathBuf>) -> anyhow::Result<Ledger> {
-    let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
-    let path = store.ledger_path();
-    anyhow::ensure!(
-        path.exists(),
-        "no ledger at {}: nothing has been issued from this CA yet",
-        path.display()
-    );
-    Ok(Ledger::open(&path)?)
+impl StoreArgs {
+    async fn open(self) -> anyhow::Result<Store> {
+        let Self {
+            dir,
+            postgres_url_file,
+            postgres_ca_file,
+            postgres_tls,
+            config,
+        } = self;
+        if let Some(url_file) = postgres_url_file {
+            let backend = LedgerBackend::Postgres(PostgresSettings {
+                url_file,
+                tls: postgres_tls.unwrap_or_default(),
+                ca_file: postgres_ca_file,
+                // One query at a time.
+                pool_size: 1,
+            });
+            return open_backend(&backend, None).await;
+        }
+        if let Some(path) = config {
+            let config = Config::load(&path)?;
+            let default_redb = match &config.ca {
+                CaConfig::File(f) => f.dir.clone().map(|d| FileStore::new(d).ledger_path()),
+                CaConfig::Pkcs11(p) => p.dir.clone().map(|d| FileStore::new(d).ledger_path()),
+                CaConfig::Secret(_) => None,
+            };
+            return open_backend(&config.ledger.backend, default_redb).await;
+        }
+        let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        let path = store.ledger_path();
+        anyhow::ensure!(
+            path.exists(),
+            "no ledger at {}: nothing has been issued from this CA yet",
+            path.display()
+        );
+        open_backend(&LedgerBackend::Redb { path: Some(path) }, None).await
+    }
+}
+
+async fn open_backend(
+    backend: &LedgerBackend,
+    default_redb: Option<PathBuf>,
+) -> anyhow::Result<Store> {
+    if let LedgerBackend::Redb { path } = backend
+        && let Some(path) = path.as_ref().or(default_redb.as_ref())
+    {
+        anyhow::ensure!(
+            path.exists(),
+            "no ledger at {}: nothing has been recorded there yet",
+            path.display()
+        );
+    }
+    Store::open(backend, default_redb.as_deref())
+        .await?
+        .context("[ledger] backend = \"none\" keeps no records to query (see the audit log)")
 }
 
 fn parse_time(flag: &str, value: &str) -> anyhow::Result<OffsetDateTime> {
@@ -72,69 +197,121 @@ fn parse_time(flag: &str, value: &str) -> anyhow::Result<OffsetDateTime> {
         .with_context(|| format!("{flag} {value:?} is not an RFC 3339 time (2026-11-29T12:00:00Z)"))
 }
 
-impl ListArgs {
-    fn run(self) -> anyhow::Result<()> {
+impl FilterArgs {
+    fn filter(self, limit: usize) -> anyhow::Result<Filter> {
         let Self {
-            dir,
             identity,
+            namespace,
+            node,
+            serial,
+            fingerprint,
             since,
             until,
+            outcome,
+        } = self;
+        Ok(Filter {
+            identity,
+            namespace,
+            node,
+            serial,
+            fingerprint,
+            since: since
+                .as_deref()
+                .map(|s| parse_time("--since", s))
+                .transpose()?,
+            until: until
+                .as_deref()
+                .map(|s| parse_time("--until", s))
+                .transpose()?,
+            outcome,
+            limit,
+        })
+    }
+}
+
+impl ListArgs {
+    async fn run(self) -> anyhow::Result<()> {
+        let Self {
+            store,
+            filter,
             limit,
             json,
         } = self;
-        let ledger = open(dir)?;
-        let since = since
-            .as_deref()
-            .map(|s| parse_time("--since", s))
-            .transpose()?;
-        let until = until
-            .as_deref()
-            .map(|s| parse_time("--until", s))
-            .transpose()?;
-        let mut records = match (&identity, since, until) {
-            (Some(id), _, _) => ledger.by_identity(id)?,
-            (None, None, None) => ledger.latest(limit)?,
-            (None, from, to) => ledger.issued_between(
-                from.unwrap_or(OffsetDateTime::UNIX_EPOCH),
-                to.unwrap_or_else(|| OffsetDateTime::now_utc() + time::Duration::days(1)),
-                limit,
-            )?,
-        };
-        records.retain(|r| {
-            since.is_none_or(|s| r.issued_at >= s) && until.is_none_or(|u| r.issued_at < u)
-        });
-        records.truncate(limit);
+        let filter = filter.filter(limit)?;
+        let records = store.open().await?.query(&filter).await?;
         if json {
             for r in &records {
-                println!("{}", serde_json::to_string(r)?);
+                println!("{}", r.to_json());
             }
-        } else {
+            return Ok(());
+        }
+        println!(
+            "{:<34} {:<20} {:<7} {:<16} {:<3} IDENTITY",
+            "SERIAL", "TIME", "OUTCOME", "NODE", "CA"
+        );
+        for r in &records {
             println!(
-                "{:<34} {:<20} {:<20} IDENTITY",
-                "SERIAL", "ISSUED", "NOT AFTER"
+                "{:<34} {:<20} {:<7} {:<16} {:<3} {}",
+                r.serial.as_deref().unwrap_or(r.reason.as_str()),
+                short(r.time),
+                r.outcome,
+                r.node_name.as_deref().unwrap_or("-"),
+                r.ca_generation
+                    .map_or_else(|| "-".into(), |g| g.to_string()),
+                r.identity
             );
-            for r in &records {
-                println!(
-                    "{:<34} {:<20} {:<20} {}",
-                    r.serial,
-                    short(r.issued_at),
-                    short(r.not_after),
-                    r.identity
-                );
-            }
         }
         Ok(())
     }
 }
 
 impl ShowArgs {
-    fn run(self) -> anyhow::Result<()> {
-        let Self { dir, serial } = self;
-        let ledger = open(dir)?;
-        let record: LedgerRecord = ledger
-            .by_serial(&serial)?
+    async fn run(self) -> anyhow::Result<()> {
+        let Self { store, serial } = self;
+        let store = store.open().await?;
+        let by_serial = Filter {
+            serial: Some(serial.clone()),
+            ..Filter::default()
+        };
+        let mut found = store.query(&by_serial).await?;
+        if found.is_empty() {
+            // Not a serial: perhaps the id of a refusal (`pcr:<uid>`).
+            found = store
+                .query(&Filter::default())
+                .await?
+                .into_iter()
+                .filter(|r| r.id == serial)
+                .collect();
+        }
+        let record: LedgerRecord = found
+            .into_iter()
+            .next()
             .with_context(|| format!("no certificate with serial {serial} in the ledger"))?;
         println!("{}", serde_json::to_string_pretty(&record)?);
+        Ok(())
+    }
+}
+
+impl ExportArgs {
+    async fn run(self) -> anyhow::Result<()> {
+        let Self { store, filter } = self;
+        let filter = filter.filter(0)?;
+        let records = store.open().await?.query(&filter).await?;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        for r in records.iter().rev() {
+            use std::io::Write;
+            writeln!(out, "{}", r.to_json())?;
+        }
+        Ok(())
+    }
+}
+
+impl PruneArgs {
+    async fn run(self) -> anyhow::Result<()> {
+        let Self { store, before } = self;
+        let before = parse_time("--before", &before)?;
+        let pruned = store.open().await?.prune(before).await?;
+        println!("pruned {pruned} records made before {}", short(before));
         Ok(())
     }
 }

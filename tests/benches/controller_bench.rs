@@ -10,6 +10,8 @@
 //!   `count` more PCRs settled by the bench itself with raw `/status` PATCHes of pre-built
 //!   certificate chains, at the same concurrency as podca's workers (`PODCA_BENCH_WORKERS`,
 //!   default 32), and podca's rate as a share of it.
+//!   `PODCA_BENCH_LEDGER=postgres` records into a throwaway PostgreSQL server (tests/src/postgres.rs)
+//!   instead of the default redb file; `none` records nothing durable.
 //! `cargo bench -p podca-tests --bench controller_bench -- rate [per_second] [seconds]`
 //!   offers PCRs at a steady rate (default 1,000/s for 30 s) and reports p50/p99/max
 //!   creation-to-Issued latency, observed through a watch.
@@ -60,7 +62,8 @@ fn main() {
 
 /// The controller under test: a `podca serve` process, or a task in this process.
 enum Controller {
-    Process(std::process::Child),
+    /// The process, and the PostgreSQL server its ledger is in (if it is).
+    Process(std::process::Child, Option<podca_tests::postgres::Postgres>),
     Task(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -68,25 +71,29 @@ impl Controller {
     /// Peak RSS of the controller (KiB): the serve process's, or this whole process's.
     fn peak_rss_kib(&self) -> u64 {
         match self {
-            Controller::Process(child) => peak_rss_of(&format!("/proc/{}/status", child.id())),
+            Controller::Process(child, _) => peak_rss_of(&format!("/proc/{}/status", child.id())),
             Controller::Task(_) => peak_rss_of("/proc/self/status"),
         }
     }
 
     fn what(&self) -> &'static str {
         match self {
-            Controller::Process(_) => "podca serve process",
+            Controller::Process(..) => "podca serve process",
             Controller::Task(_) => "bench process: emulator + controller",
         }
     }
 
     fn stop(self) {
         match self {
-            Controller::Process(mut child) => {
+            Controller::Process(mut child, pg) => {
                 let _ = std::process::Command::new("kill")
                     .args(["-TERM", &child.id().to_string()])
                     .status();
                 let _ = child.wait();
+                if let Some(pg) = &pg {
+                    let recorded = pg.psql("select count(*) from podca_ledger");
+                    println!("ledger: {recorded} records in PostgreSQL");
+                }
             }
             Controller::Task(tx) => {
                 let _ = tx.send(());
@@ -166,10 +173,11 @@ async fn start_serve(
         .expect("podca ca init");
     assert!(init.success());
     let config = dir.join("podca.toml");
+    let (ledger, pg) = bench_ledger(dir);
     std::fs::write(
         &config,
         format!(
-            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n",
+            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n{ledger}",
             ca.display().to_string()
         ),
     )
@@ -191,7 +199,32 @@ async fn start_serve(
         assert!(Instant::now() < deadline, "podca serve never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Controller::Process(child)
+    Controller::Process(child, pg)
+}
+
+/// The `[ledger]` table `PODCA_BENCH_LEDGER` asks for (redb by default), and the PostgreSQL
+/// server it names.
+fn bench_ledger(dir: &std::path::Path) -> (String, Option<podca_tests::postgres::Postgres>) {
+    match std::env::var("PODCA_BENCH_LEDGER").as_deref() {
+        Ok("postgres") => {
+            let pg = podca_tests::postgres::Postgres::start();
+            let url = dir.join("ledger-url");
+            std::fs::write(&url, pg.unix_url()).expect("url file");
+            println!("ledger: PostgreSQL (Unix socket)");
+            (
+                format!(
+                    "[ledger]\nbackend = \"postgres\"\nurl_file = {:?}\ntls = \"disable\"\n",
+                    url.display().to_string()
+                ),
+                Some(pg),
+            )
+        }
+        Ok("none") => ("[ledger]\nbackend = \"none\"\n".into(), None),
+        _ => {
+            println!("ledger: redb (the CA data directory)");
+            (String::new(), None)
+        }
+    }
 }
 
 /// A subject key's stub CSR, as DER and as the base64 of `spec.stubPKCS10Request`.

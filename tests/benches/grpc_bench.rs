@@ -5,6 +5,9 @@
 //!    with a service-account token (one TokenReview, then the cache: a map lookup).
 //!    `PODCA_BENCH_PLAINTEXT=1`: as before TLS, against `podca dev`'s plaintext loopback listener
 //!    with the identity from dev metadata.
+//!    Over TLS it runs twice in the same run, with the default redb ledger and with the PostgreSQL
+//!    ledger (a throwaway server, tests/src/postgres.rs), and reports the PostgreSQL rate as a
+//!    share of the redb one.
 //! 2. Workload API fan-out (release `podca dev`): 1,000 open FetchX509Bundles streams on the Unix
 //!    socket; time from the CA reload (SIGHUP) until every stream has received the rotated bundle.
 //!
@@ -50,11 +53,21 @@ fn main() {
     });
     if std::env::var_os("PODCA_BENCH_PLAINTEXT").is_some_and(|v| v == "1") {
         let target = Target::Plaintext(dev.grpc);
-        runtime.block_on(issue_throughput(&target));
+        runtime.block_on(issue_throughput(&target, "redb ledger"));
     } else {
         runtime.block_on(async {
-            let (target, _serve, _cluster) = tls_target().await;
-            issue_throughput(&target).await;
+            let redb = {
+                let (target, _serve, _cluster, _pg) = tls_target(false).await;
+                issue_throughput(&target, "redb ledger").await
+            };
+            let postgres = {
+                let (target, _serve, _cluster, _pg) = tls_target(true).await;
+                issue_throughput(&target, "PostgreSQL ledger").await
+            };
+            println!(
+                "ledger: PostgreSQL {postgres:.0}/s / redb {redb:.0}/s = {:.1} %",
+                100.0 * postgres / redb
+            );
         });
     }
     runtime.block_on(fan_out(&dev));
@@ -103,8 +116,16 @@ impl Target {
     }
 }
 
-/// A release `podca serve` on the API emulator, allowed TokenReviews, and a token for it.
-async fn tls_target() -> (Target, ServeProcess, Cluster) {
+/// A release `podca serve` on the API emulator, allowed TokenReviews, and a token for it; its
+/// ledger in PostgreSQL when `postgres` (the server is returned), else the default redb file.
+async fn tls_target(
+    postgres: bool,
+) -> (
+    Target,
+    ServeProcess,
+    Cluster,
+    Option<podca_tests::postgres::Postgres>,
+) {
     let cluster = Cluster::start_with(ClusterConfig {
         emulator: EmulatorConfig {
             api_mode: ApiMode::V1Only,
@@ -128,13 +149,25 @@ async fn tls_target() -> (Target, ServeProcess, Cluster) {
         .unwrap();
     assert!(init.success());
     let config = cluster.dir.path().join("podca.toml");
+    let pg = postgres.then(podca_tests::postgres::Postgres::start);
+    let ledger = match &pg {
+        Some(pg) => {
+            let url = cluster.dir.path().join("ledger-url");
+            std::fs::write(&url, pg.unix_url()).unwrap();
+            format!(
+                "\n[ledger]\nbackend = \"postgres\"\nurl_file = {:?}\ntls = \"disable\"\n",
+                url.display().to_string()
+            )
+        }
+        None => String::new(),
+    };
     std::fs::write(
         &config,
         format!(
             "[ca]\ndir = {:?}\n\n[signers.\"example.com/workload\"]\ntrust_domain = \
              \"cluster.local\"\n\n[grpc]\n{}\
              # One identity and one address measure podca, not its fair-share limits.\n\
-             rate_limit_per_identity = 0\nmax_connections_per_peer = 4096\n",
+             rate_limit_per_identity = 0\nmax_connections_per_peer = 4096\n{ledger}",
             ca_dir.display().to_string(),
             podca_tests::tls::GRPC_TLS_CONFIG
         ),
@@ -167,10 +200,11 @@ async fn tls_target() -> (Target, ServeProcess, Cluster) {
         anchors: podca_bundle(&ca_dir),
         token,
     };
-    (target, serve, cluster)
+    (target, serve, cluster, pg)
 }
 
-async fn issue_throughput(target: &Target) {
+/// Runs the throughput clients; the rate (certificates/s).
+async fn issue_throughput(target: &Target, ledger: &str) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(ISSUE_SECONDS);
@@ -218,7 +252,7 @@ async fn issue_throughput(target: &Target) {
         Target::Tls { .. } => "TLS (podca serve)",
     };
     println!(
-        "IssueCertificate over {transport}, {CLIENTS} clients, P-256, {ISSUE_SECONDS} s: {n} issued ({:.0}/s), {} failed, \
+        "IssueCertificate over {transport}, {ledger}, {CLIENTS} clients, P-256, {ISSUE_SECONDS} s: {n} issued ({:.0}/s), {} failed, \
          latency p50 {:?} p99 {:?}",
         n as f64 / elapsed,
         failed.load(Ordering::Relaxed),
@@ -226,6 +260,7 @@ async fn issue_throughput(target: &Target) {
         pct(0.99)
     );
     assert_eq!(failed.load(Ordering::Relaxed), 0);
+    n as f64 / elapsed
 }
 
 async fn fan_out(dev: &DevProcess) {

@@ -14,6 +14,7 @@ pub mod client;
 pub mod cluster;
 pub mod emulator;
 pub mod kubelet;
+pub mod postgres;
 pub mod process;
 pub mod testca;
 pub mod tls;

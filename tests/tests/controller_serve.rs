@@ -64,7 +64,10 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
     std::fs::write(
         &config,
         format!(
-            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n",
+            // Three replicas on one data directory: its redb ledger admits one process, so none
+            // here (tests/tests/ledger_serve.rs runs replicas on a shared PostgreSQL ledger).
+            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
+             [ledger]\nbackend = \"none\"\n",
             ca_dir.display().to_string()
         ),
     )

@@ -313,9 +313,14 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
         PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["podca-system"]),
     );
     let config = c.dir.path().join("podca.toml");
+    // The Secret backend has no data directory for the default redb ledger: name a file.
+    let ledger = c.dir.path().join("ledger.redb");
     write_config(
         &config,
-        "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n",
+        &format!(
+            "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n\n[ledger]\npath = {:?}\n",
+            ledger.display().to_string()
+        ),
     );
     let _serve = ServeProcess::start(&config, &c.kubeconfig, &[], &[]);
     let bundle = published(&c.admin, 1, Duration::from_secs(30)).await;

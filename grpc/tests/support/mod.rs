@@ -137,6 +137,8 @@ pub struct Setup {
     /// A fixed API clock (the CA then starts a day before it); `None`: the system clock, and the
     /// CA starts now.
     pub now: Option<OffsetDateTime>,
+    /// Where decisions are recorded; `None`: nowhere.
+    pub ledger: Option<podca_grpc::ledger::LedgerHandle>,
 }
 
 impl Default for Setup {
@@ -152,6 +154,7 @@ impl Default for Setup {
                 AUDIENCE,
             )),
             now: None,
+            ledger: None,
         }
     }
 }
@@ -187,6 +190,9 @@ pub fn api(setup: Setup) -> Arc<Api> {
     .unwrap();
     if let Some(now) = setup.now {
         api = api.with_clock(Arc::new(move || now));
+    }
+    if let Some(ledger) = setup.ledger {
+        api = api.with_ledger(ledger);
     }
     Arc::new(api)
 }

@@ -1,0 +1,405 @@
+//! The PostgreSQL ledger against a real PostgreSQL server (tests/src/postgres.rs): migrations,
+//! a newer schema refused, group commit with unique serials, queries and pruning, TLS with
+//! certificate verification, and the one-line errors at start.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use podca_authority::ledger::{
+    self, LedgerBackend, LedgerConfig, LedgerMetrics, OnUnavailable, PostgresSettings, PostgresTls,
+    Store, StoreError,
+};
+use podca_signer::ledger::{RecordContext, RecordOutcome, Source};
+use podca_signer::{Filter, LedgerRecord};
+use podca_tests::postgres::{PASSWORD, Postgres, ServerTls};
+use time::OffsetDateTime;
+
+fn settings(
+    dir: &std::path::Path,
+    url: &str,
+    tls: PostgresTls,
+    ca: Option<PathBuf>,
+) -> LedgerBackend {
+    let url_file = dir.join(format!("url-{}", rand_suffix()));
+    std::fs::write(&url_file, url).unwrap();
+    LedgerBackend::Postgres(PostgresSettings {
+        url_file,
+        tls,
+        ca_file: ca,
+        pool_size: 2,
+    })
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+fn record(i: u32, namespace: &str, node: &str, time: OffsetDateTime) -> LedgerRecord {
+    let context = RecordContext {
+        source: Source::Pcr,
+        signer: "example.com/workload".into(),
+        identity: format!("spiffe://cluster.local/ns/{namespace}/sa/api"),
+        requester: Some(format!("system:node:{node}")),
+        namespace: namespace.into(),
+        service_account: "api".into(),
+        pod_name: Some(format!("api-{i}")),
+        pod_uid: Some(format!("pod-uid-{i}")),
+        node_name: Some(node.into()),
+        request_uid: Some(format!("pcr-uid-{i}")),
+        request_name: Some(format!("{namespace}/pcr-{i}")),
+        ca_generation: Some(2),
+        issuer_fingerprint: Some("ab".repeat(32)),
+        replica: "podca-0".into(),
+        time,
+    };
+    let mut r = LedgerRecord::refused(&context, RecordOutcome::Issued, "Issued", "");
+    r.message = None;
+    r.id = format!("{i:032x}");
+    r.serial = Some(r.id.clone());
+    r.cert_sha256 = Some(format!("{i:064x}"));
+    r
+}
+
+async fn open(backend: &LedgerBackend) -> Result<Store, StoreError> {
+    Store::open(backend, None)
+        .await
+        .map(|s| s.expect("a store"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_once_group_commit_unique_serials_queries_and_prune() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = settings(dir.path(), &pg.unix_url(), PostgresTls::Disable, None);
+    // Two replicas starting: the schema is applied once.
+    let (a, b) = tokio::join!(open(&backend), open(&backend));
+    let (store, _other) = (a.unwrap(), b.unwrap());
+    assert_eq!(pg.psql("select version from podca_schema_migrations"), "1");
+
+    let (handle, writer) = ledger::start(
+        store.clone(),
+        &LedgerConfig::default(),
+        LedgerMetrics::default(),
+    );
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(writer.run(stop));
+    let t0 = time::macros::datetime!(2026-11-24 09:00 UTC);
+    let mut callers = tokio::task::JoinSet::new();
+    for i in 0..1000u32 {
+        let h = handle.clone();
+        let (ns, node) = if i % 4 == 0 {
+            ("payments", "node-a")
+        } else {
+            ("web", "node-b")
+        };
+        let r = record(i, ns, node, t0 + time::Duration::minutes(i64::from(i)));
+        callers.spawn(async move { h.record(r).await });
+    }
+    while let Some(answer) = callers.join_next().await {
+        answer.unwrap().unwrap();
+    }
+    // Answered means committed.
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "1000");
+    // Fewer commits than records: the batches grew while a commit ran.
+    // A retry of a committed record adds nothing.
+    handle
+        .record(record(4, "payments", "node-a", t0))
+        .await
+        .unwrap();
+    assert_eq!(
+        pg.psql("select count(*), count(distinct serial) from podca_ledger"),
+        "1000|1000"
+    );
+
+    // The audit question: payments, one day, which node, which CA generation.
+    let found = store
+        .query(&Filter {
+            namespace: Some("payments".into()),
+            since: Some(t0 + time::Duration::minutes(100)),
+            until: Some(t0 + time::Duration::minutes(120)),
+            ..Filter::default()
+        })
+        .await
+        .unwrap();
+    let pods: Vec<_> = found.iter().map(|r| r.pod_name.clone().unwrap()).collect();
+    assert_eq!(
+        pods,
+        ["api-116", "api-112", "api-108", "api-104", "api-100"]
+    );
+    assert!(
+        found
+            .iter()
+            .all(|r| r.node_name.as_deref() == Some("node-a") && r.ca_generation == Some(2))
+    );
+    let by_serial = store
+        .query(&Filter {
+            serial: Some(format!("{:032X}", 7)),
+            ..Filter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_serial.len(), 1);
+    assert_eq!(
+        by_serial[0],
+        record(7, "web", "node-b", t0 + time::Duration::minutes(7))
+    );
+    let by_fingerprint = store
+        .query(&Filter {
+            fingerprint: Some(format!("{:064x}", 9)),
+            ..Filter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_fingerprint.len(), 1);
+    let denied = store
+        .query(&Filter {
+            outcome: Some(RecordOutcome::Denied),
+            ..Filter::default()
+        })
+        .await
+        .unwrap();
+    assert!(denied.is_empty());
+    let limited = store
+        .query(&Filter {
+            node: Some("node-b".into()),
+            limit: 3,
+            ..Filter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        limited
+            .iter()
+            .map(|r| r.pod_name.clone().unwrap())
+            .collect::<Vec<_>>(),
+        ["api-999", "api-998", "api-997"]
+    );
+
+    assert_eq!(
+        store
+            .prune(t0 + time::Duration::minutes(500))
+            .await
+            .unwrap(),
+        500
+    );
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "500");
+    stop_tx.send_replace(true);
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_from_a_newer_podca_is_refused_in_one_line() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = settings(dir.path(), &pg.unix_url(), PostgresTls::Disable, None);
+    drop(open(&backend).await.unwrap());
+    pg.psql("insert into podca_schema_migrations (version) values (7)");
+    let error = open(&backend).await.unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "ledger: the PostgreSQL schema is version 7, newer than this podca knows (1); run the \
+         newer podca (or restore the database)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_makes_decisions_wait_not_vanish() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = settings(dir.path(), &pg.unix_url(), PostgresTls::Disable, None);
+    let store = open(&backend).await.unwrap();
+    let t0 = OffsetDateTime::now_utc();
+
+    // retry (the default): refused while the server is down, recorded once it is back.
+    let (handle, writer) = ledger::start(
+        store.clone(),
+        &LedgerConfig::default(),
+        LedgerMetrics::default(),
+    );
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(writer.run(stop));
+    handle.record(record(1, "web", "n", t0)).await.unwrap();
+    pg.stop();
+    let error = handle.record(record(2, "web", "n", t0)).await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("the issuance ledger is unavailable: ledger: PostgreSQL: "),
+        "{error}"
+    );
+    assert!(!error.to_string().contains('\n'), "{error}");
+    pg.start_again();
+    // The pool replaces the broken connections; the retried record goes in once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match handle.record(record(2, "web", "n", t0)).await {
+            Ok(()) => break,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "2");
+    stop_tx.send_replace(true);
+    task.await.unwrap();
+
+    // continue: answered at once, held in memory, written when the server is back.
+    let config = LedgerConfig {
+        on_unavailable: OnUnavailable::Continue,
+        queue_limit: 2,
+        ..LedgerConfig::default()
+    };
+    let (handle, writer) = ledger::start(store.clone(), &config, LedgerMetrics::default());
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(writer.run(stop));
+    pg.stop();
+    handle.record(record(3, "web", "n", t0)).await.unwrap();
+    handle.record(record(4, "web", "n", t0)).await.unwrap();
+    // Beyond the bound: refused, not dropped silently.
+    let full = handle.record(record(5, "web", "n", t0)).await.unwrap_err();
+    assert!(
+        full.to_string().contains("the in-memory queue is full (2)"),
+        "{full}"
+    );
+    pg.start_again();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while pg.psql("select count(*) from podca_ledger") != "4" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held records never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop_tx.send_replace(true);
+    task.await.unwrap();
+}
+
+/// A CA named `ca_name` and a server certificate from it for `localhost` and 127.0.0.1.
+fn server_tls(ca_name: &str) -> (String, ServerTls) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, ca_name);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut server = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    server
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress([127, 0, 0, 1].into()));
+    let cert = server.signed_by(&key, &issuer).unwrap();
+    (
+        ca_cert.pem(),
+        ServerTls {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_verify_full_and_the_one_line_errors_at_start() {
+    let (ca_pem, tls) = server_tls("ledger test CA");
+    let pg = Postgres::start_with(Some(tls));
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let url = pg.tcp_url("localhost", PASSWORD);
+
+    // verify-full with the right CA: connects over TLS.
+    let store = open(&settings(
+        dir.path(),
+        &url,
+        PostgresTls::VerifyFull,
+        Some(ca_file.clone()),
+    ))
+    .await
+    .unwrap();
+    let ssl = pg.psql("select count(*) from pg_stat_ssl where ssl");
+    assert_ne!(ssl, "0", "podca's pooled connection is TLS");
+    drop(store);
+
+    // A CA that did not sign the server's certificate.
+    let (other_ca, _) = server_tls("some other CA");
+    let wrong = dir.path().join("wrong.pem");
+    std::fs::write(&wrong, other_ca).unwrap();
+    let error = open(&settings(
+        dir.path(),
+        &url,
+        PostgresTls::VerifyFull,
+        Some(wrong),
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(error.starts_with("ledger: PostgreSQL: "), "{error}");
+    assert!(error.contains("UnknownIssuer"), "{error}");
+    assert!(!error.contains('\n'), "{error}");
+
+    // The certificate names localhost and 127.0.0.1, not 127.0.0.2.
+    let error = open(&settings(
+        dir.path(),
+        &format!("host=127.0.0.2 hostaddr=127.0.0.1 port={} user=postgres password={PASSWORD} dbname=postgres", pg.port),
+        PostgresTls::VerifyFull,
+        Some(ca_file.clone()),
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("NotValidForName") || error.contains("not valid for name"),
+        "{error}"
+    );
+
+    // Wrong password: the server's own words, and never the password.
+    let error = open(&settings(
+        dir.path(),
+        &pg.tcp_url("localhost", "not-the-password"),
+        PostgresTls::VerifyFull,
+        Some(ca_file.clone()),
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        error,
+        "ledger: PostgreSQL: FATAL: password authentication failed for user \"postgres\""
+    );
+
+    // Nothing listening.
+    let closed = podca_tests::process::free_port();
+    let error = open(&settings(
+        dir.path(),
+        &format!("postgres://postgres:{PASSWORD}@localhost:{closed}/postgres"),
+        PostgresTls::VerifyFull,
+        Some(ca_file.clone()),
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.starts_with("ledger: PostgreSQL: error connecting to server"),
+        "{error}"
+    );
+    assert!(!error.contains(PASSWORD), "{error}");
+
+    // Plaintext to a host that is not local is refused before connecting.
+    let error = open(&settings(
+        dir.path(),
+        &format!("postgres://postgres:{PASSWORD}@db.example:5432/postgres"),
+        PostgresTls::Disable,
+        None,
+    ))
+    .await
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        error,
+        "[ledger] tls = \"disable\" is allowed for Unix sockets and loopback only, not for host \
+         db.example: use tls = \"verify-full\" with ca_file"
+    );
+}

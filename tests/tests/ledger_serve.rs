@@ -1,0 +1,553 @@
+//! The ledger through the real `podca serve` binary against the API emulator and a real
+//! PostgreSQL server: a PCR burst with the server restarted midway, `podca serve` killed with
+//! SIGKILL midway and restarted, two replicas sharing one ledger (the standby's gRPC issuance
+//! recorded too), the audit question answered by `podca ledger list` on both backends, and
+//! refusals in the audit log.
+//!
+//! The bursts here are a few hundred PCRs to keep this file within its time budget; the
+//! controller bench runs the 10,000-PCR burst with the PostgreSQL ledger.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use podca_proto::podca::v1::IssueCertificateRequest;
+use podca_tests::EmulatorConfig;
+use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
+use podca_tests::emulator::{ApiMode, PolicyRule, Res, ServiceAccountToken, Subject};
+use podca_tests::postgres::Postgres;
+use podca_tests::process::{csr_for, free_port, podca_binary, podca_bundle};
+use serde_json::json;
+
+const SIGNER: &str = "example.com/workload";
+const NAMESPACE: &str = "payments";
+
+/// The emulator, a CA directory, a config, and (optionally) PostgreSQL.
+struct Setup {
+    cluster: Cluster,
+    ca_dir: PathBuf,
+    config: PathBuf,
+    pg: Option<Postgres>,
+    url_file: PathBuf,
+    stubs: Vec<String>,
+}
+
+async fn setup(postgres: bool) -> Setup {
+    let cluster = Cluster::start_with(ClusterConfig {
+        emulator: EmulatorConfig {
+            api_mode: ApiMode::V1Only,
+            auto_create_namespaces: true,
+            ..Default::default()
+        },
+        podca_groups: &["system:authenticated"],
+        signers: &[SIGNER],
+    })
+    .await;
+    cluster.emu.grant(
+        Subject::User(PODCA_USER.into()),
+        PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+    );
+    cluster.emu.add_namespace(NAMESPACE);
+    let dir = cluster.dir.path().to_owned();
+    let ca_dir = dir.join("ca");
+    let init = Command::new(podca_binary())
+        .args(["ca", "init", "--dir"])
+        .arg(&ca_dir)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(init.success());
+    let pg = postgres.then(Postgres::start);
+    let url_file = dir.join("ledger-url");
+    let ledger = match &pg {
+        Some(pg) => {
+            std::fs::write(&url_file, pg.unix_url()).unwrap();
+            format!(
+                "[ledger]\nbackend = \"postgres\"\nurl_file = {:?}\ntls = \"disable\"\n",
+                url_file.display().to_string()
+            )
+        }
+        // The default: redb in the CA data directory.
+        None => String::new(),
+    };
+    let config = dir.join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
+             [grpc]\n{}\n{ledger}",
+            ca_dir.display().to_string(),
+            podca_tests::tls::GRPC_TLS_CONFIG,
+        ),
+    )
+    .unwrap();
+    let stubs = (0..8)
+        .map(|_| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            base64::engine::general_purpose::STANDARD.encode(csr_for(&key))
+        })
+        .collect();
+    Setup {
+        cluster,
+        ca_dir,
+        config,
+        pg,
+        url_file,
+        stubs,
+    }
+}
+
+/// A `podca serve` process logging to a file; killed when dropped.
+struct Serve {
+    child: Child,
+    admin: u16,
+    grpc: u16,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn start(s: &Setup, name: &str, extra: &[&str]) -> Serve {
+        let admin = free_port();
+        let grpc = free_port();
+        let log = s.cluster.dir.path().join(format!("{name}.log"));
+        let child = Command::new(podca_binary())
+            .args(["serve", "--config"])
+            .arg(&s.config)
+            .arg("--kubeconfig")
+            .arg(&s.cluster.kubeconfig)
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
+            .args(extra)
+            .env("POD_NAME", name)
+            .env("PODCA_LOG", "warn,podca::audit=info")
+            .env_remove("POD_NAMESPACE")
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        let mut serve = Serve {
+            child,
+            admin,
+            grpc,
+            log,
+        };
+        podca_tests::process::wait_listening(&mut serve.child, grpc, &serve.log);
+        serve
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn metrics(&self) -> String {
+        podca_tests::process::http_get(self.admin, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn stop(&mut self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "podca serve did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- {} ---\n{}", self.log.display(), self.log_text());
+        }
+    }
+}
+
+fn pcr(name: &str, csr: &str, node: &str) -> serde_json::Value {
+    json!({
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "signerName": SIGNER, "podName": format!("pod-{name}"),
+            "podUID": podca_tests::emulator::new_uid(),
+            "serviceAccountName": "api", "serviceAccountUID": "sa-uid",
+            "nodeName": node, "nodeUID": "node-uid", "maxExpirationSeconds": 86400,
+            "stubPKCS10Request": csr,
+        },
+        "status": {},
+    })
+}
+
+fn file_burst(s: &Setup, prefix: &str, count: usize) {
+    for i in 0..count {
+        let node = if i % 2 == 0 { "node-a" } else { "node-b" };
+        s.cluster.emu.seed_object(
+            Res::Pcr,
+            pcr(&format!("{prefix}-{i}"), &s.stubs[i % s.stubs.len()], node),
+        );
+    }
+}
+
+/// Per PCR `prefix-i`: its condition type and, if Issued, the leaf's serial (hex).
+fn settled(s: &Setup, prefix: &str, count: usize) -> Vec<(Option<String>, Option<String>)> {
+    (0..count)
+        .map(|i| {
+            let o = s
+                .cluster
+                .emu
+                .get_object(Res::Pcr, NAMESPACE, &format!("{prefix}-{i}"))
+                .unwrap();
+            let condition = o["status"]["conditions"][0]["type"]
+                .as_str()
+                .map(str::to_owned);
+            let serial = o["status"]["certificateChain"].as_str().map(leaf_serial);
+            (condition, serial)
+        })
+        .collect()
+}
+
+fn leaf_serial(chain: &str) -> String {
+    let block = pem::parse_many(chain).unwrap().remove(0);
+    let (_, cert) = x509_parser::parse_x509_certificate(block.contents()).unwrap();
+    cert.raw_serial()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+async fn wait_issued(s: &Setup, prefix: &str, at_least: usize, count: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let states = settled(s, prefix, count);
+        let failed: Vec<_> = states
+            .iter()
+            .filter(|(c, _)| c.as_deref().is_some_and(|c| c != "Issued"))
+            .collect();
+        assert!(failed.is_empty(), "PCRs were refused or failed: {failed:?}");
+        let issued = states.iter().filter(|(c, _)| c.is_some()).count();
+        if issued >= at_least {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{issued}/{at_least} of {prefix}-* issued within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every Issued PCR's serial is in the ledger exactly once.
+fn assert_every_serial_recorded_once(s: &Setup, prefix: &str, count: usize) {
+    let pg = s.pg.as_ref().unwrap();
+    let rows =
+        pg.psql("select serial from podca_ledger where source = 'pcr' and outcome = 'issued'");
+    let mut in_ledger: HashMap<&str, usize> = HashMap::new();
+    for serial in rows.lines() {
+        *in_ledger.entry(serial).or_default() += 1;
+    }
+    for (i, (_, serial)) in settled(s, prefix, count).iter().enumerate() {
+        let serial = serial
+            .as_deref()
+            .unwrap_or_else(|| panic!("{prefix}-{i} has no certificate"));
+        assert_eq!(
+            in_ledger.get(serial),
+            Some(&1),
+            "{prefix}-{i}: serial {serial}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_with_postgres_restarted_midway_records_every_serial_once() {
+    const COUNT: usize = 600;
+    let s = setup(true).await;
+    let serve = Serve::start(&s, "podca-0", &[]);
+    file_burst(&s, "b", COUNT);
+    wait_issued(&s, "b", COUNT / 8, COUNT, Duration::from_secs(30)).await;
+    let pg = s.pg.as_ref().unwrap();
+    pg.stop();
+    // While the ledger is down nothing more is answered: PCRs wait (pending, never Failed).
+    let issued = |states: &[(Option<String>, Option<String>)]| {
+        states.iter().filter(|(c, _)| c.is_some()).count()
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let settled_early = issued(&settled(&s, "b", COUNT));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let settled_late = issued(&settled(&s, "b", COUNT));
+    assert_eq!(
+        settled_early, settled_late,
+        "PCRs settled while the ledger was down"
+    );
+    assert!(
+        settled_late < COUNT,
+        "the burst ended before the ledger stopped"
+    );
+    pg.start_again();
+    wait_issued(&s, "b", COUNT, COUNT, Duration::from_secs(60)).await;
+    assert_every_serial_recorded_once(&s, "b", COUNT);
+    let metrics = serve.metrics();
+    assert!(
+        metrics.contains("podca_ledger_write_errors_total{backend=\"postgres\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("podca_ledger_records_total{backend=\"postgres\",outcome=\"issued\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_killed_mid_burst_and_restarted_leaves_every_visible_certificate_recorded() {
+    const COUNT: usize = 400;
+    let s = setup(true).await;
+    let mut first = Serve::start(&s, "podca-0", &[]);
+    file_burst(&s, "k", COUNT);
+    wait_issued(&s, "k", COUNT / 3, COUNT, Duration::from_secs(30)).await;
+    first.kill9();
+    let _second = Serve::start(&s, "podca-0", &[]);
+    wait_issued(&s, "k", COUNT, COUNT, Duration::from_secs(60)).await;
+    // Recorded before the status write: every certificate in a status is in the ledger. (A
+    // certificate recorded just before the kill but never written is in the ledger too: it was
+    // never handed out, and its PCR got another.)
+    assert_every_serial_recorded_once(&s, "k", COUNT);
+}
+
+fn token(s: &Setup, namespace: &str, service_account: &str) -> String {
+    s.cluster
+        .emu
+        .add_service_account_token(ServiceAccountToken {
+            namespace: namespace.into(),
+            service_account: service_account.into(),
+            service_account_uid: podca_tests::emulator::new_uid(),
+            audiences: vec!["podca".into()],
+            expires: s.cluster.emu.now() + time::Duration::hours(1),
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            node_uid: None,
+            credential_id: podca_tests::emulator::new_uid(),
+        })
+}
+
+fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_one_ledger_and_the_standby_records_grpc_issuance() {
+    let s = setup(true).await;
+    let lease = [
+        "--leader-elect",
+        "--lease-namespace",
+        "default",
+        "--lease-duration",
+        "4s",
+        "--lease-renew-deadline",
+        "3s",
+        "--lease-retry-period",
+        "1s",
+    ];
+    let holder = || {
+        s.cluster
+            .emu
+            .get_object(Res::Lease, "default", "podca-controller")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+    };
+    let a = Serve::start(
+        &s,
+        "replica-a",
+        &[&lease[..], &["--lease-identity", "a"]].concat(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while holder().as_deref() != Some("a") {
+        assert!(Instant::now() < deadline, "a never took the Lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let b = Serve::start(
+        &s,
+        "replica-b",
+        &[&lease[..], &["--lease-identity", "b"]].concat(),
+    );
+    file_burst(&s, "ha", 20);
+    wait_issued(&s, "ha", 20, 20, Duration::from_secs(30)).await;
+    assert_eq!(holder().as_deref(), Some("a"));
+
+    // gRPC on the standby.
+    let anchors = podca_bundle(&s.ca_dir);
+    let mut client = podca_tests::tls::client(b.grpc, &anchors).await;
+    let answer = client
+        .issue_certificate(with_token(
+            IssueCertificateRequest {
+                csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+                ..Default::default()
+            },
+            &token(&s, NAMESPACE, "api"),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let pg = s.pg.as_ref().unwrap();
+    let row = pg.psql(&format!(
+        "select replica, source, record->>'requester', identity from podca_ledger where serial = '{}'",
+        answer.serial
+    ));
+    assert_eq!(
+        row,
+        "replica-b|grpc|payments/api|spiffe://cluster.local/ns/payments/sa/api"
+    );
+    assert_eq!(
+        pg.psql("select replica, count(*) from podca_ledger where source = 'pcr' group by replica"),
+        "replica-a|20"
+    );
+    assert_every_serial_recorded_once(&s, "ha", 20);
+    drop(a);
+}
+
+/// `podca ledger list --json` with `args`, as records.
+fn ledger_list(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(podca_binary())
+        .args(["ledger", "list", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Files PCRs from two nodes, refuses a caller with a bad token, stops serve; then answers
+/// "what did we issue to payments/api in this window, from which node, under which CA
+/// generation" with `podca ledger list` over `store_args`.
+async fn audit_question(s: &Setup, store_args: &[&str]) {
+    let started = time::OffsetDateTime::now_utc() - time::Duration::seconds(2);
+    let mut serve = Serve::start(s, "podca-0", &[]);
+    file_burst(s, "q", 6);
+    wait_issued(s, "q", 6, 6, Duration::from_secs(30)).await;
+    // A caller with a token TokenReview does not know: refused, and in the audit log.
+    let anchors = podca_bundle(&s.ca_dir);
+    let mut client = podca_tests::tls::client(serve.grpc, &anchors).await;
+    let refused = client
+        .issue_certificate(with_token(
+            IssueCertificateRequest {
+                csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+                ..Default::default()
+            },
+            "not-a-known-token-7f3a",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    serve.stop();
+    let log = serve.log_text();
+    let audit: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| l.find("{\"audit\":").map(|i| &l[i..]))
+        .map(|json| serde_json::from_str(json).unwrap())
+        .collect();
+    let refusal = audit
+        .iter()
+        .find(|a| a["event"] == "refusal")
+        .unwrap_or_else(|| panic!("no refusal in the audit log: {log}"));
+    assert_eq!(refusal["code"], "UNAUTHENTICATED", "{refusal}");
+    assert_eq!(
+        refusal["method"], "podca.v1.PodCA/IssueCertificate",
+        "{refusal}"
+    );
+    assert!(
+        !log.contains("not-a-known-token-7f3a"),
+        "the token is in the log"
+    );
+    let decisions = audit.iter().filter(|a| a["event"] == "decision").count();
+    assert_eq!(decisions, 6, "{log}");
+
+    let since = started
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let until = (time::OffsetDateTime::now_utc() + time::Duration::seconds(2))
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap();
+    let identity = format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/api");
+    let window = [
+        "--identity",
+        identity.as_str(),
+        "--since",
+        since.as_str(),
+        "--until",
+        until.as_str(),
+    ];
+    let records = ledger_list(&[store_args, &window].concat());
+    assert_eq!(records.len(), 6, "{records:?}");
+    for r in &records {
+        assert_eq!(r["outcome"], "issued", "{r}");
+        assert_eq!(r["namespace"], NAMESPACE, "{r}");
+        assert!(
+            r["node_name"] == "node-a" || r["node_name"] == "node-b",
+            "{r}"
+        );
+        assert_eq!(
+            r["requester"],
+            format!("system:node:{}", r["node_name"].as_str().unwrap())
+        );
+        assert!(r["ca_generation"].as_u64().is_some(), "{r}");
+        assert_eq!(r["issuer_fingerprint"].as_str().unwrap().len(), 64, "{r}");
+        assert_eq!(r["replica"], "podca-0", "{r}");
+    }
+    let on_a = ledger_list(&[store_args, &window, &["--node", "node-a"]].concat());
+    assert_eq!(on_a.len(), 3, "{on_a:?}");
+    // An earlier window holds nothing.
+    let earlier = ledger_list(&[store_args, &["--until", since.as_str()]].concat());
+    assert!(earlier.is_empty(), "{earlier:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_question_on_redb_and_refusals_in_the_audit_log() {
+    let s = setup(false).await;
+    let dir = s.ca_dir.display().to_string();
+    audit_question(&s, &["--dir", dir.as_str()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_question_on_postgres() {
+    let s = setup(true).await;
+    let url = s.url_file.display().to_string();
+    audit_question(
+        &s,
+        &[
+            "--postgres-url-file",
+            url.as_str(),
+            "--postgres-tls",
+            "disable",
+        ],
+    )
+    .await;
+}
