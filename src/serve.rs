@@ -21,7 +21,7 @@ use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
 use podca_controller::publisher::PublisherOptions;
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
-use podca_grpc::auth::{PodDirectory, TokenReviewAuthenticator, TokenReviewer};
+use podca_grpc::auth::{PodDirectory, TokenReviewAuthenticator, TokenReviewLimits, TokenReviewer};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
 use tokio::net::TcpListener;
@@ -333,6 +333,8 @@ struct GrpcSettings {
     listen: SocketAddr,
     api: ApiOptions,
     audience: String,
+    /// `[grpc] max_token_reviews`, `token_cache_seconds`.
+    token_reviews: TokenReviewLimits,
     tls: GrpcTls,
     /// The trust domain of the gRPC signer's policy: podca's own SPIFFE ID is in it.
     trust_domain: String,
@@ -350,11 +352,18 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
         api: ApiOptions {
             signers: config.signers.clone(),
             default_signer: signer_name.to_owned(),
+            allowed_signers: config.grpc_allowed_signers()?,
+            max_dns_names: config.grpc.max_dns_names,
             node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
             rate_limit_per_identity: config.grpc.rate_limit_per_identity,
             max_open_streams: config.grpc.max_open_streams,
         },
         audience: config.grpc.token_audience.clone(),
+        token_reviews: TokenReviewLimits {
+            max_concurrent: config.grpc.max_token_reviews,
+            cache_ttl: std::time::Duration::from_secs(config.grpc.token_cache_seconds),
+            ..TokenReviewLimits::default()
+        },
     })
 }
 
@@ -378,6 +387,7 @@ async fn start_grpc(
         listen,
         api,
         audience,
+        token_reviews,
         tls,
         trust_domain,
     } = settings;
@@ -394,7 +404,9 @@ async fn start_grpc(
     let grpc_ready = readiness.component("grpc");
     grpc_ready.set(true);
     let authenticator =
-        TokenReviewAuthenticator::new(kube.reviewer, audience).with_clock(Arc::clone(clock));
+        TokenReviewAuthenticator::with_limits(kube.reviewer, audience, token_reviews)
+            .with_clock(Arc::clone(clock))
+            .with_metrics(metrics.grpc.clone());
     let api = Arc::new(
         Api::new(
             api,
@@ -403,7 +415,8 @@ async fn start_grpc(
             Some(kube.pods),
             tasks.receiver(),
         )?
-        .with_clock(Arc::clone(clock)),
+        .with_clock(Arc::clone(clock))
+        .with_metrics(metrics.grpc.clone()),
     );
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {

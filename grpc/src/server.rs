@@ -13,6 +13,7 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 
 use super::core::{Api, MAX_MESSAGE_BYTES};
+use super::observe;
 use super::podca_service::PodCaService;
 use super::tls;
 use super::uds_authority::AuthorityFix;
@@ -48,6 +49,7 @@ pub async fn serve_tls(
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tls::incoming(listener, config, tls::HANDSHAKE_TIMEOUT);
     builder()
+        .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
@@ -67,6 +69,7 @@ pub async fn serve_tcp(
         })
     });
     builder()
+        .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
@@ -80,6 +83,7 @@ pub async fn serve_unix(
 ) -> Result<(), tonic::transport::Error> {
     let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new));
     builder()
+        .add_routes(observe::edge_routes(&api).await)
         .add_service(workload(&api))
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -10,6 +10,7 @@ pub mod names;
 mod patch;
 pub mod pcr;
 pub mod pem;
+pub mod pod_state;
 pub mod podca_rbac;
 pub mod resources;
 mod selectors;
@@ -177,6 +178,8 @@ pub struct Counters {
     pub watches_opened: u64,
     pub cleaner_deleted: u64,
     pub token_reviews: u64,
+    /// The most TokenReviews ever answered at once (see [`pod_state`]).
+    pub token_reviews_max_in_flight: u64,
 }
 
 pub(crate) struct Shared {
@@ -189,6 +192,7 @@ pub(crate) struct Shared {
     pub(crate) kill_watches: watch::Sender<u64>,
     pub(crate) addr: Mutex<Option<SocketAddr>>,
     shutdown: Notify,
+    pub(crate) token_review: pod_state::TokenReviewState,
 }
 
 impl std::fmt::Debug for Shared {
@@ -370,6 +374,7 @@ impl Emulator {
             kill_watches: kill_tx,
             addr: Mutex::new(Some(addr)),
             shutdown: Notify::new(),
+            token_review: pod_state::TokenReviewState::default(),
         });
         let emu = Emulator {
             shared: shared.clone(),
