@@ -194,6 +194,8 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             ApiOptions {
                 signers: config.signers.clone(),
                 default_signer: signer_name.clone(),
+                allowed_signers: config.grpc_allowed_signers()?,
+                max_dns_names: config.grpc.max_dns_names,
                 node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
                 rate_limit_per_identity: config.grpc.rate_limit_per_identity,
                 max_open_streams: config.grpc.max_open_streams,

@@ -22,7 +22,9 @@ use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
 use podca_controller::publisher::PublisherOptions;
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
-use podca_grpc::auth::{Authenticator, PodDirectory, TokenReviewAuthenticator, TokenReviewer};
+use podca_grpc::auth::{
+    Authenticator, PodDirectory, TokenReviewAuthenticator, TokenReviewLimits, TokenReviewer,
+};
 use podca_grpc::connections::ConnectionLimits;
 use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
@@ -400,6 +402,8 @@ struct GrpcSettings {
     listen: SocketAddr,
     api: ApiOptions,
     audience: String,
+    /// `[grpc] max_token_reviews`, `token_cache_seconds`.
+    token_reviews: TokenReviewLimits,
     tls: GrpcTls,
     /// The trust domain of the gRPC signer's policy: podca's own SPIFFE ID is in it.
     trust_domain: String,
@@ -423,6 +427,8 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
         api: ApiOptions {
             signers: config.signers.clone(),
             default_signer: signer_name.to_owned(),
+            allowed_signers: config.grpc_allowed_signers()?,
+            max_dns_names: config.grpc.max_dns_names,
             node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
             rate_limit_per_identity: config.grpc.rate_limit_per_identity,
             max_open_streams: config.grpc.max_open_streams,
@@ -434,6 +440,11 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
         },
         mtls_renewal: config.grpc.mtls_renewal,
         ledger: LedgerHandle::none(),
+        token_reviews: TokenReviewLimits {
+            max_concurrent: config.grpc.max_token_reviews,
+            cache_ttl: std::time::Duration::from_secs(config.grpc.token_cache_seconds),
+            ..TokenReviewLimits::default()
+        },
     })
 }
 
@@ -457,6 +468,7 @@ async fn start_grpc(
         listen,
         api,
         audience,
+        token_reviews,
         tls,
         trust_domain,
         limits,
@@ -488,7 +500,9 @@ async fn start_grpc(
     let grpc_ready = readiness.component("grpc");
     grpc_ready.set(true);
     let tokens: Arc<dyn Authenticator> = Arc::new(
-        TokenReviewAuthenticator::new(kube.reviewer, audience).with_clock(Arc::clone(clock)),
+        TokenReviewAuthenticator::with_limits(kube.reviewer, audience, token_reviews)
+            .with_clock(Arc::clone(clock))
+            .with_metrics(metrics.grpc.clone()),
     );
     let authenticator: Arc<dyn Authenticator> = match client_trust {
         Some(trust) => Arc::new(CertificateAuthenticator::new(
@@ -507,7 +521,8 @@ async fn start_grpc(
             tasks.receiver(),
         )?
         .with_clock(Arc::clone(clock))
-        .with_ledger(ledger),
+        .with_ledger(ledger)
+        .with_metrics(metrics.grpc.clone()),
     );
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {

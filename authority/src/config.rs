@@ -408,7 +408,22 @@ pub struct GrpcConfig {
     /// for its identity without a token.
     #[serde(default = "yes")]
     pub mtls_renewal: bool,
+    // Authorization and TokenReview bounds (see the operator guide, "Authorization").
+    /// The signer names gRPC callers may use; default: `signer` only. Must include `signer`.
+    pub signers: Option<Vec<String>>,
+    /// TokenReviews in flight at once, across all callers.
+    #[serde(default = "default_max_token_reviews")]
+    pub max_token_reviews: usize,
+    /// The longest a successful TokenReview is trusted: how long a revoked token keeps working.
+    #[serde(default = "default_token_cache_seconds")]
+    pub token_cache_seconds: u64,
+    /// DNS names one gRPC-issued certificate may carry.
+    #[serde(default = "default_max_dns_names")]
+    pub max_dns_names: usize,
 }
+
+/// The largest `[grpc] token_cache_seconds` accepted.
+pub const MAX_TOKEN_CACHE_SECONDS: u64 = 600;
 
 /// `[grpc] tls` as written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -578,6 +593,10 @@ impl Default for GrpcConfig {
             max_connections_per_peer: default_max_connections_per_peer(),
             max_connections: default_max_connections(),
             mtls_renewal: true,
+            signers: None,
+            max_token_reviews: default_max_token_reviews(),
+            token_cache_seconds: default_token_cache_seconds(),
+            max_dns_names: default_max_dns_names(),
         }
     }
 }
@@ -675,6 +694,15 @@ fn default_max_connections() -> NonZeroUsize {
 fn default_max_open_streams() -> usize {
     10_000
 }
+fn default_max_token_reviews() -> usize {
+    8
+}
+fn default_token_cache_seconds() -> u64 {
+    60
+}
+fn default_max_dns_names() -> usize {
+    16
+}
 fn default_workers() -> usize {
     8
 }
@@ -698,7 +726,47 @@ impl Config {
                 .with_context(|| format!("signer {name:?}"))?;
         }
         config.grpc.tls(config.grpc.listen)?;
+        config.check_grpc_limits()?;
         Ok(config)
+    }
+
+    /// The `[grpc]` authorization keys: signers that exist, bounds that make sense.
+    fn check_grpc_limits(&self) -> anyhow::Result<()> {
+        let grpc = &self.grpc;
+        if let Some(names) = &grpc.signers {
+            if names.is_empty() {
+                anyhow::bail!("[grpc] signers is empty; list at least the signer gRPC issues for");
+            }
+            if let Some(unknown) = names.iter().find(|n| !self.signers.contains_key(*n)) {
+                anyhow::bail!("[grpc] signers: {unknown:?} is not a configured signer");
+            }
+            if let Some(default) = &grpc.signer
+                && !names.contains(default)
+            {
+                anyhow::bail!("[grpc] signers must include [grpc] signer {default:?}");
+            }
+        }
+        if grpc.max_token_reviews == 0 {
+            anyhow::bail!("[grpc] max_token_reviews must be at least 1");
+        }
+        if grpc.token_cache_seconds > MAX_TOKEN_CACHE_SECONDS {
+            anyhow::bail!(
+                "[grpc] token_cache_seconds = {} is above the maximum of {MAX_TOKEN_CACHE_SECONDS}",
+                grpc.token_cache_seconds
+            );
+        }
+        if grpc.max_dns_names == 0 {
+            anyhow::bail!("[grpc] max_dns_names must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The signer names gRPC callers may use: `[grpc] signers`, or the gRPC signer alone.
+    pub fn grpc_allowed_signers(&self) -> anyhow::Result<Vec<String>> {
+        match &self.grpc.signers {
+            Some(names) => Ok(names.clone()),
+            None => Ok(vec![self.grpc_signer()?.0.to_owned()]),
+        }
     }
 
     /// The longest leaf lifetime any signer issues: how long a retired CA's leaves can live.
@@ -726,6 +794,20 @@ impl Config {
                 .next()
                 .map(|(k, v)| (k.as_str(), v))
                 .context("no signer configured"),
+            // `[grpc] signers` names exactly one: that one.
+            None if self.grpc.signers.as_ref().is_some_and(|s| s.len() == 1) => {
+                let name = self
+                    .grpc
+                    .signers
+                    .iter()
+                    .flatten()
+                    .next()
+                    .context("no signer")?;
+                self.signers
+                    .get_key_value(name)
+                    .map(|(k, v)| (k.as_str(), v))
+                    .with_context(|| format!("grpc.signers {name:?} is not a configured signer"))
+            }
             None => anyhow::bail!(
                 "{} signers are configured; set grpc.signer to choose one for gRPC requests",
                 self.signers.len()
@@ -979,6 +1061,40 @@ mod tests {
         for (table, expected) in cases {
             let err = grpc(table).expect_err(table);
             assert!(err.contains(expected), "{table}: {err}");
+        }
+    }
+
+    #[test]
+    fn grpc_authorization_keys() {
+        let two = "[signers.\"a.example/x\"]\ntrust_domain = \"t\"\n\
+                   [signers.\"a.example/y\"]\ntrust_domain = \"t\"\n";
+        let c = Config::parse(&format!("{two}[grpc]\nsigner = \"a.example/x\"")).unwrap();
+        assert_eq!(c.grpc_allowed_signers().unwrap(), ["a.example/x"]);
+        assert_eq!(c.grpc.max_token_reviews, 8);
+        assert_eq!(c.grpc.token_cache_seconds, 60);
+        assert_eq!(c.grpc.max_dns_names, 16);
+        let c = Config::parse(&format!("{two}[grpc]\nsigners = [\"a.example/y\"]")).unwrap();
+        assert_eq!(c.grpc_signer().unwrap().0, "a.example/y");
+        assert_eq!(c.grpc_allowed_signers().unwrap(), ["a.example/y"]);
+        for (table, needle) in [
+            (
+                "signers = [\"a.example/z\"]",
+                "\"a.example/z\" is not a configured signer",
+            ),
+            ("signers = []", "[grpc] signers is empty"),
+            (
+                "signer = \"a.example/x\"\nsigners = [\"a.example/y\"]",
+                "must include [grpc] signer",
+            ),
+            (
+                "max_token_reviews = 0",
+                "max_token_reviews must be at least 1",
+            ),
+            ("token_cache_seconds = 601", "above the maximum of 600"),
+            ("max_dns_names = 0", "max_dns_names must be at least 1"),
+        ] {
+            let err = Config::parse(&format!("{two}[grpc]\n{table}")).unwrap_err();
+            assert!(format!("{err:#}").contains(needle), "{table}: {err:#}");
         }
     }
 

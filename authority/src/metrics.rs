@@ -41,6 +41,101 @@ pub struct OpLabels {
     pub op: &'static str,
 }
 
+/// A gRPC method and the status code it answered with.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcCallLabels {
+    /// `Service/Method`, e.g. `podca.v1.PodCA/IssueCertificate`.
+    pub method: &'static str,
+    /// The gRPC status code's name, e.g. `OK`, `UNAUTHENTICATED`.
+    pub code: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// The gRPC edge's metrics. Cloning shares the same series; a `GrpcMetrics::default()` that
+/// was never registered counts into nothing anyone exports (tests, `podca dev` before wiring).
+#[derive(Debug, Clone)]
+pub struct GrpcMetrics {
+    /// `podca_grpc_requests_total{method,code}`.
+    pub requests: Family<GrpcCallLabels, Counter>,
+    /// `podca_grpc_request_duration_seconds{method}`.
+    pub request_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    /// `podca_grpc_refusals_total{reason}`: requests refused, by why.
+    pub refusals: Family<ReasonLabels, Counter>,
+    /// `podca_tokenreview_requests_total{result}` (authenticated|refused|error).
+    pub token_reviews: Family<ResultLabels, Counter>,
+    /// `podca_tokenreview_duration_seconds`.
+    pub token_review_seconds: Histogram,
+    /// `podca_tokenreview_cache_total{result}` (hit|miss|negative_hit).
+    pub token_cache: Family<ResultLabels, Counter>,
+}
+
+fn fast_histogram() -> Histogram {
+    // 0.5 ms … ~16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+impl Default for GrpcMetrics {
+    fn default() -> Self {
+        GrpcMetrics {
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(fast_histogram),
+            refusals: Family::default(),
+            token_reviews: Family::default(),
+            token_review_seconds: fast_histogram(),
+            token_cache: Family::default(),
+        }
+    }
+}
+
+impl GrpcMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "grpc_requests",
+            "gRPC requests answered, by method and status code",
+            self.requests.clone(),
+        );
+        registry.register(
+            "grpc_request_duration_seconds",
+            "Seconds from a gRPC request to its answer (streams: to the first message), by method",
+            self.request_seconds.clone(),
+        );
+        registry.register(
+            "grpc_refusals",
+            "gRPC requests refused, by reason",
+            self.refusals.clone(),
+        );
+        registry.register(
+            "tokenreview_requests",
+            "TokenReviews sent to the Kubernetes API, by result (authenticated, refused, error)",
+            self.token_reviews.clone(),
+        );
+        registry.register(
+            "tokenreview_duration_seconds",
+            "Seconds a TokenReview took",
+            self.token_review_seconds.clone(),
+        );
+        registry.register(
+            "tokenreview_cache",
+            "Bearer-token lookups in the TokenReview caches (hit, miss, negative_hit)",
+            self.token_cache.clone(),
+        );
+    }
+}
+
 fn latency_histogram() -> Histogram {
     // 5 ms … ~20 min.
     Histogram::new(exponential_buckets(0.005, 2.0, 18))
@@ -86,6 +181,8 @@ pub struct Metrics {
     /// 1 when the gRPC API serves plaintext on an address other than loopback
     /// (`[grpc] insecure_plaintext = true`).
     pub grpc_insecure_plaintext: Gauge,
+    /// The gRPC edge: requests by method and code, refusals, TokenReviews.
+    pub grpc: GrpcMetrics,
 }
 
 impl Default for Metrics {
@@ -132,6 +229,8 @@ impl Metrics {
             ca_history_rejected.clone(),
         );
         let grpc_insecure_plaintext = Gauge::default();
+        let grpc = GrpcMetrics::default();
+        grpc.register(&mut registry);
         registry.register(
             "grpc_insecure_plaintext",
             "1 when the gRPC API serves plaintext on a non-loopback address (insecure_plaintext)",
@@ -256,6 +355,7 @@ impl Metrics {
             ca_history_rejected,
             kube_request_timeouts,
             grpc_insecure_plaintext,
+            grpc,
         }
     }
 
@@ -288,6 +388,25 @@ mod tests {
             .observe(0.2);
         m.ca_not_after.set(1_900_000_000);
         m.ctb_writes.get_or_create(&OpLabels { op: "create" }).inc();
+        m.grpc
+            .requests
+            .get_or_create(&GrpcCallLabels {
+                method: "podca.v1.PodCA/IssueCertificate",
+                code: "OK",
+            })
+            .inc();
+        m.grpc
+            .request_seconds
+            .get_or_create(&MethodLabels {
+                method: "podca.v1.PodCA/IssueCertificate",
+            })
+            .observe(0.001);
+        m.grpc
+            .token_cache
+            .get_or_create(&ResultLabels {
+                result: "negative_hit",
+            })
+            .inc();
         let text = m.encode();
         for name in [
             "podca_pcr_issued_total{signer=\"example.com/s\",reason=\"Issued\"} 1",
@@ -297,6 +416,10 @@ mod tests {
             "podca_ctb_writes_total{op=\"create\"} 1",
             "podca_ctb_drift_repairs_total 0",
             "podca_ctb_publish_errors_total 0",
+            "podca_grpc_requests_total{method=\"podca.v1.PodCA/IssueCertificate\",code=\"OK\"} 1",
+            "podca_tokenreview_cache_total{result=\"negative_hit\"} 1",
+            "podca_tokenreview_duration_seconds_bucket",
+            "podca_grpc_request_duration_seconds_count{method=\"podca.v1.PodCA/IssueCertificate\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing in:\n{text}");
         }

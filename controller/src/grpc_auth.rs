@@ -101,6 +101,8 @@ impl PodDirectory for KubePodDirectory {
                     .unwrap_or_else(|| "default".into()),
                 node_name: spec.node_name,
                 uid: p.metadata.uid,
+                terminating: p.metadata.deletion_timestamp.is_some(),
+                phase: p.status.and_then(|s| s.phase),
             }
         }))
     }

@@ -12,6 +12,7 @@ use base64::Engine;
 
 use podca_authority::Clock;
 use podca_authority::config::DevIdentity;
+use podca_authority::metrics::{GrpcMetrics, ResultLabels};
 
 /// The caller's Kubernetes identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -101,6 +102,9 @@ pub enum AuthError {
     /// The token and the client certificate name different identities.
     #[error("{0}")]
     Mismatch(String),
+    /// Every TokenReview slot stayed busy for the whole queue wait.
+    #[error("too many credential checks in flight (at most {0} TokenReviews at once); retry later")]
+    Busy(usize),
 }
 
 /// Why a question to the Kubernetes API (a TokenReview, a pod read) got no answer. The edge
@@ -236,17 +240,75 @@ pub trait TokenReviewer: Send + Sync + fmt::Debug {
 const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
-/// Longest a review is trusted when the token names no expiry.
-const MAX_CACHE: Duration = Duration::from_secs(600);
+/// Entries each cache holds at most (SHA-256 keys, so ~100 bytes an entry).
 const MAX_CACHE_ENTRIES: usize = 100_000;
+const MAX_NEGATIVE_ENTRIES: usize = 10_000;
+/// Reviews in flight (or abandoned by callers that went away) tracked for coalescing.
+const MAX_IN_FLIGHT_ENTRIES: usize = 10_000;
 
-/// In-cluster: bearer service-account tokens checked with TokenReview, cached until the token's
-/// `exp` (at most [`MAX_CACHE`]).
+/// How much of the Kubernetes API a flood of bearer tokens can use, and how long answers are
+/// trusted. Every field is documented in the operator guide ("Authorization").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenReviewLimits {
+    /// TokenReviews in flight at once, across all callers (`[grpc] max_token_reviews`).
+    pub max_concurrent: usize,
+    /// How long a caller waits for a free TokenReview slot before it is refused with
+    /// `RESOURCE_EXHAUSTED`.
+    pub queue_wait: Duration,
+    /// The longest a successful review is trusted (`[grpc] token_cache_seconds`): the longest
+    /// a revoked token, or one whose pod has gone, keeps working. Never past the token's `exp`.
+    pub cache_ttl: Duration,
+    /// How long a refused token is refused without asking again.
+    pub negative_ttl: Duration,
+}
+
+impl TokenReviewLimits {
+    pub const DEFAULT_MAX_CONCURRENT: usize = 8;
+    pub const DEFAULT_QUEUE_WAIT: Duration = Duration::from_secs(1);
+    pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(60);
+    pub const NEGATIVE_TTL: Duration = Duration::from_secs(10);
+}
+
+impl Default for TokenReviewLimits {
+    fn default() -> Self {
+        TokenReviewLimits {
+            max_concurrent: Self::DEFAULT_MAX_CONCURRENT,
+            queue_wait: Self::DEFAULT_QUEUE_WAIT,
+            cache_ttl: Self::DEFAULT_CACHE_TTL,
+            negative_ttl: Self::NEGATIVE_TTL,
+        }
+    }
+}
+
+/// SHA-256 of a token: the only form in which a token is remembered.
+type TokenKey = [u8; 32];
+
+/// One review's outcome, shared by every request that carried the same token meanwhile.
+type SharedReview = Arc<tokio::sync::OnceCell<Result<Identity, AuthError>>>;
+
+#[derive(Debug, Default)]
+struct Caches {
+    /// Token hash → identity, and until when it holds.
+    positive: HashMap<TokenKey, (Identity, Instant)>,
+    /// Token hash → why it was refused, and until when that holds.
+    negative: HashMap<TokenKey, (String, Instant)>,
+    /// Reviews under way: requests with the same token wait for the same answer.
+    in_flight: HashMap<TokenKey, SharedReview>,
+}
+
+/// In-cluster: bearer service-account tokens checked with TokenReview.
+///
+/// Bounded on every side ([`TokenReviewLimits`]): at most `max_concurrent` reviews at once;
+/// requests carrying the same token share one review; a refused token is refused from memory
+/// for `negative_ttl`; a success is cached until the token's `exp`, at most `cache_ttl`.
+/// Tokens are remembered only as SHA-256 hashes.
 pub struct TokenReviewAuthenticator {
     reviewer: Arc<dyn TokenReviewer>,
     audience: String,
-    /// SHA-256 of the token → identity and how long the review holds.
-    cache: Mutex<HashMap<[u8; 32], (Identity, Instant)>>,
+    limits: TokenReviewLimits,
+    slots: Arc<tokio::sync::Semaphore>,
+    caches: Mutex<Caches>,
+    metrics: GrpcMetrics,
     /// The time a token's `exp` is compared with.
     clock: Clock,
 }
@@ -256,16 +318,35 @@ impl fmt::Debug for TokenReviewAuthenticator {
         f.debug_struct("TokenReviewAuthenticator")
             .field("reviewer", &self.reviewer)
             .field("audience", &self.audience)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
 
+fn token_key(token: &BearerToken) -> TokenKey {
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.expose().as_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(digest.as_ref());
+    key
+}
+
 impl TokenReviewAuthenticator {
     pub fn new(reviewer: Arc<dyn TokenReviewer>, audience: impl Into<String>) -> Self {
+        Self::with_limits(reviewer, audience, TokenReviewLimits::default())
+    }
+
+    pub fn with_limits(
+        reviewer: Arc<dyn TokenReviewer>,
+        audience: impl Into<String>,
+        limits: TokenReviewLimits,
+    ) -> Self {
         TokenReviewAuthenticator {
             reviewer,
             audience: audience.into(),
-            cache: Mutex::new(HashMap::new()),
+            slots: Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1))),
+            limits,
+            caches: Mutex::new(Caches::default()),
+            metrics: GrpcMetrics::default(),
             clock: podca_authority::system_clock(),
         }
     }
@@ -277,25 +358,111 @@ impl TokenReviewAuthenticator {
         self
     }
 
-    fn cached(&self, key: &[u8; 32], now: Instant) -> Option<Identity> {
-        let cache = self.cache.lock().ok()?;
-        cache
-            .get(key)
-            .filter(|(_, until)| *until > now)
-            .map(|(id, _)| id.clone())
+    /// Counts reviews, their latency and cache use in `metrics`.
+    pub fn with_metrics(mut self, metrics: GrpcMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
-    fn remember(&self, key: [u8; 32], identity: Identity, until: Instant) {
-        if let Ok(mut cache) = self.cache.lock() {
-            if cache.len() >= MAX_CACHE_ENTRIES {
-                let now = Instant::now();
-                cache.retain(|_, (_, u)| *u > now);
-                if cache.len() >= MAX_CACHE_ENTRIES {
-                    cache.clear();
+    fn caches(&self) -> std::sync::MutexGuard<'_, Caches> {
+        // A poisoned lock only means a request panicked mid-update; the maps are still maps.
+        self.caches.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count_cache(&self, result: &'static str) {
+        self.metrics
+            .token_cache
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// What the caches already say of a token.
+    fn remembered(&self, key: &TokenKey, now: Instant) -> Option<Result<Identity, AuthError>> {
+        let caches = self.caches();
+        if let Some((identity, until)) = caches.positive.get(key)
+            && *until > now
+        {
+            return Some(Ok(identity.clone()));
+        }
+        if let Some((why, until)) = caches.negative.get(key)
+            && *until > now
+        {
+            return Some(Err(AuthError::Invalid(why.clone())));
+        }
+        None
+    }
+
+    /// The review every request with this token waits for.
+    fn shared_review(&self, key: TokenKey) -> SharedReview {
+        let mut caches = self.caches();
+        if caches.in_flight.len() >= MAX_IN_FLIGHT_ENTRIES && !caches.in_flight.contains_key(&key) {
+            // Entries whose every waiter went away before an answer.
+            caches.in_flight.retain(|_, c| Arc::strong_count(c) > 1);
+        }
+        Arc::clone(caches.in_flight.entry(key).or_default())
+    }
+
+    /// Asks the Kubernetes API once (within a slot) and remembers the verdict.
+    async fn review(
+        &self,
+        token: &BearerToken,
+        key: TokenKey,
+        lifetime: Duration,
+    ) -> Result<Identity, AuthError> {
+        let slot = tokio::time::timeout(
+            self.limits.queue_wait,
+            Arc::clone(&self.slots).acquire_owned(),
+        )
+        .await;
+        let _slot = match slot {
+            Ok(Ok(slot)) => slot,
+            // Timed out waiting (or, never, the semaphore closed).
+            _ => return Err(AuthError::Busy(self.limits.max_concurrent)),
+        };
+        let started = Instant::now();
+        let answer = self.reviewer.review(token, &self.audience).await;
+        self.metrics
+            .token_review_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let (result, verdict) = match answer {
+            Err(e) => ("error", Err(AuthError::Unavailable(e))),
+            Ok(status) => match identity_from_review(&status, &self.audience) {
+                Ok(identity) => ("authenticated", Ok(identity)),
+                Err(e) => ("refused", Err(e)),
+            },
+        };
+        self.metrics
+            .token_reviews
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        let now = Instant::now();
+        let mut caches = self.caches();
+        match &verdict {
+            Ok(identity) => {
+                let ttl = lifetime.min(self.limits.cache_ttl);
+                if !ttl.is_zero() {
+                    if caches.positive.len() >= MAX_CACHE_ENTRIES {
+                        caches.positive.retain(|_, (_, until)| *until > now);
+                    }
+                    if caches.positive.len() < MAX_CACHE_ENTRIES {
+                        caches.positive.insert(key, (identity.clone(), now + ttl));
+                    }
                 }
             }
-            cache.insert(key, (identity, until));
+            Err(AuthError::Invalid(why)) if !self.limits.negative_ttl.is_zero() => {
+                if caches.negative.len() >= MAX_NEGATIVE_ENTRIES {
+                    caches.negative.retain(|_, (_, until)| *until > now);
+                }
+                if caches.negative.len() < MAX_NEGATIVE_ENTRIES {
+                    caches
+                        .negative
+                        .insert(key, (why.clone(), now + self.limits.negative_ttl));
+                }
+            }
+            // Outages are never remembered: the next request asks again.
+            Err(_) => {}
         }
+        verdict
     }
 }
 
@@ -307,36 +474,38 @@ impl Authenticator for TokenReviewAuthenticator {
         credentials: &Credentials,
     ) -> Result<Identity, AuthError> {
         let token = credentials.bearer.as_ref().ok_or(AuthError::Missing)?;
-        let key: [u8; 32] = {
-            let digest =
-                aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.expose().as_bytes());
-            let mut key = [0u8; 32];
-            key.copy_from_slice(digest.as_ref());
-            key
-        };
-        let now = Instant::now();
-        if let Some(identity) = self.cached(&key, now) {
-            return Ok(identity);
+        let key = token_key(token);
+        if let Some(known) = self.remembered(&key, Instant::now()) {
+            self.count_cache(if known.is_ok() { "hit" } else { "negative_hit" });
+            return known;
         }
         // Expired tokens are refused here too, so a cached review never outlives the token.
-        let remaining = match token_expiry(token) {
+        let lifetime = match token_expiry(token) {
             Some(exp) => {
                 let unix_now = u64::try_from((self.clock)().unix_timestamp()).unwrap_or(0);
                 if exp <= unix_now {
                     return Err(AuthError::Invalid("the token has expired".into()));
                 }
-                Duration::from_secs(exp - unix_now).min(MAX_CACHE)
+                Duration::from_secs(exp - unix_now)
             }
-            None => MAX_CACHE,
+            None => self.limits.cache_ttl,
         };
-        let status = self
-            .reviewer
-            .review(token, &self.audience)
+        self.count_cache("miss");
+        let shared = self.shared_review(key);
+        let verdict = shared
+            .get_or_init(|| self.review(token, key, lifetime))
             .await
-            .map_err(AuthError::Unavailable)?;
-        let identity = identity_from_review(&status, &self.audience)?;
-        self.remember(key, identity.clone(), now + remaining);
-        Ok(identity)
+            .clone();
+        // The verdict is in the caches (or deliberately not): the next request reads them.
+        let mut caches = self.caches();
+        if caches
+            .in_flight
+            .get(&key)
+            .is_some_and(|c| Arc::ptr_eq(c, &shared))
+        {
+            caches.in_flight.remove(&key);
+        }
+        verdict
     }
 }
 
@@ -395,11 +564,22 @@ fn token_expiry(token: &BearerToken) -> Option<u64> {
 pub const KUBE_API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A pod, as IssueForPod needs to know it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodInfo {
     pub service_account: String,
     pub node_name: Option<String>,
     pub uid: Option<String>,
+    /// `metadata.deletionTimestamp` is set: the pod is being deleted.
+    pub terminating: bool,
+    /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`).
+    pub phase: Option<String>,
+}
+
+impl PodInfo {
+    /// Whether the pod has finished for good (`Succeeded` or `Failed`).
+    pub fn finished(&self) -> bool {
+        matches!(self.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
 }
 
 /// Looks pods up (IssueForPod).
@@ -544,12 +724,203 @@ mod tests {
             AuthError::Unavailable(LookupError::Timeout(KUBE_API_TIMEOUT)).to_string(),
             "cannot check credentials now: TokenReview did not answer within 5s"
         );
-        // Failed reviews are never cached.
+        // A refused token is remembered (negative cache): asked once, refused again from
+        // memory with the same message. An outage is never remembered.
         let calls = reviewer.calls.load(Ordering::SeqCst);
+        let unknown = creds(jwt("stranger", now() + 3600));
+        let first = auth.authenticate(&Peer::Unknown, &unknown).await;
+        let again = auth.authenticate(&Peer::Unknown, &unknown).await;
+        assert_eq!(first, again);
+        assert_eq!(
+            first,
+            Err(AuthError::Invalid("invalid bearer token".into()))
+        );
         let _ = auth
-            .authenticate(&Peer::Unknown, &creds(jwt("unknown", now() + 3600)))
+            .authenticate(&Peer::Unknown, &creds(jwt("down", now() + 60)))
             .await;
-        assert_eq!(reviewer.calls.load(Ordering::SeqCst), calls + 1);
+        assert_eq!(reviewer.calls.load(Ordering::SeqCst), calls + 2);
+    }
+
+    /// A reviewer that takes `delay` per review, counting reviews and the most in flight.
+    #[derive(Debug)]
+    struct SlowReviewer {
+        delay: Duration,
+        calls: AtomicUsize,
+        in_flight: AtomicUsize,
+        max_in_flight: AtomicUsize,
+    }
+
+    impl SlowReviewer {
+        fn new(delay: Duration) -> Arc<Self> {
+            Arc::new(SlowReviewer {
+                delay,
+                calls: AtomicUsize::new(0),
+                in_flight: AtomicUsize::new(0),
+                max_in_flight: AtomicUsize::new(0),
+            })
+        }
+    }
+
+    #[tonic::async_trait]
+    impl TokenReviewer for SlowReviewer {
+        async fn review(
+            &self,
+            token: &BearerToken,
+            audience: &str,
+        ) -> Result<ReviewStatus, LookupError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(if token.expose().starts_with("good") {
+                ReviewStatus {
+                    authenticated: true,
+                    username: "system:serviceaccount:shop:web".into(),
+                    audiences: vec![audience.into()],
+                    ..Default::default()
+                }
+            } else {
+                ReviewStatus {
+                    error: Some("invalid bearer token".into()),
+                    ..Default::default()
+                }
+            })
+        }
+    }
+
+    fn limits(max_concurrent: usize, queue_wait: Duration) -> TokenReviewLimits {
+        TokenReviewLimits {
+            max_concurrent,
+            queue_wait,
+            ..TokenReviewLimits::default()
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_one_bad_token_makes_one_review() {
+        let reviewer = SlowReviewer::new(Duration::from_millis(200));
+        let auth = Arc::new(TokenReviewAuthenticator::with_limits(
+            reviewer.clone(),
+            "podca",
+            limits(4, Duration::from_secs(5)),
+        ));
+        let flood = (0..200).map(|_| {
+            let auth = Arc::clone(&auth);
+            tokio::spawn(async move {
+                auth.authenticate(&Peer::Unknown, &creds(BearerToken::new("bad-token")))
+                    .await
+            })
+        });
+        for call in flood.collect::<Vec<_>>() {
+            assert_eq!(
+                call.await.unwrap(),
+                Err(AuthError::Invalid("invalid bearer token".into()))
+            );
+        }
+        assert_eq!(reviewer.calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_distinct_bad_tokens_stays_within_the_cap() {
+        let reviewer = SlowReviewer::new(Duration::from_millis(100));
+        let auth = Arc::new(TokenReviewAuthenticator::with_limits(
+            reviewer.clone(),
+            "podca",
+            limits(3, Duration::from_millis(250)),
+        ));
+        let flood = (0..100).map(|i| {
+            let auth = Arc::clone(&auth);
+            tokio::spawn(async move {
+                auth.authenticate(&Peer::Unknown, &creds(BearerToken::new(format!("bad-{i}"))))
+                    .await
+            })
+        });
+        let mut busy = 0;
+        for call in flood.collect::<Vec<_>>() {
+            match call.await.unwrap() {
+                Err(AuthError::Invalid(_)) => {}
+                Err(AuthError::Busy(3)) => busy += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(reviewer.max_in_flight.load(Ordering::SeqCst), 3);
+        // 100 ms a review, 3 at a time, 250 ms of queueing: about 9 reviews, never 100.
+        let calls = reviewer.calls.load(Ordering::SeqCst);
+        assert!(calls <= 12, "{calls} reviews");
+        assert_eq!(busy, 100 - calls);
+        assert_eq!(
+            AuthError::Busy(3).to_string(),
+            "too many credential checks in flight (at most 3 TokenReviews at once); retry later"
+        );
+    }
+
+    #[tokio::test]
+    async fn cache_lifetimes_are_bounded() {
+        let reviewer = SlowReviewer::new(Duration::ZERO);
+        let auth = TokenReviewAuthenticator::with_limits(
+            reviewer.clone(),
+            "podca",
+            TokenReviewLimits {
+                cache_ttl: Duration::from_millis(100),
+                negative_ttl: Duration::from_millis(100),
+                ..TokenReviewLimits::default()
+            },
+        );
+        // A token valid for an hour is trusted for cache_ttl only, then asked about again.
+        let good = creds(jwt("good", now() + 3600));
+        let bad = creds(BearerToken::new("bad"));
+        for _ in 0..3 {
+            auth.authenticate(&Peer::Unknown, &good).await.unwrap();
+            let _ = auth.authenticate(&Peer::Unknown, &bad).await;
+        }
+        assert_eq!(reviewer.calls.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        auth.authenticate(&Peer::Unknown, &good).await.unwrap();
+        let _ = auth.authenticate(&Peer::Unknown, &bad).await;
+        assert_eq!(reviewer.calls.load(Ordering::SeqCst), 4);
+        // token_cache_seconds = 0: every request asks.
+        let uncached = TokenReviewAuthenticator::with_limits(
+            reviewer.clone(),
+            "podca",
+            TokenReviewLimits {
+                cache_ttl: Duration::ZERO,
+                ..TokenReviewLimits::default()
+            },
+        );
+        uncached.authenticate(&Peer::Unknown, &good).await.unwrap();
+        uncached.authenticate(&Peer::Unknown, &good).await.unwrap();
+        assert_eq!(reviewer.calls.load(Ordering::SeqCst), 6);
+    }
+
+    #[tokio::test]
+    async fn reviews_are_counted() {
+        let metrics = GrpcMetrics::default();
+        let auth = TokenReviewAuthenticator::new(SlowReviewer::new(Duration::ZERO), "podca")
+            .with_metrics(metrics.clone());
+        let good = creds(jwt("good", now() + 3600));
+        auth.authenticate(&Peer::Unknown, &good).await.unwrap();
+        auth.authenticate(&Peer::Unknown, &good).await.unwrap();
+        let bad = creds(BearerToken::new("bad"));
+        let _ = auth.authenticate(&Peer::Unknown, &bad).await;
+        let _ = auth.authenticate(&Peer::Unknown, &bad).await;
+        let cache = |result| {
+            metrics
+                .token_cache
+                .get_or_create(&ResultLabels { result })
+                .get()
+        };
+        let reviews = |result| {
+            metrics
+                .token_reviews
+                .get_or_create(&ResultLabels { result })
+                .get()
+        };
+        assert_eq!(
+            (cache("miss"), cache("hit"), cache("negative_hit")),
+            (2, 1, 1)
+        );
+        assert_eq!((reviews("authenticated"), reviews("refused")), (1, 1));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What the services share: configuration, the CA handle, authentication, limits, and the
 //! issuing path (CSR → policy → certificate). No `tonic::Status` here: errors are [`ApiError`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use podca_signer::ledger::{RecordOutcome, Source};
@@ -16,10 +16,14 @@ use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
 use super::errors::ApiError;
 use super::ledger::{LedgerSink, RpcFacts};
 use super::ratelimit::{RateLimiter, SigningShare};
+use podca_authority::metrics::GrpcMetrics;
 use podca_authority::trust::{CaHandle, CaSnapshot, Clock, system_clock};
 
 /// Largest request message the servers accept.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// The default `grpc.max_dns_names`.
+pub const DEFAULT_MAX_DNS_NAMES: usize = 16;
 
 /// The knobs of the gRPC API.
 #[derive(Debug, Clone)]
@@ -28,6 +32,12 @@ pub struct ApiOptions {
     pub signers: BTreeMap<String, SignerPolicy>,
     /// The signer used when a request names none (`grpc.signer`).
     pub default_signer: String,
+    /// The signers gRPC callers may name (`grpc.signers`); the default signer always may.
+    /// A configured signer outside this list is refused with `PERMISSION_DENIED`.
+    pub allowed_signers: Vec<String>,
+    /// DNS names one certificate may carry (`grpc.max_dns_names`), counting the signer's
+    /// templates and the names the request asks for.
+    pub max_dns_names: usize,
     /// `namespace/name` of service accounts allowed to call IssueForPod.
     pub node_proxy_service_accounts: Vec<String>,
     /// Requests per second per identity; 0 = unlimited.
@@ -85,7 +95,10 @@ pub struct Api {
     limiter: RateLimiter,
     /// Concurrent gRPC signings: PCR signing keeps the rest of the machine.
     signing: SigningShare,
+    /// `default_signer` and `allowed_signers`.
+    allowed: BTreeSet<String>,
     streams: Arc<Semaphore>,
+    metrics: GrpcMetrics,
     shutdown: watch::Receiver<bool>,
     /// Where decisions are recorded, before the answer leaves; none = not recorded here.
     ledger: Option<LedgerSink>,
@@ -113,9 +126,9 @@ impl std::fmt::Debug for Api {
     }
 }
 
-/// [`Api::new`] was given a default signer that is not configured.
+/// [`Api::new`] was given a default or allowed signer that is not configured.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("grpc.signer {0:?} is not a configured signer")]
+#[error("grpc signer {0:?} is not a configured signer")]
 pub struct UnknownSigner(pub String);
 
 impl Api {
@@ -126,10 +139,18 @@ impl Api {
         pods: Option<Arc<dyn PodDirectory>>,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Self, UnknownSigner> {
-        if !options.signers.contains_key(&options.default_signer) {
-            return Err(UnknownSigner(options.default_signer));
+        let allowed: BTreeSet<String> = options
+            .allowed_signers
+            .iter()
+            .chain([&options.default_signer])
+            .cloned()
+            .collect();
+        if let Some(unknown) = allowed.iter().find(|s| !options.signers.contains_key(*s)) {
+            return Err(UnknownSigner(unknown.clone()));
         }
         Ok(Api {
+            allowed,
+            metrics: GrpcMetrics::default(),
             limiter: RateLimiter::new(options.rate_limit_per_identity),
             signing: SigningShare::for_this_machine(),
             streams: Arc::new(Semaphore::new(options.max_open_streams)),
@@ -159,6 +180,16 @@ impl Api {
     pub fn with_signing_share(mut self, share: SigningShare) -> Self {
         self.signing = share;
         self
+    }
+
+    /// Counts requests, refusals and latencies in `metrics` (the process registry's).
+    pub fn with_metrics(mut self, metrics: GrpcMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn metrics(&self) -> &GrpcMetrics {
+        &self.metrics
     }
 
     /// Records every decision this API makes in the ledger behind `sink`, durably before the
@@ -202,18 +233,23 @@ impl Api {
             .map_err(|_| ApiError::TooManyStreams(self.options.max_open_streams))
     }
 
-    /// The signer a request names, or the default one.
+    /// The signer a request names, or the default one: configured, and offered over gRPC.
     pub fn signer(&self, name: &str) -> Result<(&str, &SignerPolicy), ApiError> {
         let name = if name.is_empty() {
             self.options.default_signer.as_str()
         } else {
             name
         };
-        self.options
+        let (name, policy) = self
+            .options
             .signers
             .get_key_value(name)
             .map(|(k, v)| (k.as_str(), v))
-            .ok_or_else(|| ApiError::UnknownSigner(name.to_owned()))
+            .ok_or_else(|| ApiError::UnknownSigner(name.to_owned()))?;
+        if !self.allowed.contains(name) {
+            return Err(ApiError::SignerNotAllowed(name.to_owned()));
+        }
+        Ok((name, policy))
     }
 
     /// IssueCertificate: a certificate for the caller's own identity.
@@ -239,6 +275,13 @@ impl Api {
         };
         if input.csr.is_empty() {
             return Err(ApiError::EmptyCsr);
+        }
+        let requested = dns_name_count(&policy, &input.user_annotations);
+        if requested > self.options.max_dns_names {
+            return Err(ApiError::TooManyDnsNames {
+                requested,
+                max: self.options.max_dns_names,
+            });
         }
         let snapshot = self.ca.current();
         let identity = identity.clone();
@@ -296,6 +339,13 @@ impl Api {
                 "the caller's token names no node; use a pod-bound service-account token".into(),
             ));
         };
+        let (Some(caller_pod), Some(caller_uid)) = (&caller.pod_name, &caller.pod_uid) else {
+            return Err(ApiError::NotNodeProxy(
+                "the caller's token is not bound to a pod (no pod name and UID); use a \
+                 pod-bound service-account token"
+                    .into(),
+            ));
+        };
         // Checked before anything reaches the Kubernetes API: an empty name would turn the GET
         // into a LIST, and a `/` would change the path.
         for (what, value) in [("pod_namespace", pod_namespace), ("pod_name", pod_name)] {
@@ -305,19 +355,51 @@ impl Api {
                 )));
             }
         }
-        let pod = pods
-            .pod(pod_namespace, pod_name)
-            .await
-            .map_err(|error| ApiError::PodLookupUnavailable {
-                pod: format!("{pod_namespace}/{pod_name}"),
-                error,
-            })?
-            .ok_or_else(|| {
-                ApiError::PodNotFound(format!("pod {pod_namespace}/{pod_name} not found"))
-            })?;
+        let lookup = |namespace: &str, name: &str| {
+            let pod = format!("{namespace}/{name}");
+            let pods = Arc::clone(pods);
+            let (namespace, name) = (namespace.to_owned(), name.to_owned());
+            async move {
+                pods.pod(&namespace, &name)
+                    .await
+                    .map_err(|error| ApiError::PodLookupUnavailable { pod, error })
+            }
+        };
+        // The caller's own pod, read now: a cached token review never speaks for a pod that
+        // has gone (or was replaced by another of the same name).
+        let caller_ref = format!("{}/{caller_pod}", caller.namespace);
+        match lookup(&caller.namespace, caller_pod).await? {
+            None => {
+                return Err(ApiError::CallerPodGone(format!(
+                    "the caller's pod {caller_ref} no longer exists"
+                )));
+            }
+            Some(own) if own.uid.as_deref() != Some(caller_uid.as_str()) => {
+                return Err(ApiError::CallerPodGone(format!(
+                    "the caller's pod {caller_ref} is not the pod its token was issued for \
+                     (UID {}, the token names {caller_uid})",
+                    own.uid.as_deref().unwrap_or("none")
+                )));
+            }
+            Some(_) => {}
+        }
+        let pod = lookup(pod_namespace, pod_name).await?.ok_or_else(|| {
+            ApiError::PodNotFound(format!("pod {pod_namespace}/{pod_name} not found"))
+        })?;
         if pod.node_name.as_deref() != Some(caller_node.as_str()) {
             return Err(ApiError::PodOnOtherNode(format!(
                 "pod {pod_namespace}/{pod_name} does not run on the caller's node {caller_node}"
+            )));
+        }
+        if pod.terminating {
+            return Err(ApiError::PodNotRunning(format!(
+                "pod {pod_namespace}/{pod_name} is terminating (it has a deletionTimestamp)"
+            )));
+        }
+        if pod.finished() {
+            return Err(ApiError::PodNotRunning(format!(
+                "pod {pod_namespace}/{pod_name} has finished (phase {})",
+                pod.phase.as_deref().unwrap_or("")
             )));
         }
         let subject = Identity {
@@ -464,6 +546,23 @@ fn looks_like_rsa(csr: &[u8]) -> bool {
     ];
     csr.windows(RSA_ENCRYPTION.len())
         .any(|w| w == RSA_ENCRYPTION)
+}
+
+/// How many DNS names a certificate for this request would carry at most: the policy's
+/// templates plus the distinct names of the `podca.dev/dns-names` annotation. Counted before
+/// the policy runs, so that a request with thousands of names costs no policy work.
+fn dns_name_count(policy: &SignerPolicy, annotations: &BTreeMap<String, String>) -> usize {
+    let requested: BTreeSet<String> = annotations
+        .get(podca_signer::policy::DNS_NAMES_ANNOTATION)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_ascii_lowercase)
+                .collect()
+        })
+        .unwrap_or_default();
+    policy.dns_name_templates.len() + requested.len()
 }
 
 /// A DNS-1123 subdomain, as namespace and pod names are.

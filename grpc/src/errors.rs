@@ -16,6 +16,14 @@ pub enum ApiError {
     Key(KeyError),
     #[error("unknown signer {0:?}")]
     UnknownSigner(String),
+    /// A configured signer that is not in `[grpc] signers`.
+    #[error("signer {0:?} is not offered over gRPC (it is not in grpc.signers)")]
+    SignerNotAllowed(String),
+    #[error(
+        "too many DNS names: the certificate would carry {requested}, at most {max} are \
+         allowed (grpc.max_dns_names)"
+    )]
+    TooManyDnsNames { requested: usize, max: usize },
     #[error("{0}")]
     Auth(#[from] AuthError),
     /// The policy said no; the code depends on the reason ([`deny_code`]).
@@ -49,10 +57,18 @@ pub enum ApiError {
     },
     #[error("{0}")]
     PodOnOtherNode(String),
+    /// IssueForPod: the caller's own pod (the one its token is bound to) is gone or another pod.
+    #[error("{0}")]
+    CallerPodGone(String),
+    /// IssueForPod: the pod is terminating or has finished.
+    #[error("{0}")]
+    PodNotRunning(String),
     #[error("IssueForPod needs the Kubernetes API to check the pod's node; `podca dev` has none")]
     NoPodDirectory,
     #[error("missing the `workload.spiffe.io: true` metadata required by the SPIFFE Workload API")]
     MissingWorkloadHeader,
+    #[error("{0}")]
+    Unimplemented(&'static str),
     #[error("{0}")]
     Internal(String),
 }
@@ -65,7 +81,10 @@ impl ApiError {
             | ApiError::BadLifetime(_)
             | ApiError::BadPodName(_) => Code::InvalidArgument,
             ApiError::MissingWorkloadHeader => Code::InvalidArgument,
+            ApiError::TooManyDnsNames { .. } => Code::InvalidArgument,
             ApiError::UnknownSigner(_) | ApiError::PodNotFound(_) => Code::NotFound,
+            ApiError::SignerNotAllowed(_) | ApiError::CallerPodGone(_) => Code::PermissionDenied,
+            ApiError::PodNotRunning(_) => Code::FailedPrecondition,
             ApiError::Auth(a) => a.code(),
             ApiError::Denied { reason, .. } => deny_code(*reason),
             ApiError::Failed { reason, .. } => fail_code(*reason),
@@ -75,6 +94,7 @@ impl ApiError {
             | ApiError::LedgerUnavailable(_)
             | ApiError::PodLookupUnavailable { .. } => Code::Unavailable,
             ApiError::RateLimited(_) | ApiError::TooManyStreams(_) => Code::ResourceExhausted,
+            ApiError::Unimplemented(_) => Code::Unimplemented,
             ApiError::Internal(_) => Code::Internal,
         }
     }
@@ -122,6 +142,51 @@ impl AuthError {
                 Code::PermissionDenied
             }
             AuthError::Unavailable(_) => Code::Unavailable,
+            AuthError::Busy(_) => Code::ResourceExhausted,
+        }
+    }
+
+    /// The `reason` label of `podca_grpc_refusals_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Missing => "no_credentials",
+            AuthError::Invalid(_) => "invalid_credentials",
+            AuthError::UnknownCaller(_) => "unknown_caller",
+            AuthError::NotLoopback(_) => "not_loopback",
+            AuthError::Unavailable(_) => "tokenreview_unavailable",
+            AuthError::Busy(_) => "tokenreview_busy",
+        }
+    }
+}
+
+impl ApiError {
+    /// The `reason` label of `podca_grpc_refusals_total`: one per kind of refusal, never
+    /// anything the caller sent.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::EmptyCsr => "empty_csr",
+            ApiError::Key(_) => "bad_key",
+            ApiError::UnknownSigner(_) => "unknown_signer",
+            ApiError::SignerNotAllowed(_) => "signer_not_allowed",
+            ApiError::TooManyDnsNames { .. } => "too_many_dns_names",
+            ApiError::Auth(a) => a.reason(),
+            ApiError::Denied { .. } => "policy_denied",
+            ApiError::Failed { .. } => "policy_failed",
+            ApiError::BadLifetime(_) => "bad_lifetime",
+            ApiError::Unavailable(_) => "ca_unavailable",
+            ApiError::RateLimited(_) => "rate_limited",
+            ApiError::TooManyStreams(_) => "too_many_streams",
+            ApiError::NotNodeProxy(_) => "not_node_proxy",
+            ApiError::PodNotFound(_) => "pod_not_found",
+            ApiError::BadPodName(_) => "bad_pod_name",
+            ApiError::PodLookupUnavailable { .. } => "pod_lookup_unavailable",
+            ApiError::PodOnOtherNode(_) => "pod_on_other_node",
+            ApiError::CallerPodGone(_) => "caller_pod_gone",
+            ApiError::PodNotRunning(_) => "pod_not_running",
+            ApiError::NoPodDirectory => "no_pod_directory",
+            ApiError::MissingWorkloadHeader => "missing_workload_header",
+            ApiError::Unimplemented(_) => "unimplemented",
+            ApiError::Internal(_) => "internal",
         }
     }
 }

@@ -14,6 +14,9 @@
 //! | key type podca never certifies (e.g. RSA-2048, secp256k1); the message lists the supported ones | `INVALID_ARGUMENT` |
 //! | key type supported by podca but not allowed by the signer's policy (`key_types`); the message lists the allowed ones | `FAILED_PRECONDITION` |
 //! | `signer_name` is not a configured signer | `NOT_FOUND` |
+//! | `signer_name` is a configured signer not listed in `grpc.signers` | `PERMISSION_DENIED` |
+//! | more DNS names than `grpc.max_dns_names` (the signer's templates plus the `podca.dev/dns-names` annotation's distinct names) | `INVALID_ARGUMENT` |
+//! | every TokenReview slot (`grpc.max_token_reviews`) stayed busy for 1 s (`too many credential checks in flight …`) | `RESOURCE_EXHAUSTED` |
 //! | no credentials (message `no credentials: …`); an `authorization` that is not `Bearer <token>`; unknown or expired token, wrong audience, not a service-account token (`invalid credentials: <the TokenReview's reason>`) | `UNAUTHENTICATED` |
 //! | dev mode: Unix-socket caller whose uid is not in `[dev] identities`; metadata identity from a non-loopback peer | `PERMISSION_DENIED` |
 //! | TLS client certificate no longer valid at a request (expired, or its CA retired since the handshake), or naming no podca SPIFFE ID (`invalid credentials: the client certificate …`); refused at the handshake instead: TLS alerts `certificate_expired`, `unknown_ca` ([`peer_identity`]) | `UNAUTHENTICATED` |
@@ -28,10 +31,12 @@
 //! | TokenReview / Kubernetes API unreachable, failing or slower than 5 s (`cannot check credentials now: …`); never cached, the next call asks again | `UNAVAILABLE` |
 //! | per-identity rate limit (`grpc.rate_limit_per_identity`, token bucket) exceeded | `RESOURCE_EXHAUSTED` |
 //! | open streams above `grpc.max_open_streams` | `RESOURCE_EXHAUSTED` |
-//! | `IssueForPod`: caller not in `grpc.node_proxy_service_accounts`, its token names no node (not pod-bound), or the pod runs on another node | `PERMISSION_DENIED` |
+//! | `IssueForPod`: caller not in `grpc.node_proxy_service_accounts`, its token names no node or no pod (not pod-bound), or the pod runs on another node | `PERMISSION_DENIED` |
+//! | `IssueForPod`: the caller's own pod (its token's pod name) no longer exists or has another UID than the token names (`the caller's pod …`) | `PERMISSION_DENIED` |
+//! | `IssueForPod`: the pod is terminating (deletionTimestamp set) or has finished (phase `Succeeded`/`Failed`) | `FAILED_PRECONDITION` |
 //! | `IssueForPod`: `pod_namespace` or `pod_name` is not a Kubernetes object name | `INVALID_ARGUMENT` |
 //! | `IssueForPod`: pod does not exist (`pod <ns>/<name> not found`; only a node proxy gets this far) | `NOT_FOUND` |
-//! | `IssueForPod`: the pod lookup failed or took over 5 s (`cannot check the pod now: …`) | `UNAVAILABLE` |
+//! | `IssueForPod`: a pod lookup (the caller's or the target's) failed or took over 5 s (`cannot check the pod now: …`) | `UNAVAILABLE` |
 //! | `IssueForPod` in `podca dev` (no Kubernetes API to check pods against) | `FAILED_PRECONDITION` |
 //! | Workload API call without the `workload.spiffe.io: true` metadata | `INVALID_ARGUMENT` |
 //! | Workload API JWT RPCs (`FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`) | `UNIMPLEMENTED` |
@@ -57,6 +62,7 @@ pub mod core;
 pub mod errors;
 pub mod ledger;
 pub mod peer_identity;
+pub mod observe;
 pub mod podca_service;
 pub mod ratelimit;
 pub mod server;

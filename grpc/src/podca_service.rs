@@ -19,7 +19,14 @@ use super::auth::{AuthError, BearerToken, Credentials, Identity, Peer};
 use super::core::{Api, IssueInput, Issued};
 use super::errors::ApiError;
 use super::peer_identity::ClientCertificate;
+use super::observe::observed;
 use podca_authority::trust::CaSnapshot;
+
+/// `Service/Method` of each RPC: the `method` label of the gRPC metrics.
+pub const ISSUE_CERTIFICATE: &str = "podca.v1.PodCA/IssueCertificate";
+pub const ISSUE_FOR_POD: &str = "podca.v1.PodCA/IssueForPod";
+pub const GET_TRUST_BUNDLE: &str = "podca.v1.PodCA/GetTrustBundle";
+pub const WATCH_TRUST_BUNDLE: &str = "podca.v1.PodCA/WatchTrustBundle";
 
 /// `podca.v1.PodCA`.
 #[derive(Debug, Clone)]
@@ -183,18 +190,22 @@ impl PodCa for PodCaService {
         &self,
         request: Request<IssueCertificateRequest>,
     ) -> Result<Response<IssueCertificateResponse>, Status> {
-        let identity = self.caller(&request, "IssueCertificate").await?;
-        let issued = self
-            .api
-            .issue(&identity, input(request.into_inner()))
-            .await?;
-        tracing::info!(
-            identity = %identity.key(),
-            serial = %issued.certificate.serial,
-            spiffe_id = %issued.certificate.spiffe_id,
-            "issued a certificate over gRPC"
-        );
-        Ok(Response::new(response(issued)))
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), ISSUE_CERTIFICATE, peer, async move {
+            let identity = self.caller(&request, "IssueCertificate").await?;
+            let issued = self
+                .api
+                .issue(&identity, input(request.into_inner()))
+                .await?;
+            tracing::info!(
+                identity = %identity.key(),
+                serial = %issued.certificate.serial,
+                spiffe_id = %issued.certificate.spiffe_id,
+                "issued a certificate over gRPC"
+            );
+            Ok(Response::new(response(issued)))
+        })
+        .await
     }
 
     #[tracing::instrument(skip_all, fields(
@@ -207,28 +218,32 @@ impl PodCa for PodCaService {
         &self,
         request: Request<IssueForPodRequest>,
     ) -> Result<Response<IssueCertificateResponse>, Status> {
-        let caller = self.caller(&request, "IssueForPod").await?;
-        let IssueForPodRequest {
-            pod_namespace,
-            pod_name,
-            request: inner,
-        } = request.into_inner();
-        let issued = self
-            .api
-            .issue_for_pod(
-                &caller,
-                &pod_namespace,
-                &pod_name,
-                input(inner.unwrap_or_default()),
-            )
-            .await?;
-        tracing::info!(
-            caller = %caller.key(),
-            pod = %format!("{pod_namespace}/{pod_name}"),
-            serial = %issued.certificate.serial,
-            "issued a certificate for a pod over gRPC"
-        );
-        Ok(Response::new(response(issued)))
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), ISSUE_FOR_POD, peer, async move {
+            let caller = self.caller(&request, "IssueForPod").await?;
+            let IssueForPodRequest {
+                pod_namespace,
+                pod_name,
+                request: inner,
+            } = request.into_inner();
+            let issued = self
+                .api
+                .issue_for_pod(
+                    &caller,
+                    &pod_namespace,
+                    &pod_name,
+                    input(inner.unwrap_or_default()),
+                )
+                .await?;
+            tracing::info!(
+                caller = %caller.key(),
+                pod = %format!("{pod_namespace}/{pod_name}"),
+                serial = %issued.certificate.serial,
+                "issued a certificate for a pod over gRPC"
+            );
+            Ok(Response::new(response(issued)))
+        })
+        .await
     }
 
     #[tracing::instrument(skip_all, fields(
@@ -240,9 +255,13 @@ impl PodCa for PodCaService {
         &self,
         request: Request<GetTrustBundleRequest>,
     ) -> Result<Response<TrustBundle>, Status> {
-        self.caller(&request, "GetTrustBundle").await?;
-        let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
-        Ok(Response::new(bundle(name, &self.api.ca().current())))
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), GET_TRUST_BUNDLE, peer, async move {
+            self.caller(&request, "GetTrustBundle").await?;
+            let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
+            Ok(Response::new(bundle(name, &self.api.ca().current())))
+        })
+        .await
     }
 
     type WatchTrustBundleStream = BundleStream;
@@ -256,34 +275,39 @@ impl PodCa for PodCaService {
         &self,
         request: Request<GetTrustBundleRequest>,
     ) -> Result<Response<Self::WatchTrustBundleStream>, Status> {
-        self.caller(&request, "WatchTrustBundle").await?;
-        let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
-        let name = name.to_owned();
-        let permit = self.api.open_stream()?;
-        let mut anchors = self.api.ca().subscribe();
-        let mut shutdown = self.api.shutdown_signal();
-        let (tx, rx) = mpsc::channel(2);
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut last_pem = String::new();
-            loop {
-                let snapshot = Arc::clone(&anchors.borrow_and_update());
-                // A CA swap that keeps the same anchors (a new issuing CA under the same root)
-                // is not news to relying parties.
-                if snapshot.anchors_pem != last_pem {
-                    last_pem.clone_from(&snapshot.anchors_pem);
-                    if tx.send(Ok(bundle(&name, &snapshot))).await.is_err() {
-                        return;
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), WATCH_TRUST_BUNDLE, peer, async move {
+            self.caller(&request, "WatchTrustBundle").await?;
+            let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
+            let name = name.to_owned();
+            let permit = self.api.open_stream()?;
+            let mut anchors = self.api.ca().subscribe();
+            let mut shutdown = self.api.shutdown_signal();
+            let (tx, rx) = mpsc::channel(2);
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut last_pem = String::new();
+                loop {
+                    let snapshot = Arc::clone(&anchors.borrow_and_update());
+                    // A CA swap that keeps the same anchors (a new issuing CA under the same root)
+                    // is not news to relying parties.
+                    if snapshot.anchors_pem != last_pem {
+                        last_pem.clone_from(&snapshot.anchors_pem);
+                        if tx.send(Ok(bundle(&name, &snapshot))).await.is_err() {
+                            return;
+                        }
+                    }
+                    tokio::select! {
+                        changed = anchors.changed() => if changed.is_err() { return },
+                        _ = tx.closed() => return,
+                        _ = shutdown.wait_for(|stop| *stop) => return,
                     }
                 }
-                tokio::select! {
-                    changed = anchors.changed() => if changed.is_err() { return },
-                    _ = tx.closed() => return,
-                    _ = shutdown.wait_for(|stop| *stop) => return,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+            });
+            let stream: Self::WatchTrustBundleStream = Box::pin(ReceiverStream::new(rx));
+            Ok(Response::new(stream))
+        })
+        .await
     }
 }
 

@@ -15,6 +15,7 @@ use tonic::transport::Server;
 
 use super::connections::{Admitted, ConnectionCounter, ConnectionLimits};
 use super::core::{Api, MAX_MESSAGE_BYTES};
+use super::observe;
 use super::podca_service::PodCaService;
 use super::tls;
 use super::uds_authority::AuthorityFix;
@@ -77,6 +78,7 @@ pub async fn serve_tls(
         ConnectionCounter::new(limits),
     );
     tcp_builder()
+        .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
@@ -115,6 +117,7 @@ pub async fn serve_tcp(
         )
     });
     tcp_builder()
+        .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
@@ -128,6 +131,7 @@ pub async fn serve_unix(
 ) -> Result<(), tonic::transport::Error> {
     let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new));
     builder()
+        .add_routes(observe::edge_routes(&api).await)
         .add_service(workload(&api))
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)

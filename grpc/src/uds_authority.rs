@@ -11,6 +11,10 @@
 //! without indexing, so h2's HPACK decoder never holds dynamic-table state that could disagree
 //! with the client's. Everything other than HEADERS/CONTINUATION frames passes through
 //! untouched, and nothing is ever written back to the client by this layer.
+//!
+//! The HPACK decoder is `loona-hpack`'s: the unmaintained `hpack` crate it replaces panicked on
+//! malformed blocks such as the single byte `0x3f` (RUSTSEC-2023-0085). A block that does not
+//! decode is handed to h2 as it came, and h2 ends the connection with COMPRESSION_ERROR.
 
 use std::io;
 use std::pin::Pin;
@@ -37,7 +41,7 @@ const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 /// A stream whose client-to-server HTTP/2 header blocks get a valid `:authority`.
 pub struct AuthorityFix<S> {
     inner: S,
-    decoder: hpack::Decoder<'static>,
+    decoder: loona_hpack::Decoder<'static>,
     /// Bytes read from the client, not yet processed.
     input: Vec<u8>,
     /// Processed bytes for h2.
@@ -69,7 +73,7 @@ impl<S> AuthorityFix<S> {
     pub fn new(inner: S) -> Self {
         AuthorityFix {
             inner,
-            decoder: hpack::Decoder::new(),
+            decoder: loona_hpack::Decoder::new(),
             input: Vec::new(),
             output: Vec::new(),
             output_pos: 0,
@@ -416,7 +420,7 @@ mod tests {
     async fn socket_path_authority_becomes_localhost_across_requests() {
         // The client's encoder indexes headers, so the second request refers to the first
         // one's dynamic-table entries: the shim must follow the client's table.
-        let mut encoder = hpack::Encoder::new();
+        let mut encoder = loona_hpack::Encoder::new();
         let first = encoder.encode(
             request_headers(b"/run/podca/workload.sock")
                 .iter()
@@ -443,7 +447,7 @@ mod tests {
         assert_eq!(out.len(), 4);
         assert_eq!(out[0].0, 0x4);
         assert_eq!(out[2], (0x0, FLAG_END_STREAM, b"\0\0\0\0\0".to_vec()));
-        let mut decoder = hpack::Decoder::new();
+        let mut decoder = loona_hpack::Decoder::new();
         for index in [1, 3] {
             let (t, flags, payload) = &out[index];
             assert_eq!(*t, TYPE_HEADERS);
@@ -455,7 +459,7 @@ mod tests {
 
     #[tokio::test]
     async fn valid_authority_is_kept() {
-        let mut encoder = hpack::Encoder::new();
+        let mut encoder = loona_hpack::Encoder::new();
         let block = encoder.encode(
             request_headers(b"localhost:8443")
                 .iter()
@@ -469,9 +473,36 @@ mod tests {
             &block,
         ));
         let out = frames(&through_shim(input).await);
-        let headers = hpack::Decoder::new().decode(&out[0].2).unwrap();
+        let headers = loona_hpack::Decoder::new().decode(&out[0].2).unwrap();
         assert_eq!(headers, request_headers(b"localhost:8443"));
         assert_eq!(out[0].1, FLAG_END_HEADERS | FLAG_END_STREAM);
+    }
+
+    /// RUSTSEC-2023-0085: the `hpack` crate's decoder panicked on the one byte 0x3f (a dynamic
+    /// table size update whose integer never ends). The shim must pass such a block to h2
+    /// unchanged (h2 then answers COMPRESSION_ERROR) and keep working.
+    #[tokio::test]
+    async fn truncated_size_update_0x3f_passes_through() {
+        assert!(loona_hpack::Decoder::new().decode(&[0x3f]).is_err());
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+        let bad = frame(TYPE_HEADERS, FLAG_END_HEADERS | FLAG_END_STREAM, 1, &[0x3f]);
+        input.extend(&bad);
+        // Later frames pass through as they are once a block fails to decode.
+        let ping = frame(0x6, 0, 0, &[0; 8]);
+        input.extend(&ping);
+        let out = through_shim(input).await;
+        let mut want = PREFACE.to_vec();
+        want.extend(frame(0x4, 0, 0, &[]));
+        want.extend(bad);
+        want.extend(ping);
+        assert_eq!(out, want);
+        // The same byte split across HEADERS + CONTINUATION.
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, 0, 1, &[]));
+        input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, &[0x3f]));
+        let out = frames(&through_shim(input).await);
+        assert_eq!(out.last().map(|f| f.2.clone()), Some(vec![0x3f]));
     }
 
     #[test]

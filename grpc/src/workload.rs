@@ -25,7 +25,15 @@ use tonic::{Request, Response, Status};
 use super::auth::Identity;
 use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
+use super::observe::observed;
 use super::podca_service::{credentials_of, peer_of, record_caller};
+
+/// `Service/Method` of each RPC: the `method` label of the gRPC metrics.
+pub const FETCH_X509_SVID: &str = "SpiffeWorkloadAPI/FetchX509SVID";
+pub const FETCH_X509_BUNDLES: &str = "SpiffeWorkloadAPI/FetchX509Bundles";
+pub const FETCH_JWT_SVID: &str = "SpiffeWorkloadAPI/FetchJWTSVID";
+pub const FETCH_JWT_BUNDLES: &str = "SpiffeWorkloadAPI/FetchJWTBundles";
+pub const VALIDATE_JWT_SVID: &str = "SpiffeWorkloadAPI/ValidateJWTSVID";
 use podca_authority::trust::CaSnapshot;
 
 /// `SpiffeWorkloadAPI`.
@@ -110,7 +118,13 @@ impl SpiffeWorkloadApi for WorkloadService {
         &self,
         _request: Request<JwtsvidRequest>,
     ) -> Result<Response<JwtsvidResponse>, Status> {
-        Err(Status::unimplemented("podca does not issue JWT-SVIDs"))
+        observed(
+            self.api.metrics(),
+            FETCH_JWT_SVID,
+            peer_of(&_request),
+            async { Err(ApiError::Unimplemented("podca does not issue JWT-SVIDs")) },
+        )
+        .await
     }
 
     type FetchJWTBundlesStream = JwtBundlesStream;
@@ -120,7 +134,13 @@ impl SpiffeWorkloadApi for WorkloadService {
         &self,
         _request: Request<JwtBundlesRequest>,
     ) -> Result<Response<Self::FetchJWTBundlesStream>, Status> {
-        Err(Status::unimplemented("podca does not issue JWT-SVIDs"))
+        observed(
+            self.api.metrics(),
+            FETCH_JWT_BUNDLES,
+            peer_of(&_request),
+            async { Err(ApiError::Unimplemented("podca does not issue JWT-SVIDs")) },
+        )
+        .await
     }
 
     #[tracing::instrument(skip_all, fields(rpc = "ValidateJWTSVID"))]
@@ -128,7 +148,13 @@ impl SpiffeWorkloadApi for WorkloadService {
         &self,
         _request: Request<ValidateJwtsvidRequest>,
     ) -> Result<Response<ValidateJwtsvidResponse>, Status> {
-        Err(Status::unimplemented("podca does not issue JWT-SVIDs"))
+        observed(
+            self.api.metrics(),
+            VALIDATE_JWT_SVID,
+            peer_of(&_request),
+            async { Err(ApiError::Unimplemented("podca does not issue JWT-SVIDs")) },
+        )
+        .await
     }
 
     type FetchX509SVIDStream = SvidStream;
@@ -138,47 +164,52 @@ impl SpiffeWorkloadApi for WorkloadService {
         &self,
         request: Request<X509svidRequest>,
     ) -> Result<Response<Self::FetchX509SVIDStream>, Status> {
-        let identity = self.caller(&request).await?;
-        let permit = self.api.open_stream()?;
-        let mut ca = self.api.ca().subscribe();
-        // The first SVID is issued before answering, so that a refusal is the call's status.
-        let snapshot = Arc::clone(&ca.borrow_and_update());
-        let (first, mut refresh_at) = svid_response(&self.api, &identity, snapshot).await?;
-        let api = Arc::clone(&self.api);
-        let mut shutdown = api.shutdown_signal();
-        let (tx, rx) = mpsc::channel(2);
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut next = Some(first);
-            loop {
-                if let Some(message) = next.take()
-                    && tx.send(Ok(message)).await.is_err()
-                {
-                    return;
-                }
-                let wait = refresh_at - api.now();
-                let sleep = tokio::time::sleep(wait.try_into().unwrap_or_default());
-                tokio::select! {
-                    changed = ca.changed() => if changed.is_err() { return },
-                    () = sleep => {},
-                    () = tx.closed() => return,
-                    _ = shutdown.wait_for(|stop| *stop) => return,
-                }
-                let snapshot = Arc::clone(&ca.borrow_and_update());
-                match svid_response(&api, &identity, snapshot).await {
-                    Ok((message, at)) => {
-                        next = Some(message);
-                        refresh_at = at;
-                    }
-                    Err(e) => {
-                        tracing::warn!(identity = %identity.key(), error = %e, "renewing an SVID failed");
-                        let _ = tx.send(Err(e.into())).await;
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), FETCH_X509_SVID, peer, async move {
+            let identity = self.caller(&request).await?;
+            let permit = self.api.open_stream()?;
+            let mut ca = self.api.ca().subscribe();
+            // The first SVID is issued before answering, so that a refusal is the call's status.
+            let snapshot = Arc::clone(&ca.borrow_and_update());
+            let (first, mut refresh_at) = svid_response(&self.api, &identity, snapshot).await?;
+            let api = Arc::clone(&self.api);
+            let mut shutdown = api.shutdown_signal();
+            let (tx, rx) = mpsc::channel(2);
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut next = Some(first);
+                loop {
+                    if let Some(message) = next.take()
+                        && tx.send(Ok(message)).await.is_err()
+                    {
                         return;
                     }
+                    let wait = refresh_at - api.now();
+                    let sleep = tokio::time::sleep(wait.try_into().unwrap_or_default());
+                    tokio::select! {
+                        changed = ca.changed() => if changed.is_err() { return },
+                        () = sleep => {},
+                        () = tx.closed() => return,
+                        _ = shutdown.wait_for(|stop| *stop) => return,
+                    }
+                    let snapshot = Arc::clone(&ca.borrow_and_update());
+                    match svid_response(&api, &identity, snapshot).await {
+                        Ok((message, at)) => {
+                            next = Some(message);
+                            refresh_at = at;
+                        }
+                        Err(e) => {
+                            tracing::warn!(identity = %identity.key(), error = %e, "renewing an SVID failed");
+                            let _ = tx.send(Err(e.into())).await;
+                            return;
+                        }
+                    }
                 }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+            });
+            let stream: Self::FetchX509SVIDStream = Box::pin(ReceiverStream::new(rx));
+            Ok(Response::new(stream))
+        })
+        .await
     }
 
     type FetchX509BundlesStream = BundlesStream;
@@ -188,35 +219,40 @@ impl SpiffeWorkloadApi for WorkloadService {
         &self,
         request: Request<X509BundlesRequest>,
     ) -> Result<Response<Self::FetchX509BundlesStream>, Status> {
-        self.caller(&request).await?;
-        let trust_domain = self.api.trust_domain()?;
-        let permit = self.api.open_stream()?;
-        let mut ca = self.api.ca().subscribe();
-        let mut shutdown = self.api.shutdown_signal();
-        let (tx, rx) = mpsc::channel(2);
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut last = Vec::new();
-            loop {
-                let snapshot = Arc::clone(&ca.borrow_and_update());
-                let der = snapshot.anchors_der();
-                if der != last {
-                    last = der;
-                    if tx
-                        .send(Ok(bundles_response(&trust_domain, &snapshot)))
-                        .await
-                        .is_err()
-                    {
-                        return;
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), FETCH_X509_BUNDLES, peer, async move {
+            self.caller(&request).await?;
+            let trust_domain = self.api.trust_domain()?;
+            let permit = self.api.open_stream()?;
+            let mut ca = self.api.ca().subscribe();
+            let mut shutdown = self.api.shutdown_signal();
+            let (tx, rx) = mpsc::channel(2);
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut last = Vec::new();
+                loop {
+                    let snapshot = Arc::clone(&ca.borrow_and_update());
+                    let der = snapshot.anchors_der();
+                    if der != last {
+                        last = der;
+                        if tx
+                            .send(Ok(bundles_response(&trust_domain, &snapshot)))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    tokio::select! {
+                        changed = ca.changed() => if changed.is_err() { return },
+                        () = tx.closed() => return,
+                        _ = shutdown.wait_for(|stop| *stop) => return,
                     }
                 }
-                tokio::select! {
-                    changed = ca.changed() => if changed.is_err() { return },
-                    () = tx.closed() => return,
-                    _ = shutdown.wait_for(|stop| *stop) => return,
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+            });
+            let stream: Self::FetchX509BundlesStream = Box::pin(ReceiverStream::new(rx));
+            Ok(Response::new(stream))
+        })
+        .await
     }
 }

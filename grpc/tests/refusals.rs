@@ -252,6 +252,42 @@ async fn signer_and_policy_refusals() {
         .await;
     refused(result, Code::NotFound, "unknown signer \"nope\"");
 
+    // Configured, but not in grpc.signers: no gRPC caller may use its policy or its bundle.
+    let request = IssueCertificateRequest {
+        csr: p256_csr(),
+        signer_name: "pcr-only".into(),
+        ..Default::default()
+    };
+    let result = client.issue_certificate(with_token(request, "web")).await;
+    refused(
+        result,
+        Code::PermissionDenied,
+        "signer \"pcr-only\" is not offered over gRPC (it is not in grpc.signers)",
+    );
+    let result = client
+        .get_trust_bundle(with_token(
+            GetTrustBundleRequest {
+                signer_name: "pcr-only".into(),
+            },
+            "web",
+        ))
+        .await;
+    refused(result, Code::PermissionDenied, "not in grpc.signers");
+
+    // More DNS names than grpc.max_dns_names (4 here), counted before the policy runs.
+    let mut request = issue(p256_csr());
+    request.user_annotations.insert(
+        "podca.dev/dns-names".into(),
+        "a.example, b.example,c.example,d.example,e.example".into(),
+    );
+    let result = client.issue_certificate(with_token(request, "web")).await;
+    refused(
+        result,
+        Code::InvalidArgument,
+        "too many DNS names: the certificate would carry 5, at most 4 are allowed \
+         (grpc.max_dns_names)",
+    );
+
     let result = client
         .issue_certificate(with_token(issue(p256_csr()), "forbidden"))
         .await;
@@ -477,6 +513,49 @@ async fn issue_for_pod_refusals() {
             "slow",
             Code::Unavailable,
             "cannot check the pod now: reading pod shop/slow: no answer within 5s; retry later",
+        ),
+        (
+            "proxy-nodeonly",
+            "shop",
+            "web-0",
+            Code::PermissionDenied,
+            "the caller's token is not bound to a pod (no pod name and UID)",
+        ),
+        (
+            "proxy-gone",
+            "shop",
+            "web-0",
+            Code::PermissionDenied,
+            "the caller's pod kube-system/node-proxy-gone no longer exists",
+        ),
+        (
+            "proxy-replaced",
+            "shop",
+            "web-0",
+            Code::PermissionDenied,
+            "the caller's pod kube-system/node-proxy-replaced is not the pod its token was \
+             issued for (UID uid-of-a-newer-pod, the token names uid-node-proxy-replaced)",
+        ),
+        (
+            "proxy",
+            "shop",
+            "leaving",
+            Code::FailedPrecondition,
+            "pod shop/leaving is terminating (it has a deletionTimestamp)",
+        ),
+        (
+            "proxy",
+            "shop",
+            "done",
+            Code::FailedPrecondition,
+            "pod shop/done has finished (phase Succeeded)",
+        ),
+        (
+            "proxy",
+            "shop",
+            "crashed",
+            Code::FailedPrecondition,
+            "pod shop/crashed has finished (phase Failed)",
         ),
     ] {
         let result = client

@@ -28,3 +28,8 @@ pub mod podca {
 pub mod workload {
     include!(concat!(env!("OUT_DIR"), "/_.rs"));
 }
+
+/// The encoded `FileDescriptorSet` of both APIs and their imports (protox, at build time), for
+/// gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/podca_descriptor.bin"));

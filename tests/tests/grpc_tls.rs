@@ -549,6 +549,8 @@ mod rotation {
                     SignerPolicy::permissive("cluster.local"),
                 )]),
                 default_signer: "default".into(),
+                allowed_signers: vec![],
+                max_dns_names: podca_grpc::core::DEFAULT_MAX_DNS_NAMES,
                 node_proxy_service_accounts: vec![],
                 rate_limit_per_identity: 0,
                 max_open_streams: 100,

@@ -1,231 +1,18 @@
 //! The in-cluster gRPC path: the real `podca serve` binary against the API emulator, with its
 //! `KubeTokenReviewer` (TokenReview) and `KubePodDirectory` (pod lookups) — the gRPC code lives
-//! in the binary, so the test talks to the process with the `podca-proto` client.
-//!
-//! podca's identity has exactly the RBAC the gRPC API needs: `tokenreviews create` and
-//! `pods get`. (Its PodCertificateRequest controller is refused and retries in the background;
-//! the gRPC API does not depend on it.)
+//! in the binary, so the test talks to the process with the `podca-proto` client (harness:
+//! `grpc_serve/mod.rs`).
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod grpc_serve;
+
 use std::time::{Duration, Instant};
 
-use podca_proto::podca::v1::pod_ca_client::PodCaClient;
-use podca_proto::podca::v1::{
-    IssueCertificateRequest, IssueCertificateResponse, IssueForPodRequest,
-};
-use podca_tests::cluster::{ClusterConfig, PODCA_USER};
-use podca_tests::emulator::{
-    ApiMode, FaultScope, PodFixture, PolicyRule, ServiceAccountToken, Subject,
-};
-use podca_tests::process::{csr_for, free_port, podca_binary, podca_bundle};
+use grpc_serve::{Cluster, NODE_PROXY, TokenSpec, csr_request, expect_code, issue, issue_for_pod};
+use podca_tests::emulator::{FaultScope, PodFixture};
 use podca_tests::verify::assert_verifies;
-use podca_tests::{Emulator, EmulatorConfig};
-use tonic::transport::Channel;
-use tonic::{Code, Request, Status};
-
-const SIGNER: &str = "example.com/workload";
-const NODE_PROXY: &str = "mesh/node-proxy";
-
-/// The emulator, a CA and a running `podca serve` whose gRPC API uses them.
-struct Cluster {
-    emu: Emulator,
-    serve: Child,
-    grpc: u16,
-    /// What clients verify the gRPC listener against (`podca bundle`).
-    anchors: String,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    async fn start() -> Cluster {
-        // podca with no signer role: its PodCertificateRequest controller is refused.
-        let podca_tests::cluster::Cluster {
-            emu,
-            dir,
-            kubeconfig,
-            ..
-        } = podca_tests::cluster::Cluster::start_with(ClusterConfig {
-            emulator: EmulatorConfig {
-                api_mode: ApiMode::V1Only,
-                auto_create_namespaces: true,
-                ..Default::default()
-            },
-            podca_groups: &["system:serviceaccounts"],
-            signers: &[],
-        })
-        .await;
-        // Exactly what the gRPC API needs of the Kubernetes API.
-        let podca = || Subject::User(PODCA_USER.into());
-        emu.grant(
-            podca(),
-            PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
-        );
-        emu.grant(podca(), PolicyRule::new(&[""], &["pods"], &["get"]));
-
-        let ca_dir = dir.path().join("ca");
-        let init = Command::new(podca_binary())
-            .args(["ca", "init", "--dir"])
-            .arg(&ca_dir)
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(init.success());
-        let grpc = free_port();
-        let config = dir.path().join("podca.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
-                 [grpc]\nlisten = \"127.0.0.1:{grpc}\"\nnode_proxy_service_accounts = [\"{NODE_PROXY}\"]\n{}",
-                ca_dir.display().to_string(),
-                podca_tests::tls::GRPC_TLS_CONFIG,
-            ),
-        )
-        .unwrap();
-        let anchors = podca_bundle(&ca_dir);
-        let log = dir.path().join("serve.log");
-        let serve = Command::new(podca_binary())
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
-            .env("PODCA_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let mut cluster = Cluster {
-            emu,
-            serve,
-            grpc,
-            anchors,
-            log,
-            _dir: dir,
-        };
-        cluster.wait_listening();
-        cluster
-    }
-
-    fn wait_listening(&mut self) {
-        podca_tests::process::wait_listening(&mut self.serve, self.grpc, &self.log);
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    async fn client(&self) -> PodCaClient<Channel> {
-        podca_tests::tls::client(self.grpc, &self.anchors).await
-    }
-
-    /// A service-account token TokenReview knows, for `namespace/service_account`.
-    fn token(&self, namespace: &str, service_account: &str, spec: TokenSpec<'_>) -> String {
-        self.emu.add_service_account_token(ServiceAccountToken {
-            namespace: namespace.into(),
-            service_account: service_account.into(),
-            service_account_uid: podca_tests::emulator::new_uid(),
-            audiences: vec![spec.audience.into()],
-            expires: self.emu.now() + spec.lifetime,
-            pod_name: spec.pod.map(|(name, _)| name.into()),
-            pod_uid: spec.pod.map(|_| podca_tests::emulator::new_uid()),
-            node_name: spec.pod.map(|(_, node)| node.into()),
-            node_uid: spec.pod.map(|_| podca_tests::emulator::new_uid()),
-            credential_id: podca_tests::emulator::new_uid(),
-        })
-    }
-
-    fn token_reviews(&self) -> u64 {
-        self.emu.counters().token_reviews
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = self.serve.kill();
-        let _ = self.serve.wait();
-        if std::thread::panicking() {
-            eprintln!("--- podca serve log ---\n{}", self.log_text());
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-struct TokenSpec<'a> {
-    audience: &'a str,
-    lifetime: time::Duration,
-    /// Pod-bound: (pod name, node name).
-    pod: Option<(&'a str, &'a str)>,
-}
-
-impl Default for TokenSpec<'_> {
-    fn default() -> Self {
-        TokenSpec {
-            audience: "podca",
-            lifetime: time::Duration::hours(1),
-            pod: None,
-        }
-    }
-}
-
-fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
-    let mut request = Request::new(message);
-    if let Some(token) = token {
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    }
-    request
-}
-
-fn csr_request() -> IssueCertificateRequest {
-    IssueCertificateRequest {
-        csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
-        ..Default::default()
-    }
-}
-
-async fn issue(
-    client: &mut PodCaClient<Channel>,
-    token: Option<&str>,
-) -> Result<IssueCertificateResponse, Status> {
-    client
-        .issue_certificate(with_token(csr_request(), token))
-        .await
-        .map(tonic::Response::into_inner)
-}
-
-async fn issue_for_pod(
-    client: &mut PodCaClient<Channel>,
-    token: &str,
-    namespace: &str,
-    pod: &str,
-) -> Result<IssueCertificateResponse, Status> {
-    let message = IssueForPodRequest {
-        pod_namespace: namespace.into(),
-        pod_name: pod.into(),
-        request: Some(csr_request()),
-    };
-    client
-        .issue_for_pod(with_token(message, Some(token)))
-        .await
-        .map(tonic::Response::into_inner)
-}
-
-fn expect_code(result: Result<impl std::fmt::Debug, Status>, code: Code, needle: &str) {
-    let status = result.expect_err("the call should fail");
-    assert_eq!(status.code(), code, "{status:?}");
-    assert!(
-        status.message().contains(needle),
-        "{:?} should mention {needle:?}",
-        status.message()
-    );
-}
+use tonic::{Code, Request};
 
 /// The URI SAN of the chain's leaf.
 fn leaf_uri(chain_pem: &str) -> String {
@@ -247,16 +34,10 @@ async fn token_review_decides_who_may_issue_and_is_cached() {
     let cluster = Cluster::start().await;
     let mut client = cluster.client().await;
 
-    // A pod-bound token for the audience `podca`.
+    // A pod-bound token for the audience `podca` (TokenReview checks that its pod exists).
     cluster.emu.add_node("node-1");
-    let good = cluster.token(
-        "shop",
-        "web",
-        TokenSpec {
-            pod: Some(("web-0", "node-1")),
-            ..Default::default()
-        },
-    );
+    cluster.pod("shop", "web-0", "node-1", "web");
+    let good = cluster.token("shop", "web", TokenSpec::bound("web-0", "node-1"));
     let before = cluster.token_reviews();
     let issued = issue(&mut client, Some(&good)).await.unwrap();
     assert_eq!(issued.spiffe_id, "spiffe://cluster.local/ns/shop/sa/web");
@@ -323,10 +104,18 @@ async fn token_review_decides_who_may_issue_and_is_cached() {
         Code::Unauthenticated,
         "`Bearer <token>`",
     );
-    // Refusals are not cached: each unknown token is asked about again.
+    // Refusals are remembered for 10 s (by the token's hash): the same refused token is
+    // refused again, with the same message, without asking the Kubernetes API.
     let reviews = cluster.token_reviews();
     expect_code(
         issue(&mut client, Some(&wrong_audience)).await,
+        Code::Unauthenticated,
+        "audiences",
+    );
+    assert_eq!(cluster.token_reviews(), reviews);
+    // Another unknown token is asked about.
+    expect_code(
+        issue(&mut client, Some("sa.another-token-nobody-issued")).await,
         Code::Unauthenticated,
         "invalid credentials: ",
     );
@@ -381,10 +170,8 @@ async fn issue_for_pod_only_for_node_proxies_and_pods_on_their_node() {
         });
     }
     let (proxy_ns, proxy_sa) = NODE_PROXY.split_once('/').unwrap();
-    let on_node_1 = TokenSpec {
-        pod: Some(("node-proxy-x7k2p", "node-1")),
-        ..Default::default()
-    };
+    cluster.pod(proxy_ns, "node-proxy-x7k2p", "node-1", proxy_sa);
+    let on_node_1 = TokenSpec::bound("node-proxy-x7k2p", "node-1");
     let proxy = cluster.token(proxy_ns, proxy_sa, on_node_1);
 
     // A pod on the proxy's node: a certificate with the pod's identity.
@@ -422,7 +209,7 @@ async fn issue_for_pod_only_for_node_proxies_and_pods_on_their_node() {
         "is not a Kubernetes object name",
     );
     // A service account that is not a node proxy, even with a token naming node-1.
-    let workload = cluster.token("apps", "web", on_node_1);
+    let workload = cluster.token("apps", "web", TokenSpec::bound("web-1", "node-1"));
     expect_code(
         issue_for_pod(&mut client, &workload, "apps", "web-1").await,
         Code::PermissionDenied,
@@ -448,4 +235,100 @@ async fn issue_for_pod_only_for_node_proxies_and_pods_on_their_node() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Must-show (#12 item 3): a flood of unauthenticated requests makes at most the configured
+/// number of TokenReviews — one per distinct token at most, never more than
+/// `max_token_reviews` at once, and a refused token is not asked about again for 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bad_tokens_makes_bounded_token_reviews() {
+    const FLOOD: usize = 100;
+    let cluster = Cluster::start_with("max_token_reviews = 2\n").await;
+    // Each review takes a while, so that concurrency shows.
+    cluster
+        .emu
+        .set_token_review_delay(Duration::from_millis(300));
+    let client = cluster.client().await;
+
+    // The same bad token, FLOOD times at once: one review, shared, then remembered.
+    let before = cluster.token_reviews();
+    let same = "sa.the-same-bad-token-every-time";
+    let calls = (0..FLOOD).map(|_| {
+        let mut client = client.clone();
+        tokio::spawn(async move { issue(&mut client, Some(same)).await })
+    });
+    for call in calls.collect::<Vec<_>>() {
+        expect_code(
+            call.await.unwrap(),
+            Code::Unauthenticated,
+            "invalid credentials: ",
+        );
+    }
+    assert_eq!(
+        cluster.token_reviews() - before,
+        1,
+        "one review for one token"
+    );
+    expect_code(
+        issue(&mut client.clone(), Some(same)).await,
+        Code::Unauthenticated,
+        "invalid credentials: ",
+    );
+    assert_eq!(cluster.token_reviews() - before, 1, "remembered");
+
+    // FLOOD distinct bad tokens at once: at most 2 reviews in flight; callers that find no
+    // slot within 1 s are refused with RESOURCE_EXHAUSTED and cost the API nothing.
+    let before = cluster.token_reviews();
+    let tokens: Vec<String> = (0..FLOOD).map(|i| format!("sa.bad-token-{i:04}")).collect();
+    let calls = tokens.iter().cloned().map(|token| {
+        let mut client = client.clone();
+        tokio::spawn(async move { issue(&mut client, Some(&token)).await })
+    });
+    let (mut refused, mut busy) = (0, 0);
+    for call in calls.collect::<Vec<_>>() {
+        let status = call.await.unwrap().expect_err("a bad token");
+        match status.code() {
+            Code::Unauthenticated => refused += 1,
+            Code::ResourceExhausted => {
+                assert!(
+                    status.message().contains("at most 2 TokenReviews at once"),
+                    "{status:?}"
+                );
+                busy += 1;
+            }
+            _ => panic!("{status:?}"),
+        }
+    }
+    let reviews = cluster.token_reviews() - before;
+    let counters = cluster.emu.counters();
+    assert_eq!(counters.token_reviews_max_in_flight, 2, "{counters:?}");
+    assert_eq!(
+        reviews, refused,
+        "one review per refused token, none for the others"
+    );
+    assert_eq!(refused + busy, FLOOD as u64);
+    // 300 ms a review, 2 at a time, 1 s of queueing: about 2 × (1 + 1 / 0.3) reviews.
+    assert!(reviews <= 12, "{reviews} TokenReviews for {FLOOD} requests");
+
+    // The metrics say so, and the log names each refusal with the peer, never a token.
+    let metrics = cluster.metrics();
+    for line in [
+        "podca_tokenreview_cache_total{result=\"negative_hit\"}",
+        "podca_tokenreview_requests_total{result=\"refused\"}",
+        "podca_grpc_refusals_total{reason=\"tokenreview_busy\"}",
+        "podca_tokenreview_duration_seconds_count",
+    ] {
+        assert!(metrics.contains(line), "{line} missing in:\n{metrics}");
+    }
+    let log = cluster.log_text();
+    assert!(log.contains("gRPC request refused"), "{log}");
+    assert!(log.contains("peer=127.0.0.1:"), "{log}");
+    assert!(
+        log.contains("reason=\"tokenreview_busy\"") || log.contains("reason=tokenreview_busy"),
+        "{log}"
+    );
+    for token in tokens.iter().map(String::as_str).chain([same]) {
+        let secret = token.trim_start_matches("sa.");
+        assert!(!log.contains(secret), "the log shows the token {token}");
+    }
 }

@@ -149,14 +149,14 @@ fn socket_path_authority_is_accepted() {
         (b"te", b"trailers"),
         (b"workload.spiffe.io", b"true"),
     ];
-    let block = hpack::Encoder::new().encode(headers);
+    let block = loona_hpack::Encoder::new().encode(headers);
     let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     out.extend(frame(0x4, 0, 0, &[]));
     out.extend(frame(0x1, 0x4, 1, &block));
     out.extend(frame(0x0, 0x1, 1, &[0, 0, 0, 0, 0]));
     stream.write_all(&out).unwrap();
 
-    let mut decoder = hpack::Decoder::new();
+    let mut decoder = loona_hpack::Decoder::new();
     let mut status = None;
     loop {
         let mut head = [0u8; 9];

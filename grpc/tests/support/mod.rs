@@ -46,11 +46,30 @@ impl TokenReviewer for FakeReviewer {
                 .unwrap_or_default(),
             error: None,
         };
+        // Bound to the pod `kube-system/<pod>` with the UID `uid-<pod>`, on node-a.
+        let bound_proxy = |pod: &str| {
+            let mut status = service_account("kube-system:node-proxy", Some("node-a"));
+            for (key, value) in [
+                ("pod-name", pod.to_owned()),
+                ("pod-uid", format!("uid-{pod}")),
+            ] {
+                status
+                    .extra
+                    .insert(format!("authentication.kubernetes.io/{key}"), vec![value]);
+            }
+            status
+        };
         match token.expose() {
             // A workload on node-a.
             "web" => Ok(service_account("shop:web", Some("node-a"))),
-            // The node proxy of node-a, with a pod-bound token.
-            "proxy" => Ok(service_account("kube-system:node-proxy", Some("node-a"))),
+            // The node proxy of node-a, with a pod-bound token (its pod node-proxy-0 exists).
+            "proxy" => Ok(bound_proxy("node-proxy-0")),
+            // Bound to a pod that has gone.
+            "proxy-gone" => Ok(bound_proxy("node-proxy-gone")),
+            // Bound to a pod whose name now belongs to another pod (another UID).
+            "proxy-replaced" => Ok(bound_proxy("node-proxy-replaced")),
+            // Names a node but no pod.
+            "proxy-nodeonly" => Ok(service_account("kube-system:node-proxy", Some("node-a"))),
             // The node proxy with a token bound to no pod (so to no node).
             "proxy-unbound" => Ok(service_account("kube-system:node-proxy", None)),
             // A namespace the default signer excludes.
@@ -75,9 +94,28 @@ impl PodDirectory for FakePods {
             service_account: "web".into(),
             node_name: Some(node.into()),
             uid: Some(format!("uid-{name}")),
+            phase: Some("Running".into()),
+            ..Default::default()
         };
         match (namespace, name) {
+            ("kube-system", "node-proxy-0") => Ok(Some(on("node-a"))),
+            ("kube-system", "node-proxy-replaced") => Ok(Some(PodInfo {
+                uid: Some("uid-of-a-newer-pod".into()),
+                ..on("node-a")
+            })),
             ("shop", "web-0") => Ok(Some(on("node-a"))),
+            ("shop", "leaving") => Ok(Some(PodInfo {
+                terminating: true,
+                ..on("node-a")
+            })),
+            ("shop", "done") => Ok(Some(PodInfo {
+                phase: Some("Succeeded".into()),
+                ..on("node-a")
+            })),
+            ("shop", "crashed") => Ok(Some(PodInfo {
+                phase: Some("Failed".into()),
+                ..on("node-a")
+            })),
             ("shop", "db-0") => Ok(Some(on("node-b"))),
             ("shop", "broken") => Err(LookupError::Failed("pods \"broken\" is forbidden".into())),
             ("shop", "slow") => Err(LookupError::Timeout(Duration::from_secs(5))),
@@ -159,7 +197,8 @@ impl Default for Setup {
     }
 }
 
-/// The signers: `default` (excludes the namespace `forbidden`) and `p384-only`.
+/// The signers: `default` (excludes the namespace `forbidden`) and `p384-only`, both offered
+/// over gRPC, and `pcr-only`, configured but not in the gRPC allow-list.
 pub fn api(setup: Setup) -> Arc<Api> {
     let ca_start = setup
         .now
@@ -176,8 +215,14 @@ pub fn api(setup: Setup) -> Arc<Api> {
     std::mem::forget(stop);
     let mut api = Api::new(
         ApiOptions {
-            signers: BTreeMap::from([("default".into(), default), ("p384-only".into(), p384_only)]),
+            signers: BTreeMap::from([
+                ("default".into(), default),
+                ("p384-only".into(), p384_only),
+                ("pcr-only".into(), SignerPolicy::permissive("example.org")),
+            ]),
             default_signer: "default".into(),
+            allowed_signers: vec!["p384-only".into()],
+            max_dns_names: 4,
             node_proxy_service_accounts: vec![NODE_PROXY.into()],
             rate_limit_per_identity: setup.rate_limit_per_identity,
             max_open_streams: setup.max_open_streams,

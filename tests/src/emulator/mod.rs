@@ -10,6 +10,7 @@ pub mod names;
 mod patch;
 pub mod pcr;
 pub mod pem;
+pub mod pod_state;
 pub mod podca_rbac;
 pub mod resources;
 mod selectors;
@@ -184,6 +185,8 @@ pub struct Counters {
     pub token_reviews: u64,
     /// Requests that arrived during an outage ([`Emulator::set_outage`]) and were never answered.
     pub stalled_requests: u64,
+    /// The most TokenReviews ever answered at once (see [`pod_state`]).
+    pub token_reviews_max_in_flight: u64,
 }
 
 pub(crate) struct Shared {
@@ -197,6 +200,7 @@ pub(crate) struct Shared {
     pub(crate) addr: Mutex<Option<SocketAddr>>,
     shutdown: Notify,
     pub(crate) outage: http::Outage,
+    pub(crate) token_review: pod_state::TokenReviewState,
 }
 
 impl std::fmt::Debug for Shared {
@@ -379,6 +383,7 @@ impl Emulator {
             addr: Mutex::new(Some(addr)),
             shutdown: Notify::new(),
             outage: http::Outage::default(),
+            token_review: pod_state::TokenReviewState::default(),
         });
         let emu = Emulator {
             shared: shared.clone(),

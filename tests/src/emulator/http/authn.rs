@@ -6,7 +6,7 @@ use super::server::Req;
 use super::{RespBody, json_response};
 use crate::emulator::auth::{Attrs, UserInfo};
 use crate::emulator::errors::ApiError;
-use crate::emulator::{Shared, read};
+use crate::emulator::{Shared, pod_state, read};
 use hyper::Response;
 use serde_json::json;
 
@@ -31,7 +31,7 @@ pub(super) fn authenticate(shared: &Shared, header: &str) -> Option<UserInfo> {
     Some(t.user())
 }
 
-pub(super) fn token_review(
+pub(super) async fn token_review(
     shared: &Shared,
     r: &Req,
     user: &UserInfo,
@@ -64,7 +64,7 @@ pub(super) fn token_review(
     } else {
         req_aud.clone()
     };
-    shared.count(|c| c.token_reviews += 1);
+    let _in_flight = pod_state::begin_token_review(shared).await;
     let a = read(&shared.auth);
     let status = if let Some((_, u)) = a.tokens.get(&token) {
         json!({"authenticated": true, "user": u.to_json(), "audiences": wanted})
@@ -79,6 +79,8 @@ pub(super) fn token_review(
             json!({"authenticated": false, "user": {}, "error": "[invalid bearer token, service account token has expired]"})
         } else if inter.is_empty() {
             json!({"authenticated": false, "user": {}, "error": "[invalid bearer token, token audiences ... is invalid for the target audiences]"})
+        } else if let Some(problem) = pod_state::bound_pod_problem(shared, t, now) {
+            json!({"authenticated": false, "user": {}, "error": format!("[invalid bearer token, {problem}]")})
         } else {
             json!({"authenticated": true, "user": t.user().to_json(), "audiences": inter})
         }

@@ -81,7 +81,7 @@ pub(super) async fn route(shared: &Arc<Shared>, r: &Req) -> Result<Response<Resp
             return Err(not_found_path(&r.path));
         }
         ["apis", "authentication.k8s.io", "v1", "tokenreviews"] => {
-            return token_review(shared, r, &user);
+            return token_review(shared, r, &user).await;
         }
         [
             "apis",
