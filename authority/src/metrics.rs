@@ -23,7 +23,8 @@ pub struct CauseLabels {
     pub cause: &'static str,
 }
 
-/// Why something was refused, e.g. a CA history (`podca_ca_history_rejected_total`).
+/// Why something was refused: a CA history (`podca_ca_history_rejected_total`), a gRPC
+/// request (`podca_grpc_refusals_total`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
@@ -53,11 +54,6 @@ pub struct GrpcCallLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
     pub method: &'static str,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -155,6 +155,7 @@ impl AuthError {
             AuthError::NotLoopback(_) => "not_loopback",
             AuthError::Unavailable(_) => "tokenreview_unavailable",
             AuthError::Busy(_) => "tokenreview_busy",
+            AuthError::Mismatch(_) => "token_certificate_mismatch",
         }
     }
 }
@@ -186,6 +187,7 @@ impl ApiError {
             ApiError::NoPodDirectory => "no_pod_directory",
             ApiError::MissingWorkloadHeader => "missing_workload_header",
             ApiError::Unimplemented(_) => "unimplemented",
+            ApiError::LedgerUnavailable(_) => "ledger_unavailable",
             ApiError::Internal(_) => "internal",
         }
     }

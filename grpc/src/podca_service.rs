@@ -18,8 +18,8 @@ use tonic::{Request, Response, Status};
 use super::auth::{AuthError, BearerToken, Credentials, Identity, Peer};
 use super::core::{Api, IssueInput, Issued};
 use super::errors::ApiError;
-use super::peer_identity::ClientCertificate;
 use super::observe::observed;
+use super::peer_identity::ClientCertificate;
 use podca_authority::trust::CaSnapshot;
 
 /// `Service/Method` of each RPC: the `method` label of the gRPC metrics.

@@ -77,6 +77,8 @@ async fn serve() -> Listener {
             node_proxy_service_accounts: vec![],
             rate_limit_per_identity: 0,
             max_open_streams: 100,
+            allowed_signers: vec![],
+            max_dns_names: podca_grpc::core::DEFAULT_MAX_DNS_NAMES,
         },
         handle,
         Arc::new(DevAuthenticator::new(&[DevIdentity {

@@ -231,6 +231,8 @@ async fn serve(handle: &CaHandle, stopped: watch::Receiver<bool>) -> SocketAddr 
             node_proxy_service_accounts: vec![],
             rate_limit_per_identity: 0,
             max_open_streams: 100,
+            allowed_signers: vec![],
+            max_dns_names: podca_grpc::core::DEFAULT_MAX_DNS_NAMES,
         },
         handle.clone(),
         Arc::new(CertificateAuthenticator::new(

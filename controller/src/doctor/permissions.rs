@@ -373,7 +373,11 @@ mod tests {
         }
         .required();
         assert_eq!(with_pods.len(), plain.len() + 1);
-        assert!(with_pods.iter().any(|p| p.to_string() == "get pods cluster-wide"));
+        assert!(
+            with_pods
+                .iter()
+                .any(|p| p.to_string() == "get pods cluster-wide")
+        );
         assert!(plain.iter().all(|p| p.namespace.is_none()));
         let sign: Vec<_> = plain.iter().filter(|p| p.verb == "sign").collect();
         assert_eq!(sign.len(), 2);
