@@ -131,6 +131,8 @@ key_types = ["ED25519"]
 
 [grpc]
 signer = "example.com/workload"
+# Offered over gRPC too, so that its key-type policy (not the allow-list) answers.
+signers = ["example.com/workload", "example.com/ed25519-only"]
 
 [[dev.identities]]
 uid = 4294967290
