@@ -42,6 +42,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) -}}
 {{- fail "replicaCount > 1 needs leaderElection.enabled=true: without leader election every replica would write" -}}
 {{- end -}}
+{{- $ledger := .Values.config.ledger | default dict -}}
+{{- if eq ($ledger.backend | default "redb") "redb" -}}
+{{- fail "config.ledger.backend=redb needs a persistent volume, which the chart does not mount: use none (the audit log only) or postgres" -}}
+{{- end -}}
 {{- if not .Values.config.signers -}}
 {{- fail "config.signers: configure at least one signer name" -}}
 {{- end -}}
