@@ -218,6 +218,16 @@ fn the_values_schema_refuses_unknown_and_ill_typed_values() {
             "at '/config/controller/workers': got number, want integer",
         ),
         (
+            "wrong type in a [grpc] key of this release",
+            "config:\n  grpc:\n    token_cache_seconds: \"60\"\n",
+            "at '/config/grpc/token_cache_seconds': got string, want integer",
+        ),
+        (
+            "a [grpc] key above the bound podca enforces",
+            "config:\n  grpc:\n    token_cache_seconds: 601\n",
+            "at '/config/grpc/token_cache_seconds': maximum",
+        ),
+        (
             "unknown key type",
             "config:\n  signers:\n    example.com/workload:\n      key_types: [ECDSA]\n",
             "key_types/0': value must be one of",
@@ -328,6 +338,24 @@ fn the_toml_writer_keeps_every_value_kind() {
     assert_eq!(cfg.rotation.ca_lifetime_seconds, 31_536_000);
     assert!(!cfg.trust_bundles.publish);
     assert_eq!(cfg.trust_bundles.suffix, "live");
+}
+
+#[test]
+fn the_grpc_limits_and_authorization_keys_reach_podca() {
+    let yaml = helm_with_values(
+        "config:\n  grpc:\n    signers: [example.com/workload]\n    max_token_reviews: 16\n    \
+         token_cache_seconds: 600\n    max_dns_names: 4\n    max_connections_per_peer: 8\n    \
+         max_connections: 512\n    mtls_renewal: false\n",
+    )
+    .expect("the schema accepts every [grpc] key");
+    let grpc = config(&parse_helm_yaml("helm grpc keys", &yaml)).grpc;
+    assert_eq!(grpc.signers.as_deref(), Some(&[SIGNER.to_string()][..]));
+    assert_eq!(grpc.max_token_reviews, 16);
+    assert_eq!(grpc.token_cache_seconds, 600);
+    assert_eq!(grpc.max_dns_names, 4);
+    assert_eq!(grpc.max_connections_per_peer.get(), 8);
+    assert_eq!(grpc.max_connections.get(), 512);
+    assert!(!grpc.mtls_renewal);
 }
 
 #[test]
