@@ -432,6 +432,17 @@ fn the_notes_say_what_to_do_next() {
                 "helm {example}: NOTES lack {expected:?}:\n{notes}"
             );
         }
+        let ledger = if *example == "ha-postgres" {
+            "create secret generic podca-ledger-postgres \\\n       \
+             --from-literal=url='postgres://podca:PASSWORD@HOST:5432/podca' \\\n       \
+             --from-file=ca.crt=<CA bundle>"
+        } else {
+            "config.ledger.backend: none): decisions go to the logs only"
+        };
+        assert!(
+            notes.contains(ledger),
+            "helm {example}: NOTES lack {ledger:?}:\n{notes}"
+        );
         if *example == "hsm" {
             assert!(
                 notes.contains("create secret generic podca-pkcs11-pin"),
