@@ -3,8 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Container;
 use podca_authority::config::{CaConfig, Config, Pkcs11Ca};
+use podca_authority::ledger::config::{LedgerBackend, PostgresTls};
 use podca_signer::backend::PinSource;
 
 use crate::objects::{args, flag, mount_path, pod_spec, podca_container, the_deployment, volume};
@@ -107,6 +109,7 @@ pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
     let ca = &cfg.ca;
     let d = the_deployment(r);
     let c = podca_container(d);
+    let ledger_volumes = check_ledger(what, &cfg, d);
     // The file layout (file and pkcs11 backends): `[ca] dir` is the `ca` volume, a Secret
     // holding the data directory's certificates.
     let ca_dir = match ca {
@@ -150,7 +153,7 @@ pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
             );
             for v in pod_spec(d).volumes.iter().flatten() {
                 assert!(
-                    v.secret.is_none(),
+                    v.secret.is_none() || ledger_volumes.contains(&v.name),
                     "{what}: Secret volume {} (the secret backend reads the CA through \
                      the API; no Secret needs mounting)",
                     v.name
@@ -203,6 +206,55 @@ pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
         cfg.signers.contains_key(signer),
         "{what}: grpc.signer {signer} is configured"
     );
+}
+
+/// The ledger podca opens with this rendering, which mounts no volume a redb file could live on:
+/// `none`, or PostgreSQL with its URL file (and CA bundle) mounted read-only, each the one item
+/// of its Secret volume. The names of those volumes.
+fn check_ledger(what: &str, cfg: &Config, d: &Deployment) -> Vec<String> {
+    let c = podca_container(d);
+    match &cfg.ledger.backend {
+        LedgerBackend::None => vec![],
+        LedgerBackend::Redb { path } => panic!(
+            "{what}: [ledger] backend = \"redb\" (path {path:?}), but no volume is mounted for \
+             it: podca would not start"
+        ),
+        LedgerBackend::Postgres(pg) => {
+            let mut files = vec![("ledger-url", pg.url_file.as_path())];
+            match (&pg.ca_file, pg.tls) {
+                (Some(ca), _) => files.push(("ledger-ca", ca.as_path())),
+                (None, PostgresTls::VerifyFull) => {
+                    panic!("{what}: [ledger] tls = \"verify-full\" without ca_file")
+                }
+                (None, PostgresTls::Disable) => {}
+            }
+            for (name, file) in &files {
+                let mount = mount_path(c, name);
+                let rel = file.strip_prefix(&mount).unwrap_or_else(|_| {
+                    panic!(
+                        "{what}: {} is not under the {name} mount {mount}",
+                        file.display()
+                    )
+                });
+                let items: Vec<String> = volume(d, name)
+                    .secret
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{what}: {name} is a Secret volume"))
+                    .items
+                    .iter()
+                    .flatten()
+                    .map(|i| i.path.clone())
+                    .collect();
+                assert_eq!(
+                    items,
+                    [rel.to_str().unwrap()],
+                    "{what}: {name} mounts {}",
+                    file.display()
+                );
+            }
+            files.iter().map(|(name, _)| name.to_string()).collect()
+        }
+    }
 }
 
 /// The PKCS#11 module podca loads: `[ca] pkcs11_module`, else the URI's `module-path`.

@@ -19,7 +19,7 @@ use crate::render::{
 };
 use crate::strict::{Rendered, parse_all, parse_overlay};
 use crate::workload::{check_pod_locked_down, check_replicas};
-use crate::{NAMESPACE, OVERLAYS, SIGNER};
+use crate::{HELM_EXAMPLES, NAMESPACE, OVERLAYS, SIGNER};
 
 const HELM_UPDATE_HINT: &str =
     "PODCA_UPDATE_GOLDEN=1 cargo test -p podca-tests --test deploy_manifests helm";
@@ -61,7 +61,7 @@ fn helm_lint_strict_passes_for_the_chart_and_every_example() {
     assert!(text.contains("Version:\"v"), "unexpected: {text}");
     let chart = repo_root().join(CHART);
     let mut runs: Vec<Vec<&OsStr>> = vec![vec![]];
-    let examples: Vec<_> = OVERLAYS.iter().map(|e| helm_example(e)).collect();
+    let examples: Vec<_> = HELM_EXAMPLES.iter().map(|e| helm_example(e)).collect();
     for e in &examples {
         runs.push(vec!["--values".as_ref(), e.as_os_str()]);
     }
@@ -83,7 +83,7 @@ fn helm_lint_strict_passes_for_the_chart_and_every_example() {
 
 #[test]
 fn every_helm_example_passes_the_kustomize_checks() {
-    for example in OVERLAYS {
+    for example in HELM_EXAMPLES {
         let what = format!("helm {example}");
         let r = parse_helm(example);
         assert!(
@@ -144,7 +144,7 @@ fn helm_config_matches_the_kustomize_config() {
 fn helm_renderings_match_the_golden_files() {
     let update = std::env::var_os("PODCA_UPDATE_GOLDEN").is_some_and(|v| v == "1");
     let mut stale = Vec::new();
-    for example in OVERLAYS {
+    for example in HELM_EXAMPLES {
         let rendered = render_helm(example);
         let path = repo_root()
             .join("deploy/helm/golden")
@@ -218,6 +218,16 @@ fn the_values_schema_refuses_unknown_and_ill_typed_values() {
             "at '/config/controller/workers': got number, want integer",
         ),
         (
+            "wrong type in a [grpc] key of this release",
+            "config:\n  grpc:\n    token_cache_seconds: \"60\"\n",
+            "at '/config/grpc/token_cache_seconds': got string, want integer",
+        ),
+        (
+            "a [grpc] key above the bound podca enforces",
+            "config:\n  grpc:\n    token_cache_seconds: 601\n",
+            "at '/config/grpc/token_cache_seconds': maximum",
+        ),
+        (
             "unknown key type",
             "config:\n  signers:\n    example.com/workload:\n      key_types: [ECDSA]\n",
             "key_types/0': value must be one of",
@@ -252,6 +262,42 @@ fn the_chart_refuses_two_replicas_without_leader_election() {
     assert!(
         err.contains("replicaCount > 1 needs leaderElection.enabled=true"),
         "{err}"
+    );
+}
+
+#[test]
+fn the_chart_refuses_a_ledger_podca_could_not_open() {
+    let postgres = "config:\n  ledger:\n    backend: postgres\n";
+    let url = "ledger:\n  postgresUrlSecret:\n    name: pg\n";
+    let cases = [
+        (
+            "config:\n  ledger:\n    backend: redb\n".to_string(),
+            "config.ledger.backend=redb needs a persistent volume",
+        ),
+        (
+            postgres.to_string(),
+            "config.ledger.backend=postgres needs ledger.postgresUrlSecret.name",
+        ),
+        (
+            format!("{postgres}{url}"),
+            "config.ledger.tls=verify-full needs the CA that verifies the server",
+        ),
+        (
+            format!("{postgres}    tls: disable\n    url_file: /u\n{url}"),
+            "config.ledger.url_file is set by the chart",
+        ),
+    ];
+    for (values, expected) in &cases {
+        let err = helm_with_values(values).expect_err(&format!("must refuse:\n{values}"));
+        assert!(err.contains(expected), "expected {expected:?}:\n{err}");
+    }
+    // Without a CA Secret, tls = disable (a Unix socket or loopback) renders: the URL file only.
+    let yaml = helm_with_values(&format!("{postgres}    tls: disable\n{url}")).expect("renders");
+    let r = parse_helm_yaml("helm postgres tls disable", &yaml);
+    check_config("helm postgres tls disable", "ha", &r);
+    assert!(
+        !yaml.contains("ledger-ca"),
+        "no CA volume without postgresCaSecret"
     );
 }
 
@@ -295,6 +341,24 @@ fn the_toml_writer_keeps_every_value_kind() {
 }
 
 #[test]
+fn the_grpc_limits_and_authorization_keys_reach_podca() {
+    let yaml = helm_with_values(
+        "config:\n  grpc:\n    signers: [example.com/workload]\n    max_token_reviews: 16\n    \
+         token_cache_seconds: 600\n    max_dns_names: 4\n    max_connections_per_peer: 8\n    \
+         max_connections: 512\n    mtls_renewal: false\n",
+    )
+    .expect("the schema accepts every [grpc] key");
+    let grpc = config(&parse_helm_yaml("helm grpc keys", &yaml)).grpc;
+    assert_eq!(grpc.signers.as_deref(), Some(&[SIGNER.to_string()][..]));
+    assert_eq!(grpc.max_token_reviews, 16);
+    assert_eq!(grpc.token_cache_seconds, 600);
+    assert_eq!(grpc.max_dns_names, 4);
+    assert_eq!(grpc.max_connections_per_peer.get(), 8);
+    assert_eq!(grpc.max_connections.get(), 512);
+    assert!(!grpc.mtls_renewal);
+}
+
+#[test]
 fn helm_grants_pods_get_only_with_issue_for_pod_callers() {
     let grants_pods = |r: &Rendered| {
         expected_for(r)
@@ -326,7 +390,7 @@ fn helm_grants_pods_get_only_with_issue_for_pod_callers() {
 
 #[test]
 fn the_notes_say_what_to_do_next() {
-    for example in OVERLAYS {
+    for example in HELM_EXAMPLES {
         let values = helm_example(example);
         let out = Command::new(helm())
             .current_dir(repo_root())
@@ -368,6 +432,17 @@ fn the_notes_say_what_to_do_next() {
                 "helm {example}: NOTES lack {expected:?}:\n{notes}"
             );
         }
+        let ledger = if *example == "ha-postgres" {
+            "create secret generic podca-ledger-postgres \\\n       \
+             --from-literal=url='postgres://podca:PASSWORD@HOST:5432/podca' \\\n       \
+             --from-file=ca.crt=<CA bundle>"
+        } else {
+            "config.ledger.backend: none): decisions go to the logs only"
+        };
+        assert!(
+            notes.contains(ledger),
+            "helm {example}: NOTES lack {ledger:?}:\n{notes}"
+        );
         if *example == "hsm" {
             assert!(
                 notes.contains("create secret generic podca-pkcs11-pin"),

@@ -27,6 +27,10 @@ mod strict;
 mod workload;
 
 const OVERLAYS: &[&str] = &["default", "ha", "hsm"];
+/// The Helm chart's example values files: one per overlay, and ha with the ledger in PostgreSQL.
+const HELM_EXAMPLES: &[&str] = &["default", "ha", "hsm", "ha-postgres"];
+/// The PostgreSQL port the ha-postgres example's NetworkPolicy opens.
+const POSTGRES_PORT: i32 = 5432;
 const NAMESPACE: &str = "podca-system";
 const SERVICE_ACCOUNT: &str = "podca";
 /// The documented placeholder signer name.

@@ -9,7 +9,9 @@ use crate::config::config;
 use crate::objects::{container_port, podca_container, port_of, the_deployment};
 use crate::render::{documents, render_default_with_monitoring, render_overlay};
 use crate::strict::{Rendered, parse_all, parse_overlay};
-use crate::{ADMIN_PORT, GRPC_PORT, NAMESPACE, OVERLAYS};
+use podca_authority::ledger::config::LedgerBackend;
+
+use crate::{ADMIN_PORT, GRPC_PORT, NAMESPACE, OVERLAYS, POSTGRES_PORT};
 
 #[test]
 fn service_and_network_policy_expose_only_grpc_and_metrics() {
@@ -18,7 +20,8 @@ fn service_and_network_policy_expose_only_grpc_and_metrics() {
     }
 }
 
-/// The Service and the NetworkPolicy expose only gRPC and metrics; egress only DNS and the API.
+/// The Service and the NetworkPolicy expose only gRPC and metrics; egress only DNS and the API
+/// server, and with a PostgreSQL ledger its port on the peers named.
 pub fn check_network(what: &str, r: &Rendered) {
     let d = the_deployment(r);
     let c = podca_container(d);
@@ -100,7 +103,41 @@ pub fn check_network(what: &str, r: &Rendered) {
         BTreeSet::from([(GRPC_PORT, "TCP".into()), (ADMIN_PORT, "TCP".into())]),
         "{what}: ingress only to gRPC and metrics"
     );
-    let egress = np.egress.clone().unwrap();
+    let mut egress = np.egress.clone().unwrap();
+    let postgres = matches!(cfg.ledger.backend, LedgerBackend::Postgres(_));
+    let postgres_rule = |r: &k8s_openapi::api::networking::v1::NetworkPolicyEgressRule| {
+        r.ports
+            .iter()
+            .flatten()
+            .any(|p| p.port == Some(IntOrString::Int(POSTGRES_PORT)))
+    };
+    let postgres_rules: Vec<_> = egress
+        .iter()
+        .filter(|r| postgres_rule(r))
+        .cloned()
+        .collect();
+    egress.retain(|r| !postgres_rule(r));
+    if postgres {
+        assert_eq!(postgres_rules.len(), 1, "{what}: one rule for PostgreSQL");
+        let rule = &postgres_rules[0];
+        assert_eq!(
+            port_set(vec![rule.ports.clone().unwrap()]),
+            BTreeSet::from([(POSTGRES_PORT, "TCP".into())]),
+            "{what}: the PostgreSQL rule opens its port only"
+        );
+        let to = rule.to.clone().unwrap_or_default();
+        assert!(
+            !to.is_empty()
+                && to.iter().all(|peer| peer.ip_block.is_some()
+                    || (peer.pod_selector.is_some() && peer.namespace_selector.is_some())),
+            "{what}: PostgreSQL egress goes to named peers only: {to:?}"
+        );
+    } else {
+        assert!(
+            postgres_rules.is_empty(),
+            "{what}: no PostgreSQL egress without a PostgreSQL ledger"
+        );
+    }
     let egress_ports = port_set(
         egress
             .iter()

@@ -145,7 +145,7 @@ pub fn check_replicas(what: &str, flavour: &str, r: &Rendered) {
         .unwrap();
     let selector = spec.selector.match_labels.clone().unwrap();
     assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
-    if flavour == "ha" {
+    if matches!(flavour, "ha" | "ha-postgres") {
         assert_eq!(replicas, 2, "{what}: two replicas");
         assert!(elect, "{what}: --leader-elect");
         // The lease namespace comes from POD_NAMESPACE (downward API).

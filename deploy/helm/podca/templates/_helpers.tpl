@@ -36,11 +36,38 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "podca.configDir" -}}/etc/podca{{- end -}}
 {{- define "podca.caDir" -}}/var/run/podca/ca{{- end -}}
 {{- define "podca.pinDir" -}}/var/run/podca/pkcs11-pin{{- end -}}
+{{- define "podca.ledgerUrlDir" -}}/var/run/podca/ledger-url{{- end -}}
+{{- define "podca.ledgerCaDir" -}}/var/run/podca/ledger-ca{{- end -}}
+
+{{/* config.ledger.backend as podca reads it (redb when unset). */}}
+{{- define "podca.ledgerBackend" -}}
+{{- $ledger := .Values.config.ledger | default dict -}}
+{{- $ledger.backend | default "redb" -}}
+{{- end -}}
 
 {{/* Checks across values that the schema cannot express. */}}
 {{- define "podca.validate" -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) -}}
 {{- fail "replicaCount > 1 needs leaderElection.enabled=true: without leader election every replica would write" -}}
+{{- end -}}
+{{- $ledger := .Values.config.ledger | default dict -}}
+{{- $backend := include "podca.ledgerBackend" . -}}
+{{- if eq $backend "redb" -}}
+{{- fail "config.ledger.backend=redb needs a persistent volume, which the chart does not mount: use none (the audit log only) or postgres" -}}
+{{- end -}}
+{{- if eq $backend "postgres" -}}
+{{- if not .Values.ledger.postgresUrlSecret.name -}}
+{{- fail "config.ledger.backend=postgres needs ledger.postgresUrlSecret.name: the Secret holding the connection URL" -}}
+{{- end -}}
+{{- if hasKey $ledger "url_file" -}}
+{{- fail "config.ledger.url_file is set by the chart from ledger.postgresUrlSecret; leave it out" -}}
+{{- end -}}
+{{- if and .Values.ledger.postgresCaSecret.name (hasKey $ledger "ca_file") -}}
+{{- fail "config.ledger.ca_file and ledger.postgresCaSecret.name: set one (the chart sets ca_file from the Secret)" -}}
+{{- end -}}
+{{- if and (ne ($ledger.tls | default "verify-full") "disable") (not .Values.ledger.postgresCaSecret.name) (not (hasKey $ledger "ca_file")) -}}
+{{- fail "config.ledger.tls=verify-full needs the CA that verifies the server: ledger.postgresCaSecret.name or config.ledger.ca_file" -}}
+{{- end -}}
 {{- end -}}
 {{- if not .Values.config.signers -}}
 {{- fail "config.signers: configure at least one signer name" -}}
@@ -69,6 +96,13 @@ podca's integer settings refuse).
 {{- end -}}
 {{- end -}}
 {{- $_ := set $cfg "ca" $ca -}}
+{{- if eq (include "podca.ledgerBackend" .) "postgres" -}}
+{{- $ledger := $cfg.ledger -}}
+{{- $_ := set $ledger "url_file" (printf "%s/url" (include "podca.ledgerUrlDir" .)) -}}
+{{- if .Values.ledger.postgresCaSecret.name -}}
+{{- $_ := set $ledger "ca_file" (printf "%s/ca.crt" (include "podca.ledgerCaDir" .)) -}}
+{{- end -}}
+{{- end -}}
 {{- $grpc := $cfg.grpc | default dict -}}
 {{- $_ := set $grpc "listen" (printf "0.0.0.0:%s" (include "podca.grpcPort" .)) -}}
 {{- if and (eq ($grpc.tls | default "self-issued") "self-issued") (not (hasKey $grpc "tls_service")) (not (hasKey $grpc "tls_dns_names")) -}}
