@@ -18,7 +18,7 @@ use tonic::{Request, Response, Status};
 use super::auth::{AuthError, BearerToken, Credentials, Identity, Peer};
 use super::core::{Api, IssueInput, Issued};
 use super::errors::ApiError;
-use super::observe::observed;
+use super::observe::{code_name, observed};
 use super::peer_identity::ClientCertificate;
 use podca_authority::trust::CaSnapshot;
 
@@ -112,21 +112,9 @@ pub fn audit_refusal(method: &str, peer: &Peer, error: &ApiError) {
             Peer::Unix { uid: None } => "unix".into(),
             Peer::Unknown => "unknown".into(),
         },
-        code: code_name(error.code()),
+        code: code_name(error.code()).to_owned(),
         reason: error.to_string(),
     });
-}
-
-/// `UNAUTHENTICATED`, `PERMISSION_DENIED`, …: the code as the gRPC specification names it.
-fn code_name(code: tonic::Code) -> String {
-    let mut name = String::new();
-    for (i, c) in format!("{code:?}").chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            name.push('_');
-        }
-        name.push(c.to_ascii_uppercase());
-    }
-    name
 }
 
 /// Names the caller in the handler's span (its `caller` field), once it is known.
@@ -308,21 +296,5 @@ impl PodCa for PodCaService {
             Ok(Response::new(stream))
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn code_names_are_the_specification_names() {
-        assert_eq!(
-            super::code_name(tonic::Code::Unauthenticated),
-            "UNAUTHENTICATED"
-        );
-        assert_eq!(
-            super::code_name(tonic::Code::PermissionDenied),
-            "PERMISSION_DENIED"
-        );
-        assert_eq!(super::code_name(tonic::Code::Unavailable), "UNAVAILABLE");
     }
 }
