@@ -7,13 +7,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-
-use podca_signer::keys::GeneratedKey;
 use podca_signer::rotation::Schedule;
 use podca_signer::{
-    CaAlgorithm, CaError, CertificateRequest, FileStore, InitOptions, IssuingCa, KeyType,
-    MemoryKey, NameConstraints, Outcome, SignerPolicy, StoreError,
+    CaAlgorithm, CaError, FileStore, InitOptions, IssuingCa, KeyType, MemoryKey, NameConstraints,
+    StoreError,
 };
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use time::{Duration, OffsetDateTime};
@@ -23,26 +20,9 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 use common::openssl_verify;
 
 fn issue(ca: &IssuingCa, trust_domain: &str, dns: &[&str]) -> String {
-    let key = GeneratedKey::generate(KeyType::EcdsaP256).unwrap();
-    let mut policy = SignerPolicy::permissive(trust_domain);
-    policy.allowed_dns_names = vec!["*".into()];
-    let mut annotations = BTreeMap::new();
-    if !dns.is_empty() {
-        annotations.insert("podca.dev/dns-names".to_string(), dns.join(","));
-    }
-    let request = CertificateRequest {
-        key: Ok(key.public.clone()),
-        namespace: "prod".into(),
-        service_account: "web".into(),
-        pod_name: Some("web-0".into()),
-        max_expiration: Some(Duration::seconds(86400)),
-        requested_lifetime: None,
-        user_annotations: annotations,
-    };
-    match podca_signer::sign_request(&policy, ca, &request, OffsetDateTime::now_utc()) {
-        Outcome::Issued(cert) => cert.chain_pem,
-        other => panic!("expected Issued, got {other:?}"),
-    }
+    common::issue_in(ca, trust_domain, KeyType::EcdsaP256, dns)
+        .1
+        .chain_pem
 }
 
 fn constraints() -> NameConstraints {

@@ -40,8 +40,18 @@ pub fn issue_for(
     key_type: KeyType,
     dns_names: &[&str],
 ) -> (GeneratedKey, IssuedCertificate) {
+    issue_in(ca, "test.example", key_type, dns_names)
+}
+
+/// As [`issue_for`], for a SPIFFE ID in `trust_domain`.
+pub fn issue_in(
+    ca: &IssuingCa,
+    trust_domain: &str,
+    key_type: KeyType,
+    dns_names: &[&str],
+) -> (GeneratedKey, IssuedCertificate) {
     let key = GeneratedKey::generate(key_type).unwrap();
-    let mut policy = SignerPolicy::permissive("test.example");
+    let mut policy = SignerPolicy::permissive(trust_domain);
     policy.allowed_dns_names = vec!["*".into()];
     let mut annotations = BTreeMap::new();
     if !dns_names.is_empty() {
