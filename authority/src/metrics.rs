@@ -77,6 +77,15 @@ pub struct GrpcMetrics {
     pub token_review_seconds: Histogram,
     /// `podca_tokenreview_cache_total{result}` (hit|miss|negative_hit).
     pub token_cache: Family<ResultLabels, Counter>,
+    /// `podca_grpc_connections_open`: TCP connections of the gRPC listener open now
+    /// (handshakes included).
+    pub connections_open: Gauge,
+    /// `podca_grpc_connections_refused_total{reason}`: TCP connections closed at accept by a
+    /// cap (`per_peer`: `max_connections_per_peer`; `total`: `max_connections`).
+    pub connections_refused: Family<ReasonLabels, Counter>,
+    /// `podca_grpc_tls_handshake_failures_total{reason}`: TLS handshakes that failed
+    /// (`error`: a protocol error or a refused client certificate; `timeout`: slower than 10 s).
+    pub tls_handshake_failures: Family<ReasonLabels, Counter>,
 }
 
 fn fast_histogram() -> Histogram {
@@ -93,6 +102,9 @@ impl Default for GrpcMetrics {
             token_reviews: Family::default(),
             token_review_seconds: fast_histogram(),
             token_cache: Family::default(),
+            connections_open: Gauge::default(),
+            connections_refused: Family::default(),
+            tls_handshake_failures: Family::default(),
         }
     }
 }
@@ -128,6 +140,21 @@ impl GrpcMetrics {
             "tokenreview_cache",
             "Bearer-token lookups in the TokenReview caches (hit, miss, negative_hit)",
             self.token_cache.clone(),
+        );
+        registry.register(
+            "grpc_connections_open",
+            "TCP connections of the gRPC listener open now, TLS handshakes included",
+            self.connections_open.clone(),
+        );
+        registry.register(
+            "grpc_connections_refused",
+            "gRPC TCP connections closed at accept by a connection cap, by reason (per_peer, total)",
+            self.connections_refused.clone(),
+        );
+        registry.register(
+            "grpc_tls_handshake_failures",
+            "TLS handshakes on the gRPC listener that failed, by reason (error, timeout)",
+            self.tls_handshake_failures.clone(),
         );
     }
 }

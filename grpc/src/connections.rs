@@ -13,6 +13,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use podca_authority::metrics::{GrpcMetrics, ReasonLabels};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
@@ -46,6 +47,16 @@ pub enum Refused {
     Total(usize),
 }
 
+impl Refused {
+    /// The `reason` label of `podca_grpc_connections_refused_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refused::PerPeer(_) => "per_peer",
+            Refused::Total(_) => "total",
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Open {
     total: usize,
@@ -57,13 +68,17 @@ struct Open {
 pub struct ConnectionCounter {
     limits: ConnectionLimits,
     open: Mutex<Open>,
+    metrics: GrpcMetrics,
 }
 
 impl ConnectionCounter {
-    pub fn new(limits: ConnectionLimits) -> Arc<Self> {
+    /// A counter that also keeps `podca_grpc_connections_open` and
+    /// `podca_grpc_connections_refused_total` in `metrics`.
+    pub fn new(limits: ConnectionLimits, metrics: GrpcMetrics) -> Arc<Self> {
         Arc::new(ConnectionCounter {
             limits,
             open: Mutex::new(Open::default()),
+            metrics,
         })
     }
 
@@ -76,6 +91,19 @@ impl ConnectionCounter {
 
     /// A slot for one more connection from `peer`, or why there is none.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<ConnectionSlot, Refused> {
+        let admitted = self.try_admit(peer);
+        if let Err(refused) = admitted {
+            self.metrics
+                .connections_refused
+                .get_or_create(&ReasonLabels {
+                    reason: refused.reason(),
+                })
+                .inc();
+        }
+        admitted
+    }
+
+    fn try_admit(self: &Arc<Self>, peer: IpAddr) -> Result<ConnectionSlot, Refused> {
         let mut open = self.lock();
         if open.total >= self.limits.total {
             return Err(Refused::Total(open.total));
@@ -86,10 +114,16 @@ impl ConnectionCounter {
         }
         *from_peer += 1;
         open.total += 1;
+        self.metrics.connections_open.set(gauge_value(open.total));
         Ok(ConnectionSlot {
             counter: Arc::clone(self),
             peer,
         })
+    }
+
+    /// The metrics this counter keeps (the listener counts its TLS handshake failures there too).
+    pub fn metrics(&self) -> &GrpcMetrics {
+        &self.metrics
     }
 
     /// Connections open now (all peers).
@@ -100,6 +134,7 @@ impl ConnectionCounter {
     fn release(&self, peer: IpAddr) {
         let mut open = self.lock();
         open.total = open.total.saturating_sub(1);
+        self.metrics.connections_open.set(gauge_value(open.total));
         if let Some(n) = open.by_peer.get_mut(&peer) {
             *n -= 1;
             if *n == 0 {
@@ -107,6 +142,10 @@ impl ConnectionCounter {
             }
         }
     }
+}
+
+fn gauge_value(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// One admitted connection; dropping it frees the slot.
@@ -195,10 +234,14 @@ mod tests {
 
     #[test]
     fn caps_per_peer_and_in_total_and_slots_come_back() {
-        let counter = ConnectionCounter::new(ConnectionLimits {
-            per_peer: 2,
-            total: 3,
-        });
+        let metrics = GrpcMetrics::default();
+        let counter = ConnectionCounter::new(
+            ConnectionLimits {
+                per_peer: 2,
+                total: 3,
+            },
+            metrics.clone(),
+        );
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         let c: IpAddr = "10.0.0.3".parse().unwrap();
@@ -212,5 +255,15 @@ mod tests {
         assert_eq!(counter.open(), 2);
         let _c1 = counter.admit(c).unwrap();
         assert_eq!(counter.admit(a).unwrap_err(), Refused::Total(3));
+
+        // The gauge follows the slots; each refusal is counted under its reason.
+        assert_eq!(metrics.connections_open.get(), 3);
+        let refused = |reason| {
+            metrics
+                .connections_refused
+                .get_or_create(&ReasonLabels { reason })
+                .get()
+        };
+        assert_eq!((refused("per_peer"), refused("total")), (1, 2));
     }
 }

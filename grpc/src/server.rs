@@ -75,7 +75,7 @@ pub async fn serve_tls(
         listener,
         config,
         tls::HANDSHAKE_TIMEOUT,
-        ConnectionCounter::new(limits),
+        ConnectionCounter::new(limits, api.metrics().clone()),
     );
     tcp_builder()
         .add_routes(observe::edge_routes(&api).await)
@@ -92,7 +92,7 @@ pub async fn serve_tcp(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let counter = ConnectionCounter::new(limits);
+    let counter = ConnectionCounter::new(limits, api.metrics().clone());
     let incoming = TcpListenerStream::new(listener).filter_map(move |conn| {
         let stream = match conn {
             Ok(stream) => stream,

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use podca_authority::metrics::{GrpcMetrics, ReasonLabels};
 use podca_authority::serving_cert::ServingCert;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
@@ -216,9 +217,10 @@ pub fn incoming(
                     continue;
                 }
             };
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            let (acceptor, tx, failures) =
+                (acceptor.clone(), tx.clone(), counter.metrics().clone());
             tokio::spawn(async move {
-                if let Some(tls) = handshake(&acceptor, stream, peer, timeout).await {
+                if let Some(tls) = handshake(&acceptor, stream, peer, timeout, &failures).await {
                     let _ = tx.send(Ok(Admitted::new(tls, slot))).await;
                 }
             });
@@ -232,7 +234,9 @@ async fn handshake(
     stream: TcpStream,
     peer: SocketAddr,
     timeout: Duration,
+    metrics: &GrpcMetrics,
 ) -> Option<TlsStream<TcpStream>> {
+    let failures = &metrics.tls_handshake_failures;
     // Without TCP_NODELAY, small unary answers wait on delayed ACKs (~40 ms each).
     if let Err(e) = stream.set_nodelay(true) {
         debug!(%peer, error = %e, "gRPC: setting TCP_NODELAY failed");
@@ -241,10 +245,16 @@ async fn handshake(
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
             debug!(%peer, error = %e, "gRPC: TLS handshake failed");
+            failures
+                .get_or_create(&ReasonLabels { reason: "error" })
+                .inc();
             None
         }
         Err(_) => {
             debug!(%peer, timeout_seconds = timeout.as_secs(), "gRPC: TLS handshake timed out");
+            failures
+                .get_or_create(&ReasonLabels { reason: "timeout" })
+                .inc();
             None
         }
     }

@@ -8,8 +8,10 @@
 //!   PCRs filed by hand.
 //! * [`process`]: the real `podca serve` and `podca dev` as child processes.
 //! * [`tls`]: TLS clients of podca serve's gRPC listener, trusting only given anchors.
+//! * [`bench`]: the set-up the gRPC benchmarks share.
 //! * [`verify`]: `openssl verify`, the independent check of every issued chain.
 
+pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod emulator;

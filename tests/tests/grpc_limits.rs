@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use podca_authority::CaHandle;
 use podca_authority::config::DevIdentity;
+use podca_authority::metrics::{GrpcMetrics, ReasonLabels};
 use podca_authority::serving_cert::{self, ServingIdentity};
 use podca_grpc::auth::DevAuthenticator;
 use podca_grpc::connections::ConnectionLimits;
@@ -43,7 +44,26 @@ const LIMITS: ConnectionLimits = ConnectionLimits {
 struct Listener {
     addr: SocketAddr,
     anchors: String,
+    metrics: GrpcMetrics,
     _stop: watch::Sender<bool>,
+}
+
+impl Listener {
+    /// `podca_grpc_connections_refused_total{reason}` now.
+    fn refused(&self, reason: &'static str) -> u64 {
+        self.metrics
+            .connections_refused
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
+    /// `podca_grpc_tls_handshake_failures_total{reason}` now.
+    fn handshake_failures(&self, reason: &'static str) -> u64 {
+        self.metrics
+            .tls_handshake_failures
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
 }
 
 async fn serve() -> Listener {
@@ -67,6 +87,7 @@ async fn serve() -> Listener {
         .unwrap();
     let keys = ServingKeys::new(certified_key(&cert.chain_der, &cert.key_pkcs8_der).unwrap());
     let (stop, stopped) = watch::channel(false);
+    let metrics = GrpcMetrics::default();
     let api = Api::new(
         ApiOptions {
             signers: BTreeMap::from([(
@@ -89,7 +110,8 @@ async fn serve() -> Listener {
         None,
         stopped.clone(),
     )
-    .unwrap();
+    .unwrap()
+    .with_metrics(metrics.clone());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut shutdown = stopped;
@@ -105,6 +127,7 @@ async fn serve() -> Listener {
     Listener {
         addr,
         anchors,
+        metrics,
         _stop: stop,
     }
 }
@@ -185,15 +208,25 @@ async fn a_connection_flood_from_one_peer_is_cut_at_accept_and_others_are_served
         "closing 200 connections took {:?}",
         started.elapsed()
     );
+    assert_eq!(
+        listener.refused("per_peer"),
+        200,
+        "each closed connection is counted"
+    );
+    assert_eq!(listener.refused("total"), 0);
+    assert_eq!(listener.metrics.connections_open.get(), 4);
     // Another peer is served meanwhile.
     let mut other = client_from("127.0.0.2", &listener).await;
     other
         .issue_certificate(request())
         .await
         .expect("another peer issues during the flood");
-    // Slots come back: once the flood's connections close, the peer is served again.
+    // Slots come back: once the flood's connections close, the peer is served again. The held
+    // connections ended mid-handshake: failed handshakes.
     drop(held);
     settle().await;
+    assert_eq!(listener.handshake_failures("error"), 4);
+    assert_eq!(listener.handshake_failures("timeout"), 0);
     client_from("127.0.0.1", &listener)
         .await
         .issue_certificate(request())
@@ -215,6 +248,10 @@ async fn over_the_total_cap_every_peer_is_cut_at_accept() {
     assert!(
         closed_silently(&mut extra, Duration::from_secs(2)).await,
         "a new peer over the total cap was not closed at accept"
+    );
+    assert_eq!(
+        (listener.refused("total"), listener.refused("per_peer")),
+        (1, 0)
     );
     held.truncate(LIMITS.total - 1);
     settle().await;

@@ -289,6 +289,8 @@ const EVENT_FAMILIES: &[(&str, &str, &str)] = &[
     ("grpc_requests", "counter", METRICS_RS),
     ("grpc_request_duration_seconds", "histogram", METRICS_RS),
     ("grpc_refusals", "counter", METRICS_RS),
+    ("grpc_connections_refused", "counter", METRICS_RS),
+    ("grpc_tls_handshake_failures", "counter", METRICS_RS),
     ("tokenreview_requests", "counter", METRICS_RS),
     ("tokenreview_duration_seconds", "histogram", METRICS_RS),
     ("tokenreview_cache", "counter", METRICS_RS),
