@@ -2,7 +2,8 @@
 //! PostgreSQL server: the Must-show's 10,000-PCR burst (plain, with the server restarted
 //! midway, and with `podca serve` killed with SIGKILL midway and restarted), two replicas
 //! sharing one ledger (the standby's gRPC issuance recorded too), the audit question answered
-//! by `podca ledger list` on both backends, and refusals in the audit log.
+//! by `podca ledger list` on both backends, and refusals in the audit log (podca.v1 and, with
+//! `podca dev`, the SPIFFE Workload API).
 //!
 //! Each burst takes about a minute in a debug build on a loaded 2-core machine; `--nocapture`
 //! shows where it went (`burst_report`). Timing the burst is the controller bench's job.
@@ -546,11 +547,7 @@ async fn audit_question(s: &Setup, store_args: &[&str]) {
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
     serve.stop();
     let log = serve.log_text();
-    let audit: Vec<serde_json::Value> = log
-        .lines()
-        .filter_map(|l| l.find("{\"audit\":").map(|i| &l[i..]))
-        .map(|json| serde_json::from_str(json).unwrap())
-        .collect();
+    let audit = audit_lines(&log);
     let refusal = audit
         .iter()
         .find(|a| a["event"] == "refusal")
@@ -627,4 +624,204 @@ async fn the_audit_question_on_postgres() {
         ],
     )
     .await;
+}
+
+/// A `podca dev` process with its Workload API socket, logging the audit target to a file.
+struct Dev {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Dev {
+    /// `podca dev` in `dir` (its data directory is `dir/data`) with `config` (TOML text);
+    /// ready once it prints `podca dev: ready`.
+    fn start(dir: &std::path::Path, config: &str) -> Dev {
+        use std::io::BufRead;
+        let socket = dir.join("workload.sock");
+        let log = dir.join("dev.log");
+        let config_path = dir.join("podca.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut child = Command::new(podca_binary())
+            .arg("dev")
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--grpc-listen", "127.0.0.1:0", "--socket"])
+            .arg(&socket)
+            .arg("--config")
+            .arg(&config_path)
+            .env("PODCA_LOG", "warn,podca::audit=info")
+            .env_remove("PODCA_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line == "podca dev: ready" => break,
+                Some(Ok(_)) => {}
+                _ => panic!(
+                    "podca dev exited before it was ready: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ),
+            }
+        }
+        // Keep draining stdout so podca dev never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Dev { child, socket, log }
+    }
+
+    async fn workload_client(
+        &self,
+    ) -> podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient<
+        tonic::transport::Channel,
+    > {
+        podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient::new(
+            podca_tests::process::unix_channel(&self.socket).await,
+        )
+    }
+
+    /// SIGTERM, wait, and the audit lines it wrote.
+    fn stop(mut self) -> (Vec<serde_json::Value>, String) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let _ = self.child.wait();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        (audit_lines(&log), log)
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The audit JSON objects in a log.
+fn audit_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| l.find("{\"audit\":").map(|i| &l[i..]))
+        .map(|json| serde_json::from_str(json).unwrap())
+        .collect()
+}
+
+fn my_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+fn with_workload_header<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("workload.spiffe.io", "true".parse().unwrap());
+    request
+}
+
+/// The one refusal line of `method`.
+fn refusal_of<'a>(
+    audit: &'a [serde_json::Value],
+    method: &str,
+    log: &str,
+) -> &'a serde_json::Value {
+    let found: Vec<_> = audit
+        .iter()
+        .filter(|a| a["event"] == "refusal" && a["method"] == method)
+        .collect();
+    assert_eq!(found.len(), 1, "refusals of {method}: {found:?}\n{log}");
+    found[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_api_refusals_are_audited_like_podca_v1_refusals() {
+    use podca_proto::workload::{X509BundlesRequest, X509svidRequest};
+    // This process's uid is payments/api; the policy allows only the namespace `allowed`.
+    let uid = my_uid();
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(
+        dir.path(),
+        &format!(
+            "[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\nnamespaces = [\"allowed\"]\n\
+         service_accounts = [\"*/*\"]\n\n\
+         [[dev.identities]]\nuid = {uid}\nnamespace = \"{NAMESPACE}\"\nservice_account = \"api\"\n"
+        ),
+    );
+    let mut client = dev.workload_client().await;
+    // No `workload.spiffe.io` header: refused before the caller is identified.
+    let missing = client
+        .fetch_x509_bundles(X509BundlesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::InvalidArgument, "{missing:?}");
+    // Identified, then denied by the policy: a decision, recorded in the ledger.
+    let denied = client
+        .fetch_x509svid(with_workload_header(X509svidRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    let data = dir.path().join("data");
+    let (audit, log) = dev.stop();
+    let refusal = refusal_of(&audit, "SpiffeWorkloadAPI/FetchX509Bundles", &log);
+    assert_eq!(refusal["code"], "INVALID_ARGUMENT", "{refusal}");
+    assert_eq!(refusal["peer"], format!("unix:uid={uid}"), "{refusal}");
+    assert!(
+        refusal["reason"]
+            .as_str()
+            .unwrap()
+            .contains("workload.spiffe.io"),
+        "{refusal}"
+    );
+    let decisions: Vec<_> = audit.iter().filter(|a| a["event"] == "decision").collect();
+    assert_eq!(decisions.len(), 1, "{decisions:?}\n{log}");
+    assert_eq!(decisions[0]["outcome"], "denied", "{}", decisions[0]);
+    assert_eq!(decisions[0]["source"], "workload-api", "{}", decisions[0]);
+    let dir = data.display().to_string();
+    let records = ledger_list(&["--dir", dir.as_str()]);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["outcome"], "denied", "{records:?}");
+    assert_eq!(
+        records[0]["identity"],
+        format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/api"),
+        "{records:?}"
+    );
+
+    // A caller whose uid podca dev does not know: refused before it is identified.
+    let stranger = uid.wrapping_add(4242);
+    let other = tempfile::tempdir().unwrap();
+    let dev = Dev::start(
+        other.path(),
+        &format!(
+            "[[dev.identities]]\nuid = {stranger}\nnamespace = \"{NAMESPACE}\"\n\
+         service_account = \"api\"\n"
+        ),
+    );
+    let mut client = dev.workload_client().await;
+    let unknown = client
+        .fetch_x509svid(with_workload_header(X509svidRequest {}))
+        .await
+        .unwrap_err();
+    let (audit, log) = dev.stop();
+    let refusal = refusal_of(&audit, "SpiffeWorkloadAPI/FetchX509SVID", &log);
+    assert_eq!(
+        refusal["code"],
+        podca_grpc::observe::code_name(unknown.code()),
+        "{refusal}"
+    );
+    assert!(
+        refusal["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("uid {uid} is not mapped")),
+        "{refusal}"
+    );
+    assert!(
+        !audit.iter().any(|a| a["event"] == "decision"),
+        "an unidentified caller is no decision: {audit:?}"
+    );
 }
