@@ -3,7 +3,8 @@
 //! midway, and with `podca serve` killed with SIGKILL midway and restarted), two replicas
 //! sharing one ledger (the standby's gRPC issuance recorded too), the audit question answered
 //! by `podca ledger list` on both backends, and refusals in the audit log (podca.v1 and, with
-//! `podca dev`, the SPIFFE Workload API).
+//! `podca dev`, the SPIFFE Workload API). `podca issue --config` records to the configured
+//! `[ledger]`.
 //!
 //! Each burst takes about a minute in a debug build on a loaded 2-core machine; `--nocapture`
 //! shows where it went (`burst_report`). Timing the burst is the controller bench's job.
@@ -824,4 +825,121 @@ async fn workload_api_refusals_are_audited_like_podca_v1_refusals() {
         !audit.iter().any(|a| a["event"] == "decision"),
         "an unidentified caller is no decision: {audit:?}"
     );
+}
+
+/// `podca issue --config F -n payments --service-account api`: its exit status, stdout and
+/// stderr.
+fn podca_issue(config: &std::path::Path) -> (bool, String, String) {
+    let out = Command::new(podca_binary())
+        .args(["issue", "--config"])
+        .arg(config)
+        .args(["-n", NAMESPACE, "--service-account", "api"])
+        .env_remove("PODCA_DATA_DIR")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The serial of the leaf in a credential bundle (a key, then the chain).
+fn bundle_serial(bundle: &str) -> String {
+    let chain = pem::parse_many(bundle)
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.tag() == "CERTIFICATE")
+        .map(|p| pem::encode(&p))
+        .collect::<String>();
+    leaf_serial(&chain)
+}
+
+#[test]
+fn podca_issue_records_to_the_configured_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let init = Command::new(podca_binary())
+        .args(["ca", "init", "--dir"])
+        .arg(&ca_dir)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(init.success());
+    let data_dir_ledger = ca_dir.join("ledger.redb");
+    let write_config = |name: &str, ledger: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "[ca]\ndir = {:?}\n\n[ledger]\n{ledger}",
+                ca_dir.display().to_string()
+            ),
+        )
+        .unwrap();
+        path
+    };
+
+    // redb at the configured path, not the data directory's ledger.redb.
+    let redb = dir.path().join("elsewhere.redb");
+    let config = write_config(
+        "redb.toml",
+        &format!(
+            "backend = \"redb\"\npath = {:?}\n",
+            redb.display().to_string()
+        ),
+    );
+    let (ok, bundle, stderr) = podca_issue(&config);
+    assert!(ok, "{stderr}");
+    let serial = bundle_serial(&bundle);
+    assert!(redb.exists(), "nothing at the configured path");
+    assert!(!data_dir_ledger.exists(), "recorded in the data directory");
+    let config_arg = config.display().to_string();
+    let records = ledger_list(&["--config", config_arg.as_str()]);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["serial"], serial, "{records:?}");
+    assert_eq!(records[0]["source"], "cli", "{records:?}");
+
+    // PostgreSQL.
+    let pg = Postgres::start();
+    let url_file = dir.path().join("ledger-url");
+    std::fs::write(&url_file, pg.unix_url()).unwrap();
+    let config = write_config(
+        "postgres.toml",
+        &format!(
+            "backend = \"postgres\"\nurl_file = {:?}\ntls = \"disable\"\n",
+            url_file.display().to_string()
+        ),
+    );
+    let (ok, bundle, stderr) = podca_issue(&config);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        pg.psql("select serial, source, identity from podca_ledger"),
+        format!(
+            "{}|cli|spiffe://cluster.local/ns/{NAMESPACE}/sa/api",
+            bundle_serial(&bundle)
+        )
+    );
+    // The ledger down: nothing is issued unrecorded.
+    pg.stop();
+    let (ok, bundle, stderr) = podca_issue(&config);
+    assert!(!ok, "issued with the ledger down");
+    assert!(bundle.is_empty(), "a certificate was written: {bundle}");
+    assert!(stderr.contains("ledger"), "{stderr}");
+    pg.start_again();
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "1");
+    assert!(!data_dir_ledger.exists(), "recorded in the data directory");
+
+    // none: issued, recorded nowhere, and stderr says so once.
+    let config = write_config("none.toml", "backend = \"none\"\n");
+    let (ok, bundle, stderr) = podca_issue(&config);
+    assert!(ok, "{stderr}");
+    assert!(bundle.contains("BEGIN CERTIFICATE"), "{bundle}");
+    assert_eq!(
+        stderr.matches("not recorded").count(),
+        1,
+        "stderr: {stderr}"
+    );
+    assert!(!data_dir_ledger.exists(), "recorded in the data directory");
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "1");
 }
