@@ -2,10 +2,19 @@
 //! leaves (see `podca_authority::ledger` for the group commit and the durability contract).
 
 use podca_authority::trust::CaSnapshot;
+use podca_proto::workload::{
+    JwtBundlesRequest, JwtsvidRequest, ValidateJwtsvidRequest, X509BundlesRequest, X509svidRequest,
+};
 use podca_signer::ledger::{RecordContext, Source, spiffe_id};
 use time::OffsetDateTime;
+use tonic::Request;
 
 use super::auth::Identity;
+use super::errors::ApiError;
+use super::podca_service::{audit_refusal, peer_of};
+use super::workload::{
+    FETCH_JWT_BUNDLES, FETCH_JWT_SVID, FETCH_X509_BUNDLES, FETCH_X509_SVID, VALIDATE_JWT_SVID,
+};
 
 pub use podca_authority::ledger::{LedgerHandle, LedgerUnavailable};
 
@@ -48,5 +57,64 @@ impl RpcFacts<'_> {
             replica: self.replica.to_owned(),
             time: self.time,
         }
+    }
+}
+
+/// A request message of the SPIFFE Workload API, and the method it is the request of: the
+/// `method` of its refusals' audit lines.
+pub(crate) trait WorkloadMethod {
+    const METHOD: &'static str;
+}
+
+impl WorkloadMethod for X509svidRequest {
+    const METHOD: &'static str = FETCH_X509_SVID;
+}
+
+impl WorkloadMethod for X509BundlesRequest {
+    const METHOD: &'static str = FETCH_X509_BUNDLES;
+}
+
+impl WorkloadMethod for JwtsvidRequest {
+    const METHOD: &'static str = FETCH_JWT_SVID;
+}
+
+impl WorkloadMethod for JwtBundlesRequest {
+    const METHOD: &'static str = FETCH_JWT_BUNDLES;
+}
+
+impl WorkloadMethod for ValidateJwtsvidRequest {
+    const METHOD: &'static str = VALIDATE_JWT_SVID;
+}
+
+/// The audit line of a Workload API caller refused before it was identified (no
+/// `workload.spiffe.io` header, an unknown uid on the socket, bad credentials): the same line
+/// podca.v1 writes for its refused callers. Decisions on identified callers (policy denials)
+/// are ledger records, written where they are decided.
+pub(crate) fn audit_workload_refusal<T: WorkloadMethod>(request: &Request<T>, error: &ApiError) {
+    audit_refusal(T::METHOD, &peer_of(request), error);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_workload_request_names_its_own_method() {
+        assert_eq!(
+            [
+                X509svidRequest::METHOD,
+                X509BundlesRequest::METHOD,
+                JwtsvidRequest::METHOD,
+                JwtBundlesRequest::METHOD,
+                ValidateJwtsvidRequest::METHOD,
+            ],
+            [
+                "SpiffeWorkloadAPI/FetchX509SVID",
+                "SpiffeWorkloadAPI/FetchX509Bundles",
+                "SpiffeWorkloadAPI/FetchJWTSVID",
+                "SpiffeWorkloadAPI/FetchJWTBundles",
+                "SpiffeWorkloadAPI/ValidateJWTSVID",
+            ]
+        );
     }
 }

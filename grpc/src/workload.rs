@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status};
 use super::auth::Identity;
 use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
+use super::ledger::{WorkloadMethod, audit_workload_refusal};
 use super::observe::observed;
 use super::podca_service::{credentials_of, peer_of, record_caller};
 
@@ -47,7 +48,18 @@ impl WorkloadService {
         WorkloadService { api }
     }
 
-    async fn caller<T>(&self, request: &Request<T>) -> Result<Identity, ApiError> {
+    /// Who is calling; a caller refused before it is identified is audited.
+    async fn caller<T: WorkloadMethod>(&self, request: &Request<T>) -> Result<Identity, ApiError> {
+        let identity = self
+            .identify(request)
+            .await
+            .inspect_err(|e| audit_workload_refusal(request, e))?;
+        record_caller(&identity);
+        self.api.check_rate(&identity)?;
+        Ok(identity)
+    }
+
+    async fn identify<T>(&self, request: &Request<T>) -> Result<Identity, ApiError> {
         let header = request
             .metadata()
             .get("workload.spiffe.io")
@@ -56,10 +68,7 @@ impl WorkloadService {
             return Err(ApiError::MissingWorkloadHeader);
         }
         let credentials = credentials_of(request)?;
-        let identity = self.api.identify(&peer_of(request), &credentials).await?;
-        record_caller(&identity);
-        self.api.check_rate(&identity)?;
-        Ok(identity)
+        self.api.identify(&peer_of(request), &credentials).await
     }
 }
 

@@ -7,13 +7,15 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use podca_authority::config::{CaConfig, Config};
+use podca_authority::ledger::{LedgerBackend, Store};
 use podca_grpc::observe::code_name;
 use podca_proto::podca::v1::IssueCertificateRequest;
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_signer::keys::GeneratedKey;
 use podca_signer::policy::DNS_NAMES_ANNOTATION;
 use podca_signer::{
-    CertificateRequest, FileStore, KeyType, Ledger, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
+    CertificateRequest, FileStore, KeyType, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -25,6 +27,11 @@ pub struct IssueArgs {
     /// CA data directory (local issuance; ignored with --server).
     #[arg(long, env = "PODCA_DATA_DIR")]
     pub dir: Option<PathBuf>,
+    /// Local issuance: record to this configuration's `[ledger]` (redb, PostgreSQL or none)
+    /// instead of the data directory's ledger.redb; its `[ca] dir` is the CA when --dir is not
+    /// given. Ignored with --server (the server records).
+    #[arg(long, env = "PODCA_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Ask a running podca instead of the local CA: `https://HOST:PORT` (podca serve's gRPC
     /// API, verified against --ca-file), `http://HOST:PORT` (a plaintext listener, e.g. podca
     /// dev's loopback one) or `unix:///path/to/socket` (podca dev's socket). The identity is the
@@ -84,6 +91,7 @@ impl IssueArgs {
     pub fn run(self) -> anyhow::Result<()> {
         let Self {
             dir,
+            config,
             server,
             ca_file,
             server_name,
@@ -121,8 +129,16 @@ impl IssueArgs {
         let (Some(namespace), Some(service_account)) = (namespace, service_account) else {
             anyhow::bail!("give -n NAMESPACE and --service-account NAME (or --server URL)");
         };
-        let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        let config = config
+            .map(|path| Config::load(&path).map(|c| (path, c)))
+            .transpose()?;
+        let dir = dir
+            .or_else(|| config.as_ref().and_then(|(_, c)| config_ca_dir(c)))
+            .unwrap_or_else(super::default_data_dir);
+        let store = FileStore::new(dir);
         let ca = super::open_active_ca(&store, &hsm)?;
+        // Opened before issuing: a ledger that cannot record refuses the issuance up front.
+        let ledger = IssueLedger::open(config.as_ref(), &store)?;
         let (subject, private_pem) = match (&csr, key_type) {
             (Some(path), _) => {
                 let bytes = std::fs::read(path)
@@ -182,12 +198,12 @@ impl IssueArgs {
             Outcome::Failed { reason, message } => anyhow::bail!("failed ({reason}): {message}"),
             Outcome::Retry(e) => anyhow::bail!("CA unavailable, try again: {e}"),
         };
-        let ledger = Ledger::open(&store.ledger_path())?;
         let context = podca_signer::RecordContext {
             time: now,
             ..context
         };
-        ledger.append(&[LedgerRecord::issued(&context, &cert)])?;
+        // Recorded durably before the certificate is written anywhere.
+        ledger.record(LedgerRecord::issued(&context, &cert))?;
         let output = match &private_pem {
             Some(key) => format!("{key}{}", cert.chain_pem),
             None => cert.chain_pem.clone(),
@@ -210,6 +226,61 @@ impl IssueArgs {
                 .with_context(|| format!("cannot read {}", store.root_cert_path().display()))?;
             write_output(&path, &anchors, false)?;
         }
+        Ok(())
+    }
+}
+
+/// The `[ca] dir` of a configuration (none for a Secret CA).
+fn config_ca_dir(config: &Config) -> Option<PathBuf> {
+    match &config.ca {
+        CaConfig::File(f) => f.dir.clone(),
+        CaConfig::Pkcs11(p) => p.dir.clone(),
+        CaConfig::Secret(_) => None,
+    }
+}
+
+/// Where local issuance records its certificate: the `[ledger]` of --config (a redb file with
+/// no path is the data directory's ledger.redb, as in `podca serve`), else the data
+/// directory's ledger.redb.
+struct IssueLedger {
+    runtime: tokio::runtime::Runtime,
+    /// `None`: `backend = "none"`, nothing is recorded.
+    store: Option<Store>,
+}
+
+impl IssueLedger {
+    fn open(config: Option<&(PathBuf, Config)>, data: &FileStore) -> anyhow::Result<Self> {
+        let backend = match config {
+            Some((_, c)) => c.ledger.backend.clone(),
+            None => LedgerBackend::Redb { path: None },
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let default_redb = data.ledger_path();
+        let store = runtime
+            .block_on(Store::open(&backend, Some(&default_redb)))
+            .context("opening the ledger")?;
+        if store.is_none()
+            && let Some((path, _)) = config
+        {
+            eprintln!(
+                "podca issue: {} sets [ledger] backend = \"none\": this certificate is not \
+                 recorded in any ledger",
+                path.display()
+            );
+        }
+        Ok(IssueLedger { runtime, store })
+    }
+
+    fn record(&self, record: LedgerRecord) -> anyhow::Result<()> {
+        let Some(store) = &self.store else {
+            return Ok(());
+        };
+        self.runtime
+            .block_on(store.append(vec![record]))
+            .context("recording the certificate in the ledger (it was not written out)")?;
         Ok(())
     }
 }

@@ -92,7 +92,16 @@ impl Controller {
                 let _ = child.wait();
                 if let Some(pg) = &pg {
                     let recorded = pg.psql("select count(*) from podca_ledger");
-                    println!("ledger: {recorded} records in PostgreSQL");
+                    // Each PCR's serial once: a record per certificate a PCR status shows
+                    // (more only if a certificate was recorded but its status write lost).
+                    let serials = pg.psql(
+                        "select count(distinct serial) from podca_ledger \
+                         where source = 'pcr' and outcome = 'issued'",
+                    );
+                    println!(
+                        "ledger: {recorded} records in PostgreSQL, {serials} distinct issued \
+                         PCR serials"
+                    );
                 }
             }
             Controller::Task(tx) => {
@@ -304,6 +313,14 @@ async fn burst(count: usize) {
         controller.peak_rss_kib() / 1024,
         rss_before / 1024,
     );
+    if std::env::var("PODCA_BENCH_LEDGER").as_deref() == Ok("postgres") {
+        // Issue #14's performance target for the PostgreSQL ledger.
+        let met = count >= 10_000 && took <= Duration::from_secs(5);
+        println!(
+            "target (PostgreSQL ledger): 10,000 PCRs settled in <= 5 s: {} ({count} in {took:.2?})",
+            if met { "met" } else { "NOT met" }
+        );
+    }
     println!(
         "emulator during podca's burst: {} requests, {} watches opened, {} status writes",
         c.requests,

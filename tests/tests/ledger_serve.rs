@@ -1,11 +1,13 @@
 //! The ledger through the real `podca serve` binary against the API emulator and a real
-//! PostgreSQL server: a PCR burst with the server restarted midway, `podca serve` killed with
-//! SIGKILL midway and restarted, two replicas sharing one ledger (the standby's gRPC issuance
-//! recorded too), the audit question answered by `podca ledger list` on both backends, and
-//! refusals in the audit log.
+//! PostgreSQL server: the Must-show's 10,000-PCR burst (plain, with the server restarted
+//! midway, and with `podca serve` killed with SIGKILL midway and restarted), two replicas
+//! sharing one ledger (the standby's gRPC issuance recorded too), the audit question answered
+//! by `podca ledger list` on both backends, and refusals in the audit log (podca.v1 and, with
+//! `podca dev`, the SPIFFE Workload API). `podca issue --config` records to the configured
+//! `[ledger]`.
 //!
-//! The bursts here are a few hundred PCRs to keep this file within its time budget; the
-//! controller bench runs the 10,000-PCR burst with the PostgreSQL ledger.
+//! Each burst takes about a minute in a debug build on a loaded 2-core machine; `--nocapture`
+//! shows where it went (`burst_report`). Timing the burst is the controller bench's job.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
@@ -210,6 +212,22 @@ fn file_burst(s: &Setup, prefix: &str, count: usize) {
 
 /// Per PCR `prefix-i`: its condition type and, if Issued, the leaf's serial (hex).
 fn settled(s: &Setup, prefix: &str, count: usize) -> Vec<(Option<String>, Option<String>)> {
+    scan(s, prefix, count, |o| {
+        o["status"]["certificateChain"].as_str().map(leaf_serial)
+    })
+}
+
+/// Per PCR `prefix-i`: its condition type (no certificate parsing: the quick scan).
+fn conditions(s: &Setup, prefix: &str, count: usize) -> Vec<(Option<String>, ())> {
+    scan(s, prefix, count, |_| ())
+}
+
+fn scan<T>(
+    s: &Setup,
+    prefix: &str,
+    count: usize,
+    mut also: impl FnMut(&serde_json::Value) -> T,
+) -> Vec<(Option<String>, T)> {
     (0..count)
         .map(|i| {
             let o = s
@@ -220,8 +238,7 @@ fn settled(s: &Setup, prefix: &str, count: usize) -> Vec<(Option<String>, Option
             let condition = o["status"]["conditions"][0]["type"]
                 .as_str()
                 .map(str::to_owned);
-            let serial = o["status"]["certificateChain"].as_str().map(leaf_serial);
-            (condition, serial)
+            (condition, also(&o))
         })
         .collect()
 }
@@ -235,25 +252,63 @@ fn leaf_serial(chain: &str) -> String {
         .collect()
 }
 
+/// Waits until at least `at_least` of the PCRs `prefix-0..count` are Issued and none is
+/// refused or failed. Polls the emulator's counters (cheap: a 10,000-PCR scan every 100 ms
+/// would take the emulator's CPU); each verdict is then confirmed PCR by PCR.
 async fn wait_issued(s: &Setup, prefix: &str, at_least: usize, count: usize, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
-        let states = settled(s, prefix, count);
-        let failed: Vec<_> = states
-            .iter()
-            .filter(|(c, _)| c.as_deref().is_some_and(|c| c != "Issued"))
-            .collect();
-        assert!(failed.is_empty(), "PCRs were refused or failed: {failed:?}");
-        let issued = states.iter().filter(|(c, _)| c.is_some()).count();
-        if issued >= at_least {
-            return;
+        let c = s.cluster.emu.counters();
+        let refused = c.denied + c.failed > 0;
+        if refused || c.issued as usize >= at_least {
+            let states = conditions(s, prefix, count);
+            let failed: Vec<_> = states
+                .iter()
+                .enumerate()
+                .filter(|(_, (c, _))| c.as_deref().is_some_and(|c| c != "Issued"))
+                .collect();
+            assert!(failed.is_empty(), "PCRs were refused or failed: {failed:?}");
+            let issued = states.iter().filter(|(c, _)| c.is_some()).count();
+            if issued >= at_least {
+                return;
+            }
         }
         assert!(
             Instant::now() < deadline,
-            "{issued}/{at_least} of {prefix}-* issued within {timeout:?}"
+            "{}/{at_least} of {prefix}-* issued within {timeout:?}",
+            c.issued
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Where a burst's time went (shown with `--nocapture`): the ledger's commits, podca's
+/// requests to the API server.
+fn burst_report(what: &str, s: &Setup, serve: &Serve, count: usize, started: Instant) {
+    let metrics = serve.metrics();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let commits = value("podca_ledger_commit_seconds_count");
+    let commit_seconds = value("podca_ledger_commit_seconds_sum");
+    let c = s.cluster.emu.counters();
+    eprintln!(
+        "{what}: {count} PCRs issued after {:.1?}; {commits} ledger commits ({:.1} records, \
+         {:.1} ms each on average, {commit_seconds:.1} s in all); emulator: {} requests, {} \
+         watches opened, {} status writes, {} conflicts",
+        started.elapsed(),
+        count as f64 / commits,
+        1000.0 * commit_seconds / commits,
+        c.requests,
+        c.watches_opened,
+        c.status_writes_accepted + c.status_writes_noop,
+        c.conflicts,
+    );
 }
 
 /// Every Issued PCR's serial is in the ledger exactly once.
@@ -277,23 +332,38 @@ fn assert_every_serial_recorded_once(s: &Setup, prefix: &str, count: usize) {
     }
 }
 
+/// The Must-show's burst size.
+const BURST: usize = 10_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_with_postgres_records_every_serial_once() {
+    const COUNT: usize = BURST;
+    let s = setup(true).await;
+    let started = Instant::now();
+    let serve = Serve::start(&s, "podca-0", &[]);
+    file_burst(&s, "p", COUNT);
+    wait_issued(&s, "p", COUNT, COUNT, Duration::from_secs(300)).await;
+    burst_report("plain burst", &s, &serve, COUNT, started);
+    assert_every_serial_recorded_once(&s, "p", COUNT);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_with_postgres_restarted_midway_records_every_serial_once() {
-    const COUNT: usize = 600;
+    const COUNT: usize = BURST;
     let s = setup(true).await;
+    let started = Instant::now();
     let serve = Serve::start(&s, "podca-0", &[]);
     file_burst(&s, "b", COUNT);
-    wait_issued(&s, "b", COUNT / 8, COUNT, Duration::from_secs(30)).await;
+    wait_issued(&s, "b", COUNT / 8, COUNT, Duration::from_secs(300)).await;
     let pg = s.pg.as_ref().unwrap();
     pg.stop();
     // While the ledger is down nothing more is answered: PCRs wait (pending, never Failed).
-    let issued = |states: &[(Option<String>, Option<String>)]| {
-        states.iter().filter(|(c, _)| c.is_some()).count()
-    };
+    let issued =
+        |states: &[(Option<String>, ())]| states.iter().filter(|(c, _)| c.is_some()).count();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let settled_early = issued(&settled(&s, "b", COUNT));
+    let settled_early = issued(&conditions(&s, "b", COUNT));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let settled_late = issued(&settled(&s, "b", COUNT));
+    let settled_late = issued(&conditions(&s, "b", COUNT));
     assert_eq!(
         settled_early, settled_late,
         "PCRs settled while the ledger was down"
@@ -303,7 +373,8 @@ async fn a_burst_with_postgres_restarted_midway_records_every_serial_once() {
         "the burst ended before the ledger stopped"
     );
     pg.start_again();
-    wait_issued(&s, "b", COUNT, COUNT, Duration::from_secs(60)).await;
+    wait_issued(&s, "b", COUNT, COUNT, Duration::from_secs(300)).await;
+    burst_report("burst, PostgreSQL restarted", &s, &serve, COUNT, started);
     assert_every_serial_recorded_once(&s, "b", COUNT);
     let metrics = serve.metrics();
     assert!(
@@ -318,14 +389,22 @@ async fn a_burst_with_postgres_restarted_midway_records_every_serial_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_killed_mid_burst_and_restarted_leaves_every_visible_certificate_recorded() {
-    const COUNT: usize = 400;
+    const COUNT: usize = BURST;
     let s = setup(true).await;
+    let started = Instant::now();
     let mut first = Serve::start(&s, "podca-0", &[]);
     file_burst(&s, "k", COUNT);
-    wait_issued(&s, "k", COUNT / 3, COUNT, Duration::from_secs(30)).await;
+    wait_issued(&s, "k", COUNT / 3, COUNT, Duration::from_secs(300)).await;
     first.kill9();
-    let _second = Serve::start(&s, "podca-0", &[]);
-    wait_issued(&s, "k", COUNT, COUNT, Duration::from_secs(60)).await;
+    let second = Serve::start(&s, "podca-0", &[]);
+    wait_issued(&s, "k", COUNT, COUNT, Duration::from_secs(300)).await;
+    burst_report(
+        "burst, serve killed (the second's commits)",
+        &s,
+        &second,
+        COUNT,
+        started,
+    );
     // Recorded before the status write: every certificate in a status is in the ledger. (A
     // certificate recorded just before the kill but never written is in the ledger too: it was
     // never handed out, and its PCR got another.)
@@ -469,11 +548,7 @@ async fn audit_question(s: &Setup, store_args: &[&str]) {
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
     serve.stop();
     let log = serve.log_text();
-    let audit: Vec<serde_json::Value> = log
-        .lines()
-        .filter_map(|l| l.find("{\"audit\":").map(|i| &l[i..]))
-        .map(|json| serde_json::from_str(json).unwrap())
-        .collect();
+    let audit = audit_lines(&log);
     let refusal = audit
         .iter()
         .find(|a| a["event"] == "refusal")
@@ -550,4 +625,321 @@ async fn the_audit_question_on_postgres() {
         ],
     )
     .await;
+}
+
+/// A `podca dev` process with its Workload API socket, logging the audit target to a file.
+struct Dev {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Dev {
+    /// `podca dev` in `dir` (its data directory is `dir/data`) with `config` (TOML text);
+    /// ready once it prints `podca dev: ready`.
+    fn start(dir: &std::path::Path, config: &str) -> Dev {
+        use std::io::BufRead;
+        let socket = dir.join("workload.sock");
+        let log = dir.join("dev.log");
+        let config_path = dir.join("podca.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut child = Command::new(podca_binary())
+            .arg("dev")
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .args(["--grpc-listen", "127.0.0.1:0", "--socket"])
+            .arg(&socket)
+            .arg("--config")
+            .arg(&config_path)
+            .env("PODCA_LOG", "warn,podca::audit=info")
+            .env_remove("PODCA_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line == "podca dev: ready" => break,
+                Some(Ok(_)) => {}
+                _ => panic!(
+                    "podca dev exited before it was ready: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ),
+            }
+        }
+        // Keep draining stdout so podca dev never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Dev { child, socket, log }
+    }
+
+    async fn workload_client(
+        &self,
+    ) -> podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient<
+        tonic::transport::Channel,
+    > {
+        podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient::new(
+            podca_tests::process::unix_channel(&self.socket).await,
+        )
+    }
+
+    /// SIGTERM, wait, and the audit lines it wrote.
+    fn stop(mut self) -> (Vec<serde_json::Value>, String) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let _ = self.child.wait();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        (audit_lines(&log), log)
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The audit JSON objects in a log.
+fn audit_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| l.find("{\"audit\":").map(|i| &l[i..]))
+        .map(|json| serde_json::from_str(json).unwrap())
+        .collect()
+}
+
+fn my_uid() -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+fn with_workload_header<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("workload.spiffe.io", "true".parse().unwrap());
+    request
+}
+
+/// The one refusal line of `method`.
+fn refusal_of<'a>(
+    audit: &'a [serde_json::Value],
+    method: &str,
+    log: &str,
+) -> &'a serde_json::Value {
+    let found: Vec<_> = audit
+        .iter()
+        .filter(|a| a["event"] == "refusal" && a["method"] == method)
+        .collect();
+    assert_eq!(found.len(), 1, "refusals of {method}: {found:?}\n{log}");
+    found[0]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_api_refusals_are_audited_like_podca_v1_refusals() {
+    use podca_proto::workload::{X509BundlesRequest, X509svidRequest};
+    // This process's uid is payments/api; the policy allows only the namespace `allowed`.
+    let uid = my_uid();
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(
+        dir.path(),
+        &format!(
+            "[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\nnamespaces = [\"allowed\"]\n\
+         service_accounts = [\"*/*\"]\n\n\
+         [[dev.identities]]\nuid = {uid}\nnamespace = \"{NAMESPACE}\"\nservice_account = \"api\"\n"
+        ),
+    );
+    let mut client = dev.workload_client().await;
+    // No `workload.spiffe.io` header: refused before the caller is identified.
+    let missing = client
+        .fetch_x509_bundles(X509BundlesRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::InvalidArgument, "{missing:?}");
+    // Identified, then denied by the policy: a decision, recorded in the ledger.
+    let denied = client
+        .fetch_x509svid(with_workload_header(X509svidRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    let data = dir.path().join("data");
+    let (audit, log) = dev.stop();
+    let refusal = refusal_of(&audit, "SpiffeWorkloadAPI/FetchX509Bundles", &log);
+    assert_eq!(refusal["code"], "INVALID_ARGUMENT", "{refusal}");
+    assert_eq!(refusal["peer"], format!("unix:uid={uid}"), "{refusal}");
+    assert!(
+        refusal["reason"]
+            .as_str()
+            .unwrap()
+            .contains("workload.spiffe.io"),
+        "{refusal}"
+    );
+    let decisions: Vec<_> = audit.iter().filter(|a| a["event"] == "decision").collect();
+    assert_eq!(decisions.len(), 1, "{decisions:?}\n{log}");
+    assert_eq!(decisions[0]["outcome"], "denied", "{}", decisions[0]);
+    assert_eq!(decisions[0]["source"], "workload-api", "{}", decisions[0]);
+    let dir = data.display().to_string();
+    let records = ledger_list(&["--dir", dir.as_str()]);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["outcome"], "denied", "{records:?}");
+    assert_eq!(
+        records[0]["identity"],
+        format!("spiffe://cluster.local/ns/{NAMESPACE}/sa/api"),
+        "{records:?}"
+    );
+
+    // A caller whose uid podca dev does not know: refused before it is identified.
+    let stranger = uid.wrapping_add(4242);
+    let other = tempfile::tempdir().unwrap();
+    let dev = Dev::start(
+        other.path(),
+        &format!(
+            "[[dev.identities]]\nuid = {stranger}\nnamespace = \"{NAMESPACE}\"\n\
+         service_account = \"api\"\n"
+        ),
+    );
+    let mut client = dev.workload_client().await;
+    let unknown = client
+        .fetch_x509svid(with_workload_header(X509svidRequest {}))
+        .await
+        .unwrap_err();
+    let (audit, log) = dev.stop();
+    let refusal = refusal_of(&audit, "SpiffeWorkloadAPI/FetchX509SVID", &log);
+    assert_eq!(
+        refusal["code"],
+        podca_grpc::observe::code_name(unknown.code()),
+        "{refusal}"
+    );
+    assert!(
+        refusal["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("uid {uid} is not mapped")),
+        "{refusal}"
+    );
+    assert!(
+        !audit.iter().any(|a| a["event"] == "decision"),
+        "an unidentified caller is no decision: {audit:?}"
+    );
+}
+
+/// `podca issue --config F -n payments --service-account api`: its exit status, stdout and
+/// stderr.
+fn podca_issue(config: &std::path::Path) -> (bool, String, String) {
+    let out = Command::new(podca_binary())
+        .args(["issue", "--config"])
+        .arg(config)
+        .args(["-n", NAMESPACE, "--service-account", "api"])
+        .env_remove("PODCA_DATA_DIR")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The serial of the leaf in a credential bundle (a key, then the chain).
+fn bundle_serial(bundle: &str) -> String {
+    let chain = pem::parse_many(bundle)
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.tag() == "CERTIFICATE")
+        .map(|p| pem::encode(&p))
+        .collect::<String>();
+    leaf_serial(&chain)
+}
+
+#[test]
+fn podca_issue_records_to_the_configured_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let init = Command::new(podca_binary())
+        .args(["ca", "init", "--dir"])
+        .arg(&ca_dir)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(init.success());
+    let data_dir_ledger = ca_dir.join("ledger.redb");
+    let write_config = |name: &str, ledger: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!(
+                "[ca]\ndir = {:?}\n\n[ledger]\n{ledger}",
+                ca_dir.display().to_string()
+            ),
+        )
+        .unwrap();
+        path
+    };
+
+    // redb at the configured path, not the data directory's ledger.redb.
+    let redb = dir.path().join("elsewhere.redb");
+    let config = write_config(
+        "redb.toml",
+        &format!(
+            "backend = \"redb\"\npath = {:?}\n",
+            redb.display().to_string()
+        ),
+    );
+    let (ok, bundle, stderr) = podca_issue(&config);
+    assert!(ok, "{stderr}");
+    let serial = bundle_serial(&bundle);
+    assert!(redb.exists(), "nothing at the configured path");
+    assert!(!data_dir_ledger.exists(), "recorded in the data directory");
+    let config_arg = config.display().to_string();
+    let records = ledger_list(&["--config", config_arg.as_str()]);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0]["serial"], serial, "{records:?}");
+    assert_eq!(records[0]["source"], "cli", "{records:?}");
+
+    // PostgreSQL.
+    let pg = Postgres::start();
+    let url_file = dir.path().join("ledger-url");
+    std::fs::write(&url_file, pg.unix_url()).unwrap();
+    let config = write_config(
+        "postgres.toml",
+        &format!(
+            "backend = \"postgres\"\nurl_file = {:?}\ntls = \"disable\"\n",
+            url_file.display().to_string()
+        ),
+    );
+    let (ok, bundle, stderr) = podca_issue(&config);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        pg.psql("select serial, source, identity from podca_ledger"),
+        format!(
+            "{}|cli|spiffe://cluster.local/ns/{NAMESPACE}/sa/api",
+            bundle_serial(&bundle)
+        )
+    );
+    // The ledger down: nothing is issued unrecorded.
+    pg.stop();
+    let (ok, bundle, stderr) = podca_issue(&config);
+    assert!(!ok, "issued with the ledger down");
+    assert!(bundle.is_empty(), "a certificate was written: {bundle}");
+    assert!(stderr.contains("ledger"), "{stderr}");
+    pg.start_again();
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "1");
+    assert!(!data_dir_ledger.exists(), "recorded in the data directory");
+
+    // none: issued, recorded nowhere, and stderr says so once.
+    let config = write_config("none.toml", "backend = \"none\"\n");
+    let (ok, bundle, stderr) = podca_issue(&config);
+    assert!(ok, "{stderr}");
+    assert!(bundle.contains("BEGIN CERTIFICATE"), "{bundle}");
+    assert_eq!(
+        stderr.matches("not recorded").count(),
+        1,
+        "stderr: {stderr}"
+    );
+    assert!(!data_dir_ledger.exists(), "recorded in the data directory");
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "1");
 }

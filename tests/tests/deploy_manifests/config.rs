@@ -208,17 +208,56 @@ pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
     );
 }
 
-/// The ledger podca opens with this rendering, which mounts no volume a redb file could live on:
-/// `none`, or PostgreSQL with its URL file (and CA bundle) mounted read-only, each the one item
-/// of its Secret volume. The names of those volumes.
-fn check_ledger(what: &str, cfg: &Config, d: &Deployment) -> Vec<String> {
+/// The ledger podca opens with this rendering: `none`; redb on the PersistentVolumeClaim of the
+/// writable `ledger` volume, with one replica that never runs twice at once (redb is
+/// single-process); or PostgreSQL with its URL file (and CA bundle) mounted read-only, each the
+/// one item of its Secret volume. The names of those volumes.
+pub fn check_ledger(what: &str, cfg: &Config, d: &Deployment) -> Vec<String> {
     let c = podca_container(d);
     match &cfg.ledger.backend {
         LedgerBackend::None => vec![],
-        LedgerBackend::Redb { path } => panic!(
-            "{what}: [ledger] backend = \"redb\" (path {path:?}), but no volume is mounted for \
-             it: podca would not start"
-        ),
+        LedgerBackend::Redb { path } => {
+            let path = path.as_deref().unwrap_or_else(|| {
+                panic!(
+                    "{what}: [ledger] backend = \"redb\" without path would put ledger.redb in \
+                     [ca] dir, a read-only Secret mount: podca would not start"
+                )
+            });
+            let mount = mount_path(c, "ledger");
+            assert!(
+                path.starts_with(&mount) && path != Path::new(&mount),
+                "{what}: [ledger] path {} is not a file on the ledger volume (mounted at \
+                 {mount})",
+                path.display()
+            );
+            let claim = volume(d, "ledger")
+                .persistent_volume_claim
+                .as_ref()
+                .unwrap_or_else(|| {
+                    panic!("{what}: the ledger volume is not a PersistentVolumeClaim")
+                });
+            assert!(
+                !claim.claim_name.is_empty(),
+                "{what}: the ledger claim has a name"
+            );
+            let writable = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == "ledger" && m.read_only != Some(true));
+            assert!(writable, "{what}: the ledger volume is mounted read-only");
+            assert_eq!(
+                d.spec.replicas.unwrap_or(1),
+                1,
+                "{what}: redb is single-process: one replica only"
+            );
+            assert_eq!(
+                d.spec.strategy.as_ref().and_then(|s| s.type_.as_deref()),
+                Some("Recreate"),
+                "{what}: redb is single-process: never two pods at once"
+            );
+            vec!["ledger".into()]
+        }
         LedgerBackend::Postgres(pg) => {
             let mut files = vec![("ledger-url", pg.url_file.as_path())];
             match (&pg.ca_file, pg.tls) {

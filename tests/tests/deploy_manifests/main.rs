@@ -12,13 +12,15 @@
 //!
 //! One module per concern: [`render`] (kubectl, helm, golden files), [`strict`] (typed parsing),
 //! [`objects`] (Deployment helpers), [`config`], [`rbac`], [`workload`] (the pod) and
-//! [`network`] (Service, NetworkPolicy, ServiceMonitor).
+//! [`network`] (Service, NetworkPolicy, ServiceMonitor); [`ledger`] holds the ledger components
+//! to all of them.
 
 // Test code: a panic with a message is the failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod config;
 mod helm;
+mod ledger;
 mod network;
 mod objects;
 mod rbac;

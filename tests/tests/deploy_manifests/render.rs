@@ -137,6 +137,11 @@ pub fn render_default_with_monitoring() -> String {
 /// through a kustomization made for the test (kustomize refuses absolute paths, so it points
 /// back with relative ones).
 pub fn render_default_with(components: &[&str], config: Option<&str>) -> String {
+    render_overlay_with("default", components, config)
+}
+
+/// [`render_default_with`] for the overlay `overlay`.
+pub fn render_overlay_with(overlay: &str, components: &[&str], config: Option<&str>) -> String {
     static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -148,7 +153,7 @@ pub fn render_default_with(components: &[&str], config: Option<&str>) -> String 
     let mut text = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
          resources:\n  - {}\n",
-        rel("deploy/overlays/default")
+        rel(&format!("deploy/overlays/{overlay}"))
     );
     if !components.is_empty() {
         text.push_str("components:\n");

@@ -2,7 +2,9 @@
 //! field lost (a typo or a misplaced field is an error, not a silently dropped key).
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Service, ServiceAccount,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -74,6 +76,8 @@ pub struct Rendered {
     pub service_accounts: Vec<ServiceAccount>,
     pub config_maps: Vec<ConfigMap>,
     pub services: Vec<Service>,
+    /// The ledger-redb component's volume.
+    pub persistent_volume_claims: Vec<PersistentVolumeClaim>,
     pub deployments: Vec<Deployment>,
     pub network_policies: Vec<NetworkPolicy>,
     pub pdbs: Vec<PodDisruptionBudget>,
@@ -94,6 +98,9 @@ pub fn parse_all(docs: &[Value]) -> Result<Rendered, Vec<String>> {
             ("v1", "ServiceAccount") => strict(doc).map(|o| r.service_accounts.push(o)),
             ("v1", "ConfigMap") => strict(doc).map(|o| r.config_maps.push(o)),
             ("v1", "Service") => strict(doc).map(|o| r.services.push(o)),
+            ("v1", "PersistentVolumeClaim") => {
+                strict(doc).map(|o| r.persistent_volume_claims.push(o))
+            }
             ("apps/v1", "Deployment") => strict(doc).map(|o| r.deployments.push(o)),
             ("networking.k8s.io/v1", "NetworkPolicy") => {
                 strict(doc).map(|o| r.network_policies.push(o))

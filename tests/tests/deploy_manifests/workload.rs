@@ -99,10 +99,11 @@ pub fn check_pod_locked_down(what: &str, r: &Rendered) {
         assert_eq!(port, admin_port, "{what}: {path} probes the admin port");
     }
 
-    // Read-only mounts for the config and the CA; the only writable ones are tmp and, for a
-    // software HSM token, its object store (the module itself comes from the image).
+    // Read-only mounts for the config and the CA; the only writable ones are tmp, for a
+    // software HSM token its object store (the module itself comes from the image), and the
+    // redb ledger's volume (config::check_ledger holds it to the [ledger] path).
     for m in c.volume_mounts.iter().flatten() {
-        let writable_ok = matches!(m.name.as_str(), "tmp" | "pkcs11-tokens");
+        let writable_ok = matches!(m.name.as_str(), "tmp" | "pkcs11-tokens" | "ledger");
         assert!(
             writable_ok || m.read_only == Some(true),
             "{what}: volume {} is mounted writable",

@@ -1,0 +1,120 @@
+//! The ledger components (deploy/components/ledger-redb, deploy/components/ledger-postgres) on
+//! the overlays they are for, held to the same checks as the overlays: the config parses with
+//! podca's parser and its ledger is one podca can open from the mounted volumes, the RBAC is
+//! exactly the overlay's, the pod stays locked down, and the NetworkPolicy opens PostgreSQL's one
+//! port to named peers only.
+
+use podca_authority::ledger::config::LedgerBackend;
+
+use crate::config::{check_config, config};
+use crate::network::check_network;
+use crate::rbac::{check_rbac, expected_for};
+use crate::render::{documents, render_overlay_with, repo_root};
+use crate::strict::{Rendered, parse_all, parse_overlay};
+use crate::workload::{check_pod_locked_down, check_replicas};
+
+const REDB: &str = "deploy/components/ledger-redb";
+const POSTGRES: &str = "deploy/components/ledger-postgres";
+
+/// (overlay, component): each component on every overlay it is documented for.
+const COMBINATIONS: &[(&str, &str)] = &[("default", REDB), ("default", POSTGRES), ("ha", POSTGRES)];
+
+fn parse_with(overlay: &str, component: &str) -> Rendered {
+    let yaml = render_overlay_with(overlay, &[component], None);
+    parse_all(&documents(&yaml)).unwrap_or_else(|e| {
+        panic!(
+            "{overlay} + {component}: objects do not parse:\n  {}",
+            e.join("\n  ")
+        )
+    })
+}
+
+#[test]
+fn every_ledger_component_passes_the_overlay_checks() {
+    for (overlay, component) in COMBINATIONS {
+        let what = format!("overlay {overlay} + {component}");
+        let r = parse_with(overlay, component);
+        check_config(&what, overlay, &r);
+        check_network(&what, &r);
+        check_pod_locked_down(&what, &r);
+        check_replicas(&what, overlay, &r);
+        check_rbac(&what, &r);
+        assert_eq!(
+            expected_for(&r),
+            expected_for(&parse_overlay(overlay)),
+            "{what}: the ledger changes no RBAC"
+        );
+        let cfg = config(&r);
+        match (*component, &cfg.ledger.backend) {
+            (REDB, LedgerBackend::Redb { .. }) => {
+                let claims: Vec<_> = r
+                    .persistent_volume_claims
+                    .iter()
+                    .map(|c| c.metadata.name.clone().unwrap_or_default())
+                    .collect();
+                assert_eq!(claims, ["podca-ledger"], "{what}: the component's claim");
+            }
+            (POSTGRES, LedgerBackend::Postgres(_)) => {
+                assert!(r.persistent_volume_claims.is_empty(), "{what}");
+            }
+            (_, backend) => panic!("{what}: [ledger] backend is {backend:?}"),
+        }
+    }
+}
+
+/// The panic message of `check_config` on `r`, which must refuse it.
+fn refusal(what: &str, r: &Rendered) -> String {
+    let caught = std::panic::catch_unwind(|| check_config(what, "default", r));
+    let message = caught.expect_err("the ledger check must refuse this rendering");
+    message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_ledger_check_refuses_redb_with_two_pods() {
+    // The component pins one replica and Recreate; each rule trips on its own.
+    let mut two = parse_with("default", REDB);
+    two.deployments[0].spec.replicas = Some(2);
+    let text = refusal("default + ledger-redb, 2 replicas", &two);
+    assert!(
+        text.contains("redb is single-process: one replica only"),
+        "{text}"
+    );
+    let mut rolling = parse_with("default", REDB);
+    if let Some(strategy) = rolling.deployments[0].spec.strategy.as_mut() {
+        strategy.type_ = Some("RollingUpdate".into());
+    }
+    let text = refusal("default + ledger-redb, RollingUpdate", &rolling);
+    assert!(
+        text.contains("redb is single-process: never two pods at once"),
+        "{text}"
+    );
+}
+
+#[test]
+fn each_component_config_is_the_base_config_with_its_own_ledger() {
+    let table = |path: &str| -> toml::Table {
+        let text = std::fs::read_to_string(repo_root().join(path)).unwrap();
+        toml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let mut base = table("deploy/base/config.toml");
+    base.remove("ledger");
+    for component in [REDB, POSTGRES] {
+        let mut own = table(&format!("{component}/config.toml"));
+        let ledger = own.remove("ledger");
+        assert_eq!(
+            own, base,
+            "{component}/config.toml differs from deploy/base/config.toml outside [ledger]"
+        );
+        let ledger = ledger.unwrap_or_else(|| panic!("{component}: no [ledger]"));
+        let backend = ledger["backend"].as_str();
+        let expected = if component == REDB {
+            "redb"
+        } else {
+            "postgres"
+        };
+        assert_eq!(backend, Some(expected), "{component}");
+    }
+}
