@@ -582,10 +582,26 @@ impl PodInfo {
     }
 }
 
-/// Looks pods up (IssueForPod).
+/// A pod found by [`PodDirectory::pods_on_node`]: its name and what IssueForPod knows of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamedPod {
+    pub name: String,
+    pub info: PodInfo,
+}
+
+/// Looks pods up (IssueForPod, and the Istio CA API's `ImpersonatedIdentity`).
 #[tonic::async_trait]
 pub trait PodDirectory: Send + Sync + fmt::Debug {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, LookupError>;
+
+    /// The pods in `namespace` scheduled on `node` whose `spec.serviceAccountName` is
+    /// `service_account` (any phase; the caller filters). Bounded by [`KUBE_API_TIMEOUT`].
+    async fn pods_on_node(
+        &self,
+        namespace: &str,
+        node: &str,
+        service_account: &str,
+    ) -> Result<Vec<NamedPod>, LookupError>;
 }
 
 #[cfg(test)]

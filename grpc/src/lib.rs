@@ -1,5 +1,5 @@
-//! podca's gRPC edge: the `podca.v1` API (TCP, and the Unix socket in dev mode) and the SPIFFE
-//! Workload API (Unix socket).
+//! podca's gRPC edge: the `podca.v1` API (TCP, and the Unix socket in dev mode), the SPIFFE
+//! Workload API (Unix socket) and the Istio CA API (TCP, beside `podca.v1`; [`istio`]).
 //!
 //! # Status codes
 //!
@@ -60,6 +60,7 @@ pub mod auth;
 pub mod connections;
 pub mod core;
 pub mod errors;
+pub mod istio;
 pub mod ledger;
 pub mod observe;
 pub mod peer_identity;
