@@ -53,7 +53,7 @@ impl PodcaRbac {
             PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
         ];
         if self.issue_for_pod {
-            rules.push(PolicyRule::new(&[""], &["pods"], &["get"]));
+            rules.push(PolicyRule::new(&[""], &["pods"], &["get", "list"]));
         }
         if let Some((namespace, name)) = &self.ca_secret {
             let history = format!("{name}-podca-history");
