@@ -38,6 +38,14 @@
 //! | `IssueForPod`: pod does not exist (`pod <ns>/<name> not found`; only a node proxy gets this far) | `NOT_FOUND` |
 //! | `IssueForPod`: a pod lookup (the caller's or the target's) failed or took over 5 s (`cannot check the pod now: …`) | `UNAVAILABLE` |
 //! | `IssueForPod` in `podca dev` (no Kubernetes API to check pods against) | `FAILED_PRECONDITION` |
+//! | Istio `CreateCertificate`: `csr` empty, not PEM, not a CERTIFICATE REQUEST, not PKCS#10, or without a URI SAN | `INVALID_ARGUMENT` |
+//! | Istio: a CSR SAN that is not the SPIFFE ID podca derives (another identity, a DNS name, an IP…): refused, never dropped | `PERMISSION_DENIED` |
+//! | Istio: `validity_duration` ≤ 0 | `INVALID_ARGUMENT` |
+//! | Istio: `validity_duration` above the policy maximum | clamped, as `requested_lifetime_seconds` |
+//! | Istio: `ImpersonatedIdentity` from a non-node-proxy (as IssueForPod), or no running pod of that service account on the caller's node | `PERMISSION_DENIED` |
+//! | Istio: `ImpersonatedIdentity` malformed, not a Kubernetes name, or of another trust domain than the signer's or `grpc.istio_trust_domain_alias` | `INVALID_ARGUMENT` |
+//! | Istio: listing the pods on the caller's node failed or took over 5 s (`cannot check the pods now: …`) | `UNAVAILABLE` |
+//! | Istio: `ImpersonatedIdentity` in `podca dev` | `FAILED_PRECONDITION` |
 //! | Workload API call without the `workload.spiffe.io: true` metadata | `INVALID_ARGUMENT` |
 //! | Workload API JWT RPCs (`FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`) | `UNIMPLEMENTED` |
 //! | a bug (certificate building failed) | `INTERNAL` |
