@@ -824,3 +824,52 @@ async fn two_ztunnels_keep_mtls_through_a_full_rotation() {
             .join("\n")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podca_dev_serves_it_on_its_loopback_listener() {
+    let dev = podca_tests::process::DevProcess::start();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", dev.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // No token: a dev identity named in metadata, as for podca.v1 on this listener; the CSR
+    // names it in Istio's default trust domain (the default alias).
+    let mut ztunnel = Ztunnel::new(channel, None, "cluster.local");
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let id = "spiffe://cluster.local/ns/shop/sa/web";
+    let ask = |metadata| {
+        let mut request = ztunnel.request(IstioCertificateRequest {
+            csr: ztunnel_csr(&key, &[id]),
+            validity_duration: 3600,
+            metadata,
+        });
+        request
+            .metadata_mut()
+            .insert("x-podca-namespace", "shop".parse().unwrap());
+        request
+            .metadata_mut()
+            .insert("x-podca-service-account", "web".parse().unwrap());
+        request
+    };
+    let (first, second) = (ask(None), ask(Some(impersonating(id))));
+    let answer = ztunnel
+        .client
+        .create_certificate(first)
+        .await
+        .unwrap()
+        .into_inner();
+    let chain: String = answer.cert_chain[..answer.cert_chain.len() - 1].concat();
+    let uris = leaf_uris(&chain);
+    assert!(
+        uris.len() == 1 && uris[0].ends_with("/ns/shop/sa/web"),
+        "{uris:?}"
+    );
+    assert_verifies(&chain, answer.cert_chain.last().unwrap());
+    // No Kubernetes API in podca dev: nobody may impersonate.
+    expect_code(
+        ztunnel.client.create_certificate(second).await,
+        Code::FailedPrecondition,
+        "ImpersonatedIdentity needs the Kubernetes API",
+    );
+}
