@@ -510,17 +510,14 @@ async fn start_grpc(
     );
     let grpc_ready = readiness.component("grpc");
     grpc_ready.set(true);
-    let reviewer_for = |audience: String| -> Arc<dyn Authenticator> {
-        Arc::new(
-            TokenReviewAuthenticator::with_limits(
-                Arc::clone(&kube.reviewer),
-                audience,
-                token_reviews,
-            )
+    let reviewer_for = |audience: String| {
+        TokenReviewAuthenticator::with_limits(Arc::clone(&kube.reviewer), audience, token_reviews)
             .with_clock(Arc::clone(clock))
-            .with_metrics(metrics.grpc.clone()),
-        )
+            .with_metrics(metrics.grpc.clone())
     };
+    let podca_tokens = reviewer_for(audience);
+    // One pool of TokenReview slots for both audiences: max_token_reviews bounds them all.
+    let istio_tokens = reviewer_for(istio_audience).sharing_slots_with(&podca_tokens);
     // podca.v1 and the Istio CA API: the same checks, each its own token audience.
     let with_certificates = |tokens: Arc<dyn Authenticator>| -> Arc<dyn Authenticator> {
         match &client_trust {
@@ -532,9 +529,9 @@ async fn start_grpc(
             None => tokens,
         }
     };
-    let authenticator = with_certificates(reviewer_for(audience));
+    let authenticator = with_certificates(Arc::new(podca_tokens));
     let istio = IstioOptions {
-        authenticator: Some(with_certificates(reviewer_for(istio_audience))),
+        authenticator: Some(with_certificates(Arc::new(istio_tokens))),
         trust_domain_alias: istio_trust_domain_alias,
     };
     let api = Arc::new(
