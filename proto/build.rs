@@ -2,7 +2,11 @@
 //! compiler), so building podca needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["podca/v1/podca.proto", "spiffe/workload/workload.proto"];
+    let files = [
+        "podca/v1/podca.proto",
+        "spiffe/workload/workload.proto",
+        "istio/v1/auth/ca.proto",
+    ];
     println!("cargo:rerun-if-changed=proto");
     let descriptors = protox::compile(files, ["proto"])?;
     // The same descriptors (with their imports) for server reflection.

@@ -29,7 +29,7 @@ use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_authority::shutdown::Shutdown;
 use podca_grpc::auth::{DevAuthenticator, Identity};
-use podca_grpc::core::IssuedVia;
+use podca_grpc::core::{IssuedVia, IstioOptions};
 use podca_grpc::{Api, ApiOptions, CaHandle, server};
 
 /// The signer `podca dev` uses when the config names none.
@@ -205,7 +205,14 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             tasks.receiver(),
         )?
         .with_ledger(ledger_sink)
-        .with_clock(clock),
+        .with_clock(clock)
+        // The Istio CA API on the loopback listener: callers are dev identities, as for
+        // podca.v1 (no tokens, no ImpersonatedIdentity: there are no pods to check).
+        .with_istio(IstioOptions {
+            authenticator: None,
+            trust_domain_alias: Some(config.grpc.istio_trust_domain_alias.clone())
+                .filter(|alias| !alias.is_empty()),
+        }),
     );
 
     tasks.spawn(

@@ -26,6 +26,7 @@ use podca_grpc::auth::{
     Authenticator, PodDirectory, TokenReviewAuthenticator, TokenReviewLimits, TokenReviewer,
 };
 use podca_grpc::connections::ConnectionLimits;
+use podca_grpc::core::IstioOptions;
 use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
@@ -413,6 +414,10 @@ struct GrpcSettings {
     mtls_renewal: bool,
     /// Where the API records its decisions (set once the ledger is open).
     ledger: LedgerHandle,
+    /// `[grpc] istio_token_audience`: the audience of the Istio CA API's tokens.
+    istio_audience: String,
+    /// `[grpc] istio_trust_domain_alias` (`None` when empty).
+    istio_trust_domain_alias: Option<String>,
 }
 
 /// The gRPC API's settings: `--grpc-listen` over `[grpc] listen`, the signer it issues for.
@@ -440,6 +445,9 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
         },
         mtls_renewal: config.grpc.mtls_renewal,
         ledger: LedgerHandle::none(),
+        istio_audience: config.grpc.istio_token_audience.clone(),
+        istio_trust_domain_alias: Some(config.grpc.istio_trust_domain_alias.clone())
+            .filter(|alias| !alias.is_empty()),
         token_reviews: TokenReviewLimits {
             max_concurrent: config.grpc.max_token_reviews,
             cache_ttl: std::time::Duration::from_secs(config.grpc.token_cache_seconds),
@@ -474,6 +482,8 @@ async fn start_grpc(
         limits,
         mtls_renewal,
         ledger,
+        istio_audience,
+        istio_trust_domain_alias,
     } = settings;
     let client_trust = match (&tls, mtls_renewal) {
         (GrpcTls::Off { .. }, _) | (_, false) => None,
@@ -494,23 +504,35 @@ async fn start_grpc(
     info!(
         addr = %tcp.local_addr()?,
         audience,
+        istio_audience,
         tls = tls.is_some(),
-        "gRPC API (podca.v1) listening"
+        "gRPC API (podca.v1, Istio CA API) listening"
     );
     let grpc_ready = readiness.component("grpc");
     grpc_ready.set(true);
-    let tokens: Arc<dyn Authenticator> = Arc::new(
-        TokenReviewAuthenticator::with_limits(kube.reviewer, audience, token_reviews)
+    let reviewer_for = |audience: String| {
+        TokenReviewAuthenticator::with_limits(Arc::clone(&kube.reviewer), audience, token_reviews)
             .with_clock(Arc::clone(clock))
-            .with_metrics(metrics.grpc.clone()),
-    );
-    let authenticator: Arc<dyn Authenticator> = match client_trust {
-        Some(trust) => Arc::new(CertificateAuthenticator::new(
-            tokens,
-            trust,
-            Arc::clone(clock),
-        )),
-        None => tokens,
+            .with_metrics(metrics.grpc.clone())
+    };
+    let podca_tokens = reviewer_for(audience);
+    // One pool of TokenReview slots for both audiences: max_token_reviews bounds them all.
+    let istio_tokens = reviewer_for(istio_audience).sharing_slots_with(&podca_tokens);
+    // podca.v1 and the Istio CA API: the same checks, each its own token audience.
+    let with_certificates = |tokens: Arc<dyn Authenticator>| -> Arc<dyn Authenticator> {
+        match &client_trust {
+            Some(trust) => Arc::new(CertificateAuthenticator::new(
+                tokens,
+                Arc::clone(trust),
+                Arc::clone(clock),
+            )),
+            None => tokens,
+        }
+    };
+    let authenticator = with_certificates(Arc::new(podca_tokens));
+    let istio = IstioOptions {
+        authenticator: Some(with_certificates(Arc::new(istio_tokens))),
+        trust_domain_alias: istio_trust_domain_alias,
     };
     let api = Arc::new(
         Api::new(
@@ -522,7 +544,8 @@ async fn start_grpc(
         )?
         .with_clock(Arc::clone(clock))
         .with_ledger(ledger)
-        .with_metrics(metrics.grpc.clone()),
+        .with_metrics(metrics.grpc.clone())
+        .with_istio(istio),
     );
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {

@@ -420,6 +420,14 @@ pub struct GrpcConfig {
     /// DNS names one gRPC-issued certificate may carry.
     #[serde(default = "default_max_dns_names")]
     pub max_dns_names: usize,
+    // The Istio CA API (issue #16; operator guide, "Istio ambient and sidecars").
+    /// Audience the tokens of Istio CA API callers (ztunnel, istio-agent) must carry.
+    #[serde(default = "default_istio_audience")]
+    pub istio_token_audience: String,
+    /// A trust domain Istio clients may name (CSR URI SAN, `ImpersonatedIdentity`) for the
+    /// signer's own; `""` = none. Certificates always carry the signer's trust domain.
+    #[serde(default = "default_istio_trust_domain_alias")]
+    pub istio_trust_domain_alias: String,
 }
 
 /// The largest `[grpc] token_cache_seconds` accepted.
@@ -597,6 +605,8 @@ impl Default for GrpcConfig {
             max_token_reviews: default_max_token_reviews(),
             token_cache_seconds: default_token_cache_seconds(),
             max_dns_names: default_max_dns_names(),
+            istio_token_audience: default_istio_audience(),
+            istio_trust_domain_alias: default_istio_trust_domain_alias(),
         }
     }
 }
@@ -680,6 +690,14 @@ fn default_admin_listen() -> SocketAddr {
 fn default_audience() -> String {
     "podca".into()
 }
+
+fn default_istio_audience() -> String {
+    "istio-ca".into()
+}
+
+fn default_istio_trust_domain_alias() -> String {
+    "cluster.local".into()
+}
 /// On by default so that one identity cannot monopolise issuance; a burst of 100 covers a
 /// node's pods restarting at once.
 fn default_rate() -> u32 {
@@ -757,6 +775,18 @@ impl Config {
         }
         if grpc.max_dns_names == 0 {
             anyhow::bail!("[grpc] max_dns_names must be at least 1");
+        }
+        if grpc.istio_token_audience.trim().is_empty() {
+            anyhow::bail!(
+                "[grpc] istio_token_audience is empty; the Istio default is \"istio-ca\""
+            );
+        }
+        let alias = &grpc.istio_trust_domain_alias;
+        if !alias.is_empty() && !podca_signer::policy::is_dns_name(alias) {
+            anyhow::bail!(
+                "[grpc] istio_trust_domain_alias {alias:?} is not a DNS name (a trust domain, \
+                 such as \"cluster.local\"; \"\" for none)"
+            );
         }
         Ok(())
     }
@@ -1073,6 +1103,8 @@ mod tests {
         assert_eq!(c.grpc.max_token_reviews, 8);
         assert_eq!(c.grpc.token_cache_seconds, 60);
         assert_eq!(c.grpc.max_dns_names, 16);
+        assert_eq!(c.grpc.istio_token_audience, "istio-ca");
+        assert_eq!(c.grpc.istio_trust_domain_alias, "cluster.local");
         let c = Config::parse(&format!("{two}[grpc]\nsigners = [\"a.example/y\"]")).unwrap();
         assert_eq!(c.grpc_signer().unwrap().0, "a.example/y");
         assert_eq!(c.grpc_allowed_signers().unwrap(), ["a.example/y"]);
@@ -1092,6 +1124,15 @@ mod tests {
             ),
             ("token_cache_seconds = 601", "above the maximum of 600"),
             ("max_dns_names = 0", "max_dns_names must be at least 1"),
+            (
+                "istio_token_audience = \"\"",
+                "[grpc] istio_token_audience is empty",
+            ),
+            (
+                "istio_trust_domain_alias = \"Not A Domain\"",
+                "[grpc] istio_trust_domain_alias \"Not A Domain\" is not a DNS name",
+            ),
+            ("istio_token_audience = 3", "invalid type"),
         ] {
             let err = Config::parse(&format!("{two}[grpc]\n{table}")).unwrap_err();
             assert!(format!("{err:#}").contains(needle), "{table}: {err:#}");

@@ -6,7 +6,7 @@ use std::fmt;
 
 use podca_grpc::auth::KUBE_API_TIMEOUT;
 use podca_grpc::auth::{
-    BearerToken, LookupError, PodDirectory, PodInfo, ReviewStatus, TokenReviewer,
+    BearerToken, LookupError, NamedPod, PodDirectory, PodInfo, ReviewStatus, TokenReviewer,
 };
 
 /// TokenReview through the Kubernetes API (authentication.k8s.io/v1).
@@ -105,5 +105,49 @@ impl PodDirectory for KubePodDirectory {
                 phase: p.status.and_then(|s| s.phase),
             }
         }))
+    }
+
+    /// One LIST in `namespace` with `fieldSelector=spec.nodeName=<node>,spec.serviceAccountName=
+    /// <sa>` (both are pod field selectors of kube-apiserver): needs `pods list`.
+    #[tracing::instrument(name = "pods_on_node", skip_all, fields(namespace = %namespace, node = %node))]
+    async fn pods_on_node(
+        &self,
+        namespace: &str,
+        node: &str,
+        service_account: &str,
+    ) -> Result<Vec<NamedPod>, LookupError> {
+        use k8s_openapi::api::core::v1::Pod;
+        let api: kube::Api<Pod> = kube::Api::namespaced(self.client.clone(), namespace);
+        let params = kube::api::ListParams::default().fields(&format!(
+            "spec.nodeName={node},spec.serviceAccountName={service_account}"
+        ));
+        let list = tokio::time::timeout(KUBE_API_TIMEOUT, api.list(&params))
+            .await
+            .map_err(|_| LookupError::Timeout(KUBE_API_TIMEOUT))?
+            .map_err(|e| LookupError::Failed(e.to_string()))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|p| {
+                let spec = p.spec.unwrap_or_default();
+                NamedPod {
+                    name: p.metadata.name.unwrap_or_default(),
+                    info: PodInfo {
+                        service_account: spec
+                            .service_account_name
+                            .unwrap_or_else(|| "default".into()),
+                        node_name: spec.node_name,
+                        uid: p.metadata.uid,
+                        terminating: p.metadata.deletion_timestamp.is_some(),
+                        phase: p.status.and_then(|s| s.phase),
+                    },
+                }
+            })
+            // The selector already says so; a pod that does not match is never trusted.
+            .filter(|p| {
+                p.info.node_name.as_deref() == Some(node)
+                    && p.info.service_account == service_account
+            })
+            .collect())
     }
 }

@@ -351,6 +351,16 @@ impl TokenReviewAuthenticator {
         }
     }
 
+    /// Takes its TokenReview slots from `other`'s (same `max_concurrent` bound, shared), so
+    /// that two authenticators for different audiences (podca.v1 and the Istio CA API) keep
+    /// `max_token_reviews` a bound across all callers. Caches stay separate: a verdict is for
+    /// one audience.
+    pub fn sharing_slots_with(mut self, other: &TokenReviewAuthenticator) -> Self {
+        self.slots = Arc::clone(&other.slots);
+        self.limits.max_concurrent = other.limits.max_concurrent;
+        self
+    }
+
     /// Compares tokens' `exp` with `clock` instead of the system clock (the process clock,
     /// like every other time-dependent part).
     pub fn with_clock(mut self, clock: Clock) -> Self {
@@ -582,10 +592,26 @@ impl PodInfo {
     }
 }
 
-/// Looks pods up (IssueForPod).
+/// A pod found by [`PodDirectory::pods_on_node`]: its name and what IssueForPod knows of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NamedPod {
+    pub name: String,
+    pub info: PodInfo,
+}
+
+/// Looks pods up (IssueForPod, and the Istio CA API's `ImpersonatedIdentity`).
 #[tonic::async_trait]
 pub trait PodDirectory: Send + Sync + fmt::Debug {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodInfo>, LookupError>;
+
+    /// The pods in `namespace` scheduled on `node` whose `spec.serviceAccountName` is
+    /// `service_account` (any phase; the caller filters). Bounded by [`KUBE_API_TIMEOUT`].
+    async fn pods_on_node(
+        &self,
+        namespace: &str,
+        node: &str,
+        service_account: &str,
+    ) -> Result<Vec<NamedPod>, LookupError>;
 }
 
 #[cfg(test)]
@@ -658,6 +684,27 @@ mod tests {
             bearer: Some(token),
             ..Default::default()
         }
+    }
+
+    #[tokio::test]
+    async fn two_audiences_share_one_pool_of_review_slots() {
+        let reviewer = Arc::new(MockReviewer::default());
+        let limits = TokenReviewLimits {
+            max_concurrent: 1,
+            queue_wait: Duration::from_millis(50),
+            ..TokenReviewLimits::default()
+        };
+        let podca = TokenReviewAuthenticator::with_limits(reviewer.clone(), "podca", limits);
+        let istio = TokenReviewAuthenticator::with_limits(reviewer.clone(), "istio-ca", limits)
+            .sharing_slots_with(&podca);
+        assert!(Arc::ptr_eq(&podca.slots, &istio.slots));
+        // The one slot held for podca.v1: the Istio audience finds none and is refused as busy.
+        let _held = Arc::clone(&podca.slots).acquire_owned().await.unwrap();
+        let busy = istio
+            .authenticate(&Peer::Unknown, &creds(jwt("good", now() + 3600)))
+            .await;
+        assert_eq!(busy, Err(AuthError::Busy(1)));
+        assert_eq!(reviewer.calls.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

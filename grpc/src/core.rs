@@ -55,6 +55,77 @@ pub struct IssueInput {
     pub signer_name: String,
 }
 
+/// The Istio CA API's knobs ([`Api::with_istio`]).
+#[derive(Debug, Clone, Default)]
+pub struct IstioOptions {
+    /// Who its callers are: tokens for `[grpc] istio_token_audience` (and podca client
+    /// certificates, as for podca.v1). None: the podca.v1 authenticator.
+    pub authenticator: Option<Arc<dyn Authenticator>>,
+    /// `[grpc] istio_trust_domain_alias`: a trust domain Istio clients may name in CSRs and
+    /// `ImpersonatedIdentity` instead of the signer's (Istio's default is `cluster.local`).
+    /// Certificates always carry the signer's trust domain.
+    pub trust_domain_alias: Option<String>,
+}
+
+/// A SPIFFE ID as Istio clients send it: `spiffe://<trust domain>/ns/<ns>/sa/<sa>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IstioSpiffeId {
+    pub trust_domain: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+impl IstioSpiffeId {
+    /// Parses `spiffe://<td>/ns/<ns>/sa/<sa>`; `None` when it is not of that form.
+    pub fn parse(uri: &str) -> Option<Self> {
+        let rest = uri.strip_prefix("spiffe://")?;
+        let parts: Vec<&str> = rest.split('/').collect();
+        match parts.as_slice() {
+            [td, "ns", ns, "sa", sa] if !td.is_empty() && !ns.is_empty() && !sa.is_empty() => {
+                Some(IstioSpiffeId {
+                    trust_domain: (*td).to_owned(),
+                    namespace: (*ns).to_owned(),
+                    service_account: (*sa).to_owned(),
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for IstioSpiffeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "spiffe://{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
+}
+
+/// A `CreateCertificate` request, decoded by the Istio adapter.
+#[derive(Debug, Clone, Default)]
+pub struct IstioInput {
+    /// The CSR, DER (the adapter took it out of its PEM).
+    pub csr: Vec<u8>,
+    /// The CSR's URI SANs.
+    pub uri_sans: Vec<String>,
+    /// The CSR's other SANs (DNS names, IP addresses, e-mail addresses…), as text.
+    pub other_sans: Vec<String>,
+    /// `validity_duration`, seconds.
+    pub validity_seconds: i64,
+    /// `ImpersonatedIdentity` from `metadata` (node proxies only).
+    pub impersonated: Option<IstioSpiffeId>,
+}
+
+/// What [`Api::node_proxy`] established of a node proxy's token.
+struct NodeProxy<'a> {
+    pods: &'a Arc<dyn PodDirectory>,
+    node: &'a String,
+    pod: &'a String,
+    uid: &'a String,
+}
+
 /// A certificate and the anchors that verify it.
 #[derive(Debug, Clone)]
 pub struct Issued {
@@ -107,6 +178,8 @@ pub struct Api {
     /// The time certificates are issued at: the process clock, so that the API, rotation and
     /// the controller agree on "now" (and tests can move it).
     clock: Clock,
+    /// The Istio CA API's authenticator and trust domain alias.
+    istio: IstioOptions,
 }
 
 impl std::fmt::Debug for Api {
@@ -122,6 +195,7 @@ impl std::fmt::Debug for Api {
             .field("streams", &self.streams)
             .field("shutdown", &self.shutdown)
             .field("ledger", &self.ledger)
+            .field("istio", &self.istio)
             .finish_non_exhaustive()
     }
 }
@@ -162,7 +236,15 @@ impl Api {
             ledger: None,
             replica: podca_signer::ledger::replica_identity(),
             clock: system_clock(),
+            istio: IstioOptions::default(),
         })
+    }
+
+    /// Serves the Istio CA API with these options (its own token audience, the trust domain
+    /// alias).
+    pub fn with_istio(mut self, istio: IstioOptions) -> Self {
+        self.istio = istio;
+        self
     }
 
     /// Reads the time from `clock` instead of the system clock.
@@ -215,6 +297,16 @@ impl Api {
         credentials: &Credentials,
     ) -> Result<Identity, ApiError> {
         Ok(self.auth.authenticate(peer, credentials).await?)
+    }
+
+    /// Who is calling the Istio CA API: its own authenticator (token audience), else podca.v1's.
+    pub async fn identify_istio(
+        &self,
+        peer: &Peer,
+        credentials: &Credentials,
+    ) -> Result<Identity, ApiError> {
+        let auth = self.istio.authenticator.as_ref().unwrap_or(&self.auth);
+        Ok(auth.authenticate(peer, credentials).await?)
     }
 
     /// Spends one token of the caller's bucket.
@@ -319,33 +411,8 @@ impl Api {
         pod_name: &str,
         input: IssueInput,
     ) -> Result<Issued, ApiError> {
-        let Some(pods) = &self.pods else {
-            return Err(ApiError::NoPodDirectory);
-        };
-        if !self
-            .options
-            .node_proxy_service_accounts
-            .iter()
-            .any(|sa| *sa == caller.key())
-        {
-            return Err(ApiError::NotNodeProxy(format!(
-                "service account {} may not request certificates for other pods (it is not in \
-                 grpc.node_proxy_service_accounts)",
-                caller.key()
-            )));
-        }
-        let Some(caller_node) = &caller.node_name else {
-            return Err(ApiError::NotNodeProxy(
-                "the caller's token names no node; use a pod-bound service-account token".into(),
-            ));
-        };
-        let (Some(caller_pod), Some(caller_uid)) = (&caller.pod_name, &caller.pod_uid) else {
-            return Err(ApiError::NotNodeProxy(
-                "the caller's token is not bound to a pod (no pod name and UID); use a \
-                 pod-bound service-account token"
-                    .into(),
-            ));
-        };
+        let proxy = self.node_proxy(caller)?;
+        let caller_node = proxy.node;
         // Checked before anything reaches the Kubernetes API: an empty name would turn the GET
         // into a LIST, and a `/` would change the path.
         for (what, value) in [("pod_namespace", pod_namespace), ("pod_name", pod_name)] {
@@ -355,37 +422,12 @@ impl Api {
                 )));
             }
         }
-        let lookup = |namespace: &str, name: &str| {
-            let pod = format!("{namespace}/{name}");
-            let pods = Arc::clone(pods);
-            let (namespace, name) = (namespace.to_owned(), name.to_owned());
-            async move {
-                pods.pod(&namespace, &name)
-                    .await
-                    .map_err(|error| ApiError::PodLookupUnavailable { pod, error })
-            }
-        };
-        // The caller's own pod, read now: a cached token review never speaks for a pod that
-        // has gone (or was replaced by another of the same name).
-        let caller_ref = format!("{}/{caller_pod}", caller.namespace);
-        match lookup(&caller.namespace, caller_pod).await? {
-            None => {
-                return Err(ApiError::CallerPodGone(format!(
-                    "the caller's pod {caller_ref} no longer exists"
-                )));
-            }
-            Some(own) if own.uid.as_deref() != Some(caller_uid.as_str()) => {
-                return Err(ApiError::CallerPodGone(format!(
-                    "the caller's pod {caller_ref} is not the pod its token was issued for \
-                     (UID {}, the token names {caller_uid})",
-                    own.uid.as_deref().unwrap_or("none")
-                )));
-            }
-            Some(_) => {}
-        }
-        let pod = lookup(pod_namespace, pod_name).await?.ok_or_else(|| {
-            ApiError::PodNotFound(format!("pod {pod_namespace}/{pod_name} not found"))
-        })?;
+        self.check_caller_pod(&proxy, caller).await?;
+        let pod = pod_lookup(proxy.pods, pod_namespace, pod_name)
+            .await?
+            .ok_or_else(|| {
+                ApiError::PodNotFound(format!("pod {pod_namespace}/{pod_name} not found"))
+            })?;
         if pod.node_name.as_deref() != Some(caller_node.as_str()) {
             return Err(ApiError::PodOnOtherNode(format!(
                 "pod {pod_namespace}/{pod_name} does not run on the caller's node {caller_node}"
@@ -421,6 +463,229 @@ impl Api {
             Some(request_name),
         )
         .await
+    }
+
+    /// What a node proxy's token must say (IssueForPod, `ImpersonatedIdentity`): the caller is
+    /// in `grpc.node_proxy_service_accounts`, and its token is bound to a pod and a node.
+    fn node_proxy<'a>(&'a self, caller: &'a Identity) -> Result<NodeProxy<'a>, ApiError> {
+        let Some(pods) = &self.pods else {
+            return Err(ApiError::NoPodDirectory);
+        };
+        if !self
+            .options
+            .node_proxy_service_accounts
+            .iter()
+            .any(|sa| *sa == caller.key())
+        {
+            return Err(ApiError::NotNodeProxy(format!(
+                "service account {} may not request certificates for other pods (it is not in \
+                 grpc.node_proxy_service_accounts)",
+                caller.key()
+            )));
+        }
+        let Some(node) = &caller.node_name else {
+            return Err(ApiError::NotNodeProxy(
+                "the caller's token names no node; use a pod-bound service-account token".into(),
+            ));
+        };
+        let (Some(pod), Some(uid)) = (&caller.pod_name, &caller.pod_uid) else {
+            return Err(ApiError::NotNodeProxy(
+                "the caller's token is not bound to a pod (no pod name and UID); use a \
+                 pod-bound service-account token"
+                    .into(),
+            ));
+        };
+        Ok(NodeProxy {
+            pods,
+            node,
+            pod,
+            uid,
+        })
+    }
+
+    /// The caller's own pod, read now: a cached token review never speaks for a pod that has
+    /// gone (or was replaced by another of the same name).
+    async fn check_caller_pod(
+        &self,
+        proxy: &NodeProxy<'_>,
+        caller: &Identity,
+    ) -> Result<(), ApiError> {
+        let caller_ref = format!("{}/{}", caller.namespace, proxy.pod);
+        match pod_lookup(proxy.pods, &caller.namespace, proxy.pod).await? {
+            None => Err(ApiError::CallerPodGone(format!(
+                "the caller's pod {caller_ref} no longer exists"
+            ))),
+            Some(own) if own.uid.as_deref() != Some(proxy.uid.as_str()) => {
+                Err(ApiError::CallerPodGone(format!(
+                    "the caller's pod {caller_ref} is not the pod its token was issued for \
+                     (UID {}, the token names {})",
+                    own.uid.as_deref().unwrap_or("none"),
+                    proxy.uid
+                )))
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// The Istio CA API's `CreateCertificate`: a certificate for the caller, or, from a node
+    /// proxy with `ImpersonatedIdentity`, for a service account with a running pod on the
+    /// caller's node. The CSR must name exactly that identity (its URI SANs) and nothing else.
+    pub async fn issue_istio(
+        &self,
+        caller: &Identity,
+        input: IstioInput,
+    ) -> Result<Issued, ApiError> {
+        let (signer, policy) = self.signer("")?;
+        let signer = signer.to_owned();
+        let trust_domain = policy.trust_domain.clone();
+        if input.validity_seconds <= 0 {
+            return Err(ApiError::BadValidity(input.validity_seconds));
+        }
+        let (subject, vouching_pod) = match &input.impersonated {
+            None => (caller.clone(), None),
+            Some(id) => {
+                let (subject, pod) = self.impersonated_subject(caller, id, &trust_domain).await?;
+                (subject, Some(pod))
+            }
+        };
+        self.check_csr_names(&input, &subject, &trust_domain)?;
+        let result = self
+            .issue_unrecorded(
+                &subject,
+                IssueInput {
+                    csr: input.csr,
+                    requested_lifetime_seconds: Some(input.validity_seconds),
+                    user_annotations: BTreeMap::new(),
+                    signer_name: String::new(),
+                },
+            )
+            .await;
+        self.settle(
+            result,
+            Source::Istio,
+            &signer,
+            &subject,
+            caller,
+            vouching_pod,
+        )
+        .await
+    }
+
+    /// Whether `trust_domain` is the signer's or its Istio alias.
+    fn istio_trust_domain_ok(&self, named: &str, signer_trust_domain: &str) -> bool {
+        named == signer_trust_domain || self.istio.trust_domain_alias.as_deref() == Some(named)
+    }
+
+    /// The trust domains Istio clients may name, for messages.
+    fn istio_trust_domains(&self, signer_trust_domain: &str) -> String {
+        match &self.istio.trust_domain_alias {
+            Some(alias) => format!("{signer_trust_domain:?} (or its alias {alias:?})"),
+            None => format!("{signer_trust_domain:?}"),
+        }
+    }
+
+    /// `ImpersonatedIdentity`: the caller is a node proxy, the identity is of this signer's
+    /// trust domain, and a running pod with that service account is on the caller's node.
+    /// Returns the subject and the `namespace/name` of the pod that vouches for it.
+    async fn impersonated_subject(
+        &self,
+        caller: &Identity,
+        id: &IstioSpiffeId,
+        signer_trust_domain: &str,
+    ) -> Result<(Identity, String), ApiError> {
+        if self.pods.is_none() {
+            return Err(ApiError::ImpersonationWithoutPods);
+        }
+        let proxy = self.node_proxy(caller)?;
+        if !self.istio_trust_domain_ok(&id.trust_domain, signer_trust_domain) {
+            return Err(ApiError::BadImpersonation(format!(
+                "ImpersonatedIdentity {id} is not in the trust domain {}",
+                self.istio_trust_domains(signer_trust_domain)
+            )));
+        }
+        for (what, value) in [
+            ("namespace", &id.namespace),
+            ("service account", &id.service_account),
+        ] {
+            if !is_object_name(value) {
+                return Err(ApiError::BadImpersonation(format!(
+                    "ImpersonatedIdentity {id}: the {what} {value:?} is not a Kubernetes name"
+                )));
+            }
+        }
+        self.check_caller_pod(&proxy, caller).await?;
+        let node = proxy.node;
+        let pods = proxy
+            .pods
+            .pods_on_node(&id.namespace, node, &id.service_account)
+            .await
+            .map_err(|error| ApiError::PodListUnavailable {
+                what: format!(
+                    "the pods of service account {}/{} on node {node}",
+                    id.namespace, id.service_account
+                ),
+                error,
+            })?;
+        let running = pods.into_iter().find(|p| {
+            p.info.node_name.as_deref() == Some(node.as_str())
+                && p.info.service_account == id.service_account
+                && !p.info.terminating
+                && !p.info.finished()
+        });
+        let Some(pod) = running else {
+            return Err(ApiError::NoPodOnNode(format!(
+                "no running pod of service account {}/{} is on the caller's node {node}",
+                id.namespace, id.service_account
+            )));
+        };
+        let subject = Identity {
+            namespace: id.namespace.clone(),
+            service_account: id.service_account.clone(),
+            pod_name: None,
+            pod_uid: None,
+            node_name: Some(node.clone()),
+        };
+        Ok((subject, format!("{}/{}", id.namespace, pod.name)))
+    }
+
+    /// The CSR's names: at least one URI SAN, every one the subject's SPIFFE ID (in the
+    /// signer's trust domain or its alias), and no SAN of another kind.
+    fn check_csr_names(
+        &self,
+        input: &IstioInput,
+        subject: &Identity,
+        signer_trust_domain: &str,
+    ) -> Result<(), ApiError> {
+        let derived = format!(
+            "spiffe://{signer_trust_domain}/ns/{}/sa/{}",
+            subject.namespace, subject.service_account
+        );
+        if let Some(other) = input.other_sans.first() {
+            return Err(ApiError::CsrNameNotAllowed(format!(
+                "the CSR asks for {other}, which podca does not derive from the identity {derived}; \
+                 send a CSR whose only SAN is that URI"
+            )));
+        }
+        if input.uri_sans.is_empty() {
+            return Err(ApiError::BadIstioCsr(format!(
+                "the CSR carries no URI SAN; it must name the SPIFFE ID {derived}"
+            )));
+        }
+        for uri in &input.uri_sans {
+            let matches = IstioSpiffeId::parse(uri).is_some_and(|id| {
+                self.istio_trust_domain_ok(&id.trust_domain, signer_trust_domain)
+                    && id.namespace == subject.namespace
+                    && id.service_account == subject.service_account
+            });
+            if !matches {
+                return Err(ApiError::CsrNameNotAllowed(format!(
+                    "the CSR asks for {uri:?}, but the caller may only be certified as {derived} \
+                     (trust domain {})",
+                    self.istio_trust_domains(signer_trust_domain)
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// A certificate for a key podca generated itself (the Workload API, credential bundles).
@@ -530,6 +795,20 @@ impl Api {
     pub fn trust_domain(&self) -> Result<String, ApiError> {
         Ok(self.signer("")?.1.trust_domain.clone())
     }
+}
+
+/// Reads one pod through the directory, an error naming it.
+async fn pod_lookup(
+    pods: &Arc<dyn PodDirectory>,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<super::auth::PodInfo>, ApiError> {
+    pods.pod(namespace, name)
+        .await
+        .map_err(|error| ApiError::PodLookupUnavailable {
+            pod: format!("{namespace}/{name}"),
+            error,
+        })
 }
 
 /// Whether a request is verified and signed on the async worker itself rather than on the

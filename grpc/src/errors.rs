@@ -57,6 +57,13 @@ pub enum ApiError {
     },
     #[error("{0}")]
     PodOnOtherNode(String),
+    /// Istio CA API: listing the pods on the caller's node failed or took too long.
+    #[error("cannot check the pods now: listing {what}: {error}; retry later")]
+    PodListUnavailable {
+        /// Which pods, in words.
+        what: String,
+        error: LookupError,
+    },
     /// IssueForPod: the caller's own pod (the one its token is bound to) is gone or another pod.
     #[error("{0}")]
     CallerPodGone(String),
@@ -67,6 +74,28 @@ pub enum ApiError {
     NoPodDirectory,
     #[error("missing the `workload.spiffe.io: true` metadata required by the SPIFFE Workload API")]
     MissingWorkloadHeader,
+    /// Istio CA API: `csr` is not a PEM PKCS#10 request, or names no readable SPIFFE ID.
+    #[error("{0}")]
+    BadIstioCsr(String),
+    /// Istio CA API: the CSR asks for a name podca does not derive from the identity.
+    #[error("{0}")]
+    CsrNameNotAllowed(String),
+    /// Istio CA API: `validity_duration` is zero or negative.
+    #[error("validity_duration must be a positive number of seconds, got {0}")]
+    BadValidity(i64),
+    /// Istio CA API: the `ImpersonatedIdentity` metadata is not a podca SPIFFE ID of this
+    /// signer's trust domain (or its Istio alias).
+    #[error("{0}")]
+    BadImpersonation(String),
+    /// Istio CA API: no running pod with the impersonated service account on the caller's node.
+    #[error("{0}")]
+    NoPodOnNode(String),
+    /// Istio CA API: `ImpersonatedIdentity` in `podca dev` (no Kubernetes API to check pods).
+    #[error(
+        "ImpersonatedIdentity needs the Kubernetes API to check the pods on the caller's node; \
+         `podca dev` has none"
+    )]
+    ImpersonationWithoutPods,
     #[error("{0}")]
     Unimplemented(&'static str),
     #[error("{0}")]
@@ -81,6 +110,11 @@ impl ApiError {
             | ApiError::BadLifetime(_)
             | ApiError::BadPodName(_) => Code::InvalidArgument,
             ApiError::MissingWorkloadHeader => Code::InvalidArgument,
+            ApiError::BadIstioCsr(_) | ApiError::BadValidity(_) | ApiError::BadImpersonation(_) => {
+                Code::InvalidArgument
+            }
+            ApiError::CsrNameNotAllowed(_) | ApiError::NoPodOnNode(_) => Code::PermissionDenied,
+            ApiError::ImpersonationWithoutPods => Code::FailedPrecondition,
             ApiError::TooManyDnsNames { .. } => Code::InvalidArgument,
             ApiError::UnknownSigner(_) | ApiError::PodNotFound(_) => Code::NotFound,
             ApiError::SignerNotAllowed(_) | ApiError::CallerPodGone(_) => Code::PermissionDenied,
@@ -92,7 +126,8 @@ impl ApiError {
             ApiError::NoPodDirectory => Code::FailedPrecondition,
             ApiError::Unavailable(_)
             | ApiError::LedgerUnavailable(_)
-            | ApiError::PodLookupUnavailable { .. } => Code::Unavailable,
+            | ApiError::PodLookupUnavailable { .. }
+            | ApiError::PodListUnavailable { .. } => Code::Unavailable,
             ApiError::RateLimited(_) | ApiError::TooManyStreams(_) => Code::ResourceExhausted,
             ApiError::Unimplemented(_) => Code::Unimplemented,
             ApiError::Internal(_) => Code::Internal,
@@ -180,12 +215,20 @@ impl ApiError {
             ApiError::NotNodeProxy(_) => "not_node_proxy",
             ApiError::PodNotFound(_) => "pod_not_found",
             ApiError::BadPodName(_) => "bad_pod_name",
-            ApiError::PodLookupUnavailable { .. } => "pod_lookup_unavailable",
+            ApiError::PodLookupUnavailable { .. } | ApiError::PodListUnavailable { .. } => {
+                "pod_lookup_unavailable"
+            }
             ApiError::PodOnOtherNode(_) => "pod_on_other_node",
             ApiError::CallerPodGone(_) => "caller_pod_gone",
             ApiError::PodNotRunning(_) => "pod_not_running",
             ApiError::NoPodDirectory => "no_pod_directory",
             ApiError::MissingWorkloadHeader => "missing_workload_header",
+            ApiError::BadIstioCsr(_) => "bad_csr",
+            ApiError::CsrNameNotAllowed(_) => "csr_name_not_allowed",
+            ApiError::BadValidity(_) => "bad_lifetime",
+            ApiError::BadImpersonation(_) => "bad_impersonation",
+            ApiError::NoPodOnNode(_) => "no_pod_on_node",
+            ApiError::ImpersonationWithoutPods => "no_pod_directory",
             ApiError::Unimplemented(_) => "unimplemented",
             ApiError::LedgerUnavailable(_) => "ledger_unavailable",
             ApiError::Internal(_) => "internal",

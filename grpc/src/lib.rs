@@ -1,5 +1,5 @@
-//! podca's gRPC edge: the `podca.v1` API (TCP, and the Unix socket in dev mode) and the SPIFFE
-//! Workload API (Unix socket).
+//! podca's gRPC edge: the `podca.v1` API (TCP, and the Unix socket in dev mode), the SPIFFE
+//! Workload API (Unix socket) and the Istio CA API (TCP, beside `podca.v1`; [`istio`]).
 //!
 //! # Status codes
 //!
@@ -38,6 +38,14 @@
 //! | `IssueForPod`: pod does not exist (`pod <ns>/<name> not found`; only a node proxy gets this far) | `NOT_FOUND` |
 //! | `IssueForPod`: a pod lookup (the caller's or the target's) failed or took over 5 s (`cannot check the pod now: …`) | `UNAVAILABLE` |
 //! | `IssueForPod` in `podca dev` (no Kubernetes API to check pods against) | `FAILED_PRECONDITION` |
+//! | Istio `CreateCertificate`: `csr` empty, not PEM, not a CERTIFICATE REQUEST, not PKCS#10, or without a URI SAN | `INVALID_ARGUMENT` |
+//! | Istio: a CSR SAN that is not the SPIFFE ID podca derives (another identity, a DNS name, an IP…): refused, never dropped | `PERMISSION_DENIED` |
+//! | Istio: `validity_duration` ≤ 0 | `INVALID_ARGUMENT` |
+//! | Istio: `validity_duration` above the policy maximum | clamped, as `requested_lifetime_seconds` |
+//! | Istio: `ImpersonatedIdentity` from a non-node-proxy (as IssueForPod), or no running pod of that service account on the caller's node | `PERMISSION_DENIED` |
+//! | Istio: `ImpersonatedIdentity` malformed, not a Kubernetes name, or of another trust domain than the signer's or `grpc.istio_trust_domain_alias` | `INVALID_ARGUMENT` |
+//! | Istio: listing the pods on the caller's node failed or took over 5 s (`cannot check the pods now: …`) | `UNAVAILABLE` |
+//! | Istio: `ImpersonatedIdentity` in `podca dev` | `FAILED_PRECONDITION` |
 //! | Workload API call without the `workload.spiffe.io: true` metadata | `INVALID_ARGUMENT` |
 //! | Workload API JWT RPCs (`FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`) | `UNIMPLEMENTED` |
 //! | a bug (certificate building failed) | `INTERNAL` |
@@ -60,6 +68,7 @@ pub mod auth;
 pub mod connections;
 pub mod core;
 pub mod errors;
+pub mod istio;
 pub mod ledger;
 pub mod observe;
 pub mod peer_identity;

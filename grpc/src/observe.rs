@@ -86,21 +86,29 @@ pub fn code_name(code: Code) -> &'static str {
     }
 }
 
-/// `grpc.health.v1.Health`: SERVING for the whole server (`""`) and for `podca.v1.PodCA` once
+/// `grpc.health.v1.Health`: SERVING for the whole server (`""`), for `podca.v1.PodCA` and
+/// `istio.v1.auth.IstioCertificateService` once
 /// the server runs (the CA is loaded before an [`crate::Api`] exists), NOT_SERVING from the
 /// moment `shutdown` says the process is stopping, so probes fail while connections drain.
 pub async fn health_service(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health> {
+    use podca_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
     use podca_proto::podca::v1::pod_ca_server::PodCaServer;
     let (reporter, service) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<PodCaServer<super::podca_service::PodCaService>>()
         .await;
+    reporter
+        .set_serving::<IstioCertificateServiceServer<super::istio::IstioService>>()
+        .await;
     tokio::spawn(async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
         reporter
             .set_not_serving::<PodCaServer<super::podca_service::PodCaService>>()
+            .await;
+        reporter
+            .set_not_serving::<IstioCertificateServiceServer<super::istio::IstioService>>()
             .await;
         reporter
             .set_service_status("", tonic_health::ServingStatus::NotServing)

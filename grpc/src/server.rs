@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use podca_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
 use podca_proto::podca::v1::pod_ca_server::PodCaServer;
 use podca_proto::workload::spiffe_workload_api_server::SpiffeWorkloadApiServer;
 use tokio::net::{TcpListener, UnixListener};
@@ -15,6 +16,7 @@ use tonic::transport::Server;
 
 use super::connections::{Admitted, ConnectionCounter, ConnectionLimits};
 use super::core::{Api, MAX_MESSAGE_BYTES};
+use super::istio::IstioService;
 use super::observe;
 use super::podca_service::PodCaService;
 use super::tls;
@@ -41,6 +43,12 @@ fn podca(api: &Arc<Api>) -> PodCaServer<PodCaService> {
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
+/// The Istio CA API, on the TCP listeners beside `podca.v1`.
+fn istio(api: &Arc<Api>) -> IstioCertificateServiceServer<IstioService> {
+    IstioCertificateServiceServer::new(IstioService::new(Arc::clone(api)))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+}
+
 fn workload(api: &Arc<Api>) -> SpiffeWorkloadApiServer<WorkloadService> {
     SpiffeWorkloadApiServer::new(WorkloadService::new(Arc::clone(api)))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -61,7 +69,7 @@ fn tcp_builder() -> Server {
     builder().max_connection_age(MAX_CONNECTION_AGE)
 }
 
-/// Serves `podca.v1` over TLS on `listener` until `shutdown` resolves: connections over
+/// Serves `podca.v1` and the Istio CA API over TLS on `listener` until `shutdown` resolves: connections over
 /// `limits` are closed at accept; every other one is handshaken in its own task (at most
 /// [`tls::HANDSHAKE_TIMEOUT`]) with the certificate `config` resolves at that moment.
 pub async fn serve_tls(
@@ -80,11 +88,12 @@ pub async fn serve_tls(
     tcp_builder()
         .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
+        .add_service(istio(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 
-/// Serves `podca.v1` in plaintext on `listener` until `shutdown` resolves; connections over
+/// Serves `podca.v1` and the Istio CA API in plaintext on `listener` until `shutdown` resolves; connections over
 /// `limits` are closed at accept.
 pub async fn serve_tcp(
     listener: TcpListener,
@@ -119,6 +128,7 @@ pub async fn serve_tcp(
     tcp_builder()
         .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
+        .add_service(istio(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

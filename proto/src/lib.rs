@@ -1,4 +1,5 @@
-//! Generated gRPC code: podca's own API (`podca.v1`) and the SPIFFE Workload API.
+//! Generated gRPC code: podca's own API (`podca.v1`), the SPIFFE Workload API and the Istio CA
+//! API (`istio.v1.auth`).
 //!
 //! The .proto files live in `proto/proto/`; `build.rs` compiles them with protox and
 //! tonic-prost-build.
@@ -17,6 +18,24 @@ pub mod podca {
     }
 }
 
+/// The Istio CA API (`istio.v1.auth.IstioCertificateService`), written for podca from Istio's
+/// public contract.
+pub mod istio {
+    /// Version 1.
+    pub mod v1 {
+        /// The CA service.
+        #[allow(
+            missing_docs,
+            clippy::all,
+            clippy::pedantic,
+            missing_debug_implementations
+        )]
+        pub mod auth {
+            tonic::include_proto!("istio.v1.auth");
+        }
+    }
+}
+
 /// The SPIFFE Workload API. The upstream proto declares no package, so the RPC paths are
 /// `/SpiffeWorkloadAPI/<Method>` and prost names the generated file `_.rs`.
 #[allow(
@@ -29,7 +48,7 @@ pub mod workload {
     include!(concat!(env!("OUT_DIR"), "/_.rs"));
 }
 
-/// The encoded `FileDescriptorSet` of both APIs and their imports (protox, at build time), for
+/// The encoded `FileDescriptorSet` of the APIs and their imports (protox, at build time), for
 /// gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/podca_descriptor.bin"));

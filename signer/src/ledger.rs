@@ -47,6 +47,9 @@ pub enum Source {
     IssueForPod,
     /// The SPIFFE Workload API (`FetchX509SVID`).
     WorkloadApi,
+    /// The Istio CA API (`istio.v1.auth.IstioCertificateService/CreateCertificate`), for the
+    /// caller or, from a node proxy, for the identity it impersonates.
+    Istio,
     /// A credential bundle `podca dev` keeps on disk.
     #[serde(rename = "dev")]
     DevBundle,
@@ -64,6 +67,7 @@ impl Source {
             Source::Grpc => "grpc",
             Source::IssueForPod => "issue-for-pod",
             Source::WorkloadApi => "workload-api",
+            Source::Istio => "istio",
             Source::DevBundle => "dev",
             Source::Cli => "cli",
             Source::Unknown => "unknown",

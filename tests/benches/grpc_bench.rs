@@ -8,6 +8,10 @@
 //!    Over TLS it runs twice in the same run, with the default redb ledger and with the PostgreSQL
 //!    ledger (a throwaway server, tests/src/postgres.rs), and reports the PostgreSQL rate as a
 //!    share of the redb one.
+//!    In the same run, against the same redb-ledger `podca serve`: the Istio CA API's
+//!    `CreateCertificate` (64 clients, TLS, a ztunnel-like PEM CSR with the caller's SPIFFE ID,
+//!    a token for the audience `istio-ca`), printed as a share of `IssueCertificate`'s rate
+//!    (issue #16's target: at least 90 %).
 //! 2. Workload API fan-out (release `podca dev`): 1,000 open FetchX509Bundles streams on the Unix
 //!    socket; time from the CA reload (SIGHUP) until every stream has received the rotated bundle.
 //!
@@ -24,6 +28,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use podca_proto::istio::v1::auth::IstioCertificateRequest;
+use podca_proto::istio::v1::auth::istio_certificate_service_client::IstioCertificateServiceClient;
 use podca_proto::podca::v1::IssueCertificateRequest;
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::workload::X509BundlesRequest;
@@ -53,17 +59,24 @@ fn main() {
     });
     if std::env::var_os("PODCA_BENCH_PLAINTEXT").is_some_and(|v| v == "1") {
         let target = Target::Plaintext(dev.grpc);
-        runtime.block_on(issue_throughput(&target, "redb ledger"));
+        runtime.block_on(async {
+            let podca = issue_throughput(&target, "redb ledger", Rpc::IssueCertificate).await;
+            let istio = issue_throughput(&target, "redb ledger", Rpc::CreateCertificate).await;
+            print_istio_share(istio, podca);
+        });
     } else {
         runtime.block_on(async {
             let redb = {
                 let (target, _serve, _cluster, _pg) = tls_target(false).await;
-                issue_throughput(&target, "redb ledger").await
+                let podca = issue_throughput(&target, "redb ledger", Rpc::IssueCertificate).await;
+                let istio = issue_throughput(&target, "redb ledger", Rpc::CreateCertificate).await;
+                print_istio_share(istio, podca);
+                podca
             };
             let (postgres, issued) = {
                 let (target, _serve, _cluster, pg) = tls_target(true).await;
                 let before = grpc_records(pg.as_ref());
-                let rate = issue_throughput(&target, "PostgreSQL ledger").await;
+                let rate = issue_throughput(&target, "PostgreSQL ledger", Rpc::IssueCertificate).await;
                 (rate, grpc_records(pg.as_ref()) - before)
             };
             // Recorded before answered: every certificate counted is in the database.
@@ -87,6 +100,27 @@ fn grpc_records(pg: Option<&podca_tests::postgres::Postgres>) -> u64 {
         .unwrap()
 }
 
+/// `CreateCertificate`'s rate as a share of `IssueCertificate`'s, measured in the same run.
+fn print_istio_share(istio: f64, podca: f64) {
+    println!(
+        "Istio CreateCertificate {istio:.0}/s / podca.v1 IssueCertificate {podca:.0}/s = {:.1} % \
+         (target: at least 90 %)",
+        100.0 * istio / podca
+    );
+}
+
+/// Which RPC the throughput clients call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rpc {
+    /// `podca.v1.PodCA/IssueCertificate`, a DER CSR.
+    IssueCertificate,
+    /// `istio.v1.auth.IstioCertificateService/CreateCertificate`, a ztunnel-like PEM CSR.
+    CreateCertificate,
+}
+
+/// The SPIFFE ID the benchmark's caller (`default/default`) gets.
+const BENCH_SPIFFE_ID: &str = "spiffe://cluster.local/ns/default/sa/default";
+
 /// Whom the throughput clients talk to.
 enum Target {
     /// `podca dev`'s loopback listener, the identity in dev metadata.
@@ -96,6 +130,8 @@ enum Target {
         addr: std::net::SocketAddr,
         anchors: String,
         token: String,
+        /// The same identity's token for the Istio CA API's audience (`istio-ca`).
+        istio_token: String,
     },
 }
 
@@ -116,15 +152,24 @@ impl Target {
         }
     }
 
-    /// The metadata that names the caller.
-    fn identity(&self) -> Vec<(&'static str, tonic::metadata::AsciiMetadataValue)> {
+    /// The metadata that names the caller of `rpc`.
+    fn identity(&self, rpc: Rpc) -> Vec<(&'static str, tonic::metadata::AsciiMetadataValue)> {
         match self {
             Target::Plaintext(_) => vec![
                 ("x-podca-namespace", "default".parse().unwrap()),
                 ("x-podca-service-account", "default".parse().unwrap()),
             ],
-            Target::Tls { token, .. } => {
-                vec![("authorization", format!("Bearer {token}").parse().unwrap())]
+            Target::Tls {
+                token, istio_token, ..
+            } => {
+                let token = match rpc {
+                    Rpc::IssueCertificate => token,
+                    Rpc::CreateCertificate => istio_token,
+                };
+                vec![
+                    ("authorization", format!("Bearer {token}").parse().unwrap()),
+                    ("clusterid", "Kubernetes".parse().unwrap()),
+                ]
             }
         }
     }
@@ -197,28 +242,31 @@ async fn tls_target(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let token = cluster.emu.add_service_account_token(ServiceAccountToken {
-        namespace: "default".into(),
-        service_account: "default".into(),
-        service_account_uid: podca_tests::emulator::new_uid(),
-        audiences: vec!["podca".into()],
-        expires: cluster.emu.now() + time::Duration::hours(1),
-        pod_name: None,
-        pod_uid: None,
-        node_name: None,
-        node_uid: None,
-        credential_id: podca_tests::emulator::new_uid(),
-    });
+    let token_for = |audience: &str| {
+        cluster.emu.add_service_account_token(ServiceAccountToken {
+            namespace: "default".into(),
+            service_account: "default".into(),
+            service_account_uid: podca_tests::emulator::new_uid(),
+            audiences: vec![audience.into()],
+            expires: cluster.emu.now() + time::Duration::hours(1),
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            node_uid: None,
+            credential_id: podca_tests::emulator::new_uid(),
+        })
+    };
     let target = Target::Tls {
         addr,
         anchors: podca_bundle(&ca_dir),
-        token,
+        token: token_for("podca"),
+        istio_token: token_for("istio-ca"),
     };
     (target, serve, cluster, pg)
 }
 
-/// Runs the throughput clients; the rate (certificates/s).
-async fn issue_throughput(target: &Target, ledger: &str) -> f64 {
+/// Runs the throughput clients of `rpc`; the rate (certificates/s).
+async fn issue_throughput(target: &Target, ledger: &str, rpc: Rpc) -> f64 {
     let done = Arc::new(AtomicU64::new(0));
     let failed = Arc::new(AtomicU64::new(0));
     let mut latencies = Vec::new();
@@ -227,30 +275,50 @@ async fn issue_throughput(target: &Target, ledger: &str) -> f64 {
     // counted in.
     let mut clients = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
+        let channel = target.channel().await;
+        let key = rcgen::KeyPair::generate().unwrap();
         clients.push((
-            PodCaClient::new(target.channel().await),
-            csr_for(&rcgen::KeyPair::generate().unwrap()),
+            PodCaClient::new(channel.clone()),
+            IstioCertificateServiceClient::new(channel),
+            csr_for(&key),
+            podca_tests::istio::ztunnel_csr(&key, &[BENCH_SPIFFE_ID]),
         ));
     }
     let start = Instant::now();
     let deadline = start + Duration::from_secs(ISSUE_SECONDS);
     let mut tasks = Vec::new();
-    for (mut client, csr) in clients {
-        let identity = target.identity();
+    for (mut client, mut istio, csr, csr_pem) in clients {
+        let identity = target.identity(rpc);
         let (done, failed) = (Arc::clone(&done), Arc::clone(&failed));
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             while Instant::now() < deadline {
-                let mut request = tonic::Request::new(IssueCertificateRequest {
-                    csr: csr.clone(),
-                    ..Default::default()
-                });
-                for (key, value) in &identity {
-                    request.metadata_mut().insert(*key, value.clone());
-                }
                 let start = Instant::now();
-                match client.issue_certificate(request).await {
-                    Ok(_) => {
+                let answer = match rpc {
+                    Rpc::IssueCertificate => {
+                        let mut request = tonic::Request::new(IssueCertificateRequest {
+                            csr: csr.clone(),
+                            ..Default::default()
+                        });
+                        for (key, value) in &identity {
+                            request.metadata_mut().insert(*key, value.clone());
+                        }
+                        client.issue_certificate(request).await.map(|_| ())
+                    }
+                    Rpc::CreateCertificate => {
+                        let mut request = tonic::Request::new(IstioCertificateRequest {
+                            csr: csr_pem.clone(),
+                            validity_duration: 86_400,
+                            metadata: None,
+                        });
+                        for (key, value) in &identity {
+                            request.metadata_mut().insert(*key, value.clone());
+                        }
+                        istio.create_certificate(request).await.map(|_| ())
+                    }
+                };
+                match answer {
+                    Ok(()) => {
                         done.fetch_add(1, Ordering::Relaxed);
                         lat.push(start.elapsed());
                     }
@@ -273,8 +341,12 @@ async fn issue_throughput(target: &Target, ledger: &str) -> f64 {
         Target::Plaintext(_) => "plaintext (podca dev)",
         Target::Tls { .. } => "TLS (podca serve)",
     };
+    let method = match rpc {
+        Rpc::IssueCertificate => "IssueCertificate",
+        Rpc::CreateCertificate => "Istio CreateCertificate",
+    };
     println!(
-        "IssueCertificate over {transport}, {ledger}, {CLIENTS} clients, P-256, {ISSUE_SECONDS} s: {n} issued ({:.0}/s), {} failed, \
+        "{method} over {transport}, {ledger}, {CLIENTS} clients, P-256, {ISSUE_SECONDS} s: {n} issued ({:.0}/s), {} failed, \
          latency p50 {:?} p99 {:?}",
         n as f64 / elapsed,
         failed.load(Ordering::Relaxed),

@@ -7,6 +7,7 @@
 //! * [`cluster`]: the emulator set up for podca (identity, signer grants, kubeconfig) and
 //!   PCRs filed by hand.
 //! * [`process`]: the real `podca serve` and `podca dev` as child processes.
+//! * [`istio`]: a ztunnel-like client of the Istio CA API.
 //! * [`tls`]: TLS clients of podca serve's gRPC listener, trusting only given anchors.
 //! * [`bench`]: the set-up the gRPC benchmarks share.
 //! * [`verify`]: `openssl verify`, the independent check of every issued chain.
@@ -15,6 +16,7 @@ pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod emulator;
+pub mod istio;
 pub mod kubelet;
 pub mod postgres;
 pub mod process;

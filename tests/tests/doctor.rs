@@ -529,13 +529,14 @@ fn the_doctor_checks_exactly_the_permissions_of_the_manifests() {
         .filter(|p| !without.contains(p))
         .map(ToString::to_string)
         .collect();
-    assert_eq!(added, ["get pods cluster-wide"]);
+    assert_eq!(added, ["get pods cluster-wide", "list pods cluster-wide"]);
     let component =
         std::fs::read_to_string(repo("deploy/components/issue-for-pod/kustomization.yaml"))
             .unwrap();
     assert!(
-        component.contains("resources: [\"pods\"]") && component.contains("verbs: [\"get\"]"),
-        "the issue-for-pod component no longer grants pods get"
+        component.contains("resources: [\"pods\"]")
+            && component.contains("verbs: [\"get\", \"list\"]"),
+        "the issue-for-pod component no longer grants pods get and list"
     );
 }
 

@@ -17,7 +17,11 @@ use tonic_health::pb::health_client::HealthClient;
 async fn health_answers_serving_without_credentials() {
     let cluster = Cluster::start().await;
     let mut health = HealthClient::new(cluster.channel().await);
-    for service in ["", "podca.v1.PodCA"] {
+    for service in [
+        "",
+        "podca.v1.PodCA",
+        "istio.v1.auth.IstioCertificateService",
+    ] {
         let answer = health
             .check(HealthCheckRequest {
                 service: service.into(),
@@ -78,6 +82,7 @@ async fn reflection_lists_and_describes_the_services() {
             "SpiffeWorkloadAPI",
             "grpc.health.v1.Health",
             "grpc.reflection.v1.ServerReflection",
+            "istio.v1.auth.IstioCertificateService",
             "podca.v1.PodCA",
         ]
     );

@@ -179,7 +179,7 @@ async fn podca_kubeconfig_carries_exactly_the_rbac_of_deploy() {
         .unwrap();
     assert_eq!(other.status, 403);
 
-    // Pods: get, never list.
+    // Pods: get (IssueForPod) and list (the Istio CA API's ImpersonatedIdentity), nothing else.
     assert_eq!(
         podca
             .get("/api/v1/namespaces/app/pods/none")
@@ -190,7 +190,15 @@ async fn podca_kubeconfig_carries_exactly_the_rbac_of_deploy() {
     );
     assert_eq!(
         podca
-            .get("/api/v1/namespaces/app/pods")
+            .get("/api/v1/namespaces/app/pods?fieldSelector=spec.nodeName%3Dnode-1")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        podca
+            .delete("/api/v1/namespaces/app/pods/none")
             .await
             .unwrap()
             .status,

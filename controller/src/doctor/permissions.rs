@@ -177,7 +177,8 @@ impl Needs {
             "tokenreviews",
         ));
         if self.issue_for_pod {
-            all.push(Permission::new("get", "", "pods"));
+            // get: IssueForPod; list: the Istio CA API's ImpersonatedIdentity (pods on a node).
+            all.extend(each(&["get", "list"], "", "pods"));
         }
         if let Some((namespace, name)) = &self.ca_secret {
             let history = format!("{name}{HISTORY_SUFFIX}");
@@ -372,12 +373,10 @@ mod tests {
             ..base.clone()
         }
         .required();
-        assert_eq!(with_pods.len(), plain.len() + 1);
-        assert!(
-            with_pods
-                .iter()
-                .any(|p| p.to_string() == "get pods cluster-wide")
-        );
+        assert_eq!(with_pods.len(), plain.len() + 2);
+        for want in ["get pods cluster-wide", "list pods cluster-wide"] {
+            assert!(with_pods.iter().any(|p| p.to_string() == want), "{want}");
+        }
         assert!(plain.iter().all(|p| p.namespace.is_none()));
         let sign: Vec<_> = plain.iter().filter(|p| p.verb == "sign").collect();
         assert_eq!(sign.len(), 2);

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use podca_grpc::auth::{
-    Authenticator, BearerToken, LookupError, PodDirectory, PodInfo, ReviewStatus,
+    Authenticator, BearerToken, LookupError, NamedPod, PodDirectory, PodInfo, ReviewStatus,
     TokenReviewAuthenticator, TokenReviewer,
 };
 use podca_grpc::{Api, ApiOptions, CaHandle};
@@ -121,6 +121,27 @@ impl PodDirectory for FakePods {
             ("shop", "slow") => Err(LookupError::Timeout(Duration::from_secs(5))),
             _ => Ok(None),
         }
+    }
+
+    async fn pods_on_node(
+        &self,
+        namespace: &str,
+        node: &str,
+        service_account: &str,
+    ) -> Result<Vec<NamedPod>, LookupError> {
+        let mut found = Vec::new();
+        for name in ["web-0", "leaving", "done", "crashed", "db-0"] {
+            if let Ok(Some(info)) = self.pod(namespace, name).await
+                && info.node_name.as_deref() == Some(node)
+                && info.service_account == service_account
+            {
+                found.push(NamedPod {
+                    name: name.into(),
+                    info,
+                });
+            }
+        }
+        Ok(found)
     }
 }
 

@@ -47,8 +47,9 @@ struct Args {
     /// The Lease of `podca serve --leader-elect --lease-name NAME`: podca may hold it.
     #[arg(long, value_name = "NAME")]
     lease_name: Option<String>,
-    /// podca may `get` pods, for gRPC IssueForPod (deploy/components/issue-for-pod; podca's
-    /// config needs `[grpc] node_proxy_service_accounts` too).
+    /// podca may `get` and `list` pods, for gRPC IssueForPod and the Istio CA API's
+    /// ImpersonatedIdentity (deploy/components/issue-for-pod; podca's config needs
+    /// `[grpc] node_proxy_service_accounts` too).
     #[arg(long)]
     issue_for_pod: bool,
 }

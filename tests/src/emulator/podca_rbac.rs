@@ -19,7 +19,8 @@ pub struct PodcaRbac {
     pub ca_secret: Option<(String, String)>,
     /// `--lease-name` of `podca serve --leader-elect`: the Lease Role in podca's namespace.
     pub lease_name: Option<String>,
-    /// `pods get` for gRPC IssueForPod (deploy/components/issue-for-pod, with
+    /// `pods get, list` for gRPC IssueForPod and the Istio CA API's ImpersonatedIdentity
+    /// (deploy/components/issue-for-pod, with
     /// `[grpc] node_proxy_service_accounts` set).
     pub issue_for_pod: bool,
 }
@@ -53,7 +54,7 @@ impl PodcaRbac {
             PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
         ];
         if self.issue_for_pod {
-            rules.push(PolicyRule::new(&[""], &["pods"], &["get"]));
+            rules.push(PolicyRule::new(&[""], &["pods"], &["get", "list"]));
         }
         if let Some((namespace, name)) = &self.ca_secret {
             let history = format!("{name}-podca-history");

@@ -57,6 +57,11 @@ pub fn check_network(what: &str, r: &Rendered) {
                 "grpc".into(),
                 (GRPC_PORT, Some(IntOrString::String("grpc".into())))
             ),
+            // The Istio CA API's conventional port, onto the same listener (issue #16).
+            (
+                "grpc-istio".into(),
+                (15012, Some(IntOrString::String("grpc".into())))
+            ),
             (
                 "metrics".into(),
                 (ADMIN_PORT, Some(IntOrString::String("metrics".into())))

@@ -137,7 +137,7 @@ pub fn expected_grants(
     // chart's config.grpc.node_proxy_service_accounts). Without it every IssueForPod is refused
     // before any pod is read.
     if issue_for_pod {
-        add("cluster", "", "pods", &["get"], None);
+        add("cluster", "", "pods", &["get", "list"], None);
     }
     // The `secret` CA backend, only when the config uses it, in the Secret's namespace: the
     // Secret by name (get, and list/watch with a metadata.name field selector), the history
@@ -449,8 +449,12 @@ fn pods_get_only_with_issue_for_pod_callers() {
     let problems = rbac_problems(&r, &expected_for(&r));
     assert_eq!(
         problems,
-        ["permission not in spec §3 or the justified extras: \
-             (\"cluster\", \"\", \"pods\", \"get\", None)"],
+        [
+            "permission not in spec §3 or the justified extras: \
+             (\"cluster\", \"\", \"pods\", \"get\", None)",
+            "permission not in spec §3 or the justified extras: \
+             (\"cluster\", \"\", \"pods\", \"list\", None)"
+        ],
         "the component without callers"
     );
     // Callers without the component: IssueForPod would fail with 403 on every call.
@@ -458,7 +462,10 @@ fn pods_get_only_with_issue_for_pod_callers() {
     let problems = rbac_problems(&r, &expected_for(&r));
     assert_eq!(
         problems,
-        ["missing permission: (\"cluster\", \"\", \"pods\", \"get\", None)"],
+        [
+            "missing permission: (\"cluster\", \"\", \"pods\", \"get\", None)",
+            "missing permission: (\"cluster\", \"\", \"pods\", \"list\", None)"
+        ],
         "callers without the component"
     );
 }
