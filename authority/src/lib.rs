@@ -8,6 +8,7 @@
 //! * [`intermediate`]: intermediate mode — the in-memory intermediate an HSM key signs, its
 //!   lifetime and its renewal rule;
 //! * [`rotation`]: the rotation driver of a CA held in a data directory;
+//! * [`jwt`]: the `[jwt]` section, the JWT key handle and the JWT key rotation driver;
 //! * [`secret_rotation`]: the pure state machine of a CA held in a Kubernetes Secret (the
 //!   controller does its Kubernetes I/O);
 //! * [`metrics`], [`hsm_metrics`] and [`admin`]: the Prometheus registry and the
@@ -27,6 +28,7 @@ pub mod ca;
 pub mod config;
 pub mod hsm_metrics;
 pub mod intermediate;
+pub mod jwt;
 pub mod ledger;
 pub mod metrics;
 pub mod rotation;
