@@ -24,13 +24,16 @@ use crate::commands::default_data_dir;
 use podca_authority::ca;
 use podca_authority::config::{CaConfig, FileCa, Pkcs11Ca};
 use podca_authority::config::{Config, DevBundle, DevIdentity};
+use podca_authority::jwt::JwtRotator;
 use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_authority::shutdown::Shutdown;
 use podca_grpc::auth::{DevAuthenticator, Identity};
 use podca_grpc::core::IssuedVia;
+use podca_grpc::jwt::JwtService;
 use podca_grpc::{Api, ApiOptions, CaHandle, server};
+use podca_signer::jwt::store::JwtStore;
 
 /// The signer `podca dev` uses when the config names none.
 pub const DEFAULT_SIGNER: &str = "podca.dev/default";
@@ -188,6 +191,30 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         None => LedgerHandle::none(),
     };
 
+    // JWT-SVIDs: keys in `<data dir>/jwt/`, made on the first start, rotated on `[jwt]`'s
+    // schedule; other processes' changes are picked up within 5 s.
+    let jwt = if config.jwt.enabled {
+        let rotator = Arc::new(
+            JwtRotator::start(
+                JwtStore::new(store.clone().with_lock_wait(Duration::from_secs(2))),
+                &config.jwt,
+                Arc::clone(&clock),
+                Duration::from_secs(5),
+            )
+            .context("the JWT signing keys ([jwt])")?,
+        );
+        tasks.spawn(
+            "JWT key rotation driver",
+            Arc::clone(&rotator).run(tasks.receiver()),
+        );
+        Some(Arc::new(JwtService::new(
+            rotator.handle().clone(),
+            &config.jwt,
+        )))
+    } else {
+        None
+    };
+
     let api = Arc::new(
         Api::new(
             ApiOptions {
@@ -205,7 +232,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             tasks.receiver(),
         )?
         .with_ledger(ledger_sink)
-        .with_clock(clock),
+        .with_clock(Arc::clone(&clock)),
     );
 
     tasks.spawn(
@@ -220,7 +247,8 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     tasks.spawn("gRPC server", async move {
         let _ = tcp_server.await;
     });
-    let unix_server = server::serve_unix(unix, Arc::clone(&api), tasks.stopped());
+    let unix_server =
+        server::serve_unix_with_jwt(unix, Arc::clone(&api), jwt.clone(), tasks.stopped());
     tasks.spawn("Workload API server", async move {
         let _ = unix_server.await;
     });

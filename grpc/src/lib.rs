@@ -60,6 +60,7 @@ pub mod auth;
 pub mod connections;
 pub mod core;
 pub mod errors;
+pub mod jwt;
 pub mod ledger;
 pub mod observe;
 pub mod peer_identity;
