@@ -27,6 +27,7 @@ use podca_authority::config::{Config, DevBundle, DevIdentity};
 use podca_authority::jwt::JwtRotator;
 use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
 use podca_authority::metrics::Metrics;
+use podca_authority::oidc::{self, DISCOVERY_PATH, Discovery};
 use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_authority::shutdown::Shutdown;
 use podca_grpc::auth::{DevAuthenticator, Identity};
@@ -193,7 +194,27 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
 
     // JWT-SVIDs: keys in `<data dir>/jwt/`, made on the first start, rotated on `[jwt]`'s
     // schedule; other processes' changes are picked up within 5 s.
-    let jwt = if config.jwt.enabled {
+    // OIDC discovery on loopback, in plaintext like the gRPC API; without `[jwt] issuer` the
+    // issuer is this listener's URL, so tokens and the document agree.
+    let mut jwt_config = config.jwt.clone();
+    let oidc = match jwt_config.oidc_listen.filter(|_| jwt_config.enabled) {
+        Some(addr) => {
+            anyhow::ensure!(
+                addr.ip().is_loopback(),
+                "podca dev serves OIDC discovery on loopback only; {addr} is not a loopback address"
+            );
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("[jwt] oidc_listen: listening on {addr}"))?;
+            let bound = listener.local_addr()?;
+            if jwt_config.issuer.is_none() {
+                jwt_config.issuer = Some(format!("http://{bound}"));
+            }
+            Some((listener, bound))
+        }
+        None => None,
+    };
+    let jwt = if jwt_config.enabled {
         let rotator = Arc::new(
             JwtRotator::start(
                 JwtStore::new(store.clone().with_lock_wait(Duration::from_secs(2))),
@@ -207,9 +228,29 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             "JWT key rotation driver",
             Arc::clone(&rotator).run(tasks.receiver()),
         );
+        if let Some((listener, bound)) = oidc {
+            let discovery = Discovery {
+                issuer: jwt_config.issuer.clone().unwrap_or_default(),
+                max_age: podca_grpc::jwt::refresh_hint(&jwt_config)
+                    .try_into()
+                    .unwrap_or(Duration::from_secs(60)),
+                algorithm: podca_signer::jwt::JwtAlgorithm::for_key(jwt_config.key_algorithm)?,
+            };
+            println!("podca dev: OIDC discovery on http://{bound}{DISCOVERY_PATH}");
+            tasks.spawn(
+                "OIDC discovery",
+                oidc::serve(
+                    listener,
+                    None,
+                    discovery,
+                    rotator.handle().clone(),
+                    tasks.receiver(),
+                ),
+            );
+        }
         Some(Arc::new(JwtService::new(
             rotator.handle().clone(),
-            &config.jwt,
+            &jwt_config,
         )))
     } else {
         None

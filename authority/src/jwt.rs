@@ -12,6 +12,7 @@
 //! propagation_seconds = 900           # how long a new key is published before it signs
 //! max_audiences = 8                   # audiences per token
 //! key_algorithm = "ecdsa-p256"        # ecdsa-p256 (ES256), ecdsa-p384 (ES384), rsa-sha256 (RS256)
+//! oidc_listen = "127.0.0.1:8444"      # OIDC discovery listener (default: none; `crate::oidc`)
 //! ```
 
 use std::sync::Arc;
@@ -48,6 +49,9 @@ pub struct JwtConfig {
     pub max_audiences: usize,
     #[serde(default = "default_algorithm")]
     pub key_algorithm: CaAlgorithm,
+    /// Where OIDC discovery listens (None: not served).
+    #[serde(default)]
+    pub oidc_listen: Option<std::net::SocketAddr>,
 }
 
 /// The longest JWT-SVID lifetime the configuration accepts (a day; SPIFFE recommends minutes).
@@ -88,6 +92,7 @@ impl Default for JwtConfig {
             propagation_seconds: default_propagation(),
             max_audiences: default_max_audiences(),
             key_algorithm: default_algorithm(),
+            oidc_listen: None,
         }
     }
 }
@@ -283,7 +288,7 @@ mod tests {
             "enabled = false\nissuer = \"https://podca.example.com\"\n\
              default_lifetime_seconds = 60\nmax_lifetime_seconds = 600\n\
              key_rotation_seconds = 3600\npropagation_seconds = 60\nmax_audiences = 2\n\
-             key_algorithm = \"ecdsa-p384\"",
+             key_algorithm = \"ecdsa-p384\"\noidc_listen = \"127.0.0.1:8444\"",
         )
         .expect("valid");
         assert!(!c.enabled);
@@ -294,6 +299,7 @@ mod tests {
         );
         assert_eq!(c.schedule().propagation, Duration::seconds(60));
         assert_eq!(c.key_algorithm, CaAlgorithm::EcdsaP384);
+        assert_eq!(c.oidc_listen, Some(([127, 0, 0, 1], 8444).into()));
     }
 
     #[test]
@@ -340,6 +346,7 @@ mod tests {
             ),
             ("key_rotation_seconds = 0", "must be positive"),
             ("lifetime = 5", "unknown field `lifetime`"),
+            ("oidc_listen = \"localhost\"", "invalid socket address"),
         ] {
             let err = parse(table).expect_err(table);
             assert!(format!("{err:#}").contains(needle), "{table}: {err:#}");

@@ -12,7 +12,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
 use podca_proto::workload::{JwtBundlesRequest, JwtsvidRequest, ValidateJwtsvidRequest};
-use podca_tests::process::{DevOptions, DevProcess};
+use podca_tests::process::{DevOptions, DevProcess, http_get};
 use spiffe::{JwtSvid, TrustDomain, WorkloadApiClient};
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
@@ -475,5 +475,63 @@ async fn a_key_rotation_publishes_before_signing_and_drops_after_the_last_token(
             .contains("is not in the trust domain's JWT bundle"),
         "{}",
         status.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn jsonwebtoken_verifies_with_the_key_from_oidc_discovery() {
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some("[jwt]\noidc_listen = \"127.0.0.1:0\"\n"),
+        ..DevOptions::default()
+    });
+    let url = dev
+        .banner
+        .iter()
+        .find_map(|l| l.strip_prefix("podca dev: OIDC discovery on "))
+        .expect("the banner names the discovery URL")
+        .to_owned();
+    let (base, path) = url.rsplit_once("/.well-known").unwrap();
+    let port: u16 = base.rsplit_once(':').unwrap().1.parse().unwrap();
+    let (code, body) = http_get(port, &format!("/.well-known{path}")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc["issuer"], base);
+    assert_eq!(doc["id_token_signing_alg_values_supported"][0], "ES256");
+    assert_eq!(doc["response_types_supported"][0], "id_token");
+    assert_eq!(doc["subject_types_supported"][0], "public");
+    let jwks_uri = doc["jwks_uri"].as_str().unwrap();
+    let jwks_path = jwks_uri
+        .strip_prefix(base)
+        .expect("the JWKS is on the same listener");
+    let (code, body) = http_get(port, jwks_path).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let jwks: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(jwks["keys"][0]["use"], "sig");
+
+    let client = WorkloadApiClient::connect_to(&endpoint(&dev))
+        .await
+        .unwrap();
+    let svid = client
+        .fetch_jwt_svid(["sts.amazonaws.com"], None)
+        .await
+        .unwrap();
+    let claims = jsonwebtoken_verifies(svid.token(), &jwks, "sts.amazonaws.com");
+    // The token's iss is the discovery issuer, as OIDC relying parties require.
+    assert_eq!(claims["iss"], base);
+
+    // Cacheable answers.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    use std::io::{Read, Write};
+    write!(
+        s,
+        "GET {jwks_path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(
+        raw.to_ascii_lowercase()
+            .contains("cache-control: public, max-age=300"),
+        "{raw}"
     );
 }
