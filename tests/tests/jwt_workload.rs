@@ -535,3 +535,80 @@ async fn jsonwebtoken_verifies_with_the_key_from_oidc_discovery() {
         "{raw}"
     );
 }
+
+fn podca(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(podca_tests::process::podca_binary())
+        .args(args)
+        .env_remove("PODCA_DATA_DIR")
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_decodes_a_jwt_svid_and_ca_show_lists_the_keys() {
+    let dev = DevProcess::start();
+    let client = WorkloadApiClient::connect_to(&endpoint(&dev))
+        .await
+        .unwrap();
+    let svid = client.fetch_jwt_svid(["vault"], None).await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let token = tmp.path().join("token.jwt");
+    std::fs::write(&token, format!("{}\n", svid.token())).unwrap();
+    let dir = dev.data_dir.to_str().unwrap();
+
+    let out = podca(&["inspect", "--dir", dir, token.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(&format!("subject: {ID}")), "{text}");
+    assert!(text.contains(&format!("key: {}", svid.key_id())), "{text}");
+    assert!(
+        text.contains("valid: yes, for audience \"vault\""),
+        "{text}"
+    );
+
+    // Against another JWKS (a bundle without its key) and for another audience: not valid.
+    let other = tmp.path().join("other.json");
+    std::fs::write(&other, r#"{"keys":[]}"#).unwrap();
+    let out = podca(&[
+        "inspect",
+        "--jwks",
+        other.to_str().unwrap(),
+        token.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not in the trust domain's JWT bundle"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = podca(&[
+        "inspect",
+        "--dir",
+        dir,
+        "--audience",
+        "aws",
+        token.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("the token is not for audience \"aws\""),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    let out = podca(&["ca", "show", "--dir", dir]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("key {} — active (ecdsa-p256)", svid.key_id())),
+        "{text}"
+    );
+}
