@@ -302,6 +302,108 @@ mod tests {
         assert_eq!(c.oidc_listen, Some(([127, 0, 0, 1], 8444).into()));
     }
 
+    /// The whole life of two keys in simulated time, as a subscriber of the handle (an open
+    /// FetchJWTBundles stream) sees it.
+    #[test]
+    fn subscribers_see_a_new_key_before_it_signs_and_the_old_one_until_its_tokens_expired() {
+        use std::sync::Mutex;
+
+        use podca_signer::FileStore;
+        use podca_signer::jwt::{Expectations, SvidRequest, validate};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t0 = time::macros::datetime!(2026-01-01 00:00 UTC);
+        let now = Arc::new(Mutex::new(t0));
+        let clock: Clock = {
+            let now = Arc::clone(&now);
+            Arc::new(move || *now.lock().expect("clock"))
+        };
+        let set = |t| *now.lock().expect("clock") = t;
+        let config = JwtConfig {
+            key_rotation_seconds: 3600,
+            propagation_seconds: 600,
+            max_lifetime_seconds: 300,
+            default_lifetime_seconds: 300,
+            ..JwtConfig::default()
+        };
+        let rotator = JwtRotator::start(
+            JwtStore::new(FileStore::new(dir.path())),
+            &config,
+            Arc::clone(&clock),
+            StdDuration::from_secs(5),
+        )
+        .expect("first start");
+        let mut stream = rotator.handle().subscribe();
+        let kids = |set: &JwtKeySet| set.infos().map(|k| k.kid.clone()).collect::<Vec<_>>();
+        let first = kids(&stream.borrow_and_update());
+        assert_eq!(first.len(), 1);
+        let sign = |at| {
+            rotator
+                .handle()
+                .current()
+                .sign(
+                    &SvidRequest {
+                        spiffe_id: "spiffe://td/ns/a/sa/b",
+                        audiences: &["x".to_owned()],
+                        lifetime: None,
+                    },
+                    &config.limits(),
+                    at,
+                )
+                .expect("signs")
+        };
+        let valid_at = |token: &str, at| {
+            validate(
+                token,
+                &rotator.handle().current().bundle(None),
+                &Expectations {
+                    audience: "x",
+                    trust_domain: Some("td"),
+                    max_audiences: 8,
+                },
+                at,
+            )
+        };
+
+        // 50 min: the next key is prepared; the stream sees it, the old key still signs.
+        let prepare = t0 + Duration::minutes(50);
+        set(prepare);
+        assert_eq!(rotator.tick().expect("tick"), Some(t0 + Duration::hours(1)));
+        assert!(stream.has_changed().expect("open"));
+        let published = kids(&stream.borrow_and_update());
+        assert_eq!(published.len(), 2);
+        assert_eq!(published[0], first[0]);
+        let old_token = sign(prepare + Duration::minutes(9));
+        assert_eq!(
+            old_token.kid, first[0],
+            "the prepared key must not sign yet"
+        );
+
+        // 60 min: the new key signs; the old key's token still validates until its exp.
+        let rotate = t0 + Duration::hours(1);
+        set(rotate);
+        rotator.tick().expect("tick");
+        assert_eq!(sign(rotate).kid, published[1]);
+        assert!(valid_at(&old_token.token, rotate).is_ok());
+
+        // The old key's not_after (rotation + max lifetime = 65 min): gone from the stream.
+        let drop = t0 + Duration::hours(1) + Duration::minutes(5);
+        set(drop - Duration::seconds(1));
+        rotator.tick().expect("tick");
+        assert_eq!(kids(&rotator.handle().current()).len(), 2);
+        set(drop);
+        rotator.tick().expect("tick");
+        assert!(stream.has_changed().expect("open"));
+        assert_eq!(
+            kids(&stream.borrow_and_update()),
+            vec![published[1].clone()]
+        );
+        assert!(matches!(
+            valid_at(&old_token.token, drop - Duration::seconds(1)),
+            Err(podca_signer::jwt::JwtError::UnknownKeyId(_))
+        ));
+    }
+
     #[test]
     fn bad_values_are_refused_by_name() {
         for (table, needle) in [
