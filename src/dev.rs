@@ -24,13 +24,17 @@ use crate::commands::default_data_dir;
 use podca_authority::ca;
 use podca_authority::config::{CaConfig, FileCa, Pkcs11Ca};
 use podca_authority::config::{Config, DevBundle, DevIdentity};
+use podca_authority::jwt::JwtRotator;
 use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
 use podca_authority::metrics::Metrics;
+use podca_authority::oidc::{self, DISCOVERY_PATH, Discovery};
 use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_authority::shutdown::Shutdown;
 use podca_grpc::auth::{DevAuthenticator, Identity};
 use podca_grpc::core::{IssuedVia, IstioOptions};
+use podca_grpc::jwt::JwtService;
 use podca_grpc::{Api, ApiOptions, CaHandle, server};
+use podca_signer::jwt::store::JwtStore;
 
 /// The signer `podca dev` uses when the config names none.
 pub const DEFAULT_SIGNER: &str = "podca.dev/default";
@@ -188,6 +192,70 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         None => LedgerHandle::none(),
     };
 
+    // JWT-SVIDs: keys in `<data dir>/jwt/`, made on the first start, rotated on `[jwt]`'s
+    // schedule; other processes' changes are picked up within 5 s.
+    // OIDC discovery on loopback, in plaintext like the gRPC API; without `[jwt] issuer` the
+    // issuer is this listener's URL, so tokens and the document agree.
+    let mut jwt_config = config.jwt.clone();
+    let oidc = match jwt_config.oidc_listen.filter(|_| jwt_config.enabled) {
+        Some(addr) => {
+            anyhow::ensure!(
+                addr.ip().is_loopback(),
+                "podca dev serves OIDC discovery on loopback only; {addr} is not a loopback address"
+            );
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("[jwt] oidc_listen: listening on {addr}"))?;
+            let bound = listener.local_addr()?;
+            if jwt_config.issuer.is_none() {
+                jwt_config.issuer = Some(format!("http://{bound}"));
+            }
+            Some((listener, bound))
+        }
+        None => None,
+    };
+    let jwt = if jwt_config.enabled {
+        let rotator = Arc::new(
+            JwtRotator::start(
+                JwtStore::new(store.clone().with_lock_wait(Duration::from_secs(2))),
+                &config.jwt,
+                Arc::clone(&clock),
+                Duration::from_secs(5),
+            )
+            .context("the JWT signing keys ([jwt])")?,
+        );
+        tasks.spawn(
+            "JWT key rotation driver",
+            Arc::clone(&rotator).run(tasks.receiver()),
+        );
+        if let Some((listener, bound)) = oidc {
+            let discovery = Discovery {
+                issuer: jwt_config.issuer.clone().unwrap_or_default(),
+                max_age: podca_grpc::jwt::refresh_hint(&jwt_config)
+                    .try_into()
+                    .unwrap_or(Duration::from_secs(60)),
+                algorithm: podca_signer::jwt::JwtAlgorithm::for_key(jwt_config.key_algorithm)?,
+            };
+            println!("podca dev: OIDC discovery on http://{bound}{DISCOVERY_PATH}");
+            tasks.spawn(
+                "OIDC discovery",
+                oidc::serve(
+                    listener,
+                    None,
+                    discovery,
+                    rotator.handle().clone(),
+                    tasks.receiver(),
+                ),
+            );
+        }
+        Some(Arc::new(JwtService::new(
+            rotator.handle().clone(),
+            &jwt_config,
+        )))
+    } else {
+        None
+    };
+
     let api = Arc::new(
         Api::new(
             ApiOptions {
@@ -205,7 +273,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
             tasks.receiver(),
         )?
         .with_ledger(ledger_sink)
-        .with_clock(clock)
+        .with_clock(Arc::clone(&clock))
         // The Istio CA API on the loopback listener: callers are dev identities, as for
         // podca.v1 (no tokens, no ImpersonatedIdentity: there are no pods to check).
         .with_istio(IstioOptions {
@@ -227,7 +295,8 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     tasks.spawn("gRPC server", async move {
         let _ = tcp_server.await;
     });
-    let unix_server = server::serve_unix(unix, Arc::clone(&api), tasks.stopped());
+    let unix_server =
+        server::serve_unix_with_jwt(unix, Arc::clone(&api), jwt.clone(), tasks.stopped());
     tasks.spawn("Workload API server", async move {
         let _ = unix_server.await;
     });

@@ -103,6 +103,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         no_grpc,
     } = args;
     let config = load_config(config)?;
+    if config.jwt.issuer.is_some() || config.jwt.oidc_listen.is_some() {
+        // Not silently: the section parses (one schema for serve and dev) but serve has no JWT
+        // profile yet (issue #17; `podca dev` serves it).
+        tracing::warn!(
+            "[jwt] issuer/oidc_listen are set, but podca serve does not serve JWT-SVIDs or OIDC \
+             discovery yet; only podca dev does"
+        );
+    }
     if lease.lease_renew_deadline >= lease.lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
     }

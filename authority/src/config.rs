@@ -55,6 +55,9 @@ pub struct Config {
     /// Where decisions are recorded (`crate::ledger::config`).
     #[serde(default)]
     pub ledger: crate::ledger::LedgerConfig,
+    /// JWT-SVIDs and their keys (`crate::jwt`).
+    #[serde(default)]
+    pub jwt: crate::jwt::JwtConfig,
 }
 
 /// One ClusterTrustBundle per signer name, named `<signer with / → :>:<suffix>`.
@@ -745,6 +748,7 @@ impl Config {
         }
         config.grpc.tls(config.grpc.listen)?;
         config.check_grpc_limits()?;
+        config.jwt.check()?;
         Ok(config)
     }
 

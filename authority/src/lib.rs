@@ -8,6 +8,8 @@
 //! * [`intermediate`]: intermediate mode — the in-memory intermediate an HSM key signs, its
 //!   lifetime and its renewal rule;
 //! * [`rotation`]: the rotation driver of a CA held in a data directory;
+//! * [`jwt`]: the `[jwt]` section, the JWT key handle and the JWT key rotation driver;
+//! * [`oidc`]: OIDC discovery (`/.well-known/openid-configuration` and the JWKS);
 //! * [`secret_rotation`]: the pure state machine of a CA held in a Kubernetes Secret (the
 //!   controller does its Kubernetes I/O);
 //! * [`metrics`], [`hsm_metrics`] and [`admin`]: the Prometheus registry and the
@@ -27,8 +29,10 @@ pub mod ca;
 pub mod config;
 pub mod hsm_metrics;
 pub mod intermediate;
+pub mod jwt;
 pub mod ledger;
 pub mod metrics;
+pub mod oidc;
 pub mod rotation;
 pub mod secret_rotation;
 pub mod serving_cert;

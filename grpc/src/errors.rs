@@ -1,6 +1,7 @@
 //! Why a gRPC request was refused, and the one place where that becomes a `tonic::Status` (the
 //! table in the module docs of [`crate`]).
 
+use podca_signer::jwt::JwtError;
 use podca_signer::{BackendError, DenyReason, FailReason, KeyError};
 use tonic::{Code, Status};
 
@@ -98,6 +99,15 @@ pub enum ApiError {
     ImpersonationWithoutPods,
     #[error("{0}")]
     Unimplemented(&'static str),
+    /// A JWT-SVID request or token refused; the code depends on the error ([`jwt_code`]).
+    #[error("{0}")]
+    Jwt(JwtError),
+    /// FetchJWTSVID: `spiffe_id` is not the caller's.
+    #[error("spiffe_id {requested:?} is not this caller's identity ({own})")]
+    UnknownSpiffeId { requested: String, own: String },
+    /// ValidateJWTSVID: a required field is empty.
+    #[error("{0} is empty")]
+    EmptyField(&'static str),
     #[error("{0}")]
     Internal(String),
 }
@@ -130,8 +140,61 @@ impl ApiError {
             | ApiError::PodListUnavailable { .. } => Code::Unavailable,
             ApiError::RateLimited(_) | ApiError::TooManyStreams(_) => Code::ResourceExhausted,
             ApiError::Unimplemented(_) => Code::Unimplemented,
+            ApiError::Jwt(e) => jwt_code(e),
+            ApiError::UnknownSpiffeId { .. } => Code::PermissionDenied,
+            ApiError::EmptyField(_) => Code::InvalidArgument,
             ApiError::Internal(_) => Code::Internal,
         }
+    }
+}
+
+/// The code of a JWT-SVID refusal. A token that does not validate is the caller's input, so
+/// `INVALID_ARGUMENT` (as SPIRE answers); a missing signing key or a backend outage is
+/// `UNAVAILABLE`. The wildcard is only for `#[non_exhaustive]`: give a new error its arm here.
+fn jwt_code(e: &JwtError) -> Code {
+    match e {
+        JwtError::TooLarge { .. }
+        | JwtError::Malformed(_)
+        | JwtError::UnsupportedAlgorithm(_)
+        | JwtError::BadType(_)
+        | JwtError::MissingKeyId
+        | JwtError::UnknownKeyId(_)
+        | JwtError::AlgorithmMismatch { .. }
+        | JwtError::BadSignature
+        | JwtError::MissingClaim(_)
+        | JwtError::BadSubject(_)
+        | JwtError::NoAudience
+        | JwtError::TooManyAudiences { .. }
+        | JwtError::BadAudience(_)
+        | JwtError::WrongAudience { .. }
+        | JwtError::Expired { .. }
+        | JwtError::NotYetValid { .. } => Code::InvalidArgument,
+        JwtError::NoSigningKey => Code::Unavailable,
+        JwtError::Backend(b) if b.is_transient() => Code::Unavailable,
+        JwtError::Backend(_) | JwtError::UnusableKey(_) => Code::FailedPrecondition,
+        _ => Code::Internal,
+    }
+}
+
+/// The `reason` label of a JWT refusal.
+fn jwt_reason(e: &JwtError) -> &'static str {
+    match e {
+        JwtError::TooLarge { .. } => "jwt_too_large",
+        JwtError::Malformed(_) => "jwt_malformed",
+        JwtError::UnsupportedAlgorithm(_) => "jwt_bad_alg",
+        JwtError::BadType(_) => "jwt_bad_typ",
+        JwtError::MissingKeyId | JwtError::UnknownKeyId(_) => "jwt_unknown_kid",
+        JwtError::AlgorithmMismatch { .. } => "jwt_alg_mismatch",
+        JwtError::BadSignature => "jwt_bad_signature",
+        JwtError::MissingClaim(_) | JwtError::BadSubject(_) => "jwt_bad_claims",
+        JwtError::NoAudience | JwtError::BadAudience(_) => "jwt_bad_audience",
+        JwtError::TooManyAudiences { .. } => "jwt_too_many_audiences",
+        JwtError::WrongAudience { .. } => "jwt_wrong_audience",
+        JwtError::Expired { .. } => "jwt_expired",
+        JwtError::NotYetValid { .. } => "jwt_not_yet_valid",
+        JwtError::NoSigningKey => "jwt_no_key",
+        JwtError::Backend(_) | JwtError::UnusableKey(_) => "jwt_key_unavailable",
+        _ => "jwt_other",
     }
 }
 
@@ -231,6 +294,9 @@ impl ApiError {
             ApiError::ImpersonationWithoutPods => "no_pod_directory",
             ApiError::Unimplemented(_) => "unimplemented",
             ApiError::LedgerUnavailable(_) => "ledger_unavailable",
+            ApiError::Jwt(e) => jwt_reason(e),
+            ApiError::UnknownSpiffeId { .. } => "unknown_spiffe_id",
+            ApiError::EmptyField(_) => "empty_field",
             ApiError::Internal(_) => "internal",
         }
     }

@@ -47,7 +47,11 @@
 //! | Istio: listing the pods on the caller's node failed or took over 5 s (`cannot check the pods now: …`) | `UNAVAILABLE` |
 //! | Istio: `ImpersonatedIdentity` in `podca dev` | `FAILED_PRECONDITION` |
 //! | Workload API call without the `workload.spiffe.io: true` metadata | `INVALID_ARGUMENT` |
-//! | Workload API JWT RPCs (`FetchJWTSVID`, `FetchJWTBundles`, `ValidateJWTSVID`) | `UNIMPLEMENTED` |
+//! | Workload API JWT RPCs with `[jwt] enabled = false` | `UNIMPLEMENTED` |
+//! | `FetchJWTSVID`: no audience, more than `[jwt] max_audiences`, an empty or over-long audience | `INVALID_ARGUMENT` |
+//! | `FetchJWTSVID`: `spiffe_id` that is not the caller's | `PERMISSION_DENIED` |
+//! | `ValidateJWTSVID`: empty `svid`/`audience`; a token oversized, malformed, with an `alg` off the JWT-SVID list (`none`, HMAC, EdDSA), unknown `kid`, bad signature, bad claims, another audience, expired or not yet valid ([`errors`]' `jwt_code`) | `INVALID_ARGUMENT` |
+//! | no active JWT signing key, or its backend unavailable | `UNAVAILABLE` |
 //! | a bug (certificate building failed) | `INTERNAL` |
 //!
 //! # Who the caller is
@@ -69,6 +73,7 @@ pub mod connections;
 pub mod core;
 pub mod errors;
 pub mod istio;
+pub mod jwt;
 pub mod ledger;
 pub mod observe;
 pub mod peer_identity;

@@ -17,6 +17,7 @@ use tonic::transport::Server;
 use super::connections::{Admitted, ConnectionCounter, ConnectionLimits};
 use super::core::{Api, MAX_MESSAGE_BYTES};
 use super::istio::IstioService;
+use super::jwt::MaybeJwt;
 use super::observe;
 use super::podca_service::PodCaService;
 use super::tls;
@@ -49,9 +50,13 @@ fn istio(api: &Arc<Api>) -> IstioCertificateServiceServer<IstioService> {
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-fn workload(api: &Arc<Api>) -> SpiffeWorkloadApiServer<WorkloadService> {
-    SpiffeWorkloadApiServer::new(WorkloadService::new(Arc::clone(api)))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+fn workload(api: &Arc<Api>, jwt: MaybeJwt) -> SpiffeWorkloadApiServer<WorkloadService> {
+    let service = WorkloadService::new(Arc::clone(api));
+    let service = match jwt {
+        Some(jwt) => service.with_jwt(jwt),
+        None => service,
+    };
+    SpiffeWorkloadApiServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
 /// The HTTP/2 settings of every listener (documented in the operator guide, "Connection limits
@@ -139,10 +144,20 @@ pub async fn serve_unix(
     api: Arc<Api>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    serve_unix_with_jwt(listener, api, None, shutdown).await
+}
+
+/// [`serve_unix`] whose Workload API also serves JWT-SVIDs with `jwt` (None: UNIMPLEMENTED).
+pub async fn serve_unix_with_jwt(
+    listener: UnixListener,
+    api: Arc<Api>,
+    jwt: MaybeJwt,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
     let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new));
     builder()
         .add_routes(observe::edge_routes(&api).await)
-        .add_service(workload(&api))
+        .add_service(workload(&api, jwt))
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -2,7 +2,13 @@
 //!
 //! `FetchX509SVID` generates a fresh P-256 key for the caller, issues an SVID for its identity,
 //! and streams a new one before the old one's beginRefreshAt and on every CA swap.
-//! `FetchX509Bundles` streams the trust bundle. The JWT profile is not implemented.
+//! `FetchX509Bundles` streams the trust bundle.
+//!
+//! The JWT profile ([`crate::jwt`]): `FetchJWTSVID` signs a JWT-SVID for the caller's identity
+//! (`spiffe_id` may only name it), `FetchJWTBundles` streams the JWKS and pushes it again on
+//! every key-set change (a new prepared key reaches every open stream before it signs), and
+//! `ValidateJWTSVID` checks a token against the published keys. With `[jwt] enabled = false`
+//! they answer UNIMPLEMENTED.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -10,9 +16,9 @@ use std::sync::Arc;
 
 use podca_proto::workload::spiffe_workload_api_server::SpiffeWorkloadApi;
 use podca_proto::workload::{
-    JwtBundlesRequest, JwtBundlesResponse, JwtsvidRequest, JwtsvidResponse, ValidateJwtsvidRequest,
-    ValidateJwtsvidResponse, X509BundlesRequest, X509BundlesResponse, X509svid, X509svidRequest,
-    X509svidResponse,
+    JwtBundlesRequest, JwtBundlesResponse, Jwtsvid, JwtsvidRequest, JwtsvidResponse,
+    ValidateJwtsvidRequest, ValidateJwtsvidResponse, X509BundlesRequest, X509BundlesResponse,
+    X509svid, X509svidRequest, X509svidResponse,
 };
 use podca_signer::SubjectKey;
 use rcgen::PublicKeyData;
@@ -26,6 +32,7 @@ use super::auth::Identity;
 use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
 use super::ledger::{WorkloadMethod, audit_workload_refusal};
+use super::jwt::{JwtService, MaybeJwt, claims_struct};
 use super::observe::observed;
 use super::podca_service::{credentials_of, peer_of, record_caller};
 
@@ -41,11 +48,24 @@ use podca_authority::trust::CaSnapshot;
 #[derive(Debug, Clone)]
 pub struct WorkloadService {
     api: Arc<Api>,
+    jwt: MaybeJwt,
 }
 
 impl WorkloadService {
     pub fn new(api: Arc<Api>) -> Self {
-        WorkloadService { api }
+        WorkloadService { api, jwt: None }
+    }
+
+    /// Serves the JWT profile with `jwt`.
+    pub fn with_jwt(mut self, jwt: Arc<JwtService>) -> Self {
+        self.jwt = Some(jwt);
+        self
+    }
+
+    fn jwt(&self) -> Result<&Arc<JwtService>, ApiError> {
+        self.jwt.as_ref().ok_or(ApiError::Unimplemented(
+            "JWT-SVIDs are disabled ([jwt] enabled = false)",
+        ))
     }
 
     /// Who is calling; a caller refused before it is identified is audited.
@@ -122,47 +142,92 @@ type JwtBundlesStream = Pin<Box<dyn Stream<Item = Result<JwtBundlesResponse, Sta
 
 #[tonic::async_trait]
 impl SpiffeWorkloadApi for WorkloadService {
-    #[tracing::instrument(skip_all, fields(rpc = "FetchJWTSVID"))]
+    #[tracing::instrument(skip_all, fields(rpc = "FetchJWTSVID", caller = tracing::field::Empty))]
     async fn fetch_jwtsvid(
         &self,
-        _request: Request<JwtsvidRequest>,
+        request: Request<JwtsvidRequest>,
     ) -> Result<Response<JwtsvidResponse>, Status> {
-        observed(
-            self.api.metrics(),
-            FETCH_JWT_SVID,
-            peer_of(&_request),
-            async { Err(ApiError::Unimplemented("podca does not issue JWT-SVIDs")) },
-        )
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), FETCH_JWT_SVID, peer, async move {
+            let jwt = self.jwt()?;
+            let identity = self.caller(&request).await?;
+            let JwtsvidRequest {
+                audience,
+                spiffe_id,
+            } = request.into_inner();
+            let signed = jwt
+                .issue(&self.api, &identity, &audience, &spiffe_id, None)
+                .await?;
+            Ok(Response::new(JwtsvidResponse {
+                svids: vec![Jwtsvid {
+                    spiffe_id: signed.claims.sub,
+                    svid: signed.token,
+                    hint: String::new(),
+                }],
+            }))
+        })
         .await
     }
 
     type FetchJWTBundlesStream = JwtBundlesStream;
 
-    #[tracing::instrument(skip_all, fields(rpc = "FetchJWTBundles"))]
+    #[tracing::instrument(skip_all, fields(rpc = "FetchJWTBundles", caller = tracing::field::Empty))]
     async fn fetch_jwt_bundles(
         &self,
-        _request: Request<JwtBundlesRequest>,
+        request: Request<JwtBundlesRequest>,
     ) -> Result<Response<Self::FetchJWTBundlesStream>, Status> {
-        observed(
-            self.api.metrics(),
-            FETCH_JWT_BUNDLES,
-            peer_of(&_request),
-            async { Err(ApiError::Unimplemented("podca does not issue JWT-SVIDs")) },
-        )
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), FETCH_JWT_BUNDLES, peer, async move {
+            let jwt = Arc::clone(self.jwt()?);
+            self.caller(&request).await?;
+            let trust_domain = self.api.trust_domain()?;
+            let permit = self.api.open_stream()?;
+            let mut keys = jwt.keys().subscribe();
+            let mut shutdown = self.api.shutdown_signal();
+            let (tx, rx) = mpsc::channel(2);
+            tokio::spawn(async move {
+                let _permit = permit;
+                let mut last = Vec::new();
+                loop {
+                    let set = Arc::clone(&keys.borrow_and_update());
+                    let message = jwt.bundles_response(&trust_domain, &set);
+                    let json: Vec<u8> = message.bundles.values().flatten().copied().collect();
+                    if json != last {
+                        last = json;
+                        if tx.send(Ok(message)).await.is_err() {
+                            return;
+                        }
+                    }
+                    tokio::select! {
+                        changed = keys.changed() => if changed.is_err() { return },
+                        () = tx.closed() => return,
+                        _ = shutdown.wait_for(|stop| *stop) => return,
+                    }
+                }
+            });
+            let stream: Self::FetchJWTBundlesStream = Box::pin(ReceiverStream::new(rx));
+            Ok(Response::new(stream))
+        })
         .await
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "ValidateJWTSVID"))]
+    #[tracing::instrument(skip_all, fields(rpc = "ValidateJWTSVID", caller = tracing::field::Empty))]
     async fn validate_jwtsvid(
         &self,
-        _request: Request<ValidateJwtsvidRequest>,
+        request: Request<ValidateJwtsvidRequest>,
     ) -> Result<Response<ValidateJwtsvidResponse>, Status> {
-        observed(
-            self.api.metrics(),
-            VALIDATE_JWT_SVID,
-            peer_of(&_request),
-            async { Err(ApiError::Unimplemented("podca does not issue JWT-SVIDs")) },
-        )
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), VALIDATE_JWT_SVID, peer, async move {
+            let jwt = self.jwt()?;
+            self.caller(&request).await?;
+            let ValidateJwtsvidRequest { audience, svid } = request.into_inner();
+            let validated = jwt.validate(&self.api, &svid, &audience)?;
+            let claims = claims_struct(&validated).map_err(ApiError::Jwt)?;
+            Ok(Response::new(ValidateJwtsvidResponse {
+                spiffe_id: validated.claims.sub,
+                claims: Some(claims),
+            }))
+        })
         .await
     }
 

@@ -652,7 +652,8 @@ async fn workload_api_refusals() {
         Code::InvalidArgument,
         "missing the `workload.spiffe.io: true` metadata",
     );
-    let unimplemented = "podca does not issue JWT-SVIDs";
+    // A Workload API without a JWT service (`[jwt] enabled = false`).
+    let unimplemented = "JWT-SVIDs are disabled ([jwt] enabled = false)";
     refused(
         workload
             .fetch_jwtsvid(workload_request(JwtsvidRequest::default(), "web"))

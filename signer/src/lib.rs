@@ -5,6 +5,7 @@ pub mod backend;
 pub mod ca;
 mod der;
 pub mod issue;
+pub mod jwt;
 pub mod keys;
 mod leaf;
 pub mod ledger;

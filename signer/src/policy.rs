@@ -160,6 +160,32 @@ impl SignerPolicy {
         Ok(())
     }
 
+    /// Whether this service account may get credentials from this signer at all (the
+    /// namespace and service-account rules): the X.509 path ([`Self::decide`]) and JWT-SVIDs
+    /// both ask here. The error is the `Decision::Deny` to answer.
+    pub fn admits(&self, ns: &str, sa: &str) -> Result<(), Decision> {
+        if !self.namespaces.iter().any(|p| glob(p, ns))
+            || self.excluded_namespaces.iter().any(|p| glob(p, ns))
+        {
+            return Err(Decision::Deny {
+                reason: DenyReason::NamespaceNotAllowed,
+                message: format!("namespace {ns:?} may not get certificates from this signer"),
+            });
+        }
+        if !self.service_accounts.iter().any(|p| {
+            p.split_once('/')
+                .is_some_and(|(pn, ps)| glob(pn, ns) && glob(ps, sa))
+        }) {
+            return Err(Decision::Deny {
+                reason: DenyReason::ServiceAccountNotAllowed,
+                message: format!(
+                    "service account {ns}/{sa} may not get certificates from this signer"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Decides a request.
     pub fn decide(&self, facts: &RequestFacts<'_>) -> Decision {
         let key_type = match facts.key_type {
@@ -197,26 +223,9 @@ impl SignerPolicy {
                 ),
             };
         }
-        let ns = facts.namespace;
-        if !self.namespaces.iter().any(|p| glob(p, ns))
-            || self.excluded_namespaces.iter().any(|p| glob(p, ns))
-        {
-            return Decision::Deny {
-                reason: DenyReason::NamespaceNotAllowed,
-                message: format!("namespace {ns:?} may not get certificates from this signer"),
-            };
-        }
-        let sa = facts.service_account;
-        if !self.service_accounts.iter().any(|p| {
-            p.split_once('/')
-                .is_some_and(|(pn, ps)| glob(pn, ns) && glob(ps, sa))
-        }) {
-            return Decision::Deny {
-                reason: DenyReason::ServiceAccountNotAllowed,
-                message: format!(
-                    "service account {ns}/{sa} may not get certificates from this signer"
-                ),
-            };
+        let (ns, sa) = (facts.namespace, facts.service_account);
+        if let Err(deny) = self.admits(ns, sa) {
+            return deny;
         }
         let mut dns_names = Vec::new();
         for template in &self.dns_name_templates {

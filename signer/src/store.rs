@@ -899,7 +899,7 @@ fn read(path: &Path) -> Result<String, StoreError> {
 
 /// Replaces `path` atomically and durably: a unique temporary file beside it (mode 0644),
 /// fsynced, renamed over it, and the directory fsynced.
-fn write_public(path: &Path, contents: &str) -> Result<(), StoreError> {
+pub(crate) fn write_public(path: &Path, contents: &str) -> Result<(), StoreError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut builder = tempfile::Builder::new();
     builder.prefix(TEMP_PREFIX);
@@ -916,7 +916,7 @@ fn write_public(path: &Path, contents: &str) -> Result<(), StoreError> {
     sync_dir(dir)
 }
 
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io(dir, &e))

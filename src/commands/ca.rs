@@ -252,7 +252,7 @@ impl ShowArgs {
                 print_cert("root", r, now);
             }
         }
-        Ok(())
+        super::jwt::show_keys(&store)
     }
 }
 

@@ -1,4 +1,5 @@
-//! `podca inspect`: decode a certificate, chain or credential bundle and check it.
+//! `podca inspect`: decode a certificate, chain or credential bundle and check it; or a
+//! JWT-SVID (`super::inspect_jwt`).
 
 use std::path::PathBuf;
 
@@ -11,7 +12,8 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// PEM file: a certificate, a chain, or a credential bundle (PRIVATE KEY + chain).
+    /// PEM file: a certificate, a chain, or a credential bundle (PRIVATE KEY + chain); or a
+    /// file holding a JWT-SVID.
     pub file: PathBuf,
     /// Trust anchors (PEM) to check the chain against; defaults to the local CA's, if any.
     #[arg(long)]
@@ -19,13 +21,35 @@ pub struct InspectArgs {
     /// CA data directory whose roots are used when --ca-file is not given.
     #[arg(long, env = "PODCA_DATA_DIR")]
     pub dir: Option<PathBuf>,
+    /// JWT-SVIDs: the JWKS (SPIFFE bundle or OIDC) to validate against; defaults to the data
+    /// directory's JWT keys.
+    #[arg(long)]
+    pub jwks: Option<PathBuf>,
+    /// JWT-SVIDs: the audience to validate for; defaults to the token's first.
+    #[arg(long)]
+    pub audience: Option<String>,
 }
 
 impl InspectArgs {
     pub fn run(self) -> anyhow::Result<()> {
-        let Self { file, ca_file, dir } = self;
+        let Self {
+            file,
+            ca_file,
+            dir,
+            jwks,
+            audience,
+        } = self;
         let text = std::fs::read_to_string(&file)
             .with_context(|| format!("cannot read {}", file.display()))?;
+        if super::inspect_jwt::looks_like_jwt(&text) {
+            return super::inspect_jwt::inspect(
+                &file,
+                &text,
+                jwks.as_ref(),
+                audience.as_deref(),
+                dir,
+            );
+        }
         let blocks = pem::parse_many(&text)
             .map_err(|e| anyhow::anyhow!("{}: not PEM: {e}", file.display()))?;
         anyhow::ensure!(!blocks.is_empty(), "{}: no PEM blocks", file.display());

@@ -5,7 +5,9 @@ pub mod ca;
 pub mod completions;
 pub mod doctor;
 pub mod inspect;
+pub mod inspect_jwt;
 pub mod issue;
+pub mod jwt;
 pub mod ledger;
 
 use std::path::PathBuf;

@@ -95,8 +95,12 @@ async fn rotation_pushes_new_svids_and_bundles_to_open_workload_streams() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn workload_api_requires_its_header_and_refuses_jwt() {
-    let dev = DevProcess::start();
+async fn workload_api_requires_its_header_and_refuses_jwt_when_disabled() {
+    // JWT-SVIDs themselves: tests/tests/jwt_workload.rs.
+    let dev = DevProcess::start_with(podca_tests::process::DevOptions {
+        config: Some("[jwt]\nenabled = false\n"),
+        ..Default::default()
+    });
     let mut raw = SpiffeWorkloadApiClient::new(dev.unix_channel().await);
     let status = raw
         .fetch_x509_bundles(X509BundlesRequest {})
@@ -118,9 +122,12 @@ async fn workload_api_requires_its_header_and_refuses_jwt() {
     let status = raw
         .fetch_jwtsvid(request)
         .await
-        .expect_err("JWT is not implemented");
+        .expect_err("JWT is disabled");
     assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
-    assert_eq!(status.message(), "podca does not issue JWT-SVIDs");
+    assert_eq!(
+        status.message(),
+        "JWT-SVIDs are disabled ([jwt] enabled = false)"
+    );
 }
 
 /// A raw HTTP/2 client sends what grpcio and grpc-java send on Unix sockets: the socket path as

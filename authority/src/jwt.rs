@@ -1,0 +1,457 @@
+//! JWT-SVIDs at run time: the `[jwt]` configuration section, the [`JwtHandle`] every reader of
+//! the JWT keys shares (the Workload API, its bundle streams, the OIDC JWKS), and the driver
+//! that runs the key rotation schedule of a data directory.
+//!
+//! ```toml
+//! [jwt]
+//! enabled = true                      # serve JWT-SVIDs (default true)
+//! issuer = "https://podca.example"    # `iss` claim and OIDC issuer (default: none)
+//! default_lifetime_seconds = 300      # a token's lifetime unless the caller asks for less
+//! max_lifetime_seconds = 3600         # the policy maximum
+//! key_rotation_seconds = 86400        # how long a key signs
+//! propagation_seconds = 900           # how long a new key is published before it signs
+//! max_audiences = 8                   # audiences per token
+//! key_algorithm = "ecdsa-p256"        # ecdsa-p256 (ES256), ecdsa-p384 (ES384), rsa-sha256 (RS256)
+//! oidc_listen = "127.0.0.1:8444"      # OIDC discovery listener (default: none; `crate::oidc`)
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration as StdDuration;
+
+use podca_signer::CaAlgorithm;
+use podca_signer::jwt::store::JwtStore;
+use podca_signer::jwt::{IssueLimits, JwtKeySchedule, JwtKeySet, keyset};
+use serde::Deserialize;
+use time::Duration;
+use tokio::sync::watch;
+use tracing::warn;
+
+use crate::trust::Clock;
+
+/// The `[jwt]` section.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    #[serde(default = "default_enabled")]
+    pub enabled: bool,
+    /// The `iss` claim and the OIDC discovery issuer; an `https://` URL.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default = "default_lifetime")]
+    pub default_lifetime_seconds: u32,
+    #[serde(default = "default_max_lifetime")]
+    pub max_lifetime_seconds: u32,
+    #[serde(default = "default_rotation")]
+    pub key_rotation_seconds: u32,
+    #[serde(default = "default_propagation")]
+    pub propagation_seconds: u32,
+    #[serde(default = "default_max_audiences")]
+    pub max_audiences: usize,
+    #[serde(default = "default_algorithm")]
+    pub key_algorithm: CaAlgorithm,
+    /// Where OIDC discovery listens (None: not served).
+    #[serde(default)]
+    pub oidc_listen: Option<std::net::SocketAddr>,
+}
+
+/// The longest JWT-SVID lifetime the configuration accepts (a day; SPIFFE recommends minutes).
+pub const MAX_JWT_LIFETIME_SECONDS: u32 = 86_400;
+/// The most audiences `max_audiences` may allow.
+pub const MAX_AUDIENCES_LIMIT: usize = 64;
+
+fn default_enabled() -> bool {
+    true
+}
+fn default_lifetime() -> u32 {
+    300
+}
+fn default_max_lifetime() -> u32 {
+    3600
+}
+fn default_rotation() -> u32 {
+    86_400
+}
+fn default_propagation() -> u32 {
+    900
+}
+fn default_max_audiences() -> usize {
+    8
+}
+fn default_algorithm() -> CaAlgorithm {
+    CaAlgorithm::EcdsaP256
+}
+
+impl Default for JwtConfig {
+    fn default() -> Self {
+        JwtConfig {
+            enabled: default_enabled(),
+            issuer: None,
+            default_lifetime_seconds: default_lifetime(),
+            max_lifetime_seconds: default_max_lifetime(),
+            key_rotation_seconds: default_rotation(),
+            propagation_seconds: default_propagation(),
+            max_audiences: default_max_audiences(),
+            key_algorithm: default_algorithm(),
+            oidc_listen: None,
+        }
+    }
+}
+
+impl JwtConfig {
+    /// Refuses values that cannot work, naming the key.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if let Some(issuer) = &self.issuer {
+            let host = issuer.strip_prefix("https://").unwrap_or_default();
+            if host.is_empty()
+                || host.starts_with('/')
+                || issuer.contains(['?', '#'])
+                || issuer.ends_with('/')
+            {
+                anyhow::bail!(
+                    "[jwt] issuer {issuer:?} must be an https:// URL without a query, fragment or \
+                     trailing slash (OIDC relying parties compare it exactly)"
+                );
+            }
+        }
+        if self.max_lifetime_seconds == 0 || self.max_lifetime_seconds > MAX_JWT_LIFETIME_SECONDS {
+            anyhow::bail!(
+                "[jwt] max_lifetime_seconds = {} must be between 1 and {MAX_JWT_LIFETIME_SECONDS}",
+                self.max_lifetime_seconds
+            );
+        }
+        if self.default_lifetime_seconds == 0
+            || self.default_lifetime_seconds > self.max_lifetime_seconds
+        {
+            anyhow::bail!(
+                "[jwt] default_lifetime_seconds = {} must be between 1 and max_lifetime_seconds \
+                 ({})",
+                self.default_lifetime_seconds,
+                self.max_lifetime_seconds
+            );
+        }
+        if self.max_audiences == 0 || self.max_audiences > MAX_AUDIENCES_LIMIT {
+            anyhow::bail!(
+                "[jwt] max_audiences = {} must be between 1 and {MAX_AUDIENCES_LIMIT}",
+                self.max_audiences
+            );
+        }
+        if self.key_algorithm == CaAlgorithm::Ed25519 {
+            anyhow::bail!(
+                "[jwt] key_algorithm = \"ed25519\": EdDSA is not a JWT-SVID algorithm; use \
+                 ecdsa-p256, ecdsa-p384 or rsa-sha256"
+            );
+        }
+        self.schedule()
+            .check()
+            .map_err(|e| anyhow::anyhow!("[jwt] {e} (key_rotation_seconds, propagation_seconds)"))
+    }
+
+    pub fn schedule(&self) -> JwtKeySchedule {
+        JwtKeySchedule {
+            rotation_period: Duration::seconds(i64::from(self.key_rotation_seconds)),
+            propagation: Duration::seconds(i64::from(self.propagation_seconds)),
+            max_lifetime: Duration::seconds(i64::from(self.max_lifetime_seconds)),
+        }
+    }
+
+    pub fn limits(&self) -> IssueLimits {
+        IssueLimits {
+            default_lifetime: Duration::seconds(i64::from(self.default_lifetime_seconds)),
+            max_lifetime: Duration::seconds(i64::from(self.max_lifetime_seconds)),
+            max_audiences: self.max_audiences,
+            issuer: self.issuer.clone(),
+        }
+    }
+}
+
+/// A cheap-to-clone handle on the current JWT key set.
+#[derive(Debug, Clone)]
+pub struct JwtHandle {
+    tx: Arc<watch::Sender<Arc<JwtKeySet>>>,
+}
+
+impl JwtHandle {
+    pub fn new(keys: JwtKeySet) -> Self {
+        let (tx, _) = watch::channel(Arc::new(keys));
+        JwtHandle { tx: Arc::new(tx) }
+    }
+
+    pub fn current(&self) -> Arc<JwtKeySet> {
+        Arc::clone(&self.tx.borrow())
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<Arc<JwtKeySet>> {
+        self.tx.subscribe()
+    }
+
+    /// Installs a new key set; every subscriber sees it. Unchanged sets are not re-sent.
+    pub fn replace(&self, keys: JwtKeySet) {
+        self.tx.send_if_modified(|current| {
+            let changed = current.sequence() != keys.sequence() || current.infos().ne(keys.infos());
+            if changed {
+                *current = Arc::new(keys);
+            }
+            changed
+        });
+    }
+}
+
+/// Runs the key schedule of a data directory's JWT keys.
+pub struct JwtRotator {
+    store: JwtStore,
+    schedule: JwtKeySchedule,
+    algorithm: CaAlgorithm,
+    handle: JwtHandle,
+    clock: Clock,
+    poll: StdDuration,
+}
+
+impl std::fmt::Debug for JwtRotator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtRotator")
+            .field("store", &self.store)
+            .field("schedule", &self.schedule)
+            .field("algorithm", &self.algorithm)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JwtRotator {
+    /// Brings the keys up to date once (making the first key on a first start) and returns the
+    /// driver with its handle.
+    pub fn start(
+        store: JwtStore,
+        config: &JwtConfig,
+        clock: Clock,
+        poll: StdDuration,
+    ) -> anyhow::Result<Self> {
+        config.check()?;
+        let schedule = config.schedule();
+        let advanced = store.advance(clock(), &schedule, config.key_algorithm)?;
+        Ok(JwtRotator {
+            store,
+            schedule,
+            algorithm: config.key_algorithm,
+            handle: JwtHandle::new(advanced.keys),
+            clock,
+            poll,
+        })
+    }
+
+    pub fn handle(&self) -> &JwtHandle {
+        &self.handle
+    }
+
+    /// One check: applies due steps (or another process's changes) and publishes the set.
+    /// Returns when the next step is due.
+    pub fn tick(&self) -> anyhow::Result<Option<time::OffsetDateTime>> {
+        let advanced = self
+            .store
+            .advance((self.clock)(), &self.schedule, self.algorithm)?;
+        let infos: Vec<_> = advanced.keys.infos().cloned().collect();
+        self.handle.replace(advanced.keys);
+        Ok(keyset::next_event(&infos, &self.schedule))
+    }
+
+    /// Ticks until `shutdown` turns true: when a step is due, and at least every `poll`.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let wait = match self.tick() {
+                Ok(next) => crate::rotation::wait_for_next(next, (self.clock)(), self.poll),
+                Err(e) => {
+                    warn!(error = %e, "JWT key rotation check failed; keeping the current keys");
+                    self.poll.min(StdDuration::from_secs(30))
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(table: &str) -> anyhow::Result<JwtConfig> {
+        let config: JwtConfig = toml::from_str(table)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    #[test]
+    fn defaults_and_every_key_parse() {
+        assert_eq!(parse("").expect("defaults"), JwtConfig::default());
+        let c = parse(
+            "enabled = false\nissuer = \"https://podca.example.com\"\n\
+             default_lifetime_seconds = 60\nmax_lifetime_seconds = 600\n\
+             key_rotation_seconds = 3600\npropagation_seconds = 60\nmax_audiences = 2\n\
+             key_algorithm = \"ecdsa-p384\"\noidc_listen = \"127.0.0.1:8444\"",
+        )
+        .expect("valid");
+        assert!(!c.enabled);
+        assert_eq!(c.limits().max_audiences, 2);
+        assert_eq!(
+            c.limits().issuer.as_deref(),
+            Some("https://podca.example.com")
+        );
+        assert_eq!(c.schedule().propagation, Duration::seconds(60));
+        assert_eq!(c.key_algorithm, CaAlgorithm::EcdsaP384);
+        assert_eq!(c.oidc_listen, Some(([127, 0, 0, 1], 8444).into()));
+    }
+
+    /// The whole life of two keys in simulated time, as a subscriber of the handle (an open
+    /// FetchJWTBundles stream) sees it.
+    #[test]
+    fn subscribers_see_a_new_key_before_it_signs_and_the_old_one_until_its_tokens_expired() {
+        use std::sync::Mutex;
+
+        use podca_signer::FileStore;
+        use podca_signer::jwt::{Expectations, SvidRequest, validate};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t0 = time::macros::datetime!(2026-01-01 00:00 UTC);
+        let now = Arc::new(Mutex::new(t0));
+        let clock: Clock = {
+            let now = Arc::clone(&now);
+            Arc::new(move || *now.lock().expect("clock"))
+        };
+        let set = |t| *now.lock().expect("clock") = t;
+        let config = JwtConfig {
+            key_rotation_seconds: 3600,
+            propagation_seconds: 600,
+            max_lifetime_seconds: 300,
+            default_lifetime_seconds: 300,
+            ..JwtConfig::default()
+        };
+        let rotator = JwtRotator::start(
+            JwtStore::new(FileStore::new(dir.path())),
+            &config,
+            Arc::clone(&clock),
+            StdDuration::from_secs(5),
+        )
+        .expect("first start");
+        let mut stream = rotator.handle().subscribe();
+        let kids = |set: &JwtKeySet| set.infos().map(|k| k.kid.clone()).collect::<Vec<_>>();
+        let first = kids(&stream.borrow_and_update());
+        assert_eq!(first.len(), 1);
+        let sign = |at| {
+            rotator
+                .handle()
+                .current()
+                .sign(
+                    &SvidRequest {
+                        spiffe_id: "spiffe://td/ns/a/sa/b",
+                        audiences: &["x".to_owned()],
+                        lifetime: None,
+                    },
+                    &config.limits(),
+                    at,
+                )
+                .expect("signs")
+        };
+        let valid_at = |token: &str, at| {
+            validate(
+                token,
+                &rotator.handle().current().bundle(None),
+                &Expectations {
+                    audience: "x",
+                    trust_domain: Some("td"),
+                    max_audiences: 8,
+                },
+                at,
+            )
+        };
+
+        // 50 min: the next key is prepared; the stream sees it, the old key still signs.
+        let prepare = t0 + Duration::minutes(50);
+        set(prepare);
+        assert_eq!(rotator.tick().expect("tick"), Some(t0 + Duration::hours(1)));
+        assert!(stream.has_changed().expect("open"));
+        let published = kids(&stream.borrow_and_update());
+        assert_eq!(published.len(), 2);
+        assert_eq!(published[0], first[0]);
+        let old_token = sign(prepare + Duration::minutes(9));
+        assert_eq!(
+            old_token.kid, first[0],
+            "the prepared key must not sign yet"
+        );
+
+        // 60 min: the new key signs; the old key's token still validates until its exp.
+        let rotate = t0 + Duration::hours(1);
+        set(rotate);
+        rotator.tick().expect("tick");
+        assert_eq!(sign(rotate).kid, published[1]);
+        assert!(valid_at(&old_token.token, rotate).is_ok());
+
+        // The old key's not_after (rotation + max lifetime = 65 min): gone from the stream.
+        let drop = t0 + Duration::hours(1) + Duration::minutes(5);
+        set(drop - Duration::seconds(1));
+        rotator.tick().expect("tick");
+        assert_eq!(kids(&rotator.handle().current()).len(), 2);
+        set(drop);
+        rotator.tick().expect("tick");
+        assert!(stream.has_changed().expect("open"));
+        assert_eq!(
+            kids(&stream.borrow_and_update()),
+            vec![published[1].clone()]
+        );
+        assert!(matches!(
+            valid_at(&old_token.token, drop - Duration::seconds(1)),
+            Err(podca_signer::jwt::JwtError::UnknownKeyId(_))
+        ));
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        for (table, needle) in [
+            (
+                "issuer = \"http://podca.example\"",
+                "must be an https:// URL",
+            ),
+            ("issuer = \"https://\"", "must be an https:// URL"),
+            ("issuer = \"https://a.example/\"", "trailing slash"),
+            ("issuer = \"https://a.example?x=1\"", "without a query"),
+            (
+                "max_lifetime_seconds = 0",
+                "max_lifetime_seconds = 0 must be between",
+            ),
+            (
+                "max_lifetime_seconds = 86401",
+                "max_lifetime_seconds = 86401 must be between",
+            ),
+            (
+                "default_lifetime_seconds = 0",
+                "default_lifetime_seconds = 0 must be",
+            ),
+            (
+                "default_lifetime_seconds = 4000",
+                "default_lifetime_seconds = 4000 must be between 1 and max_lifetime_seconds",
+            ),
+            (
+                "max_audiences = 0",
+                "max_audiences = 0 must be between 1 and 64",
+            ),
+            (
+                "max_audiences = 65",
+                "max_audiences = 65 must be between 1 and 64",
+            ),
+            (
+                "key_algorithm = \"ed25519\"",
+                "EdDSA is not a JWT-SVID algorithm",
+            ),
+            (
+                "key_rotation_seconds = 600\npropagation_seconds = 600",
+                "must be shorter than the rotation period",
+            ),
+            ("key_rotation_seconds = 0", "must be positive"),
+            ("lifetime = 5", "unknown field `lifetime`"),
+            ("oidc_listen = \"localhost\"", "invalid socket address"),
+        ] {
+            let err = parse(table).expect_err(table);
+            assert!(format!("{err:#}").contains(needle), "{table}: {err:#}");
+        }
+    }
+}
