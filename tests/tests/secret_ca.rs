@@ -1198,3 +1198,121 @@ async fn at_start_a_forged_history_gives_what_the_genuine_one_gives() {
         counters.rejections_by_cause
     );
 }
+
+/// `podca ca show --secret` with the Secret backend's kubeconfig (it may read the Secret and the
+/// history ConfigMap).
+fn ca_show(w: &World, extra: &[&str]) -> std::process::Output {
+    let secret = format!("{CA_NS}/{SECRET}");
+    let mut args = vec![
+        "ca",
+        "show",
+        "--secret",
+        secret.as_str(),
+        "--kubeconfig",
+        w.ca_kubeconfig.to_str().expect("utf-8"),
+    ];
+    args.extend_from_slice(extra);
+    std::process::Command::new(podca_tests::process::podca_binary())
+        .args(&args)
+        .output()
+        .expect("run podca")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_show_secret_says_whether_the_seal_verifies_and_check_fails_when_not() {
+    // The command reads the real clock: the history is written at the real time, by a CA valid
+    // around it.
+    let w = World::new().await;
+    let now = OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .expect("valid");
+    w.set_time(now);
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = ca_params("podca secret CA A", None);
+    params.not_before = now - Duration::days(1);
+    params.not_after = now + Duration::days(30);
+    let cert = params.self_signed(&key).expect("root");
+    let a = TestCa {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        root_pem: cert.pem(),
+    };
+    w.put_secret(&a, false);
+    let run = w.start().await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    let (genuine_json, genuine_seal) = stored_history(&w.emu);
+    run.stop().await;
+    let sequence =
+        serde_json::from_str::<serde_json::Value>(genuine_seal.as_deref().expect("sealed"))
+            .expect("seal JSON")["sequence"]
+            .as_u64()
+            .expect("a sequence");
+
+    let out = ca_show(&w, &["--check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "\nhistory seal: valid (sequence {sequence}, sealed by CN=podca secret CA A)\n"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("generation 1 — active"), "{stdout}");
+
+    let dropped = edit_history(&genuine_json, |h| {
+        h["generations"]
+            .as_array_mut()
+            .expect("generations")
+            .clear();
+    });
+    #[rustfmt::skip]
+    let rows: [(&str, Option<&str>, &str, &str); 2] = [
+        ("bad_signature", genuine_seal.as_deref(),
+            "NOT VALID (bad_signature): the seal's signature does not verify over this history",
+            "the seal's signature does not verify over this history"),
+        ("unsigned", None, "NOT VALID (unsigned): history.json carries no seal",
+            "history.json carries no seal"),
+    ];
+    for (reason, seal, line, error) in rows {
+        forge_history(&w.emu, &dropped, seal);
+        // Informational without --check: exit 0, the verdict on stdout.
+        let out = ca_show(&w, &[]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{reason}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("history seal: {line}")),
+            "{reason}: {stdout}"
+        );
+        let out = ca_show(&w, &["--check"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{reason}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("podca: ConfigMap {CA_NS}/{HISTORY}: {error}")),
+            "{reason}: {stderr}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(line),
+            "{reason}: printed first"
+        );
+    }
+    // The seal is checked against the Secret's certificates: one that cannot be read is said.
+    forge_history(&w.emu, &genuine_json, genuine_seal.as_deref());
+    w.emu.delete_object(Res::Secret, CA_NS, SECRET);
+    let out = ca_show(&w, &["--check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "history seal: not verified: Secret {CA_NS}/{SECRET} not found\n"
+        )),
+        "{stdout}"
+    );
+}
