@@ -19,7 +19,7 @@ use podca_authority::serving_cert::{self, ServingIdentity};
 use podca_authority::shutdown::{self, Shutdown};
 use podca_authority::{CaHandle, Clock};
 use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
-use podca_controller::publisher::PublisherOptions;
+use podca_controller::publisher::{Publisher, PublisherOptions};
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
 use podca_grpc::auth::{
@@ -302,6 +302,13 @@ fn open_backend(
             let mut o = SecretCaOptions::new(&secret.namespace, &secret.name);
             o.schedule = config.rotation;
             o.max_leaf_lifetime = max_leaf_lifetime;
+            // podca's own bundles keep a copy of the sealed history (see secret_ca).
+            if let Some(publisher) = publisher_options(config) {
+                o.history_copies = Publisher::new(config.signers.keys(), &publisher)
+                    .context("[trust_bundles]")?
+                    .bundles()
+                    .to_vec();
+            }
             Ok(Backend::Secret(o))
         }
         CaConfig::File(_) | CaConfig::Pkcs11(_) => {
@@ -761,15 +768,18 @@ fn controller_options(
     options.admin_listen = Some(admin_listen.unwrap_or(config.admin.listen));
     options.drain_timeout = drain_timeout;
     options.reporting_instance = std::env::var("POD_NAME").ok();
-    if config.trust_bundles.publish {
-        options.publisher = Some(PublisherOptions {
-            suffix: config.trust_bundles.suffix.clone(),
-            instance: config.trust_bundles.instance.clone(),
-            resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
-        });
-    }
+    options.publisher = publisher_options(config);
     options.leader_election = leader_election;
     options
+}
+
+/// The ClusterTrustBundle publisher's options; `None` when `[trust_bundles] publish = false`.
+fn publisher_options(config: &Config) -> Option<PublisherOptions> {
+    config.trust_bundles.publish.then(|| PublisherOptions {
+        suffix: config.trust_bundles.suffix.clone(),
+        instance: config.trust_bundles.instance.clone(),
+        resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
+    })
 }
 
 /// The `--lease-*` flags (used with `--leader-elect`).

@@ -20,11 +20,20 @@
 //!   ClusterTrustBundle on the publisher's next round (backoff to 30 s), the CA history on the
 //!   Secret backend's next check (at most 30 s later). Calls at start, where no loop retries
 //!   yet, get [`START_ATTEMPTS`] attempts ([`retrying`]).
+//! * The leader Lease (kube-lease-manager) gets a client of its own ([`lease_client`]) whose
+//!   every call is bounded by half the renewal grace ([`lease_call_bound`]); the leader steps
+//!   down when a renewal fails, or has not succeeded a quarter of the grace before the Lease
+//!   would expire ([`lease_step_down_after`]), so an outage never leaves two replicas leading.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use podca_authority::metrics::{CallLabels, Metrics};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::warn;
 
 /// Connecting to the API server (TCP and TLS).
@@ -110,6 +119,117 @@ where
     }
 }
 
+/// The leader Lease's calls: each request of kube-lease-manager is one attempt bounded by half
+/// the renewal grace (`--lease-duration` minus `--lease-renew-deadline`: the holder renews that
+/// long before the Lease expires), at most [`CALL_TIMEOUT`], counted as `lease_get`,
+/// `lease_create`, `lease_update` or `lease_patch` when it times out. So a renewal that cannot
+/// complete fails while the Lease is still ours, and the leader steps down before anyone else
+/// may take it.
+pub fn lease_call_bound(lease_duration: Duration, renew_deadline: Duration) -> Duration {
+    (lease_grace(lease_duration, renew_deadline) / 2)
+        .clamp(Duration::from_millis(100), CALL_TIMEOUT)
+}
+
+/// How long after the start of its last successful Lease write a leader stops leading unless
+/// it renewed meanwhile: the Lease's duration less a quarter of the grace, which is after a
+/// renewal begun on time has succeeded or failed ([`lease_call_bound`]) and before the Lease
+/// expires, leaving the rest for clock skew between replicas and for stopping work.
+pub fn lease_step_down_after(lease_duration: Duration, renew_deadline: Duration) -> Duration {
+    lease_duration.saturating_sub(lease_grace(lease_duration, renew_deadline) / 4)
+}
+
+/// The renewal grace kube-lease-manager is given: at least one second, less than the duration.
+fn lease_grace(lease_duration: Duration, renew_deadline: Duration) -> Duration {
+    let duration = lease_duration.as_secs().max(1);
+    Duration::from_secs(
+        duration
+            .saturating_sub(renew_deadline.as_secs())
+            .clamp(1, duration.saturating_sub(1).max(1)),
+    )
+}
+
+/// A client for kube-lease-manager whose every request is bounded by `bound` (see
+/// [`lease_call_bound`]), and the start of the last Lease write that succeeded: the Lease is
+/// valid until at most that instant plus its duration (the renewal time it carries was set
+/// before the request was sent).
+pub fn lease_client(
+    client: kube::Client,
+    bound: Duration,
+    metrics: Arc<Metrics>,
+) -> (kube::Client, watch::Receiver<Option<Instant>>) {
+    let (renewed, renewed_rx) = watch::channel(None);
+    let namespace = client.default_namespace().to_owned();
+    let service = LeaseCalls {
+        inner: client,
+        bound,
+        metrics,
+        renewed: Arc::new(renewed),
+    };
+    (kube::Client::new(service, namespace), renewed_rx)
+}
+
+/// The tower service behind [`lease_client`]: the inner client's `send`, bounded.
+#[derive(Clone)]
+struct LeaseCalls {
+    inner: kube::Client,
+    bound: Duration,
+    metrics: Arc<Metrics>,
+    renewed: Arc<watch::Sender<Option<Instant>>>,
+}
+
+type LeaseResponse = http::Response<kube::client::Body>;
+
+impl tower_service::Service<http::Request<kube::client::Body>> for LeaseCalls {
+    type Response = LeaseResponse;
+    type Error = kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<LeaseResponse, kube::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let call = lease_call_name(request.method());
+        let writes = call != "lease_get";
+        let Self {
+            inner,
+            bound,
+            metrics,
+            renewed,
+        } = self.clone();
+        Box::pin(async move {
+            let started = Instant::now();
+            match tokio::time::timeout(bound, inner.send(request)).await {
+                Ok(Ok(response)) => {
+                    if writes && response.status().is_success() {
+                        renewed.send_replace(Some(started));
+                    }
+                    Ok(response)
+                }
+                Ok(Err(e)) => Err(e),
+                Err(_) => {
+                    metrics
+                        .kube_request_timeouts
+                        .get_or_create(&CallLabels { call })
+                        .inc();
+                    warn!(call, timeout = ?bound, "leader Lease call timed out");
+                    Err(kube::Error::Service(Box::new(TimedOut { call })))
+                }
+            }
+        })
+    }
+}
+
+/// The `call` label of a Lease request.
+fn lease_call_name(method: &http::Method) -> &'static str {
+    match *method {
+        http::Method::POST => "lease_create",
+        http::Method::PUT => "lease_update",
+        http::Method::PATCH => "lease_patch",
+        _ => "lease_get",
+    }
+}
+
 fn transient(error: &kube::Error) -> bool {
     match error {
         kube::Error::Api(status) => status.code == 429 || status.code >= 500,
@@ -145,6 +265,56 @@ mod tests {
                 .get()
         };
         assert_eq!((count("get_thing"), count("other")), (1, 0));
+    }
+
+    #[test]
+    fn a_lease_call_ends_before_the_leader_steps_down_and_that_before_the_lease_expires() {
+        let s = Duration::from_secs;
+        // (duration, renew deadline) → (call bound, step down after)
+        let table = [
+            (
+                (s(15), s(10)),
+                (Duration::from_millis(2500), Duration::from_millis(13750)),
+            ),
+            (
+                (s(4), s(3)),
+                (Duration::from_millis(500), Duration::from_millis(3750)),
+            ),
+            ((s(60), s(10)), (CALL_TIMEOUT, Duration::from_millis(47500))),
+            // A renew deadline at or past the duration still leaves a one-second grace.
+            (
+                (s(2), s(5)),
+                (Duration::from_millis(500), Duration::from_millis(1750)),
+            ),
+        ];
+        for ((duration, renew), (bound, step_down)) in table {
+            assert_eq!(
+                lease_call_bound(duration, renew),
+                bound,
+                "{duration:?}/{renew:?}"
+            );
+            assert_eq!(
+                lease_step_down_after(duration, renew),
+                step_down,
+                "{duration:?}/{renew:?}"
+            );
+            let grace = lease_grace(duration, renew);
+            // A renewal begun on time (grace before expiry) has ended before the step-down.
+            assert!(
+                duration - grace + bound < step_down,
+                "{duration:?}/{renew:?}"
+            );
+            assert!(step_down < duration, "{duration:?}/{renew:?}");
+        }
+    }
+
+    #[test]
+    fn each_lease_request_is_counted_under_its_own_name() {
+        use http::Method;
+        assert_eq!(
+            [Method::GET, Method::POST, Method::PUT, Method::PATCH].map(|m| lease_call_name(&m)),
+            ["lease_get", "lease_create", "lease_update", "lease_patch"]
+        );
     }
 
     #[tokio::test(start_paused = true)]

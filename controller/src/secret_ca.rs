@@ -18,7 +18,13 @@
 //! annotation on the Secret because podca needs no write access to the Secret that holds the CA
 //! key (least privilege), and because that Secret is often owned by another tool (cert-manager,
 //! external-secrets, GitOps) that rewrites or reports drift on its metadata. A ConfigMap that
-//! exists without podca's label is never overwritten.
+//! exists without podca's label is never used nor overwritten: it is reported like a forged
+//! history.
+//!
+//! The leader also keeps a copy of the last history it wrote on podca's ClusterTrustBundles,
+//! out of a ConfigMap writer's reach (`copy`: why there, and how); a replica starting beside a
+//! rejected, foreign or deleted ConfigMap starts from that copy when it verifies, exactly as from
+//! the genuine history.
 //!
 //! The history is sealed with the Secret's key (`history.seal`) and verified on every read
 //! ([`podca_authority::secret_rotation::seal`] tells why and how); a history that fails is never
@@ -36,6 +42,7 @@
 //! `resourceNames: [<history>]`, and `configmaps` `create` (create cannot be limited by name in
 //! RBAC).
 
+mod copy;
 mod error;
 mod secret;
 
@@ -58,15 +65,18 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::bounded;
-use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+use crate::publisher::{DesiredBundle, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::secret_history::{owned, secret_ref};
+use copy::Copies;
 use podca_authority::metrics::{Metrics, ReasonLabels};
 use podca_authority::rotation::{CaLabels, StepLabels};
+use podca_authority::secret_rotation::start::{self as starting, Source};
 use podca_authority::secret_rotation::{
     Install, Observation, Rejection, Sealed, SecretRotation, Settings, Stepped,
 };
 use podca_authority::trust::{CaHandle, Clock};
 
+pub use copy::{HISTORY_ANNOTATION, MAX_COPY_BYTES, SEAL_ANNOTATION};
 pub use error::{ConfigError, HistoryError, SecretCaError};
 pub use podca_authority::rotation::Tick;
 pub use podca_authority::secret_rotation::{
@@ -102,6 +112,9 @@ pub struct SecretCaOptions {
     /// Whether this replica leads (writes the history). `None`: always (a single replica).
     /// A replica that does not lead follows the history the leader wrote.
     pub leading: Option<watch::Receiver<bool>>,
+    /// podca's own ClusterTrustBundles, which keep a copy of the last sealed history where a
+    /// ConfigMap writer cannot reach ([`HISTORY_ANNOTATION`]); empty: no copy is kept.
+    pub history_copies: Vec<DesiredBundle>,
 }
 
 impl fmt::Debug for SecretCaOptions {
@@ -113,6 +126,7 @@ impl fmt::Debug for SecretCaOptions {
             .field("history_configmap", &self.history_name())
             .field("poll", &self.poll)
             .field("leader_elected", &self.leading.is_some())
+            .field("history_copies", &self.history_copies)
             .finish()
     }
 }
@@ -129,6 +143,7 @@ impl SecretCaOptions {
             history_configmap: None,
             poll: StdDuration::from_secs(60),
             leading: None,
+            history_copies: vec![],
         }
     }
 
@@ -164,8 +179,10 @@ pub struct SecretCa;
 impl SecretCa {
     /// Reads the Secret and the history, takes the steps that are due, and returns the handle
     /// (the CA that may sign now, and every anchor to publish) and the driver that keeps it
-    /// current. Fails on a missing or bad Secret, an unreadable history, or (as leader) a
-    /// history that cannot be written.
+    /// current. Fails on a missing or bad Secret, or (as leader) a history that cannot be
+    /// written. A history that does not verify, or a ConfigMap of that name without podca's
+    /// label, is reported and replaced by podca's copy of its last history when one verifies
+    /// ([`podca_authority::secret_rotation::start`]).
     pub async fn start(
         client: Client,
         options: SecretCaOptions,
@@ -175,6 +192,7 @@ impl SecretCa {
         options.validate()?;
         let secrets: Api<Secret> = Api::namespaced(client.clone(), &options.namespace);
         let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &options.namespace);
+        let client_for_copies = client.clone();
         let recorder = Recorder::new(
             client,
             Reporter {
@@ -204,30 +222,38 @@ impl SecretCa {
             max_leaf_lifetime: options.max_leaf_lifetime,
         };
         let stored = read_stored(&configmaps, &options, &metrics).await?;
-        let mut rejected = None;
-        let state = match stored.as_ref().and_then(|s| s.text().map(|t| (s, t))) {
-            // No history yet: the first start with this Secret.
-            None => SecretRotation::new(settings, vec![], contents),
-            Some((stored, (history_json, seal_json))) => {
-                match podca_authority::secret_rotation::seal::open(
-                    history_json,
-                    seal_json,
-                    &settings.secret,
-                    contents.ca(),
-                    None,
-                    settings.schedule.propagation(),
-                    now,
-                ) {
-                    Ok(opened) => SecretRotation::from_opened(settings, opened, contents),
-                    Err(rejection) => {
-                        let mut state = SecretRotation::new(settings, vec![], contents);
-                        state.distrust_history(now);
-                        rejected = Some((stored.clone(), rejection));
-                        state
-                    }
-                }
-            }
+        let copies = Copies::discover(
+            client_for_copies,
+            options.history_copies.clone(),
+            Arc::clone(&metrics),
+        )
+        .await?;
+        let found = match &copies {
+            Some(c) => c.read().await,
+            None => vec![],
         };
+        let starting::Start {
+            state,
+            source,
+            rejected,
+            copies_rejected,
+        } = starting::choose(
+            settings,
+            contents,
+            stored
+                .as_ref()
+                .map_or(starting::Stored::Missing, Stored::at_start),
+            &found,
+            now,
+        );
+        for rejection in &copies_rejected {
+            warn!(
+                secret = %secret_ref(&options),
+                reason = rejection.reason(),
+                %rejection,
+                "podca's copy of the CA history on its ClusterTrustBundle does not verify; not used"
+            );
+        }
         let mut driver = SecretCaDriver {
             state,
             options,
@@ -239,20 +265,31 @@ impl SecretCa {
             handle: None,
             reported_version: None,
             last_written: None,
+            copies,
+            copy_checked: None,
         };
-        if let Some((stored, rejection)) = rejected {
-            driver
-                .report_rejected(
-                    &stored,
-                    &rejection,
-                    "ignored at start: the Secret's CA alone, held for one propagation window",
-                )
-                .await;
+        if let Some(rejection) = rejected {
+            let action = match source {
+                Source::Copy => {
+                    "ignored at start: podca's copy of its last history (on its ClusterTrustBundle) \
+                     is used instead"
+                }
+                _ => "ignored at start: the Secret's CA alone, held for one propagation window",
+            };
+            let stored = stored.unwrap_or_default();
+            driver.report_rejected(&stored, &rejection, action).await;
+        }
+        if source == Source::Copy {
+            info!(
+                secret = %driver.secret_ref(),
+                "CA history recovered from podca's copy on its ClusterTrustBundle"
+            );
         }
         let stepped = driver.state.step(now);
         driver.apply(stepped);
         if driver.leading() {
             driver.write_history().await?;
+            driver.write_copy().await;
         }
         driver.update_metrics(now);
         let handle = driver
@@ -277,6 +314,10 @@ pub struct SecretCaDriver {
     reported_version: Option<String>,
     /// What this replica last wrote, to tell someone else's change from its own.
     last_written: Option<Sealed>,
+    /// Where podca keeps its copy of the history (`None`: nowhere).
+    copies: Option<Copies>,
+    /// When every bundle was last seen holding `last_written` (`None`: not since it changed).
+    copy_checked: Option<tokio::time::Instant>,
 }
 
 impl fmt::Debug for SecretCaDriver {
@@ -323,6 +364,9 @@ impl SecretCaDriver {
             && let Err(e) = self.write_history().await
         {
             error.get_or_insert(e);
+        }
+        if leading {
+            self.write_copy().await;
         }
         self.update_metrics(now);
         tick.next = self.state.next_event(now);
@@ -404,6 +448,17 @@ impl SecretCaDriver {
         else {
             return Ok(());
         };
+        if !stored.owned {
+            self.report_rejected(
+                &stored,
+                &Rejection::NotOwned,
+                "ignored: the CA and anchors in force stay; podca does not overwrite it, so the \
+                 history is not recorded until it is deleted (podca's copy on its \
+                 ClusterTrustBundle keeps the last one)",
+            )
+            .await;
+            return Ok(());
+        }
         let Some((history_json, seal_json)) = stored.text() else {
             return Ok(());
         };
@@ -625,7 +680,9 @@ impl SecretCaDriver {
             }
             Some(existing) => {
                 if !owned(&existing) {
-                    return Err(self.history_error(HistoryError::NotOwned));
+                    // Reported by the read (once per resourceVersion); never overwritten.
+                    debug!(configmap = %name, "the history ConfigMap is someone else's; not written");
+                    return Ok(());
                 }
                 cm.metadata.resource_version = existing.metadata.resource_version;
                 bounded::call(
@@ -639,7 +696,25 @@ impl SecretCaDriver {
         debug!(configmap = %name, "CA history written");
         self.state.written();
         self.last_written = Some(sealed);
+        self.copy_checked = None;
         Ok(())
+    }
+
+    /// Puts the history last written on podca's ClusterTrustBundles, when it changed since or
+    /// was last seen there [`COPY_RECHECK`] ago (a bundle re-created without it gets it back).
+    async fn write_copy(&mut self) {
+        let (Some(copies), Some(sealed)) = (&self.copies, &self.last_written) else {
+            return;
+        };
+        if self
+            .copy_checked
+            .is_some_and(|t| t.elapsed() < COPY_RECHECK)
+        {
+            return;
+        }
+        if copies.write(sealed).await {
+            self.copy_checked = Some(tokio::time::Instant::now());
+        }
     }
 }
 
@@ -665,11 +740,17 @@ async fn read_secret(
         })
 }
 
+/// How often the leader checks that its copy is still on its ClusterTrustBundles when nothing
+/// changed.
+const COPY_RECHECK: StdDuration = StdDuration::from_secs(300);
+
 /// The history ConfigMap as stored, not yet verified.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Stored {
     resource_version: Option<String>,
     uid: Option<String>,
+    /// It carries podca's label; otherwise nothing of it is read.
+    owned: bool,
     history_json: Option<String>,
     seal_json: Option<String>,
 }
@@ -680,10 +761,22 @@ impl Stored {
         let history = self.history_json.as_deref()?;
         Some((history, self.seal_json.as_deref()))
     }
+
+    /// What the start-up choice sees of it.
+    fn at_start(&self) -> starting::Stored<'_> {
+        match (self.owned, self.text()) {
+            (false, _) => starting::Stored::NotOwned,
+            (true, None) => starting::Stored::Missing,
+            (true, Some((history_json, seal_json))) => starting::Stored::Text {
+                history_json,
+                seal_json,
+            },
+        }
+    }
 }
 
-/// The history ConfigMap; `None` when there is none yet. One that podca does not own is an
-/// error (podca neither uses nor overwrites it).
+/// The history ConfigMap; `None` when there is none yet. One that podca does not own is
+/// returned without its data (podca neither uses nor overwrites it; the caller reports it).
 async fn read_stored(
     configmaps: &Api<ConfigMap>,
     options: &SecretCaOptions,
@@ -694,13 +787,16 @@ async fn read_stored(
     else {
         return Ok(None);
     };
-    if !owned(&cm) {
-        return Err(history_error(options, HistoryError::NotOwned));
-    }
-    let mut data = cm.data.unwrap_or_default();
+    let owned = owned(&cm);
+    let mut data = if owned {
+        cm.data.unwrap_or_default()
+    } else {
+        BTreeMap::new()
+    };
     Ok(Some(Stored {
         resource_version: cm.metadata.resource_version,
         uid: cm.metadata.uid,
+        owned,
         history_json: data.remove(HISTORY_KEY),
         seal_json: data.remove(SEAL_KEY),
     }))

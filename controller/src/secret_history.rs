@@ -3,15 +3,18 @@
 //! through [`read`] without running the backend. A ConfigMap without podca's
 //! `app.kubernetes.io/managed-by` label is someone else's and is refused, `history.json` must
 //! parse, must record the configured Secret, and every generation's anchors must be
-//! certificates. Read-only: nothing is ever written.
+//! certificates. [`read_verified`] also checks the seal as the backend does, against the
+//! Secret's certificates (never its key). Read-only: nothing is ever written.
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{Api, Client};
-use podca_authority::secret_rotation::Checked;
+use podca_authority::secret_rotation::{Checked, Rejection, SecretField, seal};
+use podca_signer::CaCertificate;
+use time::{Duration, OffsetDateTime};
 
 use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::secret_ca::{
-    HISTORY_KEY, History, HistoryError, SecretCaError, SecretCaOptions, history_error,
+    HISTORY_KEY, History, HistoryError, SEAL_KEY, SecretCaError, SecretCaOptions, history_error,
 };
 
 /// What the history ConfigMap of a Secret CA holds.
@@ -32,6 +35,101 @@ pub async fn read(client: Client, options: &SecretCaOptions) -> Result<Recorded,
         None => Ok(Recorded::NoConfigMap),
         Some(cm) => Ok(parse(&cm, options)?.map_or(Recorded::NoHistory, Recorded::History)),
     }
+}
+
+/// What the seal of a history says, checked as `podca serve` checks it at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SealStatus {
+    /// Sealed by a CA the Secret vouches for, over this very text, with no impossible value.
+    Valid { sequence: u64, signer: String },
+    /// `podca serve` would not use this history, for this reason.
+    Rejected(Rejection),
+    /// The Secret's certificates could not be read, so the seal was not checked.
+    Unverified { reason: String },
+}
+
+/// The longest hold a seal may carry and still be called valid here: `podca ca show` does not
+/// know the configured propagation window, so it accepts any hold up to a day (the window is
+/// minutes in practice); `podca serve` checks it against the window it runs with.
+const DISPLAY_MAX_HOLD: Duration = Duration::days(1);
+
+/// [`read`], and the seal of the history checked at `now` against the certificates of the Secret
+/// (`tls.crt` and `ca.crt`; its key is not looked at). The status is `None` when there is no
+/// history to check.
+pub async fn read_verified(
+    client: Client,
+    options: &SecretCaOptions,
+    now: OffsetDateTime,
+) -> Result<(Recorded, Option<SealStatus>), SecretCaError> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &options.namespace);
+    let Some(cm) = api.get_opt(&options.history_name()).await? else {
+        return Ok((Recorded::NoConfigMap, None));
+    };
+    let recorded = parse(&cm, options)?.map_or(Recorded::NoHistory, Recorded::History);
+    let data = cm.data.unwrap_or_default();
+    let Some(history_json) = data.get(HISTORY_KEY) else {
+        return Ok((recorded, None));
+    };
+    let Some(seal_json) = data.get(SEAL_KEY) else {
+        // Nothing to check against the Secret.
+        return Ok((recorded, Some(SealStatus::Rejected(Rejection::Unsigned))));
+    };
+    let status = match secret_certificates(client, options).await {
+        Err(reason) => SealStatus::Unverified { reason },
+        Ok(known) => seal_status(history_json, seal_json, &secret_ref(options), &known, now),
+    };
+    Ok((recorded, Some(status)))
+}
+
+/// The seal of `history_json` checked against the Secret's certificates `known`.
+fn seal_status(
+    history_json: &str,
+    seal_json: &str,
+    secret: &str,
+    known: &[CaCertificate],
+    now: OffsetDateTime,
+) -> SealStatus {
+    match seal::open_with(
+        history_json,
+        Some(seal_json),
+        secret,
+        known,
+        None,
+        DISPLAY_MAX_HOLD,
+        now,
+    ) {
+        Ok(opened) => SealStatus::Valid {
+            sequence: opened.sequence,
+            signer: opened.signer,
+        },
+        Err(rejection) => SealStatus::Rejected(rejection),
+    }
+}
+
+/// Every certificate in the Secret's `tls.crt` and `ca.crt`: those that vouch for a seal.
+async fn secret_certificates(
+    client: Client,
+    options: &SecretCaOptions,
+) -> Result<Vec<CaCertificate>, String> {
+    let api: Api<Secret> = Api::namespaced(client, &options.namespace);
+    let secret = api
+        .get_opt(&options.name)
+        .await
+        .map_err(|e| format!("reading Secret {}: {e}", secret_ref(options)))?
+        .ok_or_else(|| format!("Secret {} not found", secret_ref(options)))?;
+    let data = secret.data.unwrap_or_default();
+    let mut known = vec![];
+    for field in [SecretField::TlsCrt, SecretField::CaCrt] {
+        let Some(bytes) = data.get(field.key()) else {
+            continue;
+        };
+        let text = std::str::from_utf8(&bytes.0)
+            .map_err(|_| format!("{} is not PEM text", field.key()))?;
+        known.extend(
+            CaCertificate::all_from_pem(text).map_err(|e| format!("{}: {e}", field.key()))?,
+        );
+    }
+    Ok(known)
 }
 
 /// The history in `cm`, the history ConfigMap of `options`' Secret; `None` when it holds no

@@ -105,6 +105,10 @@ pub struct ShowArgs {
     /// Kubeconfig for --secret; default: KUBECONFIG, ~/.kube/config, in-cluster.
     #[arg(long, requires = "secret")]
     pub kubeconfig: Option<PathBuf>,
+    /// With --secret: exit with status 1 unless the history is sealed and its seal verifies
+    /// against the Secret's certificates (for scripts and monitoring).
+    #[arg(long, requires = "secret")]
+    pub check: bool,
     #[command(flatten)]
     pub hsm: super::HsmArgs,
 }
@@ -214,10 +218,11 @@ impl ShowArgs {
             dir,
             secret,
             kubeconfig,
+            check,
             hsm,
         } = self;
         if let Some(secret) = secret {
-            return show_secret_history(&secret, kubeconfig.as_deref());
+            return show_secret_history(&secret, kubeconfig.as_deref(), check);
         }
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
         let ca = super::open_active_ca(&store, &hsm)?;
@@ -256,10 +261,16 @@ impl ShowArgs {
     }
 }
 
-/// `podca ca show --secret ns/name`: the generations in the Secret CA's history ConfigMap.
-fn show_secret_history(secret: &str, kubeconfig: Option<&std::path::Path>) -> anyhow::Result<()> {
+/// `podca ca show --secret ns/name`: the generations in the Secret CA's history ConfigMap, and
+/// whether its seal verifies against the Secret's certificates; with `check`, an error unless
+/// it does.
+fn show_secret_history(
+    secret: &str,
+    kubeconfig: Option<&std::path::Path>,
+    check: bool,
+) -> anyhow::Result<()> {
     use podca_controller::secret_ca::{HISTORY_KEY, SecretCaError, SecretCaOptions};
-    use podca_controller::secret_history::{self, Recorded};
+    use podca_controller::secret_history::{self, Recorded, SealStatus};
     let (namespace, name) = podca_authority::config::secret_ref(secret).context("--secret")?;
     let options = SecretCaOptions::new(namespace, name);
     let configmap = options.history_name();
@@ -267,11 +278,12 @@ fn show_secret_history(secret: &str, kubeconfig: Option<&std::path::Path>) -> an
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let recorded =
+    let now = OffsetDateTime::now_utc();
+    let (recorded, seal) =
         runtime.block_on(async {
             let client = podca_controller::connect(kubeconfig).await?;
             // The backend's own reader: a ConfigMap podca does not own is refused, not shown.
-            match secret_history::read(client, &options).await {
+            match secret_history::read_verified(client, &options, now).await {
                 Ok(recorded) => Ok(recorded),
                 Err(SecretCaError::Kube(e)) => Err(anyhow::Error::new(e)
                     .context(format!("reading ConfigMap {namespace}/{configmap}"))),
@@ -288,11 +300,29 @@ fn show_secret_history(secret: &str, kubeconfig: Option<&std::path::Path>) -> an
             anyhow::bail!("ConfigMap {namespace}/{configmap} has no {HISTORY_KEY}")
         }
     };
-    let now = OffsetDateTime::now_utc();
     println!(
         "CA Secret: {} (history in ConfigMap {namespace}/{configmap})",
         history.secret
     );
+    let problem = match &seal {
+        Some(SealStatus::Valid { sequence, signer }) => {
+            println!("history seal: valid (sequence {sequence}, sealed by {signer})");
+            None
+        }
+        Some(SealStatus::Rejected(rejection)) => {
+            println!(
+                "history seal: NOT VALID ({}): {rejection}; podca serve would not use this history",
+                rejection.reason()
+            );
+            Some(rejection.to_string())
+        }
+        Some(SealStatus::Unverified { reason }) => {
+            println!("history seal: not verified: {reason}");
+            Some(format!("the seal could not be checked: {reason}"))
+        }
+        // read_verified checks every history it finds.
+        None => None,
+    };
     for record in &history.generations {
         let g = &record.generation;
         println!();
@@ -317,7 +347,12 @@ fn show_secret_history(secret: &str, kubeconfig: Option<&std::path::Path>) -> an
             print_cert("root", &c, now);
         }
     }
-    Ok(())
+    match problem {
+        Some(problem) if check => {
+            anyhow::bail!("ConfigMap {namespace}/{configmap}: {problem}")
+        }
+        _ => Ok(()),
+    }
 }
 
 fn print_cert(role: &str, c: &CaCertificate, now: OffsetDateTime) {

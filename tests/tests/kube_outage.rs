@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use podca_authority::CaHandle;
 use podca_authority::metrics::{CallLabels, Metrics};
-use podca_controller::Options;
-use podca_controller::bounded::{CALL_TIMEOUT, READ_TIMEOUT, WATCH_TIMEOUT_SECONDS};
+use podca_controller::bounded::{
+    CALL_TIMEOUT, READ_TIMEOUT, WATCH_TIMEOUT_SECONDS, lease_call_bound,
+};
 use podca_controller::publisher::PublisherOptions;
+use podca_controller::{LeaderElection, Options};
 use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
 use podca_tests::cluster::{Cluster, stub_csr};
 use podca_tests::emulator::{ApiMode, Res};
@@ -196,6 +198,98 @@ async fn a_60_second_black_hole_outage_stalls_no_task_and_pending_requests_are_i
     // And it keeps working: a request filed the ordinary way now is issued at once.
     c.file_pcr("after", SIGNER).await;
     c.wait_issued("after", Duration::from_secs(5)).await;
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(20), controller)
+        .await
+        .expect("the controller stops in time")
+        .expect("join")
+        .expect("the controller ran without error");
+}
+
+/// When the Lease in the store expires: its renewTime plus its duration.
+fn lease_expiry(c: &Cluster) -> Option<time::OffsetDateTime> {
+    let lease = c
+        .emu
+        .get_object(Res::Lease, "default", "podca-controller")?;
+    let renewed = time::OffsetDateTime::parse(
+        lease["spec"]["renewTime"].as_str()?,
+        &time::format_description::well_known::Rfc3339,
+    )
+    .ok()?;
+    Some(renewed + time::Duration::seconds(lease["spec"]["leaseDurationSeconds"].as_i64()?))
+}
+
+/// The leader Lease's calls are bounded like every other: during a black-hole outage the
+/// leader's renewal times out (counted), and it steps down before its Lease expires, so no
+/// other replica could lead beside it; when the API returns it leads again and issues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_renew_its_lease_steps_down_before_it_expires() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let c = Cluster::start(ApiMode::V1AndV1Beta1, &[SIGNER]).await;
+    let first = Arc::new(ca("podca lease CA"));
+    let handle = CaHandle::from_arc(Arc::clone(&first), first.roots().to_vec());
+    let metrics = Arc::new(Metrics::new());
+    let mut options = Options::new(
+        BTreeMap::from([(
+            SIGNER.to_string(),
+            SignerPolicy::permissive("cluster.local"),
+        )]),
+        handle,
+    );
+    options.metrics = Arc::clone(&metrics);
+    let (duration, renew) = (Duration::from_secs(6), Duration::from_secs(4));
+    options.leader_election = Some(LeaderElection {
+        lease_name: "podca-controller".into(),
+        lease_namespace: "default".into(),
+        identity: "replica-a".into(),
+        lease_duration: duration,
+        renew_deadline: renew,
+        retry_period: Duration::from_millis(500),
+    });
+    let client = podca_controller::connect(Some(&c.kubeconfig))
+        .await
+        .expect("client");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let controller = tokio::spawn(podca_controller::run(client, options, async move {
+        let _ = stopped.await;
+    }));
+    wait_until("leading", Duration::from_secs(20), || {
+        metrics.leader.get() == 1
+    })
+    .await;
+    c.file_pcr("before", SIGNER).await;
+    c.wait_issued("before", Duration::from_secs(20)).await;
+
+    c.emu.set_outage(true);
+    let began = Instant::now();
+    // Within one duration the renewal is due, times out after its bound, and the leader stops.
+    wait_until("stepped down", duration + Duration::from_secs(2), || {
+        metrics.leader.get() == 0
+    })
+    .await;
+    let stepped_down = time::OffsetDateTime::now_utc();
+    let expiry = lease_expiry(&c).expect("the Lease in the store");
+    assert!(
+        stepped_down < expiry,
+        "stepped down at {stepped_down}, after the Lease expired at {expiry}"
+    );
+    let lease_timeouts = ["lease_get", "lease_create", "lease_update", "lease_patch"]
+        .into_iter()
+        .map(|call| timeouts(&metrics, call))
+        .sum::<u64>();
+    assert!(lease_timeouts > 0, "no Lease call counted as timed out");
+    assert!(lease_call_bound(duration, renew) < duration - renew);
+    // It stays down while the API is gone.
+    tokio::time::sleep(duration.saturating_sub(began.elapsed())).await;
+    assert_eq!(metrics.leader.get(), 0, "leading again during the outage");
+
+    c.emu.set_outage(false);
+    wait_until("leading again", Duration::from_secs(20), || {
+        metrics.leader.get() == 1
+    })
+    .await;
+    c.file_pcr("after", SIGNER).await;
+    c.wait_issued("after", Duration::from_secs(20)).await;
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(20), controller)
         .await

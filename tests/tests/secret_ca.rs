@@ -13,7 +13,7 @@ use std::time::Duration as StdDuration;
 use podca_authority::metrics::Metrics;
 use podca_authority::{CaHandle, Clock};
 use podca_controller::Options;
-use podca_controller::publisher::PublisherOptions;
+use podca_controller::publisher::{Publisher, PublisherOptions};
 use podca_controller::secret_ca::{SecretCa, SecretCaDriver, SecretCaOptions};
 use podca_signer::SignerPolicy;
 use podca_signer::rotation::Phase;
@@ -207,6 +207,17 @@ impl World {
             user(),
             PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&[CA_NS]),
         );
+        // podca's copy of the history on its ClusterTrustBundle (podca's ClusterRole grants
+        // these for the publisher).
+        emu.grant(
+            user(),
+            PolicyRule::new(
+                &["certificates.k8s.io"],
+                &["clustertrustbundles"],
+                &["get", "update"],
+            ),
+        );
+        emu.grant_signer(CA_USER, &["attest"], &[SIGNER]);
         // Warning Events on a rejected history (podca's ClusterRole grants these).
         emu.grant(
             user(),
@@ -260,10 +271,14 @@ impl World {
 
     /// Starts the Secret backend (its driver running) and the controller with the publisher.
     async fn start(&self) -> Running {
+        self.start_with(options()).await
+    }
+
+    async fn start_with(&self, options: SecretCaOptions) -> Running {
         let metrics = Arc::new(Metrics::new());
         let (handle, driver) = SecretCa::start(
             ca_client!(self),
-            options(),
+            options,
             self.sim.clock(),
             Arc::clone(&metrics),
         )
@@ -352,6 +367,16 @@ fn options() -> SecretCaOptions {
     o.schedule.propagation_seconds = WINDOW;
     o.max_leaf_lifetime = Duration::seconds(LEAF_LIFETIME);
     o.poll = StdDuration::from_millis(100);
+    o
+}
+
+/// [`options`] with podca's copy of the history on the signer's ClusterTrustBundle.
+fn options_with_copy() -> SecretCaOptions {
+    let mut o = options();
+    o.history_copies = Publisher::new([SIGNER], &PublisherOptions::default())
+        .expect("valid signer")
+        .bundles()
+        .to_vec();
     o
 }
 
@@ -808,6 +833,8 @@ fn rejected_total(metrics: &Metrics) -> u64 {
         "other_secret",
         "impossible_values",
         "replayed",
+        "not_owned",
+        "missing",
     ]
     .into_iter()
     .map(|r| rejected(metrics, r))
@@ -977,5 +1004,315 @@ async fn a_forged_history_changes_nothing_is_reported_and_podca_starts() {
         (0, 0),
         "the emulator refused a request: {:?}",
         counters.rejections_by_cause
+    );
+}
+
+/// podca's copy of the history on the signer's ClusterTrustBundle: `history.json` and its seal.
+fn copy_on_bundle(emu: &Emulator) -> Option<(String, String)> {
+    let name = &options_with_copy().history_copies[0].name;
+    let ctb = emu.get_object(Res::Ctb, "", name)?;
+    let annotations = &ctb["metadata"]["annotations"];
+    Some((
+        annotations["podca.dev/ca-history"].as_str()?.to_owned(),
+        annotations["podca.dev/ca-history-seal"]
+            .as_str()?
+            .to_owned(),
+    ))
+}
+
+/// Waits (real time) until the copy on the bundle is the history the ConfigMap holds.
+async fn wait_copy_current(emu: &Emulator) -> (String, String) {
+    for _ in 0..400 {
+        if let (Some(copy), Some(cm)) = (
+            copy_on_bundle(emu),
+            emu.get_object(Res::ConfigMap, CA_NS, HISTORY),
+        ) && cm["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "podca"
+            && Some(copy.0.as_str()) == cm["data"]["history.json"].as_str()
+            && Some(copy.1.as_str()) == cm["data"]["history.seal"].as_str()
+        {
+            return copy;
+        }
+        tokio::time::sleep(StdDuration::from_millis(25)).await;
+    }
+    panic!("the ClusterTrustBundle did not come to hold the ConfigMap's history within 10 s");
+}
+
+/// What a start gives: the handle's anchors, its signing CA, whether it signs now, and the
+/// published anchors once they settled.
+async fn started_state(
+    w: &World,
+    run: &Running,
+    want: &[&TestCa],
+) -> (BTreeSet<Vec<u8>>, Vec<u8>, bool, BTreeSet<Vec<u8>>) {
+    let current = run.handle.current();
+    let anchors = current.anchors.iter().map(|c| c.der().to_vec()).collect();
+    let signer = current.ca.certificate().der().to_vec();
+    let signs = current.ca.key().sign(b"probe").is_ok();
+    w.wait_published(want).await;
+    (anchors, signer, signs, w.published().await)
+}
+
+/// A forged history ConfigMap: `history.json` and, when given, `history.seal`.
+type Forged = (String, Option<String>);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_start_a_forged_history_gives_what_the_genuine_one_gives() {
+    let w = World::new().await;
+    let a = root_ca("podca secret CA A");
+    let b = root_ca("podca secret CA B");
+    let mallory = root_ca("mallory");
+    w.put_secret(&a, false);
+    let run = w.start_with(options_with_copy()).await;
+    w.wait_published(&[&a]).await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    let changed = T0 + Duration::minutes(1);
+    w.set_time(changed);
+    w.put_secret(&b, false);
+    w.wait_published(&[&a, &b]).await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    let (older_json, older_seal) = wait_copy_current(&w.emu).await;
+    run.stop().await;
+
+    // The genuine restart, five minutes into the window: both anchors, B gated until the window
+    // recorded at `changed` is over.
+    let restarted = changed + Duration::minutes(5);
+    w.set_time(restarted);
+    let run = w.start_with(options_with_copy()).await;
+    let genuine = started_state(&w, &run, &[&a, &b]).await;
+    assert_eq!(rejected_total(&run.metrics), 0);
+    assert_eq!(genuine.0, ders(&format!("{}{}", a.root_pem, b.root_pem)));
+    assert_eq!(Some(&genuine.1), ders(&b.cert_pem).iter().next());
+    assert!(!genuine.2, "B signs nothing before its window is over");
+    let (genuine_json, genuine_seal) = wait_copy_current(&w.emu).await;
+    let genuine_history = history(&w.emu);
+    run.stop().await;
+
+    let with_mallory = edit_history(&genuine_json, |h| {
+        let mut extra = h["generations"][0].clone();
+        extra["generation"]["id"] = 9.into();
+        extra["chain_pem"] = mallory.cert_pem.clone().into();
+        extra["anchors_pem"] = mallory.root_pem.clone().into();
+        h["generations"]
+            .as_array_mut()
+            .expect("generations")
+            .push(extra);
+    });
+    let seal = Some(genuine_seal.clone());
+    #[rustfmt::skip]
+    let forgeries: Vec<(&str, Option<Forged>, &'static str)> = vec![
+        ("extra root", Some((with_mallory.clone(), seal.clone())), "bad_signature"),
+        ("extra root, seal removed", Some((with_mallory, None)), "unsigned"),
+        ("skipped window", Some((edit_history(&genuine_json, |h| {
+            h["generations"][1]["generation"]["prepared_at"] = "2027-04-01T00:00:00Z".into();
+        }), seal.clone())), "bad_signature"),
+        ("dropped live root", Some((edit_history(&genuine_json, |h| {
+            h["generations"].as_array_mut().expect("generations").remove(0);
+        }), seal.clone())), "bad_signature"),
+        ("far-future times", Some((edit_history(&genuine_json, |h| {
+            h["generations"][1]["generation"]["prepared_at"] = "9999-12-31T00:00:00Z".into();
+        }), seal.clone())), "bad_signature"),
+        ("replayed older genuine history", Some((older_json, Some(older_seal))), "replayed"),
+        // Issue #13's item 2: a ConfigMap without podca's label does not stop podca.
+        ("a ConfigMap without podca's label", None, "not_owned"),
+        ("a deleted ConfigMap", None, "missing"),
+    ];
+    for (name, forged, reason) in forgeries {
+        match (forged, reason) {
+            (Some((history_json, seal)), _) => {
+                forge_history(&w.emu, &history_json, seal.as_deref())
+            }
+            (None, "not_owned") => {
+                w.emu.delete_object(Res::ConfigMap, CA_NS, HISTORY);
+                w.emu.seed_object(
+                    Res::ConfigMap,
+                    serde_json::json!({
+                        "metadata": { "name": HISTORY, "namespace": CA_NS },
+                        "data": { "history.json": genuine_json.clone() },
+                    }),
+                );
+            }
+            (None, _) => {
+                w.emu.delete_object(Res::ConfigMap, CA_NS, HISTORY);
+            }
+        }
+        let events_before = history_events(&w.emu).len();
+        let run = w.start_with(options_with_copy()).await;
+        assert_eq!(rejected(&run.metrics, reason), 1, "{name}: not counted");
+        assert_eq!(rejected_total(&run.metrics), 1, "{name}: counted once");
+        let got = started_state(&w, &run, &[&a, &b]).await;
+        assert_eq!(got, genuine, "{name}: not what the genuine history gives");
+        assert!(
+            !got.3
+                .contains(&ders(&mallory.root_pem).into_iter().next().expect("cert"))
+        );
+        for _ in 0..400 {
+            if history_events(&w.emu).len() > events_before {
+                break;
+            }
+            tokio::time::sleep(StdDuration::from_millis(25)).await;
+        }
+        assert_eq!(
+            history_events(&w.emu).len(),
+            events_before + 1,
+            "{name}: no Warning Event"
+        );
+        if reason == "not_owned" {
+            // Never overwritten: it stays someone else's, and podca keeps running.
+            tokio::time::sleep(StdDuration::from_millis(300)).await;
+            let cm = w
+                .emu
+                .get_object(Res::ConfigMap, CA_NS, HISTORY)
+                .expect("kept");
+            assert!(
+                cm["metadata"]["labels"]["app.kubernetes.io/managed-by"].is_null(),
+                "{cm}"
+            );
+            assert!(cm["data"]["history.seal"].is_null(), "{cm}");
+            assert!(!run.controller.is_finished() && !run.driver_task.is_finished());
+        } else {
+            // The leader writes the genuine history back.
+            let restored =
+                wait_history(&w.emu, |h| h.generations == genuine_history.generations).await;
+            assert_eq!(
+                phases(&restored),
+                [Phase::Active, Phase::Prepared],
+                "{name}"
+            );
+            wait_copy_current(&w.emu).await;
+        }
+        run.stop().await;
+    }
+
+    // After the window B signs, and the old anchor goes when it would have.
+    let run = w.start_with(options_with_copy()).await;
+    let activated = changed + Duration::seconds(WINDOW + 1);
+    w.set_time(activated);
+    let leaf = w.obtain().await;
+    assert_signed_by(&leaf, &b, &[&a, &mallory], activated);
+    run.stop().await;
+    let counters = w.emu.counters();
+    assert_eq!(
+        (counters.validation_rejections, counters.forbidden),
+        (0, 0),
+        "the emulator refused a request: {:?}",
+        counters.rejections_by_cause
+    );
+}
+
+/// `podca ca show --secret` with the Secret backend's kubeconfig (it may read the Secret and the
+/// history ConfigMap).
+fn ca_show(w: &World, extra: &[&str]) -> std::process::Output {
+    let secret = format!("{CA_NS}/{SECRET}");
+    let mut args = vec![
+        "ca",
+        "show",
+        "--secret",
+        secret.as_str(),
+        "--kubeconfig",
+        w.ca_kubeconfig.to_str().expect("utf-8"),
+    ];
+    args.extend_from_slice(extra);
+    std::process::Command::new(podca_tests::process::podca_binary())
+        .args(&args)
+        .output()
+        .expect("run podca")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_show_secret_says_whether_the_seal_verifies_and_check_fails_when_not() {
+    // The command reads the real clock: the history is written at the real time, by a CA valid
+    // around it.
+    let w = World::new().await;
+    let now = OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .expect("valid");
+    w.set_time(now);
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params = ca_params("podca secret CA A", None);
+    params.not_before = now - Duration::days(1);
+    params.not_after = now + Duration::days(30);
+    let cert = params.self_signed(&key).expect("root");
+    let a = TestCa {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+        root_pem: cert.pem(),
+    };
+    w.put_secret(&a, false);
+    let run = w.start().await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    let (genuine_json, genuine_seal) = stored_history(&w.emu);
+    run.stop().await;
+    let sequence =
+        serde_json::from_str::<serde_json::Value>(genuine_seal.as_deref().expect("sealed"))
+            .expect("seal JSON")["sequence"]
+            .as_u64()
+            .expect("a sequence");
+
+    let out = ca_show(&w, &["--check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "\nhistory seal: valid (sequence {sequence}, sealed by CN=podca secret CA A)\n"
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains("generation 1 — active"), "{stdout}");
+
+    let dropped = edit_history(&genuine_json, |h| {
+        h["generations"]
+            .as_array_mut()
+            .expect("generations")
+            .clear();
+    });
+    #[rustfmt::skip]
+    let rows: [(&str, Option<&str>, &str, &str); 2] = [
+        ("bad_signature", genuine_seal.as_deref(),
+            "NOT VALID (bad_signature): the seal's signature does not verify over this history",
+            "the seal's signature does not verify over this history"),
+        ("unsigned", None, "NOT VALID (unsigned): history.json carries no seal",
+            "history.json carries no seal"),
+    ];
+    for (reason, seal, line, error) in rows {
+        forge_history(&w.emu, &dropped, seal);
+        // Informational without --check: exit 0, the verdict on stdout.
+        let out = ca_show(&w, &[]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{reason}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("history seal: {line}")),
+            "{reason}: {stdout}"
+        );
+        let out = ca_show(&w, &["--check"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{reason}: {stderr}");
+        assert!(
+            stderr.starts_with(&format!("podca: ConfigMap {CA_NS}/{HISTORY}: {error}")),
+            "{reason}: {stderr}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(line),
+            "{reason}: printed first"
+        );
+    }
+    // The seal is checked against the Secret's certificates: one that cannot be read is said.
+    forge_history(&w.emu, &genuine_json, genuine_seal.as_deref());
+    w.emu.delete_object(Res::Secret, CA_NS, SECRET);
+    let out = ca_show(&w, &["--check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "history seal: not verified: Secret {CA_NS}/{SECRET} not found\n"
+        )),
+        "{stdout}"
     );
 }

@@ -443,7 +443,9 @@ async fn ca_show_secret_refuses_a_history_configmap_podca_does_not_own() {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "CA Secret: podca-system/owned-ca (history in ConfigMap \
-         podca-system/owned-ca-podca-history)\n"
+         podca-system/owned-ca-podca-history)\n\
+         history seal: NOT VALID (unsigned): history.json carries no seal (written by someone \
+         else, or by podca before 0.x); podca serve would not use this history\n"
     );
 }
 

@@ -39,12 +39,16 @@
 //! with a **hold** ([`SecretRotation::distrust_history`]): its anchors are published at once,
 //! but it signs nothing for one propagation window, since podca cannot know whether relying
 //! parties trust it yet. The hold is recorded in the seal, so a restart does not shorten it.
+//! Before that, a replica starting beside a rejected, foreign or missing ConfigMap tries podca's
+//! copy of its last history ([`start`]), so that only a forgery of both loses what the genuine
+//! history knew.
 //!
 //! [`Schedule::propagation`]: podca_signer::rotation::Schedule::propagation
 
 mod contents;
 mod rules;
 pub mod seal;
+pub mod start;
 mod state;
 
 #[cfg(test)]

@@ -56,6 +56,8 @@ pub struct Opened {
     pub sequence: u64,
     /// Nothing signs before this instant (see [`super::SecretRotation::distrust_history`]).
     pub hold_until: Option<OffsetDateTime>,
+    /// The subject of the certificate whose key made the seal.
+    pub signer: String,
 }
 
 /// Why a history is not used. Each maps to one `reason` label of
@@ -82,6 +84,16 @@ pub enum Rejection {
     Impossible { detail: String },
     #[error("sequence {found} is older than sequence {seen}, verified already (a replay)")]
     Replayed { found: u64, seen: u64 },
+    #[error(
+        "the ConfigMap does not carry the label app.kubernetes.io/managed-by=podca (someone else \
+         wrote it)"
+    )]
+    NotOwned,
+    #[error(
+        "the ConfigMap is gone, but podca's copy on its ClusterTrustBundle shows a history \
+         (sequence {sequence}) was written"
+    )]
+    Missing { sequence: u64 },
 }
 
 impl Rejection {
@@ -96,6 +108,8 @@ impl Rejection {
             Rejection::OtherSecret { .. } => "other_secret",
             Rejection::Impossible { .. } => "impossible_values",
             Rejection::Replayed { .. } => "replayed",
+            Rejection::NotOwned => "not_owned",
+            Rejection::Missing { .. } => "missing",
         }
     }
 }
@@ -191,8 +205,9 @@ pub(super) fn vouching(ca: &IssuingCa) -> Vec<CaCertificate> {
 
 /// [`open`] with the vouching certificates given: a running replica adds those of the live
 /// generations it trusts already, so that a history the leader sealed with the previous
-/// Secret's key still verifies after this replica read the new Secret.
-pub(super) fn open_with(
+/// Secret's key still verifies after this replica read the new Secret; `podca ca show
+/// --secret` gives the certificates of the Secret (`tls.crt` and `ca.crt`) without its key.
+pub fn open_with(
     history_json: &str,
     seal_json: Option<&str>,
     secret: &str,
@@ -272,6 +287,7 @@ pub(super) fn open_with(
         recorded,
         sequence: seal.sequence,
         hold_until: seal.hold_until,
+        signer: signer.subject().to_owned(),
     })
 }
 

@@ -348,3 +348,175 @@ fn impossible_values_are_refused_each_by_its_own_check() {
     );
     assert!(skewed.is_ok(), "{skewed:?}");
 }
+
+/// A replica starting at `now` through [`super::start::choose`]: where its state came from, the
+/// reason the ConfigMap was not used, and what the handle would hold.
+fn choose_at(
+    scene: &Scene,
+    stored: super::start::Stored<'_>,
+    copies: &[Sealed],
+    now: OffsetDateTime,
+) -> (super::start::Source, Option<&'static str>, Outcome) {
+    scene.sim.set(now);
+    let super::start::Start {
+        mut state,
+        source,
+        rejected,
+        copies_rejected,
+    } = super::start::choose(settings(), scene.b.parse(&scene.sim), stored, copies, now);
+    assert!(copies_rejected.is_empty(), "{copies_rejected:?}");
+    let install = state.step(now).install.expect("installed at start");
+    (source, rejected.map(|r| r.reason()), outcome(&install))
+}
+
+fn text(sealed: &Sealed) -> super::start::Stored<'_> {
+    super::start::Stored::Text {
+        history_json: &sealed.history_json,
+        seal_json: Some(&sealed.seal_json),
+    }
+}
+
+#[test]
+fn at_start_podcas_copy_makes_every_forgery_equal_the_genuine_history() {
+    use super::start::{Source, Stored};
+    let s = scene();
+    let restarted = s.changed + Duration::minutes(5);
+    let mallory = Ca::root("mallory");
+    let far = OffsetDateTime::new_utc(time::Date::MAX, time::Time::MIDNIGHT);
+    let copy = std::slice::from_ref(&s.genuine);
+    let (_, genuine) = start(&s, &s.genuine, restarted);
+    assert_eq!(
+        choose_at(&s, text(&s.genuine), copy, restarted),
+        (Source::ConfigMap, None, genuine.clone())
+    );
+    // A newer genuine history in the copy than in the ConfigMap: the ConfigMap was put back.
+    let mut standby = SecretRotation::new(settings(), vec![], s.b.parse(&s.sim));
+    let opened = standby.open(
+        &s.genuine.history_json,
+        Some(&s.genuine.seal_json),
+        restarted,
+    );
+    standby.adopt_opened(opened.expect("genuine verifies"));
+    let newer = standby.seal(restarted).expect("sealed");
+    let unsigned = Stored::Text {
+        history_json: &s.genuine.history_json,
+        seal_json: None,
+    };
+    let extra = edited(&s.genuine, |h| {
+        h.generations.push(record_of(&mallory, 9, &s.sim))
+    });
+    let skipped = edited(&s.genuine, |h| {
+        h.generations[1].generation.prepared_at = T0 - Duration::days(1);
+    });
+    let dropped = edited(&s.genuine, |h| {
+        h.generations.remove(0);
+    });
+    let future = edited(&s.genuine, |h| {
+        h.generations[1].generation.prepared_at = far
+    });
+    #[rustfmt::skip]
+    let rows: Vec<(&str, Stored<'_>, &[Sealed], &str)> = vec![
+        ("extra root", text(&extra), copy, "bad_signature"),
+        ("extra root, seal removed", unsigned, copy, "unsigned"),
+        ("skipped window", text(&skipped), copy, "bad_signature"),
+        ("dropped live root", text(&dropped), copy, "bad_signature"),
+        ("far-future times", text(&future), copy, "bad_signature"),
+        ("replayed older genuine history", text(&s.genuine), std::slice::from_ref(&newer),
+            "replayed"),
+        ("a ConfigMap without podca's label", Stored::NotOwned, copy, "not_owned"),
+        ("a deleted ConfigMap", Stored::Missing, copy, "missing"),
+    ];
+    for (name, stored, copies, reason) in rows {
+        let (source, rejected, got) = choose_at(&s, stored, copies, restarted);
+        assert_eq!(source, Source::Copy, "{name}");
+        assert_eq!(rejected, Some(reason), "{name}");
+        assert_eq!(got, genuine, "{name}: not what the genuine history gives");
+    }
+    // Without a copy: the forgery is distrusted as before, a missing ConfigMap is a first start.
+    let distrusted = (
+        s.b.fingerprint(),
+        vec![s.b.anchor()],
+        Some(restarted + WINDOW),
+    );
+    assert_eq!(
+        choose_at(&s, text(&dropped), &[], restarted),
+        (
+            Source::Distrusted,
+            Some("bad_signature"),
+            distrusted.clone()
+        )
+    );
+    assert_eq!(
+        choose_at(&s, Stored::NotOwned, &[], restarted),
+        (Source::Distrusted, Some("not_owned"), distrusted)
+    );
+    assert_eq!(
+        choose_at(&s, Stored::Missing, &[], restarted),
+        (
+            Source::FirstStart,
+            None,
+            (s.b.fingerprint(), vec![s.b.anchor()], None)
+        )
+    );
+}
+
+#[test]
+fn at_start_a_forged_or_older_copy_never_wins_over_the_genuine_configmap() {
+    use super::start::{Source, choose};
+    let s = scene();
+    let restarted = s.changed + Duration::minutes(5);
+    let (_, genuine) = start(&s, &s.genuine, restarted);
+    let forged_copy = edited(&s.genuine, |h| {
+        h.generations.remove(0);
+    });
+    s.sim.set(restarted);
+    let started = choose(
+        settings(),
+        s.b.parse(&s.sim),
+        text(&s.genuine),
+        std::slice::from_ref(&forged_copy),
+        restarted,
+    );
+    assert_eq!(
+        (started.source, started.rejected),
+        (Source::ConfigMap, None)
+    );
+    assert_eq!(
+        started.copies_rejected,
+        vec![Rejection::BadSignature],
+        "the forged copy is reported"
+    );
+    let mut state = started.state;
+    assert_eq!(
+        outcome(&state.step(restarted).install.expect("installed")),
+        genuine
+    );
+    assert!(!state.needs_writing(), "the ConfigMap holds this history");
+
+    // A copy that lags one write behind the ConfigMap: the ConfigMap wins.
+    let mut standby = SecretRotation::new(settings(), vec![], s.b.parse(&s.sim));
+    let opened = standby.open(
+        &s.genuine.history_json,
+        Some(&s.genuine.seal_json),
+        restarted,
+    );
+    standby.adopt_opened(opened.expect("genuine verifies"));
+    let newer = standby.seal(restarted).expect("sealed");
+    let (source, rejected, got) = choose_at(
+        &s,
+        text(&newer),
+        std::slice::from_ref(&s.genuine),
+        restarted,
+    );
+    assert_eq!((source, rejected), (Source::ConfigMap, None));
+    assert_eq!(got, genuine);
+    // A start from the copy is written back to the ConfigMap.
+    let from_copy = choose(
+        settings(),
+        s.b.parse(&s.sim),
+        super::start::Stored::Missing,
+        std::slice::from_ref(&s.genuine),
+        restarted,
+    );
+    assert!(from_copy.state.needs_writing());
+}

@@ -172,6 +172,7 @@ impl SecretRotation {
             recorded,
             sequence,
             hold_until,
+            signer: _,
         } = opened;
         let mut state = SecretRotation::new(settings, recorded, contents);
         state.sequence = Some(sequence);
@@ -220,6 +221,7 @@ impl SecretRotation {
             recorded,
             sequence,
             hold_until,
+            signer: _,
         } = opened;
         self.adopt(recorded);
         self.sequence = Some(sequence);
