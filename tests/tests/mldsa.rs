@@ -1095,3 +1095,484 @@ fn csr_around(spki: &[u8]) -> Vec<u8> {
     body.extend(tlv(0x03, &[0u8; 3310]));
     tlv(0x30, &body)
 }
+
+// ---------------------------------------------------------------------------------------------
+// ECDSA → ML-DSA CA rotation under continuous mTLS (simulated time, as `rotation_mtls.rs`),
+// between a PQ-capable and a classical-only peer set.
+
+mod migration {
+    use std::sync::atomic::{AtomicI64, Ordering};
+
+    use podca_authority::metrics::Metrics;
+    use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
+    use podca_authority::{CaHandle, Clock};
+    use podca_controller::publisher::PublisherOptions;
+    use podca_signer::rotation::{Phase, Schedule, Step};
+    use podca_signer::{FileStore, InitOptions};
+    use podca_tests::emulator::ClockMode;
+    use podca_tests::kubelet::trust_anchors_for_signer;
+    use rustls::SignatureScheme;
+    use rustls::pki_types::UnixTime;
+    use time::macros::datetime;
+
+    use super::*;
+
+    const T0: OffsetDateTime = datetime!(2027-03-01 00:00 UTC);
+    const CA_LIFETIME: i64 = 6 * 3600;
+    const PROPAGATION: i64 = 15 * 60;
+    const LEAF_LIFETIME: i64 = 3600;
+    const BUNDLE_CACHE: i64 = 300;
+    /// What rustls without ML-DSA says about an ML-DSA-65-signed peer certificate.
+    const UNSUPPORTED_ML_DSA_65: &str = "invalid peer certificate: \
+        UnsupportedSignatureAlgorithmContext { signature_algorithm_id: \
+        [6, 9, 96, 134, 72, 1, 101, 3, 4, 3, 18]";
+    /// Every 30 simulated seconds, every ordered pair of the four pods handshakes.
+    const HANDSHAKE_EVERY: i64 = 30;
+
+    #[derive(Clone)]
+    struct SimClock(Arc<AtomicI64>);
+
+    impl SimClock {
+        fn now(&self) -> OffsetDateTime {
+            OffsetDateTime::from_unix_timestamp(self.0.load(Ordering::SeqCst)).expect("time")
+        }
+        fn set(&self, t: OffsetDateTime) {
+            self.0.store(t.unix_timestamp(), Ordering::SeqCst);
+        }
+        fn clock(&self) -> Clock {
+            let me = self.clone();
+            Arc::new(move || me.now())
+        }
+    }
+
+    impl std::fmt::Debug for SimClock {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SimClock({})", self.now())
+        }
+    }
+
+    impl rustls::time_provider::TimeProvider for SimClock {
+        fn current_time(&self) -> Option<UnixTime> {
+            Some(UnixTime::since_unix_epoch(StdDuration::from_secs(
+                self.0.load(Ordering::SeqCst) as u64,
+            )))
+        }
+    }
+
+    fn is_ml_dsa_alg_id(id: &[u8]) -> bool {
+        id.windows(4).any(|w| w == [0x65, 0x03, 0x04, 0x03])
+    }
+
+    /// A TLS stack that verifies everything rustls does except ML-DSA (an OpenSSL 3.0 or
+    /// pre-1.27 Go peer): no ML-DSA in certificate chains, no ML-DSA CertificateVerify.
+    fn classical_only() -> Arc<rustls::crypto::CryptoProvider> {
+        let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+        let algs = provider.signature_verification_algorithms;
+        let all: Vec<_> = algs
+            .all
+            .iter()
+            .copied()
+            .filter(|a| !is_ml_dsa_alg_id(a.signature_alg_id().as_ref()))
+            .collect();
+        let mapping: Vec<_> = algs
+            .mapping
+            .iter()
+            .copied()
+            .filter(|(scheme, _)| {
+                !matches!(
+                    scheme,
+                    SignatureScheme::ML_DSA_44
+                        | SignatureScheme::ML_DSA_65
+                        | SignatureScheme::ML_DSA_87
+                )
+            })
+            .collect();
+        assert!(all.len() < algs.all.len(), "the full stack verifies ML-DSA");
+        provider.signature_verification_algorithms = rustls::crypto::WebPkiSupportedAlgorithms {
+            all: Box::leak(all.into_boxed_slice()),
+            mapping: Box::leak(mapping.into_boxed_slice()),
+        };
+        Arc::new(provider)
+    }
+
+    fn pq_capable() -> Arc<rustls::crypto::CryptoProvider> {
+        Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    }
+
+    struct Peer {
+        name: &'static str,
+        pq: bool,
+        dns: String,
+        pod: PodRef,
+        credential: Credential,
+        bundle: String,
+        cache_phase: i64,
+        refreshes: usize,
+    }
+
+    impl Peer {
+        fn provider(&self) -> Arc<rustls::crypto::CryptoProvider> {
+            if self.pq {
+                pq_capable()
+            } else {
+                classical_only()
+            }
+        }
+        /// Whether this peer's current leaf is signed with ML-DSA.
+        fn ml_dsa_signed(&self) -> bool {
+            let (_, leaf) = X509Certificate::from_der(&self.credential.chain_der[0]).expect("leaf");
+            ML_DSA_OIDS.contains(&leaf.signature_algorithm.algorithm.to_id_string().as_str())
+        }
+    }
+
+    fn handshake(clock: &SimClock, client: &Peer, server: &Peer) -> Result<(), String> {
+        let time: Arc<dyn rustls::time_provider::TimeProvider> = Arc::new(clock.clone());
+        let roots = |p: &Peer| rustls_roots(&der_blocks(&p.bundle));
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots(server),
+            server.provider(),
+        )
+        .build()
+        .map_err(|e| format!("server verifier: {e}"))?;
+        let server_config =
+            rustls::ServerConfig::builder_with_details(server.provider(), Arc::clone(&time))
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .map_err(|e| e.to_string())?
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(chain_of(&server.credential), key_of(&server.credential))
+                .map_err(|e| format!("server config: {e}"))?;
+        let client_config = rustls::ClientConfig::builder_with_details(client.provider(), time)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots(client))
+            .with_client_auth_cert(chain_of(&client.credential), key_of(&client.credential))
+            .map_err(|e| format!("client config: {e}"))?;
+        let name = ServerName::try_from(server.dns.clone()).map_err(|e| e.to_string())?;
+        let mut c = rustls::ClientConnection::new(Arc::new(client_config), name)
+            .map_err(|e| e.to_string())?;
+        let mut s =
+            rustls::ServerConnection::new(Arc::new(server_config)).map_err(|e| e.to_string())?;
+        for _ in 0..20 {
+            if !c.is_handshaking() && !s.is_handshaking() {
+                break;
+            }
+            let mut buf = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut buf).map_err(|e| e.to_string())?;
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                s.read_tls(&mut rd).map_err(|e| e.to_string())?;
+            }
+            s.process_new_packets()
+                .map_err(|e| format!("server side: {e}"))?;
+            let mut buf = Vec::new();
+            while s.wants_write() {
+                s.write_tls(&mut buf).map_err(|e| e.to_string())?;
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                c.read_tls(&mut rd).map_err(|e| e.to_string())?;
+            }
+            c.process_new_packets()
+                .map_err(|e| format!("client side: {e}"))?;
+        }
+        if c.is_handshaking() || s.is_handshaking() {
+            return Err("handshake did not complete".into());
+        }
+        Ok(())
+    }
+
+    async fn obtain(kubelet: &KubeletSim, pod: &PodRef) -> Credential {
+        let mut opts = RequestOptions::new(PQ, KeyType::EcdsaP256);
+        opts.max_expiration_seconds = Some(LEAF_LIFETIME);
+        issued(
+            kubelet
+                .obtain(pod, &opts, StdDuration::from_secs(20))
+                .await
+                .expect("answered"),
+            &pod.name,
+        )
+    }
+
+    async fn wait_published(admin: &podca_tests::client::KubeClient, want: &str) {
+        let want: std::collections::BTreeSet<_> = der_blocks(want).into_iter().collect();
+        for _ in 0..400 {
+            let got = trust_anchors_for_signer(admin, "v1beta1", PQ)
+                .await
+                .expect("CTB");
+            if der_blocks(&got)
+                .into_iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                == want
+            {
+                return;
+            }
+            tokio::time::sleep(StdDuration::from_millis(25)).await;
+        }
+        panic!("the ClusterTrustBundle did not follow the CA handle within 10 s");
+    }
+
+    /// What each kind of peer must and must not see: a handshake fails exactly when one side is
+    /// classical-only and the other side's leaf is ML-DSA-signed; PQ-capable pairs never fail,
+    /// and nobody fails before the ML-DSA CA signs (its root in the bundle breaks nothing).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ecdsa_to_ml_dsa_rotation_under_continuous_mtls_with_classical_and_pq_peers() {
+        install_crypto();
+        let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
+        let Cluster {
+            emu,
+            admin,
+            dir,
+            kubeconfig,
+        } = Cluster::start_with(ClusterConfig {
+            emulator: EmulatorConfig {
+                bookmark_interval: StdDuration::from_millis(200),
+                pod_certificate_mldsa: true,
+                ..Default::default()
+            },
+            signers: &[PQ],
+            ..Default::default()
+        })
+        .await;
+        emu.set_clock(ClockMode::Fixed(T0));
+        emu.add_namespace(NS);
+        let node_uid = emu.add_node("node-1");
+        let token = emu.add_node_identity("node-1");
+        let kubelet = KubeletSim::new(emu.base_url(), &token, "v1beta1");
+
+        // An ECDSA P-256 CA whose next generations are ML-DSA-65.
+        let schedule = Schedule {
+            ca_lifetime_seconds: CA_LIFETIME,
+            prepare_at: 0.5,
+            activate_at: 0.5 + (PROPAGATION + 1) as f64 / CA_LIFETIME as f64,
+            propagation_seconds: PROPAGATION,
+        };
+        let store = FileStore::new(dir.path().join("ca"));
+        store
+            .init(
+                &InitOptions {
+                    root_validity: Duration::seconds(CA_LIFETIME),
+                    issuing_validity: Duration::seconds(CA_LIFETIME),
+                    ..InitOptions::default()
+                },
+                T0,
+            )
+            .expect("CA init");
+        assert_eq!(
+            store.set_algorithm(CaAlgorithm::MlDsa65, T0).expect("set"),
+            CaAlgorithm::EcdsaP256
+        );
+        let open = file_opener();
+        let (ca, anchors) = load(&store, &open).expect("CA loads");
+        let handle = CaHandle::new(ca, anchors);
+        let metrics = Arc::new(Metrics::new());
+        let rotator = Rotator::new(
+            RotatorOptions {
+                store: store.clone(),
+                schedule,
+                automatic: true,
+                max_leaf_lifetime: Duration::seconds(LEAF_LIFETIME),
+                poll: StdDuration::from_secs(30),
+                open,
+                refresh_when: None,
+            },
+            handle.clone(),
+            sim.clock(),
+            Arc::clone(&metrics),
+        );
+        let mut policy = pq_policy();
+        policy.default_lifetime_seconds = LEAF_LIFETIME as u32;
+        policy.max_lifetime_seconds = LEAF_LIFETIME as u32;
+        let mut options = Options::new(BTreeMap::from([(PQ.to_string(), policy)]), handle.clone());
+        options.clock = sim.clock();
+        options.metrics = Arc::clone(&metrics);
+        options.publisher = Some(PublisherOptions::default());
+        let client = podca_controller::connect(Some(&kubeconfig))
+            .await
+            .expect("client");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let controller = tokio::spawn(podca_controller::run(client, options, async move {
+            let _ = stopped.await;
+        }));
+        wait_published(&admin, &handle.current().anchors_pem).await;
+
+        let mut peers = Vec::new();
+        for (i, (name, pq)) in [
+            ("pq-a", true),
+            ("pq-b", true),
+            ("classic-a", false),
+            ("classic-b", false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let pod = add_pod(
+                &emu,
+                NS,
+                name,
+                name,
+                ("node-1", &node_uid),
+                &[(PQ, KeyType::EcdsaP256)],
+            );
+            let credential = obtain(&kubelet, &pod).await;
+            let bundle = trust_anchors_for_signer(&admin, "v1beta1", PQ)
+                .await
+                .expect("CTB");
+            peers.push(Peer {
+                name,
+                pq,
+                dns: format!("{name}.{NS}.svc"),
+                pod,
+                credential,
+                bundle,
+                cache_phase: i as i64 * (BUNDLE_CACHE / 4),
+                refreshes: 0,
+            });
+        }
+
+        let mut unexpected: Vec<String> = Vec::new();
+        let mut expected_failures = 0u64;
+        let mut failure_kinds: BTreeMap<String, u64> = BTreeMap::new();
+        let mut handshakes = 0u64;
+        let mut first_ml_dsa_leaf: Option<i64> = None;
+        let mut steps_seen: Vec<(i64, Step)> = Vec::new();
+        let end = T0 + Duration::minutes(270);
+        let mut now = T0;
+        while now < end {
+            now += Duration::SECOND;
+            sim.set(now);
+            emu.set_clock(ClockMode::Fixed(now));
+            let t = (now - T0).whole_seconds();
+            let tick = rotator.tick().expect("rotation tick");
+            for step in &tick.steps {
+                steps_seen.push((t, *step));
+            }
+            if tick.swapped {
+                wait_published(&admin, &handle.current().anchors_pem).await;
+            }
+            for p in &mut peers {
+                let since = t - p.cache_phase;
+                if since >= 0 && since % BUNDLE_CACHE == 0 {
+                    p.bundle = trust_anchors_for_signer(&admin, "v1beta1", PQ)
+                        .await
+                        .expect("CTB");
+                }
+                if p.credential.refresh_due(now) {
+                    p.credential = obtain(&kubelet, &p.pod).await;
+                    p.refreshes += 1;
+                    if p.ml_dsa_signed() && first_ml_dsa_leaf.is_none() {
+                        first_ml_dsa_leaf = Some(t);
+                    }
+                }
+            }
+            if t % HANDSHAKE_EVERY != 0 {
+                continue;
+            }
+            for c in 0..peers.len() {
+                for s in 0..peers.len() {
+                    if c == s {
+                        continue;
+                    }
+                    let (client, server) = (&peers[c], &peers[s]);
+                    handshakes += 1;
+                    let must_fail = (!client.pq && server.ml_dsa_signed())
+                        || (!server.pq && client.ml_dsa_signed());
+                    match (handshake(&sim, client, server), must_fail) {
+                        (Ok(()), false) => {}
+                        // The classical-only side cannot verify id-ml-dsa-65 signatures.
+                        (Err(e), true) if e.contains(UNSUPPORTED_ML_DSA_65) => {
+                            expected_failures += 1;
+                            let side = e.split(':').next().unwrap_or_default().to_string();
+                            *failure_kinds.entry(side).or_default() += 1;
+                        }
+                        (result, _) => unexpected.push(format!(
+                            "t+{t}s {} → {}: {result:?} (must fail: {must_fail})",
+                            client.name, server.name
+                        )),
+                    }
+                }
+            }
+        }
+        let _ = stop.send(());
+        let _ = tokio::time::timeout(StdDuration::from_secs(20), controller).await;
+
+        // The rotation ran in order, to an ML-DSA-65 CA.
+        let first = |want: fn(&Step) -> bool| {
+            steps_seen
+                .iter()
+                .find(|(_, s)| want(s))
+                .map(|(t, _)| *t)
+                .unwrap_or_else(|| panic!("missing step; steps: {steps_seen:?}"))
+        };
+        let prepared = first(|s| *s == Step::Prepare);
+        let activated = first(|s| *s == Step::Activate(2));
+        let dropped = first(|s| *s == Step::Drop(1));
+        assert!(
+            prepared < activated && activated < dropped,
+            "{steps_seen:?}"
+        );
+        let generations = store.generations().expect("generations");
+        let phases: Vec<Phase> = generations.iter().map(|g| g.generation.phase).collect();
+        assert_eq!(phases, [Phase::Dropped, Phase::Active], "{phases:?}");
+        let new_root = &generations[1].roots[0];
+        let (_, root) = X509Certificate::from_der(new_root.der()).expect("root");
+        assert_eq!(
+            root.signature_algorithm.algorithm.to_id_string(),
+            "2.16.840.1.101.3.4.3.18",
+            "the new CA is ML-DSA-65"
+        );
+        // Everyone ends on the ML-DSA CA, each chain checked without aws-lc.
+        for p in &peers {
+            assert!(
+                p.ml_dsa_signed(),
+                "{} still holds an ECDSA-signed leaf",
+                p.name
+            );
+            assert!(
+                p.refreshes >= 6,
+                "{} refreshed {} times",
+                p.name,
+                p.refreshes
+            );
+            verify_independently(&p.credential.chain_der, &[new_root.der().to_vec()]);
+        }
+        // No ML-DSA-signed leaf before activation; classical peers fail only from then on.
+        let first_ml_dsa_leaf = first_ml_dsa_leaf.expect("ML-DSA leaves were issued");
+        assert!(
+            first_ml_dsa_leaf >= activated,
+            "{first_ml_dsa_leaf} < {activated}"
+        );
+        assert!(
+            expected_failures > 0,
+            "classical-only peers met ML-DSA peers"
+        );
+        // Both directions: a classical client refuses an ML-DSA server, a classical server an
+        // ML-DSA client.
+        assert_eq!(failure_kinds.len(), 2, "{failure_kinds:?}");
+        eprintln!(
+            "{handshakes} handshakes; prepared t+{prepared}s, activated t+{activated}s, first \
+             ML-DSA leaf t+{first_ml_dsa_leaf}s, dropped t+{dropped}s; expected failures by \
+             side: {failure_kinds:?}"
+        );
+        assert!(handshakes > 5_000, "{handshakes} handshakes");
+        assert!(
+            unexpected.is_empty(),
+            "{} of {handshakes} handshakes went against the expectation; first ones:\n{}",
+            unexpected.len(),
+            unexpected
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        let counters = emu.counters();
+        assert_eq!(
+            (counters.validation_rejections, counters.forbidden),
+            (0, 0),
+            "{:?}",
+            counters.rejections_by_cause
+        );
+    }
+}
