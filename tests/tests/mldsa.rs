@@ -777,6 +777,43 @@ async fn the_cli_and_the_grpc_api_issue_ml_dsa_under_ecdsa_and_ml_dsa_cas() {
         }
     }
 
+    // `podca ca rotate --algorithm` prepares an ML-DSA successor of the ECDSA CA.
+    let ecdsa_dir = tmp.path().join("ecdsa-p256");
+    let said = podca(&[
+        "ca",
+        "rotate",
+        "--dir",
+        ecdsa_dir.to_str().expect("utf-8"),
+        "--algorithm",
+        "ml-dsa-87",
+        "--ca-lifetime-days",
+        "30",
+        "--max-leaf-lifetime-seconds",
+        "86400",
+    ]);
+    assert!(said.status.success(), "{said:?}");
+    assert!(
+        String::from_utf8_lossy(&said.stderr)
+            .contains("new CA generations use ml-dsa-87 (was ecdsa-p256)"),
+        "{said:?}"
+    );
+    let generations = podca_signer::FileStore::new(&ecdsa_dir)
+        .generations()
+        .expect("generations");
+    let phases: Vec<_> = generations.iter().map(|g| g.generation.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            podca_signer::rotation::Phase::Active,
+            podca_signer::rotation::Phase::Prepared
+        ]
+    );
+    let (_, next_root) = X509Certificate::from_der(generations[1].roots[0].der()).expect("root");
+    assert_eq!(
+        next_root.signature_algorithm.algorithm.to_id_string(),
+        "2.16.840.1.101.3.4.3.19"
+    );
+
     // An HSM cannot hold an ML-DSA CA key: a clear error before any token is touched.
     let hsm = podca(&[
         "ca",
@@ -812,6 +849,11 @@ trust_domain = "podca.dev.local"
 [grpc]
 signer = "podca.dev/default"
 signers = ["podca.dev/default", "example.com/classical"]
+
+[[dev.bundles]]
+namespace = "shop"
+service_account = "pq"
+key_type = "MLDSA87"
 "#;
     let dev = DevProcess::start_with(DevOptions {
         config: Some(config),
@@ -908,6 +950,28 @@ signers = ["podca.dev/default", "example.com/classical"]
             .expect_err("refused");
         assert_eq!((status.code(), status.message()), (code, message));
     }
+
+    // The kept credential bundle: an ML-DSA-87 key under the ML-DSA-65 CA.
+    let bundle_dir = dev.data_dir.join("bundles/shop/pq");
+    let mut kept = String::new();
+    for _ in 0..400 {
+        kept = std::fs::read_to_string(bundle_dir.join("credentialbundle.pem")).unwrap_or_default();
+        if kept.contains("END CERTIFICATE") {
+            break;
+        }
+        tokio::time::sleep(StdDuration::from_millis(25)).await;
+    }
+    check_bundle(
+        &kept,
+        &std::fs::read_to_string(bundle_dir.join("trust-bundle.pem")).expect("trust bundle"),
+        "podca dev bundle",
+    );
+    let kept_chain = der_blocks(&kept);
+    let (_, leaf) = X509Certificate::from_der(&kept_chain[0]).expect("leaf");
+    assert_eq!(
+        leaf.public_key().algorithm.algorithm.to_id_string(),
+        "2.16.840.1.101.3.4.3.19"
+    );
 
     let out = tmp.path().join("remote.pem");
     let trust = tmp.path().join("remote-anchors.pem");
