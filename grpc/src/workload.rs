@@ -31,8 +31,8 @@ use tonic::{Request, Response, Status};
 use super::auth::Identity;
 use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
-use super::ledger::{WorkloadMethod, audit_workload_refusal};
 use super::jwt::{JwtService, MaybeJwt, claims_struct};
+use super::ledger::{WorkloadMethod, audit_workload_refusal};
 use super::observe::observed;
 use super::podca_service::{credentials_of, peer_of, record_caller};
 

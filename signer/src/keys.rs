@@ -36,10 +36,19 @@ pub enum KeyType {
     EcdsaP521,
     #[serde(rename = "ED25519")]
     Ed25519,
+    /// ML-DSA-44 (FIPS 204, RFC 9881): off unless a signer's policy lists it.
+    #[serde(rename = "MLDSA44")]
+    MlDsa44,
+    /// ML-DSA-65 (FIPS 204, RFC 9881): off unless a signer's policy lists it.
+    #[serde(rename = "MLDSA65")]
+    MlDsa65,
+    /// ML-DSA-87 (FIPS 204, RFC 9881): off unless a signer's policy lists it.
+    #[serde(rename = "MLDSA87")]
+    MlDsa87,
 }
 
 impl KeyType {
-    /// Every supported key type, in kubelet's order.
+    /// Every classical key type, in kubelet's order: what a policy accepts by default.
     pub const ALL: [KeyType; 6] = [
         KeyType::Rsa3072,
         KeyType::Rsa4096,
@@ -47,6 +56,24 @@ impl KeyType {
         KeyType::EcdsaP384,
         KeyType::EcdsaP521,
         KeyType::Ed25519,
+    ];
+
+    /// The post-quantum ML-DSA key types (kubernetes#142108, gate `PodCertificateMLDSA`). A
+    /// policy accepts them only when its `key_types` lists them: kubelets and every peer that
+    /// verifies the certificates must support ML-DSA too.
+    pub const ML_DSA: [KeyType; 3] = [KeyType::MlDsa44, KeyType::MlDsa65, KeyType::MlDsa87];
+
+    /// Every key type podca can certify: [`KeyType::ALL`] then [`KeyType::ML_DSA`].
+    pub const EVERY: [KeyType; 9] = [
+        KeyType::Rsa3072,
+        KeyType::Rsa4096,
+        KeyType::EcdsaP256,
+        KeyType::EcdsaP384,
+        KeyType::EcdsaP521,
+        KeyType::Ed25519,
+        KeyType::MlDsa44,
+        KeyType::MlDsa65,
+        KeyType::MlDsa87,
     ];
 
     /// The name kubelet and the `podCertificate` projection use (`ECDSAP256`, …).
@@ -58,6 +85,25 @@ impl KeyType {
             KeyType::EcdsaP384 => "ECDSAP384",
             KeyType::EcdsaP521 => "ECDSAP521",
             KeyType::Ed25519 => "ED25519",
+            KeyType::MlDsa44 => "MLDSA44",
+            KeyType::MlDsa65 => "MLDSA65",
+            KeyType::MlDsa87 => "MLDSA87",
+        }
+    }
+
+    /// Whether this is an ML-DSA (post-quantum) key type.
+    pub fn is_ml_dsa(self) -> bool {
+        matches!(self, KeyType::MlDsa44 | KeyType::MlDsa65 | KeyType::MlDsa87)
+    }
+
+    /// For ML-DSA: the FIPS 204 name (`ML-DSA-65`) and the exact public key length in bytes
+    /// (RFC 9881 §4: 1312, 1952, 2592).
+    pub fn ml_dsa_parameters(self) -> Option<(&'static str, usize)> {
+        match self {
+            KeyType::MlDsa44 => Some(("ML-DSA-44", 1312)),
+            KeyType::MlDsa65 => Some(("ML-DSA-65", 1952)),
+            KeyType::MlDsa87 => Some(("ML-DSA-87", 2592)),
+            _ => None,
         }
     }
 
@@ -66,7 +112,8 @@ impl KeyType {
         matches!(self, KeyType::Rsa3072 | KeyType::Rsa4096)
     }
 
-    /// A comma-separated list of every supported kubelet name, for error messages.
+    /// A comma-separated list of the classical kubelet names, for error messages (ML-DSA is
+    /// named only where a policy allows it).
     pub fn supported_list() -> String {
         KeyType::ALL.map(KeyType::kubelet_name).join(", ")
     }
@@ -82,7 +129,7 @@ impl FromStr for KeyType {
     type Err = KeyError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        KeyType::ALL
+        KeyType::EVERY
             .into_iter()
             .find(|k| k.kubelet_name().eq_ignore_ascii_case(s))
             .ok_or_else(|| KeyError::UnsupportedKeyType {
@@ -191,6 +238,16 @@ impl SubjectKey {
         let key = Self::from_spki_der(spki_der)?;
         let message = pod_uid.as_bytes();
         let verified = match key.key_type {
+            // kubernetes#142108 allows ML-DSA only in the stub CSR; the legacy fields keep
+            // the six classical types and define no ML-DSA proof of possession.
+            KeyType::MlDsa44 | KeyType::MlDsa65 | KeyType::MlDsa87 => {
+                return Err(KeyError::UnsupportedKeyType {
+                    found: format!(
+                        "{} in pkixPublicKey (ML-DSA keys come only in stubPKCS10Request)",
+                        key.key_type
+                    ),
+                });
+            }
             KeyType::Ed25519 => verify(&signature::ED25519, &key, message, proof_of_possession),
             KeyType::EcdsaP256 => verify(
                 &signature::ECDSA_P256_SHA256_ASN1,
@@ -275,6 +332,9 @@ impl SubjectKey {
             KeyType::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
             KeyType::EcdsaP521 => &rcgen::PKCS_ECDSA_P521_SHA512,
             KeyType::Ed25519 => &rcgen::PKCS_ED25519,
+            KeyType::MlDsa44 => &rcgen::PKCS_ML_DSA_44,
+            KeyType::MlDsa65 => &rcgen::PKCS_ML_DSA_65,
+            KeyType::MlDsa87 => &rcgen::PKCS_ML_DSA_87,
         };
         Ok(SubjectKey {
             key_type,
@@ -327,6 +387,10 @@ const ED25519: &[u8] = &oid!(raw 1.3.101.112);
 const P256: &[u8] = &oid!(raw 1.2.840.10045.3.1.7);
 const P384: &[u8] = &oid!(raw 1.3.132.0.34);
 const P521: &[u8] = &oid!(raw 1.3.132.0.35);
+/// id-ml-dsa-44/65/87 (RFC 9881 §2).
+pub(crate) const ML_DSA_44: &[u8] = &oid!(raw 2.16.840.1.101.3.4.3.17);
+pub(crate) const ML_DSA_65: &[u8] = &oid!(raw 2.16.840.1.101.3.4.3.18);
+pub(crate) const ML_DSA_87: &[u8] = &oid!(raw 2.16.840.1.101.3.4.3.19);
 
 fn classify(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyType, KeyError> {
     let alg = &spki.algorithm.algorithm;
@@ -369,10 +433,40 @@ fn classify(spki: &SubjectPublicKeyInfo<'_>) -> Result<KeyType, KeyError> {
             }
         }
         ED25519 => Ok(KeyType::Ed25519),
+        ML_DSA_44 => ml_dsa(spki, KeyType::MlDsa44),
+        ML_DSA_65 => ml_dsa(spki, KeyType::MlDsa65),
+        ML_DSA_87 => ml_dsa(spki, KeyType::MlDsa87),
         _ => Err(KeyError::UnsupportedKeyType {
             found: format!("algorithm {}", algorithm_name(&alg.to_id_string())),
         }),
     }
+}
+
+/// An ML-DSA SPKI per RFC 9881 §4: the AlgorithmIdentifier has no parameters, and the BIT
+/// STRING is the raw public key of exactly the parameter set's length.
+fn ml_dsa(spki: &SubjectPublicKeyInfo<'_>, key_type: KeyType) -> Result<KeyType, KeyError> {
+    let (name, length) = key_type
+        .ml_dsa_parameters()
+        .ok_or_else(|| KeyError::Malformed {
+            what: "ML-DSA public key",
+            detail: format!("{key_type} is not an ML-DSA key type"),
+        })?;
+    if spki.algorithm.parameters.is_some() {
+        return Err(KeyError::Malformed {
+            what: "ML-DSA public key",
+            detail: format!(
+                "the {name} AlgorithmIdentifier has parameters; RFC 9881 requires them absent"
+            ),
+        });
+    }
+    let found = spki.subject_public_key.data.len();
+    if found != length || spki.subject_public_key.unused_bits != 0 {
+        return Err(KeyError::Malformed {
+            what: "ML-DSA public key",
+            detail: format!("{name} public key is {found} bytes; it must be {length}"),
+        });
+    }
+    Ok(key_type)
 }
 
 /// The DER SubjectPublicKeyInfo of a `key_type` key whose BIT STRING holds `public_key`
@@ -387,6 +481,9 @@ fn canonical_spki(key_type: KeyType, public_key: &[u8]) -> Vec<u8> {
                 KeyType::EcdsaP384 => (EC_PUBLIC_KEY, Some(P384)),
                 KeyType::EcdsaP521 => (EC_PUBLIC_KEY, Some(P521)),
                 KeyType::Ed25519 => (ED25519, None),
+                KeyType::MlDsa44 => (ML_DSA_44, None),
+                KeyType::MlDsa65 => (ML_DSA_65, None),
+                KeyType::MlDsa87 => (ML_DSA_87, None),
             };
             der::push(alg, der::OID, oid);
             match curve {
@@ -420,9 +517,7 @@ fn algorithm_name(oid: &str) -> String {
         "1.2.840.10040.4.1" => "DSA",
         "1.3.101.113" => "Ed448",
         "1.3.101.110" => "X25519",
-        "2.16.840.1.101.3.4.3.17" => "ML-DSA-44",
-        "2.16.840.1.101.3.4.3.18" => "ML-DSA-65",
-        "2.16.840.1.101.3.4.3.19" => "ML-DSA-87",
+        "2.16.840.1.101.3.4.3.20" => "SLH-DSA-SHA2-128s",
         "1.2.840.113549.1.1.10" => "RSASSA-PSS",
         _ => return oid.to_owned(),
     };
@@ -447,6 +542,10 @@ fn csr_verification_algorithm(
         (EcdsaP521, "1.2.840.10045.4.3.3") => &signature::ECDSA_P521_SHA384_ASN1,
         (EcdsaP521, "1.2.840.10045.4.3.4") => &signature::ECDSA_P521_SHA512_ASN1,
         (Ed25519, "1.3.101.112") => &signature::ED25519,
+        // RFC 9881 §3: pure ML-DSA with the empty context string, the key's own parameter set.
+        (MlDsa44, "2.16.840.1.101.3.4.3.17") => &signature::ML_DSA_44,
+        (MlDsa65, "2.16.840.1.101.3.4.3.18") => &signature::ML_DSA_65,
+        (MlDsa87, "2.16.840.1.101.3.4.3.19") => &signature::ML_DSA_87,
         _ => return None,
     })
 }
@@ -481,6 +580,10 @@ impl GeneratedKey {
             KeyType::EcdsaP384 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
             KeyType::EcdsaP521 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512),
             KeyType::Ed25519 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519),
+            // aws-lc-rs keeps the seed; the PKCS#8 is RFC 9881's seed form.
+            KeyType::MlDsa44 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ML_DSA_44),
+            KeyType::MlDsa65 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ML_DSA_65),
+            KeyType::MlDsa87 => rcgen::KeyPair::generate_for(&rcgen::PKCS_ML_DSA_87),
         }
         .map_err(|e| KeyError::Malformed {
             what: "generated key",

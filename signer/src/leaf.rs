@@ -32,6 +32,7 @@ const ECDSA_WITH_SHA384: &[u8] = &oid!(raw 1.2.840.10045.4.3.3);
 const ED25519: &[u8] = &oid!(raw 1.3.101.112);
 /// sha256WithRSAEncryption
 const SHA256_WITH_RSA: &[u8] = &oid!(raw 1.2.840.113549.1.1.11);
+use crate::keys::{ML_DSA_44, ML_DSA_65, ML_DSA_87};
 
 /// KeyUsage bits (RFC 5280 §4.2.1.3), numbered from the most significant bit of the first octet.
 const DIGITAL_SIGNATURE: u8 = 0x80;
@@ -78,6 +79,10 @@ impl LeafTemplate {
                 CaAlgorithm::Ed25519 => (ED25519, false),
                 // RFC 4055 §5: the RSA PKCS#1 v1.5 algorithms carry NULL parameters.
                 CaAlgorithm::RsaSha256 => (SHA256_WITH_RSA, true),
+                // RFC 9881 §2: id-ml-dsa-* with parameters absent.
+                CaAlgorithm::MlDsa44 => (ML_DSA_44, false),
+                CaAlgorithm::MlDsa65 => (ML_DSA_65, false),
+                CaAlgorithm::MlDsa87 => (ML_DSA_87, false),
             };
             der::push(alg, der::OID, oid);
             if null_parameters {

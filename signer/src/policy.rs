@@ -286,8 +286,11 @@ impl SignerPolicy {
         if self.key_types.contains(&KeyType::EcdsaP256) {
             KeyType::EcdsaP256
         } else {
+            // A classical type when the policy has one: every kubelet and peer supports those.
             self.key_types
-                .first()
+                .iter()
+                .find(|k| !k.is_ml_dsa())
+                .or(self.key_types.first())
                 .copied()
                 .unwrap_or(KeyType::EcdsaP256)
         }

@@ -593,6 +593,26 @@ impl FileStore {
         Ok(taken)
     }
 
+    /// Makes the generations rotation creates from now on use `algorithm`: migrating to (or
+    /// from) an ML-DSA CA is an ordinary rotation to a CA of another algorithm. Generations
+    /// already made keep their keys. Returns the algorithm new generations used before.
+    pub fn set_algorithm(
+        &self,
+        algorithm: CaAlgorithm,
+        now: OffsetDateTime,
+    ) -> Result<CaAlgorithm, StoreError> {
+        let _lock = self.lock()?;
+        self.recover_locked(now)?;
+        let before = self.read_state()?;
+        let previous = before.options.algorithm;
+        if previous != algorithm {
+            let mut state = before.clone();
+            state.options.algorithm = algorithm;
+            self.commit(Some(&before), &state, &["algorithm"], now)?;
+        }
+        Ok(previous)
+    }
+
     /// When the schedule next has something to do.
     pub fn next_rotation_event(
         &self,

@@ -134,6 +134,10 @@ fn verification_algorithm(
             &signature::ECDSA_P521_SHA512_ASN1
         }
         ("1.3.101.112", _, "1.3.101.112") => &signature::ED25519,
+        // RFC 9881: the signature algorithm is the key's own parameter set.
+        ("2.16.840.1.101.3.4.3.17", None, "2.16.840.1.101.3.4.3.17") => &signature::ML_DSA_44,
+        ("2.16.840.1.101.3.4.3.18", None, "2.16.840.1.101.3.4.3.18") => &signature::ML_DSA_65,
+        ("2.16.840.1.101.3.4.3.19", None, "2.16.840.1.101.3.4.3.19") => &signature::ML_DSA_87,
         _ => return None,
     })
 }

@@ -84,11 +84,13 @@ fn unsupported_spkis() -> Vec<(&'static str, Vec<u8>)> {
                 bit_string(&tlv(0x02, &[3])),
             ]),
         ),
+        // ML-DSA is a supported type since issue #18 (off by policy, see tests/mldsa.rs);
+        // SLH-DSA stays unknown.
         (
-            "ML-DSA-44",
+            "SLH-DSA-SHA2-128s",
             seq(&[
-                seq(&[oid("2.16.840.1.101.3.4.3.17")]),
-                bit_string(&[7u8; 1312]),
+                seq(&[oid("2.16.840.1.101.3.4.3.20")]),
+                bit_string(&[7u8; 32]),
             ]),
         ),
         (
@@ -131,7 +133,7 @@ fn unsupported_key_messages_name_what_was_found() {
         .collect();
     assert!(found[0].contains("RSA-2048"), "{}", found[0]);
     assert!(found[1].contains("secp256k1"), "{}", found[1]);
-    assert!(found[5].contains("ML-DSA-44"), "{}", found[5]);
+    assert!(found[5].contains("SLH-DSA-SHA2-128s"), "{}", found[5]);
 }
 
 #[test]

@@ -35,6 +35,10 @@ pub struct RotateArgs {
     /// Longest leaf lifetime issued (bounds how long the old anchor must stay), in seconds.
     #[arg(long, default_value_t = 7 * 86400)]
     pub max_leaf_lifetime_seconds: i64,
+    /// Key algorithm of the new CA and of every later one (e.g. ml-dsa-65 to migrate to a
+    /// post-quantum CA); default: the algorithm the last one was made with.
+    #[arg(long)]
+    pub algorithm: Option<CaAlgorithm>,
 }
 
 #[derive(Debug, Args)]
@@ -42,7 +46,8 @@ pub struct InitArgs {
     /// CA data directory.
     #[arg(long, env = "PODCA_DATA_DIR")]
     pub dir: Option<PathBuf>,
-    /// CA key algorithm: ecdsa-p256, ecdsa-p384 or ed25519.
+    /// CA key algorithm: ecdsa-p256, ecdsa-p384, ed25519, or post-quantum ml-dsa-44,
+    /// ml-dsa-65, ml-dsa-87 (file and Secret backends only).
     #[arg(long, default_value = "ecdsa-p256")]
     pub algorithm: CaAlgorithm,
     /// Common-name prefix of the CA certificates.
@@ -151,6 +156,10 @@ impl InitArgs {
             name_constraints,
         };
         if let Some(uri) = pkcs11_uri {
+            if algorithm.is_ml_dsa() {
+                podca_signer::backend::Pkcs11Key::supports(algorithm)
+                    .with_context(|| format!("--algorithm {algorithm} with --pkcs11-uri"))?;
+            }
             let config = hsm.config(&uri)?;
             let key = if pkcs11_generate {
                 podca_signer::backend::Pkcs11Key::generate(&config, algorithm)
@@ -382,8 +391,15 @@ impl RotateArgs {
             ca_lifetime_days,
             propagation_seconds,
             max_leaf_lifetime_seconds,
+            algorithm,
         } = self;
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        if let Some(algorithm) = algorithm {
+            let previous = store.set_algorithm(algorithm, OffsetDateTime::now_utc())?;
+            if previous != algorithm {
+                eprintln!("new CA generations use {algorithm} (was {previous})");
+            }
+        }
         let schedule = podca_signer::rotation::Schedule {
             ca_lifetime_seconds: ca_lifetime_days * 86400,
             propagation_seconds,

@@ -58,7 +58,8 @@ pub struct IssueArgs {
     #[arg(long, conflicts_with = "key_type")]
     pub csr: Option<PathBuf>,
     /// Generate a key of this kubelet key type (RSA3072, RSA4096, ECDSAP256, ECDSAP384,
-    /// ECDSAP521, ED25519) and write a credential bundle (PRIVATE KEY, then the chain).
+    /// ECDSAP521, ED25519, or post-quantum MLDSA44, MLDSA65, MLDSA87) and write a credential
+    /// bundle (PRIVATE KEY, then the chain).
     #[arg(long, default_value = "ECDSAP256")]
     pub key_type: Option<KeyType>,
     /// Namespace of the workload. With --server it is only a request to podca dev (sent as
@@ -157,6 +158,8 @@ impl IssueArgs {
         };
         let mut policy = SignerPolicy::permissive(&trust_domain);
         policy.allowed_dns_names = vec!["*".into()];
+        // The CA's operator asks for the key type: ML-DSA too (a signer's policy keeps it off).
+        policy.key_types = KeyType::EVERY.to_vec();
         policy.max_lifetime_seconds = policy.max_lifetime_seconds.max(365 * 86400);
         policy
             .validate()

@@ -82,7 +82,8 @@ fn main() {
             let (postgres, issued) = {
                 let (target, _serve, _cluster, pg) = tls_target(true).await;
                 let before = grpc_records(pg.as_ref());
-                let rate = issue_throughput(&target, "PostgreSQL ledger", Rpc::IssueCertificate).await;
+                let rate =
+                    issue_throughput(&target, "PostgreSQL ledger", Rpc::IssueCertificate).await;
                 (rate, grpc_records(pg.as_ref()) - before)
             };
             // Recorded before answered: every certificate counted is in the database.

@@ -358,7 +358,8 @@ mod tests {
             ("tls.key no key", SecretData { tls_key: Some(bad_key.as_bytes()), ..a.data() }, T0,
                 |e| matches!(e, SecretError::Key(BackendError::InvalidKey(_))),
                 "tls.key: CA key unusable: private key: not a PEM private key podca can use \
-                 (PKCS#8, SEC1 EC or PKCS#1 RSA; ECDSA P-256/P-384, Ed25519 or RSA)".into()),
+                 (PKCS#8, SEC1 EC or PKCS#1 RSA; ECDSA P-256/P-384, Ed25519, RSA or \
+                 ML-DSA-44/65/87)".into()),
             ("tls.crt no certificate", SecretData { tls_crt: Some(not_a_cert.as_bytes()), ..a.data() }, T0,
                 |e| matches!(e, SecretError::Certificates { field: SecretField::TlsCrt, error: CertError::NotACertificate { index: 0, .. } }),
                 "tls.crt: PEM block 0 is \"PUBLIC KEY\", expected CERTIFICATE".into()),

@@ -313,12 +313,7 @@ fn vouched(signer: &CaCertificate, known: &[CaCertificate]) -> bool {
 
 /// The X.509 signature algorithm OID of what [`podca_signer::CaKey::sign`] returns.
 fn signature_oid(algorithm: CaAlgorithm) -> &'static str {
-    match algorithm {
-        CaAlgorithm::EcdsaP256 => "1.2.840.10045.4.3.2",
-        CaAlgorithm::EcdsaP384 => "1.2.840.10045.4.3.3",
-        CaAlgorithm::Ed25519 => "1.3.101.112",
-        CaAlgorithm::RsaSha256 => "1.2.840.113549.1.1.11",
-    }
+    algorithm.signature_oid()
 }
 
 /// Parses each record's anchors and refuses values no podca can have written: times in the

@@ -533,7 +533,7 @@ fn the_secret_backends_key_passes_the_backend_contract_in_every_encoding() {
                 encodings.push(sec1(&signature::ECDSA_P384_SHA384_ASN1_SIGNING, &ca.pkcs8))
             }
             CaAlgorithm::RsaSha256 => encodings.push(("RSA PRIVATE KEY", pkcs1(&ca.pkcs8))),
-            CaAlgorithm::Ed25519 => {}
+            _ => {}
         }
         for (label, der) in encodings {
             ca.tls_key = pem::encode(&pem::Pem::new(label, der.clone()));

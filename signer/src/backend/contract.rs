@@ -175,6 +175,7 @@ fn public_key_is_consistent(key: &dyn CaKey) {
         CaAlgorithm::EcdsaP384 => ("1.2.840.10045.2.1", Some("1.3.132.0.34")),
         CaAlgorithm::Ed25519 => ("1.3.101.112", None),
         CaAlgorithm::RsaSha256 => ("1.2.840.113549.1.1.1", None),
+        ml_dsa => (ml_dsa.signature_oid(), None),
     };
     assert_eq!(
         spki.algorithm.algorithm.to_id_string(),

@@ -38,7 +38,7 @@ impl FileKey {
     /// overwrite an existing file.
     pub fn create(path: &Path, algorithm: CaAlgorithm) -> Result<Self, BackendError> {
         let key = MemoryKey::generate(algorithm)?;
-        write_private(path, key.pkcs8_pem().as_bytes())?;
+        write_private(path, key.pkcs8_pem()?.as_bytes())?;
         Ok(FileKey {
             path: path.to_owned(),
             key,
@@ -47,7 +47,7 @@ impl FileKey {
 
     /// Writes an existing key (for example an imported one) to `path` with mode 0600.
     pub fn store(path: &Path, key: MemoryKey) -> Result<Self, BackendError> {
-        write_private(path, key.pkcs8_pem().as_bytes())?;
+        write_private(path, key.pkcs8_pem()?.as_bytes())?;
         Ok(FileKey {
             path: path.to_owned(),
             key,
@@ -78,7 +78,7 @@ impl CaKey for FileKey {
     }
 
     fn signs_quickly_in_process(&self) -> bool {
-        self.algorithm() != CaAlgorithm::RsaSha256
+        self.key.signs_quickly_in_process()
     }
 }
 

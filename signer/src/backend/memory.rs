@@ -2,13 +2,14 @@
 
 use std::fmt;
 
+use aws_lc_rs::signature::KeyPair as _;
 use rcgen::{PublicKeyData, SigningKey};
 
-use super::{BackendError, CaAlgorithm, CaKey, key_pair_from_pem};
+use super::{BackendError, CaAlgorithm, CaKey, KeyPair, key_pair_from_pem};
 
 /// A CA key held in process memory.
 pub struct MemoryKey {
-    pair: rcgen::KeyPair,
+    pair: KeyPair,
     algorithm: CaAlgorithm,
 }
 
@@ -24,14 +25,26 @@ impl fmt::Debug for MemoryKey {
 impl MemoryKey {
     /// Generates a fresh key.
     pub fn generate(algorithm: CaAlgorithm) -> Result<Self, BackendError> {
+        let failed = |e: String| BackendError::InvalidKey(format!("key generation failed: {e}"));
+        if let Some(signing) = algorithm.ml_dsa() {
+            let pair = aws_lc_rs::signature::PqdsaKeyPair::generate(signing)
+                .map_err(|e| failed(e.to_string()))?;
+            return Ok(MemoryKey {
+                pair: KeyPair::MlDsa(pair, algorithm),
+                algorithm,
+            });
+        }
         let pair = match algorithm {
             CaAlgorithm::RsaSha256 => {
                 rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_3072)
             }
             other => rcgen::KeyPair::generate_for(other.rcgen()),
         }
-        .map_err(|e| BackendError::InvalidKey(format!("key generation failed: {e}")))?;
-        Ok(MemoryKey { pair, algorithm })
+        .map_err(|e| failed(e.to_string()))?;
+        Ok(MemoryKey {
+            pair: KeyPair::Rcgen(pair),
+            algorithm,
+        })
     }
 
     /// Loads a key from PEM text.
@@ -40,16 +53,32 @@ impl MemoryKey {
         Self::from_pair(pair)
     }
 
-    pub(crate) fn from_pair(pair: rcgen::KeyPair) -> Result<Self, BackendError> {
-        let algorithm = CaAlgorithm::from_rcgen(pair.algorithm())
-            .ok_or_else(|| BackendError::InvalidKey("unsupported CA key algorithm".into()))?;
+    pub(crate) fn from_pair(pair: KeyPair) -> Result<Self, BackendError> {
+        let algorithm = match &pair {
+            KeyPair::Rcgen(pair) => CaAlgorithm::from_rcgen(pair.algorithm())
+                .ok_or_else(|| BackendError::InvalidKey("unsupported CA key algorithm".into()))?,
+            KeyPair::MlDsa(_, algorithm) => *algorithm,
+        };
         Ok(MemoryKey { pair, algorithm })
     }
 
-    /// The private key as PKCS#8 v1 PEM (every TLS stack reads it; Ed25519 included), for
-    /// writing a key file. Handle with care.
-    pub(crate) fn pkcs8_pem(&self) -> String {
-        crate::keys::pkcs8_v1_pem(&self.pair)
+    /// The private key as PKCS#8 v1 PEM (every TLS stack reads it; Ed25519 included; ML-DSA
+    /// in RFC 9881's seed form, which OpenSSL 3.5 reads), for writing a key file. Handle with
+    /// care.
+    pub(crate) fn pkcs8_pem(&self) -> Result<String, BackendError> {
+        match &self.pair {
+            KeyPair::Rcgen(pair) => Ok(crate::keys::pkcs8_v1_pem(pair)),
+            KeyPair::MlDsa(pair, _) => {
+                let der = pair.to_pkcs8v1().map_err(|_| {
+                    BackendError::InvalidKey("the ML-DSA key has no seed to write".into())
+                })?;
+                let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+                Ok(pem::encode_config(
+                    &pem::Pem::new("PRIVATE KEY", der.as_ref().to_vec()),
+                    config,
+                ))
+            }
+        }
     }
 }
 
@@ -59,13 +88,26 @@ impl CaKey for MemoryKey {
     }
 
     fn public_key_raw(&self) -> &[u8] {
-        self.pair.der_bytes()
+        match &self.pair {
+            KeyPair::Rcgen(pair) => pair.der_bytes(),
+            KeyPair::MlDsa(pair, _) => pair.public_key().as_ref(),
+        }
     }
 
     fn sign(&self, message: &[u8]) -> Result<Vec<u8>, BackendError> {
-        self.pair
-            .sign(message)
-            .map_err(|e| BackendError::Unavailable(format!("signing failed: {e}")))
+        match &self.pair {
+            KeyPair::Rcgen(pair) => pair
+                .sign(message)
+                .map_err(|e| BackendError::Unavailable(format!("signing failed: {e}"))),
+            KeyPair::MlDsa(pair, _) => {
+                let mut signature = vec![0; pair.algorithm().signature_len()];
+                let len = pair
+                    .sign(message, &mut signature)
+                    .map_err(|e| BackendError::Unavailable(format!("signing failed: {e}")))?;
+                signature.truncate(len);
+                Ok(signature)
+            }
+        }
     }
 
     fn location(&self) -> String {
@@ -73,6 +115,8 @@ impl CaKey for MemoryKey {
     }
 
     fn signs_quickly_in_process(&self) -> bool {
-        self.algorithm() != CaAlgorithm::RsaSha256
+        // An ML-DSA signature is a few hundred microseconds (and RSA more): too long to hold
+        // an async worker, so those go to the blocking pool.
+        !(self.algorithm() == CaAlgorithm::RsaSha256 || self.algorithm().is_ml_dsa())
     }
 }

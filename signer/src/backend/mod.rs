@@ -29,6 +29,12 @@ pub enum CaAlgorithm {
     Ed25519,
     /// RSA PKCS#1 v1.5 with SHA-256 (imported or HSM-held RSA keys only).
     RsaSha256,
+    /// ML-DSA-44 (FIPS 204, pure, empty context; RFC 9881). File and Secret keys only.
+    MlDsa44,
+    /// ML-DSA-65. File and Secret keys only.
+    MlDsa65,
+    /// ML-DSA-87. File and Secret keys only.
+    MlDsa87,
 }
 
 impl CaAlgorithm {
@@ -39,6 +45,49 @@ impl CaAlgorithm {
             CaAlgorithm::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
             CaAlgorithm::Ed25519 => &rcgen::PKCS_ED25519,
             CaAlgorithm::RsaSha256 => &rcgen::PKCS_RSA_SHA256,
+            CaAlgorithm::MlDsa44 => &rcgen::PKCS_ML_DSA_44,
+            CaAlgorithm::MlDsa65 => &rcgen::PKCS_ML_DSA_65,
+            CaAlgorithm::MlDsa87 => &rcgen::PKCS_ML_DSA_87,
+        }
+    }
+
+    /// Every CA key algorithm.
+    pub const ALL: [CaAlgorithm; 7] = [
+        CaAlgorithm::EcdsaP256,
+        CaAlgorithm::EcdsaP384,
+        CaAlgorithm::Ed25519,
+        CaAlgorithm::RsaSha256,
+        CaAlgorithm::MlDsa44,
+        CaAlgorithm::MlDsa65,
+        CaAlgorithm::MlDsa87,
+    ];
+
+    /// Whether this is an ML-DSA (post-quantum) algorithm.
+    pub fn is_ml_dsa(self) -> bool {
+        self.ml_dsa().is_some()
+    }
+
+    /// The aws-lc-rs ML-DSA signing algorithm, for ML-DSA keys.
+    pub(crate) fn ml_dsa(self) -> Option<&'static aws_lc_rs::signature::PqdsaSigningAlgorithm> {
+        use aws_lc_rs::signature as s;
+        match self {
+            CaAlgorithm::MlDsa44 => Some(&s::ML_DSA_44_SIGNING),
+            CaAlgorithm::MlDsa65 => Some(&s::ML_DSA_65_SIGNING),
+            CaAlgorithm::MlDsa87 => Some(&s::ML_DSA_87_SIGNING),
+            _ => None,
+        }
+    }
+
+    /// The DER content of the signature AlgorithmIdentifier's OID.
+    pub fn signature_oid(self) -> &'static str {
+        match self {
+            CaAlgorithm::EcdsaP256 => "1.2.840.10045.4.3.2",
+            CaAlgorithm::EcdsaP384 => "1.2.840.10045.4.3.3",
+            CaAlgorithm::Ed25519 => "1.3.101.112",
+            CaAlgorithm::RsaSha256 => "1.2.840.113549.1.1.11",
+            CaAlgorithm::MlDsa44 => "2.16.840.1.101.3.4.3.17",
+            CaAlgorithm::MlDsa65 => "2.16.840.1.101.3.4.3.18",
+            CaAlgorithm::MlDsa87 => "2.16.840.1.101.3.4.3.19",
         }
     }
 
@@ -50,19 +99,15 @@ impl CaAlgorithm {
             CaAlgorithm::EcdsaP384 => &s::ECDSA_P384_SHA384_ASN1,
             CaAlgorithm::Ed25519 => &s::ED25519,
             CaAlgorithm::RsaSha256 => &s::RSA_PKCS1_2048_8192_SHA256,
+            CaAlgorithm::MlDsa44 => &s::ML_DSA_44,
+            CaAlgorithm::MlDsa65 => &s::ML_DSA_65,
+            CaAlgorithm::MlDsa87 => &s::ML_DSA_87,
         }
     }
 
     /// Maps an rcgen algorithm back, for keys loaded from PEM.
     pub fn from_rcgen(alg: &'static rcgen::SignatureAlgorithm) -> Option<Self> {
-        [
-            CaAlgorithm::EcdsaP256,
-            CaAlgorithm::EcdsaP384,
-            CaAlgorithm::Ed25519,
-            CaAlgorithm::RsaSha256,
-        ]
-        .into_iter()
-        .find(|a| a.rcgen() == alg)
+        CaAlgorithm::ALL.into_iter().find(|a| a.rcgen() == alg)
     }
 }
 
@@ -75,8 +120,12 @@ impl std::str::FromStr for CaAlgorithm {
             "ecdsa-p384" | "p384" | "p-384" | "ecdsap384" => Ok(CaAlgorithm::EcdsaP384),
             "ed25519" => Ok(CaAlgorithm::Ed25519),
             "rsa" | "rsa-sha256" => Ok(CaAlgorithm::RsaSha256),
+            "ml-dsa-44" | "mldsa44" => Ok(CaAlgorithm::MlDsa44),
+            "ml-dsa-65" | "mldsa65" => Ok(CaAlgorithm::MlDsa65),
+            "ml-dsa-87" | "mldsa87" => Ok(CaAlgorithm::MlDsa87),
             _ => Err(format!(
-                "unknown CA key algorithm {s:?}; expected ecdsa-p256, ecdsa-p384 or ed25519"
+                "unknown CA key algorithm {s:?}; expected ecdsa-p256, ecdsa-p384, ed25519, \
+                 ml-dsa-44, ml-dsa-65 or ml-dsa-87"
             )),
         }
     }
@@ -89,6 +138,9 @@ impl fmt::Display for CaAlgorithm {
             CaAlgorithm::EcdsaP384 => "ecdsa-p384",
             CaAlgorithm::Ed25519 => "ed25519",
             CaAlgorithm::RsaSha256 => "rsa-sha256",
+            CaAlgorithm::MlDsa44 => "ml-dsa-44",
+            CaAlgorithm::MlDsa65 => "ml-dsa-65",
+            CaAlgorithm::MlDsa87 => "ml-dsa-87",
         })
     }
 }
@@ -165,19 +217,53 @@ impl rcgen::PublicKeyData for RawPublicKey<'_> {
     }
 }
 
+/// A CA key pair in memory: rcgen's for the classical algorithms, aws-lc-rs's ML-DSA pair
+/// otherwise (rcgen 0.14 signs with ML-DSA but cannot load an ML-DSA PKCS#8).
+pub(crate) enum KeyPair {
+    Rcgen(rcgen::KeyPair),
+    MlDsa(aws_lc_rs::signature::PqdsaKeyPair, CaAlgorithm),
+}
+
 /// Builds a key pair from PEM (PKCS#8, SEC1 `EC PRIVATE KEY` or PKCS#1 `RSA PRIVATE KEY`), as
-/// written by podca, openssl or cfssl.
-pub(crate) fn key_pair_from_pem(pem: &str, origin: &str) -> Result<rcgen::KeyPair, BackendError> {
-    let pair = rcgen::KeyPair::from_pem(pem).map_err(|_| {
+/// written by podca, openssl or cfssl; ML-DSA keys as RFC 9881 PKCS#8 (seed, expanded key or
+/// both, as OpenSSL 3.5 writes them).
+pub(crate) fn key_pair_from_pem(pem: &str, origin: &str) -> Result<KeyPair, BackendError> {
+    let unusable = || {
         BackendError::InvalidKey(format!(
             "{origin}: not a PEM private key podca can use (PKCS#8, SEC1 EC or PKCS#1 RSA; \
-             ECDSA P-256/P-384, Ed25519 or RSA)"
+             ECDSA P-256/P-384, Ed25519, RSA or ML-DSA-44/65/87)"
         ))
-    })?;
+    };
+    let pair = match rcgen::KeyPair::from_pem(pem) {
+        Ok(pair) => pair,
+        Err(_) => {
+            let block = ::pem::parse(pem).map_err(|_| unusable())?;
+            if block.tag() != "PRIVATE KEY" {
+                return Err(unusable());
+            }
+            return ml_dsa_from_pkcs8(block.contents()).ok_or_else(unusable);
+        }
+    };
     if CaAlgorithm::from_rcgen(pair.algorithm()).is_none() {
         return Err(BackendError::InvalidKey(format!(
-            "{origin}: unsupported CA key algorithm (ECDSA P-256/P-384, Ed25519 or RSA)"
+            "{origin}: unsupported CA key algorithm (ECDSA P-256/P-384, Ed25519, RSA or ML-DSA)"
         )));
     }
-    Ok(pair)
+    Ok(KeyPair::Rcgen(pair))
+}
+
+/// An ML-DSA key of any parameter set from PKCS#8 DER.
+fn ml_dsa_from_pkcs8(der: &[u8]) -> Option<KeyPair> {
+    [
+        CaAlgorithm::MlDsa44,
+        CaAlgorithm::MlDsa65,
+        CaAlgorithm::MlDsa87,
+    ]
+    .into_iter()
+    .find_map(|algorithm| {
+        let signing = algorithm.ml_dsa()?;
+        aws_lc_rs::signature::PqdsaKeyPair::from_pkcs8(signing, der)
+            .ok()
+            .map(|pair| KeyPair::MlDsa(pair, algorithm))
+    })
 }

@@ -97,6 +97,11 @@ impl JwtAlgorithm {
                 "Ed25519 (EdDSA) is not a JWT-SVID algorithm; use ecdsa-p256, ecdsa-p384 or rsa"
                     .into(),
             )),
+            CaAlgorithm::MlDsa44 | CaAlgorithm::MlDsa65 | CaAlgorithm::MlDsa87 => {
+                Err(JwtError::UnusableKey(
+                    "ML-DSA is not a JWT-SVID algorithm; use ecdsa-p256, ecdsa-p384 or rsa".into(),
+                ))
+            }
         }
     }
 

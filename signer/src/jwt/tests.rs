@@ -588,3 +588,31 @@ proptest! {
         prop_assert!(expired);
     }
 }
+
+#[test]
+fn only_the_standards_algorithms_can_be_jwt_keys() {
+    assert_eq!(
+        JwtAlgorithm::for_key(CaAlgorithm::EcdsaP256).unwrap(),
+        JwtAlgorithm::ES256
+    );
+    assert_eq!(
+        JwtAlgorithm::for_key(CaAlgorithm::EcdsaP384).unwrap(),
+        JwtAlgorithm::ES384
+    );
+    assert_eq!(
+        JwtAlgorithm::for_key(CaAlgorithm::RsaSha256).unwrap(),
+        JwtAlgorithm::RS256
+    );
+    for algorithm in [
+        CaAlgorithm::Ed25519,
+        CaAlgorithm::MlDsa44,
+        CaAlgorithm::MlDsa65,
+        CaAlgorithm::MlDsa87,
+    ] {
+        let err = JwtAlgorithm::for_key(algorithm).unwrap_err().to_string();
+        assert!(
+            err.contains("is not a JWT-SVID algorithm"),
+            "{algorithm:?}: {err}"
+        );
+    }
+}

@@ -29,6 +29,8 @@ pub enum PubKey {
         point: Vec<u8>,
     },
     Ed25519(Vec<u8>),
+    /// An RFC 9881 ML-DSA key (Go 1.27 `*mldsa.PublicKey`).
+    MlDsa(super::mldsa::MlDsaKey),
     /// A key Go parses but that is none of the above (X25519).
     Other,
 }
@@ -98,14 +100,23 @@ pub fn pubkey_from_spki(spki: &SubjectPublicKeyInfo<'_>) -> Result<PubKey, Strin
             Ok(PubKey::Ed25519(key.to_vec()))
         }
         OID_X25519 => Ok(PubKey::Other),
+        oid if super::mldsa::is_ml_dsa_oid(oid) => {
+            super::mldsa::parse(oid, spki).map(PubKey::MlDsa)
+        }
         _ => Err("x509: unknown public key algorithm".into()),
     }
 }
 
-/// Rule 7.3 / 8.3: the key must be one of the six kubelet key types.
+/// Rule 7.3 / 8.3: the key must be one of the six kubelet key types, or (rule 8.9, stub only,
+/// with the `PodCertificateMLDSA` gate: `allow_ml_dsa`) an ML-DSA key.
 /// Returns the Go-rendered value and detail of the `field.Invalid`.
-pub fn check_key_type(k: &PubKey) -> Result<(), (Option<String>, &'static str)> {
+pub fn check_key_type(
+    k: &PubKey,
+    allow_ml_dsa: bool,
+) -> Result<(), (Option<String>, &'static str)> {
     match k {
+        PubKey::MlDsa(_) if allow_ml_dsa => Ok(()),
+        PubKey::MlDsa(_) => Err((None, super::mldsa::GATE_OFF_DETAIL)),
         PubKey::Ed25519(_) => Ok(()),
         PubKey::Ec { curve, .. } => {
             if matches!(*curve, "P-256" | "P-384" | "P-521") {
@@ -144,6 +155,7 @@ pub fn key_type_name(k: &PubKey) -> Option<&'static str> {
         PubKey::Ec { curve: "P-521", .. } => Some("ECDSAP521"),
         PubKey::Rsa { n, .. } if n.len() == 384 => Some("RSA3072"),
         PubKey::Rsa { n, .. } if n.len() == 512 => Some("RSA4096"),
+        PubKey::MlDsa(k) => Some(k.set.key_type_name()),
         _ => None,
     }
 }
@@ -240,6 +252,7 @@ pub fn verify_signature(
             _ => return false,
         },
         ("1.3.101.112", PubKey::Ed25519(_)) => &signature::ED25519,
+        (s, PubKey::MlDsa(k)) => return super::mldsa::verify(s, k, msg, sig),
         _ => return false,
     };
     verify(alg, key, msg, sig)

@@ -6,6 +6,7 @@ pub mod errors;
 mod http;
 pub mod keys;
 mod managed;
+pub mod mldsa;
 pub mod names;
 mod patch;
 pub mod pcr;
@@ -90,6 +91,9 @@ pub struct EmulatorConfig {
     /// `V1Beta1Legacy`, 1.36 for `V1Beta1`, else 1.37). Set it to model a cluster that serves
     /// other versions than its release does by default.
     pub kubernetes_minor: Option<u32>,
+    /// The `PodCertificateMLDSA` feature gate (kubernetes#142108, after 1.37; default off):
+    /// stub CSRs may carry ML-DSA keys (spec rules 8.8–8.11).
+    pub pod_certificate_mldsa: bool,
 }
 
 impl Default for EmulatorConfig {
@@ -104,6 +108,7 @@ impl Default for EmulatorConfig {
             api_audiences: vec!["https://kubernetes.default.svc.cluster.local".into()],
             auto_create_namespaces: false,
             kubernetes_minor: None,
+            pod_certificate_mldsa: false,
         }
     }
 }

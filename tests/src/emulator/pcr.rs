@@ -444,6 +444,7 @@ pub fn validate_create(
     generate_name: &str,
     spec: &PcrSpec,
     rules: KeyRules,
+    pod_certificate_mldsa: bool,
 ) -> Vec<FieldError> {
     let mut errs = Vec::new();
     // metadata
@@ -555,7 +556,7 @@ pub fn validate_create(
                     "must be set",
                 ));
             } else {
-                validate_stub(spec, &mut errs);
+                validate_stub(spec, pod_certificate_mldsa, &mut errs);
             }
         }
         KeyRules::StubOrLegacy => {
@@ -565,7 +566,7 @@ pub fn validate_create(
                     "exactly one of (stubPKCS10Request) or (pkixPublicKey, proofOfPossession) must be set",
                 ));
             } else if has_stub {
-                validate_stub(spec, &mut errs);
+                validate_stub(spec, pod_certificate_mldsa, &mut errs);
             } else {
                 validate_legacy(spec, &mut errs);
             }
@@ -606,7 +607,8 @@ fn validate_legacy(spec: &PcrSpec, errs: &mut Vec<FieldError>) {
             return;
         }
     };
-    if let Err((val, detail)) = keys::check_key_type(&key) {
+    // Rule 8.10: ML-DSA only in the stub, gate or not.
+    if let Err((val, detail)) = keys::check_key_type(&key, false) {
         match val {
             Some(v) => errs.push(FieldError::invalid_str(PKIX, &v, detail)),
             None => errs.push(FieldError::invalid_raw(
@@ -629,7 +631,7 @@ fn validate_legacy(spec: &PcrSpec, errs: &mut Vec<FieldError>) {
     }
 }
 
-fn validate_stub(spec: &PcrSpec, errs: &mut Vec<FieldError>) {
+fn validate_stub(spec: &PcrSpec, pod_certificate_mldsa: bool, errs: &mut Vec<FieldError>) {
     let stub = &spec.stub_pkcs10_request;
     if stub.len() > MAX_KEY_MATERIAL {
         errs.push(FieldError::too_long(STUB, MAX_KEY_MATERIAL));
@@ -655,7 +657,7 @@ fn validate_stub(spec: &PcrSpec, errs: &mut Vec<FieldError>) {
             return;
         }
     };
-    if let Err((val, detail)) = keys::check_key_type(&key) {
+    if let Err((val, detail)) = keys::check_key_type(&key, pod_certificate_mldsa) {
         match val {
             Some(v) => errs.push(FieldError::invalid_str(STUB, &v, detail)),
             None => errs.push(FieldError::invalid_omitted(STUB, detail)),

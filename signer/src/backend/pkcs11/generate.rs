@@ -11,6 +11,26 @@ use super::{Pkcs11Config, Pkcs11Key};
 use crate::backend::{BackendError, CaAlgorithm};
 
 impl Pkcs11Key {
+    /// Whether this backend can hold a CA key of `algorithm`: ECDSA P-256/P-384 and RSA. The
+    /// error names the backends that can (Ed25519 and ML-DSA: the file or Secret backend).
+    pub fn supports(algorithm: CaAlgorithm) -> Result<(), BackendError> {
+        match algorithm {
+            CaAlgorithm::EcdsaP256 | CaAlgorithm::EcdsaP384 | CaAlgorithm::RsaSha256 => Ok(()),
+            CaAlgorithm::Ed25519
+            | CaAlgorithm::MlDsa44
+            | CaAlgorithm::MlDsa65
+            | CaAlgorithm::MlDsa87 => Err(BackendError::InvalidKey(format!(
+                "the PKCS#11 backend supports ecdsa-p256, ecdsa-p384 and rsa-sha256 CA keys, \
+                 not {algorithm}{}",
+                if algorithm.is_ml_dsa() {
+                    " (ML-DSA CA keys need the file or Secret backend)"
+                } else {
+                    ""
+                }
+            ))),
+        }
+    }
+
     /// Generates a key pair inside the token (`CKA_TOKEN`, `CKA_PRIVATE`, `CKA_SENSITIVE`,
     /// not `CKA_EXTRACTABLE`, `CKA_SIGN` only), labelled with the URI's `object` and `id` (a
     /// random 8-byte id when the URI has none), then opens it. Refuses when a private key
@@ -19,6 +39,7 @@ impl Pkcs11Key {
         config: &Pkcs11Config,
         algorithm: CaAlgorithm,
     ) -> Result<Pkcs11Key, BackendError> {
+        Self::supports(algorithm)?;
         let module = Module::get(&config.module()?)?;
         let pin = config.pin.read()?;
         let mut uri = config.uri.clone();
@@ -85,12 +106,14 @@ impl Pkcs11Key {
                     public.push(Attribute::PublicExponent(vec![0x01, 0x00, 0x01]));
                     Mechanism::RsaPkcsKeyPairGen
                 }
-                CaAlgorithm::Ed25519 => {
-                    return Err(BackendError::InvalidKey(
-                        "the PKCS#11 backend supports ecdsa-p256, ecdsa-p384 and rsa-sha256 \
-                         CA keys, not ed25519"
-                            .into(),
-                    ));
+                // Refused by `supports` above.
+                CaAlgorithm::Ed25519
+                | CaAlgorithm::MlDsa44
+                | CaAlgorithm::MlDsa65
+                | CaAlgorithm::MlDsa87 => {
+                    return Err(Self::supports(algorithm).err().unwrap_or_else(|| {
+                        BackendError::InvalidKey(format!("{algorithm} keys are not generated here"))
+                    }));
                 }
             };
             session

@@ -54,7 +54,13 @@ pub(super) fn create_pcr(
         node_restriction(shared, user, node, ns, &name, &spec, md)?;
     }
     ensure_namespace(shared, ns)?;
-    let errs = pcr::validate_create(&name, generate, &spec, key_rules(md, &t.version));
+    let errs = pcr::validate_create(
+        &name,
+        generate,
+        &spec,
+        key_rules(md, &t.version),
+        shared.config.pod_certificate_mldsa,
+    );
     let mut meta = new_metadata(shared, body.get("metadata"), ns, &name);
     let mut errs = errs;
     errs.extend(validate_meta_labels(&meta));

@@ -1,0 +1,146 @@
+//! ML-DSA issuance throughput against raw signing, on one core (issue #18's targets: ≥ 0.80).
+//!
+//! `cargo bench -p podca-signer --bench mldsa_issuance` prints two comparisons:
+//! * leaf issuance with an ML-DSA-65 issuing CA (ECDSA P-256 subject) against raw ML-DSA-65
+//!   signatures of a TBSCertificate-sized message;
+//! * leaf issuance for an ML-DSA-65 subject under a P-256 issuing CA against raw P-256 signing.
+//!
+//! Issuance is the PodCertificateRequest path: stub CSR DER → subject key (no signature
+//! re-check) → policy → validity → signed leaf → PEM chain.
+
+// A benchmark binary: a failed setup step should abort it loudly.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_lc_rs::rand::SystemRandom;
+use aws_lc_rs::signature::{
+    ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, ML_DSA_65_SIGNING, PqdsaKeyPair,
+};
+use podca_signer::keys::GeneratedKey;
+use podca_signer::{
+    CaAlgorithm, CertificateRequest, IssuingCa, KeyType, MemoryKey, Outcome, SignerPolicy,
+    SubjectKey,
+};
+use time::OffsetDateTime;
+
+const RUN: Duration = Duration::from_secs(3);
+
+fn rate(mut op: impl FnMut()) -> f64 {
+    // Warm up, then count operations in a fixed window; take the median of three windows.
+    let warm = Instant::now();
+    while warm.elapsed() < Duration::from_millis(300) {
+        op();
+    }
+    let mut rates: Vec<f64> = (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            let mut n = 0u64;
+            while start.elapsed() < RUN {
+                for _ in 0..16 {
+                    op();
+                }
+                n += 16;
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        })
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates[1]
+}
+
+fn two_level_ca(algorithm: CaAlgorithm, now: OffsetDateTime) -> IssuingCa {
+    IssuingCa::self_signed_root(
+        Arc::new(MemoryKey::generate(algorithm).unwrap()),
+        "bench root",
+        now,
+        time::Duration::days(30),
+    )
+    .unwrap()
+    .sign_intermediate(
+        Arc::new(MemoryKey::generate(algorithm).unwrap()),
+        "bench issuing",
+        now,
+        time::Duration::days(10),
+    )
+    .unwrap()
+}
+
+/// Issuances per second of leaves for a `subject` key under `ca`.
+fn issuance_rate(ca: &IssuingCa, subject: KeyType, now: OffsetDateTime) -> f64 {
+    let mut policy = SignerPolicy::permissive("cluster.local");
+    policy.key_types = KeyType::EVERY.to_vec();
+    let stub = GeneratedKey::generate(subject)
+        .unwrap()
+        .stub_csr_der()
+        .unwrap();
+    rate(|| {
+        let request = CertificateRequest {
+            key: SubjectKey::from_stub_csr(&stub),
+            namespace: "prod".into(),
+            service_account: "web".into(),
+            pod_name: Some("web-0".into()),
+            max_expiration: Some(time::Duration::seconds(86400)),
+            requested_lifetime: None,
+            user_annotations: Default::default(),
+        };
+        match podca_signer::sign_request(&policy, ca, &request, now) {
+            Outcome::Issued(cert) => {
+                std::hint::black_box(cert);
+            }
+            other => panic!("{other:?}"),
+        }
+    })
+}
+
+fn report(what: &str, raw_name: &str, raw: f64, issue: f64) {
+    println!("{what}");
+    println!("  raw {raw_name} signatures/s (aws-lc-rs): {raw:>10.0}");
+    println!("  leaf issuance/s (stub CSR → PEM chain): {issue:>10.0}");
+    println!(
+        "  issuance / raw signing:                 {:>10.1} % (target ≥ 80 %)",
+        100.0 * issue / raw
+    );
+}
+
+fn main() {
+    let now = OffsetDateTime::now_utc();
+    // About the size of a leaf's TBSCertificate with a P-256 subject key; an ML-DSA-65 subject
+    // key makes it ~2.3 KB.
+    let small = vec![0x5au8; 420];
+    let large = vec![0x5au8; 2400];
+
+    // 1. ML-DSA-65 issuing CA, P-256 subject, against raw ML-DSA-65.
+    let ml_dsa = PqdsaKeyPair::generate(&ML_DSA_65_SIGNING).unwrap();
+    let mut signature = vec![0u8; ML_DSA_65_SIGNING.signature_len()];
+    let raw_ml_dsa = rate(|| {
+        std::hint::black_box(ml_dsa.sign(&small, &mut signature).unwrap());
+    });
+    let ca = two_level_ca(CaAlgorithm::MlDsa65, now);
+    let issue_ml_dsa_ca = issuance_rate(&ca, KeyType::EcdsaP256, now);
+
+    // 2. ML-DSA-65 subject under a P-256 issuing CA, against raw P-256.
+    let rng = SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
+    let p256 = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref()).unwrap();
+    let raw_p256 = rate(|| {
+        std::hint::black_box(p256.sign(&rng, &large).unwrap());
+    });
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256, now);
+    let issue_ml_dsa_subject = issuance_rate(&ca, KeyType::MlDsa65, now);
+
+    println!("one core, release build, median of 3 × {}s", RUN.as_secs());
+    report(
+        "ML-DSA-65 issuing CA, ECDSA P-256 subject:",
+        "ML-DSA-65",
+        raw_ml_dsa,
+        issue_ml_dsa_ca,
+    );
+    report(
+        "ML-DSA-65 subject, ECDSA P-256 issuing CA:",
+        "ECDSA P-256",
+        raw_p256,
+        issue_ml_dsa_subject,
+    );
+}
