@@ -14,7 +14,8 @@
 //!
 //! `PODCA_BENCH_PERF=1` also samples the server with `perf record` during the persistent window
 //! and prints where its CPU time went, by component. `PODCA_BENCH_SECONDS` sets each window
-//! (default 10 s).
+//! (default 10 s). `PODCA_BENCH_LEDGER=none` runs serve with `[ledger] backend = "none"` instead
+//! of the default redb ledger, whose durable group commit every answer waits for.
 
 #![allow(clippy::unwrap_used)] // a benchmark: any failure should stop it loudly
 
@@ -49,7 +50,12 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let serve = TlsServe::start("").await;
+        let no_ledger = std::env::var_os("PODCA_BENCH_LEDGER").is_some_and(|v| v == "none");
+        println!(
+            "ledger: {}",
+            if no_ledger { "none" } else { "redb (default)" }
+        );
+        let serve = TlsServe::start(if no_ledger { "backend = \"none\"" } else { "" }).await;
         let pid = serve.serve.child.id();
         let auth: AsciiMetadataValue = format!("Bearer {}", serve.token).parse().unwrap();
         // One call first, so the TokenReview and the first connection are not in the window.
