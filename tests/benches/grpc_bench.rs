@@ -59,8 +59,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // One identity opens every stream and sends every request: measure podca, not its
+    // per-identity rate limit (100/s by default).
     let dev = DevProcess::start_with(DevOptions {
         release: true,
+        config: Some("[grpc]\nrate_limit_per_identity = 0\n"),
         ..Default::default()
     });
     if std::env::var_os("PODCA_BENCH_PLAINTEXT").is_some_and(|v| v == "1") {
@@ -166,7 +169,8 @@ async fn jwt_fan_out() {
     let dev = DevProcess::start_with(DevOptions {
         release: true,
         config: Some(
-            "[jwt]\nkey_rotation_seconds = 20\npropagation_seconds = 5\n\
+            "[grpc]\nrate_limit_per_identity = 0\n\n\
+             [jwt]\nkey_rotation_seconds = 20\npropagation_seconds = 5\n\
              max_lifetime_seconds = 10\ndefault_lifetime_seconds = 10\n",
         ),
         ..Default::default()
