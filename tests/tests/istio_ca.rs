@@ -572,34 +572,7 @@ fn handshake(clock: &SimClock, client: &Node, server: &Node) -> Result<(), Strin
         rustls::ClientConnection::new(Arc::new(client_config), name).map_err(|e| e.to_string())?;
     let mut s =
         rustls::ServerConnection::new(Arc::new(server_config)).map_err(|e| e.to_string())?;
-    for _ in 0..20 {
-        if !c.is_handshaking() && !s.is_handshaking() {
-            break;
-        }
-        let mut buf = Vec::new();
-        while c.wants_write() {
-            c.write_tls(&mut buf).map_err(|e| e.to_string())?;
-        }
-        let mut rd = &buf[..];
-        while !rd.is_empty() {
-            s.read_tls(&mut rd).map_err(|e| e.to_string())?;
-        }
-        s.process_new_packets()
-            .map_err(|e| format!("server side: {e}"))?;
-        let mut buf = Vec::new();
-        while s.wants_write() {
-            s.write_tls(&mut buf).map_err(|e| e.to_string())?;
-        }
-        let mut rd = &buf[..];
-        while !rd.is_empty() {
-            c.read_tls(&mut rd).map_err(|e| e.to_string())?;
-        }
-        c.process_new_packets()
-            .map_err(|e| format!("client side: {e}"))?;
-    }
-    if c.is_handshaking() || s.is_handshaking() {
-        return Err("handshake did not complete".into());
-    }
+    podca_tests::tls::handshake_in_memory(&mut c, &mut s)?;
     if s.peer_certificates().is_none_or(|c| c.is_empty()) {
         return Err("the server saw no client certificate".into());
     }
