@@ -40,12 +40,8 @@ use podca_proto::podca::v1::IssueCertificateRequest;
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::workload::spiffe_workload_api_client::SpiffeWorkloadApiClient;
 use podca_proto::workload::{JwtBundlesRequest, JwtsvidRequest, X509BundlesRequest};
-use podca_tests::EmulatorConfig;
-use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
-use podca_tests::emulator::{ApiMode, PolicyRule, ServiceAccountToken, Subject};
-use podca_tests::process::{
-    DevOptions, DevProcess, ServeProcess, csr_for, podca_binary_release, podca_bundle,
-};
+use podca_tests::bench::TlsServe;
+use podca_tests::process::{DevOptions, DevProcess, csr_for};
 use podca_tests::tls::TlsChannel;
 use tonic::transport::{Channel, Endpoint};
 
@@ -76,14 +72,14 @@ fn main() {
     } else {
         runtime.block_on(async {
             let redb = {
-                let (target, _serve, _cluster, _pg) = tls_target(false).await;
+                let (target, _serve, _pg, _dir) = tls_target(false).await;
                 let podca = issue_throughput(&target, "redb ledger", Rpc::IssueCertificate).await;
                 let istio = issue_throughput(&target, "redb ledger", Rpc::CreateCertificate).await;
                 print_istio_share(istio, podca);
                 podca
             };
             let (postgres, issued) = {
-                let (target, _serve, _cluster, pg) = tls_target(true).await;
+                let (target, _serve, pg, _dir) = tls_target(true).await;
                 let before = grpc_records(pg.as_ref());
                 let rate =
                     issue_throughput(&target, "PostgreSQL ledger", Rpc::IssueCertificate).await;
@@ -321,88 +317,31 @@ async fn tls_target(
     postgres: bool,
 ) -> (
     Target,
-    ServeProcess,
-    Cluster,
+    TlsServe,
     Option<podca_tests::postgres::Postgres>,
+    tempfile::TempDir,
 ) {
-    let cluster = Cluster::start_with(ClusterConfig {
-        emulator: EmulatorConfig {
-            api_mode: ApiMode::V1Only,
-            auto_create_namespaces: true,
-            ..Default::default()
-        },
-        podca_groups: &["system:serviceaccounts"],
-        signers: &[],
-    })
-    .await;
-    cluster.emu.grant(
-        Subject::User(PODCA_USER.into()),
-        PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
-    );
-    let ca_dir = cluster.dir.path().join("ca");
-    let init = std::process::Command::new(podca_binary_release())
-        .args(["ca", "init", "--dir"])
-        .arg(&ca_dir)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(init.success());
-    let config = cluster.dir.path().join("podca.toml");
     let pg = postgres.then(podca_tests::postgres::Postgres::start);
+    let dir = tempfile::tempdir().unwrap();
     let ledger = match &pg {
         Some(pg) => {
-            let url = cluster.dir.path().join("ledger-url");
+            let url = dir.path().join("ledger-url");
             std::fs::write(&url, pg.unix_url()).unwrap();
             format!(
-                "\n[ledger]\nbackend = \"postgres\"\nurl_file = {:?}\ntls = \"disable\"\n",
+                "backend = \"postgres\"\nurl_file = {:?}\ntls = \"disable\"\n",
                 url.display().to_string()
             )
         }
         None => String::new(),
     };
-    std::fs::write(
-        &config,
-        format!(
-            "[ca]\ndir = {:?}\n\n[signers.\"example.com/workload\"]\ntrust_domain = \
-             \"cluster.local\"\n\n[grpc]\n{}\
-             # One identity and one address measure podca, not its fair-share limits.\n\
-             rate_limit_per_identity = 0\nmax_connections_per_peer = 4096\n{ledger}",
-            ca_dir.display().to_string(),
-            podca_tests::tls::GRPC_TLS_CONFIG
-        ),
-    )
-    .unwrap();
-    let serve = ServeProcess::start_release(&config, &cluster.kubeconfig, &[]);
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], serve.grpc));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(addr).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "podca serve's gRPC API did not listen"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let token_for = |audience: &str| {
-        cluster.emu.add_service_account_token(ServiceAccountToken {
-            namespace: "default".into(),
-            service_account: "default".into(),
-            service_account_uid: podca_tests::emulator::new_uid(),
-            audiences: vec![audience.into()],
-            expires: cluster.emu.now() + time::Duration::hours(1),
-            pod_name: None,
-            pod_uid: None,
-            node_name: None,
-            node_uid: None,
-            credential_id: podca_tests::emulator::new_uid(),
-        })
-    };
+    let serve = TlsServe::start(&ledger).await;
     let target = Target::Tls {
-        addr,
-        anchors: podca_bundle(&ca_dir),
-        token: token_for("podca"),
-        istio_token: token_for("istio-ca"),
+        addr: serve.addr,
+        anchors: serve.anchors.clone(),
+        token: serve.token.clone(),
+        istio_token: serve.token_for("istio-ca"),
     };
-    (target, serve, cluster, pg)
+    (target, serve, pg, dir)
 }
 
 /// Runs the throughput clients of `rpc`; the rate (certificates/s).

@@ -85,27 +85,34 @@ impl TlsServe {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let token = cluster.emu.add_service_account_token(ServiceAccountToken {
-            namespace: "default".into(),
-            service_account: "default".into(),
-            service_account_uid: crate::emulator::new_uid(),
-            audiences: vec!["podca".into()],
-            expires: cluster.emu.now() + time::Duration::hours(1),
-            pod_name: None,
-            pod_uid: None,
-            node_name: None,
-            node_uid: None,
-            credential_id: crate::emulator::new_uid(),
-        });
-        TlsServe {
+        let mut served = TlsServe {
             serve,
             cluster,
             addr,
             anchors: podca_bundle(&ca_dir),
-            token,
-        }
+            token: String::new(),
+        };
+        served.token = served.token_for("podca");
+        served
     }
 
+    /// A new token for `default/default` with `audience` (the Istio API's is `istio-ca`).
+    pub fn token_for(&self, audience: &str) -> String {
+        self.cluster
+            .emu
+            .add_service_account_token(ServiceAccountToken {
+                namespace: "default".into(),
+                service_account: "default".into(),
+                service_account_uid: crate::emulator::new_uid(),
+                audiences: vec![audience.into()],
+                expires: self.cluster.emu.now() + time::Duration::hours(1),
+                pod_name: None,
+                pod_uid: None,
+                node_name: None,
+                node_uid: None,
+                credential_id: crate::emulator::new_uid(),
+            })
+    }
     /// The CA directory `podca serve` signs from.
     pub fn ca_dir(&self) -> std::path::PathBuf {
         self.cluster.dir.path().join("ca")
