@@ -8,7 +8,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair};
@@ -19,29 +18,10 @@ use podca_signer::{
 };
 use time::OffsetDateTime;
 
-const RUN: Duration = Duration::from_secs(3);
+mod common;
 
-fn rate(mut op: impl FnMut()) -> f64 {
-    // Warm up, then count operations in a fixed window; take the median of three windows.
-    let warm = Instant::now();
-    while warm.elapsed() < Duration::from_millis(300) {
-        op();
-    }
-    let mut rates: Vec<f64> = (0..3)
-        .map(|_| {
-            let start = Instant::now();
-            let mut n = 0u64;
-            while start.elapsed() < RUN {
-                for _ in 0..64 {
-                    op();
-                }
-                n += 64;
-            }
-            n as f64 / start.elapsed().as_secs_f64()
-        })
-        .collect();
-    rates.sort_by(f64::total_cmp);
-    rates[1]
+fn rate(op: impl FnMut()) -> f64 {
+    common::rate(64, op)
 }
 
 fn main() {
@@ -93,7 +73,10 @@ fn main() {
             other => panic!("{other:?}"),
         }
     });
-    println!("one core, release build, median of 3 × {}s", RUN.as_secs());
+    println!(
+        "one core, release build, median of 3 × {}s",
+        common::RUN.as_secs()
+    );
     println!("raw ECDSA P-256 signatures/s (aws-lc-rs): {raw:>10.0}");
     println!("leaf issuance/s (stub CSR → PEM chain):   {issue:>10.0}");
     println!(

@@ -12,7 +12,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{
@@ -25,29 +24,10 @@ use podca_signer::{
 };
 use time::OffsetDateTime;
 
-const RUN: Duration = Duration::from_secs(3);
+mod common;
 
-fn rate(mut op: impl FnMut()) -> f64 {
-    // Warm up, then count operations in a fixed window; take the median of three windows.
-    let warm = Instant::now();
-    while warm.elapsed() < Duration::from_millis(300) {
-        op();
-    }
-    let mut rates: Vec<f64> = (0..3)
-        .map(|_| {
-            let start = Instant::now();
-            let mut n = 0u64;
-            while start.elapsed() < RUN {
-                for _ in 0..16 {
-                    op();
-                }
-                n += 16;
-            }
-            n as f64 / start.elapsed().as_secs_f64()
-        })
-        .collect();
-    rates.sort_by(f64::total_cmp);
-    rates[1]
+fn rate(op: impl FnMut()) -> f64 {
+    common::rate(16, op)
 }
 
 fn two_level_ca(algorithm: CaAlgorithm, now: OffsetDateTime) -> IssuingCa {
@@ -130,7 +110,10 @@ fn main() {
     let ca = two_level_ca(CaAlgorithm::EcdsaP256, now);
     let issue_ml_dsa_subject = issuance_rate(&ca, KeyType::MlDsa65, now);
 
-    println!("one core, release build, median of 3 × {}s", RUN.as_secs());
+    println!(
+        "one core, release build, median of 3 × {}s",
+        common::RUN.as_secs()
+    );
     report(
         "ML-DSA-65 issuing CA, ECDSA P-256 subject:",
         "ML-DSA-65",
