@@ -56,8 +56,9 @@ pub struct DevArgs {
     /// Path of the SPIFFE Workload API socket [default: <data-dir>/workload.sock].
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Keep a credential bundle for this identity (`namespace/service-account`); repeatable.
-    #[arg(long = "bundle", value_name = "NS/SA")]
+    /// Keep a credential bundle for this identity (`namespace/service-account`, optionally
+    /// `:KEY_TYPE` such as `:MLDSA65`; default ECDSAP256); repeatable.
+    #[arg(long = "bundle", value_name = "NS/SA[:KEY_TYPE]")]
     pub bundles: Vec<String>,
 }
 
@@ -78,15 +79,25 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         bundles,
     } = args;
     let data_dir = data_dir.unwrap_or_else(default_data_dir);
+    let bundles = bundles
+        .iter()
+        .map(|spec| parse_bundle_flag(spec))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let configured = config.is_some();
     let mut config = match &config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
     if config.signers.is_empty() {
-        config.signers.insert(
-            DEFAULT_SIGNER.into(),
-            SignerPolicy::permissive(DEFAULT_TRUST_DOMAIN),
-        );
+        let mut permissive = SignerPolicy::permissive(DEFAULT_TRUST_DOMAIN);
+        // The built-in signer allows the classical key types; a post-quantum `--bundle` key type
+        // asked for on the command line is allowed too (a config file must list it itself).
+        for bundle in &bundles {
+            if !permissive.key_types.contains(&bundle.key_type) {
+                permissive.key_types.push(bundle.key_type);
+            }
+        }
+        config.signers.insert(DEFAULT_SIGNER.into(), permissive);
     }
     let (signer_name, _) = config.grpc_signer()?;
     let signer_name = signer_name.to_owned();
@@ -149,16 +160,24 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         config.dev.identities.clone()
     };
     let mut bundle_specs = config.dev.bundles.clone();
-    for spec in &bundles {
-        let (namespace, service_account) = spec
-            .split_once('/')
-            .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty())
-            .with_context(|| format!("--bundle {spec:?}: expected namespace/service-account"))?;
-        bundle_specs.push(DevBundle {
-            namespace: namespace.into(),
-            service_account: service_account.into(),
-            key_type: KeyType::EcdsaP256,
-        });
+    bundle_specs.extend(bundles);
+    {
+        let (_, policy) = config.grpc_signer()?;
+        for spec in &bundle_specs {
+            anyhow::ensure!(
+                policy.key_types.contains(&spec.key_type),
+                "credential bundle {}/{}: key type {} is not in signer {signer_name:?}'s \
+                 key_types{}",
+                spec.namespace,
+                spec.service_account,
+                spec.key_type,
+                if configured {
+                    " (add it in the config file)"
+                } else {
+                    ""
+                }
+            );
+        }
     }
 
     let listen = grpc_listen.unwrap_or(config.grpc.listen);
@@ -450,6 +469,33 @@ fn print_banner(b: &Banner<'_>) {
          (SIGHUP: at once); Ctrl-C stops"
     );
     println!("podca dev: ready");
+}
+
+/// Parses `--bundle NS/SA[:KEY_TYPE]` (`:` is in neither a namespace nor a service-account name).
+fn parse_bundle_flag(spec: &str) -> anyhow::Result<DevBundle> {
+    let (identity, key_type) = match spec.split_once(':') {
+        Some((identity, key_type)) => (
+            identity,
+            key_type.parse::<KeyType>().map_err(|_| {
+                anyhow::anyhow!(
+                    "--bundle {spec:?}: unknown key type {key_type:?}; expected one of {}",
+                    KeyType::EVERY.map(|k| k.kubelet_name()).join(", ")
+                )
+            })?,
+        ),
+        None => (spec, KeyType::EcdsaP256),
+    };
+    let (namespace, service_account) = identity
+        .split_once('/')
+        .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty() && !sa.contains('/'))
+        .with_context(|| {
+            format!("--bundle {spec:?}: expected namespace/service-account[:KEY_TYPE]")
+        })?;
+    Ok(DevBundle {
+        namespace: namespace.into(),
+        service_account: service_account.into(),
+        key_type,
+    })
 }
 
 /// Keeps `<dir>/credentialbundle.pem` (PKCS#8 key, then the chain) and `<dir>/trust-bundle.pem`

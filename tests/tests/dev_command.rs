@@ -118,6 +118,82 @@ key_type = "ED25519"
 }
 
 #[test]
+fn a_bundle_flag_can_name_a_post_quantum_key_type() {
+    // Without a config file the built-in signer takes the ML-DSA type the flag asks for.
+    let dev = DevProcess::start_with(DevOptions {
+        args: vec!["--bundle".into(), "shop/pq:MLDSA65".into()],
+        ..Default::default()
+    });
+    let dir = dev.data_dir.join("bundles/shop/pq");
+    let credential = wait_for_file(&dir.join("credentialbundle.pem"));
+    let blocks = pem::parse_many(&credential).unwrap();
+    assert_eq!(blocks[0].tag(), "PRIVATE KEY", "PKCS#8 key first");
+    let leaf = x509_parser::parse_x509_certificate(blocks[1].contents())
+        .unwrap()
+        .1;
+    assert_eq!(
+        leaf.public_key().algorithm.algorithm.to_id_string(),
+        "2.16.840.1.101.3.4.3.18",
+        "id-ml-dsa-65 subject key"
+    );
+    let san = leaf.subject_alternative_name().unwrap().unwrap();
+    assert!(format!("{:?}", san.value).contains("spiffe://podca.dev.local/ns/shop/sa/pq"));
+    assert!(dev.stop().success());
+}
+
+#[test]
+fn a_bundle_flag_with_a_bad_key_type_or_one_the_signer_refuses_is_a_start_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("data");
+    let socket = tmp.path().join("s.sock");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "dev",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+            "--socket",
+            socket.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        podca(&args)
+    };
+    let (status, _, stderr) = run(&["--bundle", "shop/pq:MLDSA66"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains(r#"--bundle "shop/pq:MLDSA66": unknown key type "MLDSA66""#)
+            && stderr.contains("MLDSA65"),
+        "{stderr}"
+    );
+    let (status, _, stderr) = run(&["--bundle", "shop:MLDSA65"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("expected namespace/service-account[:KEY_TYPE]"),
+        "{stderr}"
+    );
+    // A config file's signer must list the key type itself.
+    let config = tmp.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        "[signers.\"podca.dev/default\"]\ntrust_domain = \"podca.dev.local\"\n",
+    )
+    .unwrap();
+    let (status, _, stderr) = run(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--bundle",
+        "shop/pq:MLDSA65",
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("credential bundle shop/pq: key type MLDSA65 is not in signer")
+            && stderr.contains("add it in the config file"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn refuses_a_non_loopback_grpc_address() {
     let tmp = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(podca_binary())
