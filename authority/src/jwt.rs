@@ -1,6 +1,6 @@
 //! JWT-SVIDs at run time: the `[jwt]` configuration section, the [`JwtHandle`] every reader of
-//! the JWT keys shares (the Workload API, its bundle streams, the OIDC JWKS), and the driver
-//! that runs the key rotation schedule of a data directory.
+//! the JWT keys shares (the Workload API, its bundle streams, the OIDC JWKS), where the keys
+//! live per CA backend ([`open_store`]), and the driver that runs the key rotation schedule.
 //!
 //! ```toml
 //! [jwt]
@@ -18,14 +18,17 @@
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
-use podca_signer::CaAlgorithm;
+use podca_signer::backend::{Pkcs11Config, Pkcs11Uri};
+use podca_signer::jwt::pkcs11::Pkcs11JwtKeys;
 use podca_signer::jwt::store::JwtStore;
 use podca_signer::jwt::{IssueLimits, JwtKeySchedule, JwtKeySet, keyset};
+use podca_signer::{CaAlgorithm, FileStore};
 use serde::Deserialize;
 use time::Duration;
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::config::CaConfig;
 use crate::trust::Clock;
 
 /// The `[jwt]` section.
@@ -162,6 +165,56 @@ impl JwtConfig {
             issuer: self.issuer.clone(),
         }
     }
+}
+
+/// The JWT key store for the CA `ca` names: its state in the CA data directory, and new keys
+/// made where the CA key lives. `podca serve` and `podca dev` call this and hand the store to
+/// [`JwtRotator::start`].
+///
+/// * `backend = "file"`: files in `<dir>/jwt/`.
+/// * `backend = "pkcs11"`: key pairs generated inside the CA key's token (label
+///   `podca-jwt-…`, non-extractable), reached with the CA's PIN and module; their URIs in
+///   `<dir>/jwt/state.json`. The token comes from `pkcs11_uri`, else from the location the data
+///   directory records for the active CA key.
+/// * `backend = "secret"`: not yet; an error that says so.
+pub fn open_store(ca: &CaConfig) -> anyhow::Result<JwtStore> {
+    let (dir, pkcs11) = match ca {
+        CaConfig::File(f) => (f.dir.as_ref(), None),
+        CaConfig::Pkcs11(p) => (p.dir.as_ref(), Some(p)),
+        CaConfig::Secret(s) => anyhow::bail!(
+            "[ca] backend = \"secret\" ({}/{}): JWT-SVID signing keys are not kept in the \
+             Secret backend yet; set [jwt] enabled = false",
+            s.namespace,
+            s.name
+        ),
+    };
+    let Some(dir) = dir else {
+        anyhow::bail!(
+            "[ca] dir is required for JWT-SVID signing keys with the {} backend",
+            ca.backend_name()
+        );
+    };
+    let store = FileStore::new(dir);
+    let Some(p) = pkcs11 else {
+        return Ok(JwtStore::new(store));
+    };
+    let location = match &p.uri {
+        Some(uri) => uri.clone(),
+        None => store.external_key_location()?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "[ca] backend = \"pkcs11\", but {} records no HSM key: set pkcs11_uri to name \
+                 the token for the JWT signing keys",
+                dir.display()
+            )
+        })?,
+    };
+    let uri = Pkcs11Uri::parse(&location).map_err(|e| anyhow::anyhow!("[ca] {location}: {e}"))?;
+    let mut config = Pkcs11Config::new(uri, p.pin.clone());
+    config.module_path = p.module.clone();
+    Ok(JwtStore::with_backend(
+        store,
+        Arc::new(Pkcs11JwtKeys::new(&config)),
+    ))
 }
 
 /// A cheap-to-clone handle on the current JWT key set.
@@ -308,7 +361,6 @@ mod tests {
     fn subscribers_see_a_new_key_before_it_signs_and_the_old_one_until_its_tokens_expired() {
         use std::sync::Mutex;
 
-        use podca_signer::FileStore;
         use podca_signer::jwt::{Expectations, SvidRequest, validate};
 
         let dir = tempfile::tempdir().expect("tempdir");
@@ -402,6 +454,48 @@ mod tests {
             valid_at(&old_token.token, drop - Duration::seconds(1)),
             Err(podca_signer::jwt::JwtError::UnknownKeyId(_))
         ));
+    }
+
+    #[test]
+    fn the_store_follows_the_ca_backend() {
+        use crate::config::{FileCa, SecretCa};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = CaConfig::File(FileCa {
+            dir: Some(dir.path().to_owned()),
+            automatic_rotation: false,
+        });
+        assert_eq!(open_store(&file).expect("file").backend_kind(), "file");
+        let no_dir = CaConfig::File(FileCa {
+            dir: None,
+            automatic_rotation: false,
+        });
+        let err = open_store(&no_dir).expect_err("no dir");
+        assert_eq!(
+            err.to_string(),
+            "[ca] dir is required for JWT-SVID signing keys with the file backend"
+        );
+        let secret = CaConfig::Secret(SecretCa {
+            namespace: "podca-system".into(),
+            name: "podca-ca".into(),
+        });
+        let err = open_store(&secret).expect_err("not yet");
+        assert!(
+            err.to_string().contains(
+                "(podca-system/podca-ca): JWT-SVID signing keys are not kept in the Secret \
+                 backend yet"
+            ),
+            "{err}"
+        );
+        // PKCS#11 without a recorded HSM key or pkcs11_uri: which token is unknown.
+        let pkcs11 = CaConfig::Pkcs11(crate::config::Pkcs11Ca {
+            dir: Some(dir.path().to_owned()),
+            uri: None,
+            module: None,
+            pin: podca_signer::backend::PinSource::Env("PIN".into()),
+            mode: crate::config::Pkcs11Mode::HsmSignsLeaves,
+            automatic_rotation: false,
+        });
+        assert!(open_store(&pkcs11).is_err());
     }
 
     #[test]
