@@ -23,12 +23,14 @@ use podca_signer::jwt::pkcs11::Pkcs11JwtKeys;
 use podca_signer::jwt::store::JwtStore;
 use podca_signer::jwt::{IssueLimits, JwtKeySchedule, JwtKeySet, keyset};
 use podca_signer::{CaAlgorithm, FileStore};
+use prometheus_client::encoding::EncodeLabelSet;
 use serde::Deserialize;
 use time::Duration;
 use tokio::sync::watch;
 use tracing::warn;
 
 use crate::config::CaConfig;
+use crate::metrics::Metrics;
 use crate::trust::Clock;
 
 /// The `[jwt]` section.
@@ -249,6 +251,39 @@ impl JwtHandle {
     }
 }
 
+/// Labels of the per-key JWT gauges (`podca_jwt_key_*`), like the CA's per-generation ones.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JwtKeyLabels {
+    pub kid: String,
+    /// `prepared`, `active` or `retired`.
+    pub state: String,
+}
+
+/// Sets the `podca_jwt_key_*` gauges to `keys`: keys no longer published disappear.
+pub fn export_metrics(metrics: &Metrics, keys: &JwtKeySet, schedule: &JwtKeySchedule) {
+    metrics.jwt_key_not_after.clear();
+    metrics.jwt_key_published.clear();
+    metrics
+        .jwt_key_propagation
+        .set(schedule.propagation.whole_seconds());
+    for info in keys.infos() {
+        let labels = JwtKeyLabels {
+            kid: info.kid.clone(),
+            state: info.phase.to_string(),
+        };
+        metrics
+            .jwt_key_published
+            .get_or_create(&labels)
+            .set(info.published_at.unix_timestamp());
+        if let Some(t) = info.not_after {
+            metrics
+                .jwt_key_not_after
+                .get_or_create(&labels)
+                .set(t.unix_timestamp());
+        }
+    }
+}
+
 /// Runs the key schedule of a data directory's JWT keys.
 pub struct JwtRotator {
     store: JwtStore,
@@ -257,6 +292,7 @@ pub struct JwtRotator {
     handle: JwtHandle,
     clock: Clock,
     poll: StdDuration,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for JwtRotator {
@@ -288,7 +324,15 @@ impl JwtRotator {
             handle: JwtHandle::new(advanced.keys),
             clock,
             poll,
+            metrics: None,
         })
+    }
+
+    /// Exports the keys as `podca_jwt_key_*` gauges now and on every change (`podca serve`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        export_metrics(&metrics, &self.handle.current(), &self.schedule);
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn handle(&self) -> &JwtHandle {
@@ -300,9 +344,17 @@ impl JwtRotator {
     pub fn tick(&self) -> anyhow::Result<Option<time::OffsetDateTime>> {
         let advanced = self
             .store
-            .advance((self.clock)(), &self.schedule, self.algorithm)?;
+            .advance((self.clock)(), &self.schedule, self.algorithm)
+            .inspect_err(|_| {
+                if let Some(metrics) = &self.metrics {
+                    metrics.jwt_key_rotation_errors.inc();
+                }
+            })?;
         let infos: Vec<_> = advanced.keys.infos().cloned().collect();
         self.handle.replace(advanced.keys);
+        if let Some(metrics) = &self.metrics {
+            export_metrics(metrics, &self.handle.current(), &self.schedule);
+        }
         Ok(keyset::next_event(&infos, &self.schedule))
     }
 
@@ -496,6 +548,105 @@ mod tests {
             automatic_rotation: false,
         });
         assert!(open_store(&pkcs11).is_err());
+    }
+
+    #[test]
+    fn every_key_change_reaches_the_gauges() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t0 = time::macros::datetime!(2026-01-01 00:00 UTC);
+        let now = Arc::new(std::sync::Mutex::new(t0));
+        let clock: Clock = {
+            let now = Arc::clone(&now);
+            Arc::new(move || *now.lock().expect("clock"))
+        };
+        let config = JwtConfig {
+            key_rotation_seconds: 3600,
+            propagation_seconds: 600,
+            max_lifetime_seconds: 300,
+            default_lifetime_seconds: 300,
+            ..JwtConfig::default()
+        };
+        let metrics = Arc::new(Metrics::new());
+        let rotator = JwtRotator::start(
+            JwtStore::new(FileStore::new(dir.path())),
+            &config,
+            clock,
+            StdDuration::from_secs(5),
+        )
+        .expect("start")
+        .with_metrics(Arc::clone(&metrics));
+        let kids: Vec<String> = rotator
+            .handle()
+            .current()
+            .infos()
+            .map(|k| k.kid.clone())
+            .collect();
+        let first = &kids[0];
+        let text = metrics.encode();
+        let line = |name: &str, kid: &str, state: &str, value: i64| {
+            format!("podca_{name}{{kid=\"{kid}\",state=\"{state}\"}} {value}")
+        };
+        let not_after = (t0 + Duration::minutes(65)).unix_timestamp();
+        assert!(
+            text.contains(&line(
+                "jwt_key_not_after_timestamp_seconds",
+                first,
+                "active",
+                not_after
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("podca_jwt_key_propagation_seconds 600"),
+            "{text}"
+        );
+        // Prepared: published, no not_after yet.
+        *now.lock().expect("clock") = t0 + Duration::minutes(50);
+        rotator.tick().expect("tick");
+        let text = metrics.encode();
+        let second = rotator
+            .handle()
+            .current()
+            .infos()
+            .find(|k| k.phase == podca_signer::jwt::JwtKeyPhase::Prepared)
+            .expect("prepared")
+            .kid
+            .clone();
+        let published = (t0 + Duration::minutes(50)).unix_timestamp();
+        assert!(
+            text.contains(&line(
+                "jwt_key_published_timestamp_seconds",
+                &second,
+                "prepared",
+                published
+            )),
+            "{text}"
+        );
+        assert!(!text.contains(&format!(
+            "jwt_key_not_after_timestamp_seconds{{kid=\"{second}\""
+        )));
+        // Activated, then dropped: the old key's series go.
+        *now.lock().expect("clock") = t0 + Duration::minutes(60);
+        rotator.tick().expect("tick");
+        assert!(metrics.encode().contains(&line(
+            "jwt_key_not_after_timestamp_seconds",
+            first,
+            "retired",
+            not_after
+        )));
+        *now.lock().expect("clock") = t0 + Duration::minutes(65);
+        rotator.tick().expect("tick");
+        let text = metrics.encode();
+        assert!(!text.contains(first.as_str()), "{text}");
+        assert!(
+            text.contains(&line(
+                "jwt_key_not_after_timestamp_seconds",
+                &second,
+                "active",
+                (t0 + Duration::minutes(125)).unix_timestamp()
+            )),
+            "{text}"
+        );
     }
 
     #[test]
