@@ -28,6 +28,8 @@ use podca_signer::backend::pkcs11::{
 };
 use podca_signer::jwt::{JwtKeyPhase, SvidRequest};
 use podca_signer::{CaAlgorithm, FileStore, InitOptions};
+use podca_tests::process::{DevOptions, DevProcess};
+use spiffe::{JwtSvid, WorkloadApiClient};
 use time::{Duration, OffsetDateTime};
 
 const USER_PIN: &str = "podca-user-pin-31337";
@@ -332,9 +334,14 @@ fn jwt_keys_live_in_the_token_sign_verifiable_tokens_and_are_destroyed_on_drop()
             let jwk = published["keys"][0].clone();
             assert!(openssl_verifies(&hsm.dir, &svid.token, &jwk));
             // …and a tampered token does not (the check can fail).
-            let mut tampered = svid.token.clone();
-            let last = tampered.pop().expect("non-empty");
-            tampered.push(if last == 'A' { 'B' } else { 'A' });
+            // (A character inside the signature: the last one also carries padding bits.)
+            let at = svid.token.len() - 10;
+            let flipped = if &svid.token[at..=at] == "A" {
+                "B"
+            } else {
+                "A"
+            };
+            let tampered = format!("{}{flipped}{}", &svid.token[..at], &svid.token[at + 1..]);
             assert!(!openssl_verifies(&hsm.dir, &tampered, &jwk));
 
             // 50 min: a second key is prepared in the token; the first still signs.
@@ -454,4 +461,73 @@ fn a_wrong_pin_names_the_problem_and_never_the_pin() {
         let (_, stored) = open_store(&ca).expect("store").stored().expect("state");
         assert!(stored.is_empty());
     });
+}
+
+/// `podca dev` with its CA key in the token makes its JWT keys there too, and the third-party
+/// `spiffe` crate fetches a JWT-SVID signed in the HSM and validates it against the bundle.
+#[test]
+fn podca_dev_with_an_hsm_ca_signs_jwt_svids_with_a_key_in_the_token() {
+    in_child(
+        "podca_dev_with_an_hsm_ca_signs_jwt_svids_with_a_key_in_the_token",
+        |hsm| {
+            let data = hsm.dir.join("ca");
+            init_hsm_ca(hsm, &data);
+            let config = format!(
+                "[ca]\nbackend = \"pkcs11\"\npkcs11_pin_file = {:?}\n",
+                hsm.pin_file().to_str().expect("utf-8")
+            );
+            // The child's SOFTHSM2_CONF reaches podca dev.
+            let dev = DevProcess::start_with(DevOptions {
+                config: Some(&config),
+                data_dir: Some(data.clone()),
+                ..DevOptions::default()
+            });
+            let (_, stored) = open_store(&CaConfig::Pkcs11(Pkcs11Ca {
+                dir: Some(data.clone()),
+                uri: None,
+                module: None,
+                pin: PinSource::File(hsm.pin_file()),
+                mode: Pkcs11Mode::HsmSignsLeaves,
+                automatic_rotation: false,
+            }))
+            .expect("store")
+            .stored()
+            .expect("state");
+            assert_eq!(stored.len(), 1);
+            assert!(
+                stored[0].location.contains(";object=podca-jwt-"),
+                "{}",
+                stored[0].location
+            );
+            assert!(
+                hsm.private_key_labels()
+                    .iter()
+                    .any(|l| l.starts_with("podca-jwt-")),
+                "the JWT key is in the token"
+            );
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                let client =
+                    WorkloadApiClient::connect_to(&format!("unix://{}", dev.socket.display()))
+                        .await
+                        .expect("connect");
+                let svid = client
+                    .fetch_jwt_svid(["vault"], None)
+                    .await
+                    .expect("a JWT-SVID");
+                assert_eq!(svid.key_id(), stored[0].info.kid);
+                let bundles = client.fetch_jwt_bundles().await.expect("bundles");
+                let local = JwtSvid::parse_and_validate(svid.token(), &bundles, &["vault"])
+                    .expect("validates against the bundle");
+                assert_eq!(
+                    local.spiffe_id().to_string(),
+                    "spiffe://podca.dev.local/ns/default/sa/default"
+                );
+            });
+            dev.stop();
+        },
+    );
 }
