@@ -34,7 +34,6 @@ use podca_grpc::auth::{DevAuthenticator, Identity};
 use podca_grpc::core::{IssuedVia, IstioOptions};
 use podca_grpc::jwt::JwtService;
 use podca_grpc::{Api, ApiOptions, CaHandle, server};
-use podca_signer::jwt::store::JwtStore;
 
 /// The signer `podca dev` uses when the config names none.
 pub const DEFAULT_SIGNER: &str = "podca.dev/default";
@@ -236,7 +235,8 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let jwt = if jwt_config.enabled {
         let rotator = Arc::new(
             JwtRotator::start(
-                JwtStore::new(store.clone().with_lock_wait(Duration::from_secs(2))),
+                podca_authority::jwt::open_store(&ca_config)?
+                    .with_lock_wait(Duration::from_secs(2)),
                 &config.jwt,
                 Arc::clone(&clock),
                 Duration::from_secs(5),

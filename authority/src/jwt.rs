@@ -1,6 +1,6 @@
 //! JWT-SVIDs at run time: the `[jwt]` configuration section, the [`JwtHandle`] every reader of
-//! the JWT keys shares (the Workload API, its bundle streams, the OIDC JWKS), and the driver
-//! that runs the key rotation schedule of a data directory.
+//! the JWT keys shares (the Workload API, its bundle streams, the OIDC JWKS), where the keys
+//! live per CA backend ([`open_store`]), and the driver that runs the key rotation schedule.
 //!
 //! ```toml
 //! [jwt]
@@ -18,14 +18,19 @@
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
-use podca_signer::CaAlgorithm;
+use podca_signer::backend::{Pkcs11Config, Pkcs11Uri};
+use podca_signer::jwt::pkcs11::Pkcs11JwtKeys;
 use podca_signer::jwt::store::JwtStore;
 use podca_signer::jwt::{IssueLimits, JwtKeySchedule, JwtKeySet, keyset};
+use podca_signer::{CaAlgorithm, FileStore};
+use prometheus_client::encoding::EncodeLabelSet;
 use serde::Deserialize;
 use time::Duration;
 use tokio::sync::watch;
 use tracing::warn;
 
+use crate::config::CaConfig;
+use crate::metrics::Metrics;
 use crate::trust::Clock;
 
 /// The `[jwt]` section.
@@ -164,6 +169,56 @@ impl JwtConfig {
     }
 }
 
+/// The JWT key store for the CA `ca` names: its state in the CA data directory, and new keys
+/// made where the CA key lives. `podca serve` and `podca dev` call this and hand the store to
+/// [`JwtRotator::start`].
+///
+/// * `backend = "file"`: files in `<dir>/jwt/`.
+/// * `backend = "pkcs11"`: key pairs generated inside the CA key's token (label
+///   `podca-jwt-…`, non-extractable), reached with the CA's PIN and module; their URIs in
+///   `<dir>/jwt/state.json`. The token comes from `pkcs11_uri`, else from the location the data
+///   directory records for the active CA key.
+/// * `backend = "secret"`: not yet; an error that says so.
+pub fn open_store(ca: &CaConfig) -> anyhow::Result<JwtStore> {
+    let (dir, pkcs11) = match ca {
+        CaConfig::File(f) => (f.dir.as_ref(), None),
+        CaConfig::Pkcs11(p) => (p.dir.as_ref(), Some(p)),
+        CaConfig::Secret(s) => anyhow::bail!(
+            "[ca] backend = \"secret\" ({}/{}): JWT-SVID signing keys are not kept in the \
+             Secret backend yet; set [jwt] enabled = false",
+            s.namespace,
+            s.name
+        ),
+    };
+    let Some(dir) = dir else {
+        anyhow::bail!(
+            "[ca] dir is required for JWT-SVID signing keys with the {} backend",
+            ca.backend_name()
+        );
+    };
+    let store = FileStore::new(dir);
+    let Some(p) = pkcs11 else {
+        return Ok(JwtStore::new(store));
+    };
+    let location = match &p.uri {
+        Some(uri) => uri.clone(),
+        None => store.external_key_location()?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "[ca] backend = \"pkcs11\", but {} records no HSM key: set pkcs11_uri to name \
+                 the token for the JWT signing keys",
+                dir.display()
+            )
+        })?,
+    };
+    let uri = Pkcs11Uri::parse(&location).map_err(|e| anyhow::anyhow!("[ca] {location}: {e}"))?;
+    let mut config = Pkcs11Config::new(uri, p.pin.clone());
+    config.module_path = p.module.clone();
+    Ok(JwtStore::with_backend(
+        store,
+        Arc::new(Pkcs11JwtKeys::new(&config)),
+    ))
+}
+
 /// A cheap-to-clone handle on the current JWT key set.
 #[derive(Debug, Clone)]
 pub struct JwtHandle {
@@ -196,6 +251,39 @@ impl JwtHandle {
     }
 }
 
+/// Labels of the per-key JWT gauges (`podca_jwt_key_*`), like the CA's per-generation ones.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JwtKeyLabels {
+    pub kid: String,
+    /// `prepared`, `active` or `retired`.
+    pub state: String,
+}
+
+/// Sets the `podca_jwt_key_*` gauges to `keys`: keys no longer published disappear.
+pub fn export_metrics(metrics: &Metrics, keys: &JwtKeySet, schedule: &JwtKeySchedule) {
+    metrics.jwt_key_not_after.clear();
+    metrics.jwt_key_published.clear();
+    metrics
+        .jwt_key_propagation
+        .set(schedule.propagation.whole_seconds());
+    for info in keys.infos() {
+        let labels = JwtKeyLabels {
+            kid: info.kid.clone(),
+            state: info.phase.to_string(),
+        };
+        metrics
+            .jwt_key_published
+            .get_or_create(&labels)
+            .set(info.published_at.unix_timestamp());
+        if let Some(t) = info.not_after {
+            metrics
+                .jwt_key_not_after
+                .get_or_create(&labels)
+                .set(t.unix_timestamp());
+        }
+    }
+}
+
 /// Runs the key schedule of a data directory's JWT keys.
 pub struct JwtRotator {
     store: JwtStore,
@@ -204,6 +292,7 @@ pub struct JwtRotator {
     handle: JwtHandle,
     clock: Clock,
     poll: StdDuration,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for JwtRotator {
@@ -235,7 +324,15 @@ impl JwtRotator {
             handle: JwtHandle::new(advanced.keys),
             clock,
             poll,
+            metrics: None,
         })
+    }
+
+    /// Exports the keys as `podca_jwt_key_*` gauges now and on every change (`podca serve`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        export_metrics(&metrics, &self.handle.current(), &self.schedule);
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn handle(&self) -> &JwtHandle {
@@ -247,9 +344,17 @@ impl JwtRotator {
     pub fn tick(&self) -> anyhow::Result<Option<time::OffsetDateTime>> {
         let advanced = self
             .store
-            .advance((self.clock)(), &self.schedule, self.algorithm)?;
+            .advance((self.clock)(), &self.schedule, self.algorithm)
+            .inspect_err(|_| {
+                if let Some(metrics) = &self.metrics {
+                    metrics.jwt_key_rotation_errors.inc();
+                }
+            })?;
         let infos: Vec<_> = advanced.keys.infos().cloned().collect();
         self.handle.replace(advanced.keys);
+        if let Some(metrics) = &self.metrics {
+            export_metrics(metrics, &self.handle.current(), &self.schedule);
+        }
         Ok(keyset::next_event(&infos, &self.schedule))
     }
 
@@ -308,7 +413,6 @@ mod tests {
     fn subscribers_see_a_new_key_before_it_signs_and_the_old_one_until_its_tokens_expired() {
         use std::sync::Mutex;
 
-        use podca_signer::FileStore;
         use podca_signer::jwt::{Expectations, SvidRequest, validate};
 
         let dir = tempfile::tempdir().expect("tempdir");
@@ -402,6 +506,147 @@ mod tests {
             valid_at(&old_token.token, drop - Duration::seconds(1)),
             Err(podca_signer::jwt::JwtError::UnknownKeyId(_))
         ));
+    }
+
+    #[test]
+    fn the_store_follows_the_ca_backend() {
+        use crate::config::{FileCa, SecretCa};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = CaConfig::File(FileCa {
+            dir: Some(dir.path().to_owned()),
+            automatic_rotation: false,
+        });
+        assert_eq!(open_store(&file).expect("file").backend_kind(), "file");
+        let no_dir = CaConfig::File(FileCa {
+            dir: None,
+            automatic_rotation: false,
+        });
+        let err = open_store(&no_dir).expect_err("no dir");
+        assert_eq!(
+            err.to_string(),
+            "[ca] dir is required for JWT-SVID signing keys with the file backend"
+        );
+        let secret = CaConfig::Secret(SecretCa {
+            namespace: "podca-system".into(),
+            name: "podca-ca".into(),
+        });
+        let err = open_store(&secret).expect_err("not yet");
+        assert!(
+            err.to_string().contains(
+                "(podca-system/podca-ca): JWT-SVID signing keys are not kept in the Secret \
+                 backend yet"
+            ),
+            "{err}"
+        );
+        // PKCS#11 without a recorded HSM key or pkcs11_uri: which token is unknown.
+        let pkcs11 = CaConfig::Pkcs11(crate::config::Pkcs11Ca {
+            dir: Some(dir.path().to_owned()),
+            uri: None,
+            module: None,
+            pin: podca_signer::backend::PinSource::Env("PIN".into()),
+            mode: crate::config::Pkcs11Mode::HsmSignsLeaves,
+            automatic_rotation: false,
+        });
+        assert!(open_store(&pkcs11).is_err());
+    }
+
+    #[test]
+    fn every_key_change_reaches_the_gauges() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t0 = time::macros::datetime!(2026-01-01 00:00 UTC);
+        let now = Arc::new(std::sync::Mutex::new(t0));
+        let clock: Clock = {
+            let now = Arc::clone(&now);
+            Arc::new(move || *now.lock().expect("clock"))
+        };
+        let config = JwtConfig {
+            key_rotation_seconds: 3600,
+            propagation_seconds: 600,
+            max_lifetime_seconds: 300,
+            default_lifetime_seconds: 300,
+            ..JwtConfig::default()
+        };
+        let metrics = Arc::new(Metrics::new());
+        let rotator = JwtRotator::start(
+            JwtStore::new(FileStore::new(dir.path())),
+            &config,
+            clock,
+            StdDuration::from_secs(5),
+        )
+        .expect("start")
+        .with_metrics(Arc::clone(&metrics));
+        let kids: Vec<String> = rotator
+            .handle()
+            .current()
+            .infos()
+            .map(|k| k.kid.clone())
+            .collect();
+        let first = &kids[0];
+        let text = metrics.encode();
+        let line = |name: &str, kid: &str, state: &str, value: i64| {
+            format!("podca_{name}{{kid=\"{kid}\",state=\"{state}\"}} {value}")
+        };
+        let not_after = (t0 + Duration::minutes(65)).unix_timestamp();
+        assert!(
+            text.contains(&line(
+                "jwt_key_not_after_timestamp_seconds",
+                first,
+                "active",
+                not_after
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("podca_jwt_key_propagation_seconds 600"),
+            "{text}"
+        );
+        // Prepared: published, no not_after yet.
+        *now.lock().expect("clock") = t0 + Duration::minutes(50);
+        rotator.tick().expect("tick");
+        let text = metrics.encode();
+        let second = rotator
+            .handle()
+            .current()
+            .infos()
+            .find(|k| k.phase == podca_signer::jwt::JwtKeyPhase::Prepared)
+            .expect("prepared")
+            .kid
+            .clone();
+        let published = (t0 + Duration::minutes(50)).unix_timestamp();
+        assert!(
+            text.contains(&line(
+                "jwt_key_published_timestamp_seconds",
+                &second,
+                "prepared",
+                published
+            )),
+            "{text}"
+        );
+        assert!(!text.contains(&format!(
+            "jwt_key_not_after_timestamp_seconds{{kid=\"{second}\""
+        )));
+        // Activated, then dropped: the old key's series go.
+        *now.lock().expect("clock") = t0 + Duration::minutes(60);
+        rotator.tick().expect("tick");
+        assert!(metrics.encode().contains(&line(
+            "jwt_key_not_after_timestamp_seconds",
+            first,
+            "retired",
+            not_after
+        )));
+        *now.lock().expect("clock") = t0 + Duration::minutes(65);
+        rotator.tick().expect("tick");
+        let text = metrics.encode();
+        assert!(!text.contains(first.as_str()), "{text}");
+        assert!(
+            text.contains(&line(
+                "jwt_key_not_after_timestamp_seconds",
+                &second,
+                "active",
+                (t0 + Duration::minutes(125)).unix_timestamp()
+            )),
+            "{text}"
+        );
     }
 
     #[test]

@@ -193,6 +193,15 @@ pub struct Metrics {
     pub ca_generation_not_after: Family<crate::rotation::CaLabels, Gauge>,
     /// When the rotation schedule next has something to do (0: nothing planned).
     pub ca_next_rotation: Gauge,
+    /// `not_after` of each active and retired JWT signing key, by kid and state (a prepared
+    /// key has none yet: see `jwt_key_published`).
+    pub jwt_key_not_after: Family<crate::jwt::JwtKeyLabels, Gauge>,
+    /// When each published JWT signing key was first published, by kid and state.
+    pub jwt_key_published: Family<crate::jwt::JwtKeyLabels, Gauge>,
+    /// The JWT keys' propagation window (`[jwt] propagation_seconds`), for the expiry alert.
+    pub jwt_key_propagation: Gauge,
+    /// JWT key rotation checks that failed (the keys in force stay).
+    pub jwt_key_rotation_errors: Counter,
     /// Rotation steps taken, by step.
     pub rotation_steps: Family<crate::rotation::StepLabels, Counter>,
     /// Rotation checks that failed (the CA in force stays).
@@ -237,6 +246,33 @@ impl Metrics {
         let ctb_publish_errors = Counter::default();
         let ca_generation_not_after = Family::<crate::rotation::CaLabels, Gauge>::default();
         let ca_next_rotation = Gauge::default();
+        let jwt_key_not_after = Family::<crate::jwt::JwtKeyLabels, Gauge>::default();
+        let jwt_key_published = Family::<crate::jwt::JwtKeyLabels, Gauge>::default();
+        let jwt_key_propagation = Gauge::default();
+        let jwt_key_rotation_errors = Counter::default();
+        registry.register(
+            "jwt_key_not_after_timestamp_seconds",
+            "When each active or retired JWT-SVID signing key stops being published (Unix \
+             seconds): no token it signs expires later, by kid and state",
+            jwt_key_not_after.clone(),
+        );
+        registry.register(
+            "jwt_key_published_timestamp_seconds",
+            "When each published JWT-SVID signing key was first published (Unix seconds), by kid \
+             and state (prepared, active, retired)",
+            jwt_key_published.clone(),
+        );
+        registry.register(
+            "jwt_key_propagation_seconds",
+            "How long a new JWT-SVID signing key is published before it signs ([jwt] \
+             propagation_seconds)",
+            jwt_key_propagation.clone(),
+        );
+        registry.register(
+            "jwt_key_rotation_errors",
+            "JWT-SVID signing key rotation checks that failed (the keys in force stay)",
+            jwt_key_rotation_errors.clone(),
+        );
         let rotation_steps = Family::<crate::rotation::StepLabels, Counter>::default();
         let rotation_errors = Counter::default();
         let ca_history_rejected = Family::<ReasonLabels, Counter>::default();
@@ -372,6 +408,10 @@ impl Metrics {
             ctb_drift_repairs,
             ctb_publish_errors,
             ca_generation_not_after,
+            jwt_key_not_after,
+            jwt_key_published,
+            jwt_key_propagation,
+            jwt_key_rotation_errors,
             ca_next_rotation,
             rotation_steps,
             rotation_errors,

@@ -76,6 +76,9 @@ pub enum StoreError {
          --pkcs11-pin-file) instead of loading it from {dir}"
     )]
     KeyHeldElsewhere { location: String, dir: String },
+    /// A JWT key's backend (an HSM) failed.
+    #[error("JWT signing keys in {location}: {detail}")]
+    JwtKey { location: String, detail: String },
     /// The rotation schedule cannot work.
     #[error(transparent)]
     Schedule(#[from] ScheduleError),

@@ -4,17 +4,21 @@ use podca_signer::FileStore;
 use podca_signer::jwt::JwtKeyPhase;
 use podca_signer::jwt::store::JwtStore;
 
-/// Prints the data directory's JWT keys: kid, phase, algorithm, times.
+/// Prints the data directory's JWT keys: kid, phase, algorithm, where the key is held (a file
+/// or a PKCS#11 URI), times. Reads `jwt/state.json` only: no key is opened, no PIN needed.
 pub fn show_keys(store: &FileStore) -> anyhow::Result<()> {
-    let keys = JwtStore::new(store.clone()).load()?;
-    let mut any = false;
-    for info in keys.infos() {
-        if !any {
-            println!();
-            println!("JWT signing keys ({}/jwt):", store.dir().display());
-            any = true;
-        }
+    let (_, keys) = JwtStore::new(store.clone()).stored()?;
+    if keys.is_empty() {
+        println!();
+        println!("JWT signing keys: none yet (podca dev and podca serve make them on start)");
+        return Ok(());
+    }
+    println!();
+    println!("JWT signing keys ({}/jwt):", store.dir().display());
+    for key in keys {
+        let info = &key.info;
         println!("  key {} — {} ({})", info.kid, info.phase, info.algorithm);
+        println!("    held at:   {}", key.location);
         println!("    published: {}", info.published_at);
         if let Some(t) = info.activated_at {
             println!("    activated: {t}");
@@ -29,10 +33,6 @@ pub fn show_keys(store: &FileStore) -> anyhow::Result<()> {
             };
             println!("    {what}: {t}");
         }
-    }
-    if !any {
-        println!();
-        println!("JWT signing keys: none yet (podca dev makes them on its first start)");
     }
     Ok(())
 }

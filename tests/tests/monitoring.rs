@@ -297,6 +297,10 @@ const EVENT_FAMILIES: &[(&str, &str, &str)] = &[
     ("ca_history_rejected", "counter", METRICS_RS),
     ("kube_request_timeouts", "counter", METRICS_RS),
     ("ledger_write_errors", "counter", LEDGER_RS),
+    // Per-key JWT gauges: series once a JWT key rotator runs with the registry
+    // (`JwtRotator::with_metrics`).
+    ("jwt_key_not_after_timestamp_seconds", "gauge", METRICS_RS),
+    ("jwt_key_published_timestamp_seconds", "gauge", METRICS_RS),
 ];
 
 const METRICS_RS: &str = "authority/src/metrics.rs";

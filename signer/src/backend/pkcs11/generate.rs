@@ -1,7 +1,7 @@
 //! Generating a key pair inside the token.
 
-use cryptoki::mechanism::Mechanism;
-use cryptoki::object::Attribute;
+use cryptoki::mechanism::{Mechanism, MechanismType};
+use cryptoki::object::{Attribute, ObjectClass};
 
 use super::connect::{find_private_keys, find_slot, login};
 use super::der;
@@ -61,6 +61,11 @@ impl Pkcs11Key {
             let session = ctx
                 .open_rw_session(slot)
                 .map_err(|e| start(ConnectError::Ck("opening a read-write session", e)))?;
+            let offered = ctx
+                .get_mechanism_list(slot)
+                .map_err(|e| start(ConnectError::Ck("listing mechanisms", e)))?;
+            check_mechanisms(algorithm, &offered)
+                .map_err(|missing| start(ConnectError::Key(missing)))?;
             login(&session, &pin).map_err(start)?;
             // Check with the URI as given: a generated id must not hide an existing label.
             if !find_private_keys(&session, &config.uri)
@@ -123,5 +128,137 @@ impl Pkcs11Key {
         let mut config = config.clone();
         config.uri = uri;
         Self::open(&config)
+    }
+
+    /// Whether the token `config.uri` names can generate and sign with `algorithm` keys (its
+    /// mechanism list; no login needed). The error names the algorithm and what is missing.
+    pub fn token_supports(
+        config: &Pkcs11Config,
+        algorithm: CaAlgorithm,
+    ) -> Result<(), BackendError> {
+        Self::supports(algorithm)?;
+        let module = Module::get(&config.module()?)?;
+        let ctx = module.read();
+        let uri = &config.uri;
+        let slot = find_slot(&ctx, uri).map_err(|e| e.startup(uri))?;
+        let offered = ctx
+            .get_mechanism_list(slot)
+            .map_err(|e| ConnectError::Ck("listing mechanisms", e).startup(uri))?;
+        check_mechanisms(algorithm, &offered)
+            .map_err(|missing| ConnectError::Key(missing).startup(uri))
+    }
+
+    /// Destroys the key pair `config.uri` names (its private and public objects, matched by
+    /// label and id). Returns how many objects were destroyed; none found is not an error (the
+    /// key is already gone). Refuses a URI with neither `object` nor `id` (it would match
+    /// every key on the token).
+    pub fn destroy(config: &Pkcs11Config) -> Result<usize, BackendError> {
+        let uri = &config.uri;
+        if uri.object.is_none() && uri.id.is_none() {
+            return Err(BackendError::InvalidKey(format!(
+                "{uri}: refusing to destroy keys by token alone; name the key with object= or id="
+            )));
+        }
+        let module = Module::get(&config.module()?)?;
+        let pin = config.pin.read()?;
+        let ctx = module.read();
+        let start = |e: ConnectError| e.startup(uri);
+        let slot = find_slot(&ctx, uri).map_err(start)?;
+        let session = ctx
+            .open_rw_session(slot)
+            .map_err(|e| start(ConnectError::Ck("opening a read-write session", e)))?;
+        login(&session, &pin).map_err(start)?;
+        let mut destroyed = 0;
+        for class in [ObjectClass::PRIVATE_KEY, ObjectClass::PUBLIC_KEY] {
+            let mut template = vec![Attribute::Class(class)];
+            if let Some(label) = &uri.object {
+                template.push(Attribute::Label(label.as_bytes().to_vec()));
+            }
+            if let Some(id) = &uri.id {
+                template.push(Attribute::Id(id.clone()));
+            }
+            let objects = session
+                .find_objects(&template)
+                .map_err(|e| start(ConnectError::Ck("finding the key objects", e)))?;
+            for object in objects {
+                session
+                    .destroy_object(object)
+                    .map_err(|e| start(ConnectError::Ck("destroying a key object", e)))?;
+                destroyed += 1;
+            }
+        }
+        Ok(destroyed)
+    }
+}
+
+/// Whether a token offering `offered` can generate and sign with `algorithm` keys; the error
+/// names the algorithm and the missing mechanisms.
+pub(super) fn check_mechanisms(
+    algorithm: CaAlgorithm,
+    offered: &[MechanismType],
+) -> Result<(), String> {
+    let needed: &[(MechanismType, &str)] = match algorithm {
+        CaAlgorithm::EcdsaP256 | CaAlgorithm::EcdsaP384 => &[
+            (MechanismType::ECC_KEY_PAIR_GEN, "CKM_EC_KEY_PAIR_GEN"),
+            (MechanismType::ECDSA, "CKM_ECDSA"),
+        ],
+        // Signing needs CKM_RSA_PKCS or CKM_SHA256_RSA_PKCS (see `sign`).
+        CaAlgorithm::RsaSha256 if offered.contains(&MechanismType::SHA256_RSA_PKCS) => &[(
+            MechanismType::RSA_PKCS_KEY_PAIR_GEN,
+            "CKM_RSA_PKCS_KEY_PAIR_GEN",
+        )],
+        CaAlgorithm::RsaSha256 => &[
+            (
+                MechanismType::RSA_PKCS_KEY_PAIR_GEN,
+                "CKM_RSA_PKCS_KEY_PAIR_GEN",
+            ),
+            (MechanismType::RSA_PKCS, "CKM_RSA_PKCS"),
+        ],
+        CaAlgorithm::Ed25519
+        | CaAlgorithm::MlDsa44
+        | CaAlgorithm::MlDsa65
+        | CaAlgorithm::MlDsa87 => {
+            return Err(format!("{algorithm} keys are not made in a PKCS#11 token"));
+        }
+    };
+    let missing: Vec<&str> = needed
+        .iter()
+        .filter(|(m, _)| !offered.contains(m))
+        .map(|(_, name)| *name)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the token does not offer {} needed for {algorithm} keys",
+            missing.join(" and ")
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_without_the_mechanism_is_refused_naming_the_algorithm() {
+        let rsa_only = [
+            MechanismType::RSA_PKCS_KEY_PAIR_GEN,
+            MechanismType::RSA_PKCS,
+        ];
+        assert_eq!(
+            check_mechanisms(CaAlgorithm::EcdsaP256, &rsa_only),
+            Err(
+                "the token does not offer CKM_EC_KEY_PAIR_GEN and CKM_ECDSA needed for \
+                 ecdsa-p256 keys"
+                    .into()
+            )
+        );
+        assert_eq!(check_mechanisms(CaAlgorithm::RsaSha256, &rsa_only), Ok(()));
+        let no_sign = [MechanismType::ECC_KEY_PAIR_GEN];
+        assert_eq!(
+            check_mechanisms(CaAlgorithm::EcdsaP384, &no_sign),
+            Err("the token does not offer CKM_ECDSA needed for ecdsa-p384 keys".into())
+        );
     }
 }
