@@ -12,6 +12,7 @@ use podca_authority::admin::Readiness;
 use podca_authority::ca::{self, HsmKeySlot};
 use podca_authority::config::{CaConfig, Config, GrpcTls, SelfIssuedTls};
 use podca_authority::hsm_metrics::HsmMetrics;
+use podca_authority::jwt::{JwtConfig, JwtHandle, JwtRotation, JwtRotator};
 use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions};
@@ -27,6 +28,7 @@ use podca_grpc::auth::{
 };
 use podca_grpc::connections::ConnectionLimits;
 use podca_grpc::core::IstioOptions;
+use podca_grpc::jwt::JwtService;
 use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
@@ -103,12 +105,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         no_grpc,
     } = args;
     let config = load_config(config)?;
-    if config.jwt.issuer.is_some() || config.jwt.oidc_listen.is_some() {
-        // Not silently: the section parses (one schema for serve and dev) but serve has no JWT
-        // profile yet (issue #17; `podca dev` serves it).
+    if config.jwt.oidc_listen.is_some() {
+        // Not silently: the section parses (one schema for serve and dev) but serve has no OIDC
+        // discovery yet (issue #17; `podca dev` serves it).
         tracing::warn!(
-            "[jwt] issuer/oidc_listen are set, but podca serve does not serve JWT-SVIDs or OIDC \
-             discovery yet; only podca dev does"
+            "[jwt] oidc_listen is set, but podca serve does not serve OIDC discovery yet; only \
+             podca dev does"
         );
     }
     if lease.lease_renew_deadline >= lease.lease_duration {
@@ -198,6 +200,17 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         &mut tasks,
     )
     .await?;
+    // The JWT-SVID RPCs' keys (and OIDC discovery's, once served).
+    let jwt = start_jwt(
+        &config.jwt,
+        &config.ca,
+        &backend,
+        &metrics,
+        controller.leader_election.is_some(),
+        &leadership,
+        &clock,
+        &mut tasks,
+    )?;
     let handle = match backend {
         Backend::Files(files) => files.start(&clock, &metrics, &mut tasks),
         Backend::Secret(mut options) => {
@@ -223,6 +236,9 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         };
         let grpc = GrpcSettings {
             ledger: ledger.clone(),
+            jwt: jwt
+                .clone()
+                .map(|keys| Arc::new(JwtService::new(keys, &config.jwt))),
             ..grpc
         };
         start_grpc(
@@ -239,6 +255,71 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
     result?;
     Ok(())
 }
+
+/// JWT-SVID signing keys (`[jwt] enabled`) of a data-directory CA, in `<dir>/jwt/` as in `podca
+/// dev`: rotated on `[jwt]`'s schedule by this process, by the leader only with
+/// `--leader-elect` (standbys follow the directory), or only followed when the directory is
+/// read-only. A Secret-held CA has no JWT key storage yet: JWT-SVIDs are off, with a warning.
+#[allow(clippy::too_many_arguments)]
+fn start_jwt(
+    config: &JwtConfig,
+    ca: &CaConfig,
+    backend: &Backend,
+    metrics: &Arc<Metrics>,
+    leader_elect: bool,
+    leadership: &watch::Sender<bool>,
+    clock: &Clock,
+    tasks: &mut Shutdown,
+) -> anyhow::Result<Option<JwtHandle>> {
+    if !config.enabled {
+        return Ok(None);
+    }
+    let store = match backend {
+        Backend::Files(files) => files.rotator.store.clone(),
+        Backend::Secret(_) => {
+            warn!(
+                "[jwt] enabled, but [ca] backend = \"secret\" has no JWT key storage yet: podca \
+                 serve issues no JWT-SVIDs (set [jwt] enabled = false to silence this)"
+            );
+            return Ok(None);
+        }
+    };
+    let rotation = if !dir_writable(store.dir()) {
+        info!(
+            dir = %store.dir().display(),
+            "the CA data directory is read-only: JWT keys are followed, not rotated"
+        );
+        JwtRotation::Follow
+    } else if leader_elect {
+        info!("JWT key rotation runs on the leader only (--leader-elect); standbys follow");
+        JwtRotation::WhileLeading(leadership.subscribe())
+    } else {
+        JwtRotation::Automatic
+    };
+    let rotator = Arc::new(
+        JwtRotator::start_with(
+            // File keys in `<dir>/jwt/`, or keys in the CA's token with `[ca] pkcs11`.
+            podca_authority::jwt::open_store(ca)?.with_lock_wait(ROTATOR_LOCK_WAIT),
+            config,
+            Arc::clone(clock),
+            JWT_POLL,
+            rotation,
+        )
+        .context("the JWT signing keys ([jwt])")?
+        .with_metrics(Arc::clone(metrics)),
+    );
+    if rotator.handle().current().infos().next().is_none() {
+        warn!("no JWT signing key in the data directory yet: no JWT-SVID is signed until one is");
+    }
+    tasks.spawn(
+        "JWT key rotation driver",
+        Arc::clone(&rotator).run(tasks.receiver()),
+    );
+    Ok(Some(rotator.handle().clone()))
+}
+
+/// How often the JWT key driver looks at the data directory (other writers' changes).
+const JWT_POLL: Duration = Duration::from_secs(5);
 
 /// How long the rotation driver waits for another writer of the data directory per tick.
 const ROTATOR_LOCK_WAIT: Duration = Duration::from_secs(2);
@@ -429,6 +510,8 @@ struct GrpcSettings {
     mtls_renewal: bool,
     /// Where the API records its decisions (set once the ledger is open).
     ledger: LedgerHandle,
+    /// JWT-SVIDs (`IssueJwtSvid`, `GetJwtBundle`; set once the keys are open); None: off.
+    jwt: Option<Arc<JwtService>>,
     /// `[grpc] istio_token_audience`: the audience of the Istio CA API's tokens.
     istio_audience: String,
     /// `[grpc] istio_trust_domain_alias` (`None` when empty).
@@ -460,6 +543,7 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
         },
         mtls_renewal: config.grpc.mtls_renewal,
         ledger: LedgerHandle::none(),
+        jwt: None,
         istio_audience: config.grpc.istio_token_audience.clone(),
         istio_trust_domain_alias: Some(config.grpc.istio_trust_domain_alias.clone())
             .filter(|alias| !alias.is_empty()),
@@ -497,6 +581,7 @@ async fn start_grpc(
         limits,
         mtls_renewal,
         ledger,
+        jwt,
         istio_audience,
         istio_trust_domain_alias,
     } = settings;
@@ -549,19 +634,21 @@ async fn start_grpc(
         authenticator: Some(with_certificates(Arc::new(istio_tokens))),
         trust_domain_alias: istio_trust_domain_alias,
     };
-    let api = Arc::new(
-        Api::new(
-            api,
-            handle.clone(),
-            authenticator,
-            Some(kube.pods),
-            tasks.receiver(),
-        )?
-        .with_clock(Arc::clone(clock))
-        .with_ledger(ledger)
-        .with_metrics(metrics.grpc.clone())
-        .with_istio(istio),
-    );
+    let api = Api::new(
+        api,
+        handle.clone(),
+        authenticator,
+        Some(kube.pods),
+        tasks.receiver(),
+    )?
+    .with_clock(Arc::clone(clock))
+    .with_ledger(ledger)
+    .with_metrics(metrics.grpc.clone())
+    .with_istio(istio);
+    let api = Arc::new(match jwt {
+        Some(jwt) => api.with_jwt(jwt),
+        None => api,
+    });
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {
         let served = match tls {

@@ -250,9 +250,14 @@ impl ListArgs {
             "SERIAL", "TIME", "OUTCOME", "NODE", "CA"
         );
         for r in &records {
+            // A JWT-SVID has no serial: its signing key's kid stands in that column.
+            let jwt_kid = r.jwt.as_ref().map(|j| format!("jwt:{}", j.kid));
             println!(
                 "{:<34} {:<20} {:<7} {:<16} {:<3} {}",
-                r.serial.as_deref().unwrap_or(r.reason.as_str()),
+                r.serial
+                    .as_deref()
+                    .or(jwt_kid.as_deref())
+                    .unwrap_or(r.reason.as_str()),
                 short(r.time),
                 r.outcome,
                 r.node_name.as_deref().unwrap_or("-"),
