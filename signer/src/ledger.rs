@@ -454,7 +454,8 @@ pub struct Filter {
     pub namespace: Option<String>,
     pub node: Option<String>,
     pub serial: Option<String>,
-    /// The certificate's, the subject key's or the issuing CA's SHA-256 fingerprint.
+    /// The certificate's, the subject key's or the issuing CA's SHA-256 fingerprint, or a
+    /// JWT-SVID's SHA-256 (`jwt.token_sha256`).
     pub fingerprint: Option<String>,
     /// At or after.
     pub since: Option<OffsetDateTime>,
@@ -482,9 +483,15 @@ impl Filter {
             && eq(&self.node, r.node_name.as_deref())
             && eq(&serial, r.serial.as_deref())
             && fingerprint.as_deref().is_none_or(|f| {
-                [&r.cert_sha256, &r.spki_sha256, &r.issuer_fingerprint]
-                    .iter()
-                    .any(|have| have.as_deref().map(normalize_hex).as_deref() == Some(f))
+                let token = r.jwt.as_ref().map(|j| j.token_sha256.clone());
+                [
+                    &r.cert_sha256,
+                    &r.spki_sha256,
+                    &r.issuer_fingerprint,
+                    &token,
+                ]
+                .iter()
+                .any(|have| have.as_deref().map(normalize_hex).as_deref() == Some(f))
             })
             && self.since.is_none_or(|s| r.time >= s)
             && self.until.is_none_or(|u| r.time < u)

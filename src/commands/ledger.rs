@@ -65,7 +65,8 @@ pub struct FilterArgs {
     /// Only this serial (hex, colons allowed).
     #[arg(long)]
     pub serial: Option<String>,
-    /// Only this certificate, subject key or issuing CA SHA-256 fingerprint (hex).
+    /// Only this certificate, subject key or issuing CA SHA-256 fingerprint, or a JWT-SVID's
+    /// SHA-256 (hex; `sha256sum` of the token without its newline).
     #[arg(long)]
     pub fingerprint: Option<String>,
     /// Only records made at or after this RFC 3339 time.

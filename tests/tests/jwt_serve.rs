@@ -208,6 +208,16 @@ async fn a_token_reviewed_caller_gets_a_jwt_svid_that_jsonwebtoken_verifies() {
         .expect("the first token's record");
     check_issued_record(record, &svid, "apps/web");
     assert_eq!(record.signer, grpc_serve::SIGNER);
+    // An auditor holding a token finds its record by the token's SHA-256.
+    let ledger = Ledger::open(&cluster.ca_dir().join("ledger.redb")).unwrap();
+    let found = ledger
+        .query(&Filter {
+            fingerprint: Some(sha256_hex(svid.token.as_bytes()).to_uppercase()),
+            ..Filter::default()
+        })
+        .unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(&found[0], record);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -283,6 +283,88 @@ async fn fetch_jwt_svid_decisions_are_recorded_in_the_ledger() {
     assert_eq!(denied.jwt, None);
 }
 
+/// podca.v1 `IssueJwtSvid` on `podca dev`'s loopback listener: the signer's namespace rule
+/// decides, and both the token and the policy denial are `jwt` ledger records.
+#[tokio::test(flavor = "multi_thread")]
+async fn podca_v1_issue_jwt_svid_follows_the_policy_and_records_denials() {
+    use podca_proto::podca::v1::IssueJwtSvidRequest;
+    use podca_signer::ledger::{Ledger, RecordOutcome, Source};
+
+    let config = r#"
+[signers."example.com/workload"]
+trust_domain = "example.com"
+namespaces = ["shop"]
+"#;
+    let data = tempfile::tempdir().unwrap();
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(config),
+        data_dir: Some(data.path().to_owned()),
+        ..DevOptions::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let as_identity = |namespace: &str| {
+        let mut request = Request::new(IssueJwtSvidRequest {
+            audiences: vec!["vault".into()],
+            ..Default::default()
+        });
+        let metadata = request.metadata_mut();
+        metadata.insert("x-podca-namespace", namespace.parse().unwrap());
+        metadata.insert("x-podca-service-account", "web".parse().unwrap());
+        request
+    };
+    let svid = client
+        .issue_jwt_svid(as_identity("shop"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(svid.spiffe_id, "spiffe://example.com/ns/shop/sa/web");
+    let status = client
+        .issue_jwt_svid(as_identity("default"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().starts_with("NamespaceNotAllowed: "),
+        "{}",
+        status.message()
+    );
+    drop(client);
+    assert!(dev.stop().success());
+
+    let ledger = Ledger::open(&data.path().join("ledger.redb")).unwrap();
+    let mut records: Vec<_> = ledger
+        .latest(100)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.source == Source::Jwt)
+        .collect();
+    records.sort_by_key(|r| r.outcome == RecordOutcome::Denied);
+    let outcomes: Vec<_> = records
+        .iter()
+        .map(|r| (r.outcome, r.reason.as_str(), r.identity.as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (
+                RecordOutcome::Issued,
+                "Issued",
+                "spiffe://example.com/ns/shop/sa/web"
+            ),
+            (
+                RecordOutcome::Denied,
+                "NamespaceNotAllowed",
+                "spiffe://example.com/ns/default/sa/web"
+            ),
+        ]
+    );
+    assert_eq!(
+        records[0].jwt.as_ref().map(|j| j.kid.as_str()),
+        Some(svid.kid.as_str())
+    );
+    assert_eq!(records[1].signer, "example.com/workload");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn validate_jwt_svid_refuses_every_bad_token_with_its_status() {
     let dev = DevProcess::start();
