@@ -12,6 +12,7 @@ use podca_authority::admin::Readiness;
 use podca_authority::ca::{self, HsmKeySlot};
 use podca_authority::config::{CaConfig, Config, GrpcTls, SelfIssuedTls};
 use podca_authority::hsm_metrics::HsmMetrics;
+use podca_authority::jwt::{JwtConfig, JwtHandle, JwtRotation, JwtRotator};
 use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions};
@@ -30,6 +31,7 @@ use podca_grpc::core::IstioOptions;
 use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
+use podca_signer::jwt::store::JwtStore;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -103,12 +105,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         no_grpc,
     } = args;
     let config = load_config(config)?;
-    if config.jwt.issuer.is_some() || config.jwt.oidc_listen.is_some() {
-        // Not silently: the section parses (one schema for serve and dev) but serve has no JWT
-        // profile yet (issue #17; `podca dev` serves it).
+    if config.jwt.oidc_listen.is_some() {
+        // Not silently: the section parses (one schema for serve and dev) but serve has no OIDC
+        // discovery yet (issue #17; `podca dev` serves it).
         tracing::warn!(
-            "[jwt] issuer/oidc_listen are set, but podca serve does not serve JWT-SVIDs or OIDC \
-             discovery yet; only podca dev does"
+            "[jwt] oidc_listen is set, but podca serve does not serve OIDC discovery yet; only \
+             podca dev does"
         );
     }
     if lease.lease_renew_deadline >= lease.lease_duration {
@@ -198,6 +200,15 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         &mut tasks,
     )
     .await?;
+    // Kept for the JWT-SVID RPCs (and OIDC discovery) once they are served.
+    let _jwt = start_jwt(
+        &config.jwt,
+        &backend,
+        controller.leader_election.is_some(),
+        &leadership,
+        &clock,
+        &mut tasks,
+    )?;
     let handle = match backend {
         Backend::Files(files) => files.start(&clock, &metrics, &mut tasks),
         Backend::Secret(mut options) => {
@@ -239,6 +250,66 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
     result?;
     Ok(())
 }
+
+/// JWT-SVID signing keys (`[jwt] enabled`) of a data-directory CA, in `<dir>/jwt/` as in `podca
+/// dev`: rotated on `[jwt]`'s schedule by this process, by the leader only with
+/// `--leader-elect` (standbys follow the directory), or only followed when the directory is
+/// read-only. A Secret-held CA has no JWT key storage yet: JWT-SVIDs are off, with a warning.
+fn start_jwt(
+    config: &JwtConfig,
+    backend: &Backend,
+    leader_elect: bool,
+    leadership: &watch::Sender<bool>,
+    clock: &Clock,
+    tasks: &mut Shutdown,
+) -> anyhow::Result<Option<JwtHandle>> {
+    if !config.enabled {
+        return Ok(None);
+    }
+    let store = match backend {
+        Backend::Files(files) => files.rotator.store.clone(),
+        Backend::Secret(_) => {
+            warn!(
+                "[jwt] enabled, but [ca] backend = \"secret\" has no JWT key storage yet: podca \
+                 serve issues no JWT-SVIDs (set [jwt] enabled = false to silence this)"
+            );
+            return Ok(None);
+        }
+    };
+    let rotation = if !dir_writable(store.dir()) {
+        info!(
+            dir = %store.dir().display(),
+            "the CA data directory is read-only: JWT keys are followed, not rotated"
+        );
+        JwtRotation::Follow
+    } else if leader_elect {
+        info!("JWT key rotation runs on the leader only (--leader-elect); standbys follow");
+        JwtRotation::WhileLeading(leadership.subscribe())
+    } else {
+        JwtRotation::Automatic
+    };
+    let rotator = Arc::new(
+        JwtRotator::start_with(
+            JwtStore::new(store),
+            config,
+            Arc::clone(clock),
+            JWT_POLL,
+            rotation,
+        )
+        .context("the JWT signing keys ([jwt])")?,
+    );
+    if rotator.handle().current().infos().next().is_none() {
+        warn!("no JWT signing key in the data directory yet: no JWT-SVID is signed until one is");
+    }
+    tasks.spawn(
+        "JWT key rotation driver",
+        Arc::clone(&rotator).run(tasks.receiver()),
+    );
+    Ok(Some(rotator.handle().clone()))
+}
+
+/// How often the JWT key driver looks at the data directory (other writers' changes).
+const JWT_POLL: Duration = Duration::from_secs(5);
 
 /// How long the rotation driver waits for another writer of the data directory per tick.
 const ROTATOR_LOCK_WAIT: Duration = Duration::from_secs(2);

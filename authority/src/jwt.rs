@@ -300,6 +300,18 @@ impl JwtHandle {
     }
 }
 
+/// Whether a [`JwtRotator`] takes the schedule's steps itself or only follows the keys on disk.
+#[derive(Debug, Clone)]
+pub enum JwtRotation {
+    /// Makes the first key and takes every due step (one process owns the directory).
+    Automatic,
+    /// Takes steps only while the receiver says this replica leads (`podca serve
+    /// --leader-elect`); otherwise follows the keys another replica writes.
+    WhileLeading(watch::Receiver<bool>),
+    /// Never writes: follows the keys on disk (a read-only data directory).
+    Follow,
+}
+
 /// Runs the key schedule of a data directory's JWT keys.
 pub struct JwtRotator {
     store: JwtStore,
@@ -308,6 +320,7 @@ pub struct JwtRotator {
     handle: JwtHandle,
     clock: Clock,
     poll: StdDuration,
+    rotation: JwtRotation,
 }
 
 impl std::fmt::Debug for JwtRotator {
@@ -316,6 +329,7 @@ impl std::fmt::Debug for JwtRotator {
             .field("store", &self.store)
             .field("schedule", &self.schedule)
             .field("algorithm", &self.algorithm)
+            .field("rotation", &self.rotation)
             .finish_non_exhaustive()
     }
 }
@@ -329,16 +343,36 @@ impl JwtRotator {
         clock: Clock,
         poll: StdDuration,
     ) -> anyhow::Result<Self> {
+        Self::start_with(store, config, clock, poll, JwtRotation::Automatic)
+    }
+
+    /// [`Self::start`] with the given [`JwtRotation`]. A rotator that does not take steps now
+    /// (a standby, a read-only directory) starts with the keys on disk, possibly none: no
+    /// token is signed until a key is there.
+    pub fn start_with(
+        store: JwtStore,
+        config: &JwtConfig,
+        clock: Clock,
+        poll: StdDuration,
+        rotation: JwtRotation,
+    ) -> anyhow::Result<Self> {
         config.check()?;
         let schedule = config.schedule();
-        let advanced = store.advance(clock(), &schedule, config.key_algorithm)?;
+        let keys = if rotation_steps(&rotation) {
+            store
+                .advance(clock(), &schedule, config.key_algorithm)?
+                .keys
+        } else {
+            store.load()?
+        };
         Ok(JwtRotator {
             store,
             schedule,
             algorithm: config.key_algorithm,
-            handle: JwtHandle::new(advanced.keys),
+            handle: JwtHandle::new(keys),
             clock,
             poll,
+            rotation,
         })
     }
 
@@ -349,16 +383,25 @@ impl JwtRotator {
     /// One check: applies due steps (or another process's changes) and publishes the set.
     /// Returns when the next step is due.
     pub fn tick(&self) -> anyhow::Result<Option<time::OffsetDateTime>> {
-        let advanced = self
-            .store
-            .advance((self.clock)(), &self.schedule, self.algorithm)?;
-        let infos: Vec<_> = advanced.keys.infos().cloned().collect();
-        self.handle.replace(advanced.keys);
+        let keys = if rotation_steps(&self.rotation) {
+            self.store
+                .advance((self.clock)(), &self.schedule, self.algorithm)?
+                .keys
+        } else {
+            self.store.load()?
+        };
+        let infos: Vec<_> = keys.infos().cloned().collect();
+        self.handle.replace(keys);
         Ok(keyset::next_event(&infos, &self.schedule))
     }
 
     /// Ticks until `shutdown` turns true: when a step is due, and at least every `poll`.
+    /// A standby (`WhileLeading`) ticks at once when it becomes the leader.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut leading = match &self.rotation {
+            JwtRotation::WhileLeading(leading) => Some(leading.clone()),
+            _ => None,
+        };
         loop {
             let wait = match self.tick() {
                 Ok(next) => crate::rotation::wait_for_next(next, (self.clock)(), self.poll),
@@ -367,11 +410,32 @@ impl JwtRotator {
                     self.poll.min(StdDuration::from_secs(30))
                 }
             };
+            let leadership_change = async {
+                match leading.as_mut() {
+                    Some(leading) => {
+                        if leading.changed().await.is_err() {
+                            // The controller has gone; keep the poll.
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
+                () = leadership_change => {}
                 r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
             }
         }
+    }
+}
+
+/// Whether a rotator with `rotation` takes the schedule's steps now.
+fn rotation_steps(rotation: &JwtRotation) -> bool {
+    match rotation {
+        JwtRotation::Automatic => true,
+        JwtRotation::WhileLeading(leading) => *leading.borrow(),
+        JwtRotation::Follow => false,
     }
 }
 
@@ -506,6 +570,58 @@ mod tests {
             valid_at(&old_token.token, drop - Duration::seconds(1)),
             Err(podca_signer::jwt::JwtError::UnknownKeyId(_))
         ));
+    }
+
+    /// A standby follows the directory and never writes it; once it leads, it takes the steps.
+    #[test]
+    fn a_standby_takes_no_steps_until_it_leads() {
+        use podca_signer::FileStore;
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t0 = time::macros::datetime!(2026-01-01 00:00 UTC);
+        let clock: Clock = Arc::new(move || t0);
+        let (leading, rx) = watch::channel(false);
+        let store = JwtStore::new(FileStore::new(dir.path()));
+        let rotator = JwtRotator::start_with(
+            store.clone(),
+            &JwtConfig::default(),
+            clock,
+            StdDuration::from_secs(5),
+            JwtRotation::WhileLeading(rx),
+        )
+        .expect("a standby starts without keys");
+        assert_eq!(rotator.handle().current().infos().count(), 0);
+        rotator.tick().expect("tick");
+        assert_eq!(rotator.handle().current().infos().count(), 0);
+        assert!(
+            !dir.path().join("jwt").exists(),
+            "a standby wrote the directory"
+        );
+        leading.send_replace(true);
+        rotator.tick().expect("tick");
+        let kids: Vec<_> = rotator
+            .handle()
+            .current()
+            .infos()
+            .map(|k| k.kid.clone())
+            .collect();
+        assert_eq!(kids.len(), 1);
+        // Another process (a follower) reads the same key from the directory.
+        let follower = JwtRotator::start_with(
+            store,
+            &JwtConfig::default(),
+            Arc::new(move || t0),
+            StdDuration::from_secs(5),
+            JwtRotation::Follow,
+        )
+        .expect("follower");
+        let followed: Vec<_> = follower
+            .handle()
+            .current()
+            .infos()
+            .map(|k| k.kid.clone())
+            .collect();
+        assert_eq!(followed, kids);
     }
 
     #[test]
