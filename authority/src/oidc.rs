@@ -84,12 +84,7 @@ impl Discovery {
     /// The JWKS for OIDC consumers: the SPIFFE bundle's keys with `use: sig` (AWS and Vault
     /// expect `sig` or nothing; `jwt-svid` is SPIFFE's own).
     pub fn jwks(&self, keys: &JwtKeySet) -> String {
-        let mut bundle = keys.bundle(None);
-        for key in &mut bundle.keys {
-            key.key_use = Some("sig".into());
-        }
-        bundle.spiffe_sequence = None;
-        String::from_utf8(bundle.to_json()).unwrap_or_default()
+        jwks(keys)
     }
 
     /// The answer to one request (see the module docs' table), and the `path` label it is
@@ -134,6 +129,16 @@ impl Discovery {
         }
         (label, response)
     }
+}
+
+/// The JWKS for OIDC consumers (see [`Discovery::jwks`]); also what the JWKS ConfigMap holds.
+pub fn jwks(keys: &JwtKeySet) -> String {
+    let mut bundle = keys.bundle(None);
+    for key in &mut bundle.keys {
+        key.key_use = Some("sig".into());
+    }
+    bundle.spiffe_sequence = None;
+    String::from_utf8(bundle.to_json()).unwrap_or_default()
 }
 
 fn answer(code: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
