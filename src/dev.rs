@@ -256,32 +256,35 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         None
     };
 
-    let api = Arc::new(
-        Api::new(
-            ApiOptions {
-                signers: config.signers.clone(),
-                default_signer: signer_name.clone(),
-                allowed_signers: config.grpc_allowed_signers()?,
-                max_dns_names: config.grpc.max_dns_names,
-                node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
-                rate_limit_per_identity: config.grpc.rate_limit_per_identity,
-                max_open_streams: config.grpc.max_open_streams,
-            },
-            ca.clone(),
-            Arc::new(DevAuthenticator::new(&identities)),
-            None,
-            tasks.receiver(),
-        )?
-        .with_ledger(ledger_sink)
-        .with_clock(Arc::clone(&clock))
-        // The Istio CA API on the loopback listener: callers are dev identities, as for
-        // podca.v1 (no tokens, no ImpersonatedIdentity: there are no pods to check).
-        .with_istio(IstioOptions {
-            authenticator: None,
-            trust_domain_alias: Some(config.grpc.istio_trust_domain_alias.clone())
-                .filter(|alias| !alias.is_empty()),
-        }),
-    );
+    let api = Api::new(
+        ApiOptions {
+            signers: config.signers.clone(),
+            default_signer: signer_name.clone(),
+            allowed_signers: config.grpc_allowed_signers()?,
+            max_dns_names: config.grpc.max_dns_names,
+            node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
+            rate_limit_per_identity: config.grpc.rate_limit_per_identity,
+            max_open_streams: config.grpc.max_open_streams,
+        },
+        ca.clone(),
+        Arc::new(DevAuthenticator::new(&identities)),
+        None,
+        tasks.receiver(),
+    )?
+    .with_ledger(ledger_sink)
+    .with_clock(Arc::clone(&clock))
+    // The Istio CA API on the loopback listener: callers are dev identities, as for
+    // podca.v1 (no tokens, no ImpersonatedIdentity: there are no pods to check).
+    .with_istio(IstioOptions {
+        authenticator: None,
+        trust_domain_alias: Some(config.grpc.istio_trust_domain_alias.clone())
+            .filter(|alias| !alias.is_empty()),
+    });
+    // podca.v1 IssueJwtSvid / GetJwtBundle on both listeners, beside the Workload API's RPCs.
+    let api = Arc::new(match &jwt {
+        Some(jwt) => api.with_jwt(Arc::clone(jwt)),
+        None => api,
+    });
 
     tasks.spawn(
         "CA rotation driver",

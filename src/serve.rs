@@ -30,6 +30,7 @@ use podca_grpc::auth::{
 };
 use podca_grpc::connections::ConnectionLimits;
 use podca_grpc::core::IstioOptions;
+use podca_grpc::jwt::JwtService;
 use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
@@ -203,8 +204,7 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         &mut tasks,
     )
     .await?;
-    // Kept for the JWT-SVID RPCs once they are served; OIDC discovery and the JWKS ConfigMap
-    // read it.
+    // The JWT-SVID RPCs' keys; OIDC discovery and the JWKS ConfigMap read them too.
     let jwt = start_jwt(
         &config.jwt,
         &backend,
@@ -280,6 +280,9 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         };
         let grpc = GrpcSettings {
             ledger: ledger.clone(),
+            jwt: jwt
+                .clone()
+                .map(|keys| Arc::new(JwtService::new(keys, &config.jwt))),
             ..grpc
         };
         start_grpc(
@@ -553,6 +556,8 @@ struct GrpcSettings {
     mtls_renewal: bool,
     /// Where the API records its decisions (set once the ledger is open).
     ledger: LedgerHandle,
+    /// JWT-SVIDs (`IssueJwtSvid`, `GetJwtBundle`; set once the keys are open); None: off.
+    jwt: Option<Arc<JwtService>>,
     /// `[grpc] istio_token_audience`: the audience of the Istio CA API's tokens.
     istio_audience: String,
     /// `[grpc] istio_trust_domain_alias` (`None` when empty).
@@ -584,6 +589,7 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
         },
         mtls_renewal: config.grpc.mtls_renewal,
         ledger: LedgerHandle::none(),
+        jwt: None,
         istio_audience: config.grpc.istio_token_audience.clone(),
         istio_trust_domain_alias: Some(config.grpc.istio_trust_domain_alias.clone())
             .filter(|alias| !alias.is_empty()),
@@ -625,6 +631,7 @@ async fn start_grpc(
         limits,
         mtls_renewal,
         ledger,
+        jwt,
         istio_audience,
         istio_trust_domain_alias,
     } = settings;
@@ -671,19 +678,21 @@ async fn start_grpc(
         authenticator: Some(with_certificates(Arc::new(istio_tokens))),
         trust_domain_alias: istio_trust_domain_alias,
     };
-    let api = Arc::new(
-        Api::new(
-            api,
-            handle.clone(),
-            authenticator,
-            Some(kube.pods),
-            tasks.receiver(),
-        )?
-        .with_clock(Arc::clone(clock))
-        .with_ledger(ledger)
-        .with_metrics(metrics.grpc.clone())
-        .with_istio(istio),
-    );
+    let api = Api::new(
+        api,
+        handle.clone(),
+        authenticator,
+        Some(kube.pods),
+        tasks.receiver(),
+    )?
+    .with_clock(Arc::clone(clock))
+    .with_ledger(ledger)
+    .with_metrics(metrics.grpc.clone())
+    .with_istio(istio);
+    let api = Arc::new(match jwt {
+        Some(jwt) => api.with_jwt(jwt),
+        None => api,
+    });
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {
         let served = match tls {

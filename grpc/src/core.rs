@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use podca_signer::jwt::SignedSvid;
 use podca_signer::ledger::{RecordOutcome, Source};
 use podca_signer::{
     CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
@@ -14,10 +15,25 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
 use super::errors::ApiError;
+use super::jwt::{JwtAsk, JwtService};
 use super::ledger::{LedgerSink, RpcFacts};
 use super::ratelimit::{RateLimiter, SigningShare};
 use podca_authority::metrics::GrpcMetrics;
 use podca_authority::trust::{CaHandle, CaSnapshot, Clock, system_clock};
+
+/// The ledger `reason` of a JWT-SVID refused because `spiffe_id` named another identity.
+pub const UNKNOWN_SPIFFE_ID_REASON: &str = "UnknownSpiffeId";
+
+/// An IssueJwtSvid request as the API receives it.
+#[derive(Debug, Clone, Default)]
+pub struct JwtInput {
+    pub audiences: Vec<String>,
+    pub requested_lifetime_seconds: Option<i64>,
+    pub signer_name: String,
+    /// Both empty: the caller's own identity.
+    pub pod_namespace: String,
+    pub pod_name: String,
+}
 
 /// Largest request message the servers accept.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -180,6 +196,8 @@ pub struct Api {
     clock: Clock,
     /// The Istio CA API's authenticator and trust domain alias.
     istio: IstioOptions,
+    /// JWT-SVIDs (`IssueJwtSvid`, `GetJwtBundle`); None: answered UNIMPLEMENTED.
+    jwt: Option<Arc<JwtService>>,
 }
 
 impl std::fmt::Debug for Api {
@@ -196,6 +214,7 @@ impl std::fmt::Debug for Api {
             .field("shutdown", &self.shutdown)
             .field("ledger", &self.ledger)
             .field("istio", &self.istio)
+            .field("jwt", &self.jwt)
             .finish_non_exhaustive()
     }
 }
@@ -237,6 +256,7 @@ impl Api {
             replica: podca_signer::ledger::replica_identity(),
             clock: system_clock(),
             istio: IstioOptions::default(),
+            jwt: None,
         })
     }
 
@@ -245,6 +265,20 @@ impl Api {
     pub fn with_istio(mut self, istio: IstioOptions) -> Self {
         self.istio = istio;
         self
+    }
+
+    /// Serves JWT-SVIDs on podca.v1 (`IssueJwtSvid`, `GetJwtBundle`) with `jwt`.
+    pub fn with_jwt(mut self, jwt: Arc<JwtService>) -> Self {
+        self.jwt = Some(jwt);
+        self
+    }
+
+    /// The JWT-SVID service, or UNIMPLEMENTED when this process serves none.
+    pub fn jwt(&self) -> Result<&Arc<JwtService>, ApiError> {
+        self.jwt.as_ref().ok_or(ApiError::Unimplemented(
+            "JWT-SVIDs are not served here ([jwt] enabled = false, or a CA backend without JWT \
+             keys: [ca] backend = \"secret\")",
+        ))
     }
 
     /// Reads the time from `clock` instead of the system clock.
@@ -411,6 +445,30 @@ impl Api {
         pod_name: &str,
         input: IssueInput,
     ) -> Result<Issued, ApiError> {
+        let subject = self.pod_subject(caller, pod_namespace, pod_name).await?;
+        let signer = self.signer(&input.signer_name)?.0.to_owned();
+        let result = self.issue_unrecorded(&subject, input).await;
+        let request_name = format!("{pod_namespace}/{pod_name}");
+        self.settle(
+            result,
+            Source::IssueForPod,
+            &signer,
+            &subject,
+            caller,
+            Some(request_name),
+        )
+        .await
+    }
+
+    /// The identity of a pod a node proxy asks for (IssueForPod, IssueJwtSvid with a pod): the
+    /// caller is a node proxy whose own pod still exists, and the pod exists, runs on the
+    /// caller's node and has neither finished nor begun terminating.
+    async fn pod_subject(
+        &self,
+        caller: &Identity,
+        pod_namespace: &str,
+        pod_name: &str,
+    ) -> Result<Identity, ApiError> {
         let proxy = self.node_proxy(caller)?;
         let caller_node = proxy.node;
         // Checked before anything reaches the Kubernetes API: an empty name would turn the GET
@@ -444,23 +502,53 @@ impl Api {
                 pod.phase.as_deref().unwrap_or("")
             )));
         }
-        let subject = Identity {
+        Ok(Identity {
             namespace: pod_namespace.to_owned(),
             service_account: pod.service_account,
             pod_name: Some(pod_name.to_owned()),
             pod_uid: pod.uid,
             node_name: pod.node_name,
+        })
+    }
+
+    /// IssueJwtSvid: a JWT-SVID for the caller, or (a node proxy naming a pod) for a pod on the
+    /// caller's node. The signer, lifetime and audiences are checked before any pod lookup.
+    pub async fn issue_jwt(
+        &self,
+        caller: &Identity,
+        input: JwtInput,
+    ) -> Result<SignedSvid, ApiError> {
+        let jwt = Arc::clone(self.jwt()?);
+        self.signer(&input.signer_name)?;
+        let lifetime = match input.requested_lifetime_seconds {
+            None => None,
+            Some(s) if s <= 0 => return Err(ApiError::BadLifetime(s)),
+            // Longer than `[jwt] max_lifetime_seconds`: clamped when signing.
+            Some(s) => Some(Duration::seconds(s.min(i64::from(u32::MAX)))),
         };
-        let signer = self.signer(&input.signer_name)?.0.to_owned();
-        let result = self.issue_unrecorded(&subject, input).await;
-        let request_name = format!("{pod_namespace}/{pod_name}");
-        self.settle(
-            result,
-            Source::IssueForPod,
-            &signer,
-            &subject,
-            caller,
-            Some(request_name),
+        podca_signer::jwt::check_audiences(&input.audiences, jwt.limits().max_audiences)
+            .map_err(ApiError::Jwt)?;
+        let (subject, request_name) = if input.pod_namespace.is_empty() && input.pod_name.is_empty()
+        {
+            (caller.clone(), None)
+        } else {
+            let subject = self
+                .pod_subject(caller, &input.pod_namespace, &input.pod_name)
+                .await?;
+            let name = format!("{}/{}", input.pod_namespace, input.pod_name);
+            (subject, Some(name))
+        };
+        jwt.issue(
+            self,
+            JwtAsk {
+                signer: &input.signer_name,
+                subject: &subject,
+                caller,
+                request_name,
+                audiences: &input.audiences,
+                spiffe_id: "",
+                lifetime,
+            },
         )
         .await
     }
@@ -779,6 +867,68 @@ impl Api {
                 message,
             ),
             // Not a decision on the request (bad input, no CA now): nothing to record.
+            Err(_) => return result,
+        };
+        match (ledger.record(record).await, result) {
+            (Ok(()), result) => result,
+            (Err(e), Ok(_)) => Err(ApiError::LedgerUnavailable(e.to_string())),
+            (Err(e), refusal) => {
+                tracing::warn!(error = %e, "the ledger could not record a refusal");
+                refusal
+            }
+        }
+    }
+
+    /// [`Self::settle`] for a JWT-SVID (source `jwt`): an issued token is recorded (kid,
+    /// audiences, `iat`/`exp`, its SHA-256; never the token) before it is handed out, and a
+    /// refusal by the policy or for another identity's `spiffe_id` as `denied`.
+    pub(crate) async fn settle_jwt(
+        &self,
+        result: Result<SignedSvid, ApiError>,
+        signer: &str,
+        subject: &Identity,
+        caller: &Identity,
+        request_name: Option<String>,
+    ) -> Result<SignedSvid, ApiError> {
+        let Some(ledger) = &self.ledger else {
+            return result;
+        };
+        let snapshot = self.ca.current();
+        let trust_domain = self
+            .options
+            .signers
+            .get(signer)
+            .map_or("", |p| p.trust_domain.as_str());
+        let facts = RpcFacts {
+            source: Source::Jwt,
+            signer,
+            trust_domain,
+            subject,
+            caller,
+            request_name,
+            snapshot: &snapshot,
+            replica: &self.replica,
+            time: self.now(),
+        };
+        let mut context = facts.context();
+        // A JWT-SVID is signed by a JWT key (its kid is in the record), not by the CA.
+        context.ca_generation = None;
+        context.issuer_fingerprint = None;
+        let record = match &result {
+            Ok(signed) => LedgerRecord::jwt_issued(&context, signed),
+            Err(ApiError::Denied { reason, message }) => LedgerRecord::refused(
+                &context,
+                RecordOutcome::Denied,
+                reason.condition_reason(),
+                message,
+            ),
+            Err(e @ ApiError::UnknownSpiffeId { .. }) => LedgerRecord::refused(
+                &context,
+                RecordOutcome::Denied,
+                UNKNOWN_SPIFFE_ID_REASON,
+                &e.to_string(),
+            ),
+            // Bad input, no signing key now: nothing decided on the request.
             Err(_) => return result,
         };
         match (ledger.record(record).await, result) {

@@ -23,6 +23,24 @@ pub fn refresh_hint(config: &JwtConfig) -> Duration {
     Duration::seconds(i64::from(config.propagation_seconds / 3).max(1))
 }
 
+/// One JWT-SVID to issue ([`JwtService::issue`]).
+#[derive(Debug, Clone)]
+pub struct JwtAsk<'a> {
+    /// The signer whose policy and trust domain apply; empty: `grpc.signer`.
+    pub signer: &'a str,
+    /// Whom the token is for.
+    pub subject: &'a Identity,
+    /// Who asked (a node proxy for a pod on its node, else the subject).
+    pub caller: &'a Identity,
+    /// `namespace/name` of the pod a node proxy asked for.
+    pub request_name: Option<String>,
+    pub audiences: &'a [String],
+    /// The Workload API's `spiffe_id` selection (empty: none).
+    pub spiffe_id: &'a str,
+    /// The requested lifetime (None: `[jwt] default_lifetime_seconds`).
+    pub lifetime: Option<Duration>,
+}
+
 /// The JWT-SVID half of the API.
 #[derive(Debug, Clone)]
 pub struct JwtService {
@@ -48,17 +66,27 @@ impl JwtService {
         &self.limits
     }
 
-    /// Issues a JWT-SVID for `identity` under the API's default signer's policy. `spiffe_id`,
-    /// when not empty, must be the caller's own (podca gives each caller exactly one).
-    pub async fn issue(
+    /// Issues a JWT-SVID for `ask.subject` under `ask.signer`'s policy and records the decision
+    /// (issued, or denied by the policy or for another `spiffe_id`) in the API's ledger before
+    /// it returns. `spiffe_id`, when not empty, must be the subject's own (podca gives each
+    /// caller exactly one). Bad input (audiences) and a missing key are answered, not recorded,
+    /// as for certificates.
+    pub async fn issue(&self, api: &Api, ask: JwtAsk<'_>) -> Result<SignedSvid, ApiError> {
+        let (signer, _) = api.signer(ask.signer)?;
+        let signer = signer.to_owned();
+        let result = self.issue_unrecorded(api, &signer, &ask).await;
+        api.settle_jwt(result, &signer, ask.subject, ask.caller, ask.request_name)
+            .await
+    }
+
+    async fn issue_unrecorded(
         &self,
         api: &Api,
-        identity: &Identity,
-        audiences: &[String],
-        spiffe_id: &str,
-        lifetime: Option<Duration>,
+        signer: &str,
+        ask: &JwtAsk<'_>,
     ) -> Result<SignedSvid, ApiError> {
-        let (_, policy) = api.signer("")?;
+        let identity = ask.subject;
+        let (_, policy) = api.signer(signer)?;
         if let Err(Decision::Deny { reason, message }) =
             policy.admits(&identity.namespace, &identity.service_account)
         {
@@ -69,9 +97,9 @@ impl JwtService {
             &identity.namespace,
             &identity.service_account,
         );
-        if !spiffe_id.is_empty() && spiffe_id != own {
+        if !ask.spiffe_id.is_empty() && ask.spiffe_id != own {
             return Err(ApiError::UnknownSpiffeId {
-                requested: spiffe_id.chars().take(256).collect(),
+                requested: ask.spiffe_id.chars().take(256).collect(),
                 own,
             });
         }
@@ -81,7 +109,8 @@ impl JwtService {
             .signing(now)
             .is_some_and(|(_, key)| key.signs_quickly_in_process());
         let limits = self.limits.clone();
-        let audiences = audiences.to_vec();
+        let audiences = ask.audiences.to_vec();
+        let lifetime = ask.lifetime;
         let sign = move |keys: &JwtKeySet| {
             keys.sign(
                 &SvidRequest {

@@ -48,6 +48,11 @@
 //! | Istio: `ImpersonatedIdentity` in `podca dev` | `FAILED_PRECONDITION` |
 //! | Workload API call without the `workload.spiffe.io: true` metadata | `INVALID_ARGUMENT` |
 //! | Workload API JWT RPCs with `[jwt] enabled = false` | `UNIMPLEMENTED` |
+//! | podca.v1 `IssueJwtSvid`/`GetJwtBundle` with `[jwt] enabled = false`, or in a `podca serve` whose CA backend has no JWT keys (`[ca] backend = "secret"`) | `UNIMPLEMENTED` |
+//! | `IssueJwtSvid`: no audience, more than `[jwt] max_audiences`, an empty or over-long audience; `requested_lifetime_seconds` ≤ 0 (above the maximum: clamped) | `INVALID_ARGUMENT` |
+//! | `IssueJwtSvid`: unknown / not-offered `signer_name` | `NOT_FOUND` / `PERMISSION_DENIED` (as IssueCertificate) |
+//! | `IssueJwtSvid` with `pod_namespace`/`pod_name`: every refusal of IssueForPod (not a node proxy, pod on another node, gone, terminating, bad name, lookup failing) with IssueForPod's code | as IssueForPod |
+//! | `IssueJwtSvid`: signed but the ledger could not record it | `UNAVAILABLE` |
 //! | `FetchJWTSVID`: no audience, more than `[jwt] max_audiences`, an empty or over-long audience | `INVALID_ARGUMENT` |
 //! | `FetchJWTSVID`: `spiffe_id` that is not the caller's | `PERMISSION_DENIED` |
 //! | `ValidateJWTSVID`: empty `svid`/`audience`; a token oversized, malformed, with an `alg` off the JWT-SVID list (`none`, HMAC, EdDSA), unknown `kid`, bad signature, bad claims, another audience, expired or not yet valid ([`errors`]' `jwt_code`) | `INVALID_ARGUMENT` |

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use podca_proto::podca::v1::pod_ca_server::PodCa;
 use podca_proto::podca::v1::{
-    GetTrustBundleRequest, IssueCertificateRequest, IssueCertificateResponse, IssueForPodRequest,
-    TrustBundle,
+    GetJwtBundleRequest, GetTrustBundleRequest, IssueCertificateRequest, IssueCertificateResponse,
+    IssueForPodRequest, IssueJwtSvidRequest, JwtBundle, JwtSvid, TrustBundle,
 };
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
@@ -16,7 +16,7 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
 use super::auth::{AuthError, BearerToken, Credentials, Identity, Peer};
-use super::core::{Api, IssueInput, Issued};
+use super::core::{Api, IssueInput, Issued, JwtInput};
 use super::errors::ApiError;
 use super::observe::{code_name, observed};
 use super::peer_identity::ClientCertificate;
@@ -27,6 +27,8 @@ pub const ISSUE_CERTIFICATE: &str = "podca.v1.PodCA/IssueCertificate";
 pub const ISSUE_FOR_POD: &str = "podca.v1.PodCA/IssueForPod";
 pub const GET_TRUST_BUNDLE: &str = "podca.v1.PodCA/GetTrustBundle";
 pub const WATCH_TRUST_BUNDLE: &str = "podca.v1.PodCA/WatchTrustBundle";
+pub const ISSUE_JWT_SVID: &str = "podca.v1.PodCA/IssueJwtSvid";
+pub const GET_JWT_BUNDLE: &str = "podca.v1.PodCA/GetJwtBundle";
 
 /// `podca.v1.PodCA`.
 #[derive(Debug, Clone)]
@@ -157,6 +159,39 @@ fn response(issued: Issued) -> IssueCertificateResponse {
     }
 }
 
+fn jwt_input(request: IssueJwtSvidRequest) -> JwtInput {
+    let IssueJwtSvidRequest {
+        audiences,
+        requested_lifetime_seconds,
+        signer_name,
+        pod_namespace,
+        pod_name,
+    } = request;
+    JwtInput {
+        audiences,
+        requested_lifetime_seconds,
+        signer_name,
+        pod_namespace,
+        pod_name,
+    }
+}
+
+fn jwt_response(signed: podca_signer::jwt::SignedSvid) -> JwtSvid {
+    let c = signed.claims;
+    let at = |t: i64| prost_types::Timestamp {
+        seconds: t,
+        nanos: 0,
+    };
+    JwtSvid {
+        token: signed.token,
+        spiffe_id: c.sub,
+        kid: signed.kid,
+        audiences: c.aud,
+        issued_at: c.iat.map(at),
+        expires_at: Some(at(c.exp)),
+    }
+}
+
 fn bundle(signer_name: &str, snapshot: &CaSnapshot) -> TrustBundle {
     TrustBundle {
         signer_name: signer_name.to_owned(),
@@ -248,6 +283,57 @@ impl PodCa for PodCaService {
             self.caller(&request, "GetTrustBundle").await?;
             let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
             Ok(Response::new(bundle(name, &self.api.ca().current())))
+        })
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(
+        rpc = "IssueJwtSvid",
+        signer = %request.get_ref().signer_name,
+        caller = tracing::field::Empty,
+    ))]
+    async fn issue_jwt_svid(
+        &self,
+        request: Request<IssueJwtSvidRequest>,
+    ) -> Result<Response<JwtSvid>, Status> {
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), ISSUE_JWT_SVID, peer, async move {
+            let caller = self.caller(&request, "IssueJwtSvid").await?;
+            let signed = self
+                .api
+                .issue_jwt(&caller, jwt_input(request.into_inner()))
+                .await?;
+            // Never the token: it is a bearer credential.
+            tracing::info!(
+                caller = %caller.key(),
+                spiffe_id = %signed.claims.sub,
+                kid = %signed.kid,
+                audiences = ?signed.claims.aud,
+                "issued a JWT-SVID over gRPC"
+            );
+            Ok(Response::new(jwt_response(signed)))
+        })
+        .await
+    }
+
+    #[tracing::instrument(skip_all, fields(
+        rpc = "GetJwtBundle",
+        signer = %request.get_ref().signer_name,
+        caller = tracing::field::Empty,
+    ))]
+    async fn get_jwt_bundle(
+        &self,
+        request: Request<GetJwtBundleRequest>,
+    ) -> Result<Response<JwtBundle>, Status> {
+        let peer = peer_of(&request);
+        observed(self.api.metrics(), GET_JWT_BUNDLE, peer, async move {
+            self.caller(&request, "GetJwtBundle").await?;
+            let jwt = self.api.jwt()?;
+            let (_, policy) = self.api.signer(&request.get_ref().signer_name)?;
+            Ok(Response::new(JwtBundle {
+                trust_domain: format!("spiffe://{}", policy.trust_domain),
+                jwks: jwt.bundle_json(&jwt.keys().current()),
+            }))
         })
         .await
     }

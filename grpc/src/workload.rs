@@ -31,7 +31,7 @@ use tonic::{Request, Response, Status};
 use super::auth::Identity;
 use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
-use super::jwt::{JwtService, MaybeJwt, claims_struct};
+use super::jwt::{JwtAsk, JwtService, MaybeJwt, claims_struct};
 use super::ledger::{WorkloadMethod, audit_workload_refusal};
 use super::observe::observed;
 use super::podca_service::{credentials_of, peer_of, record_caller};
@@ -156,7 +156,18 @@ impl SpiffeWorkloadApi for WorkloadService {
                 spiffe_id,
             } = request.into_inner();
             let signed = jwt
-                .issue(&self.api, &identity, &audience, &spiffe_id, None)
+                .issue(
+                    &self.api,
+                    JwtAsk {
+                        signer: "",
+                        subject: &identity,
+                        caller: &identity,
+                        request_name: None,
+                        audiences: &audience,
+                        spiffe_id: &spiffe_id,
+                        lifetime: None,
+                    },
+                )
                 .await?;
             Ok(Response::new(JwtsvidResponse {
                 svids: vec![Jwtsvid {

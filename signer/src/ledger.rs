@@ -55,6 +55,10 @@ pub enum Source {
     DevBundle,
     /// `podca issue` on the command line.
     Cli,
+    /// A JWT-SVID: `podca.v1` IssueJwtSvid (for the caller or, from a node proxy, a pod on its
+    /// node) or the Workload API's `FetchJWTSVID`. Its record carries [`JwtFacts`], never the
+    /// token.
+    Jwt,
     /// A source this podca does not know (a record written by a newer one).
     #[serde(other)]
     Unknown,
@@ -70,6 +74,7 @@ impl Source {
             Source::Istio => "istio",
             Source::DevBundle => "dev",
             Source::Cli => "cli",
+            Source::Jwt => "jwt",
             Source::Unknown => "unknown",
         }
     }
@@ -174,6 +179,22 @@ pub struct LedgerRecord {
     pub issuer_fingerprint: Option<String>,
     /// Which process decided: the pod name (`POD_NAME`), else the host name.
     pub replica: String,
+    /// An issued JWT-SVID (source `jwt`): its key, audiences and digest. Its `iat` and `exp`
+    /// are `not_before` and `not_after`. Absent from every other record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<JwtFacts>,
+}
+
+/// What a ledger record says of an issued JWT-SVID: enough to recognise the token (its SHA-256)
+/// and the key that signed it, never the token itself (a bearer credential).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JwtFacts {
+    /// The `kid` of the signing key.
+    pub kid: String,
+    /// The `aud` claim.
+    pub audiences: Vec<String>,
+    /// SHA-256 of the compact token (its ASCII bytes), lowercase hex.
+    pub token_sha256: String,
 }
 
 /// Everything about a decision but its outcome: who asked, for whom, where, when.
@@ -235,6 +256,26 @@ impl LedgerRecord {
         record
     }
 
+    /// The record of an issued JWT-SVID: id `jwt:<token SHA-256>`, `not_before`/`not_after` =
+    /// `iat`/`exp`, the kid and audiences in [`JwtFacts`]. The token itself is not kept.
+    pub fn jwt_issued(context: &RecordContext, svid: &crate::jwt::SignedSvid) -> Self {
+        let mut record = Self::base(context, RecordOutcome::Issued, crate::reason::ISSUED);
+        let token_sha256 = crate::x509::sha256_hex(svid.token.as_bytes());
+        record.id = format!("{}:{token_sha256}", Source::Jwt);
+        record.identity.clone_from(&svid.claims.sub);
+        record.not_before = svid
+            .claims
+            .iat
+            .and_then(|t| OffsetDateTime::from_unix_timestamp(t).ok());
+        record.not_after = OffsetDateTime::from_unix_timestamp(svid.claims.exp).ok();
+        record.jwt = Some(JwtFacts {
+            kid: svid.kid.clone(),
+            audiences: svid.claims.aud.clone(),
+            token_sha256,
+        });
+        record
+    }
+
     /// The record of a refusal (`Denied` or `Failed`, with its condition reason).
     pub fn refused(
         context: &RecordContext,
@@ -282,6 +323,7 @@ impl LedgerRecord {
             ca_generation: c.ca_generation,
             issuer_fingerprint: c.issuer_fingerprint,
             replica: c.replica,
+            jwt: None,
         }
     }
 
@@ -398,6 +440,7 @@ impl From<LegacyRecord> for LedgerRecord {
             ca_generation: None,
             issuer_fingerprint: Some(l.issuer_fingerprint),
             replica: String::new(),
+            jwt: None,
         }
     }
 }
@@ -411,7 +454,8 @@ pub struct Filter {
     pub namespace: Option<String>,
     pub node: Option<String>,
     pub serial: Option<String>,
-    /// The certificate's, the subject key's or the issuing CA's SHA-256 fingerprint.
+    /// The certificate's, the subject key's or the issuing CA's SHA-256 fingerprint, or a
+    /// JWT-SVID's SHA-256 (`jwt.token_sha256`).
     pub fingerprint: Option<String>,
     /// At or after.
     pub since: Option<OffsetDateTime>,
@@ -439,9 +483,15 @@ impl Filter {
             && eq(&self.node, r.node_name.as_deref())
             && eq(&serial, r.serial.as_deref())
             && fingerprint.as_deref().is_none_or(|f| {
-                [&r.cert_sha256, &r.spki_sha256, &r.issuer_fingerprint]
-                    .iter()
-                    .any(|have| have.as_deref().map(normalize_hex).as_deref() == Some(f))
+                let token = r.jwt.as_ref().map(|j| j.token_sha256.clone());
+                [
+                    &r.cert_sha256,
+                    &r.spki_sha256,
+                    &r.issuer_fingerprint,
+                    &token,
+                ]
+                .iter()
+                .any(|have| have.as_deref().map(normalize_hex).as_deref() == Some(f))
             })
             && self.since.is_none_or(|s| r.time >= s)
             && self.until.is_none_or(|u| r.time < u)

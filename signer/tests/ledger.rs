@@ -39,6 +39,7 @@ fn record(i: u64, identity: &str, issued_at: OffsetDateTime) -> LedgerRecord {
         ca_generation: Some(1),
         issuer_fingerprint: Some("ab".repeat(32)),
         replica: "test".into(),
+        jwt: None,
     }
 }
 

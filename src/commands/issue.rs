@@ -10,8 +10,8 @@ use clap::Args;
 use podca_authority::config::{CaConfig, Config};
 use podca_authority::ledger::{LedgerBackend, Store};
 use podca_grpc::observe::code_name;
-use podca_proto::podca::v1::IssueCertificateRequest;
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
+use podca_proto::podca::v1::{IssueCertificateRequest, IssueJwtSvidRequest};
 use podca_signer::keys::GeneratedKey;
 use podca_signer::policy::DNS_NAMES_ANNOTATION;
 use podca_signer::{
@@ -54,6 +54,13 @@ pub struct IssueArgs {
     /// Signer to ask for (--server only); default: the server's `grpc.signer`.
     #[arg(long, requires = "server")]
     pub signer: Option<String>,
+    /// Ask --server for a JWT-SVID (`podca.v1.PodCA/IssueJwtSvid`) instead of a certificate;
+    /// the token is printed (or written to --out, mode 0600). Needs at least one --audience.
+    #[arg(long, requires = "server", requires = "audiences", conflicts_with_all = ["csr", "dns_names", "trust_bundle"])]
+    pub jwt: bool,
+    /// With --jwt: an `aud` of the token (repeatable).
+    #[arg(long = "audience", value_name = "AUD", requires = "jwt")]
+    pub audiences: Vec<String>,
     /// Certify the key of this PKCS#10 CSR (PEM or DER); its signature is verified.
     #[arg(long, conflicts_with = "key_type")]
     pub csr: Option<PathBuf>,
@@ -75,7 +82,8 @@ pub struct IssueArgs {
     /// Extra DNS SAN (repeatable).
     #[arg(long = "dns")]
     pub dns_names: Vec<String>,
-    /// Lifetime in seconds (at least 3600; default 86400).
+    /// Lifetime in seconds (at least 3600; default 86400). With --jwt: the token's lifetime
+    /// (default and maximum: the server's `[jwt]` settings).
     #[arg(long)]
     pub lifetime_seconds: Option<i64>,
     /// Write the result here (mode 0600 when it holds a private key) instead of stdout.
@@ -98,6 +106,8 @@ impl IssueArgs {
             server_name,
             token_file,
             signer,
+            jwt,
+            audiences,
             csr,
             key_type,
             namespace,
@@ -109,6 +119,20 @@ impl IssueArgs {
             trust_bundle,
             hsm,
         } = self;
+        if let (Some(server), true) = (&server, jwt) {
+            return run_remote_jwt(RemoteJwt {
+                server: server.clone(),
+                ca_file,
+                server_name,
+                token_file,
+                signer,
+                audiences,
+                namespace,
+                service_account,
+                lifetime_seconds,
+                out,
+            });
+        }
         if let Some(server) = server {
             return run_remote(Remote {
                 server,
@@ -347,8 +371,31 @@ fn run_remote(remote: Remote) -> anyhow::Result<()> {
         user_annotations,
         signer_name: signer.unwrap_or_default(),
     });
-    let metadata = request.metadata_mut();
-    if let Some(token) = &token {
+    caller_metadata(
+        request.metadata_mut(),
+        token.as_ref(),
+        namespace.as_deref(),
+        service_account.as_deref(),
+    )?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let answer = runtime.block_on(async {
+        let channel = connect(&server, tls).await?;
+        issue(channel, request, &server).await
+    })?;
+    finish(answer, private_pem, out, trust_bundle, &server)
+}
+
+/// The caller's credentials on a request: the bearer token, and podca dev's identity names.
+fn caller_metadata(
+    metadata: &mut tonic::metadata::MetadataMap,
+    token: Option<&Token>,
+    namespace: Option<&str>,
+    service_account: Option<&str>,
+) -> anyhow::Result<()> {
+    if let Some(token) = token {
         // The error names no token: the value is exactly what is not to be shown.
         let value = format!("Bearer {}", token.expose())
             .parse()
@@ -356,10 +403,10 @@ fn run_remote(remote: Remote) -> anyhow::Result<()> {
         metadata.insert("authorization", value);
     }
     for (key, value, flag) in [
-        ("x-podca-namespace", &namespace, "--namespace"),
+        ("x-podca-namespace", namespace, "--namespace"),
         (
             "x-podca-service-account",
-            &service_account,
+            service_account,
             "--service-account",
         ),
     ] {
@@ -370,32 +417,114 @@ fn run_remote(remote: Remote) -> anyhow::Result<()> {
             metadata.insert(key, value);
         }
     }
+    Ok(())
+}
 
+/// A channel to `server`, over TLS verified with `tls` when given.
+async fn connect(
+    server: &str,
+    tls: Option<ClientTls>,
+) -> anyhow::Result<tonic::transport::Channel> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
+        .with_context(|| format!("--server {server:?} is not a URL"))?
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .timeout(std::time::Duration::from_secs(60));
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.config)
+            .context("--server: the TLS settings")?;
+        return endpoint.connect().await.map_err(|e| {
+            anyhow::anyhow!("cannot connect to {server}: {}", tls_failure(&e, &tls.name))
+        });
+    }
+    endpoint
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {server}"))
+}
+
+/// `podca issue --jwt --server`: what the JWT-SVID path needs of the arguments.
+struct RemoteJwt {
+    server: String,
+    ca_file: Option<PathBuf>,
+    server_name: Option<String>,
+    token_file: Option<PathBuf>,
+    signer: Option<String>,
+    audiences: Vec<String>,
+    namespace: Option<String>,
+    service_account: Option<String>,
+    lifetime_seconds: Option<i64>,
+    out: Option<PathBuf>,
+}
+
+/// Asks `server` for a JWT-SVID and prints it (stdout: the token and a newline, nothing else)
+/// or writes it to `out` (mode 0600: a bearer credential).
+fn run_remote_jwt(remote: RemoteJwt) -> anyhow::Result<()> {
+    let RemoteJwt {
+        server,
+        ca_file,
+        server_name,
+        token_file,
+        signer,
+        audiences,
+        namespace,
+        service_account,
+        lifetime_seconds,
+        out,
+    } = remote;
+    let tls = client_tls(&server, ca_file.as_deref(), server_name.as_deref())?;
+    let token = token_file.as_deref().map(read_token).transpose()?;
+    let mut request = tonic::Request::new(IssueJwtSvidRequest {
+        audiences,
+        requested_lifetime_seconds: lifetime_seconds,
+        signer_name: signer.unwrap_or_default(),
+        pod_namespace: String::new(),
+        pod_name: String::new(),
+    });
+    caller_metadata(
+        request.metadata_mut(),
+        token.as_ref(),
+        namespace.as_deref(),
+        service_account.as_deref(),
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let answer = runtime.block_on(async {
-        let mut endpoint = tonic::transport::Endpoint::from_shared(server.clone())
-            .with_context(|| format!("--server {server:?} is not a URL"))?
-            .connect_timeout(std::time::Duration::from_secs(10))
-            .timeout(std::time::Duration::from_secs(60));
-        if let Some(tls) = tls {
-            endpoint = endpoint
-                .tls_config(tls.config)
-                .context("--server: the TLS settings")?;
-            let channel = endpoint.connect().await.map_err(|e| {
-                anyhow::anyhow!("cannot connect to {server}: {}", tls_failure(&e, &tls.name))
-            })?;
-            return issue(channel, request, &server).await;
-        }
-        let channel = endpoint
-            .connect()
+    let svid = runtime.block_on(async {
+        let channel = connect(&server, tls).await?;
+        PodCaClient::new(channel)
+            .issue_jwt_svid(request)
             .await
-            .with_context(|| format!("cannot connect to {server}"))?;
-        issue(channel, request, &server).await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| anyhow::anyhow!("{server}: {}", refusal(&status)))
     })?;
-    finish(answer, private_pem, out, trust_bundle, &server)
+    let expires = svid
+        .expires_at
+        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.seconds).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| "?".to_string());
+    let destination = match &out {
+        Some(path) => {
+            write_output(path, &format!("{}\n", svid.token), true)?;
+            path.display().to_string()
+        }
+        None => {
+            println!("{}", svid.token);
+            "stdout".to_string()
+        }
+    };
+    eprintln!(
+        "issued a JWT-SVID for {} (kid {}, audiences {}, expires {expires}) by {server} → \
+         {destination}",
+        svid.spiffe_id,
+        svid.kid,
+        svid.audiences.join(",")
+    );
+    Ok(())
 }
 
 async fn issue(

@@ -65,7 +65,8 @@ pub struct FilterArgs {
     /// Only this serial (hex, colons allowed).
     #[arg(long)]
     pub serial: Option<String>,
-    /// Only this certificate, subject key or issuing CA SHA-256 fingerprint (hex).
+    /// Only this certificate, subject key or issuing CA SHA-256 fingerprint, or a JWT-SVID's
+    /// SHA-256 (hex; `sha256sum` of the token without its newline).
     #[arg(long)]
     pub fingerprint: Option<String>,
     /// Only records made at or after this RFC 3339 time.
@@ -250,9 +251,14 @@ impl ListArgs {
             "SERIAL", "TIME", "OUTCOME", "NODE", "CA"
         );
         for r in &records {
+            // A JWT-SVID has no serial: its signing key's kid stands in that column.
+            let jwt_kid = r.jwt.as_ref().map(|j| format!("jwt:{}", j.kid));
             println!(
                 "{:<34} {:<20} {:<7} {:<16} {:<3} {}",
-                r.serial.as_deref().unwrap_or(r.reason.as_str()),
+                r.serial
+                    .as_deref()
+                    .or(jwt_kid.as_deref())
+                    .unwrap_or(r.reason.as_str()),
                 short(r.time),
                 r.outcome,
                 r.node_name.as_deref().unwrap_or("-"),

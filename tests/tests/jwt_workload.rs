@@ -193,6 +193,178 @@ async fn fetch_jwt_svid_refuses_bad_requests_with_their_status() {
     );
 }
 
+/// Every FetchJWTSVID decision is a `jwt` record in the data directory's ledger: the token's
+/// kid, audiences, exp and SHA-256 (never the token), and a refused `spiffe_id` as denied.
+#[tokio::test(flavor = "multi_thread")]
+async fn fetch_jwt_svid_decisions_are_recorded_in_the_ledger() {
+    use podca_signer::ledger::{Ledger, RecordOutcome, Source};
+
+    let data = tempfile::tempdir().unwrap();
+    let dev = DevProcess::start_with(DevOptions {
+        data_dir: Some(data.path().to_owned()),
+        ..DevOptions::default()
+    });
+    let mut raw = raw_client(&dev).await;
+    let svid = raw
+        .fetch_jwtsvid(workload(JwtsvidRequest {
+            audience: vec!["vault".into(), "aws".into()],
+            spiffe_id: String::new(),
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+        .svids
+        .remove(0);
+    let other = "spiffe://podca.dev.local/ns/kube-system/sa/admin";
+    let status = raw
+        .fetch_jwtsvid(workload(JwtsvidRequest {
+            audience: vec!["vault".into()],
+            spiffe_id: other.into(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    // Bad input is answered, not recorded (as for certificates).
+    let status = raw
+        .fetch_jwtsvid(workload(JwtsvidRequest {
+            audience: vec![],
+            spiffe_id: String::new(),
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    drop(raw);
+    assert!(dev.stop().success());
+
+    let ledger = Ledger::open(&data.path().join("ledger.redb")).unwrap();
+    let records: Vec<_> = ledger
+        .latest(100)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.source == Source::Jwt)
+        .collect();
+    assert_eq!(records.len(), 2, "{records:?}");
+    let issued = records
+        .iter()
+        .find(|r| r.outcome == RecordOutcome::Issued)
+        .expect("the issued token's record");
+    let claims = jsonwebtoken::dangerous::insecure_decode::<serde_json::Value>(&svid.svid)
+        .unwrap()
+        .claims;
+    let facts = issued.jwt.as_ref().expect("JWT facts");
+    assert_eq!(
+        facts.kid,
+        jsonwebtoken::decode_header(&svid.svid)
+            .unwrap()
+            .kid
+            .unwrap()
+    );
+    assert_eq!(facts.audiences, ["vault", "aws"]);
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, svid.svid.as_bytes());
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(facts.token_sha256, hex);
+    assert_eq!(issued.id, format!("jwt:{hex}"));
+    assert_eq!(
+        issued.not_after.map(|t| t.unix_timestamp()),
+        claims["exp"].as_i64()
+    );
+    assert_eq!(issued.identity, ID);
+    assert!(!issued.to_json().contains(&svid.svid));
+    let denied = records
+        .iter()
+        .find(|r| r.outcome == RecordOutcome::Denied)
+        .expect("the refused spiffe_id's record");
+    assert_eq!(denied.reason, "UnknownSpiffeId");
+    assert_eq!(denied.identity, ID);
+    assert!(
+        denied.message.as_deref().is_some_and(|m| m.contains(other)),
+        "{denied:?}"
+    );
+    assert_eq!(denied.jwt, None);
+}
+
+/// podca.v1 `IssueJwtSvid` on `podca dev`'s loopback listener: the signer's namespace rule
+/// decides, and both the token and the policy denial are `jwt` ledger records.
+#[tokio::test(flavor = "multi_thread")]
+async fn podca_v1_issue_jwt_svid_follows_the_policy_and_records_denials() {
+    use podca_proto::podca::v1::IssueJwtSvidRequest;
+    use podca_signer::ledger::{Ledger, RecordOutcome, Source};
+
+    let config = r#"
+[signers."example.com/workload"]
+trust_domain = "example.com"
+namespaces = ["shop"]
+"#;
+    let data = tempfile::tempdir().unwrap();
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(config),
+        data_dir: Some(data.path().to_owned()),
+        ..DevOptions::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let as_identity = |namespace: &str| {
+        let mut request = Request::new(IssueJwtSvidRequest {
+            audiences: vec!["vault".into()],
+            ..Default::default()
+        });
+        let metadata = request.metadata_mut();
+        metadata.insert("x-podca-namespace", namespace.parse().unwrap());
+        metadata.insert("x-podca-service-account", "web".parse().unwrap());
+        request
+    };
+    let svid = client
+        .issue_jwt_svid(as_identity("shop"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(svid.spiffe_id, "spiffe://example.com/ns/shop/sa/web");
+    let status = client
+        .issue_jwt_svid(as_identity("default"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().starts_with("NamespaceNotAllowed: "),
+        "{}",
+        status.message()
+    );
+    drop(client);
+    assert!(dev.stop().success());
+
+    let ledger = Ledger::open(&data.path().join("ledger.redb")).unwrap();
+    let mut records: Vec<_> = ledger
+        .latest(100)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.source == Source::Jwt)
+        .collect();
+    records.sort_by_key(|r| r.outcome == RecordOutcome::Denied);
+    let outcomes: Vec<_> = records
+        .iter()
+        .map(|r| (r.outcome, r.reason.as_str(), r.identity.as_str()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (
+                RecordOutcome::Issued,
+                "Issued",
+                "spiffe://example.com/ns/shop/sa/web"
+            ),
+            (
+                RecordOutcome::Denied,
+                "NamespaceNotAllowed",
+                "spiffe://example.com/ns/default/sa/web"
+            ),
+        ]
+    );
+    assert_eq!(
+        records[0].jwt.as_ref().map(|j| j.kid.as_str()),
+        Some(svid.kid.as_str())
+    );
+    assert_eq!(records[1].signer, "example.com/workload");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn validate_jwt_svid_refuses_every_bad_token_with_its_status() {
     let dev = DevProcess::start();

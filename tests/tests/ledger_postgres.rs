@@ -70,6 +70,43 @@ async fn open(backend: &LedgerBackend) -> Result<Store, StoreError> {
         .map(|s| s.expect("a store"))
 }
 
+/// A JWT-SVID's record (source `jwt`, no serial) goes into the same table and is found by the
+/// token's SHA-256, as in redb.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwt_record_is_found_by_its_token_digest() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let backend = settings(dir.path(), &pg.unix_url(), PostgresTls::Disable, None);
+    let store = open(&backend).await.unwrap();
+    let t0 = time::macros::datetime!(2026-11-24 09:00 UTC);
+    let mut jwt = record(1, "web", "node-b", t0);
+    jwt.source = Source::Jwt;
+    jwt.id = format!("jwt:{:064x}", 77);
+    jwt.serial = None;
+    jwt.cert_sha256 = None;
+    jwt.jwt = Some(podca_signer::ledger::JwtFacts {
+        kid: "kid-1".into(),
+        audiences: vec!["vault".into()],
+        token_sha256: format!("{:064x}", 77),
+    });
+    store
+        .append(vec![jwt.clone(), record(2, "web", "node-b", t0)])
+        .await
+        .unwrap();
+    assert_eq!(
+        pg.psql("select source, serial is null from podca_ledger order by seq"),
+        "jwt|t\npcr|f"
+    );
+    let found = store
+        .query(&Filter {
+            fingerprint: Some(format!("{:064X}", 77)),
+            ..Filter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(found, [jwt]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_once_group_commit_unique_serials_queries_and_prune() {
     let pg = Postgres::start();

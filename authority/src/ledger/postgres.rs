@@ -246,7 +246,7 @@ impl PgStore {
                    and ($3::text is null or node_name = $3)
                    and ($4::text is null or serial = $4)
                    and ($5::text is null or cert_sha256 = $5 or spki_sha256 = $5
-                        or issuer_fingerprint = $5)
+                        or issuer_fingerprint = $5 or record->'jwt'->>'token_sha256' = $5)
                    and ($6::text is null or time >= $6::text::timestamptz)
                    and ($7::text is null or time < $7::text::timestamptz)
                    and ($8::text is null or outcome = $8)

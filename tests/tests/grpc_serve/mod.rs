@@ -120,6 +120,17 @@ impl Cluster {
         cluster
     }
 
+    /// The CA data directory `podca serve` uses (its ledger.redb, its `jwt/` keys).
+    pub fn ca_dir(&self) -> PathBuf {
+        self._dir.path().join("ca")
+    }
+
+    /// Kills `podca serve` (SIGKILL) and waits for it, so that its files may be opened.
+    pub fn kill_serve(&mut self) {
+        let _ = self.serve.kill();
+        let _ = self.serve.wait();
+    }
+
     /// podca's log, without the terminal colour codes tracing adds.
     pub fn log_text(&self) -> String {
         let raw = std::fs::read_to_string(&self.log).unwrap_or_default();
