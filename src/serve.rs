@@ -12,14 +12,16 @@ use podca_authority::admin::Readiness;
 use podca_authority::ca::{self, HsmKeySlot};
 use podca_authority::config::{CaConfig, Config, GrpcTls, SelfIssuedTls};
 use podca_authority::hsm_metrics::HsmMetrics;
-use podca_authority::jwt::{JwtConfig, JwtHandle, JwtRotation, JwtRotator};
+use podca_authority::jwt::{JwtConfig, JwtHandle, JwtRotation, JwtRotator, OidcTls, oidc_tls};
 use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
 use podca_authority::metrics::Metrics;
+use podca_authority::oidc::{self, Discovery, OidcLimits};
 use podca_authority::rotation::{Rotator, RotatorOptions};
 use podca_authority::serving_cert::{self, ServingIdentity};
 use podca_authority::shutdown::{self, Shutdown};
 use podca_authority::{CaHandle, Clock};
 use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
+use podca_controller::jwks::JwksPublisher;
 use podca_controller::publisher::{Publisher, PublisherOptions};
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
@@ -32,6 +34,7 @@ use podca_grpc::jwt::JwtService;
 use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
+use podca_signer::jwt::JwtAlgorithm;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -105,13 +108,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         no_grpc,
     } = args;
     let config = load_config(config)?;
-    if config.jwt.oidc_listen.is_some() {
-        // Not silently: the section parses (one schema for serve and dev) but serve has no OIDC
-        // discovery yet (issue #17; `podca dev` serves it).
-        tracing::warn!(
-            "[jwt] oidc_listen is set, but podca serve does not serve OIDC discovery yet; only \
-             podca dev does"
-        );
+    if config.jwt.enabled {
+        config.jwt.check_for_serve()?;
     }
     if lease.lease_renew_deadline >= lease.lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
@@ -124,6 +122,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     } else {
         Some(grpc_settings(&config, grpc_listen)?)
     };
+    let oidc = oidc_settings(&config.jwt, grpc.as_ref())?;
     let controller = ControllerFlags {
         workers,
         queue_capacity,
@@ -140,6 +139,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         config,
         backend,
         grpc,
+        oidc,
         controller,
         clock: podca_authority::system_clock(),
         metrics: Arc::new(metrics),
@@ -166,6 +166,8 @@ struct Prepared {
     config: Config,
     backend: Backend,
     grpc: Option<GrpcSettings>,
+    /// OIDC discovery (`[jwt] oidc_listen`), checked against the gRPC listener's TLS.
+    oidc: Option<OidcSettings>,
     controller: ControllerFlags,
     clock: Clock,
     metrics: Arc<Metrics>,
@@ -180,6 +182,7 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         config,
         backend,
         grpc,
+        oidc,
         controller,
         clock,
         metrics,
@@ -200,7 +203,7 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         &mut tasks,
     )
     .await?;
-    // The JWT-SVID RPCs' keys (and OIDC discovery's, once served).
+    // The JWT-SVID RPCs' keys; OIDC discovery and the JWKS ConfigMap read them too.
     let jwt = start_jwt(
         &config.jwt,
         &config.ca,
@@ -227,6 +230,48 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
             handle
         }
     };
+    // The serving certificate of the gRPC listener, which OIDC discovery shares.
+    let serving_keys = match &grpc {
+        Some(grpc) => start_serving_keys(
+            grpc.tls.clone(),
+            &grpc.trust_domain,
+            &handle,
+            &clock,
+            &metrics,
+            &mut tasks,
+        )?,
+        None => None,
+    };
+    if let Some(jwt) = &jwt {
+        if let Some(oidc) = oidc {
+            start_oidc(oidc, jwt, serving_keys.clone(), &metrics, &mut tasks).await?;
+        }
+        if !config.jwt.jwks_configmap.is_empty() {
+            let namespace = jwks_configmap_namespace(&config, &PodEnvironment::read());
+            let publisher = JwksPublisher::new(
+                client.clone(),
+                &namespace,
+                &config.jwt.jwks_configmap,
+                discovery(&config.jwt)?,
+                jwt.clone(),
+                Arc::clone(&metrics),
+            );
+            info!(
+                configmap = %format!("{namespace}/{}", config.jwt.jwks_configmap),
+                "the leader publishes the JWKS in a ConfigMap"
+            );
+            tasks.spawn(
+                "JWKS ConfigMap",
+                publisher.run(leadership.subscribe(), tasks.receiver()),
+            );
+        }
+    } else if let Some(oidc) = oidc {
+        warn!(
+            listen = %oidc.listen,
+            "[jwt] oidc_listen is set but this podca serve has no JWT signing keys: OIDC \
+             discovery is not served"
+        );
+    }
     // /readyz: the controller (watches synced, or standby) and the gRPC API (listening).
     let readiness = Readiness::new();
     if let Some(grpc) = grpc {
@@ -242,7 +287,14 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
             ..grpc
         };
         start_grpc(
-            grpc, kube, &handle, &clock, &metrics, &readiness, &mut tasks,
+            grpc,
+            kube,
+            serving_keys,
+            &handle,
+            &clock,
+            &metrics,
+            &readiness,
+            &mut tasks,
         )
         .await?;
     }
@@ -562,9 +614,12 @@ struct GrpcKube {
 }
 
 /// Binds the gRPC listener and spawns the server; `/readyz` covers it from now until it stops.
+/// `keys`: the serving certificate ([`start_serving_keys`]; `None`: plaintext).
+#[allow(clippy::too_many_arguments)]
 async fn start_grpc(
     settings: GrpcSettings,
     kube: GrpcKube,
+    keys: Option<Arc<ServingKeys>>,
     handle: &CaHandle,
     clock: &Clock,
     metrics: &Metrics,
@@ -577,7 +632,8 @@ async fn start_grpc(
         audience,
         token_reviews,
         tls,
-        trust_domain,
+        // Already in the serving certificate (`keys`).
+        trust_domain: _,
         limits,
         mtls_renewal,
         ledger,
@@ -589,15 +645,9 @@ async fn start_grpc(
         (GrpcTls::Off { .. }, _) | (_, false) => None,
         _ => Some(start_client_trust(&api, handle, tasks)?),
     };
-    let tls = start_tls(
-        tls,
-        &trust_domain,
-        client_trust.clone(),
-        handle,
-        clock,
-        metrics,
-        tasks,
-    )?;
+    let tls = keys
+        .map(|keys| tls::server_config(keys, client_trust.clone()))
+        .transpose()?;
     let tcp = TcpListener::bind(listen)
         .await
         .with_context(|| format!("gRPC: listening on {listen}"))?;
@@ -686,17 +736,16 @@ fn start_client_trust(
     Ok(trust)
 }
 
-/// The gRPC listener's rustls configuration (`None`: plaintext), with the task that keeps its
-/// certificate current spawned; `clients` verifies client certificates.
-fn start_tls(
+/// The gRPC listener's serving certificate (`None`: plaintext), with the task that keeps it
+/// current spawned; OIDC discovery serves the same one.
+fn start_serving_keys(
     tls: GrpcTls,
     trust_domain: &str,
-    clients: Option<Arc<ClientTrust>>,
     handle: &CaHandle,
     clock: &Clock,
     metrics: &Metrics,
     tasks: &mut Shutdown,
-) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
+) -> anyhow::Result<Option<Arc<ServingKeys>>> {
     let keys = match tls {
         GrpcTls::SelfIssued(settings) => {
             let identity = serving_identity(&settings, trust_domain, &PodEnvironment::read());
@@ -756,7 +805,116 @@ fn start_tls(
             return Ok(None);
         }
     };
-    Ok(Some(tls::server_config(keys, clients)?))
+    Ok(Some(keys))
+}
+
+/// OIDC discovery as configured, before its listener is bound.
+#[derive(Debug)]
+struct OidcSettings {
+    listen: SocketAddr,
+    tls: OidcTls,
+    discovery: Discovery,
+}
+
+/// `[jwt] oidc_listen`, checked: TLS with the gRPC listener's certificate, plaintext only where
+/// the gRPC rules allow it (`[grpc] tls = "off"` on loopback, or `insecure_plaintext`).
+fn oidc_settings(
+    config: &JwtConfig,
+    grpc: Option<&GrpcSettings>,
+) -> anyhow::Result<Option<OidcSettings>> {
+    let Some(listen) = config.oidc_listen.filter(|_| config.enabled) else {
+        return Ok(None);
+    };
+    let Some(grpc) = grpc else {
+        bail!(
+            "[jwt] oidc_listen = {listen}: OIDC discovery serves the gRPC listener's TLS \
+             certificate, so it cannot run with --no-grpc"
+        );
+    };
+    let tls = oidc_tls(listen, &grpc.tls)?;
+    let discovery = discovery(config)?.context("[jwt] oidc_listen needs [jwt] issuer")?;
+    Ok(Some(OidcSettings {
+        listen,
+        tls,
+        discovery,
+    }))
+}
+
+/// The discovery document's settings; `None` without `[jwt] issuer`.
+fn discovery(config: &JwtConfig) -> anyhow::Result<Option<Discovery>> {
+    let Some(issuer) = config.issuer.clone() else {
+        return Ok(None);
+    };
+    Ok(Some(Discovery {
+        issuer,
+        max_age: podca_grpc::jwt::refresh_hint(config)
+            .try_into()
+            .unwrap_or(Duration::from_secs(60)),
+        algorithm: JwtAlgorithm::for_key(config.key_algorithm)?,
+    }))
+}
+
+/// Binds the OIDC discovery listener and spawns its server.
+async fn start_oidc(
+    settings: OidcSettings,
+    keys: &JwtHandle,
+    serving: Option<Arc<ServingKeys>>,
+    metrics: &Metrics,
+    tasks: &mut Shutdown,
+) -> anyhow::Result<()> {
+    let OidcSettings {
+        listen,
+        tls,
+        discovery,
+    } = settings;
+    let config = match (tls, serving) {
+        (OidcTls::Tls, Some(serving)) => Some(tls::http1_server_config(serving)?),
+        (OidcTls::Tls, None) => bail!("[jwt] oidc_listen: no serving certificate to serve"),
+        (OidcTls::Plaintext { insecure }, _) => {
+            if insecure {
+                warn!(
+                    %listen,
+                    "OIDC discovery: serving PLAINTEXT on a non-loopback address ([grpc] \
+                     insecure_plaintext = true)"
+                );
+            }
+            None
+        }
+    };
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("[jwt] oidc_listen: listening on {listen}"))?;
+    info!(
+        addr = %listener.local_addr()?,
+        issuer = discovery.issuer,
+        tls = config.is_some(),
+        "OIDC discovery listening"
+    );
+    tasks.spawn(
+        "OIDC discovery",
+        oidc::serve_with(
+            listener,
+            config,
+            discovery,
+            keys.clone(),
+            metrics.oidc.clone(),
+            OidcLimits::default(),
+            tasks.receiver(),
+        ),
+    );
+    Ok(())
+}
+
+/// The JWKS ConfigMap's namespace: `[jwt] jwks_configmap_namespace`, else `[grpc]
+/// tls_namespace`, else the pod's namespace, else `default`.
+fn jwks_configmap_namespace(config: &Config, pod: &PodEnvironment) -> String {
+    config
+        .jwt
+        .jwks_configmap_namespace
+        .clone()
+        .or_else(|| config.grpc.tls_namespace.clone())
+        .or_else(|| pod.namespace.clone())
+        .unwrap_or_else(|| "default".into())
 }
 
 /// What podca's pod says of itself (downward API and service-account mount).

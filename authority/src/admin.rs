@@ -172,15 +172,16 @@ pub async fn serve_with(
     }
 }
 
-/// A stream that fails with `TimedOut` once no byte has moved either way for `idle`.
-struct IdleTimeout {
-    stream: TcpStream,
+/// A stream that fails with `TimedOut` once no byte has moved either way for `idle` (also the
+/// OIDC listener's, under its TLS: [`crate::oidc`]).
+pub(crate) struct IdleTimeout<S = TcpStream> {
+    stream: S,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
 }
 
-impl IdleTimeout {
-    fn new(stream: TcpStream, idle: Duration) -> Self {
+impl<S> IdleTimeout<S> {
+    pub(crate) fn new(stream: S, idle: Duration) -> Self {
         IdleTimeout {
             stream,
             idle,
@@ -198,14 +199,14 @@ impl IdleTimeout {
         match self.deadline.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(io::Error::new(
                 io::ErrorKind::TimedOut,
-                "admin: connection idle too long",
+                "connection idle too long",
             )),
             Poll::Pending => Poll::Pending,
         }
     }
 }
 
-impl AsyncRead for IdleTimeout {
+impl<S: AsyncRead + Unpin> AsyncRead for IdleTimeout<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -224,7 +225,7 @@ impl AsyncRead for IdleTimeout {
     }
 }
 
-impl AsyncWrite for IdleTimeout {
+impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

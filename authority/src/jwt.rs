@@ -13,7 +13,14 @@
 //! max_audiences = 8                   # audiences per token
 //! key_algorithm = "ecdsa-p256"        # ecdsa-p256 (ES256), ecdsa-p384 (ES384), rsa-sha256 (RS256)
 //! oidc_listen = "127.0.0.1:8444"      # OIDC discovery listener (default: none; `crate::oidc`)
+//! jwks_configmap = "podca-jwks"       # serve: the ConfigMap the leader publishes the JWKS in
+//!                                     # ("" = none; `podca_controller::jwks`)
+//! jwks_configmap_namespace = "podca-system"  # its namespace (default: podca's own)
 //! ```
+//!
+//! In `podca serve`, `oidc_listen` needs `issuer` (an `https://` URL: what relying parties
+//! fetch), and serves HTTPS with the gRPC listener's certificate; plaintext only where the gRPC
+//! listener may be plaintext ([`oidc_tls`]).
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
@@ -57,6 +64,68 @@ pub struct JwtConfig {
     /// Where OIDC discovery listens (None: not served).
     #[serde(default)]
     pub oidc_listen: Option<std::net::SocketAddr>,
+    /// `podca serve`: the ConfigMap the leader writes the JWKS (and the discovery document) to
+    /// on every key change; `""`: none.
+    #[serde(default = "default_jwks_configmap")]
+    pub jwks_configmap: String,
+    /// The JWKS ConfigMap's namespace; default: podca's own (`POD_NAMESPACE`).
+    #[serde(default)]
+    pub jwks_configmap_namespace: Option<String>,
+}
+
+/// The default `[jwt] jwks_configmap`.
+pub const DEFAULT_JWKS_CONFIGMAP: &str = "podca-jwks";
+
+fn default_jwks_configmap() -> String {
+    DEFAULT_JWKS_CONFIGMAP.into()
+}
+
+/// Whether `name` is a valid object name (a DNS-1123 subdomain, as kube-apiserver requires).
+fn is_object_name(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.starts_with(alnum)
+                && label.ends_with(alnum)
+                && label.chars().all(|c| alnum(c) || c == '-')
+        })
+}
+
+/// How the OIDC listener of `podca serve` speaks, given the gRPC listener's TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OidcTls {
+    /// HTTPS with the gRPC listener's serving certificate.
+    Tls,
+    /// Plaintext; `insecure`: on an address other than loopback (`[grpc] insecure_plaintext`).
+    Plaintext { insecure: bool },
+}
+
+/// The OIDC listener's TLS at `listen` when the gRPC listener's is `grpc`: TLS whenever gRPC
+/// has it; with `[grpc] tls = "off"` plaintext on loopback, or elsewhere only when
+/// `insecure_plaintext` allowed it for gRPC too.
+pub fn oidc_tls(
+    listen: std::net::SocketAddr,
+    grpc: &crate::config::GrpcTls,
+) -> anyhow::Result<OidcTls> {
+    match grpc {
+        crate::config::GrpcTls::Off { insecure } => {
+            let loopback = listen.ip().is_loopback();
+            if !loopback && !insecure {
+                anyhow::bail!(
+                    "[jwt] oidc_listen = {listen} is not a loopback address and [grpc] tls = \
+                     \"off\": OIDC discovery is plaintext only on loopback or with [grpc] \
+                     insecure_plaintext = true; use [grpc] tls = \"self-issued\" or \"files\""
+                );
+            }
+            Ok(OidcTls::Plaintext {
+                insecure: !loopback,
+            })
+        }
+        _ => Ok(OidcTls::Tls),
+    }
 }
 
 /// The longest JWT-SVID lifetime the configuration accepts (a day; SPIFFE recommends minutes).
@@ -98,6 +167,8 @@ impl Default for JwtConfig {
             max_audiences: default_max_audiences(),
             key_algorithm: default_algorithm(),
             oidc_listen: None,
+            jwks_configmap: default_jwks_configmap(),
+            jwks_configmap_namespace: None,
         }
     }
 }
@@ -146,9 +217,42 @@ impl JwtConfig {
                  ecdsa-p256, ecdsa-p384 or rsa-sha256"
             );
         }
+        for (key, name) in [
+            (
+                "jwks_configmap",
+                Some(&self.jwks_configmap).filter(|n| !n.is_empty()),
+            ),
+            (
+                "jwks_configmap_namespace",
+                self.jwks_configmap_namespace.as_ref(),
+            ),
+        ] {
+            if let Some(name) = name
+                && !is_object_name(name)
+            {
+                anyhow::bail!(
+                    "[jwt] {key} = {name:?} is not a valid Kubernetes name (lowercase letters, \
+                     digits, '-' and '.', at most 253 characters)"
+                );
+            }
+        }
         self.schedule()
             .check()
             .map_err(|e| anyhow::anyhow!("[jwt] {e} (key_rotation_seconds, propagation_seconds)"))
+    }
+
+    /// [`Self::check`], and what `podca serve` needs more: OIDC discovery needs the `https://`
+    /// issuer relying parties fetch it from.
+    pub fn check_for_serve(&self) -> anyhow::Result<()> {
+        self.check()?;
+        if let (Some(listen), None) = (self.oidc_listen, &self.issuer) {
+            anyhow::bail!(
+                "[jwt] oidc_listen = {listen} needs [jwt] issuer: the https:// URL relying \
+                 parties fetch <issuer>{} from (tokens carry it as iss)",
+                crate::oidc::DISCOVERY_PATH
+            );
+        }
+        Ok(())
     }
 
     pub fn schedule(&self) -> JwtKeySchedule {
@@ -766,6 +870,50 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::unwrap_used)]
+    fn serve_needs_an_https_issuer_for_discovery_and_tls_off_the_loopback() {
+        use crate::config::GrpcTls;
+
+        let c = parse("oidc_listen = \"0.0.0.0:8444\"").expect("dev accepts it");
+        assert_eq!(c.jwks_configmap, "podca-jwks");
+        assert_eq!(
+            c.check_for_serve().unwrap_err().to_string(),
+            "[jwt] oidc_listen = 0.0.0.0:8444 needs [jwt] issuer: the https:// URL relying \
+             parties fetch <issuer>/.well-known/openid-configuration from (tokens carry it as iss)"
+        );
+        let c = parse("oidc_listen = \"0.0.0.0:8444\"\nissuer = \"https://oidc.example\"")
+            .expect("valid");
+        c.check_for_serve().expect("serve accepts it");
+        assert!(parse("issuer = \"http://oidc.example\"").is_err());
+        assert!(
+            parse("jwks_configmap = \"\"").is_ok(),
+            "empty: no ConfigMap"
+        );
+
+        let any: std::net::SocketAddr = ([0, 0, 0, 0], 8444).into();
+        let loopback: std::net::SocketAddr = ([127, 0, 0, 1], 8444).into();
+        let selfissued = GrpcTls::Files {
+            cert: "c".into(),
+            key: "k".into(),
+        };
+        assert_eq!(oidc_tls(any, &selfissued).unwrap(), OidcTls::Tls);
+        let off = GrpcTls::Off { insecure: false };
+        assert_eq!(
+            oidc_tls(loopback, &off).unwrap(),
+            OidcTls::Plaintext { insecure: false }
+        );
+        let err = oidc_tls(any, &off).unwrap_err().to_string();
+        assert!(
+            err.starts_with("[jwt] oidc_listen = 0.0.0.0:8444 is not a loopback address"),
+            "{err}"
+        );
+        assert_eq!(
+            oidc_tls(any, &GrpcTls::Off { insecure: true }).unwrap(),
+            OidcTls::Plaintext { insecure: true }
+        );
+    }
+
+    #[test]
     fn bad_values_are_refused_by_name() {
         for (table, needle) in [
             (
@@ -810,6 +958,14 @@ mod tests {
             ("key_rotation_seconds = 0", "must be positive"),
             ("lifetime = 5", "unknown field `lifetime`"),
             ("oidc_listen = \"localhost\"", "invalid socket address"),
+            (
+                "jwks_configmap = \"Podca_JWKS\"",
+                "[jwt] jwks_configmap = \"Podca_JWKS\" is not a valid Kubernetes name",
+            ),
+            (
+                "jwks_configmap_namespace = \"-ns\"",
+                "[jwt] jwks_configmap_namespace = \"-ns\" is not a valid Kubernetes name",
+            ),
         ] {
             let err = parse(table).expect_err(table);
             assert!(format!("{err:#}").contains(needle), "{table}: {err:#}");

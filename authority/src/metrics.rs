@@ -159,6 +159,61 @@ impl GrpcMetrics {
     }
 }
 
+/// An OIDC discovery request: `path` is `discovery`, `jwks` or `other` (never the raw path, so
+/// a scanner cannot grow the series); `status` the HTTP status code.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OidcRequestLabels {
+    pub path: &'static str,
+    pub status: u16,
+}
+
+/// OIDC discovery ([`crate::oidc`]) and the JWKS ConfigMap. Cloning shares the series; a
+/// default one that was never registered counts into nothing anyone exports.
+#[derive(Debug, Clone, Default)]
+pub struct OidcMetrics {
+    /// `podca_oidc_requests_total{path,status}`.
+    pub requests: Family<OidcRequestLabels, Counter>,
+    /// `podca_oidc_connections_refused_total`: connections closed at accept (the cap).
+    pub connections_refused: Counter,
+    /// `podca_oidc_tls_handshake_failures_total`.
+    pub tls_handshake_failures: Counter,
+    /// `podca_jwks_configmap_writes_total{op}` (create, update).
+    pub configmap_writes: Family<OpLabels, Counter>,
+    /// `podca_jwks_configmap_errors_total`: failed reads and writes of the JWKS ConfigMap, and
+    /// a ConfigMap of that name podca does not own.
+    pub configmap_errors: Counter,
+}
+
+impl OidcMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "oidc_requests",
+            "OIDC discovery requests answered, by path (discovery, jwks, other) and status",
+            self.requests.clone(),
+        );
+        registry.register(
+            "oidc_connections_refused",
+            "OIDC discovery connections closed at accept by the connection cap",
+            self.connections_refused.clone(),
+        );
+        registry.register(
+            "oidc_tls_handshake_failures",
+            "TLS handshakes on the OIDC discovery listener that failed or timed out",
+            self.tls_handshake_failures.clone(),
+        );
+        registry.register(
+            "jwks_configmap_writes",
+            "Writes of the JWKS ConfigMap, by op (create, update)",
+            self.configmap_writes.clone(),
+        );
+        registry.register(
+            "jwks_configmap_errors",
+            "Failed reads or writes of the JWKS ConfigMap, and refusals to overwrite a foreign one",
+            self.configmap_errors.clone(),
+        );
+    }
+}
+
 fn latency_histogram() -> Histogram {
     // 5 ms … ~20 min.
     Histogram::new(exponential_buckets(0.005, 2.0, 18))
@@ -215,6 +270,8 @@ pub struct Metrics {
     pub grpc_insecure_plaintext: Gauge,
     /// The gRPC edge: requests by method and code, refusals, TokenReviews.
     pub grpc: GrpcMetrics,
+    /// OIDC discovery and the JWKS ConfigMap.
+    pub oidc: OidcMetrics,
 }
 
 impl Default for Metrics {
@@ -290,6 +347,8 @@ impl Metrics {
         let grpc_insecure_plaintext = Gauge::default();
         let grpc = GrpcMetrics::default();
         grpc.register(&mut registry);
+        let oidc = OidcMetrics::default();
+        oidc.register(&mut registry);
         registry.register(
             "grpc_insecure_plaintext",
             "1 when the gRPC API serves plaintext on a non-loopback address (insecure_plaintext)",
@@ -419,6 +478,7 @@ impl Metrics {
             kube_request_timeouts,
             grpc_insecure_plaintext,
             grpc,
+            oidc,
         }
     }
 

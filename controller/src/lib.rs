@@ -11,6 +11,7 @@ mod discovery;
 pub mod doctor;
 mod error;
 pub mod grpc_auth;
+pub mod jwks;
 mod plan;
 pub mod publisher;
 mod queue;

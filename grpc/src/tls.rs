@@ -183,6 +183,19 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// The OIDC discovery listener's rustls configuration (`podca_authority::oidc`): the same
+/// `keys` as the gRPC listener, so the certificate is renewed and reloaded with it; TLS 1.2 and
+/// 1.3, ALPN `http/1.1`, no client certificates.
+pub fn http1_server_config(keys: Arc<ServingKeys>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(keys);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// Accepts TCP connections on `listener`, closes at once those over the caps of `counter`, and
 /// handshakes the others each in its own task (at most `timeout`); yields the connections whose
 /// handshake succeeded. Ends when the returned stream is dropped.

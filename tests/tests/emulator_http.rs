@@ -833,6 +833,59 @@ async fn leases_use_optimistic_concurrency() {
 }
 
 #[tokio::test]
+async fn configmaps_are_validated_as_kube_apiserver_validates_them() {
+    let e = env(ApiMode::V1Beta1).await;
+    let base = "/api/v1/namespaces/default/configmaps";
+    let cm = |name: &str, data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data});
+    let bad_key = e
+        .admin
+        .post(base, &cm("c", json!({"a/b": "x"})))
+        .await
+        .unwrap();
+    assert_eq!(bad_key.status, 422, "{}", bad_key.json());
+    let message = bad_key.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.starts_with(
+            "ConfigMap \"c\" is invalid: data[a/b]: Invalid value: \"a/b\": a valid config key"
+        ),
+        "{message}"
+    );
+    let big = e
+        .admin
+        .post(base, &cm("big", json!({"a": "x".repeat(1024 * 1024 + 1)})))
+        .await
+        .unwrap();
+    assert_eq!(big.status, 422, "{}", big.json());
+    let bad_name = e
+        .admin
+        .post(base, &cm("Bad_Name", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(bad_name.status, 422, "{}", bad_name.json());
+    // Immutable: the data cannot change any more.
+    let mut frozen = cm("frozen", json!({"k": "1"}));
+    frozen["immutable"] = json!(true);
+    let created = e.admin.post(base, &frozen).await.unwrap();
+    assert_eq!(created.status, 201, "{}", created.json());
+    let mut changed = created.json();
+    changed["data"]["k"] = json!("2");
+    let refused = e
+        .admin
+        .put(&format!("{base}/frozen"), &changed)
+        .await
+        .unwrap();
+    assert_eq!(refused.status, 422, "{}", refused.json());
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("data: Forbidden: field is immutable when `immutable` is set"),
+        "{}",
+        refused.json()
+    );
+}
+
+#[tokio::test]
 async fn token_review_outcomes() {
     let e = env(ApiMode::V1Beta1).await;
     let now = OffsetDateTime::now_utc();

@@ -194,6 +194,11 @@ impl Args {
                 ca_secret: Some(ca_secret),
                 lease_name,
                 issue_for_pod,
+                // deploy/base's JWKS ConfigMap (`[jwt] jwks_configmap`'s default).
+                jwks_configmap: Some((
+                    podca_tests::emulator::podca_rbac::PODCA_NAMESPACE.into(),
+                    "podca-jwks".into(),
+                )),
             },
         })
     }

@@ -2,6 +2,7 @@
 //! PodCertificateRequest signer uses. See the crate docs for an overview.
 
 pub mod auth;
+pub mod configmaps;
 pub mod errors;
 mod http;
 pub mod keys;

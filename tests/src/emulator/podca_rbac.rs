@@ -23,6 +23,9 @@ pub struct PodcaRbac {
     /// (deploy/components/issue-for-pod, with
     /// `[grpc] node_proxy_service_accounts` set).
     pub issue_for_pod: bool,
+    /// `(namespace, name)` of the JWKS ConfigMap (`[jwt] jwks_configmap`) the leader writes:
+    /// `get` and `update` on that name, `create` in its namespace. `None`: not published.
+    pub jwks_configmap: Option<(String, String)>,
 }
 
 impl PodcaRbac {
@@ -65,6 +68,15 @@ impl PodcaRbac {
                     .in_namespaces(&ns),
                 PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
                     .with_names(&[&history])
+                    .in_namespaces(&ns),
+                PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&ns),
+            ]);
+        }
+        if let Some((namespace, name)) = &self.jwks_configmap {
+            let ns = [namespace.as_str()];
+            rules.extend([
+                PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+                    .with_names(&[name])
                     .in_namespaces(&ns),
                 PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&ns),
             ]);
@@ -146,6 +158,7 @@ mod tests {
             ca_secret: Some(("podca-system".into(), "podca-ca".into())),
             lease_name: Some("podca-controller".into()),
             issue_for_pod: false,
+            jwks_configmap: Some(("podca-system".into(), "podca-jwks".into())),
         };
         let mut want = manifest_rules("deploy/base/rbac.yaml");
         want.extend(manifest_rules(
@@ -173,6 +186,7 @@ mod tests {
             ca_secret: None,
             lease_name: None,
             issue_for_pod: false,
+            jwks_configmap: None,
         };
         let rules = rbac.rules();
         assert_eq!(rules.len(), 7);

@@ -41,4 +41,6 @@ const SIGNER: &str = "example.com/workload";
 const DEFAULT_LEASE: &str = "podca-controller";
 const GRPC_PORT: i32 = 8443;
 const ADMIN_PORT: i32 = 9090;
+/// `[jwt] oidc_listen`'s port (the Service maps 443 onto it).
+const OIDC_PORT: i32 = 8444;
 const UPDATE_HINT: &str = "PODCA_UPDATE_GOLDEN=1 cargo test -p podca-tests --test deploy_manifests";

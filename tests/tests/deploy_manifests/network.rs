@@ -1,4 +1,4 @@
-//! What the pod exposes: the Service and NetworkPolicy (gRPC and metrics only), and the
+//! What the pod exposes: the Service and NetworkPolicy (gRPC, OIDC and metrics only), and the
 //! monitoring component's ServiceMonitor.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,7 +11,7 @@ use crate::render::{documents, render_default_with_monitoring, render_overlay};
 use crate::strict::{Rendered, parse_all, parse_overlay};
 use podca_authority::ledger::config::LedgerBackend;
 
-use crate::{ADMIN_PORT, GRPC_PORT, NAMESPACE, OVERLAYS, POSTGRES_PORT};
+use crate::{ADMIN_PORT, GRPC_PORT, NAMESPACE, OIDC_PORT, OVERLAYS, POSTGRES_PORT};
 
 #[test]
 fn service_and_network_policy_expose_only_grpc_and_metrics() {
@@ -31,6 +31,17 @@ pub fn check_network(what: &str, r: &Rendered) {
     assert_eq!((grpc, admin), (GRPC_PORT, ADMIN_PORT), "{what}");
     assert_eq!(container_port(c, "grpc"), grpc);
     assert_eq!(container_port(c, "metrics"), admin);
+    // OIDC discovery ([jwt] oidc_listen), over HTTPS with the gRPC certificate.
+    let oidc = port_of(cfg.jwt.oidc_listen.expect("[jwt] oidc_listen is set"));
+    assert_eq!(oidc, OIDC_PORT, "{what}");
+    assert_eq!(container_port(c, "oidc"), oidc);
+    assert!(
+        cfg.jwt
+            .issuer
+            .as_deref()
+            .is_some_and(|i| i.starts_with("https://")),
+        "{what}: an https issuer"
+    );
 
     let pod_labels = d
         .spec
@@ -61,6 +72,11 @@ pub fn check_network(what: &str, r: &Rendered) {
             (
                 "grpc-istio".into(),
                 (15012, Some(IntOrString::String("grpc".into())))
+            ),
+            // OIDC discovery on the HTTPS port: the issuer needs no port (issue #17).
+            (
+                "oidc".into(),
+                (443, Some(IntOrString::String("oidc".into())))
             ),
             (
                 "metrics".into(),
@@ -105,8 +121,12 @@ pub fn check_network(what: &str, r: &Rendered) {
     );
     assert_eq!(
         ingress_ports,
-        BTreeSet::from([(GRPC_PORT, "TCP".into()), (ADMIN_PORT, "TCP".into())]),
-        "{what}: ingress only to gRPC and metrics"
+        BTreeSet::from([
+            (GRPC_PORT, "TCP".into()),
+            (OIDC_PORT, "TCP".into()),
+            (ADMIN_PORT, "TCP".into())
+        ]),
+        "{what}: ingress only to gRPC, OIDC discovery and metrics"
     );
     let mut egress = np.egress.clone().unwrap();
     let postgres = matches!(cfg.ledger.backend, LedgerBackend::Postgres(_));

@@ -74,6 +74,7 @@ pub fn expected_grants(
     ca_secret: Option<(&str, &str)>,
     lease: Option<&str>,
     issue_for_pod: bool,
+    jwks_configmap: Option<(&str, &str)>,
 ) -> BTreeSet<Grant> {
     let mut g = BTreeSet::new();
     let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
@@ -147,6 +148,12 @@ pub fn expected_grants(
         add(ns, "", "secrets", &["get", "list", "watch"], Some(secret));
         let history = format!("{secret}-podca-history");
         add(ns, "", "configmaps", &["get", "update"], Some(&history));
+        add(ns, "", "configmaps", &["create"], None);
+    }
+    // The JWKS ConfigMap (`[jwt] jwks_configmap`, with JWT-SVIDs on): get and update by name,
+    // create in its namespace (create cannot be limited by name).
+    if let Some((ns, name)) = jwks_configmap {
+        add(ns, "", "configmaps", &["get", "update"], Some(name));
         add(ns, "", "configmaps", &["create"], None);
     }
     // The leader Lease, only with --leader-elect: create cannot be limited by name.
@@ -277,7 +284,16 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         .any(|x| x == "--leader-elect")
         .then(|| flag(&a, "--lease-name").unwrap_or_else(|| DEFAULT_LEASE.to_string()));
     let issue_for_pod = !cfg.grpc.node_proxy_service_accounts.is_empty();
-    expected_grants(&signers, ca_secret, lease.as_deref(), issue_for_pod)
+    let jwks = (cfg.jwt.enabled && !cfg.jwt.jwks_configmap.is_empty()).then(|| {
+        let ns = cfg
+            .jwt
+            .jwks_configmap_namespace
+            .as_deref()
+            .or(cfg.grpc.tls_namespace.as_deref())
+            .unwrap_or(NAMESPACE);
+        (ns, cfg.jwt.jwks_configmap.as_str())
+    });
+    expected_grants(&signers, ca_secret, lease.as_deref(), issue_for_pod, jwks)
 }
 
 #[test]
@@ -367,6 +383,16 @@ fn the_rbac_check_rejects_any_extra_permission() {
         }),
         ("delete on the history ConfigMap", |r| {
             history_rule(r).verbs.push("delete".into());
+        }),
+        ("every ConfigMap, not just the JWKS", |r| {
+            let jwks = r
+                .roles
+                .iter_mut()
+                .find(|role| role.metadata.name.as_deref() == Some("podca-jwks"))
+                .expect("the JWKS Role");
+            for rule in jwks.rules.as_mut().unwrap() {
+                rule.resource_names = None;
+            }
         }),
         ("the CA Role in another namespace", |r| {
             r.roles[0].metadata.namespace = Some("default".into());

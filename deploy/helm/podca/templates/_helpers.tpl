@@ -31,6 +31,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* Fixed container ports: the Service, probes and NetworkPolicy follow them. */}}
 {{- define "podca.grpcPort" -}}8443{{- end -}}
 {{- define "podca.metricsPort" -}}9090{{- end -}}
+{{- define "podca.oidcPort" -}}8444{{- end -}}
+
+{{/* "true" unless config.jwt.enabled is false: JWT-SVIDs, OIDC discovery, the JWKS ConfigMap. */}}
+{{- define "podca.jwtEnabled" -}}
+{{- $jwt := .Values.config.jwt | default dict -}}
+{{- if or (not (hasKey $jwt "enabled")) $jwt.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The JWKS ConfigMap's name: config.jwt.jwks_configmap, default <fullname>-jwks ("": none). */}}
+{{- define "podca.jwksConfigMap" -}}
+{{- $jwt := .Values.config.jwt | default dict -}}
+{{- if hasKey $jwt "jwks_configmap" -}}{{ $jwt.jwks_configmap }}{{- else -}}{{ printf "%s-jwks" (include "podca.fullname" .) }}{{- end -}}
+{{- end -}}
 
 {{/* Mount points. */}}
 {{- define "podca.configDir" -}}/etc/podca{{- end -}}
@@ -110,6 +123,13 @@ podca's integer settings refuse).
 {{- end -}}
 {{- $_ := set $cfg "grpc" $grpc -}}
 {{- $_ := set $cfg "admin" (dict "listen" (printf "0.0.0.0:%s" (include "podca.metricsPort" .))) -}}
+{{- $jwt := $cfg.jwt | default dict -}}
+{{- $_ := set $jwt "oidc_listen" (printf "0.0.0.0:%s" (include "podca.oidcPort" .)) -}}
+{{- if not $jwt.issuer -}}
+{{- $_ := set $jwt "issuer" (printf "https://%s.%s.svc" (include "podca.fullname" .) .Release.Namespace) -}}
+{{- end -}}
+{{- $_ := set $jwt "jwks_configmap" (include "podca.jwksConfigMap" .) -}}
+{{- $_ := set $cfg "jwt" $jwt -}}
 # podca serve configuration, rendered by the podca Helm chart from its values (schema:
 # authority/src/config.rs; unknown keys are errors).
 {{ include "podca.toml.table" (dict "path" "" "table" $cfg) }}

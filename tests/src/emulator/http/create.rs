@@ -187,7 +187,10 @@ pub(super) fn create(
             }
             ensure_namespace(shared, &ns)?;
             let mut meta = new_metadata(shared, body.get("metadata"), &ns, &name);
-            let lerrs = validate_meta_labels(&meta);
+            let mut lerrs = validate_meta_labels(&meta);
+            if t.res == Res::ConfigMap {
+                lerrs.extend(crate::emulator::configmaps::validate(&name, &body, None));
+            }
             if !lerrs.is_empty() {
                 return Err(ApiError::invalid(t.res.kind(), t.res.group(), &name, lerrs));
             }
@@ -278,6 +281,12 @@ pub(super) fn apply_create(
             if let Value::Object(m) = &mut obj {
                 m.remove("apiVersion");
                 m.remove("kind");
+            }
+            if t.res == Res::ConfigMap {
+                let errs = crate::emulator::configmaps::validate(&name, &obj, None);
+                if !errs.is_empty() {
+                    return Err(ApiError::invalid(t.res.kind(), t.res.group(), &name, errs));
+                }
             }
             let set = managed::changed_fields(None, &obj);
             obj["metadata"] = Value::Object(meta);

@@ -254,7 +254,14 @@ pub(super) fn update(
         (Res::Ctb, _) => ctb_update_strategy(shared, user, t, &name, &old, &mut new_obj)?,
         _ => {
             if let Some(Value::Object(m)) = new_obj.get("metadata") {
-                let errs = validate_meta_labels(m);
+                let mut errs = validate_meta_labels(m);
+                if res == Res::ConfigMap {
+                    errs.extend(crate::emulator::configmaps::validate(
+                        &name,
+                        &new_obj,
+                        Some(&*old),
+                    ));
+                }
                 if !errs.is_empty() {
                     return Err(ApiError::invalid(res.kind(), res.group(), &name, errs));
                 }

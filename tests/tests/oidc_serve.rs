@@ -1,0 +1,461 @@
+//! OIDC discovery in `podca serve` on the API emulator (issue #17 item 4): the discovery
+//! document and the JWKS over TLS verified against `podca bundle` for the documented server name
+//! (`podca.podca-system.svc`), a JWT-SVID signed with podca's key verified by `jsonwebtoken`
+//! with the key from that JWKS, the statuses of bad requests, plaintext refused off loopback,
+//! and the JWKS ConfigMap following a key rotation.
+//!
+//! The rotation runs on a short real schedule (20 s keys, 6 s of propagation, 8 s tokens), as in
+//! tests/tests/jwt_workload.rs. `podca serve` has no JWT-SVID RPC yet, so the test token is
+//! signed by podca's signer with the keys of the very data directory `podca serve` publishes.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use podca_authority::jwt::JwtConfig;
+use podca_signer::FileStore;
+use podca_signer::jwt::SvidRequest;
+use podca_signer::jwt::store::JwtStore;
+use podca_tests::EmulatorConfig;
+use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
+use podca_tests::emulator::podca_rbac::PodcaRbac;
+use podca_tests::emulator::{ApiMode, Res, Subject};
+use podca_tests::process::{ServeProcess, free_port, podca_binary, podca_bundle};
+use podca_tests::tls::{NAMESPACE, SERVER_NAME};
+use rustls::pki_types::ServerName;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const JWT: &str = "key_rotation_seconds = 20\npropagation_seconds = 6\n\
+                   max_lifetime_seconds = 8\ndefault_lifetime_seconds = 8\n";
+const CONFIGMAP: &str = "podca-jwks";
+
+struct Oidc {
+    serve: ServeProcess,
+    cluster: Cluster,
+    addr: SocketAddr,
+    issuer: String,
+    anchors: String,
+    ca_dir: PathBuf,
+    jwt: JwtConfig,
+}
+
+fn init_ca(dir: &Path) {
+    let init = std::process::Command::new(podca_binary())
+        .args(["ca", "init", "--dir"])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(init.success(), "podca ca init failed");
+}
+
+fn config_text(ca_dir: &Path, grpc: &str, jwt: &str) -> String {
+    format!(
+        "[ca]\ndir = {:?}\n\n[signers.\"example.com/workload\"]\ntrust_domain = \
+         \"cluster.local\"\n\n[grpc]\n{grpc}\n[jwt]\n{jwt}",
+        ca_dir.display().to_string(),
+    )
+}
+
+/// `podca serve` with a file CA, TLS (self-issued, `podca-system`), OIDC discovery on a free
+/// loopback port, and podca's RBAC from deploy/ (the JWKS ConfigMap's Role included).
+async fn start() -> Oidc {
+    start_after(|_| {}).await
+}
+
+/// [`start`], with `before` run on the cluster before `podca serve` starts.
+async fn start_after(before: impl FnOnce(&Cluster)) -> Oidc {
+    let cluster = Cluster::start_with(ClusterConfig {
+        emulator: EmulatorConfig {
+            api_mode: ApiMode::V1Only,
+            auto_create_namespaces: true,
+            ..Default::default()
+        },
+        podca_groups: &["system:serviceaccounts"],
+        signers: &["example.com/workload"],
+    })
+    .await;
+    let rbac = PodcaRbac {
+        signer_names: vec!["example.com/workload".into()],
+        ca_secret: None,
+        lease_name: None,
+        issue_for_pod: false,
+        jwks_configmap: Some((NAMESPACE.into(), CONFIGMAP.into())),
+    };
+    for rule in rbac.rules() {
+        cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);
+    }
+    let ca_dir = cluster.dir.path().join("ca");
+    init_ca(&ca_dir);
+    let port = free_port();
+    let issuer = format!("https://{SERVER_NAME}:{port}");
+    let jwt = format!("{JWT}issuer = {issuer:?}\noidc_listen = \"127.0.0.1:{port}\"\n");
+    let config = cluster.dir.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        config_text(&ca_dir, podca_tests::tls::GRPC_TLS_CONFIG, &jwt),
+    )
+    .unwrap();
+    let jwt: JwtConfig = toml::from_str(&jwt).unwrap();
+    before(&cluster);
+    let serve = ServeProcess::start(&config, &cluster.kubeconfig, &[], &[]);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "OIDC discovery did not listen");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Oidc {
+        serve,
+        cluster,
+        addr,
+        issuer,
+        anchors: podca_bundle(&ca_dir),
+        ca_dir,
+        jwt,
+    }
+}
+
+/// A rustls client trusting only `anchors`, ALPN `http/1.1`.
+fn client(anchors: &str) -> tokio_rustls::TlsConnector {
+    let mut config = (*podca_tests::tls::client_config(anchors)).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// An HTTP/1.1 answer: status, head (lowercased) and body.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+/// One request over TLS to `addr`, verified for `name`; `request` is the request line and any
+/// extra headers (`Host` and `Connection: close` are added).
+async fn https(
+    addr: SocketAddr,
+    anchors: &str,
+    name: &str,
+    request: &str,
+) -> std::io::Result<Answer> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from(name.to_owned()).unwrap();
+    let mut tls = client(anchors).connect(name, tcp).await?;
+    tls.write_all(
+        format!("{request}\r\nHost: {SERVER_NAME}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut raw = Vec::new();
+    // The server closes after its answer; a missing close_notify is not our concern here.
+    let _ = tls.read_to_end(&mut raw).await;
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {raw:?}"));
+    Ok(Answer {
+        status,
+        head: head.to_ascii_lowercase(),
+        body: body.to_owned(),
+    })
+}
+
+async fn get(o: &Oidc, path: &str) -> Answer {
+    https(
+        o.addr,
+        &o.anchors,
+        SERVER_NAME,
+        &format!("GET {path} HTTP/1.1"),
+    )
+    .await
+    .unwrap()
+}
+
+fn kids(jwks: &Value) -> Vec<String> {
+    jwks["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["kid"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A JWT-SVID signed now by podca's signer with the data directory's active key.
+fn podca_token(o: &Oidc, audience: &str) -> String {
+    let keys = JwtStore::new(FileStore::new(&o.ca_dir)).load().unwrap();
+    keys.sign(
+        &SvidRequest {
+            spiffe_id: "spiffe://cluster.local/ns/apps/sa/web",
+            audiences: &[audience.to_owned()],
+            lifetime: None,
+        },
+        &o.jwt.limits(),
+        time::OffsetDateTime::now_utc(),
+    )
+    .unwrap()
+    .token
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn discovery_and_jwks_over_verified_tls_verify_a_podca_token() {
+    let o = start().await;
+    let doc = get(&o, "/.well-known/openid-configuration").await;
+    assert_eq!(doc.status, 200, "{doc:?}");
+    assert!(
+        doc.head.contains("content-type: application/json"),
+        "{doc:?}"
+    );
+    // The refresh hint: a third of the 6 s propagation window.
+    assert!(
+        doc.head.contains("cache-control: public, max-age=2"),
+        "{doc:?}"
+    );
+    let doc: Value = serde_json::from_str(&doc.body).unwrap();
+    assert_eq!(doc["issuer"], o.issuer.as_str());
+    assert_eq!(doc["jwks_uri"], format!("{}/keys", o.issuer));
+    assert_eq!(doc["id_token_signing_alg_values_supported"][0], "ES256");
+
+    let jwks = get(&o, "/keys").await;
+    assert_eq!(jwks.status, 200, "{jwks:?}");
+    assert!(
+        jwks.head.contains("content-type: application/jwk-set+json"),
+        "{jwks:?}"
+    );
+    let jwks: Value = serde_json::from_str(&jwks.body).unwrap();
+    assert_eq!(jwks["keys"][0]["use"], "sig");
+
+    // jsonwebtoken verifies podca's token with the published key, issuer and audience.
+    let token = podca_token(&o, "sts.amazonaws.com");
+    let kid = jsonwebtoken::decode_header(&token).unwrap().kid.unwrap();
+    let jwk = jwks["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["kid"] == kid.as_str())
+        .expect("the token's key is in the JWKS");
+    let jwk: jsonwebtoken::jwk::Jwk = serde_json::from_value(jwk.clone()).unwrap();
+    let mut validation = Validation::new(Algorithm::ES256);
+    validation.set_audience(&["sts.amazonaws.com"]);
+    validation.set_issuer(&[o.issuer.as_str()]);
+    validation.set_required_spec_claims(&["exp", "sub", "aud", "iss"]);
+    let claims =
+        jsonwebtoken::decode::<Value>(&token, &DecodingKey::from_jwk(&jwk).unwrap(), &validation)
+            .unwrap()
+            .claims;
+    assert_eq!(claims["sub"], "spiffe://cluster.local/ns/apps/sa/web");
+    // Another audience is refused by the same verifier (it does check).
+    validation.set_audience(&["vault"]);
+    assert!(
+        jsonwebtoken::decode::<Value>(&token, &DecodingKey::from_jwk(&jwk).unwrap(), &validation)
+            .is_err()
+    );
+
+    // The certificate is verified: another name, or other anchors, fail the handshake.
+    let wrong_name = https(
+        o.addr,
+        &o.anchors,
+        "podca.elsewhere.svc",
+        "GET /keys HTTP/1.1",
+    )
+    .await;
+    assert!(wrong_name.is_err(), "{wrong_name:?}");
+    let other = {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![SERVER_NAME.to_owned()]).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem()
+    };
+    let foreign = https(o.addr, &other, SERVER_NAME, "GET /keys HTTP/1.1").await;
+    assert!(foreign.is_err(), "{foreign:?}");
+
+    // Bad requests get their precise statuses.
+    let head = https(o.addr, &o.anchors, SERVER_NAME, "HEAD /keys HTTP/1.1")
+        .await
+        .unwrap();
+    assert_eq!((head.status, head.body.as_str()), (200, ""), "{head:?}");
+    let post = https(
+        o.addr,
+        &o.anchors,
+        SERVER_NAME,
+        "POST /keys HTTP/1.1\r\nContent-Length: 0",
+    )
+    .await
+    .unwrap();
+    assert_eq!(post.status, 405, "{post:?}");
+    assert!(post.head.contains("allow: get, head"), "{post:?}");
+    assert_eq!(get(&o, "/.well-known/jwks.json").await.status, 404);
+    let body = https(
+        o.addr,
+        &o.anchors,
+        SERVER_NAME,
+        "GET /keys HTTP/1.1\r\nContent-Length: 2\r\n\r\nab",
+    )
+    .await
+    .unwrap();
+    assert_eq!(body.status, 413, "{body:?}");
+
+    // Plaintext HTTP on the TLS listener gets no HTTP answer.
+    let mut plain = TcpStream::connect(o.addr).await.unwrap();
+    plain
+        .write_all(b"GET /keys HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut raw)).await;
+    assert!(
+        !String::from_utf8_lossy(&raw).contains("HTTP/1.1 200"),
+        "{raw:?}"
+    );
+
+    let metrics = o.serve.metrics();
+    for line in [
+        "podca_oidc_requests_total{path=\"discovery\",status=\"200\"} 1",
+        "podca_oidc_requests_total{path=\"jwks\",status=\"405\"} 1",
+        "podca_oidc_requests_total{path=\"other\",status=\"404\"} 1",
+        "podca_oidc_requests_total{path=\"jwks\",status=\"413\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing in:\n{metrics}");
+    }
+}
+
+/// The ConfigMap's JWKS, once it is podca's and holds `want` keys (at most `timeout`).
+async fn configmap_jwks(o: &Oidc, want: usize, timeout: Duration) -> (Value, Value) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(cm) = o
+            .cluster
+            .emu
+            .get_object(Res::ConfigMap, NAMESPACE, CONFIGMAP)
+        {
+            assert_eq!(
+                cm["metadata"]["labels"]["app.kubernetes.io/managed-by"], "podca",
+                "{cm:#}"
+            );
+            let jwks: Value =
+                serde_json::from_str(cm["data"]["jwks.json"].as_str().unwrap()).unwrap();
+            if kids(&jwks).len() == want {
+                return (jwks, cm);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ConfigMap {NAMESPACE}/{CONFIGMAP} never held {want} keys"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_configmap_holds_the_jwks_and_follows_a_key_rotation() {
+    let o = start().await;
+    let (first, cm) = configmap_jwks(&o, 1, Duration::from_secs(15)).await;
+    let served: Value = serde_json::from_str(&get(&o, "/keys").await.body).unwrap();
+    assert_eq!(first, served, "the ConfigMap holds exactly the served JWKS");
+    let doc: Value =
+        serde_json::from_str(cm["data"]["openid-configuration.json"].as_str().unwrap()).unwrap();
+    assert_eq!(doc["issuer"], o.issuer.as_str());
+
+    // The next key is published (at ~14 s) before it signs, in the ConfigMap too.
+    let (both, _) = configmap_jwks(&o, 2, Duration::from_secs(30)).await;
+    assert_eq!(kids(&both)[0], kids(&first)[0]);
+    // Once the old key's last token has expired (~28 s), it is gone from the ConfigMap.
+    let (after, _) = configmap_jwks(&o, 1, Duration::from_secs(30)).await;
+    assert_eq!(kids(&after), vec![kids(&both)[1].clone()]);
+    let metrics = o.serve.metrics();
+    assert!(
+        metrics.contains("podca_jwks_configmap_writes_total{op=\"create\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_configmap_of_that_name_is_never_overwritten() {
+    let foreign = serde_json::json!({
+        "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "helm"}},
+        "data": {"jwks.json": "{\"keys\":[]}"},
+    });
+    let o = start_after(|cluster| {
+        cluster.emu.add_namespace(NAMESPACE);
+        cluster.emu.seed_object(Res::ConfigMap, foreign.clone());
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !o
+        .serve
+        .metrics()
+        .contains("podca_jwks_configmap_errors_total 1")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal counted:\n{}",
+            o.serve.metrics()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let cm = o
+        .cluster
+        .emu
+        .get_object(Res::ConfigMap, NAMESPACE, CONFIGMAP)
+        .unwrap();
+    assert_eq!(cm["data"], foreign["data"], "{cm:#}");
+    assert_eq!(
+        cm["metadata"]["labels"], foreign["metadata"]["labels"],
+        "{cm:#}"
+    );
+    assert!(
+        !o.serve
+            .metrics()
+            .contains("podca_jwks_configmap_writes_total{")
+    );
+}
+
+/// `podca serve` refuses to start with `config` (written next to a fresh CA), with `message`.
+fn refused(grpc: &str, jwt: &str, message: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    init_ca(&ca_dir);
+    let config = dir.path().join("podca.toml");
+    std::fs::write(&config, config_text(&ca_dir, grpc, jwt)).unwrap();
+    let out = std::process::Command::new(podca_binary())
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args([
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--kubeconfig",
+            "/nonexistent",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(message), "{message:?} not in:\n{stderr}");
+}
+
+#[test]
+fn plaintext_off_loopback_and_an_http_issuer_are_refused_at_start() {
+    refused(
+        "tls = \"off\"\nlisten = \"127.0.0.1:8443\"\n",
+        "issuer = \"https://oidc.example\"\noidc_listen = \"0.0.0.0:8444\"\n",
+        "[jwt] oidc_listen = 0.0.0.0:8444 is not a loopback address and [grpc] tls = \"off\"",
+    );
+    refused(
+        "",
+        "issuer = \"http://oidc.example\"\noidc_listen = \"127.0.0.1:8444\"\n",
+        "[jwt] issuer \"http://oidc.example\" must be an https:// URL",
+    );
+    refused(
+        "",
+        "oidc_listen = \"127.0.0.1:8444\"\n",
+        "[jwt] oidc_listen = 127.0.0.1:8444 needs [jwt] issuer",
+    );
+}
