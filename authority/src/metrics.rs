@@ -354,6 +354,7 @@ impl Metrics {
             "Failed ClusterTrustBundle requests and trust anchors that could not be published",
             ctb_publish_errors.clone(),
         );
+        registry.register_collector(Box::new(PolicyRuleCollector));
         Metrics {
             registry,
             issued,
@@ -388,6 +389,61 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Labels of the policy rule counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    signer: String,
+    rule: String,
+}
+
+/// `podca_policy_rule_denials_total` and `podca_policy_rule_errors_total`, by signer and rule:
+/// read at each scrape from the counters the compiled rules keep (podca_signer::rules).
+#[derive(Debug)]
+struct PolicyRuleCollector;
+
+impl prometheus_client::collector::Collector for PolicyRuleCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let rows = podca_signer::rules::counter_rows();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for (name, help, pick) in [
+            (
+                "policy_rule_denials",
+                "Requests a policy rule denied, by signer and rule",
+                (|r: &podca_signer::rules::RuleCounterRow| r.2) as fn(&_) -> u64,
+            ),
+            (
+                "policy_rule_errors",
+                "Policy rule evaluations that failed (and denied: rules fail closed), by signer \
+                 and rule",
+                |r| r.3,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for row in &rows {
+                let labels = RuleLabels {
+                    signer: row.0.clone(),
+                    rule: row.1.clone(),
+                };
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(pick(row)).encode(metric)?;
+            }
+        }
+        Ok(())
     }
 }
 

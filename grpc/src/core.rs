@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use podca_signer::ledger::{RecordOutcome, Source};
+use podca_signer::rules::NamespaceLabels;
 use podca_signer::{
-    CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
-    sign_request,
+    CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, RequestContext,
+    RequestSource, SignerPolicy, SubjectKey, sign_request_with,
 };
 use time::{Duration, OffsetDateTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -180,6 +181,8 @@ pub struct Api {
     clock: Clock,
     /// The Istio CA API's authenticator and trust domain alias.
     istio: IstioOptions,
+    /// Namespace labels for policy rules that read them.
+    namespace_labels: Option<NamespaceLabels>,
 }
 
 impl std::fmt::Debug for Api {
@@ -237,6 +240,7 @@ impl Api {
             replica: podca_signer::ledger::replica_identity(),
             clock: system_clock(),
             istio: IstioOptions::default(),
+            namespace_labels: None,
         })
     }
 
@@ -245,6 +249,29 @@ impl Api {
     pub fn with_istio(mut self, istio: IstioOptions) -> Self {
         self.istio = istio;
         self
+    }
+
+    /// Gives policy rules that read `namespaceObject.metadata.labels` this store (the controller's namespace
+    /// watch fills it). Without one, such rules see an empty map.
+    pub fn with_namespace_labels(mut self, labels: NamespaceLabels) -> Self {
+        self.namespace_labels = Some(labels);
+        self
+    }
+
+    /// The labels of `namespace` when `policy`'s rules read them.
+    fn namespace_labels_for(
+        &self,
+        policy: &SignerPolicy,
+        namespace: &str,
+    ) -> Result<Option<Arc<BTreeMap<String, String>>>, ApiError> {
+        match &self.namespace_labels {
+            Some(store) if policy.rules_use_namespace_labels() => {
+                store.get(namespace).map(Some).map_err(|e| {
+                    ApiError::Unavailable(podca_signer::BackendError::Unavailable(e.to_string()))
+                })
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Reads the time from `clock` instead of the system clock.
@@ -347,7 +374,9 @@ impl Api {
     /// IssueCertificate: a certificate for the caller's own identity.
     pub async fn issue(&self, identity: &Identity, input: IssueInput) -> Result<Issued, ApiError> {
         let signer = self.signer(&input.signer_name)?.0.to_owned();
-        let result = self.issue_unrecorded(identity, input).await;
+        let result = self
+            .issue_unrecorded(identity, input, RequestSource::Grpc)
+            .await;
         self.settle(result, Source::Grpc, &signer, identity, identity, None)
             .await
     }
@@ -356,9 +385,12 @@ impl Api {
         &self,
         identity: &Identity,
         input: IssueInput,
+        source: RequestSource,
     ) -> Result<Issued, ApiError> {
-        let (_, policy) = self.signer(&input.signer_name)?;
+        let (signer_name, policy) = self.signer(&input.signer_name)?;
+        let signer_name = signer_name.to_owned();
         let policy = policy.clone();
+        let labels = self.namespace_labels_for(&policy, &identity.namespace)?;
         let requested_lifetime = match input.requested_lifetime_seconds {
             None => None,
             Some(s) if s <= 0 => return Err(ApiError::BadLifetime(s)),
@@ -391,6 +423,7 @@ impl Api {
                 key,
                 requested_lifetime,
                 input.user_annotations,
+                (source, &signer_name, labels.as_deref()),
                 clock(),
             )
         };
@@ -452,7 +485,9 @@ impl Api {
             node_name: pod.node_name,
         };
         let signer = self.signer(&input.signer_name)?.0.to_owned();
-        let result = self.issue_unrecorded(&subject, input).await;
+        let result = self
+            .issue_unrecorded(&subject, input, RequestSource::Grpc)
+            .await;
         let request_name = format!("{pod_namespace}/{pod_name}");
         self.settle(
             result,
@@ -558,6 +593,7 @@ impl Api {
                     user_annotations: BTreeMap::new(),
                     signer_name: String::new(),
                 },
+                RequestSource::Istio,
             )
             .await;
         self.settle(
@@ -698,7 +734,9 @@ impl Api {
     ) -> Result<Issued, ApiError> {
         let (signer, policy) = self.signer("")?;
         let signer = signer.to_owned();
+        let signer_name = signer.clone();
         let policy = policy.clone();
+        let labels = self.namespace_labels_for(&policy, &identity.namespace)?;
         let subject = identity.clone();
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
@@ -711,6 +749,7 @@ impl Api {
                 key,
                 None,
                 BTreeMap::new(),
+                (RequestSource::Grpc, &signer_name, labels.as_deref()),
                 clock(),
             )
         })
@@ -854,6 +893,10 @@ fn is_object_name(s: &str) -> bool {
         && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
+/// Signs after policy; `rule_scope` is what only the edge knows for the rules: the source, the
+/// signer's name and the namespace's labels.
+// One caller per API; a struct for the arguments would only rename them.
+#[allow(clippy::too_many_arguments)]
 fn issue_blocking(
     policy: &SignerPolicy,
     snapshot: &CaSnapshot,
@@ -861,6 +904,7 @@ fn issue_blocking(
     key: SubjectKey,
     requested_lifetime: Option<Duration>,
     user_annotations: BTreeMap<String, String>,
+    rule_scope: (RequestSource, &str, Option<&BTreeMap<String, String>>),
     now: OffsetDateTime,
 ) -> Result<Issued, ApiError> {
     let request = CertificateRequest {
@@ -872,7 +916,16 @@ fn issue_blocking(
         requested_lifetime,
         user_annotations,
     };
-    match sign_request(policy, &snapshot.ca, &request, now) {
+    let (source, signer_name, namespace_labels) = rule_scope;
+    // The identity is what the TokenReview (or the client certificate) verified.
+    let context = RequestContext {
+        source,
+        signer_name,
+        pod_uid: identity.pod_uid.as_deref(),
+        node_name: identity.node_name.as_deref(),
+        namespace_labels,
+    };
+    match sign_request_with(policy, &snapshot.ca, &request, &context, now) {
         Outcome::Issued(certificate) => Ok(Issued {
             certificate: *certificate,
             anchors_pem: snapshot.anchors_pem.clone(),

@@ -114,6 +114,7 @@ async fn world(setup: Setup) -> World {
         ca_secret: Some((NAMESPACE.into(), SECRET.into())),
         lease_name: None,
         issue_for_pod: false,
+        namespace_labels: false,
     };
     for rule in rbac.rules() {
         if setup.drop_rule.is_some_and(|verbs| rule.verbs == verbs) {
