@@ -452,6 +452,51 @@ mod tests {
     use super::*;
 
     #[test]
+    fn policy_rule_counters_are_exported() {
+        let rules = podca_signer::rules::RuleSet::compile(
+            "example.com/metrics",
+            &[podca_signer::rules::RuleSpec {
+                name: "always".into(),
+                deny: Some("true".into()),
+                require: None,
+                reason: "Always".into(),
+                message: None,
+            }],
+        )
+        .unwrap();
+        let annotations = std::collections::BTreeMap::new();
+        let facts = podca_signer::RuleFacts {
+            source: podca_signer::RequestSource::Grpc,
+            signer_name: "example.com/metrics",
+            namespace: "a",
+            service_account: "b",
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            key_type: None,
+            requested_lifetime_seconds: None,
+            annotations: &annotations,
+            audiences: &[],
+            namespace_labels: None,
+            now: 0,
+        };
+        assert!(rules.evaluate(&facts).is_err());
+        let text = Metrics::new().encode();
+        assert!(
+            text.contains(
+                "podca_policy_rule_denials_total{signer=\"example.com/metrics\",rule=\"always\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "podca_policy_rule_errors_total{signer=\"example.com/metrics\",rule=\"always\"} 0"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn names_carry_the_prefix() {
         let m = Metrics::new();
         m.issued
