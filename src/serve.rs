@@ -35,6 +35,7 @@ use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
 use podca_grpc::tls::{self, ServingFiles, ServingKeys};
 use podca_grpc::{Api, ApiOptions, server};
 use podca_signer::jwt::JwtAlgorithm;
+use podca_signer::rules::NamespaceLabels;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -274,10 +275,17 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
     }
     // /readyz: the controller (watches synced, or standby) and the gRPC API (listening).
     let readiness = Readiness::new();
+    // Only when a rule reads `namespaceObject.metadata.labels`: otherwise podca needs no namespace access.
+    let namespace_labels = config
+        .signers
+        .values()
+        .any(|policy| policy.rules_use_namespace_labels())
+        .then(NamespaceLabels::default);
     if let Some(grpc) = grpc {
         let kube = GrpcKube {
             reviewer: Arc::new(KubeTokenReviewer::new(client.clone())),
             pods: Arc::new(KubePodDirectory::new(client.clone())),
+            namespace_labels: namespace_labels.clone(),
         };
         let grpc = GrpcSettings {
             ledger: ledger.clone(),
@@ -300,6 +308,7 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
     }
     let mut options = controller_options(&config, controller, handle, clock, metrics, readiness);
     options.ledger = Some(ledger);
+    options.namespace_labels = namespace_labels;
     // The controller says here whether this replica leads; the Secret CA driver follows it.
     options.leadership = Some(leadership);
     let result = podca_controller::run(client, options, shutdown::signal()).await;
@@ -611,6 +620,8 @@ fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<
 struct GrpcKube {
     reviewer: Arc<dyn TokenReviewer>,
     pods: Arc<dyn PodDirectory>,
+    /// Namespace labels for policy rules (the controller's namespace watch fills them).
+    namespace_labels: Option<NamespaceLabels>,
 }
 
 /// Binds the gRPC listener and spawns the server; `/readyz` covers it from now until it stops.
@@ -684,7 +695,7 @@ async fn start_grpc(
         authenticator: Some(with_certificates(Arc::new(istio_tokens))),
         trust_domain_alias: istio_trust_domain_alias,
     };
-    let api = Api::new(
+    let mut api = Api::new(
         api,
         handle.clone(),
         authenticator,
@@ -695,10 +706,13 @@ async fn start_grpc(
     .with_ledger(ledger)
     .with_metrics(metrics.grpc.clone())
     .with_istio(istio);
-    let api = Arc::new(match jwt {
-        Some(jwt) => api.with_jwt(jwt),
-        None => api,
-    });
+    if let Some(labels) = kube.namespace_labels {
+        api = api.with_namespace_labels(labels);
+    }
+    if let Some(jwt) = jwt {
+        api = api.with_jwt(jwt);
+    }
+    let api = Arc::new(api);
     let stopped = tasks.stopped();
     tasks.spawn("gRPC server", async move {
         let served = match tls {

@@ -743,7 +743,7 @@ impl Config {
         let config: Config = toml::from_str(text)?;
         for (name, policy) in &config.signers {
             policy
-                .validate()
+                .validate_for(name)
                 .with_context(|| format!("signer {name:?}"))?;
         }
         config.grpc.tls(config.grpc.listen)?;

@@ -449,6 +449,7 @@ impl Metrics {
             "Failed ClusterTrustBundle requests and trust anchors that could not be published",
             ctb_publish_errors.clone(),
         );
+        registry.register_collector(Box::new(PolicyRuleCollector));
         Metrics {
             registry,
             issued,
@@ -491,9 +492,109 @@ impl Metrics {
     }
 }
 
+/// Labels of the policy rule counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    signer: String,
+    rule: String,
+}
+
+/// `podca_policy_rule_denials_total` and `podca_policy_rule_errors_total`, by signer and rule:
+/// read at each scrape from the counters the compiled rules keep (podca_signer::rules).
+#[derive(Debug)]
+struct PolicyRuleCollector;
+
+impl prometheus_client::collector::Collector for PolicyRuleCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let rows = podca_signer::rules::counter_rows();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        for (name, help, pick) in [
+            (
+                "policy_rule_denials",
+                "Requests a policy rule denied, by signer and rule",
+                (|r: &podca_signer::rules::RuleCounterRow| r.2) as fn(&_) -> u64,
+            ),
+            (
+                "policy_rule_errors",
+                "Policy rule evaluations that failed (and denied: rules fail closed), by signer \
+                 and rule",
+                |r| r.3,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for row in &rows {
+                let labels = RuleLabels {
+                    signer: row.0.clone(),
+                    rule: row.1.clone(),
+                };
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(pick(row)).encode(metric)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn policy_rule_counters_are_exported() {
+        let rules = podca_signer::rules::RuleSet::compile(
+            "example.com/metrics",
+            &[podca_signer::rules::RuleSpec {
+                name: "always".into(),
+                deny: Some("true".into()),
+                require: None,
+                reason: "Always".into(),
+                message: None,
+            }],
+        )
+        .unwrap();
+        let annotations = std::collections::BTreeMap::new();
+        let facts = podca_signer::RuleFacts {
+            source: podca_signer::RequestSource::Grpc,
+            signer_name: "example.com/metrics",
+            namespace: "a",
+            service_account: "b",
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            key_type: None,
+            requested_lifetime_seconds: None,
+            annotations: &annotations,
+            audiences: &[],
+            namespace_labels: None,
+            now: 0,
+        };
+        assert!(rules.evaluate(&facts).is_err());
+        let text = Metrics::new().encode();
+        assert!(
+            text.contains(
+                "podca_policy_rule_denials_total{signer=\"example.com/metrics\",rule=\"always\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "podca_policy_rule_errors_total{signer=\"example.com/metrics\",rule=\"always\"} 0"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn names_carry_the_prefix() {

@@ -15,7 +15,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use podca_authority::ledger::{LedgerHandle, LedgerUnavailable};
 use podca_signer::ledger::{RecordContext, Source, spiffe_id};
-use podca_signer::{LedgerRecord, Outcome, SignerPolicy, sign_request};
+use podca_signer::rules::NamespaceLabels;
+use podca_signer::{
+    LedgerRecord, Outcome, RequestContext, RequestSource, SignerPolicy, sign_request_with,
+};
 use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::watch;
@@ -47,6 +50,8 @@ struct Ctx {
     ledger: Option<LedgerHandle>,
     /// This process in ledger records.
     replica: String,
+    /// Namespace labels for the rules, when some rule reads them.
+    namespace_labels: Option<NamespaceLabels>,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -74,10 +79,19 @@ pub async fn run(
         leadership,
         ledger,
         readiness,
+        namespace_labels,
     } = options;
     if signers.is_empty() {
         return Err(Error::NoSigners);
     }
+    // Every replica watches namespaces (the gRPC API reads the same labels), leader or not.
+    let _namespace_watch = namespace_labels.clone().map(|store| {
+        TaskGuard::new(tokio::spawn(crate::namespaces::watch(
+            client.clone(),
+            store,
+            Arc::clone(&metrics),
+        )))
+    });
     // A bad bundle name or instance label is a configuration error: refuse to start.
     let publisher = publisher
         .map(|o| Publisher::new(signers.keys(), &o))
@@ -163,6 +177,7 @@ pub async fn run(
         leading: leading.clone(),
         ledger,
         replica: podca_signer::ledger::replica_identity(),
+        namespace_labels,
     });
     // A standby has nothing to sync: ready (it serves gRPC); a leader once its watches synced.
     ready.set(true);
@@ -706,8 +721,28 @@ async fn sign(
     let policy = policy.clone();
     let request = source.to_certificate_request();
     let ca = Arc::clone(&ctx.ca.current().ca);
+    // The rules' facts the CertificateRequest does not carry; all from the PCR's spec, which
+    // kube-apiserver checked against the pod (spec §1.5).
+    let signer_name = source.signer_name.clone();
+    let pod_uid = source.pod_uid.clone();
+    let node_name = source.node_name.clone();
+    let labels = match (&ctx.namespace_labels, policy.rules_use_namespace_labels()) {
+        (Some(store), true) => match store.get(&source.namespace) {
+            Ok(labels) => Some(labels),
+            // Deciding without them could deny for good: wait for the namespace watch.
+            Err(_) => return Err("namespace_labels"),
+        },
+        _ => None,
+    };
     let outcome = match tokio::task::spawn_blocking(move || {
-        sign_request(&policy, &ca, &request, now)
+        let context = RequestContext {
+            source: RequestSource::Pcr,
+            signer_name: &signer_name,
+            pod_uid: Some(&pod_uid),
+            node_name: Some(&node_name),
+            namespace_labels: labels.as_deref(),
+        };
+        sign_request_with(&policy, &ca, &request, &context, now)
     })
     .await
     {

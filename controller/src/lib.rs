@@ -12,6 +12,7 @@ pub mod doctor;
 mod error;
 pub mod grpc_auth;
 pub mod jwks;
+pub mod namespaces;
 mod plan;
 pub mod publisher;
 mod queue;
@@ -80,6 +81,9 @@ pub struct Options {
     /// What `/readyz` answers; the controller registers itself in it (ready once its watches
     /// have synced, or as a standby). `None`: its own, covering the controller alone.
     pub readiness: Option<Arc<podca_authority::admin::Readiness>>,
+    /// The namespace labels the signers' rules read; [`run`] watches namespaces into it.
+    /// `None`: no rule reads `namespaceObject.metadata.labels` (podca then needs no namespace permission).
+    pub namespace_labels: Option<podca_signer::rules::NamespaceLabels>,
 }
 
 impl std::fmt::Debug for Options {
@@ -115,6 +119,7 @@ impl Options {
             leadership: None,
             ledger: None,
             readiness: None,
+            namespace_labels: None,
         }
     }
 }

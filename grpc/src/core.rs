@@ -6,9 +6,10 @@ use std::sync::Arc;
 
 use podca_signer::jwt::SignedSvid;
 use podca_signer::ledger::{RecordOutcome, Source};
+use podca_signer::rules::NamespaceLabels;
 use podca_signer::{
-    CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
-    sign_request,
+    CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, RequestContext,
+    RequestSource, SignerPolicy, SubjectKey, sign_request_with,
 };
 use time::{Duration, OffsetDateTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -198,6 +199,8 @@ pub struct Api {
     istio: IstioOptions,
     /// JWT-SVIDs (`IssueJwtSvid`, `GetJwtBundle`); None: answered UNIMPLEMENTED.
     jwt: Option<Arc<JwtService>>,
+    /// Namespace labels for policy rules that read them.
+    namespace_labels: Option<NamespaceLabels>,
 }
 
 impl std::fmt::Debug for Api {
@@ -257,6 +260,7 @@ impl Api {
             clock: system_clock(),
             istio: IstioOptions::default(),
             jwt: None,
+            namespace_labels: None,
         })
     }
 
@@ -279,6 +283,29 @@ impl Api {
             "JWT-SVIDs are not served here ([jwt] enabled = false, or a CA backend without JWT \
              keys: [ca] backend = \"secret\")",
         ))
+    }
+
+    /// Gives policy rules that read `namespaceObject.metadata.labels` this store (the controller's namespace
+    /// watch fills it). Without one, such rules see an empty map.
+    pub fn with_namespace_labels(mut self, labels: NamespaceLabels) -> Self {
+        self.namespace_labels = Some(labels);
+        self
+    }
+
+    /// The labels of `namespace` when `policy`'s rules read them.
+    pub(crate) fn namespace_labels_for(
+        &self,
+        policy: &SignerPolicy,
+        namespace: &str,
+    ) -> Result<Option<Arc<BTreeMap<String, String>>>, ApiError> {
+        match &self.namespace_labels {
+            Some(store) if policy.rules_use_namespace_labels() => {
+                store.get(namespace).map(Some).map_err(|e| {
+                    ApiError::Unavailable(podca_signer::BackendError::Unavailable(e.to_string()))
+                })
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Reads the time from `clock` instead of the system clock.
@@ -381,7 +408,9 @@ impl Api {
     /// IssueCertificate: a certificate for the caller's own identity.
     pub async fn issue(&self, identity: &Identity, input: IssueInput) -> Result<Issued, ApiError> {
         let signer = self.signer(&input.signer_name)?.0.to_owned();
-        let result = self.issue_unrecorded(identity, input).await;
+        let result = self
+            .issue_unrecorded(identity, input, RequestSource::Grpc)
+            .await;
         self.settle(result, Source::Grpc, &signer, identity, identity, None)
             .await
     }
@@ -390,9 +419,12 @@ impl Api {
         &self,
         identity: &Identity,
         input: IssueInput,
+        source: RequestSource,
     ) -> Result<Issued, ApiError> {
-        let (_, policy) = self.signer(&input.signer_name)?;
+        let (signer_name, policy) = self.signer(&input.signer_name)?;
+        let signer_name = signer_name.to_owned();
         let policy = policy.clone();
+        let labels = self.namespace_labels_for(&policy, &identity.namespace)?;
         let requested_lifetime = match input.requested_lifetime_seconds {
             None => None,
             Some(s) if s <= 0 => return Err(ApiError::BadLifetime(s)),
@@ -425,6 +457,7 @@ impl Api {
                 key,
                 requested_lifetime,
                 input.user_annotations,
+                (source, &signer_name, labels.as_deref()),
                 clock(),
             )
         };
@@ -447,7 +480,9 @@ impl Api {
     ) -> Result<Issued, ApiError> {
         let subject = self.pod_subject(caller, pod_namespace, pod_name).await?;
         let signer = self.signer(&input.signer_name)?.0.to_owned();
-        let result = self.issue_unrecorded(&subject, input).await;
+        let result = self
+            .issue_unrecorded(&subject, input, RequestSource::Grpc)
+            .await;
         let request_name = format!("{pod_namespace}/{pod_name}");
         self.settle(
             result,
@@ -646,6 +681,7 @@ impl Api {
                     user_annotations: BTreeMap::new(),
                     signer_name: String::new(),
                 },
+                RequestSource::Istio,
             )
             .await;
         self.settle(
@@ -786,7 +822,9 @@ impl Api {
     ) -> Result<Issued, ApiError> {
         let (signer, policy) = self.signer("")?;
         let signer = signer.to_owned();
+        let signer_name = signer.clone();
         let policy = policy.clone();
+        let labels = self.namespace_labels_for(&policy, &identity.namespace)?;
         let subject = identity.clone();
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
@@ -799,6 +837,7 @@ impl Api {
                 key,
                 None,
                 BTreeMap::new(),
+                (RequestSource::Grpc, &signer_name, labels.as_deref()),
                 clock(),
             )
         })
@@ -1004,6 +1043,10 @@ fn is_object_name(s: &str) -> bool {
         && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
+/// Signs after policy; `rule_scope` is what only the edge knows for the rules: the source, the
+/// signer's name and the namespace's labels.
+// One caller per API; a struct for the arguments would only rename them.
+#[allow(clippy::too_many_arguments)]
 fn issue_blocking(
     policy: &SignerPolicy,
     snapshot: &CaSnapshot,
@@ -1011,6 +1054,7 @@ fn issue_blocking(
     key: SubjectKey,
     requested_lifetime: Option<Duration>,
     user_annotations: BTreeMap<String, String>,
+    rule_scope: (RequestSource, &str, Option<&BTreeMap<String, String>>),
     now: OffsetDateTime,
 ) -> Result<Issued, ApiError> {
     let request = CertificateRequest {
@@ -1022,7 +1066,16 @@ fn issue_blocking(
         requested_lifetime,
         user_annotations,
     };
-    match sign_request(policy, &snapshot.ca, &request, now) {
+    let (source, signer_name, namespace_labels) = rule_scope;
+    // The identity is what the TokenReview (or the client certificate) verified.
+    let context = RequestContext {
+        source,
+        signer_name,
+        pod_uid: identity.pod_uid.as_deref(),
+        node_name: identity.node_name.as_deref(),
+        namespace_labels,
+    };
+    match sign_request_with(policy, &snapshot.ca, &request, &context, now) {
         Outcome::Issued(certificate) => Ok(Issued {
             certificate: *certificate,
             anchors_pem: snapshot.anchors_pem.clone(),

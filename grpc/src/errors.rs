@@ -208,6 +208,8 @@ fn deny_code(reason: DenyReason) -> Code {
         DenyReason::NamespaceNotAllowed
         | DenyReason::ServiceAccountNotAllowed
         | DenyReason::InvalidUserAnnotations => Code::PermissionDenied,
+        // A signer's CEL rule: the caller's identity or request is not allowed.
+        DenyReason::Rule(_) => Code::PermissionDenied,
     }
 }
 

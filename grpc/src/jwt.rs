@@ -92,6 +92,27 @@ impl JwtService {
         {
             return Err(ApiError::Denied { reason, message });
         }
+        // The signer's CEL rules, over the verified identity and the requested audiences.
+        let labels = api.namespace_labels_for(policy, &identity.namespace)?;
+        let no_annotations = std::collections::BTreeMap::new();
+        let facts = podca_signer::RuleFacts {
+            source: podca_signer::RequestSource::Jwt,
+            signer_name: signer,
+            namespace: &identity.namespace,
+            service_account: &identity.service_account,
+            pod_name: identity.pod_name.as_deref(),
+            pod_uid: identity.pod_uid.as_deref(),
+            node_name: identity.node_name.as_deref(),
+            key_type: None,
+            requested_lifetime_seconds: ask.lifetime.map(|l| l.whole_seconds()),
+            annotations: &no_annotations,
+            audiences: ask.audiences,
+            namespace_labels: labels.as_deref(),
+            now: api.now().unix_timestamp(),
+        };
+        if let Err(Decision::Deny { reason, message }) = policy.apply_rules(&facts) {
+            return Err(ApiError::Denied { reason, message });
+        }
         let own = podca_signer::ledger::spiffe_id(
             &policy.trust_domain,
             &identity.namespace,

@@ -11,6 +11,7 @@ use crate::keys::{KeyError, SubjectKey};
 use crate::leaf::LeafFields;
 use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy};
 use crate::reason::{DenyReason, FailReason};
+use crate::rules::{RequestSource, RuleFacts};
 use crate::schedule::{Validity, ValidityError, ValidityInput, plan_validity};
 use crate::x509;
 
@@ -119,11 +120,46 @@ pub enum Outcome {
     Retry(BackendError),
 }
 
-/// Decides and, when policy allows, issues: policy → validity → leaf.
+/// What the policy rules see besides the [`CertificateRequest`]: where the request came from
+/// and the verified facts only the edge knows.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestContext<'a> {
+    pub source: RequestSource,
+    pub signer_name: &'a str,
+    pub pod_uid: Option<&'a str>,
+    pub node_name: Option<&'a str>,
+    /// The namespace's labels, when podca watches namespaces.
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+}
+
+impl RequestContext<'_> {
+    /// No context: `podca issue` and library callers (rules see `request.source == "cli"`).
+    pub const CLI: RequestContext<'static> = RequestContext {
+        source: RequestSource::Cli,
+        signer_name: "",
+        pod_uid: None,
+        node_name: None,
+        namespace_labels: None,
+    };
+}
+
+/// Decides and, when policy allows, issues: policy → validity → leaf. Rules see
+/// [`RequestContext::CLI`]; the edges call [`sign_request_with`].
 pub fn sign_request(
     policy: &SignerPolicy,
     ca: &IssuingCa,
     request: &CertificateRequest,
+    now: OffsetDateTime,
+) -> Outcome {
+    sign_request_with(policy, ca, request, &RequestContext::CLI, now)
+}
+
+/// Decides and, when policy (allow-lists, then CEL rules) allows, issues.
+pub fn sign_request_with(
+    policy: &SignerPolicy,
+    ca: &IssuingCa,
+    request: &CertificateRequest,
+    context: &RequestContext<'_>,
     now: OffsetDateTime,
 ) -> Outcome {
     let facts = RequestFacts {
@@ -138,6 +174,35 @@ pub fn sign_request(
         Decision::Deny { reason, message } => return Outcome::Denied { reason, message },
         Decision::Fail { reason, message } => return Outcome::Failed { reason, message },
     };
+    if !policy.rules.is_empty() {
+        let lifetime = request.requested_lifetime.or(request.max_expiration);
+        let key_type = request
+            .key
+            .as_ref()
+            .ok()
+            .map(|k| k.key_type().kubelet_name());
+        let rule_facts = RuleFacts {
+            source: context.source,
+            signer_name: context.signer_name,
+            namespace: &request.namespace,
+            service_account: &request.service_account,
+            pod_name: request.pod_name.as_deref(),
+            pod_uid: context.pod_uid,
+            node_name: context.node_name,
+            key_type,
+            requested_lifetime_seconds: lifetime.map(|d| d.whole_seconds()),
+            annotations: &request.user_annotations,
+            audiences: &[],
+            namespace_labels: context.namespace_labels,
+            now: now.unix_timestamp(),
+        };
+        match policy.apply_rules(&rule_facts) {
+            Ok(()) => {}
+            Err(Decision::Deny { reason, message }) => return Outcome::Denied { reason, message },
+            Err(Decision::Fail { reason, message }) => return Outcome::Failed { reason, message },
+            Err(Decision::Issue(_)) => {}
+        }
+    }
     let Ok(subject) = &request.key else {
         // decide() denies every key error, so this is unreachable in practice; answer anyway.
         return Outcome::Denied {

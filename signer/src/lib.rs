@@ -12,16 +12,21 @@ pub mod ledger;
 pub mod policy;
 pub mod reason;
 pub mod rotation;
+pub mod rules;
 pub mod schedule;
 pub mod store;
 pub mod x509;
 
 pub use backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};
 pub use ca::{CaCertificate, CaError, IssuingCa, NameConstraints};
-pub use issue::{CertificateRequest, IssueError, IssuedCertificate, Outcome, sign_request};
+pub use issue::{
+    CertificateRequest, IssueError, IssuedCertificate, Outcome, RequestContext, sign_request,
+    sign_request_with,
+};
 pub use keys::{KeyError, KeyType, SubjectKey};
 pub use ledger::{Filter, Ledger, LedgerError, LedgerRecord, RecordContext, RecordOutcome, Source};
 pub use policy::{Decision, SignerPolicy};
 pub use reason::{DenyReason, FailReason};
+pub use rules::{RequestSource, RuleFacts};
 pub use schedule::{Validity, ValidityError, plan_validity};
 pub use store::{DirLock, FileStore, InitOptions, Recovered, StoreError};

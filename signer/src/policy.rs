@@ -5,12 +5,14 @@
 //! templates and, where policy allows the name, from the `podca.dev/dns-names` user annotation.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use serde::Deserialize;
 use time::Duration;
 
 use crate::keys::{KeyError, KeyType};
 use crate::reason::{DenyReason, FailReason};
+use crate::rules::{RuleError, RuleFacts, RuleSet, RuleSpec};
 
 /// The only user-annotation key podca recognises: extra DNS SANs, comma-separated.
 pub const DNS_NAMES_ANNOTATION: &str = "podca.dev/dns-names";
@@ -46,6 +48,26 @@ pub struct SignerPolicy {
     /// `{ns}` and `{sa}` replaced). Empty: the annotation is refused.
     #[serde(default)]
     pub allowed_dns_names: Vec<String>,
+    /// CEL rules, run in order after the allow-lists pass (see [`crate::rules`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<RuleSpec>,
+    /// `rules`, compiled once (at [`Self::validate_for`] or at first use) and shared by clones.
+    #[serde(skip)]
+    compiled: CompiledRules,
+}
+
+/// The compiled form of a policy's `rules`, with the specs it was compiled from.
+#[derive(Debug, Clone, Default)]
+struct CompiledRules(Arc<OnceLock<Compiled>>);
+
+/// The specs compiled, and what compiling them gave.
+type Compiled = (Vec<RuleSpec>, Result<RuleSet, RuleError>);
+
+impl PartialEq for CompiledRules {
+    /// A cache of `rules`: policies compare by their fields.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 fn everything() -> Vec<String> {
@@ -111,6 +133,8 @@ pub enum PolicyError {
     NoKeyTypes,
     #[error("invalid signer policy: service_accounts entry {0:?} must be namespace/name")]
     ServiceAccountNotNamespaced(String),
+    #[error("invalid signer policy: {0}")]
+    Rule(RuleError),
 }
 
 impl SignerPolicy {
@@ -126,11 +150,64 @@ impl SignerPolicy {
             key_types: all_key_types(),
             dns_name_templates: vec![],
             allowed_dns_names: vec![],
+            rules: vec![],
+            compiled: CompiledRules::default(),
         }
     }
 
-    /// Checks the policy for mistakes that would make every request fail.
+    /// [`Self::validate`] for the signer named `signer`, which names its rule metrics.
+    pub fn validate_for(&self, signer: &str) -> Result<(), PolicyError> {
+        self.validate_fields()?;
+        self.rule_set_for(signer).map_err(PolicyError::Rule)?;
+        Ok(())
+    }
+
+    /// Checks the policy for mistakes that would make every request fail, and compiles its
+    /// rules.
     pub fn validate(&self) -> Result<(), PolicyError> {
+        self.validate_for("")
+    }
+
+    /// The compiled rules; compiled at the first call (for `signer`) and shared by clones.
+    fn rule_set_for(&self, signer: &str) -> Result<RuleSet, RuleError> {
+        if self.rules.is_empty() {
+            return Ok(RuleSet::default());
+        }
+        let (specs, compiled) = self
+            .compiled
+            .0
+            .get_or_init(|| (self.rules.clone(), RuleSet::compile(signer, &self.rules)));
+        if *specs == self.rules {
+            compiled.clone()
+        } else {
+            // `rules` changed after a clone compiled them: compile this version (uncached).
+            RuleSet::compile(signer, &self.rules)
+        }
+    }
+
+    /// Whether some rule reads `namespaceObject.metadata.labels`: podca then watches namespaces.
+    pub fn rules_use_namespace_labels(&self) -> bool {
+        self.rule_set_for("")
+            .is_ok_and(|rules| rules.uses_namespace_labels())
+    }
+
+    /// Runs the signer's CEL rules over verified facts: the X.509 path ([`crate::sign_request_with`])
+    /// and JWT-SVIDs call this after [`Self::admits`]. The error is the `Decision::Deny` to
+    /// answer; rules that do not compile deny everything (fail closed).
+    pub fn apply_rules(&self, facts: &RuleFacts<'_>) -> Result<(), Decision> {
+        let rules = self
+            .rule_set_for(facts.signer_name)
+            .map_err(|e| Decision::Deny {
+                reason: DenyReason::Rule(crate::rules::intern_reason("PolicyRulesInvalid")),
+                message: format!("this signer's policy rules do not compile: {e}"),
+            })?;
+        rules.evaluate(facts).map_err(|denial| Decision::Deny {
+            reason: DenyReason::Rule(denial.reason),
+            message: denial.message,
+        })
+    }
+
+    fn validate_fields(&self) -> Result<(), PolicyError> {
         if !is_dns_name(&self.trust_domain) {
             return Err(PolicyError::TrustDomainNotADnsName(
                 self.trust_domain.clone(),

@@ -21,22 +21,25 @@ macro_rules! condition_reasons {
         $(#[$meta:meta])*
         pub enum $name:ident {
             $( $(#[$variant_meta:meta])* $variant:ident => $text:literal, )+
+            $( @dynamic $(#[$dyn_meta:meta])* $dyn_variant:ident, )?
         }
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum $name {
             $( $(#[$variant_meta])* $variant, )+
+            $( $(#[$dyn_meta])* $dyn_variant(&'static str), )?
         }
 
         impl $name {
-            /// Every reason, in declaration order.
+            /// Every fixed reason, in declaration order.
             pub const ALL: &'static [$name] = &[$( $name::$variant, )+];
 
             /// The condition reason written into the PodCertificateRequest.
             pub fn condition_reason(&self) -> &'static str {
                 match self {
                     $( $name::$variant => $text, )+
+                    $( $name::$dyn_variant(text) => text, )?
                 }
             }
         }
@@ -63,6 +66,10 @@ condition_reasons! {
         /// An unknown user annotation, or a DNS name in `podca.dev/dns-names` that is not one or
         /// not allowed.
         InvalidUserAnnotations => "InvalidUnverifiedUserAnnotations",
+        @dynamic
+        /// A signer's CEL rule denied the request (the rule's configured reason), or failed to
+        /// evaluate (`PolicyRuleFailed:<rule>`). Checked against rule 33 when the config loads.
+        Rule,
     }
 }
 

@@ -115,6 +115,7 @@ async fn world(setup: Setup) -> World {
         lease_name: None,
         issue_for_pod: false,
         jwks_configmap: None,
+        namespace_labels: false,
     };
     for rule in rbac.rules() {
         if setup.drop_rule.is_some_and(|verbs| rule.verbs == verbs) {

@@ -87,6 +87,7 @@ async fn start_after(before: impl FnOnce(&Cluster)) -> Oidc {
         lease_name: None,
         issue_for_pod: false,
         jwks_configmap: Some((NAMESPACE.into(), CONFIGMAP.into())),
+        namespace_labels: false,
     };
     for rule in rbac.rules() {
         cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);

@@ -52,6 +52,10 @@ struct Args {
     /// `[grpc] node_proxy_service_accounts` too).
     #[arg(long)]
     issue_for_pod: bool,
+    /// podca may `list` and `watch` namespaces, for policy rules that read `namespaceObject.metadata.labels`
+    /// (deploy/components/namespace-labels).
+    #[arg(long)]
+    namespace_labels: bool,
 }
 
 /// `--api-mode`, after the releases that serve each set of versions.
@@ -137,6 +141,7 @@ impl Args {
             ca_secret,
             lease_name,
             issue_for_pod,
+            namespace_labels,
         } = self;
         if signers.is_empty() {
             signers.push(DEFAULT_SIGNER.to_string());
@@ -199,6 +204,7 @@ impl Args {
                     podca_tests::emulator::podca_rbac::PODCA_NAMESPACE.into(),
                     "podca-jwks".into(),
                 )),
+                namespace_labels,
             },
         })
     }

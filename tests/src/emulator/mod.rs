@@ -193,6 +193,8 @@ pub struct Counters {
     pub stalled_requests: u64,
     /// The most TokenReviews ever answered at once (see [`pod_state`]).
     pub token_reviews_max_in_flight: u64,
+    /// Lists and watches that asked for PartialObjectMetadata (metadata-only) answers.
+    pub metadata_only_requests: u64,
 }
 
 pub(crate) struct Shared {
@@ -748,6 +750,23 @@ impl Emulator {
             json!({"metadata": {"name": name}, "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}}),
         );
         store::meta_str(&o, "uid").to_string()
+    }
+
+    /// Sets a namespace's labels (creating it if missing): a MODIFIED event, as a label edit.
+    pub fn set_namespace_labels(&self, name: &str, labels: &[(&str, &str)]) {
+        self.add_namespace(name);
+        let Some(mut o) = self.get_object(Res::Namespace, "", name) else {
+            return;
+        };
+        let labels: serde_json::Map<String, Value> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), json!(v)))
+            .collect();
+        o["metadata"]["labels"] = Value::Object(labels);
+        if let Value::Object(meta) = &mut o["metadata"] {
+            meta.remove("resourceVersion");
+        }
+        self.seed_object(Res::Namespace, o);
     }
 
     /// Create a node; returns its UID.

@@ -26,6 +26,9 @@ pub struct PodcaRbac {
     /// `(namespace, name)` of the JWKS ConfigMap (`[jwt] jwks_configmap`) the leader writes:
     /// `get` and `update` on that name, `create` in its namespace. `None`: not published.
     pub jwks_configmap: Option<(String, String)>,
+    /// `namespaces list, watch` for policy rules that read `namespaceObject.metadata.labels`
+    /// (deploy/components/namespace-labels).
+    pub namespace_labels: bool,
 }
 
 impl PodcaRbac {
@@ -58,6 +61,9 @@ impl PodcaRbac {
         ];
         if self.issue_for_pod {
             rules.push(PolicyRule::new(&[""], &["pods"], &["get", "list"]));
+        }
+        if self.namespace_labels {
+            rules.push(PolicyRule::new(&[""], &["namespaces"], &["list", "watch"]));
         }
         if let Some((namespace, name)) = &self.ca_secret {
             let history = format!("{name}-podca-history");
@@ -159,6 +165,7 @@ mod tests {
             lease_name: Some("podca-controller".into()),
             issue_for_pod: false,
             jwks_configmap: Some(("podca-system".into(), "podca-jwks".into())),
+            namespace_labels: false,
         };
         let mut want = manifest_rules("deploy/base/rbac.yaml");
         want.extend(manifest_rules(
@@ -177,6 +184,19 @@ mod tests {
             "deploy/overlays/ha/leader-election-rbac.yaml",
         ));
         assert_eq!(rbac.rules(), want);
+        // So does the namespace-labels component, after IssueForPod's.
+        rbac.namespace_labels = true;
+        let mut want = manifest_rules("deploy/base/rbac.yaml");
+        let cluster_rules = want.iter().take_while(|r| r.namespaces.is_empty()).count();
+        let mut extra = component_rules("deploy/components/issue-for-pod/kustomization.yaml");
+        extra.extend(component_rules(
+            "deploy/components/namespace-labels/kustomization.yaml",
+        ));
+        want.splice(cluster_rules..cluster_rules, extra);
+        want.extend(manifest_rules(
+            "deploy/overlays/ha/leader-election-rbac.yaml",
+        ));
+        assert_eq!(rbac.rules(), want);
     }
 
     #[test]
@@ -187,6 +207,7 @@ mod tests {
             lease_name: None,
             issue_for_pod: false,
             jwks_configmap: None,
+            namespace_labels: false,
         };
         let rules = rbac.rules();
         assert_eq!(rules.len(), 7);

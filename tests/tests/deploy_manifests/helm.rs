@@ -389,6 +389,44 @@ fn helm_grants_pods_get_only_with_issue_for_pod_callers() {
 }
 
 #[test]
+fn helm_renders_rules_and_grants_namespaces_only_when_a_rule_reads_their_labels() {
+    let rules = |expr: &str| {
+        format!(
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      \
+             rules:\n        - name: gate\n          require: \"{expr}\"\n          \
+             reason: Gated\n          message: \"'no'\"\n"
+        )
+    };
+    let yaml = helm_with_values(&rules("request.namespace != 'x'")).expect("renders");
+    let r = parse_helm_yaml("helm rules", &yaml);
+    check_rbac("helm rules", &r);
+    let policy = &config(&r).signers[SIGNER];
+    assert_eq!(policy.rules.len(), 1);
+    assert_eq!(
+        policy.rules[0].require.as_deref(),
+        Some("request.namespace != 'x'")
+    );
+    assert_eq!(policy.rules[0].message.as_deref(), Some("'no'"));
+    assert!(!policy.rules_use_namespace_labels());
+    let yaml = helm_with_values(&rules("namespaceObject.metadata.labels.tier == 'prod'"))
+        .expect("renders");
+    let r = parse_helm_yaml("helm namespace-label rule", &yaml);
+    check_rbac("helm namespace-label rule", &r);
+    assert!(config(&r).signers[SIGNER].rules_use_namespace_labels());
+    let rendered = r.cluster_roles[0].rules.as_ref().unwrap();
+    assert!(
+        rendered
+            .iter()
+            .any(|rule| rule.resources.as_deref() == Some(&["namespaces".to_string()][..])),
+        "the ClusterRole has the namespaces rule"
+    );
+    // The schema refuses a reason Kubernetes would refuse.
+    assert!(
+        helm_with_values(&rules("true").replace("reason: Gated", "reason: not-a-reason")).is_err()
+    );
+}
+
+#[test]
 fn the_notes_say_what_to_do_next() {
     for example in HELM_EXAMPLES {
         let values = helm_example(example);

@@ -75,6 +75,7 @@ pub fn expected_grants(
     lease: Option<&str>,
     issue_for_pod: bool,
     jwks_configmap: Option<(&str, &str)>,
+    namespace_labels: bool,
 ) -> BTreeSet<Grant> {
     let mut g = BTreeSet::new();
     let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
@@ -139,6 +140,12 @@ pub fn expected_grants(
     // before any pod is read.
     if issue_for_pod {
         add("cluster", "", "pods", &["get", "list"], None);
+    }
+    // namespaces list and watch, cluster-wide, only when a policy rule reads
+    // `namespaceObject.metadata.labels` (deploy/components/namespace-labels, or the Helm chart when a rule
+    // names it): podca's metadata-only namespace watch.
+    if namespace_labels {
+        add("cluster", "", "namespaces", &["list", "watch"], None);
     }
     // The `secret` CA backend, only when the config uses it, in the Secret's namespace: the
     // Secret by name (get, and list/watch with a metadata.name field selector), the history
@@ -293,7 +300,18 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
             .unwrap_or(NAMESPACE);
         (ns, cfg.jwt.jwks_configmap.as_str())
     });
-    expected_grants(&signers, ca_secret, lease.as_deref(), issue_for_pod, jwks)
+    let namespace_labels = cfg
+        .signers
+        .values()
+        .any(|policy| policy.rules_use_namespace_labels());
+    expected_grants(
+        &signers,
+        ca_secret,
+        lease.as_deref(),
+        issue_for_pod,
+        jwks,
+        namespace_labels,
+    )
 }
 
 #[test]
@@ -493,5 +511,78 @@ fn pods_get_only_with_issue_for_pod_callers() {
             "missing permission: (\"cluster\", \"\", \"pods\", \"list\", None)"
         ],
         "callers without the component"
+    );
+}
+
+/// The component that lets policy rules read namespace labels.
+const NAMESPACE_LABELS: &str = "deploy/components/namespace-labels";
+
+/// The base config with a rule on `namespaceObject.metadata.labels` for its signer.
+pub fn config_with_namespace_label_rule() -> String {
+    let base = std::fs::read_to_string(repo_root().join("deploy/base/config.toml")).unwrap();
+    let cfg = podca_authority::config::Config::parse(&base).unwrap();
+    let signer = cfg
+        .signers
+        .keys()
+        .next()
+        .expect("the base config has a signer")
+        .clone();
+    format!(
+        "{base}\n[[signers.\"{signer}\".rules]]\nname = \"production_only\"\n\
+         require = \"namespaceObject.metadata.labels.tier == 'prod'\"\nreason = \"NamespaceNotProduction\"\n"
+    )
+}
+
+fn grants_namespaces(r: &Rendered) -> bool {
+    let mut problems = Vec::new();
+    r.cluster_roles.iter().any(|cr| {
+        expand(
+            "cluster",
+            cr.rules.as_deref().unwrap_or_default(),
+            &mut problems,
+        )
+        .iter()
+        .any(|(_, group, res, _, _)| group.is_empty() && res == "namespaces")
+    })
+}
+
+#[test]
+fn namespaces_list_watch_only_with_a_namespace_label_rule() {
+    for overlay in OVERLAYS {
+        assert!(
+            !grants_namespaces(&parse_overlay(overlay)),
+            "overlay {overlay}: namespace access without a rule that reads namespace labels"
+        );
+    }
+    let with = config_with_namespace_label_rule();
+    let r = parse_kustomization(&render_default_with(&[NAMESPACE_LABELS], Some(&with)));
+    check_rbac("default + namespace-labels", &r);
+    assert!(
+        grants_namespaces(&r),
+        "the component grants namespaces list, watch"
+    );
+    // The component without such a rule: one permission too many.
+    let r = parse_kustomization(&render_default_with(&[NAMESPACE_LABELS], None));
+    let problems = rbac_problems(&r, &expected_for(&r));
+    assert_eq!(
+        problems,
+        [
+            "permission not in spec §3 or the justified extras: \
+             (\"cluster\", \"\", \"namespaces\", \"list\", None)",
+            "permission not in spec §3 or the justified extras: \
+             (\"cluster\", \"\", \"namespaces\", \"watch\", None)"
+        ],
+        "the component without a rule"
+    );
+    // A rule without the component: the namespace watch would get 403.
+    let r = parse_kustomization(&render_default_with(&[], Some(&with)));
+    let problems = rbac_problems(&r, &expected_for(&r));
+    assert_eq!(
+        problems,
+        [
+            "missing permission: (\"cluster\", \"\", \"namespaces\", \"list\", None)",
+            "missing permission: (\"cluster\", \"\", \"namespaces\", \"watch\", None)"
+        ],
+        "a rule without the component"
     );
 }

@@ -145,7 +145,8 @@ podca's integer settings refuse).
 {{- if regexMatch "^[A-Za-z0-9_-]+$" . -}}{{ . }}{{- else -}}{{ toJson . }}{{- end -}}
 {{- end -}}
 
-{{/* A TOML value: string, boolean, integer (whole numbers), float, or an array of those. */}}
+{{/* A TOML value: string, boolean, integer (whole numbers), float, an array of those, or an
+inline table (a signer's `rules` entries). */}}
 {{- define "podca.toml.value" -}}
 {{- $v := . -}}
 {{- if kindIs "string" $v -}}
@@ -156,6 +157,8 @@ podca's integer settings refuse).
 {{- if eq (float64 (int64 $v)) (float64 $v) -}}{{ int64 $v }}{{- else -}}{{ $v }}{{- end -}}
 {{- else if kindIs "slice" $v -}}
 [{{ range $i, $e := $v }}{{ if $i }}, {{ end }}{{ include "podca.toml.value" $e }}{{ end }}]
+{{- else if kindIs "map" $v -}}
+{ {{- range $i, $k := keys $v | sortAlpha }}{{ if $i }},{{ end }} {{ include "podca.toml.key" $k }} = {{ include "podca.toml.value" (get $v $k) }}{{ end }} }
 {{- else -}}
 {{- fail (printf "config: %v (%s) cannot be written as TOML" $v (kindOf $v)) -}}
 {{- end -}}

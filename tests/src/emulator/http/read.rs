@@ -31,8 +31,21 @@ pub(super) fn selectors(r: &Req, res: Res) -> Result<(FieldSelector, LabelSelect
     Ok((f, l))
 }
 
+/// An object as `meta.k8s.io/v1` PartialObjectMetadata: its metadata, nothing else.
+pub(super) fn partial_metadata(obj: &Value) -> Value {
+    json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": obj["metadata"],
+    })
+}
+
 pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<RespBody>, ApiError> {
     use base64::Engine as _;
+    let metadata_only = r.metadata_only();
+    if metadata_only {
+        shared.count(|c| c.metadata_only_requests += 1);
+    }
     let (fsel, lsel) = selectors(r, t.res)?;
     let st = lock(&shared.store);
     let current = st.current_rv();
@@ -92,6 +105,9 @@ pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<Resp
     let items: Vec<Value> = page
         .iter()
         .map(|o| {
+            if metadata_only {
+                return partial_metadata(o);
+            }
             let mut v = resources::to_version(t.res, o, &t.version, mode(shared));
             if let Value::Object(m) = &mut v {
                 m.remove("apiVersion");
@@ -109,11 +125,22 @@ pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<Resp
             meta["remainingItemCount"] = json!(remaining);
         }
     }
+    let (kind, api_version) = if metadata_only {
+        (
+            "PartialObjectMetadataList".to_string(),
+            "meta.k8s.io/v1".to_string(),
+        )
+    } else {
+        (
+            format!("{}List", t.res.kind()),
+            t.res.api_version(&t.version),
+        )
+    };
     Ok(json_response(
         200,
         &json!({
-            "kind": format!("{}List", t.res.kind()),
-            "apiVersion": t.res.api_version(&t.version),
+            "kind": kind,
+            "apiVersion": api_version,
             "metadata": meta,
             "items": items,
         }),

@@ -51,12 +51,27 @@ pub(super) struct Req {
     pub(super) path: String,
     pub(super) query: HashMap<String, String>,
     pub(super) content_type: String,
+    /// The `Accept` header (`as=PartialObjectMetadata…` asks for metadata only).
+    pub(super) accept: String,
     pub(super) user_agent: String,
     pub(super) body: Bytes,
     pub(super) user: Option<UserInfo>,
 }
 
 impl Req {
+    /// Whether the client asked for `meta.k8s.io/v1` PartialObjectMetadata(List): kube-apiserver
+    /// then answers with the objects' metadata only (and the client never sees spec or status).
+    pub(super) fn metadata_only(&self) -> bool {
+        self.accept.split(',').any(|media| {
+            let params: Vec<&str> = media.split(';').map(str::trim).collect();
+            params
+                .iter()
+                .any(|p| p.starts_with("as=PartialObjectMetadata"))
+                && params.contains(&"g=meta.k8s.io")
+                && params.contains(&"v=v1")
+        })
+    }
+
     pub(super) fn q(&self, k: &str) -> Option<&str> {
         self.query.get(k).map(String::as_str)
     }
@@ -100,6 +115,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBod
             .to_string()
     };
     let content_type = header(hyper::header::CONTENT_TYPE);
+    let accept = header(hyper::header::ACCEPT);
     let user_agent = header(hyper::header::USER_AGENT);
     let authz = header(hyper::header::AUTHORIZATION);
     let imp_user = req
@@ -147,6 +163,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBod
         path,
         query,
         content_type,
+        accept,
         user_agent,
         body,
         user,

@@ -71,7 +71,17 @@ pub(super) fn watch(
             && fsel.matches(obj)
             && lsel.matches(obj)
     };
-    let render = move |obj: &Value| resources::to_version(res, obj, &version, md);
+    let metadata_only = r.metadata_only();
+    if metadata_only {
+        shared.count(|c| c.metadata_only_requests += 1);
+    }
+    let render = move |obj: &Value| {
+        if metadata_only {
+            super::read::partial_metadata(obj)
+        } else {
+            resources::to_version(res, obj, &version, md)
+        }
+    };
     let kind_av = (t.res.kind().to_string(), t.res.api_version(&t.version));
 
     let (tx, rx) = mpsc::channel::<Bytes>(1024);

@@ -1,0 +1,1426 @@
+//! Declarative issuance rules in CEL (the `cel` crate), over facts kube-apiserver or a
+//! TokenReview verified.
+//!
+//! A signer's `rules` run in order after its allow-lists passed; the first rule that denies
+//! decides. A rule is `deny` (deny when the expression is true) or `require` (deny when it is
+//! false), with a Kubernetes condition reason and an optional message expression.
+//!
+//! At load ([`RuleSet::compile`]) every expression is parsed, its identifiers and fields are
+//! checked against the variables below, its result type is inferred (and, where the inference
+//! gives `dyn`, checked on a sample request), and its estimated cost is bounded. Each error
+//! names the rule and the line:column.
+//!
+//! Variables (see docs/operator-guide.md for their sources):
+//!
+//! | variable | type |
+//! | --- | --- |
+//! | `request.source` | string: `pcr`, `grpc`, `istio`, `jwt` |
+//! | `request.signer_name` | string |
+//! | `request.namespace`, `request.service_account` | string |
+//! | `request.pod.name`, `request.pod.uid`, `request.node.name` | string (`""` when unknown) |
+//! | `request.key_type` | string (kubelet name, `""` for JWTs) |
+//! | `request.requested_lifetime_seconds` | int (0 when none was asked for) |
+//! | `request.annotations` | map(string, string), unverified |
+//! | `request.audiences` | list(string), JWTs only |
+//! | `namespaceObject.metadata.labels` | map(string, string) |
+//! | `now` | int, Unix seconds |
+//!
+//! Evaluation is fail closed: a runtime error, a wrong result type, or a collection larger than
+//! [`MAX_COLLECTION_ENTRIES`] denies with the reason `PolicyRuleFailed:<rule>` and is counted.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
+use cel::{Context, Env, Program, Value};
+use serde::{Deserialize, Serialize};
+
+/// Longest expression source, in bytes.
+pub const MAX_EXPRESSION_BYTES: usize = 4096;
+/// Deepest nesting the parser accepts.
+pub const MAX_NESTING: u16 = 32;
+/// Highest estimated cost of one expression (see [`estimate_cost`]).
+pub const MAX_COST: u64 = 25_000;
+/// The largest list or map a comprehension is assumed to walk, and the largest one a rule is
+/// evaluated over: a request with a bigger `annotations`, `audiences` or `namespaceObject.metadata.labels`
+/// is denied by every signer that has rules (fail closed).
+pub const MAX_COLLECTION_ENTRIES: usize = 256;
+/// Most rules per signer.
+pub const MAX_RULES: usize = 64;
+
+/// One rule as written in the config file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    /// Names the rule in errors, messages and metrics: `[A-Za-z][A-Za-z0-9_]*`, at most 63.
+    pub name: String,
+    /// Deny when this expression is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny: Option<String>,
+    /// Deny when this expression is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub require: Option<String>,
+    /// The condition reason of the denial (a valid Kubernetes condition reason).
+    pub reason: String,
+    /// A CEL expression giving the denial's message (a string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Where a request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestSource {
+    /// A PodCertificateRequest.
+    Pcr,
+    /// podca.v1 (IssueCertificate, IssueForPod, the Workload API, `podca dev` bundles).
+    Grpc,
+    /// The Istio CA API.
+    Istio,
+    /// A JWT-SVID.
+    Jwt,
+    /// `podca issue`, and library callers that give no context ([`crate::sign_request`]).
+    Cli,
+}
+
+impl RequestSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestSource::Pcr => "pcr",
+            RequestSource::Grpc => "grpc",
+            RequestSource::Istio => "istio",
+            RequestSource::Jwt => "jwt",
+            RequestSource::Cli => "cli",
+        }
+    }
+}
+
+/// The facts rules see. Only what kube-apiserver or a TokenReview verified, except
+/// `annotations` (the PCR's `unverifiedUserAnnotations`, or the gRPC request's).
+#[derive(Debug, Clone, Copy)]
+pub struct RuleFacts<'a> {
+    pub source: RequestSource,
+    pub signer_name: &'a str,
+    pub namespace: &'a str,
+    pub service_account: &'a str,
+    pub pod_name: Option<&'a str>,
+    pub pod_uid: Option<&'a str>,
+    pub node_name: Option<&'a str>,
+    /// Kubelet name of the subject key type; `None` for JWTs.
+    pub key_type: Option<&'a str>,
+    pub requested_lifetime_seconds: Option<i64>,
+    pub annotations: &'a BTreeMap<String, String>,
+    pub audiences: &'a [String],
+    /// The namespace's labels; `None` when podca does not watch namespaces (no rule uses them)
+    /// or does not know the namespace: rules see an empty map.
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// Unix seconds.
+    pub now: i64,
+}
+
+/// A rule set that cannot be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rule {rule:?}{}: {message}", position.map(|(l, c)| format!(" at {field} {l}:{c}")).unwrap_or_else(|| if field.is_empty() { String::new() } else { format!(" ({field})") }))]
+pub struct RuleError {
+    /// The rule's name (or its index when it has none).
+    pub rule: String,
+    /// Which expression: `deny`, `require`, `message`, or empty.
+    pub field: &'static str,
+    /// 1-based line and column in the expression.
+    pub position: Option<(u32, u32)>,
+    pub message: String,
+}
+
+/// A rule's denial.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleDenial {
+    pub rule: String,
+    /// The condition reason: the rule's, or `PolicyRuleFailed:<rule>` after an error.
+    pub reason: &'static str,
+    pub message: String,
+    /// Whether the rule failed to evaluate (fail closed) rather than denied.
+    pub error: bool,
+}
+
+/// What a rule counted, for metrics.
+#[derive(Debug, Default)]
+pub struct RuleCounters {
+    pub denials: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// One metrics row: signer, rule, denials, errors.
+pub type RuleCounterRow = (String, String, u64, u64);
+
+/// (signer, rule) → counters, for the whole process.
+type CounterRegistry = Mutex<BTreeMap<(String, String), Arc<RuleCounters>>>;
+
+fn counter_registry() -> &'static CounterRegistry {
+    static REGISTRY: OnceLock<CounterRegistry> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+fn counters_for(signer: &str, rule: &str) -> Arc<RuleCounters> {
+    let mut registry = counter_registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    Arc::clone(
+        registry
+            .entry((signer.to_owned(), rule.to_owned()))
+            .or_default(),
+    )
+}
+
+/// Every rule's counters in this process: `podca_policy_rule_denials_total` and
+/// `podca_policy_rule_errors_total`, by signer and rule.
+pub fn counter_rows() -> Vec<RuleCounterRow> {
+    let registry = counter_registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    registry
+        .iter()
+        .map(|((signer, rule), c)| {
+            (
+                signer.clone(),
+                rule.clone(),
+                c.denials.load(Ordering::Relaxed),
+                c.errors.load(Ordering::Relaxed),
+            )
+        })
+        .collect()
+}
+
+/// Interns a condition reason: reasons come from the config and live as long as the process
+/// (one copy per distinct text, however often the config is loaded).
+pub fn intern_reason(reason: &str) -> &'static str {
+    static REASONS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut set = REASONS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(r) = set.get(reason) {
+        return r;
+    }
+    let leaked: &'static str = Box::leak(reason.to_owned().into_boxed_str());
+    set.insert(leaked);
+    leaked
+}
+
+/// Whether `s` is a valid Kubernetes condition reason
+/// (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`, at most 1024 characters).
+pub fn is_condition_reason(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 1024
+        && b[0].is_ascii_alphabetic()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"_,:".contains(c))
+        && (b[b.len() - 1].is_ascii_alphanumeric() || b[b.len() - 1] == b'_')
+}
+
+fn is_rule_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+#[derive(Debug)]
+struct CompiledRule {
+    name: String,
+    /// True: deny when the condition is true; false: deny when it is false.
+    deny_when: bool,
+    condition: Program,
+    reason: &'static str,
+    error_reason: &'static str,
+    message: Option<Program>,
+    counters: Arc<RuleCounters>,
+}
+
+/// A signer's compiled rules, cheap to share.
+#[derive(Debug, Clone, Default)]
+pub struct RuleSet {
+    rules: Arc<Vec<CompiledRule>>,
+    uses_namespace_labels: bool,
+}
+
+fn env() -> &'static Arc<Env> {
+    static ENV: OnceLock<Arc<Env>> = OnceLock::new();
+    // No optional syntax (`a.?b`): rules see plain values.
+    ENV.get_or_init(|| Arc::new(Env::stdlib().with_optional_support(false)))
+}
+
+impl RuleSet {
+    /// Compiles `specs` for `signer` (the signer names the metrics).
+    pub fn compile(signer: &str, specs: &[RuleSpec]) -> Result<RuleSet, RuleError> {
+        if specs.len() > MAX_RULES {
+            return Err(RuleError {
+                rule: String::new(),
+                field: "",
+                position: None,
+                message: format!("{} rules; at most {MAX_RULES} per signer", specs.len()),
+            });
+        }
+        let mut rules = Vec::with_capacity(specs.len());
+        let mut names = BTreeSet::new();
+        let mut uses_namespace_labels = false;
+        for (i, spec) in specs.iter().enumerate() {
+            let err = |field: &'static str, position, message: String| RuleError {
+                rule: if spec.name.is_empty() {
+                    format!("#{}", i + 1)
+                } else {
+                    spec.name.clone()
+                },
+                field,
+                position,
+                message,
+            };
+            if !is_rule_name(&spec.name) {
+                return Err(err(
+                    "",
+                    None,
+                    "name must match [A-Za-z][A-Za-z0-9_]* (at most 63 characters)".into(),
+                ));
+            }
+            if !names.insert(spec.name.as_str()) {
+                return Err(err("", None, "two rules have this name".into()));
+            }
+            if !is_condition_reason(&spec.reason) {
+                return Err(err(
+                    "",
+                    None,
+                    format!(
+                        "reason {:?} is not a Kubernetes condition reason \
+                         (^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$)",
+                        spec.reason
+                    ),
+                ));
+            }
+            let (field, source, deny_when) = match (&spec.deny, &spec.require) {
+                (Some(d), None) => ("deny", d, true),
+                (None, Some(r)) => ("require", r, false),
+                _ => {
+                    return Err(err("", None, "give exactly one of deny or require".into()));
+                }
+            };
+            let checked = check(source, Type::Bool).map_err(|(p, m)| err(field, p, m))?;
+            uses_namespace_labels |= checked.uses_namespace_labels;
+            let message = match &spec.message {
+                None => None,
+                Some(m) => {
+                    let checked = check(m, Type::String).map_err(|(p, m)| err("message", p, m))?;
+                    uses_namespace_labels |= checked.uses_namespace_labels;
+                    Some(checked.program)
+                }
+            };
+            rules.push(CompiledRule {
+                name: spec.name.clone(),
+                deny_when,
+                condition: checked.program,
+                reason: intern_reason(&spec.reason),
+                error_reason: intern_reason(&format!("PolicyRuleFailed:{}", spec.name)),
+                message,
+                counters: counters_for(signer, &spec.name),
+            });
+        }
+        Ok(RuleSet {
+            rules: Arc::new(rules),
+            uses_namespace_labels,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
+    /// Whether some rule reads `namespaceObject.metadata.labels` (podca then watches namespaces).
+    pub fn uses_namespace_labels(&self) -> bool {
+        self.uses_namespace_labels
+    }
+
+    /// Runs the rules in order; the first denial decides.
+    pub fn evaluate(&self, facts: &RuleFacts<'_>) -> Result<(), RuleDenial> {
+        if self.rules.is_empty() {
+            return Ok(());
+        }
+        let context = match activation(facts) {
+            Ok(c) => c,
+            Err(why) => {
+                // Fail closed: the first rule answers for the set.
+                let rule = &self.rules[0];
+                rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(RuleDenial {
+                    rule: rule.name.clone(),
+                    reason: rule.error_reason,
+                    message: format!("policy rules cannot be evaluated: {why}"),
+                    error: true,
+                });
+            }
+        };
+        for rule in self.rules.iter() {
+            let fails = match rule.condition.execute(&context) {
+                Ok(Value::Bool(b)) => b == rule.deny_when,
+                Ok(other) => {
+                    rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(RuleDenial {
+                        rule: rule.name.clone(),
+                        reason: rule.error_reason,
+                        message: format!(
+                            "rule {:?} gave {}, not a bool (denied: rules fail closed)",
+                            rule.name,
+                            value_type(&other)
+                        ),
+                        error: true,
+                    });
+                }
+                Err(e) => {
+                    rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(RuleDenial {
+                        rule: rule.name.clone(),
+                        reason: rule.error_reason,
+                        message: format!(
+                            "rule {:?} failed: {e} (denied: rules fail closed)",
+                            rule.name
+                        ),
+                        error: true,
+                    });
+                }
+            };
+            if !fails {
+                continue;
+            }
+            rule.counters.denials.fetch_add(1, Ordering::Relaxed);
+            let message = match &rule.message {
+                None => format!("denied by policy rule {:?}", rule.name),
+                Some(program) => match program.execute(&context) {
+                    Ok(Value::String(s)) => s.to_string(),
+                    Ok(other) => {
+                        rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                        format!(
+                            "denied by policy rule {:?} (its message gave {}, not a string)",
+                            rule.name,
+                            value_type(&other)
+                        )
+                    }
+                    Err(e) => {
+                        rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                        format!(
+                            "denied by policy rule {:?} (its message failed: {e})",
+                            rule.name
+                        )
+                    }
+                },
+            };
+            return Err(RuleDenial {
+                rule: rule.name.clone(),
+                reason: rule.reason,
+                message,
+                error: false,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn value_type(v: &Value) -> String {
+    v.type_of().to_string()
+}
+
+fn string_map(m: &BTreeMap<String, String>) -> Value {
+    let map: std::collections::HashMap<String, Value> = m
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+        .collect();
+    Value::from(map)
+}
+
+fn activation(f: &RuleFacts<'_>) -> Result<Context<'static, 'static>, String> {
+    let empty = BTreeMap::new();
+    let labels = f.namespace_labels.unwrap_or(&empty);
+    for (what, n) in [
+        ("request.annotations", f.annotations.len()),
+        ("request.audiences", f.audiences.len()),
+        ("namespaceObject.metadata.labels", labels.len()),
+    ] {
+        if n > MAX_COLLECTION_ENTRIES {
+            return Err(format!(
+                "{what} has {n} entries; rules accept at most {MAX_COLLECTION_ENTRIES}"
+            ));
+        }
+    }
+    let s = |v: Option<&str>| Value::from(v.unwrap_or(""));
+    let obj = |fields: Vec<(&str, Value)>| {
+        let map: std::collections::HashMap<String, Value> =
+            fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        Value::from(map)
+    };
+    let request = obj(vec![
+        ("source", Value::from(f.source.as_str())),
+        ("signer_name", Value::from(f.signer_name)),
+        ("namespace", Value::from(f.namespace)),
+        ("service_account", Value::from(f.service_account)),
+        (
+            "pod",
+            obj(vec![("name", s(f.pod_name)), ("uid", s(f.pod_uid))]),
+        ),
+        ("node", obj(vec![("name", s(f.node_name))])),
+        ("key_type", s(f.key_type)),
+        (
+            "requested_lifetime_seconds",
+            Value::Int(f.requested_lifetime_seconds.unwrap_or(0)),
+        ),
+        ("annotations", string_map(f.annotations)),
+        (
+            "audiences",
+            Value::List(Arc::new(
+                f.audiences
+                    .iter()
+                    .map(|a| Value::from(a.as_str()))
+                    .collect(),
+            )),
+        ),
+    ]);
+    let mut context = Context::with_env(Arc::clone(env()));
+    context.add_variable_from_value("request", request);
+    context.add_variable_from_value(
+        "namespaceObject",
+        obj(vec![(
+            "metadata",
+            obj(vec![("labels", string_map(labels))]),
+        )]),
+    );
+    context.add_variable_from_value("now", Value::Int(f.now));
+    Ok(context)
+}
+
+// ---- namespace labels -----------------------------------------------------------------------
+
+/// Most namespaces [`NamespaceLabels`] keeps; past it, new namespaces are not recorded (their
+/// requests wait, as before the first sync) and a warning is counted by the watcher.
+pub const MAX_NAMESPACES: usize = 100_000;
+
+/// The labels of every namespace, filled by the controller's metadata-only namespace watch and
+/// read by every edge: only the labels are kept, at most [`MAX_COLLECTION_ENTRIES`] +1 per
+/// namespace (a namespace with more is kept oversized, so that its rules fail closed) and at
+/// most [`MAX_NAMESPACES`] namespaces.
+#[derive(Debug, Clone, Default)]
+pub struct NamespaceLabels(Arc<std::sync::RwLock<LabelState>>);
+
+#[derive(Debug, Default)]
+struct LabelState {
+    synced: bool,
+    namespaces: std::collections::HashMap<String, Arc<BTreeMap<String, String>>>,
+}
+
+/// Namespace labels asked for before the watch's first list finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("namespace labels are not known yet (the namespace watch has not synced)")]
+pub struct LabelsNotSynced;
+
+impl NamespaceLabels {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, LabelState> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, LabelState> {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A namespace's labels: empty when the synced watch has not seen it.
+    pub fn get(&self, namespace: &str) -> Result<Arc<BTreeMap<String, String>>, LabelsNotSynced> {
+        let state = self.read();
+        if !state.synced {
+            return Err(LabelsNotSynced);
+        }
+        Ok(state.namespaces.get(namespace).cloned().unwrap_or_default())
+    }
+
+    /// Records a namespace's labels; false when the namespace limit dropped it.
+    pub fn set(&self, namespace: &str, labels: BTreeMap<String, String>) -> bool {
+        let labels: BTreeMap<String, String> = labels
+            .into_iter()
+            .take(MAX_COLLECTION_ENTRIES + 1)
+            .collect();
+        let mut state = self.write();
+        if state.namespaces.len() >= MAX_NAMESPACES && !state.namespaces.contains_key(namespace) {
+            return false;
+        }
+        state
+            .namespaces
+            .insert(namespace.to_owned(), Arc::new(labels));
+        true
+    }
+
+    pub fn remove(&self, namespace: &str) {
+        self.write().namespaces.remove(namespace);
+    }
+
+    /// A relist starts: namespaces not listed again are forgotten at [`Self::relisted`].
+    pub fn relisting(&self) -> BTreeSet<String> {
+        self.read().namespaces.keys().cloned().collect()
+    }
+
+    /// A (re)list finished: `gone` (the namespaces the relist did not show) are dropped.
+    pub fn relisted(&self, gone: impl IntoIterator<Item = String>) {
+        let mut state = self.write();
+        for ns in gone {
+            state.namespaces.remove(&ns);
+        }
+        state.synced = true;
+    }
+
+    /// How many namespaces are recorded.
+    pub fn len(&self) -> usize {
+        self.read().namespaces.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// ---- load-time checks -----------------------------------------------------------------------
+
+/// The static types the checker knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Type {
+    Bool,
+    Int,
+    Uint,
+    Double,
+    String,
+    Bytes,
+    Null,
+    List(Box<Type>),
+    Map(Box<Type>, Box<Type>),
+    /// A variable with fixed fields (`request`, `request.pod`, …).
+    Object(&'static str),
+    Dyn,
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Type::Bool => f.write_str("bool"),
+            Type::Int => f.write_str("int"),
+            Type::Uint => f.write_str("uint"),
+            Type::Double => f.write_str("double"),
+            Type::String => f.write_str("string"),
+            Type::Bytes => f.write_str("bytes"),
+            Type::Null => f.write_str("null"),
+            Type::List(t) => write!(f, "list({t})"),
+            Type::Map(k, v) => write!(f, "map({k}, {v})"),
+            Type::Object(name) => f.write_str(name),
+            Type::Dyn => f.write_str("dyn"),
+        }
+    }
+}
+
+fn string_map_type() -> Type {
+    Type::Map(Box::new(Type::String), Box::new(Type::String))
+}
+
+/// The fields of an object type.
+fn fields(object: &str) -> &'static [&'static str] {
+    match object {
+        "request" => &[
+            "source",
+            "signer_name",
+            "namespace",
+            "service_account",
+            "pod",
+            "node",
+            "key_type",
+            "requested_lifetime_seconds",
+            "annotations",
+            "audiences",
+        ],
+        "request.pod" => &["name", "uid"],
+        "request.node" => &["name"],
+        "namespaceObject" => &["metadata"],
+        "namespaceObject.metadata" => &["labels"],
+        _ => &[],
+    }
+}
+
+fn field_type(object: &'static str, field: &str) -> Option<Type> {
+    Some(match (object, field) {
+        ("request", "pod") => Type::Object("request.pod"),
+        ("request", "node") => Type::Object("request.node"),
+        ("request", "requested_lifetime_seconds") => Type::Int,
+        ("namespaceObject", "metadata") => Type::Object("namespaceObject.metadata"),
+        ("request", "annotations") | ("namespaceObject.metadata", "labels") => string_map_type(),
+        ("request", "audiences") => Type::List(Box::new(Type::String)),
+        (o, f) if fields(o).contains(&f) => Type::String,
+        _ => return None,
+    })
+}
+
+/// The functions rules may call (CEL's standard library without timestamps and durations).
+const FUNCTIONS: &[&str] = &[
+    "size",
+    "contains",
+    "startsWith",
+    "endsWith",
+    "matches",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bool",
+    "bytes",
+    "dyn",
+    "type",
+];
+
+struct Checked {
+    program: Program,
+    uses_namespace_labels: bool,
+}
+
+type CheckError = (Option<(u32, u32)>, String);
+
+fn check(source: &str, want: Type) -> Result<Checked, CheckError> {
+    if source.len() > MAX_EXPRESSION_BYTES {
+        return Err((
+            None,
+            format!(
+                "expression is {} bytes; at most {MAX_EXPRESSION_BYTES}",
+                source.len()
+            ),
+        ));
+    }
+    let parser = env().parser().max_recursion_depth(MAX_NESTING);
+    let (expression, info) = parser.parse_with_source_info(source).map_err(|errors| {
+        let first = errors.errors.first();
+        let position = first.map(|e| {
+            (
+                u32::try_from(e.pos.0).unwrap_or(0),
+                u32::try_from(e.pos.1).unwrap_or(0),
+            )
+        });
+        let message = first
+            .map(|e| e.msg.clone())
+            .unwrap_or_else(|| "syntax error".into());
+        let hint = if message.contains("reserved identifier: namespace") {
+            " (`namespace` is reserved in CEL: the namespace's labels are \
+             namespaceObject.metadata.labels, its name request.namespace)"
+        } else {
+            ""
+        };
+        (position, format!("syntax error: {message}{hint}"))
+    })?;
+    let position = |id: u64| {
+        info.offset_for(id)
+            .map(|(start, _)| line_column(source, start as usize))
+    };
+    let mut checker = Checker {
+        scopes: vec![],
+        uses_namespace_labels: false,
+        position: &position,
+    };
+    let got = checker.infer(&expression)?;
+    let cost = estimate_cost(&expression);
+    if cost > MAX_COST {
+        return Err((
+            position(expression.id),
+            format!("estimated cost {cost} exceeds the limit of {MAX_COST}"),
+        ));
+    }
+    let uses_namespace_labels = checker.uses_namespace_labels;
+    let program = env()
+        .compile(source)
+        .map_err(|e| (None, format!("syntax error: {e}")))?;
+    match (&got, &want) {
+        (Type::Dyn, _) => {
+            // The inference cannot tell: try a sample request. Errors there are left to
+            // evaluation (which fails closed); a value of the wrong type is a load error.
+            if let Ok(context) = activation(&sample_facts())
+                && let Ok(v) = program.execute(&context)
+            {
+                let ok = matches!(
+                    (&v, &want),
+                    (Value::Bool(_), Type::Bool) | (Value::String(_), Type::String)
+                );
+                if !ok {
+                    return Err((
+                        position(expression.id),
+                        format!("gives {}, want {want}", value_type(&v)),
+                    ));
+                }
+            }
+        }
+        (g, w) if g == w => {}
+        (g, w) => {
+            return Err((position(expression.id), format!("gives {g}, want {w}")));
+        }
+    }
+    Ok(Checked {
+        program,
+        uses_namespace_labels,
+    })
+}
+
+fn sample_facts() -> RuleFacts<'static> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    RuleFacts {
+        source: RequestSource::Pcr,
+        signer_name: "example.com/signer",
+        namespace: "default",
+        service_account: "default",
+        pod_name: Some("pod"),
+        pod_uid: Some("00000000-0000-0000-0000-000000000000"),
+        node_name: Some("node"),
+        key_type: Some("ECDSAP256"),
+        requested_lifetime_seconds: Some(86_400),
+        annotations: &EMPTY,
+        audiences: &[],
+        namespace_labels: None,
+        now: 1_800_000_000,
+    }
+}
+
+/// 1-based line and column of a character offset.
+fn line_column(source: &str, offset: usize) -> (u32, u32) {
+    let (mut line, mut column) = (1u32, 1u32);
+    for c in source.chars().take(offset) {
+        if c == '\n' {
+            line += 1;
+            column = 1;
+        } else {
+            column += 1;
+        }
+    }
+    (line, column)
+}
+
+struct Checker<'a> {
+    /// Comprehension variables in scope, innermost last.
+    scopes: Vec<(String, Type)>,
+    uses_namespace_labels: bool,
+    position: &'a dyn Fn(u64) -> Option<(u32, u32)>,
+}
+
+impl Checker<'_> {
+    fn error(&self, e: &IdedExpr, message: String) -> CheckError {
+        ((self.position)(e.id), message)
+    }
+
+    fn infer(&mut self, e: &IdedExpr) -> Result<Type, CheckError> {
+        Ok(match &e.expr {
+            Expr::Unspecified => Type::Dyn,
+            Expr::Literal(l) => match l {
+                LiteralValue::Boolean(_) => Type::Bool,
+                LiteralValue::Int(_) => Type::Int,
+                LiteralValue::UInt(_) => Type::Uint,
+                LiteralValue::Double(_) => Type::Double,
+                LiteralValue::String(_) => Type::String,
+                LiteralValue::Bytes(_) => Type::Bytes,
+                LiteralValue::Null => Type::Null,
+            },
+            Expr::Ident(name) => {
+                if let Some((_, t)) = self.scopes.iter().rev().find(|(n, _)| n == name) {
+                    t.clone()
+                } else {
+                    match name.as_str() {
+                        "request" => Type::Object("request"),
+                        // `namespace` is a reserved word in CEL: the namespace is
+                        // `namespaceObject`, as in ValidatingAdmissionPolicy.
+                        "namespaceObject" => Type::Object("namespaceObject"),
+                        "now" => Type::Int,
+                        // Type names, as in `type(x) == string`.
+                        "int" | "uint" | "double" | "string" | "bool" | "bytes" | "list"
+                        | "map" | "null_type" | "type" => Type::Dyn,
+                        _ => {
+                            return Err(self.error(
+                                e,
+                                format!(
+                                    "unknown variable {name:?} (known: request, namespaceObject, now)"
+                                ),
+                            ));
+                        }
+                    }
+                }
+            }
+            Expr::Select(select) => {
+                let operand = self.infer(&select.operand)?;
+                let t = match &operand {
+                    Type::Object(o) => match field_type(o, &select.field) {
+                        Some(t) => {
+                            if *o == "namespaceObject" {
+                                self.uses_namespace_labels = true;
+                            }
+                            t
+                        }
+                        None => {
+                            return Err(self.error(
+                                e,
+                                format!(
+                                    "{o} has no field {:?} (fields: {})",
+                                    select.field,
+                                    fields(o).join(", ")
+                                ),
+                            ));
+                        }
+                    },
+                    Type::Map(_, v) => (**v).clone(),
+                    Type::Dyn => Type::Dyn,
+                    other => {
+                        return Err(self.error(
+                            e,
+                            format!("cannot select {:?} from a {other}", select.field),
+                        ));
+                    }
+                };
+                if select.test { Type::Bool } else { t }
+            }
+            Expr::List(list) => {
+                let mut elem: Option<Type> = None;
+                for x in &list.elements {
+                    let t = self.infer(x)?;
+                    elem = Some(match elem {
+                        None => t,
+                        Some(prev) if prev == t => prev,
+                        Some(_) => Type::Dyn,
+                    });
+                }
+                Type::List(Box::new(elem.unwrap_or(Type::Dyn)))
+            }
+            Expr::Map(map) => {
+                for entry in &map.entries {
+                    if let EntryExpr::MapEntry(m) = &entry.expr {
+                        self.infer(&m.key)?;
+                        self.infer(&m.value)?;
+                    }
+                }
+                Type::Map(Box::new(Type::Dyn), Box::new(Type::Dyn))
+            }
+            Expr::Struct(_) => {
+                return Err(self.error(e, "message literals are not supported".into()));
+            }
+            Expr::Comprehension(c) => {
+                let range = self.infer(&c.iter_range)?;
+                let (first, second) = match &range {
+                    Type::List(t) => (Type::Int, (**t).clone()),
+                    Type::Map(k, v) => ((**k).clone(), (**v).clone()),
+                    Type::Dyn => (Type::Dyn, Type::Dyn),
+                    other => {
+                        return Err(
+                            self.error(&c.iter_range, format!("cannot iterate over a {other}"))
+                        );
+                    }
+                };
+                // One variable: the element (lists) or key (maps); two: index/key and value.
+                let vars: Vec<(String, Type)> = match &c.iter_var2 {
+                    None => vec![(
+                        c.iter_var.clone(),
+                        if matches!(range, Type::List(_)) {
+                            second.clone()
+                        } else {
+                            first.clone()
+                        },
+                    )],
+                    Some(v2) => vec![(c.iter_var.clone(), first), (v2.clone(), second)],
+                };
+                let accu = self.infer(&c.accu_init)?;
+                let depth = self.scopes.len();
+                self.scopes.push((c.accu_var.clone(), accu));
+                self.scopes.extend(vars);
+                self.infer(&c.loop_cond)?;
+                let step = self.infer(&c.loop_step)?;
+                self.scopes.truncate(depth);
+                self.scopes.push((c.accu_var.clone(), step));
+                let result = self.infer(&c.result)?;
+                self.scopes.truncate(depth);
+                result
+            }
+            Expr::Call(call) => {
+                let target = match &call.target {
+                    Some(t) => Some(self.infer(t)?),
+                    None => None,
+                };
+                let mut args = Vec::with_capacity(call.args.len());
+                for a in &call.args {
+                    args.push(self.infer(a)?);
+                }
+                self.call(e, &call.func_name, target, &args)?
+            }
+        })
+    }
+
+    fn call(
+        &self,
+        e: &IdedExpr,
+        name: &str,
+        target: Option<Type>,
+        args: &[Type],
+    ) -> Result<Type, CheckError> {
+        use cel::common::ast::operators as op;
+        let bool_args = |what: &str| -> Result<Type, CheckError> {
+            for a in args {
+                if !matches!(a, Type::Bool | Type::Dyn) {
+                    return Err(self.error(e, format!("{what} needs bool operands, not {a}")));
+                }
+            }
+            Ok(Type::Bool)
+        };
+        Ok(match name {
+            op::LOGICAL_AND => bool_args("&&")?,
+            op::LOGICAL_OR => bool_args("||")?,
+            op::LOGICAL_NOT => bool_args("!")?,
+            op::NOT_STRICTLY_FALSE => Type::Bool,
+            op::EQUALS
+            | op::NOT_EQUALS
+            | op::LESS
+            | op::LESS_EQUALS
+            | op::GREATER
+            | op::GREATER_EQUALS
+            | op::IN => Type::Bool,
+            op::CONDITIONAL => match args {
+                [c, a, b] => {
+                    if !matches!(c, Type::Bool | Type::Dyn) {
+                        return Err(self.error(e, format!("?: needs a bool condition, not {c}")));
+                    }
+                    if a == b { a.clone() } else { Type::Dyn }
+                }
+                _ => Type::Dyn,
+            },
+            op::ADD | op::SUBSTRACT | op::MULTIPLY | op::DIVIDE | op::MODULO => match args {
+                [a, b] if a == b && !matches!(a, Type::Object(_)) => a.clone(),
+                _ => Type::Dyn,
+            },
+            op::NEGATE => args.first().cloned().unwrap_or(Type::Dyn),
+            op::INDEX => match args {
+                [Type::List(t), _] => (**t).clone(),
+                [Type::Map(_, v), _] => (**v).clone(),
+                [Type::Object(o), _] => {
+                    return Err(self.error(e, format!("index {o} with . fields, not []")));
+                }
+                _ => Type::Dyn,
+            },
+            "size" => Type::Int,
+            "contains" | "startsWith" | "endsWith" | "matches" => {
+                if let Some(t) = &target
+                    && !matches!(t, Type::String | Type::Dyn)
+                {
+                    return Err(self.error(e, format!("{name}() is a string method, not {t}'s")));
+                }
+                Type::Bool
+            }
+            "int" => Type::Int,
+            "uint" => Type::Uint,
+            "double" => Type::Double,
+            "string" => Type::String,
+            "bool" => Type::Bool,
+            "bytes" => Type::Bytes,
+            f if FUNCTIONS.contains(&f) => Type::Dyn,
+            _ => {
+                return Err(self.error(
+                    e,
+                    format!(
+                        "unknown function {name:?} (known: {})",
+                        FUNCTIONS.join(", ")
+                    ),
+                ));
+            }
+        })
+    }
+}
+
+/// The estimated worst-case cost of an expression: one unit per node, and a comprehension's
+/// condition, step and result count [`MAX_COLLECTION_ENTRIES`] times (the largest collection
+/// a rule is evaluated over), so nested comprehensions multiply.
+pub fn estimate_cost(e: &IdedExpr) -> u64 {
+    let n = MAX_COLLECTION_ENTRIES as u64;
+    match &e.expr {
+        Expr::Unspecified | Expr::Literal(_) | Expr::Ident(_) => 1,
+        Expr::Select(s) => 1 + estimate_cost(&s.operand),
+        Expr::List(l) => 1 + l.elements.iter().map(estimate_cost).sum::<u64>(),
+        Expr::Map(m) => {
+            1 + m
+                .entries
+                .iter()
+                .map(|entry| match &entry.expr {
+                    EntryExpr::MapEntry(m) => estimate_cost(&m.key) + estimate_cost(&m.value),
+                    EntryExpr::StructField(f) => estimate_cost(&f.value),
+                })
+                .sum::<u64>()
+        }
+        Expr::Struct(s) => {
+            1 + s
+                .entries
+                .iter()
+                .map(|entry| match &entry.expr {
+                    EntryExpr::MapEntry(m) => estimate_cost(&m.key) + estimate_cost(&m.value),
+                    EntryExpr::StructField(f) => estimate_cost(&f.value),
+                })
+                .sum::<u64>()
+        }
+        Expr::Call(c) => {
+            1 + c.target.as_deref().map(estimate_cost).unwrap_or(0)
+                + c.args.iter().map(estimate_cost).sum::<u64>()
+        }
+        Expr::Comprehension(c) => {
+            let body = estimate_cost(&c.loop_cond)
+                .saturating_add(estimate_cost(&c.loop_step))
+                .saturating_add(1);
+            estimate_cost(&c.iter_range)
+                .saturating_add(estimate_cost(&c.accu_init))
+                .saturating_add(n.saturating_mul(body))
+                .saturating_add(estimate_cost(&c.result))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, deny: &str) -> RuleSpec {
+        RuleSpec {
+            name: name.into(),
+            deny: Some(deny.into()),
+            require: None,
+            reason: "PolicyDenied".into(),
+            message: None,
+        }
+    }
+
+    fn compile_err(specs: &[RuleSpec]) -> RuleError {
+        RuleSet::compile("example.com/s", specs).expect_err("must not compile")
+    }
+
+    fn facts<'a>(
+        annotations: &'a BTreeMap<String, String>,
+        audiences: &'a [String],
+        labels: Option<&'a BTreeMap<String, String>>,
+    ) -> RuleFacts<'a> {
+        RuleFacts {
+            source: RequestSource::Pcr,
+            signer_name: "example.com/s",
+            namespace: "shop",
+            service_account: "cart",
+            pod_name: Some("cart-7d9"),
+            pod_uid: Some("1f0c"),
+            node_name: Some("node-a"),
+            key_type: Some("ECDSAP256"),
+            requested_lifetime_seconds: Some(7200),
+            annotations,
+            audiences,
+            namespace_labels: labels,
+            now: 1_800_000_000,
+        }
+    }
+
+    #[test]
+    fn compile_errors_name_the_rule_the_field_and_the_position() {
+        for (specs, want) in [
+            (
+                vec![spec("syntax", "request.namespace ==")],
+                "rule \"syntax\" at deny 1:21: syntax error",
+            ),
+            (
+                vec![spec("reserved", "namespace.labels.tier == 'a'")],
+                "(`namespace` is reserved in CEL: the namespace's labels are \
+                 namespaceObject.metadata.labels",
+            ),
+            (
+                vec![spec("unknown_var", "requst.namespace == 'a'")],
+                "rule \"unknown_var\" at deny 1:1: unknown variable \"requst\"",
+            ),
+            (
+                vec![spec("unknown_field", "request.pod.nmae == 'a'")],
+                "rule \"unknown_field\" at deny 1:12: request.pod has no field \"nmae\"",
+            ),
+            (
+                vec![spec("multiline", "true &&\n  request.nope")],
+                "rule \"multiline\" at deny 2:10: request has no field \"nope\"",
+            ),
+            (
+                vec![spec("not_bool", "request.namespace")],
+                "rule \"not_bool\" at deny 1:8: gives string, want bool",
+            ),
+            (
+                vec![spec("int_rule", "request.requested_lifetime_seconds + 1")],
+                "gives int, want bool",
+            ),
+            (
+                vec![spec("unknown_fn", "lower(request.namespace) == 'a'")],
+                "rule \"unknown_fn\" at deny 1:6: unknown function \"lower\"",
+            ),
+            (
+                vec![spec(
+                    "comprehension_var",
+                    "request.audiences.exists(a, b == 'x')",
+                )],
+                "unknown variable \"b\"",
+            ),
+            (
+                vec![spec("bad-name", "true")],
+                "rule \"bad-name\": name must match",
+            ),
+            (
+                vec![RuleSpec {
+                    reason: "Not A Reason".into(),
+                    ..spec("bad_reason", "true")
+                }],
+                "reason \"Not A Reason\" is not a Kubernetes condition reason",
+            ),
+            (
+                vec![RuleSpec {
+                    require: Some("true".into()),
+                    ..spec("both", "true")
+                }],
+                "give exactly one of deny or require",
+            ),
+            (
+                vec![RuleSpec {
+                    message: Some("1 + 2".into()),
+                    ..spec("int_message", "true")
+                }],
+                "rule \"int_message\" at message 1:3: gives int, want string",
+            ),
+            (
+                vec![spec("twice", "true"), spec("twice", "false")],
+                "two rules have this name",
+            ),
+        ] {
+            let e = compile_err(&specs).to_string();
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
+        }
+    }
+
+    #[test]
+    fn dyn_results_are_checked_on_a_sample_request() {
+        // `request.annotations` values are strings, so `[...][0]` infers dyn: the sample decides.
+        let e = compile_err(&[spec("dyn_int", "[1, 'a'][0]")]).to_string();
+        assert!(e.contains("gives int, want bool"), "{e}");
+        assert!(RuleSet::compile("s", &[spec("dyn_bool", "[true, 'a'][0]")]).is_ok());
+    }
+
+    #[test]
+    fn cost_and_size_limits() {
+        let one = "request.annotations.exists(k, k.startsWith('x'))";
+        assert!(RuleSet::compile("s", &[spec("one", one)]).is_ok());
+        let nested = "request.annotations.exists(k, request.annotations.exists(j, \
+                      request.annotations.exists(i, i == j && j == k)))";
+        let e = compile_err(&[spec("nested", nested)]).to_string();
+        assert!(
+            e.contains("rule \"nested\" at deny 1:")
+                && e.contains(&format!("exceeds the limit of {MAX_COST}")),
+            "{e}"
+        );
+        let long = format!(
+            "request.namespace == '{}'",
+            "a".repeat(MAX_EXPRESSION_BYTES)
+        );
+        let e = compile_err(&[spec("long", &long)]).to_string();
+        assert!(e.contains("at most 4096"), "{e}");
+        let deep = format!("{}true{}", "(".repeat(64), ")".repeat(64));
+        let e = compile_err(&[spec("deep", &deep)]).to_string();
+        assert!(e.contains("syntax error"), "{e}");
+        let many: Vec<RuleSpec> = (0..=MAX_RULES)
+            .map(|i| spec(&format!("r{i}"), "true"))
+            .collect();
+        assert!(
+            compile_err(&many)
+                .to_string()
+                .contains("at most 64 per signer")
+        );
+    }
+
+    #[test]
+    fn runtime_errors_fail_closed_and_are_counted() {
+        let rules = RuleSet::compile(
+            "example.com/fail-closed",
+            &[spec("missing_key", "request.annotations['team'] == 'x'")],
+        )
+        .expect("compiles");
+        let empty = BTreeMap::new();
+        let before = counter_rows();
+        let denial = rules
+            .evaluate(&facts(&empty, &[], None))
+            .expect_err("an evaluation error denies");
+        assert_eq!(denial.reason, "PolicyRuleFailed:missing_key");
+        assert!(denial.error);
+        assert!(
+            denial.message.contains("rule \"missing_key\" failed")
+                && denial.message.contains("team"),
+            "{}",
+            denial.message
+        );
+        let row = |rows: &[RuleCounterRow]| {
+            rows.iter()
+                .find(|r| r.0 == "example.com/fail-closed" && r.1 == "missing_key")
+                .map(|r| (r.2, r.3))
+                .unwrap_or((0, 0))
+        };
+        let (d0, e0) = row(&before);
+        assert_eq!(row(&counter_rows()), (d0, e0 + 1));
+        // Too many entries: denied before any rule runs.
+        let big: BTreeMap<String, String> = (0..=MAX_COLLECTION_ENTRIES)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect();
+        let denial = rules
+            .evaluate(&facts(&big, &[], None))
+            .expect_err("oversized input denies");
+        assert_eq!(denial.reason, "PolicyRuleFailed:missing_key");
+        assert!(denial.message.contains("at most 256"), "{}", denial.message);
+    }
+
+    #[test]
+    fn rule_table_covers_every_variable_and_both_decisions() {
+        let annotations =
+            BTreeMap::from([("podca.dev/dns-names".to_string(), "a.shop".to_string())]);
+        let audiences = vec!["vault".to_string()];
+        let labels = BTreeMap::from([("tier".to_string(), "prod".to_string())]);
+        // (expression true for `facts`, its negation's result is the opposite)
+        for expr in [
+            "request.source == 'pcr'",
+            "request.signer_name == 'example.com/s'",
+            "request.namespace == 'shop'",
+            "request.service_account == 'cart'",
+            "request.pod.name.startsWith('cart-')",
+            "request.pod.uid == '1f0c'",
+            "request.node.name == 'node-a'",
+            "request.key_type in ['ECDSAP256', 'ED25519']",
+            "request.requested_lifetime_seconds <= 7200",
+            "request.annotations['podca.dev/dns-names'].endsWith('.shop')",
+            "'podca.dev/dns-names' in request.annotations",
+            "request.audiences.exists(a, a == 'vault')",
+            "namespaceObject.metadata.labels.tier == 'prod'",
+            "has(namespaceObject.metadata.labels.tier)",
+            "now > 1700000000",
+            "size(request.namespace) == 4 && request.namespace.matches('^s[a-z]+$')",
+        ] {
+            for (decision, fires_when) in [("deny", true), ("require", false)] {
+                for (e, truth) in [(expr.to_string(), true), (format!("!({expr})"), false)] {
+                    let rule = RuleSpec {
+                        name: "r".into(),
+                        deny: (decision == "deny").then(|| e.clone()),
+                        require: (decision == "require").then(|| e.clone()),
+                        reason: "TableDenied".into(),
+                        message: Some("'no: ' + request.namespace".into()),
+                    };
+                    let rules = RuleSet::compile("example.com/table", &[rule])
+                        .unwrap_or_else(|err| panic!("{e}: {err}"));
+                    let got = rules.evaluate(&facts(&annotations, &audiences, Some(&labels)));
+                    if truth == fires_when {
+                        let d = got.expect_err(&e);
+                        assert_eq!(
+                            (d.reason, d.message.as_str(), d.error),
+                            ("TableDenied", "no: shop", false),
+                            "{decision} {e}"
+                        );
+                    } else {
+                        assert_eq!(got, Ok(()), "{decision} {e}");
+                    }
+                }
+            }
+        }
+        // Other sources and absent facts.
+        let empty = BTreeMap::new();
+        let jwt = RuleFacts {
+            source: RequestSource::Jwt,
+            pod_name: None,
+            key_type: None,
+            requested_lifetime_seconds: None,
+            ..facts(&empty, &audiences, None)
+        };
+        let rules = RuleSet::compile(
+            "example.com/table",
+            &[spec(
+                "jwt_facts",
+                "request.source == 'jwt' && request.pod.name == '' && request.key_type == '' \
+                 && request.requested_lifetime_seconds == 0 && size(namespaceObject.metadata.labels) == 0",
+            )],
+        )
+        .expect("compiles");
+        assert!(rules.uses_namespace_labels());
+        assert_eq!(
+            rules.evaluate(&jwt).map_err(|d| d.reason),
+            Err("PolicyDenied")
+        );
+        for source in [
+            RequestSource::Grpc,
+            RequestSource::Istio,
+            RequestSource::Cli,
+        ] {
+            assert_eq!(rules.evaluate(&RuleFacts { source, ..jwt }), Ok(()));
+        }
+    }
+
+    #[test]
+    fn first_denying_rule_decides_and_default_message_names_it() {
+        let empty = BTreeMap::new();
+        let rules = RuleSet::compile(
+            "example.com/order",
+            &[
+                spec("passes", "false"),
+                RuleSpec {
+                    reason: "FirstReason".into(),
+                    ..spec("first", "request.namespace == 'shop'")
+                },
+                RuleSpec {
+                    reason: "SecondReason".into(),
+                    ..spec("second", "true")
+                },
+            ],
+        )
+        .expect("compiles");
+        assert!(!rules.uses_namespace_labels());
+        let d = rules
+            .evaluate(&facts(&empty, &[], None))
+            .expect_err("denied");
+        assert_eq!(d.rule, "first");
+        assert_eq!(d.reason, "FirstReason");
+        assert_eq!(d.message, "denied by policy rule \"first\"");
+    }
+
+    #[test]
+    fn every_listed_function_exists() {
+        let empty = BTreeMap::new();
+        for expr in [
+            "size('ab') == 2",
+            "'ab'.contains('b')",
+            "'ab'.startsWith('a')",
+            "'ab'.endsWith('b')",
+            "'ab'.matches('^a')",
+            "int('2') == 2",
+            "uint(2) == 2u",
+            "double(2) == 2.0",
+            "string(2) == '2'",
+            "bool('true')",
+            "bytes('a') == b'a'",
+            "dyn(1) == 1",
+            "type(1) == int",
+        ] {
+            let rules =
+                RuleSet::compile("s", &[spec("f", expr)]).unwrap_or_else(|e| panic!("{expr}: {e}"));
+            assert!(
+                rules
+                    .evaluate(&facts(&empty, &[], None))
+                    .is_err_and(|d| !d.error),
+                "{expr} should be true"
+            );
+        }
+    }
+
+    #[test]
+    fn reasons_are_checked_and_interned() {
+        for ok in ["A", "PolicyDenied", "Team:Shop", "a_b,c"] {
+            assert!(is_condition_reason(ok), "{ok}");
+        }
+        for bad in ["", "9a", "a-b", "a:", "a b", &"a".repeat(1025)] {
+            assert!(!is_condition_reason(bad), "{bad}");
+        }
+        assert!(std::ptr::eq(
+            intern_reason("SameText"),
+            intern_reason("SameText")
+        ));
+    }
+}

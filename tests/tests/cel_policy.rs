@@ -1,0 +1,265 @@
+//! Declarative issuance policy in CEL (issue #19), end to end: one rule set applied to
+//! PodCertificateRequests (the in-process controller against the emulator) and to podca.v1
+//! (`podca dev`), a namespace-label rule that follows a label edit without a restart, and a
+//! config whose rule does not compile refused at start-up.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use podca_controller::Options;
+use podca_proto::podca::v1::IssueCertificateRequest;
+use podca_signer::rules::NamespaceLabels;
+use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
+use podca_tests::Emulator;
+use podca_tests::cluster::{Cluster, NewPcr, PODCA_USER};
+use podca_tests::emulator::{ApiMode, PolicyRule, Res, Subject};
+use podca_tests::process::{DevOptions, DevProcess, csr_for, podca_binary};
+use tokio::sync::oneshot;
+use tonic::{Code, Request};
+
+const SIGNER: &str = "example.com/workload";
+
+/// The rules every path shares. The message names verified facts, so that the test sees
+/// they reached the rule.
+const RULES: &str = r#"
+[[rules]]
+name = "quarantine"
+deny = "request.namespace == 'quarantine'"
+reason = "NamespaceQuarantined"
+message = "'namespace ' + request.namespace + ' is quarantined (' + request.source + ', pod ' + request.pod.name + ', node ' + request.node.name + ')'"
+
+[[rules]]
+name = "retired_accounts"
+deny = "request.service_account == 'legacy'"
+reason = "ServiceAccountRetired"
+message = "'service account ' + request.namespace + '/' + request.service_account + ' is retired'"
+"#;
+
+/// A rule on namespace labels, for PCRs only.
+const LABEL_RULE: &str = r#"
+[[rules]]
+name = "production_only"
+require = "request.source != 'pcr' || (has(namespaceObject.metadata.labels.tier) && namespaceObject.metadata.labels.tier == 'prod')"
+reason = "NamespaceNotProduction"
+message = "'namespace ' + request.namespace + ' is not labelled tier=prod'"
+"#;
+
+fn policy(rules: &str) -> SignerPolicy {
+    let policy: SignerPolicy =
+        toml::from_str(&format!("trust_domain = \"cluster.local\"\n{rules}")).unwrap();
+    policy.validate_for(SIGNER).unwrap();
+    policy
+}
+
+fn install_crypto() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+fn ca() -> Arc<IssuingCa> {
+    let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
+    Arc::new(
+        IssuingCa::self_signed_root(
+            Arc::new(key),
+            "podca test CA",
+            time::OffsetDateTime::now_utc(),
+            time::Duration::days(365),
+        )
+        .unwrap(),
+    )
+}
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), podca_controller::Error>>,
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("controller stops in time")
+            .expect("join")
+            .expect("controller ran without error");
+    }
+}
+
+async fn start(c: &Cluster, policy: SignerPolicy, labels: Option<NamespaceLabels>) -> Running {
+    let client = podca_controller::connect(Some(&c.kubeconfig))
+        .await
+        .unwrap();
+    let mut options = Options::new(BTreeMap::from([(SIGNER.to_string(), policy)]), ca());
+    options.namespace_labels = labels;
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(podca_controller::run(client, options, async move {
+        let _ = rx.await;
+    }));
+    Running { stop, task }
+}
+
+/// (type, reason, message) of a PCR's terminal condition, once it has one.
+async fn settled(emu: &Emulator, namespace: &str, name: &str) -> (String, String, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(o) = emu.get_object(Res::Pcr, namespace, name)
+            && let Some(c) = o["status"]["conditions"].as_array().and_then(|c| c.first())
+        {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            return (s("type"), s("reason"), s("message"));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{namespace}/{name} did not settle"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pcr_denied_with_the_rules_reason_and_message() {
+    install_crypto();
+    let c = Cluster::start(ApiMode::V1Only, &[SIGNER]).await;
+    let ctl = start(&c, policy(RULES), None).await;
+    let mut denied = NewPcr::p256("req-quarantined", SIGNER);
+    denied.namespace = "quarantine";
+    denied.file(&c.admin).await;
+    NewPcr::p256("req-ok", SIGNER).file(&c.admin).await;
+
+    let (ty, reason, message) = settled(&c.emu, "quarantine", "req-quarantined").await;
+    assert_eq!(
+        (ty.as_str(), reason.as_str()),
+        ("Denied", "NamespaceQuarantined")
+    );
+    assert_eq!(
+        message,
+        "namespace quarantine is quarantined (pcr, pod pod-req-quarantined, node node-1)"
+    );
+    let (ty, reason, _) = settled(&c.emu, "apps", "req-ok").await;
+    assert_eq!((ty.as_str(), reason.as_str()), ("Issued", "Issued"));
+    assert_eq!(c.emu.counters().validation_rejections, 0);
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_label_rule_follows_a_label_edit_without_a_restart() {
+    install_crypto();
+    let c = Cluster::start(ApiMode::V1Only, &[SIGNER]).await;
+    // podca's namespace permission: only deployments whose rules read namespace labels get it.
+    c.emu.grant(
+        Subject::User(PODCA_USER.into()),
+        PolicyRule::new(&[""], &["namespaces"], &["list", "watch"]),
+    );
+    c.emu.set_namespace_labels("apps", &[("tier", "prod")]);
+    let labels = NamespaceLabels::default();
+    let ctl = start(&c, policy(LABEL_RULE), Some(labels.clone())).await;
+
+    NewPcr::p256("req-prod", SIGNER).file(&c.admin).await;
+    let (ty, _, _) = settled(&c.emu, "apps", "req-prod").await;
+    assert_eq!(ty, "Issued");
+
+    c.emu.set_namespace_labels("apps", &[("tier", "dev")]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while labels.get("apps").unwrap().get("tier").map(String::as_str) != Some("dev") {
+        assert!(Instant::now() < deadline, "the label edit did not arrive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    NewPcr::p256("req-dev", SIGNER).file(&c.admin).await;
+    let (ty, reason, message) = settled(&c.emu, "apps", "req-dev").await;
+    assert_eq!(
+        (ty.as_str(), reason.as_str()),
+        ("Denied", "NamespaceNotProduction")
+    );
+    assert_eq!(message, "namespace apps is not labelled tier=prod");
+    // The watch asked for metadata only (list and watch), never whole namespaces.
+    assert!(c.emu.counters().metadata_only_requests >= 2);
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podca_v1_answers_permission_denied_with_the_rules_message() {
+    let config = format!(
+        "[signers.\"{SIGNER}\"]\ntrust_domain = \"podca.dev.local\"\n{}",
+        RULES.replace("[[rules]]", &format!("[[signers.\"{SIGNER}\".rules]]"))
+    );
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        ..Default::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let ask = |namespace: &str, service_account: &str| {
+        let mut request = Request::new(IssueCertificateRequest {
+            csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+            ..Default::default()
+        });
+        let md = request.metadata_mut();
+        md.insert("x-podca-namespace", namespace.parse().unwrap());
+        md.insert("x-podca-service-account", service_account.parse().unwrap());
+        request
+    };
+    let status = client
+        .issue_certificate(ask("shop", "legacy"))
+        .await
+        .expect_err("the rule denies");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "ServiceAccountRetired: service account shop/legacy is retired"
+    );
+    let status = client
+        .issue_certificate(ask("quarantine", "app"))
+        .await
+        .expect_err("the rule denies");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "NamespaceQuarantined: namespace quarantine is quarantined (grpc, pod , node )"
+    );
+    let issued = client
+        .issue_certificate(ask("shop", "cart"))
+        .await
+        .expect("no rule denies")
+        .into_inner();
+    assert_eq!(issued.spiffe_id, "spiffe://podca.dev.local/ns/shop/sa/cart");
+}
+
+#[test]
+fn a_rule_that_does_not_compile_stops_podca_dev() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[signers.\"{SIGNER}\"]\ntrust_domain = \"podca.dev.local\"\n\
+             [[signers.\"{SIGNER}\".rules]]\nname = \"typo\"\n\
+             deny = \"request.namespace == 'a' && request.servce_account == 'b'\"\n\
+             reason = \"Typo\"\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(podca_binary())
+        .arg("dev")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--grpc-listen")
+        .arg("127.0.0.1:0")
+        .arg("--socket")
+        .arg(dir.path().join("s.sock"))
+        .arg("--config")
+        .arg(&config)
+        .env_remove("PODCA_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "podca dev must refuse to start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("signer \"{SIGNER}\""))
+            && stderr
+                .contains("rule \"typo\" at deny 1:36: request has no field \"servce_account\""),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("s.sock").exists());
+}
