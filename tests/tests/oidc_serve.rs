@@ -5,25 +5,22 @@
 //! and the JWKS ConfigMap following a key rotation.
 //!
 //! The rotation runs on a short real schedule (20 s keys, 6 s of propagation, 8 s tokens), as in
-//! tests/tests/jwt_workload.rs. `podca serve` has no JWT-SVID RPC yet, so the test token is
-//! signed by podca's signer with the keys of the very data directory `podca serve` publishes.
+//! tests/tests/jwt_workload.rs. The token comes from `podca serve`'s podca.v1 `IssueJwtSvid`
+//! over TLS, for a TokenReview-authenticated caller.
 
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use podca_authority::jwt::JwtConfig;
-use podca_signer::FileStore;
-use podca_signer::jwt::SvidRequest;
-use podca_signer::jwt::store::JwtStore;
+use podca_proto::podca::v1::IssueJwtSvidRequest;
 use podca_tests::EmulatorConfig;
 use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
 use podca_tests::emulator::podca_rbac::PodcaRbac;
-use podca_tests::emulator::{ApiMode, Res, Subject};
+use podca_tests::emulator::{ApiMode, Res, ServiceAccountToken, Subject, new_uid};
 use podca_tests::process::{ServeProcess, free_port, podca_binary, podca_bundle};
 use podca_tests::tls::{NAMESPACE, SERVER_NAME};
 use rustls::pki_types::ServerName;
@@ -41,8 +38,6 @@ struct Oidc {
     addr: SocketAddr,
     issuer: String,
     anchors: String,
-    ca_dir: PathBuf,
-    jwt: JwtConfig,
 }
 
 fn init_ca(dir: &Path) {
@@ -103,7 +98,6 @@ async fn start_after(before: impl FnOnce(&Cluster)) -> Oidc {
         config_text(&ca_dir, podca_tests::tls::GRPC_TLS_CONFIG, &jwt),
     )
     .unwrap();
-    let jwt: JwtConfig = toml::from_str(&jwt).unwrap();
     before(&cluster);
     let serve = ServeProcess::start(&config, &cluster.kubeconfig, &[], &[]);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -118,8 +112,6 @@ async fn start_after(before: impl FnOnce(&Cluster)) -> Oidc {
         addr,
         issuer,
         anchors: podca_bundle(&ca_dir),
-        ca_dir,
-        jwt,
     }
 }
 
@@ -190,20 +182,38 @@ fn kids(jwks: &Value) -> Vec<String> {
         .collect()
 }
 
-/// A JWT-SVID signed now by podca's signer with the data directory's active key.
-fn podca_token(o: &Oidc, audience: &str) -> String {
-    let keys = JwtStore::new(FileStore::new(&o.ca_dir)).load().unwrap();
-    keys.sign(
-        &SvidRequest {
-            spiffe_id: "spiffe://cluster.local/ns/apps/sa/web",
-            audiences: &[audience.to_owned()],
-            lifetime: None,
-        },
-        &o.jwt.limits(),
-        time::OffsetDateTime::now_utc(),
-    )
-    .unwrap()
-    .token
+/// A JWT-SVID from `podca serve`'s podca.v1 `IssueJwtSvid`, over TLS, for the
+/// TokenReview-authenticated service account `apps/web`.
+async fn podca_token(o: &Oidc, audience: &str) -> String {
+    let token = o
+        .cluster
+        .emu
+        .add_service_account_token(ServiceAccountToken {
+            namespace: "apps".into(),
+            service_account: "web".into(),
+            service_account_uid: new_uid(),
+            audiences: vec!["podca".into()],
+            expires: o.cluster.emu.now() + time::Duration::hours(1),
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            node_uid: None,
+            credential_id: new_uid(),
+        });
+    let mut client = podca_tests::tls::client(o.serve.grpc, &o.anchors).await;
+    let mut request = tonic::Request::new(IssueJwtSvidRequest {
+        audiences: vec![audience.to_owned()],
+        ..Default::default()
+    });
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    client
+        .issue_jwt_svid(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .token
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -235,7 +245,7 @@ async fn discovery_and_jwks_over_verified_tls_verify_a_podca_token() {
     assert_eq!(jwks["keys"][0]["use"], "sig");
 
     // jsonwebtoken verifies podca's token with the published key, issuer and audience.
-    let token = podca_token(&o, "sts.amazonaws.com");
+    let token = podca_token(&o, "sts.amazonaws.com").await;
     let kid = jsonwebtoken::decode_header(&token).unwrap().kid.unwrap();
     let jwk = jwks["keys"]
         .as_array()
