@@ -10,6 +10,7 @@
 //! * [`istio`]: a ztunnel-like client of the Istio CA API.
 //! * [`tls`]: TLS clients of podca serve's gRPC listener, trusting only given anchors.
 //! * [`bench`]: the set-up the gRPC benchmarks share.
+//! * [`softhsm`]: SoftHSM2 tokens and `pkcs11-tool` for the PKCS#11 tests.
 //! * [`verify`]: `openssl verify`, the independent check of every issued chain.
 
 pub mod bench;
@@ -20,6 +21,7 @@ pub mod istio;
 pub mod kubelet;
 pub mod postgres;
 pub mod process;
+pub mod softhsm;
 pub mod testca;
 pub mod tls;
 pub mod verify;

@@ -34,7 +34,6 @@ use time::{Duration, OffsetDateTime};
 
 const USER_PIN: &str = "podca-user-pin-31337";
 const SO_PIN: &str = "podca-so-pin-73313";
-const INSTALL: &str = "apt-get install -y softhsm2 opensc";
 
 struct Hsm {
     dir: PathBuf,
@@ -62,28 +61,11 @@ impl Hsm {
 
     /// The private key labels in the token, read with OpenSC's pkcs11-tool (not podca).
     fn private_key_labels(&self) -> Vec<String> {
-        let out = Command::new("pkcs11-tool")
-            .args(["--module", SOFTHSM2_MODULE, "--token-label", &self.label])
-            .args([
-                "--login",
-                "--pin",
-                USER_PIN,
-                "--list-objects",
-                "--type",
-                "privkey",
-            ])
-            .output()
-            .unwrap_or_else(|e| panic!("pkcs11-tool: {e} ({INSTALL})"));
-        assert!(
-            out.status.success(),
-            "pkcs11-tool: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.trim().strip_prefix("label:"))
-            .map(|l| l.trim().to_owned())
-            .collect()
+        podca_tests::softhsm::private_key_labels(
+            &self.dir.join("softhsm2.conf"),
+            &self.label,
+            USER_PIN,
+        )
     }
 }
 
@@ -94,34 +76,10 @@ fn in_child(name: &str, body: impl FnOnce(&Hsm)) {
         body(&Hsm { dir, label });
         return;
     }
-    assert!(
-        Path::new(SOFTHSM2_MODULE).exists(),
-        "the SoftHSM2 module {SOFTHSM2_MODULE} is missing: this test needs SoftHSM2 ({INSTALL})"
-    );
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    std::fs::create_dir(dir.join("tokens")).expect("tokens dir");
-    let conf = dir.join("softhsm2.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "directories.tokendir = {}\nobjectstore.backend = file\nlog.level = ERROR\n",
-            dir.join("tokens").display()
-        ),
-    )
-    .expect("softhsm2.conf");
+    let conf = podca_tests::softhsm::softhsm_token(dir, &label, SO_PIN, USER_PIN);
     std::fs::write(dir.join("user.pin"), format!("{USER_PIN}\n")).expect("pin");
-    let init = Command::new("softhsm2-util")
-        .env("SOFTHSM2_CONF", &conf)
-        .args(["--init-token", "--free", "--label", &label])
-        .args(["--so-pin", SO_PIN, "--pin", USER_PIN])
-        .output()
-        .unwrap_or_else(|e| panic!("softhsm2-util: {e} ({INSTALL})"));
-    assert!(
-        init.status.success(),
-        "softhsm2-util --init-token: {}",
-        String::from_utf8_lossy(&init.stderr)
-    );
     let exe = std::env::current_exe().expect("current exe");
     let out = Command::new(exe)
         .args([name, "--exact", "--nocapture", "--test-threads=1"])

@@ -10,7 +10,9 @@
 //! * every bad input gets its documented status and message;
 //! * each decision is a `jwt` record in the ledger (redb): kid, audiences, exp and the token's
 //!   SHA-256, never the token;
-//! * `podca issue --jwt` prints a token end to end.
+//! * `podca issue --jwt` prints a token end to end;
+//! * with the CA key in a SoftHSM2 token (`[ca] backend = "pkcs11"`), the JWT key is made in the
+//!   token too: the token verifies, `pkcs11-tool` lists its object, no key file is written.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
@@ -18,12 +20,13 @@ mod grpc_serve;
 
 use std::process::Command;
 
-use grpc_serve::{Cluster, NODE_PROXY, PCR_ONLY_SIGNER, TokenSpec, expect_code, with_token};
+use grpc_serve::{Cluster, HsmCa, NODE_PROXY, PCR_ONLY_SIGNER, TokenSpec, expect_code, with_token};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::podca::v1::{GetJwtBundleRequest, IssueJwtSvidRequest, JwtSvid};
 use podca_signer::ledger::{Filter, Ledger, LedgerRecord, RecordOutcome, Source};
 use podca_tests::process::podca_binary;
+use podca_tests::softhsm::{private_key_labels, softhsm_token};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -498,4 +501,84 @@ async fn podca_issue_jwt_prints_a_token_end_to_end() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--audience"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hsm_held_jwt_key_signs_through_podca_serve() {
+    const USER_PIN: &str = "podca-serve-pin-4711";
+    let hsm_dir = tempfile::tempdir().unwrap();
+    let token_label = "jwt-serve";
+    let hsm = HsmCa {
+        softhsm_conf: softhsm_token(hsm_dir.path(), token_label, "podca-so-pin-1174", USER_PIN),
+        token: token_label.to_owned(),
+        pin_file: hsm_dir.path().join("user.pin"),
+    };
+    std::fs::write(&hsm.pin_file, format!("{USER_PIN}\n")).unwrap();
+    let mut cluster = Cluster::start_with_ca(JWT_CONFIG, Some(&hsm)).await;
+    let token = cluster.token("apps", "web", TokenSpec::default());
+    let mut client = cluster.client().await;
+
+    let svid = issue_jwt(&mut client, Some(&token), ask(&["vault"]))
+        .await
+        .unwrap();
+    assert_eq!(svid.spiffe_id, "spiffe://cluster.local/ns/apps/sa/web");
+    let jwks = jwks(&mut client, &token).await;
+    let claims = jsonwebtoken_verifies(&svid.token, &jwks, "vault");
+    assert_eq!(claims["sub"], svid.spiffe_id);
+    let kid = jsonwebtoken::decode_header(&svid.token)
+        .unwrap()
+        .kid
+        .unwrap();
+    assert_eq!(kid, svid.kid);
+
+    // state.json records the kid's key at a PKCS#11 URI in the CA's token, and that object is a
+    // private key pkcs11-tool (not podca) finds there, next to the CA key.
+    let jwt_dir = cluster.ca_dir().join("jwt");
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(jwt_dir.join("state.json")).unwrap()).unwrap();
+    let location = state["locations"][kid.as_str()]
+        .as_str()
+        .unwrap_or_else(|| panic!("no location for {kid} in {state}"));
+    let prefix = format!("pkcs11:token={token_label};object=");
+    let object = location
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{location} is not in token {token_label}"));
+    let object = object.split([';', '?']).next().unwrap();
+    assert!(object.starts_with("podca-jwt-"), "{location}");
+    let labels = private_key_labels(&hsm.softhsm_conf, token_label, USER_PIN);
+    assert!(
+        labels.iter().any(|l| l == object),
+        "{object} not in {labels:?}"
+    );
+    assert!(labels.iter().any(|l| l == "podca-ca"), "{labels:?}");
+
+    // The data directory holds no JWT private key: jwt/ is state.json only, and no file in the
+    // data directory is a PEM private key.
+    let jwt_files: Vec<String> = std::fs::read_dir(&jwt_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        jwt_files,
+        ["state.json"],
+        "no key file in {}",
+        jwt_dir.display()
+    );
+    cluster.kill_serve();
+    let mut dirs = vec![cluster.ca_dir()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(
+                    !String::from_utf8_lossy(&bytes).contains("PRIVATE KEY"),
+                    "{} holds a private key",
+                    path.display()
+                );
+            }
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! gRPC API up) and a CA key in SoftHSM2 (both PKCS#11 modes, HSM metrics, a wrong PIN refused at
 //! start-up). Every issued chain is checked with `openssl verify` against the published bundle.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -13,11 +13,11 @@ use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER, add_pod};
 use podca_tests::emulator::{ApiMode, Res};
 use podca_tests::kubelet::trust_anchors_for_signer;
 use podca_tests::process::{ServeProcess, podca_binary};
+use podca_tests::softhsm::{SOFTHSM2_MODULE, softhsm_token};
 use podca_tests::verify::assert_verifies;
 use rcgen::{CertificateParams, KeyPair};
 
 const SIGNER: &str = "example.com/workload";
-const SOFTHSM: &str = "/usr/lib/softhsm/libsofthsm2.so";
 
 /// The emulator with podca's identity (authenticated, but not in `system:serviceaccounts`, so
 /// that it reads the published bundles only through its signer role).
@@ -143,46 +143,16 @@ async fn serve_publishes_bundles_follows_ca_rotate_and_serves_grpc() {
     assert_eq!(c.emu.counters().validation_rejections, 0);
 }
 
-/// A fresh SoftHSM2 token in `dir`; returns the SOFTHSM2_CONF path.
-fn softhsm_token(dir: &Path, label: &str) -> PathBuf {
-    assert!(
-        Path::new(SOFTHSM).exists(),
-        "SoftHSM2 is required for this test: apt-get install -y softhsm2"
-    );
-    std::fs::create_dir_all(dir.join("tokens")).expect("tokens dir");
-    let conf = dir.join("softhsm2.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "directories.tokendir = {}/tokens\nobjectstore.backend = file\n",
-            dir.display()
-        ),
-    )
-    .expect("softhsm2.conf");
-    let out = Command::new("softhsm2-util")
-        .args(["--init-token", "--free", "--label", label])
-        .args(["--so-pin", "87654321", "--pin", "123456"])
-        .env("SOFTHSM2_CONF", &conf)
-        .output()
-        .expect("softhsm2-util is required: apt-get install -y softhsm2");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    conf
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
     let c = cluster(v1_cluster()).await;
     let t = c.dir.path();
-    let conf = softhsm_token(t, "serve");
+    let conf = softhsm_token(t, "serve", "87654321", "123456");
     std::fs::write(t.join("pin"), "123456\n").expect("pin");
     std::fs::write(t.join("bad-pin"), "999999\n").expect("pin");
     let ca = t.join("ca");
     let ca = ca.to_str().expect("utf-8");
-    let uri = format!("pkcs11:token=serve;object=podca-ca?module-path={SOFTHSM}");
+    let uri = format!("pkcs11:token=serve;object=podca-ca?module-path={SOFTHSM2_MODULE}");
     let env = [("SOFTHSM2_CONF", conf.as_path())];
     let pin = t.join("pin");
     let o = podca(

@@ -27,6 +27,24 @@ pub const SIGNER: &str = "example.com/workload";
 pub const PCR_ONLY_SIGNER: &str = "example.com/pcr-only";
 pub const NODE_PROXY: &str = "mesh/node-proxy";
 
+/// A SoftHSM2 token (`podca_tests::softhsm::softhsm_token`) for the CA key.
+pub struct HsmCa {
+    pub softhsm_conf: PathBuf,
+    pub token: String,
+    pub pin_file: PathBuf,
+}
+
+impl HsmCa {
+    /// Where `podca ca init --pkcs11-generate` makes the CA key.
+    pub fn ca_uri(&self) -> String {
+        format!(
+            "pkcs11:token={};object=podca-ca?module-path={}",
+            self.token,
+            podca_tests::softhsm::SOFTHSM2_MODULE
+        )
+    }
+}
+
 /// The emulator, a CA and a running `podca serve` whose gRPC API uses them.
 pub struct Cluster {
     pub emu: Emulator,
@@ -46,6 +64,12 @@ impl Cluster {
 
     /// With `grpc_lines` added to the `[grpc]` table.
     pub async fn start_with(grpc_lines: &str) -> Cluster {
+        Self::start_with_ca(grpc_lines, None).await
+    }
+
+    /// With `grpc_lines` added to the `[grpc]` table and, given `hsm`, the CA key generated in
+    /// its token (`podca ca init --pkcs11-generate`, `[ca] backend = "pkcs11"`).
+    pub async fn start_with_ca(grpc_lines: &str, hsm: Option<&HsmCa>) -> Cluster {
         // podca with no signer role: its PodCertificateRequest controller is refused.
         let podca_tests::cluster::Cluster {
             emu,
@@ -71,12 +95,20 @@ impl Cluster {
         emu.grant(podca(), PolicyRule::new(&[""], &["pods"], &["get"]));
 
         let ca_dir = dir.path().join("ca");
-        let init = Command::new(podca_binary())
-            .args(["ca", "init", "--dir"])
-            .arg(&ca_dir)
-            .stdout(Stdio::null())
-            .status()
-            .unwrap();
+        let mut init = Command::new(podca_binary());
+        init.args(["ca", "init", "--dir"]).arg(&ca_dir);
+        let mut ca_table = format!("[ca]\ndir = {:?}\n", ca_dir.display().to_string());
+        if let Some(hsm) = hsm {
+            init.args(["--pkcs11-uri", &hsm.ca_uri(), "--pkcs11-generate"])
+                .arg("--pkcs11-pin-file")
+                .arg(&hsm.pin_file)
+                .env("SOFTHSM2_CONF", &hsm.softhsm_conf);
+            ca_table.push_str(&format!(
+                "backend = \"pkcs11\"\npkcs11_pin_file = {:?}\n",
+                hsm.pin_file.display().to_string()
+            ));
+        }
+        let init = init.stdout(Stdio::null()).status().unwrap();
         assert!(init.success());
         let grpc = free_port();
         let admin = free_port();
@@ -84,18 +116,21 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
+                "{ca_table}\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
                  [signers.\"{PCR_ONLY_SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
                  [grpc]\nlisten = \"127.0.0.1:{grpc}\"\nsigner = \"{SIGNER}\"\n\
                  node_proxy_service_accounts = [\"{NODE_PROXY}\"]\n{}{grpc_lines}\n",
-                ca_dir.display().to_string(),
                 podca_tests::tls::GRPC_TLS_CONFIG,
             ),
         )
         .unwrap();
         let anchors = podca_bundle(&ca_dir);
         let log = dir.path().join("serve.log");
-        let serve = Command::new(podca_binary())
+        let mut serve = Command::new(podca_binary());
+        if let Some(hsm) = hsm {
+            serve.env("SOFTHSM2_CONF", &hsm.softhsm_conf);
+        }
+        let serve = serve
             .arg("serve")
             .arg("--config")
             .arg(&config)
