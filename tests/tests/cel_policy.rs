@@ -263,3 +263,72 @@ fn a_rule_that_does_not_compile_stops_podca_dev() {
     );
     assert!(!dir.path().join("s.sock").exists());
 }
+
+/// JWT-SVIDs go through the same rules, with `request.source == "jwt"` and the requested
+/// audiences: podca.v1 `IssueJwtSvid` and the Workload API's `FetchJWTSVID` path share them.
+#[tokio::test(flavor = "multi_thread")]
+async fn jwt_svids_are_decided_by_the_rules_with_their_audiences() {
+    use podca_proto::podca::v1::IssueJwtSvidRequest;
+    let config = format!(
+        "[signers.\"{SIGNER}\"]\ntrust_domain = \"podca.dev.local\"\n\
+         [[signers.\"{SIGNER}\".rules]]\nname = \"no_cloud_iam_for_shop\"\n\
+         deny = \"request.source == 'jwt' && request.namespace == 'shop' && \
+         request.audiences.exists(a, a.startsWith('sts.'))\"\n\
+         reason = \"AudienceNotAllowed\"\n\
+         message = \"'namespace ' + request.namespace + ' may not ask for ' + \
+         string(size(request.audiences)) + ' audiences with a cloud STS'\"\n"
+    );
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        ..Default::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let ask = |namespace: &str, audience: &str| {
+        let mut request = Request::new(IssueJwtSvidRequest {
+            audiences: vec![audience.into(), "vault".into()],
+            ..Default::default()
+        });
+        let md = request.metadata_mut();
+        md.insert("x-podca-namespace", namespace.parse().unwrap());
+        md.insert("x-podca-service-account", "web".parse().unwrap());
+        request
+    };
+    let status = client
+        .issue_jwt_svid(ask("shop", "sts.amazonaws.com"))
+        .await
+        .expect_err("the rule denies");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "AudienceNotAllowed: namespace shop may not ask for 2 audiences with a cloud STS"
+    );
+    // Another audience, or another namespace: the rule does not match.
+    for (namespace, audience) in [("shop", "api.example"), ("payments", "sts.amazonaws.com")] {
+        let svid = client
+            .issue_jwt_svid(ask(namespace, audience))
+            .await
+            .unwrap_or_else(|s| panic!("{namespace} {audience}: {s:?}"))
+            .into_inner();
+        assert_eq!(
+            svid.spiffe_id,
+            format!("spiffe://podca.dev.local/ns/{namespace}/sa/web")
+        );
+    }
+    // The certificate path is not source jwt: the same identity still gets a certificate.
+    let mut request = Request::new(IssueCertificateRequest {
+        csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+        ..Default::default()
+    });
+    request
+        .metadata_mut()
+        .insert("x-podca-namespace", "shop".parse().unwrap());
+    request
+        .metadata_mut()
+        .insert("x-podca-service-account", "web".parse().unwrap());
+    client
+        .issue_certificate(request)
+        .await
+        .expect("rules see source grpc");
+    drop(client);
+    assert!(dev.stop().success());
+}
