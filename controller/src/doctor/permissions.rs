@@ -111,10 +111,32 @@ pub struct Needs {
     pub lease: Option<LeaseRef>,
     /// gRPC IssueForPod is on (`[grpc] node_proxy_service_accounts` set): it reads pods.
     pub issue_for_pod: bool,
+    /// The JWKS ConfigMap the leader writes (`[jwt] jwks_configmap`, JWT-SVIDs on):
+    /// (namespace, name).
+    pub jwks_configmap: Option<(String, String)>,
 }
 
 impl Needs {
     pub fn from_config(config: &Config, lease: Option<LeaseRef>) -> Self {
+        let jwks_configmap =
+            (config.jwt.enabled && !config.jwt.jwks_configmap.is_empty()).then(|| {
+                // As `podca serve` resolves it; for its pod's namespace, which the doctor
+                // does not run in, POD_NAMESPACE or else the CA Secret's or Lease's
+                // namespace (podca's own in deploy/).
+                let namespace = config
+                    .jwt
+                    .jwks_configmap_namespace
+                    .clone()
+                    .or_else(|| config.grpc.tls_namespace.clone())
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .or_else(|| match &config.ca {
+                        CaConfig::Secret(s) => Some(s.namespace.clone()),
+                        CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
+                    })
+                    .or_else(|| lease.as_ref().map(|l| l.namespace.clone()))
+                    .unwrap_or_else(|| "default".into());
+                (namespace, config.jwt.jwks_configmap.clone())
+            });
         Needs {
             signers: config.signers.keys().cloned().collect(),
             ca_secret: match &config.ca {
@@ -123,6 +145,7 @@ impl Needs {
             },
             lease,
             issue_for_pod: !config.grpc.node_proxy_service_accounts.is_empty(),
+            jwks_configmap,
         }
     }
 
@@ -193,6 +216,18 @@ impl Needs {
                     .in_namespace(namespace)
             }));
             all.push(Permission::new("create", "", "configmaps").in_namespace(namespace));
+        }
+        if let Some((namespace, name)) = &self.jwks_configmap {
+            all.extend(["get", "update"].map(|v| {
+                Permission::new(v, "", "configmaps")
+                    .named(name)
+                    .in_namespace(namespace)
+            }));
+            // Kubernetes cannot limit `create` by name; the history ConfigMap may need it too.
+            let create = Permission::new("create", "", "configmaps").in_namespace(namespace);
+            if !all.contains(&create) {
+                all.push(create);
+            }
         }
         if let Some(lease) = &self.lease {
             let group = "coordination.k8s.io";
@@ -365,6 +400,7 @@ mod tests {
             ca_secret: None,
             lease: None,
             issue_for_pod: false,
+            jwks_configmap: None,
         };
         let plain = base.required();
         assert!(!plain.iter().any(|p| p.resource == "pods"));
