@@ -601,8 +601,8 @@ impl Api {
             .any(|sa| *sa == caller.key())
         {
             return Err(ApiError::NotNodeProxy(format!(
-                "service account {} may not request certificates for other pods (it is not in \
-                 grpc.node_proxy_service_accounts)",
+                "service account {} may not request certificates or JWT-SVIDs for other pods (it \
+                 is not in grpc.node_proxy_service_accounts)",
                 caller.key()
             )));
         }

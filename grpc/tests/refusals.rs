@@ -462,7 +462,7 @@ async fn issue_for_pod_refusals() {
             "shop",
             "web-0",
             Code::PermissionDenied,
-            "service account shop/web may not request certificates for other pods",
+            "service account shop/web may not request certificates or JWT-SVIDs for other pods",
         ),
         (
             "proxy-unbound",

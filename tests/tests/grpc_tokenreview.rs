@@ -213,7 +213,7 @@ async fn issue_for_pod_only_for_node_proxies_and_pods_on_their_node() {
     expect_code(
         issue_for_pod(&mut client, &workload, "apps", "web-1").await,
         Code::PermissionDenied,
-        "service account apps/web may not request certificates for other pods",
+        "service account apps/web may not request certificates or JWT-SVIDs for other pods",
     );
     // The node proxy's service account with a token bound to no pod names no node.
     let unbound = cluster.token(proxy_ns, proxy_sa, TokenSpec::default());

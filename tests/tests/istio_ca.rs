@@ -307,8 +307,8 @@ async fn every_bad_input_has_its_status_and_message() {
         ))
         .await,
         Code::PermissionDenied,
-        "service account apps/web may not request certificates for other pods (it is not in \
-         grpc.node_proxy_service_accounts)",
+        "service account apps/web may not request certificates or JWT-SVIDs for other pods (it \
+         is not in grpc.node_proxy_service_accounts)",
     );
     // Malformed ImpersonatedIdentity.
     for bad in ["spiffe://cluster.local/ns/apps", "apps/web", ""] {

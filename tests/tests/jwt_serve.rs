@@ -287,7 +287,7 @@ async fn a_node_proxy_gets_a_jwt_svid_for_a_pod_on_its_node_only() {
     expect_code(
         issue_jwt(&mut client, Some(&web), for_pod("web-1")).await,
         Code::PermissionDenied,
-        "service account apps/web may not request certificates for other pods",
+        "service account apps/web may not request certificates or JWT-SVIDs for other pods",
     );
 
     let records = jwt_records(&mut cluster);
