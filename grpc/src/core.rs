@@ -870,24 +870,7 @@ impl Api {
         let Some(ledger) = &self.ledger else {
             return result;
         };
-        let snapshot = self.ca.current();
-        let trust_domain = self
-            .options
-            .signers
-            .get(signer)
-            .map_or("", |p| p.trust_domain.as_str());
-        let facts = RpcFacts {
-            source,
-            signer,
-            trust_domain,
-            subject,
-            caller,
-            request_name,
-            snapshot: &snapshot,
-            replica: &self.replica,
-            time: self.now(),
-        };
-        let mut context = facts.context();
+        let mut context = self.record_context(source, signer, subject, caller, request_name);
         let record = match &result {
             Ok(issued) => {
                 context.ca_generation = Some(issued.ca_generation);
@@ -908,14 +891,7 @@ impl Api {
             // Not a decision on the request (bad input, no CA now): nothing to record.
             Err(_) => return result,
         };
-        match (ledger.record(record).await, result) {
-            (Ok(()), result) => result,
-            (Err(e), Ok(_)) => Err(ApiError::LedgerUnavailable(e.to_string())),
-            (Err(e), refusal) => {
-                tracing::warn!(error = %e, "the ledger could not record a refusal");
-                refusal
-            }
-        }
+        record_then_answer(ledger, record, result).await
     }
 
     /// [`Self::settle`] for a JWT-SVID (source `jwt`): an issued token is recorded (kid,
@@ -932,24 +908,7 @@ impl Api {
         let Some(ledger) = &self.ledger else {
             return result;
         };
-        let snapshot = self.ca.current();
-        let trust_domain = self
-            .options
-            .signers
-            .get(signer)
-            .map_or("", |p| p.trust_domain.as_str());
-        let facts = RpcFacts {
-            source: Source::Jwt,
-            signer,
-            trust_domain,
-            subject,
-            caller,
-            request_name,
-            snapshot: &snapshot,
-            replica: &self.replica,
-            time: self.now(),
-        };
-        let mut context = facts.context();
+        let mut context = self.record_context(Source::Jwt, signer, subject, caller, request_name);
         // A JWT-SVID is signed by a JWT key (its kid is in the record), not by the CA.
         context.ca_generation = None;
         context.issuer_fingerprint = None;
@@ -970,14 +929,36 @@ impl Api {
             // Bad input, no signing key now: nothing decided on the request.
             Err(_) => return result,
         };
-        match (ledger.record(record).await, result) {
-            (Ok(()), result) => result,
-            (Err(e), Ok(_)) => Err(ApiError::LedgerUnavailable(e.to_string())),
-            (Err(e), refusal) => {
-                tracing::warn!(error = %e, "the ledger could not record a refusal");
-                refusal
-            }
+        record_then_answer(ledger, record, result).await
+    }
+
+    /// The ledger facts of one decision on `subject`, asked by `caller`, under `signer`.
+    fn record_context(
+        &self,
+        source: Source,
+        signer: &str,
+        subject: &Identity,
+        caller: &Identity,
+        request_name: Option<String>,
+    ) -> podca_signer::ledger::RecordContext {
+        let snapshot = self.ca.current();
+        let trust_domain = self
+            .options
+            .signers
+            .get(signer)
+            .map_or("", |p| p.trust_domain.as_str());
+        RpcFacts {
+            source,
+            signer,
+            trust_domain,
+            subject,
+            caller,
+            request_name,
+            snapshot: &snapshot,
+            replica: &self.replica,
+            time: self.now(),
         }
+        .context()
     }
 
     /// The trust domain of the default signer.
@@ -1085,6 +1066,23 @@ fn issue_blocking(
         Outcome::Denied { reason, message } => Err(ApiError::Denied { reason, message }),
         Outcome::Failed { reason, message } => Err(ApiError::Failed { reason, message }),
         Outcome::Retry(e) => Err(ApiError::Unavailable(e)),
+    }
+}
+
+/// Records `record` before `result` is answered: an issuance the ledger cannot take becomes
+/// UNAVAILABLE; a refusal is answered whatever the ledger says.
+async fn record_then_answer<T>(
+    ledger: &LedgerSink,
+    record: LedgerRecord,
+    result: Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    match (ledger.record(record).await, result) {
+        (Ok(()), result) => result,
+        (Err(e), Ok(_)) => Err(ApiError::LedgerUnavailable(e.to_string())),
+        (Err(e), refusal) => {
+            tracing::warn!(error = %e, "the ledger could not record a refusal");
+            refusal
+        }
     }
 }
 
