@@ -264,12 +264,17 @@ async fn serve_metrics() -> String {
             .find_map(|l| l.strip_prefix("podca_hsm_signatures_total "))
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or(0.0);
-        if signatures >= 1.0 {
+        // The ClusterTrustBundle publisher runs beside the controller: under load the PCR can
+        // be issued before its first write, whose counter only then has a series.
+        let published = metrics
+            .lines()
+            .any(|l| l.starts_with("podca_ctb_writes_total{"));
+        if signatures >= 1.0 && published {
             return metrics;
         }
         assert!(
             Instant::now() < deadline,
-            "podca serve never exported the HSM signature:\n{metrics}"
+            "podca serve never exported the HSM signature and a trust bundle write:\n{metrics}"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
