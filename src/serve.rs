@@ -243,9 +243,20 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
         )?,
         None => None,
     };
+    // /readyz: the controller (watches synced, or standby), the gRPC API and OIDC discovery
+    // (each while listening).
+    let readiness = Readiness::new();
     if let Some(jwt) = &jwt {
         if let Some(oidc) = oidc {
-            start_oidc(oidc, jwt, serving_keys.clone(), &metrics, &mut tasks).await?;
+            start_oidc(
+                oidc,
+                jwt,
+                serving_keys.clone(),
+                &metrics,
+                &readiness,
+                &mut tasks,
+            )
+            .await?;
         }
         if !config.jwt.jwks_configmap.is_empty() {
             let namespace = jwks_configmap_namespace(&config, &PodEnvironment::read());
@@ -273,8 +284,6 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
              discovery is not served"
         );
     }
-    // /readyz: the controller (watches synced, or standby) and the gRPC API (listening).
-    let readiness = Readiness::new();
     // Only when a rule reads `namespaceObject.metadata.labels`: otherwise podca needs no namespace access.
     let namespace_labels = config
         .signers
@@ -874,6 +883,7 @@ async fn start_oidc(
     keys: &JwtHandle,
     serving: Option<Arc<ServingKeys>>,
     metrics: &Metrics,
+    readiness: &Arc<Readiness>,
     tasks: &mut Shutdown,
 ) -> anyhow::Result<()> {
     let OidcSettings {
@@ -904,18 +914,21 @@ async fn start_oidc(
         tls = config.is_some(),
         "OIDC discovery listening"
     );
-    tasks.spawn(
-        "OIDC discovery",
-        oidc::serve_with(
-            listener,
-            config,
-            discovery,
-            keys.clone(),
-            metrics.oidc.clone(),
-            OidcLimits::default(),
-            tasks.receiver(),
-        ),
+    let ready = readiness.component("oidc");
+    ready.set(true);
+    let served = oidc::serve_with(
+        listener,
+        config,
+        discovery,
+        keys.clone(),
+        metrics.oidc.clone(),
+        OidcLimits::default(),
+        tasks.receiver(),
     );
+    tasks.spawn("OIDC discovery", async move {
+        served.await;
+        ready.set(false);
+    });
     Ok(())
 }
 
