@@ -306,6 +306,8 @@ const EVENT_FAMILIES: &[(&str, &str, &str)] = &[
     // (`JwtRotator::with_metrics`).
     ("jwt_key_not_after_timestamp_seconds", "gauge", METRICS_RS),
     ("jwt_key_published_timestamp_seconds", "gauge", METRICS_RS),
+    // By path and status: series once OIDC discovery (`[jwt] oidc_listen`) answers a request.
+    ("oidc_requests", "counter", METRICS_RS),
 ];
 
 const METRICS_RS: &str = "authority/src/metrics.rs";
