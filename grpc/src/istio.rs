@@ -104,11 +104,11 @@ pub fn decode_csr(pem_text: &str) -> Result<DecodedCsr, ApiError> {
             pem.label
         )));
     }
-    let der = pem.contents;
-    let (rest, csr) = x509_parser::certification_request::X509CertificationRequest::from_der(&der)
-        .map_err(|e| {
-            ApiError::BadIstioCsr(format!("csr is not a PKCS#10 certificate request: {e}"))
-        })?;
+    let (rest, csr) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
+            .map_err(|e| {
+                ApiError::BadIstioCsr(format!("csr is not a PKCS#10 certificate request: {e}"))
+            })?;
     if !rest.is_empty() {
         return Err(ApiError::BadIstioCsr(
             "csr has trailing bytes after the PKCS#10 request".into(),
@@ -139,8 +139,9 @@ pub fn decode_csr(pem_text: &str) -> Result<DecodedCsr, ApiError> {
             _ => {}
         }
     }
+    drop(csr);
     Ok(DecodedCsr {
-        der: der.clone(),
+        der: pem.contents,
         uris,
         others,
     })
@@ -186,9 +187,7 @@ pub fn input(request: &IstioCertificateRequest) -> Result<IstioInput, ApiError> 
 
 /// The answer: leaf, intermediates, then every anchor in force in one element.
 pub fn response(issued: &Issued) -> Result<IstioCertificateResponse, ApiError> {
-    let chain = podca_signer::x509::certificates_from_pem(&issued.certificate.chain_pem)
-        .map_err(|e| ApiError::Internal(format!("the issued chain does not parse: {e}")))?;
-    let mut cert_chain: Vec<String> = chain.iter().map(|der| pem_of(der)).collect();
+    let mut cert_chain = pem_blocks(&issued.certificate.chain_pem);
     if cert_chain.is_empty() {
         return Err(ApiError::Internal("the issued chain is empty".into()));
     }
@@ -196,16 +195,26 @@ pub fn response(issued: &Issued) -> Result<IstioCertificateResponse, ApiError> {
     Ok(IstioCertificateResponse { cert_chain })
 }
 
-fn pem_of(der: &[u8]) -> String {
-    use base64::Engine;
-    let body = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for line in body.as_bytes().chunks(64) {
-        out.push_str(&String::from_utf8_lossy(line));
-        out.push('\n');
+/// The `CERTIFICATE` blocks of a PEM chain that podca encoded itself, one string each, as
+/// they are: cut at each END line, with no base64 decoding and re-encoding on every issuance.
+fn pem_blocks(chain_pem: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut blocks = Vec::with_capacity(2);
+    let mut rest = chain_pem;
+    while let Some(at) = rest.find(END) {
+        let mut cut = at + END.len();
+        if rest[cut..].starts_with('\n') {
+            cut += 1;
+        }
+        let (block, tail) = rest.split_at(cut);
+        let mut block = block.trim_start().to_owned();
+        if !block.ends_with('\n') {
+            block.push('\n');
+        }
+        blocks.push(block);
+        rest = tail;
     }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out
+    blocks
 }
 
 #[tonic::async_trait]
@@ -243,6 +252,35 @@ impl IstioCertificateService for IstioService {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_chain_is_cut_into_its_certificates_as_encoded() {
+        let pems: Vec<String> = (0..2)
+            .map(|_| {
+                let key = rcgen::KeyPair::generate().unwrap();
+                rcgen::CertificateParams::new(vec!["a.example".into()])
+                    .unwrap()
+                    .self_signed(&key)
+                    .unwrap()
+                    .pem()
+            })
+            .collect();
+        let chain = pems.concat();
+        let blocks = super::pem_blocks(&chain);
+        assert_eq!(blocks, pems);
+        // Each block is one certificate that parses back to the DER of the chain's.
+        let ders = podca_signer::x509::certificates_from_pem(&chain).unwrap();
+        for (block, der) in blocks.iter().zip(&ders) {
+            assert_eq!(
+                &podca_signer::x509::certificates_from_pem(block).unwrap(),
+                std::slice::from_ref(der)
+            );
+        }
+        // The last block without its newline still ends in one.
+        let blocks = super::pem_blocks(chain.trim_end());
+        assert_eq!(blocks, pems);
+        assert!(super::pem_blocks("").is_empty());
+    }
+
     use super::*;
     use prost_types::value::Kind;
 
