@@ -14,6 +14,7 @@ use podca_signer::{IssuingCa, Outcome, SignerPolicy};
 use serde_json::Value;
 use time::OffsetDateTime;
 
+use crate::decide;
 use crate::plan::{self, Facts, Plan, Read};
 use crate::request::{self, Pcr};
 
@@ -129,9 +130,9 @@ impl PcrSample {
                 Ok(request::sign_pcr(policy, ca, pcr, namespace_labels, now))
             }
             Plan::ReadThroughV1beta1(_) => Err(SampleError(format!(
-                "spec.stubPKCS10Request is empty: this {} object hides a legacy \
-                 pkixPublicKey/proofOfPossession; print it with `kubectl get \
-                 podcertificaterequests.v1beta1.certificates.k8s.io {} -n {} -o yaml`",
+                "spec.stubPKCS10Request is empty, and a {} object shows no other key: a \
+                 legacy pkixPublicKey/proofOfPossession shows only through v1beta1 (`kubectl \
+                 get podcertificaterequests.v1beta1.certificates.k8s.io {} -n {} -o yaml`)",
                 pcr.version.as_str(),
                 pcr.name,
                 pcr.namespace
@@ -142,4 +143,14 @@ impl PcrSample {
             )),
         }
     }
+}
+
+/// The condition (type, reason, message) the controller would write for `outcome`: the same
+/// status patch, so reasons and messages are sanitized and truncated as in the cluster. `None`
+/// for a transient outcome (the PCR would stay pending).
+pub fn condition(outcome: &Outcome, now: OffsetDateTime) -> Option<(String, String, String)> {
+    let (_, patch) = decide::status_patch(outcome, now)?;
+    let c = &patch["status"]["conditions"][0];
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+    Some((s("type"), s("reason"), s("message")))
 }

@@ -478,14 +478,21 @@ fn test_pcr(
         signers.insert(sample.signer_name().to_owned(), p.clone());
         decide(&signers).ok()
     };
-    Ok(verdict(
+    // Reason and message as the controller writes them into the condition.
+    let condition = podca_controller::sample::condition(&outcome, now);
+    let mut v = verdict(
         outcome,
         policy,
         sample.signer_name(),
         request,
         notes,
         &rerun,
-    ))
+    );
+    if let Some((_, reason, message)) = condition {
+        v.reason = reason;
+        v.message = message;
+    }
+    Ok(v)
 }
 
 fn test_description(
