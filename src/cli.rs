@@ -49,6 +49,9 @@ pub enum Command {
     Dev(dev::DevArgs),
     /// Preflight a cluster for podca: APIs served, RBAC, CA Secret, trust bundle, clock skew.
     Doctor(commands::doctor::DoctorArgs),
+    /// Test and lint issuance policy offline: decide a sample request, check every rule.
+    #[command(subcommand)]
+    Policy(commands::policy::PolicyCommand),
     /// Print shell completions (bash, zsh, fish) or, with --man, the man page.
     Completions(commands::completions::CompletionsArgs),
 }
@@ -66,6 +69,8 @@ pub fn main() -> ExitCode {
         Command::Dev(a) => dev::run(a),
         Command::Doctor(a) => a.run(),
         Command::Completions(a) => a.run(),
+        // Its own exit codes: 1 is a refusal (denied, or lint errors), 2 bad input.
+        Command::Policy(c) => return c.run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -16,9 +16,7 @@ use kube::{Api, Client};
 use podca_authority::ledger::{LedgerHandle, LedgerUnavailable};
 use podca_signer::ledger::{RecordContext, Source, spiffe_id};
 use podca_signer::rules::NamespaceLabels;
-use podca_signer::{
-    LedgerRecord, Outcome, RequestContext, RequestSource, SignerPolicy, sign_request_with,
-};
+use podca_signer::{LedgerRecord, Outcome, SignerPolicy};
 use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::watch;
@@ -31,7 +29,7 @@ use crate::discovery::{self, Resource, Served};
 use crate::plan::{self, Facts, Plan, Read, SkipReason, Write};
 use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
-use crate::request::{ApiVersion, Pcr};
+use crate::request::{self, ApiVersion, Pcr};
 use crate::{Error, LeaderElection, Options};
 use podca_authority::admin::{self, Readiness, ReadyFlag};
 use podca_authority::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
@@ -719,13 +717,7 @@ async fn sign(
     now: OffsetDateTime,
 ) -> Result<Write, &'static str> {
     let policy = policy.clone();
-    let request = source.to_certificate_request();
     let ca = Arc::clone(&ctx.ca.current().ca);
-    // The rules' facts the CertificateRequest does not carry; all from the PCR's spec, which
-    // kube-apiserver checked against the pod (spec §1.5).
-    let signer_name = source.signer_name.clone();
-    let pod_uid = source.pod_uid.clone();
-    let node_name = source.node_name.clone();
     let labels = match (&ctx.namespace_labels, policy.rules_use_namespace_labels()) {
         (Some(store), true) => match store.get(&source.namespace) {
             Ok(labels) => Some(labels),
@@ -734,15 +726,9 @@ async fn sign(
         },
         _ => None,
     };
+    let source = source.clone();
     let outcome = match tokio::task::spawn_blocking(move || {
-        let context = RequestContext {
-            source: RequestSource::Pcr,
-            signer_name: &signer_name,
-            pod_uid: Some(&pod_uid),
-            node_name: Some(&node_name),
-            namespace_labels: labels.as_deref(),
-        };
-        sign_request_with(&policy, &ca, &request, &context, now)
+        request::sign_pcr(&policy, &ca, &source, labels.as_deref(), now)
     })
     .await
     {

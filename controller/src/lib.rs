@@ -17,6 +17,7 @@ mod plan;
 pub mod publisher;
 mod queue;
 mod request;
+pub mod sample;
 pub mod secret_ca;
 pub mod secret_history;
 

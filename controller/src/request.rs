@@ -4,7 +4,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::certificates::{v1, v1beta1};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use podca_signer::{CertificateRequest, KeyError, SubjectKey};
+use podca_signer::rules::RequestSource;
+use podca_signer::{
+    CertificateRequest, IssuingCa, KeyError, Outcome, RequestContext, SignerPolicy, SubjectKey,
+    sign_request_with,
+};
 use time::{Duration, OffsetDateTime};
 
 use crate::decide;
@@ -156,6 +160,28 @@ impl Pcr {
             user_annotations: self.user_annotations.clone(),
         }
     }
+}
+
+/// Signs `pcr` under `policy`: the one call a reconcile makes (`controller.rs` `sign`) and
+/// `podca policy test` repeats (`crate::sample`). The rules' facts the `CertificateRequest` does
+/// not carry all come from the PCR's spec, which kube-apiserver checked against the pod (spec
+/// §1.5); `namespace_labels` are the namespace's labels when some rule reads them.
+pub(crate) fn sign_pcr(
+    policy: &SignerPolicy,
+    ca: &IssuingCa,
+    pcr: &Pcr,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    now: OffsetDateTime,
+) -> Outcome {
+    let request = pcr.to_certificate_request();
+    let context = RequestContext {
+        source: RequestSource::Pcr,
+        signer_name: &pcr.signer_name,
+        pod_uid: Some(&pcr.pod_uid),
+        node_name: Some(&pcr.node_name),
+        namespace_labels,
+    };
+    sign_request_with(policy, ca, &request, &context, now)
 }
 
 fn terminal(conditions: Option<&[Condition]>) -> Option<String> {

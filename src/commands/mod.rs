@@ -9,6 +9,7 @@ pub mod inspect_jwt;
 pub mod issue;
 pub mod jwt;
 pub mod ledger;
+pub mod policy;
 
 use std::path::PathBuf;
 

@@ -39,11 +39,22 @@ fn each_shell_gets_a_script_that_completes_the_subcommands() {
             script.contains(marker),
             "{shell}: no {marker:?} in:\n{script}"
         );
-        for sub in ["serve", "issue", "inspect", "ledger", "completions"] {
+        for sub in [
+            "serve",
+            "issue",
+            "inspect",
+            "ledger",
+            "policy",
+            "completions",
+        ] {
             assert!(script.contains(sub), "{shell}: subcommand {sub} missing");
         }
         // Flags of nested commands too.
         assert!(script.contains("leader-elect"), "{shell}: serve's flags");
+        assert!(
+            script.contains("namespace-labels"),
+            "{shell}: policy test's flags"
+        );
     }
 }
 
@@ -56,7 +67,7 @@ fn the_man_page_is_roff_and_lists_the_subcommands() {
     );
     assert!(page.contains(".TH podca 1"), "a section 1 page: {page}");
     assert!(page.contains("A certificate authority for Kubernetes workloads"));
-    for sub in ["serve", "issue", "completions"] {
+    for sub in ["serve", "issue", "policy", "completions"] {
         assert!(page.contains(sub), "subcommand {sub} missing:\n{page}");
     }
 }

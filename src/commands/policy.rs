@@ -1,0 +1,1023 @@
+//! `podca policy test` and `podca policy lint`: a signer's issuance policy (allow-lists, then
+//! CEL rules) checked offline, for the CI pipelines of platform teams.
+//!
+//! `test` decides one sample request exactly as the running podca would: a PodCertificateRequest
+//! goes through the controller's own conversion and plan (`podca_controller::sample`), a gRPC,
+//! Istio or JWT request description through the same calls as `podca serve`'s gRPC API
+//! (`sign_request_with`; `admits` then `apply_rules` for JWT-SVIDs). The certificate is signed by
+//! a throwaway in-memory CA valid long before and after `--now`, so the CA is never what limits
+//! the answer: CA-dependent failures (`CAExpiresTooSoon`, `CAKeyUnusable`, a lifetime cut by the
+//! CA's end) are not simulated.
+//!
+//! `lint` loads the config with [`Config::load`], the loader `podca serve` and `podca dev` use,
+//! and reports every signer's and every rule's error, plus a few warnings.
+//!
+//! Exit codes: `test` 0 issued, 1 denied or failed, 2 bad usage, config or input; `lint` 0 clean
+//! (warnings allowed), 1 errors, 2 the config file cannot be read.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use podca_authority::config::Config;
+use podca_controller::sample::PcrSample;
+use podca_signer::keys::GeneratedKey;
+use podca_signer::rules::{RequestSource, RuleFacts, RuleSet, RuleSpec};
+use podca_signer::{
+    CaAlgorithm, CertificateRequest, Decision, DenyReason, FailReason, IssuingCa, KeyType,
+    MemoryKey, Outcome, RequestContext, SignerPolicy, sign_request_with,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use time::format_description::well_known::Rfc3339;
+use time::{Duration, OffsetDateTime};
+
+/// Exit code of `test` for a denied or failed request, and of `lint` for a config with errors.
+const EXIT_REFUSED: u8 = 1;
+/// Exit code for bad usage, an unreadable or invalid config, or an unreadable request.
+const EXIT_INPUT: u8 = 2;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum PolicyCommand {
+    /// Decide a sample request (a PodCertificateRequest, or a gRPC/Istio/JWT request description)
+    /// as podca would, and print the decision and what made it.
+    #[command(
+        long_about = "Decide a sample request as podca would and print the decision (Issued, \
+                      Denied or Failed), its reason and message, which allow-list or rule decided, \
+                      and for Issued the SPIFFE ID, DNS names and lifetime.\n\n\
+                      A throwaway in-memory CA signs, valid long before and after --now: \
+                      CA-dependent failures (CAExpiresTooSoon, CAKeyUnusable, a lifetime cut by \
+                      the CA's end) are not simulated.\n\n\
+                      Exit status: 0 issued, 1 denied or failed, 2 bad usage, config or input.",
+        after_help = "Examples:\n  \
+                      kubectl get pcr -n shop req-1 -o yaml > pcr.yaml\n  \
+                      podca policy test --config podca.toml --request pcr.yaml\n  \
+                      podca policy test --config podca.toml --request grpc.yaml \
+                      --namespace-labels namespaces.yaml -o json"
+    )]
+    Test(TestArgs),
+    /// Load and compile every signer's policy and rules as `podca serve` does; report every
+    /// error (exit 1) and warnings worth knowing (exit 0).
+    Lint(LintArgs),
+}
+
+/// How `podca policy test` prints its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TestArgs {
+    /// The podca config file (TOML), as `podca serve --config` reads it.
+    #[arg(long, env = "PODCA_CONFIG")]
+    pub config: PathBuf,
+    /// The sample request: a PodCertificateRequest (v1 or v1beta1, as `kubectl get pcr NAME -o
+    /// yaml` prints it) or a request description (source: grpc | istio | jwt). JSON when the
+    /// name ends in .json, YAML otherwise.
+    #[arg(long)]
+    pub request: PathBuf,
+    /// Decide under this signer instead of the PCR's spec.signerName or the description's
+    /// signer (default: the [grpc] signer).
+    #[arg(long)]
+    pub signer: Option<String>,
+    /// Namespace labels the rules see as namespaceObject.metadata.labels: a map namespace →
+    /// labels, a Namespace, or a list of Namespaces (`kubectl get ns -o yaml`). Without it,
+    /// rules see an empty map.
+    #[arg(long)]
+    pub namespace_labels: Option<PathBuf>,
+    /// The time of the decision (the rules' `now`, the certificate's validity), RFC 3339.
+    /// Default: the current time.
+    #[arg(long, value_parser = parse_rfc3339)]
+    pub now: Option<OffsetDateTime>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LintArgs {
+    /// The podca config file (TOML).
+    #[arg(long, env = "PODCA_CONFIG")]
+    pub config: PathBuf,
+}
+
+fn parse_rfc3339(s: &str) -> Result<OffsetDateTime, String> {
+    OffsetDateTime::parse(s, &Rfc3339)
+        .map_err(|e| format!("{s:?} is not an RFC 3339 time (e.g. 2026-12-01T10:00:00Z): {e}"))
+}
+
+impl PolicyCommand {
+    pub fn run(self) -> ExitCode {
+        match self {
+            PolicyCommand::Test(args) => match test(&args) {
+                Ok(verdict) => {
+                    verdict.print(args.output);
+                    if verdict.decision == "Issued" {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(EXIT_REFUSED)
+                    }
+                }
+                Err(e) => {
+                    eprintln!("podca: {e:#}");
+                    ExitCode::from(EXIT_INPUT)
+                }
+            },
+            PolicyCommand::Lint(args) => lint(&args.config),
+        }
+    }
+}
+
+// ---- podca policy test ----------------------------------------------------------------------
+
+/// The answer `podca policy test` prints.
+#[derive(Debug)]
+struct Verdict {
+    /// `Issued`, `Denied` or `Failed`.
+    decision: &'static str,
+    reason: String,
+    message: String,
+    /// Which allow-list or rule decided.
+    decided_by: String,
+    /// The request as decided, in one line.
+    request: String,
+    issued: Option<IssuedFacts>,
+    notes: Vec<String>,
+}
+
+#[derive(Debug)]
+struct IssuedFacts {
+    spiffe_id: String,
+    dns_names: Vec<String>,
+    lifetime_seconds: i64,
+    /// None for JWT-SVIDs (the token is dated when signed).
+    not_before: Option<OffsetDateTime>,
+    not_after: OffsetDateTime,
+}
+
+impl Verdict {
+    fn print(&self, format: OutputFormat) {
+        let time = |t: OffsetDateTime| t.format(&Rfc3339).unwrap_or_else(|_| t.to_string());
+        match format {
+            OutputFormat::Json => {
+                let issued = self.issued.as_ref().map(|i| {
+                    json!({
+                        "spiffe_id": i.spiffe_id,
+                        "dns_names": i.dns_names,
+                        "lifetime_seconds": i.lifetime_seconds,
+                        "not_before": i.not_before.map(time),
+                        "not_after": time(i.not_after),
+                    })
+                });
+                let value = json!({
+                    "decision": self.decision,
+                    "reason": self.reason,
+                    "message": self.message,
+                    "decided_by": self.decided_by,
+                    "request": self.request,
+                    "issued": issued,
+                    "notes": self.notes,
+                });
+                println!("{value:#}");
+            }
+            OutputFormat::Text => {
+                println!("decision:   {}", self.decision);
+                println!("reason:     {}", self.reason);
+                if !self.message.is_empty() {
+                    println!("message:    {}", self.message);
+                }
+                println!("decided by: {}", self.decided_by);
+                println!("request:    {}", self.request);
+                if let Some(i) = &self.issued {
+                    println!("spiffe id:  {}", i.spiffe_id);
+                    if i.dns_names.is_empty() {
+                        println!("dns names:  (none)");
+                    } else {
+                        println!("dns names:  {}", i.dns_names.join(", "));
+                    }
+                    match i.not_before {
+                        Some(nb) => println!(
+                            "lifetime:   {} s (not before {}, not after {})",
+                            i.lifetime_seconds,
+                            time(nb),
+                            time(i.not_after)
+                        ),
+                        None => println!(
+                            "lifetime:   {} s (expires {})",
+                            i.lifetime_seconds,
+                            time(i.not_after)
+                        ),
+                    }
+                }
+                for note in &self.notes {
+                    println!("note:       {note}");
+                }
+            }
+        }
+    }
+}
+
+/// Reads a JSON (`.json`) or YAML file into a JSON value; errors name the file and position.
+fn read_document(path: &Path, what: &str) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {what} {}", path.display()))?;
+    let is_json = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    if is_json {
+        serde_json::from_str(&text)
+            .with_context(|| format!("{what} {}: not valid JSON", path.display()))
+    } else {
+        serde_saphyr::from_str(&text).map_err(|e| {
+            // The first line has the position and the problem; a source snippet follows.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            anyhow::anyhow!(
+                "{what} {}: not valid YAML: {}",
+                path.display(),
+                first.strip_prefix("error: ").unwrap_or(first)
+            )
+        })
+    }
+}
+
+/// A multi-line library message as one line.
+fn one_line(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A gRPC, Istio or JWT request, as described in a sample file (docs/operator-guide.md,
+/// "Testing policy in CI"). Only the facts podca verified for such a request, plus the
+/// annotations the client sent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Description {
+    source: DescribedSource,
+    /// The signer the client names (gRPC, JWT); default: the `[grpc]` signer.
+    #[serde(default)]
+    signer: Option<String>,
+    namespace: String,
+    service_account: String,
+    #[serde(default)]
+    pod: Option<PodRef>,
+    #[serde(default)]
+    node: Option<NodeRef>,
+    /// The CSR's key type (default ECDSAP256); not for JWTs.
+    #[serde(default)]
+    key_type: Option<KeyType>,
+    #[serde(default)]
+    requested_lifetime_seconds: Option<i64>,
+    /// podca.v1 `user_annotations` (gRPC only).
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+    /// JWT-SVID audiences (JWT only).
+    #[serde(default)]
+    audiences: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum DescribedSource {
+    Grpc,
+    Istio,
+    Jwt,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodRef {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeRef {
+    name: String,
+}
+
+fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
+    let config = Config::load(&args.config)?;
+    let now = args.now.unwrap_or_else(OffsetDateTime::now_utc);
+    let document = read_document(&args.request, "request file")?;
+    let labels = match &args.namespace_labels {
+        Some(path) => Some(read_labels(path)?),
+        None => None,
+    };
+    let request_file = args.request.display().to_string();
+    if let Some(signer) = &args.signer
+        && !config.signers.contains_key(signer)
+    {
+        bail!(
+            "--signer {signer:?} is not a configured signer (configured: {})",
+            signer_list(&config)
+        );
+    }
+    let is_pcr = document.get("kind").and_then(Value::as_str) == Some("PodCertificateRequest");
+    if is_pcr {
+        let mut sample = PcrSample::from_json(document)
+            .with_context(|| format!("request file {request_file}"))?;
+        if let Some(signer) = &args.signer {
+            sample.set_signer_name(signer);
+        }
+        return test_pcr(&config, &sample, labels.as_ref(), now);
+    }
+    if document.get("source").is_some() {
+        let description: Description = serde_json::from_value(document)
+            .with_context(|| format!("request file {request_file}: request description"))?;
+        return test_description(
+            &config,
+            description,
+            args.signer.as_deref(),
+            labels.as_ref(),
+            now,
+        )
+        .with_context(|| format!("request file {request_file}"));
+    }
+    let kind = document.get("kind").and_then(Value::as_str);
+    bail!(
+        "request file {request_file}: neither a PodCertificateRequest (kind: \
+         PodCertificateRequest{}) nor a request description (source: grpc, istio or jwt)",
+        match kind {
+            Some(k) => format!("; this is kind {k:?}"),
+            None => String::new(),
+        }
+    )
+}
+
+fn signer_list(config: &Config) -> String {
+    if config.signers.is_empty() {
+        return "none".into();
+    }
+    config
+        .signers
+        .keys()
+        .map(|k| format!("{k:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Namespace → labels, from a map, a Namespace or a list of Namespaces.
+type LabelsFile = BTreeMap<String, BTreeMap<String, String>>;
+
+fn read_labels(path: &Path) -> anyhow::Result<LabelsFile> {
+    let doc = read_document(path, "namespace labels file")?;
+    let bad = |why: String| anyhow::anyhow!("namespace labels file {}: {why}", path.display());
+    let from_namespace =
+        |item: &Value, at: &str| -> anyhow::Result<(String, BTreeMap<String, String>)> {
+            let name = item["metadata"]["name"]
+                .as_str()
+                .ok_or_else(|| bad(format!("{at}metadata.name is missing")))?;
+            let labels = match item["metadata"].get("labels") {
+                None | Some(Value::Null) => BTreeMap::new(),
+                Some(l) => serde_json::from_value(l.clone())
+                    .map_err(|e| bad(format!("{at}metadata.labels: {e}")))?,
+            };
+            Ok((name.to_owned(), labels))
+        };
+    match doc.get("kind").and_then(Value::as_str) {
+        Some("Namespace") => Ok(LabelsFile::from([from_namespace(&doc, "")?])),
+        Some("List" | "NamespaceList") => {
+            let items = doc["items"]
+                .as_array()
+                .ok_or_else(|| bad("items is missing".into()))?;
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| from_namespace(item, &format!("items[{i}].")))
+                .collect()
+        }
+        Some(other) => Err(bad(format!(
+            "kind {other:?}: give a map namespace → labels, a Namespace or a NamespaceList"
+        ))),
+        None => serde_json::from_value(doc).map_err(|e| {
+            bad(format!(
+                "{e} (expected a map namespace → labels, e.g. {{\"shop\": {{\"tier\": \"prod\"}}}})"
+            ))
+        }),
+    }
+}
+
+/// What the rules would see as the namespace's labels, and a note when it is not from the file.
+fn labels_for<'a>(
+    labels: Option<&'a LabelsFile>,
+    namespace: &str,
+    policy: Option<&SignerPolicy>,
+    notes: &mut Vec<String>,
+) -> Option<&'a BTreeMap<String, String>> {
+    let read = policy.is_some_and(SignerPolicy::rules_use_namespace_labels);
+    let found = labels.and_then(|l| l.get(namespace));
+    if read && found.is_none() {
+        notes.push(match labels {
+            None => "no --namespace-labels: the rules that read namespaceObject.metadata.labels \
+                     saw an empty map"
+                .into(),
+            Some(_) => format!(
+                "namespace {namespace:?} is not in --namespace-labels: the rules that read \
+                 namespaceObject.metadata.labels saw an empty map"
+            ),
+        });
+    }
+    found
+}
+
+/// A CA that never limits the answer: valid from a year before `now` for 200 years.
+fn throwaway_ca(now: OffsetDateTime) -> anyhow::Result<IssuingCa> {
+    let key = MemoryKey::generate(CaAlgorithm::EcdsaP256)?;
+    IssuingCa::self_signed_root(
+        Arc::new(key),
+        "podca policy test (throwaway)",
+        now - Duration::days(365),
+        Duration::days(200 * 365),
+    )
+    .with_context(|| "cannot make the throwaway CA for --now (is it a time X.509 can hold?)")
+}
+
+fn test_pcr(
+    config: &Config,
+    sample: &PcrSample,
+    labels: Option<&LabelsFile>,
+    now: OffsetDateTime,
+) -> anyhow::Result<Verdict> {
+    let ca = throwaway_ca(now)?;
+    let mut notes = Vec::new();
+    let policy = config.signers.get(sample.signer_name());
+    let ns_labels = labels_for(labels, sample.namespace(), policy, &mut notes);
+    if let Some(terminal) = sample.terminal() {
+        notes.push(format!(
+            "the object is already {terminal}: its spec was decided anew (status ignored)"
+        ));
+    }
+    let decide =
+        |signers: &BTreeMap<String, SignerPolicy>| sample.decide(signers, &ca, ns_labels, now);
+    let outcome = decide(&config.signers)?;
+    let request = format!(
+        "PodCertificateRequest {}/{} ({}), signer {:?}, service account {}/{}, pod {}, node {}",
+        sample.namespace(),
+        sample.name(),
+        sample.api_version(),
+        sample.signer_name(),
+        sample.namespace(),
+        sample.service_account(),
+        sample.pod_name(),
+        sample.node_name()
+    );
+    let rerun = |p: &SignerPolicy| {
+        let mut signers = config.signers.clone();
+        signers.insert(sample.signer_name().to_owned(), p.clone());
+        decide(&signers).ok()
+    };
+    // Reason and message as the controller writes them into the condition.
+    let condition = podca_controller::sample::condition(&outcome, now);
+    let mut v = verdict(
+        outcome,
+        policy,
+        sample.signer_name(),
+        request,
+        notes,
+        &rerun,
+    );
+    if let Some((_, reason, message)) = condition {
+        v.reason = reason;
+        v.message = message;
+    }
+    Ok(v)
+}
+
+fn test_description(
+    config: &Config,
+    d: Description,
+    signer_flag: Option<&str>,
+    labels: Option<&LabelsFile>,
+    now: OffsetDateTime,
+) -> anyhow::Result<Verdict> {
+    if d.namespace.is_empty() || d.service_account.is_empty() {
+        bail!("request description: namespace and service_account must not be empty");
+    }
+    let named = signer_flag.or(d.signer.as_deref());
+    let (signer, policy) = match (d.source, named) {
+        (DescribedSource::Istio, Some(name)) if name != config.grpc_signer()?.0 => bail!(
+            "request description: the Istio CA API always issues for the [grpc] signer {:?}, \
+             not {name:?}",
+            config.grpc_signer()?.0
+        ),
+        (_, Some(name)) => {
+            let policy = config.signers.get(name).with_context(|| {
+                format!(
+                    "request description: signer {name:?} is not a configured signer \
+                     (configured: {})",
+                    signer_list(config)
+                )
+            })?;
+            (name, policy)
+        }
+        (_, None) => config.grpc_signer()?,
+    };
+    if !config.grpc_allowed_signers()?.iter().any(|s| s == signer) {
+        bail!(
+            "request description: signer {signer:?} is not offered over gRPC ([grpc] signers): \
+             podca would refuse the request before its policy runs"
+        );
+    }
+    let lifetime = match d.requested_lifetime_seconds {
+        Some(s) if s <= 0 => {
+            bail!("request description: requested_lifetime_seconds must be positive, not {s}")
+        }
+        other => other,
+    };
+    if d.source != DescribedSource::Grpc && !d.annotations.is_empty() {
+        bail!("request description: annotations are podca.v1 user_annotations (source grpc only)");
+    }
+    if d.source != DescribedSource::Jwt && !d.audiences.is_empty() {
+        bail!("request description: audiences are for JWT-SVIDs (source jwt only)");
+    }
+    let mut notes = Vec::new();
+    let ns_labels = labels_for(labels, &d.namespace, Some(policy), &mut notes);
+    let pod_name = d.pod.as_ref().and_then(|p| p.name.clone());
+    let pod_uid = d.pod.as_ref().and_then(|p| p.uid.clone());
+    let node_name = d.node.as_ref().map(|n| n.name.clone());
+    let source = match d.source {
+        DescribedSource::Grpc => RequestSource::Grpc,
+        DescribedSource::Istio => RequestSource::Istio,
+        DescribedSource::Jwt => RequestSource::Jwt,
+    };
+    let mut request = format!(
+        "{} request, signer {signer:?}, service account {}/{}",
+        source.as_str(),
+        d.namespace,
+        d.service_account
+    );
+    if let Some(p) = &pod_name {
+        request.push_str(&format!(", pod {p}"));
+    }
+    if let Some(n) = &node_name {
+        request.push_str(&format!(", node {n}"));
+    }
+
+    if d.source == DescribedSource::Jwt {
+        if d.key_type.is_some() {
+            bail!("request description: key_type is for certificates, not JWT-SVIDs");
+        }
+        if d.audiences.is_empty() {
+            bail!("request description: a JWT-SVID request needs at least one audience");
+        }
+        if !config.jwt.enabled {
+            bail!("[jwt] enabled = false: podca issues no JWT-SVIDs with this config");
+        }
+        // As grpc/src/jwt.rs: the allow-lists' admission, then the rules.
+        let decide = |p: &SignerPolicy| -> Result<(), Decision> {
+            p.admits(&d.namespace, &d.service_account)?;
+            let annotations = BTreeMap::new();
+            p.apply_rules(&RuleFacts {
+                source,
+                signer_name: signer,
+                namespace: &d.namespace,
+                service_account: &d.service_account,
+                pod_name: pod_name.as_deref(),
+                pod_uid: pod_uid.as_deref(),
+                node_name: node_name.as_deref(),
+                key_type: None,
+                requested_lifetime_seconds: lifetime,
+                annotations: &annotations,
+                audiences: &d.audiences,
+                namespace_labels: ns_labels,
+                now: now.unix_timestamp(),
+            })
+        };
+        let as_outcome = |r: Result<(), Decision>| match r {
+            Err(Decision::Deny { reason, message }) => Some(Outcome::Denied { reason, message }),
+            Err(Decision::Fail { reason, message }) => Some(Outcome::Failed { reason, message }),
+            Ok(()) | Err(Decision::Issue(_)) => None,
+        };
+        request.push_str(&format!(", audiences {}", d.audiences.join(", ")));
+        return Ok(match as_outcome(decide(policy)) {
+            Some(outcome) => verdict(outcome, Some(policy), signer, request, notes, &|p| {
+                as_outcome(decide(p))
+            }),
+            None => {
+                let limits = config.jwt.limits();
+                let lifetime = lifetime
+                    .map(Duration::seconds)
+                    .unwrap_or(limits.default_lifetime)
+                    .clamp(Duration::seconds(1), limits.max_lifetime);
+                notes.push(
+                    "the JWT signing key's own end, which can shorten a token, is not simulated"
+                        .into(),
+                );
+                Verdict {
+                    decision: "Issued",
+                    reason: podca_signer::reason::ISSUED.into(),
+                    message: String::new(),
+                    decided_by: passed(policy),
+                    request,
+                    issued: Some(IssuedFacts {
+                        spiffe_id: podca_signer::ledger::spiffe_id(
+                            &policy.trust_domain,
+                            &d.namespace,
+                            &d.service_account,
+                        ),
+                        dns_names: vec![],
+                        lifetime_seconds: lifetime.whole_seconds(),
+                        not_before: None,
+                        not_after: now + lifetime,
+                    }),
+                    notes,
+                }
+            }
+        });
+    }
+
+    let key_type = d.key_type.unwrap_or(KeyType::EcdsaP256);
+    request.push_str(&format!(", key {}", key_type.kubelet_name()));
+    let key = GeneratedKey::generate(key_type)
+        .with_context(|| format!("generating a {} key", key_type.kubelet_name()))?
+        .public;
+    let ca = throwaway_ca(now)?;
+    // As grpc/src/core.rs: gRPC clamps a lifetime no policy allows to u32 seconds.
+    let certificate_request = CertificateRequest {
+        key: Ok(key),
+        namespace: d.namespace.clone(),
+        service_account: d.service_account.clone(),
+        pod_name: pod_name.clone(),
+        max_expiration: None,
+        requested_lifetime: lifetime.map(|s| Duration::seconds(s.min(i64::from(u32::MAX)))),
+        user_annotations: d.annotations.clone(),
+    };
+    let decide = |p: &SignerPolicy| {
+        let context = RequestContext {
+            source,
+            signer_name: signer,
+            pod_uid: pod_uid.as_deref(),
+            node_name: node_name.as_deref(),
+            namespace_labels: ns_labels,
+        };
+        sign_request_with(p, &ca, &certificate_request, &context, now)
+    };
+    let outcome = decide(policy);
+    Ok(verdict(
+        outcome,
+        Some(policy),
+        signer,
+        request,
+        notes,
+        &|p| Some(decide(p)),
+    ))
+}
+
+/// "allow-lists passed, N rules passed".
+fn passed(policy: &SignerPolicy) -> String {
+    match policy.rules.len() {
+        0 => "the allow-lists passed (no rules)".into(),
+        1 => "the allow-lists and the 1 rule passed".into(),
+        n => format!("the allow-lists and all {n} rules passed"),
+    }
+}
+
+/// The verdict for `outcome`; `rerun` decides again under another policy (for which rule).
+fn verdict(
+    outcome: Outcome,
+    policy: Option<&SignerPolicy>,
+    signer: &str,
+    request: String,
+    notes: Vec<String>,
+    rerun: &dyn Fn(&SignerPolicy) -> Option<Outcome>,
+) -> Verdict {
+    let mut v = Verdict {
+        decision: "Issued",
+        reason: String::new(),
+        message: String::new(),
+        decided_by: String::new(),
+        request,
+        issued: None,
+        notes,
+    };
+    match outcome {
+        Outcome::Issued(cert) => {
+            v.reason = podca_signer::reason::ISSUED.into();
+            v.decided_by = policy.map(passed).unwrap_or_default();
+            let validity = cert.validity;
+            v.issued = Some(IssuedFacts {
+                spiffe_id: cert.spiffe_id.clone(),
+                dns_names: cert.dns_names.clone(),
+                lifetime_seconds: (validity.not_after - validity.not_before).whole_seconds(),
+                not_before: Some(validity.not_before),
+                not_after: validity.not_after,
+            });
+        }
+        Outcome::Denied { reason, message } => {
+            v.decision = "Denied";
+            v.reason = reason.condition_reason().into();
+            v.decided_by = match (reason, policy) {
+                (DenyReason::Rule(_), Some(policy)) => {
+                    deciding_rule(policy, v.reason.as_str(), &message, rerun)
+                }
+                (DenyReason::Rule(_), None) => "a CEL rule".into(),
+                (DenyReason::UnsupportedKeyType, _) => {
+                    "allow-list key_types (or a key type podca never certifies)".into()
+                }
+                (DenyReason::MalformedPublicKey, _) => "the request's public key".into(),
+                (DenyReason::NamespaceNotAllowed, _) => {
+                    "allow-list namespaces / excluded_namespaces".into()
+                }
+                (DenyReason::ServiceAccountNotAllowed, _) => "allow-list service_accounts".into(),
+                (DenyReason::InvalidUserAnnotations, _) => {
+                    "allow-list allowed_dns_names (the podca.dev/dns-names annotation)".into()
+                }
+            };
+            v.message = message;
+        }
+        Outcome::Failed { reason, message } => {
+            v.decision = "Failed";
+            v.reason = reason.condition_reason().into();
+            v.decided_by = match reason {
+                FailReason::UnknownSigner => {
+                    format!("the controller: no [signers.{signer:?}] in the config")
+                }
+                FailReason::LegacyRequestUnreadable => {
+                    "the controller: a legacy key only v1beta1 shows".into()
+                }
+                FailReason::InvalidDnsNameTemplate => "dns_name_templates".into(),
+                FailReason::LifetimeNotSatisfiable => {
+                    "the lifetimes (default/max_lifetime_seconds, maxExpirationSeconds)".into()
+                }
+                FailReason::CaExpiresTooSoon
+                | FailReason::CaKeyUnusable
+                | FailReason::CertificateBuildFailed => "the CA".into(),
+            };
+            v.message = message;
+        }
+        Outcome::Retry(e) => {
+            // An in-memory key never reports a transient failure; answered anyway.
+            v.decision = "Failed";
+            v.reason = "CAUnavailable".into();
+            v.decided_by = "the CA".into();
+            v.message = e.to_string();
+        }
+    }
+    v
+}
+
+/// Names the rule that denied: the shortest prefix of the rules that gives the same denial.
+fn deciding_rule(
+    policy: &SignerPolicy,
+    reason: &str,
+    message: &str,
+    rerun: &dyn Fn(&SignerPolicy) -> Option<Outcome>,
+) -> String {
+    let n = policy.rules.len();
+    for k in 1..=n {
+        let mut prefix = policy.clone();
+        prefix.rules.truncate(k);
+        if let Some(Outcome::Denied {
+            reason: r,
+            message: m,
+        }) = rerun(&prefix)
+            && r.condition_reason() == reason
+            && m == message
+        {
+            let rule = &policy.rules[k - 1];
+            let kind = if rule.deny.is_some() {
+                "deny"
+            } else {
+                "require"
+            };
+            let failed = if reason.starts_with("PolicyRuleFailed:") {
+                ", failed to evaluate (rules fail closed)"
+            } else {
+                ""
+            };
+            return format!("rule {:?} ({k} of {n}, {kind}{failed})", rule.name);
+        }
+    }
+    format!("a CEL rule (reason {reason})")
+}
+
+// ---- podca policy lint ----------------------------------------------------------------------
+
+fn lint(path: &Path) -> ExitCode {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("podca: cannot read config file {}: {e}", path.display());
+            return ExitCode::from(EXIT_INPUT);
+        }
+    };
+    // The verdict is the loader's: exactly what `podca serve` and `podca dev` accept.
+    let loaded = Config::load(path);
+    let parsed = toml::from_str::<Config>(&text);
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+    let (mut signers, mut rules) = (0, 0);
+    match &parsed {
+        Err(e) => errors.push(format!("{}: {}", path.display(), one_line(&e.to_string()))),
+        Ok(config) => {
+            for (name, policy) in &config.signers {
+                signers += 1;
+                rules += policy.rules.len();
+                errors.extend(
+                    signer_errors(name, policy)
+                        .into_iter()
+                        .map(|e| format!("signer {name:?}: {e}")),
+                );
+                warnings.extend(
+                    policy
+                        .rules
+                        .iter()
+                        .flat_map(rule_warnings)
+                        .map(|w| format!("signer {name:?}: {w}")),
+                );
+            }
+        }
+    }
+    if let Err(e) = &loaded
+        && errors.is_empty()
+    {
+        // Not a signer's: [grpc], [jwt] and the like.
+        errors.push(one_line(&format!("{e:#}")));
+    }
+    for e in &errors {
+        println!("error: {e}");
+    }
+    for w in &warnings {
+        println!("warning: {w}");
+    }
+    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    println!(
+        "{}: {}, {} ({}, {})",
+        path.display(),
+        plural(errors.len(), "error"),
+        plural(warnings.len(), "warning"),
+        plural(signers, "signer"),
+        plural(rules, "rule")
+    );
+    if errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_REFUSED)
+    }
+}
+
+/// Every error of one signer's policy: the loader's ([`SignerPolicy::validate_for`], which stops
+/// at the first) and, each rule compiled on its own, every rule that does not compile.
+fn signer_errors(name: &str, policy: &SignerPolicy) -> Vec<String> {
+    let mut errors: Vec<String> = policy
+        .rules
+        .iter()
+        .enumerate()
+        .filter_map(|(i, rule)| {
+            RuleSet::compile(name, std::slice::from_ref(rule))
+                .err()
+                .map(|mut e| {
+                    if e.rule.starts_with('#') {
+                        e.rule = format!("#{}", i + 1);
+                    }
+                    e.to_string()
+                })
+        })
+        .collect();
+    if let Err(e) = policy.validate_for(name) {
+        let text = match e {
+            podca_signer::policy::PolicyError::Rule(r) => r.to_string(),
+            other => other.to_string(),
+        };
+        if !errors.contains(&text) {
+            errors.insert(0, text);
+        }
+    }
+    errors
+}
+
+/// Warnings worth knowing about one rule that parses (a rule that does not is an error).
+fn rule_warnings(rule: &RuleSpec) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let (field, source) = match (&rule.deny, &rule.require) {
+        (Some(d), None) => ("deny", d),
+        (None, Some(r)) => ("require", r),
+        _ => return warnings,
+    };
+    let parser = cel::Env::stdlib().with_optional_support(false).parser();
+    let Ok((expr, info)) = parser.parse_with_source_info(source) else {
+        return warnings;
+    };
+    let mut facts = FactUse::default();
+    facts.walk(&expr);
+    if let Some(id) = facts.annotations {
+        let at = info
+            .offset_for(id)
+            .map(|(start, _)| {
+                let (l, c) = line_column(source, start as usize);
+                format!(" at {field} {l}:{c}")
+            })
+            .unwrap_or_default();
+        warnings.push(format!(
+            "rule {:?}{at}: reads request.annotations, which the workload writes (a PCR's \
+             unverifiedUserAnnotations, podca.v1 user_annotations): nothing verified them, so \
+             a rule must not trust them to allow",
+            rule.name
+        ));
+    }
+    if !facts.reads_any {
+        let value = cel::Value::resolve(&expr, &cel::Context::default());
+        let denies_all = match value {
+            Ok(cel::Value::Bool(b)) => Some(b == (field == "deny")),
+            _ => None,
+        };
+        let effect = match denies_all {
+            Some(true) => "denies every request",
+            Some(false) => "never denies",
+            None => "gives the same answer for every request",
+        };
+        warnings.push(format!(
+            "rule {:?} ({field}): reads no request fact (request, namespaceObject, now): it is \
+             constant and {effect}",
+            rule.name
+        ));
+    }
+    warnings
+}
+
+/// Which facts an expression reads.
+#[derive(Debug, Default)]
+struct FactUse {
+    /// Whether it reads `request`, `namespaceObject` or `now` at all.
+    reads_any: bool,
+    /// The first `request.annotations` read.
+    annotations: Option<u64>,
+}
+
+impl FactUse {
+    fn walk(&mut self, e: &IdedExpr) {
+        match &e.expr {
+            Expr::Unspecified | Expr::Literal(_) => {}
+            Expr::Ident(name) => {
+                if matches!(name.as_str(), "request" | "namespaceObject" | "now") {
+                    self.reads_any = true;
+                }
+            }
+            Expr::Select(s) => {
+                if s.field == "annotations"
+                    && matches!(&s.operand.expr, Expr::Ident(n) if n == "request")
+                    && self.annotations.is_none()
+                {
+                    self.annotations = Some(e.id);
+                }
+                self.walk(&s.operand);
+            }
+            Expr::List(l) => l.elements.iter().for_each(|x| self.walk(x)),
+            Expr::Map(m) => m.entries.iter().for_each(|entry| self.entry(&entry.expr)),
+            Expr::Struct(s) => s.entries.iter().for_each(|entry| self.entry(&entry.expr)),
+            Expr::Call(c) => {
+                if let Some(t) = &c.target {
+                    self.walk(t);
+                }
+                c.args.iter().for_each(|x| self.walk(x));
+            }
+            Expr::Comprehension(c) => {
+                for x in [
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ] {
+                    self.walk(x);
+                }
+            }
+        }
+    }
+
+    fn entry(&mut self, entry: &EntryExpr) {
+        match entry {
+            EntryExpr::MapEntry(m) => {
+                self.walk(&m.key);
+                self.walk(&m.value);
+            }
+            EntryExpr::StructField(f) => self.walk(&f.value),
+        }
+    }
+}
+
+/// 1-based line and column of a character offset.
+fn line_column(source: &str, offset: usize) -> (u32, u32) {
+    let (mut line, mut column) = (1u32, 1u32);
+    for c in source.chars().take(offset) {
+        if c == '\n' {
+            line += 1;
+            column = 1;
+        } else {
+            column += 1;
+        }
+    }
+    (line, column)
+}
