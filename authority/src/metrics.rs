@@ -499,8 +499,15 @@ struct RuleLabels {
     rule: String,
 }
 
-/// `podca_policy_rule_denials_total` and `podca_policy_rule_errors_total`, by signer and rule:
-/// read at each scrape from the counters the compiled rules keep (podca_signer::rules).
+/// Labels of the policy output counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutputLabels {
+    signer: String,
+    output: String,
+}
+
+/// `podca_policy_rule_denials_total` and `podca_policy_rule_errors_total`, by signer and rule,
+/// and `podca_policy_output_errors_total` by signer and output: read at each scrape from the counters the compiled rules keep (podca_signer::rules).
 #[derive(Debug)]
 struct PolicyRuleCollector;
 
@@ -511,6 +518,24 @@ impl prometheus_client::collector::Collector for PolicyRuleCollector {
     ) -> Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeMetric;
         use prometheus_client::metrics::counter::ConstCounter;
+        let outputs = podca_signer::rules::output_counter_rows();
+        if !outputs.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "policy_output_errors",
+                "Policy output evaluations that failed or gave an invalid value (and denied: \
+                 outputs fail closed), by signer and output",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (signer, output, count) in &outputs {
+                let labels = OutputLabels {
+                    signer: signer.clone(),
+                    output: (*output).to_owned(),
+                };
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(*count).encode(metric)?;
+            }
+        }
         let rows = podca_signer::rules::counter_rows();
         if rows.is_empty() {
             return Ok(());
@@ -591,6 +616,44 @@ mod tests {
         assert!(
             text.contains(
                 "podca_policy_rule_errors_total{signer=\"example.com/metrics\",rule=\"always\"} 0"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn policy_output_errors_are_exported() {
+        let rules = podca_signer::rules::RuleSet::compile_with_outputs(
+            "example.com/metrics-outputs",
+            &[],
+            &podca_signer::rules::OutputSpec {
+                dns_names: None,
+                max_lifetime_seconds: Some("-1".into()),
+            },
+        )
+        .unwrap();
+        let annotations = std::collections::BTreeMap::new();
+        let facts = podca_signer::RuleFacts {
+            source: podca_signer::RequestSource::Grpc,
+            signer_name: "example.com/metrics-outputs",
+            namespace: "a",
+            service_account: "b",
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            key_type: None,
+            requested_lifetime_seconds: None,
+            annotations: &annotations,
+            audiences: &[],
+            namespace_labels: None,
+            now: 0,
+        };
+        assert!(rules.evaluate(&facts).is_err());
+        let text = Metrics::new().encode();
+        assert!(
+            text.contains(
+                "podca_policy_output_errors_total{signer=\"example.com/metrics-outputs\",\
+                 output=\"max_lifetime_seconds\"} 1"
             ),
             "{text}"
         );

@@ -110,9 +110,14 @@ impl JwtService {
             namespace_labels: labels.as_deref(),
             now: api.now().unix_timestamp(),
         };
-        if let Err(Decision::Deny { reason, message }) = policy.apply_rules(&facts) {
-            return Err(ApiError::Denied { reason, message });
-        }
+        // An output's lifetime cap applies to the token too (its DNS names do not).
+        let cap = match policy.apply_rules_with_outputs(&facts) {
+            Ok(outputs) => outputs.max_lifetime_seconds.map(Duration::seconds),
+            Err(Decision::Deny { reason, message }) => {
+                return Err(ApiError::Denied { reason, message });
+            }
+            Err(_) => None,
+        };
         let own = podca_signer::ledger::spiffe_id(
             &policy.trust_domain,
             &identity.namespace,
@@ -129,7 +134,11 @@ impl JwtService {
         let quick = keys
             .signing(now)
             .is_some_and(|(_, key)| key.signs_quickly_in_process());
-        let limits = self.limits.clone();
+        let mut limits = self.limits.clone();
+        if let Some(cap) = cap {
+            limits.max_lifetime = limits.max_lifetime.min(cap);
+            limits.default_lifetime = limits.default_lifetime.min(cap);
+        }
         let audiences = ask.audiences.to_vec();
         let lifetime = ask.lifetime;
         let sign = move |keys: &JwtKeySet| {

@@ -154,7 +154,8 @@ pub fn sign_request(
     sign_request_with(policy, ca, request, &RequestContext::CLI, now)
 }
 
-/// Decides and, when policy (allow-lists, then CEL rules) allows, issues.
+/// Decides and, when policy (allow-lists, then CEL rules) allows, issues. The CEL outputs,
+/// when set, give the DNS names and cap the lifetime (the leaf lives min(policy, cap)).
 pub fn sign_request_with(
     policy: &SignerPolicy,
     ca: &IssuingCa,
@@ -169,12 +170,12 @@ pub fn sign_request_with(
         key_type: request.key.as_ref().map(SubjectKey::key_type),
         user_annotations: &request.user_annotations,
     };
-    let plan: LeafPlan = match policy.decide(&facts) {
+    let mut plan: LeafPlan = match policy.decide(&facts) {
         Decision::Issue(plan) => plan,
         Decision::Deny { reason, message } => return Outcome::Denied { reason, message },
         Decision::Fail { reason, message } => return Outcome::Failed { reason, message },
     };
-    if !policy.rules.is_empty() {
+    if policy.has_rules() {
         let lifetime = request.requested_lifetime.or(request.max_expiration);
         let key_type = request
             .key
@@ -196,8 +197,18 @@ pub fn sign_request_with(
             namespace_labels: context.namespace_labels,
             now: now.unix_timestamp(),
         };
-        match policy.apply_rules(&rule_facts) {
-            Ok(()) => {}
+        match policy.apply_rules_with_outputs(&rule_facts) {
+            Ok(outputs) => {
+                // The outputs replace the allow-list DNS names and cap the lifetime.
+                if let Some(names) = outputs.dns_names {
+                    plan.dns_names = names;
+                }
+                if let Some(cap) = outputs.max_lifetime_seconds {
+                    let cap = Duration::seconds(cap);
+                    plan.policy_max = plan.policy_max.min(cap);
+                    plan.policy_default = plan.policy_default.min(cap);
+                }
+            }
             Err(Decision::Deny { reason, message }) => return Outcome::Denied { reason, message },
             Err(Decision::Fail { reason, message }) => return Outcome::Failed { reason, message },
             Err(Decision::Issue(_)) => {}

@@ -12,7 +12,7 @@ use time::Duration;
 
 use crate::keys::{KeyError, KeyType};
 use crate::reason::{DenyReason, FailReason};
-use crate::rules::{RuleError, RuleFacts, RuleSet, RuleSpec};
+use crate::rules::{OutputSpec, RuleError, RuleFacts, RuleOutputs, RuleSet, RuleSpec};
 
 /// The only user-annotation key podca recognises: extra DNS SANs, comma-separated.
 pub const DNS_NAMES_ANNOTATION: &str = "podca.dev/dns-names";
@@ -51,17 +51,20 @@ pub struct SignerPolicy {
     /// CEL rules, run in order after the allow-lists pass (see [`crate::rules`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleSpec>,
-    /// `rules`, compiled once (at [`Self::validate_for`] or at first use) and shared by clones.
+    /// CEL outputs (DNS names, a lifetime cap), evaluated after `rules` (see [`crate::rules`]).
+    #[serde(default, skip_serializing_if = "OutputSpec::is_empty")]
+    pub outputs: OutputSpec,
+    /// `rules` and `outputs`, compiled once (at [`Self::validate_for`] or at first use) and shared by clones.
     #[serde(skip)]
     compiled: CompiledRules,
 }
 
-/// The compiled form of a policy's `rules`, with the specs it was compiled from.
+/// The compiled form of a policy's `rules` and `outputs`, with the specs it was compiled from.
 #[derive(Debug, Clone, Default)]
 struct CompiledRules(Arc<OnceLock<Compiled>>);
 
 /// The specs compiled, and what compiling them gave.
-type Compiled = (Vec<RuleSpec>, Result<RuleSet, RuleError>);
+type Compiled = ((Vec<RuleSpec>, OutputSpec), Result<RuleSet, RuleError>);
 
 impl PartialEq for CompiledRules {
     /// A cache of `rules`: policies compare by their fields.
@@ -135,6 +138,11 @@ pub enum PolicyError {
     ServiceAccountNotNamespaced(String),
     #[error("invalid signer policy: {0}")]
     Rule(RuleError),
+    #[error(
+        "invalid signer policy: outputs.dns_names replaces dns_name_templates and \
+         allowed_dns_names; remove them (and write them in the expression)"
+    )]
+    DnsNamesOutputWithAllowLists,
 }
 
 impl SignerPolicy {
@@ -151,6 +159,7 @@ impl SignerPolicy {
             dns_name_templates: vec![],
             allowed_dns_names: vec![],
             rules: vec![],
+            outputs: OutputSpec::default(),
             compiled: CompiledRules::default(),
         }
     }
@@ -168,20 +177,26 @@ impl SignerPolicy {
         self.validate_for("")
     }
 
+    /// Whether the signer has CEL rules or outputs.
+    pub fn has_rules(&self) -> bool {
+        !self.rules.is_empty() || !self.outputs.is_empty()
+    }
+
     /// The compiled rules; compiled at the first call (for `signer`) and shared by clones.
     fn rule_set_for(&self, signer: &str) -> Result<RuleSet, RuleError> {
-        if self.rules.is_empty() {
+        if !self.has_rules() {
             return Ok(RuleSet::default());
         }
-        let (specs, compiled) = self
+        let compile = || RuleSet::compile_with_outputs(signer, &self.rules, &self.outputs);
+        let ((specs, outputs), compiled) = self
             .compiled
             .0
-            .get_or_init(|| (self.rules.clone(), RuleSet::compile(signer, &self.rules)));
-        if *specs == self.rules {
+            .get_or_init(|| ((self.rules.clone(), self.outputs.clone()), compile()));
+        if *specs == self.rules && *outputs == self.outputs {
             compiled.clone()
         } else {
             // `rules` changed after a clone compiled them: compile this version (uncached).
-            RuleSet::compile(signer, &self.rules)
+            compile()
         }
     }
 
@@ -195,13 +210,18 @@ impl SignerPolicy {
     /// and JWT-SVIDs call this after [`Self::admits`]. The error is the `Decision::Deny` to
     /// answer; rules that do not compile deny everything (fail closed).
     pub fn apply_rules(&self, facts: &RuleFacts<'_>) -> Result<(), Decision> {
+        self.apply_rules_with_outputs(facts).map(|_| ())
+    }
+
+    /// [`Self::apply_rules`], and what the outputs computed (DNS names, a lifetime cap).
+    pub fn apply_rules_with_outputs(&self, facts: &RuleFacts<'_>) -> Result<RuleOutputs, Decision> {
         let rules = self
             .rule_set_for(facts.signer_name)
             .map_err(|e| Decision::Deny {
                 reason: DenyReason::Rule(crate::rules::intern_reason("PolicyRulesInvalid")),
                 message: format!("this signer's policy rules do not compile: {e}"),
             })?;
-        rules.evaluate(facts).map_err(|denial| Decision::Deny {
+        rules.decide(facts).map_err(|denial| Decision::Deny {
             reason: DenyReason::Rule(denial.reason),
             message: denial.message,
         })
@@ -233,6 +253,11 @@ impl SignerPolicy {
             .find(|sa| sa.split('/').count() != 2)
         {
             return Err(PolicyError::ServiceAccountNotNamespaced(sa.clone()));
+        }
+        if self.outputs.dns_names.is_some()
+            && !(self.dns_name_templates.is_empty() && self.allowed_dns_names.is_empty())
+        {
+            return Err(PolicyError::DnsNamesOutputWithAllowLists);
         }
         Ok(())
     }
@@ -305,6 +330,9 @@ impl SignerPolicy {
             return deny;
         }
         let mut dns_names = Vec::new();
+        // With a `dns_names` output, CEL computes the names (after the rules): the annotation
+        // is only checked for unknown keys here.
+        let dns_from_output = self.outputs.dns_names.is_some();
         for template in &self.dns_name_templates {
             let name = expand(template, facts);
             if !is_dns_name(&name) {
@@ -326,6 +354,9 @@ impl SignerPolicy {
                          {DNS_NAMES_ANNOTATION:?}"
                     ),
                 };
+            }
+            if dns_from_output {
+                continue;
             }
             for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
                 let name = name.to_ascii_lowercase();

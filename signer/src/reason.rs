@@ -68,7 +68,8 @@ condition_reasons! {
         InvalidUserAnnotations => "InvalidUnverifiedUserAnnotations",
         @dynamic
         /// A signer's CEL rule denied the request (the rule's configured reason), or failed to
-        /// evaluate (`PolicyRuleFailed:<rule>`). Checked against rule 33 when the config loads.
+        /// evaluate (`PolicyRuleFailed:<rule>`), or a CEL output gave a bad value
+        /// (`PolicyOutputInvalid:<output>`). Checked against rule 33 when the config loads.
         Rule,
     }
 }

@@ -27,6 +27,18 @@
 //!
 //! Evaluation is fail closed: a runtime error, a wrong result type, or a collection larger than
 //! [`MAX_COLLECTION_ENTRIES`] denies with the reason `PolicyRuleFailed:<rule>` and is counted.
+//!
+//! After the rules, a signer's optional outputs ([`OutputSpec`]) run on the same activation:
+//! `dns_names` (a `list(string)`) replaces the DNS names of the certificate, and
+//! `max_lifetime_seconds` (an `int`) caps its lifetime (and a JWT-SVID's). A bad output (a
+//! name that is not a lowercase RFC 1123 name, more than [`MAX_OUTPUT_DNS_NAMES`] names, a cap
+//! below [`MIN_CERTIFICATE_LIFETIME_SECONDS`] for certificates or below 1 s for JWT-SVIDs, a
+//! runtime error) denies with `PolicyOutputInvalid:<output>` and is counted
+//! ([`output_counter_rows`]).
+//!
+//! Besides CEL's standard functions, expressions may call the strings extension of the `cel`
+//! crate (cel-go's `ext.Strings()`): `split`, `join`, `lowerAscii`, `upperAscii`, `trim`,
+//! `replace`, `substring`, `charAt`, `indexOf`, `lastIndexOf`, `reverse`.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
@@ -49,6 +61,10 @@ pub const MAX_COST: u64 = 25_000;
 pub const MAX_COLLECTION_ENTRIES: usize = 256;
 /// Most rules per signer.
 pub const MAX_RULES: usize = 64;
+/// Most DNS names the `dns_names` output may give (after duplicates are dropped).
+pub const MAX_OUTPUT_DNS_NAMES: usize = 16;
+/// The lowest lifetime cap for a certificate: Kubernetes' minimum lifetime of a Pod certificate.
+pub const MIN_CERTIFICATE_LIFETIME_SECONDS: i64 = 3600;
 
 /// One rule as written in the config file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -67,6 +83,36 @@ pub struct RuleSpec {
     /// A CEL expression giving the denial's message (a string).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// A signer's CEL outputs as written in the config file (`[signers."X".outputs]`): each
+/// optional, evaluated after the rules pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSpec {
+    /// A `list(string)`: the certificate's DNS names, replacing `dns_name_templates` and the
+    /// `podca.dev/dns-names` annotation's allow-list (which must then be empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_names: Option<String>,
+    /// An `int`: a cap in seconds on the lifetime; the leaf lives min(policy, cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_lifetime_seconds: Option<String>,
+}
+
+impl OutputSpec {
+    /// Whether no output is set.
+    pub fn is_empty(&self) -> bool {
+        self.dns_names.is_none() && self.max_lifetime_seconds.is_none()
+    }
+}
+
+/// What the outputs computed for one request: `None` where the signer has no such output.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleOutputs {
+    /// Valid, distinct DNS names, in the order the expression gave them.
+    pub dns_names: Option<Vec<String>>,
+    /// A positive cap in seconds (at least [`MIN_CERTIFICATE_LIFETIME_SECONDS`] except for JWTs).
+    pub max_lifetime_seconds: Option<i64>,
 }
 
 /// Where a request came from.
@@ -121,15 +167,20 @@ pub struct RuleFacts<'a> {
 
 /// A rule set that cannot be loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("rule {rule:?}{}: {message}", position.map(|(l, c)| format!(" at {field} {l}:{c}")).unwrap_or_else(|| if field.is_empty() { String::new() } else { format!(" ({field})") }))]
+#[error("{}{}: {message}", if is_output_field(field) { String::from("outputs.") + field } else { format!("rule {rule:?}") }, position.map(|(l, c)| if is_output_field(field) { format!(" at {l}:{c}") } else { format!(" at {field} {l}:{c}") }).unwrap_or_else(|| if field.is_empty() || is_output_field(field) { String::new() } else { format!(" ({field})") }))]
 pub struct RuleError {
-    /// The rule's name (or its index when it has none).
+    /// The rule's name (or its index when it has none); `outputs` for an output.
     pub rule: String,
-    /// Which expression: `deny`, `require`, `message`, or empty.
+    /// Which expression: `deny`, `require`, `message`, an output (`dns_names`,
+    /// `max_lifetime_seconds`), or empty.
     pub field: &'static str,
     /// 1-based line and column in the expression.
     pub position: Option<(u32, u32)>,
     pub message: String,
+}
+
+fn is_output_field(field: &str) -> bool {
+    matches!(field, "dns_names" | "max_lifetime_seconds")
 }
 
 /// A rule's denial.
@@ -191,6 +242,33 @@ pub fn counter_rows() -> Vec<RuleCounterRow> {
         .collect()
 }
 
+/// (signer, output) → failed evaluations (errors and invalid values), for the whole process.
+type OutputCounterRegistry = Mutex<BTreeMap<(String, &'static str), Arc<AtomicU64>>>;
+
+fn output_counter_registry() -> &'static OutputCounterRegistry {
+    static REGISTRY: OnceLock<OutputCounterRegistry> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+fn output_counter_for(signer: &str, output: &'static str) -> Arc<AtomicU64> {
+    let mut registry = output_counter_registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    Arc::clone(registry.entry((signer.to_owned(), output)).or_default())
+}
+
+/// Every output's failures in this process (`podca_policy_output_errors_total`): signer,
+/// output (`dns_names`, `max_lifetime_seconds`), count.
+pub fn output_counter_rows() -> Vec<(String, &'static str, u64)> {
+    let registry = output_counter_registry()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    registry
+        .iter()
+        .map(|((signer, output), c)| (signer.clone(), *output, c.load(Ordering::Relaxed)))
+        .collect()
+}
+
 /// Interns a condition reason: reasons come from the config and live as long as the process
 /// (one copy per distinct text, however often the config is loaded).
 pub fn intern_reason(reason: &str) -> &'static str {
@@ -238,22 +316,57 @@ struct CompiledRule {
     counters: Arc<RuleCounters>,
 }
 
-/// A signer's compiled rules, cheap to share.
+#[derive(Debug)]
+struct CompiledOutput {
+    /// `dns_names` or `max_lifetime_seconds`.
+    name: &'static str,
+    program: Program,
+    /// `PolicyOutputInvalid:<name>`.
+    reason: &'static str,
+    errors: Arc<AtomicU64>,
+}
+
+#[derive(Debug, Default)]
+struct CompiledOutputs {
+    dns_names: Option<CompiledOutput>,
+    max_lifetime_seconds: Option<CompiledOutput>,
+}
+
+/// A signer's compiled rules and outputs, cheap to share.
 #[derive(Debug, Clone, Default)]
 pub struct RuleSet {
     rules: Arc<Vec<CompiledRule>>,
+    outputs: Arc<CompiledOutputs>,
     uses_namespace_labels: bool,
 }
 
 fn env() -> &'static Arc<Env> {
     static ENV: OnceLock<Arc<Env>> = OnceLock::new();
-    // No optional syntax (`a.?b`): rules see plain values.
-    ENV.get_or_init(|| Arc::new(Env::stdlib().with_optional_support(false)))
+    ENV.get_or_init(|| {
+        // No optional syntax (`a.?b`): rules see plain values.
+        let base = || Env::stdlib().with_optional_support(false);
+        let mut env = base();
+        // `split`, `join`, `lowerAscii`, … (cel-go's ext.Strings()). It declares only new
+        // names, so it cannot fail on the standard library; fall back to that if it did.
+        if env.add_extension(cel::extensions::strings).is_err() {
+            env = base();
+        }
+        Arc::new(env)
+    })
 }
 
 impl RuleSet {
     /// Compiles `specs` for `signer` (the signer names the metrics).
     pub fn compile(signer: &str, specs: &[RuleSpec]) -> Result<RuleSet, RuleError> {
+        Self::compile_with_outputs(signer, specs, &OutputSpec::default())
+    }
+
+    /// Compiles `specs` and `outputs` for `signer`.
+    pub fn compile_with_outputs(
+        signer: &str,
+        specs: &[RuleSpec],
+        outputs: &OutputSpec,
+    ) -> Result<RuleSet, RuleError> {
         if specs.len() > MAX_RULES {
             return Err(RuleError {
                 rule: String::new(),
@@ -324,14 +437,51 @@ impl RuleSet {
                 counters: counters_for(signer, &spec.name),
             });
         }
+        let mut compile_output = |name: &'static str, source: &Option<String>, want: Type| {
+            let Some(source) = source else {
+                return Ok(None);
+            };
+            let checked = check(source, want).map_err(|(position, message)| RuleError {
+                rule: "outputs".into(),
+                field: name,
+                position,
+                message,
+            })?;
+            uses_namespace_labels |= checked.uses_namespace_labels;
+            Ok(Some(CompiledOutput {
+                name,
+                program: checked.program,
+                reason: intern_reason(&format!("PolicyOutputInvalid:{name}")),
+                errors: output_counter_for(signer, name),
+            }))
+        };
+        let compiled_outputs = CompiledOutputs {
+            dns_names: compile_output(
+                "dns_names",
+                &outputs.dns_names,
+                Type::List(Box::new(Type::String)),
+            )?,
+            max_lifetime_seconds: compile_output(
+                "max_lifetime_seconds",
+                &outputs.max_lifetime_seconds,
+                Type::Int,
+            )?,
+        };
         Ok(RuleSet {
             rules: Arc::new(rules),
+            outputs: Arc::new(compiled_outputs),
             uses_namespace_labels,
         })
     }
 
+    /// Whether there are neither rules nor outputs.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
+        self.rules.is_empty() && !self.has_outputs()
+    }
+
+    /// Whether some output is set.
+    pub fn has_outputs(&self) -> bool {
+        self.outputs.dns_names.is_some() || self.outputs.max_lifetime_seconds.is_some()
     }
 
     /// Whether some rule reads `namespaceObject.metadata.labels` (podca then watches namespaces).
@@ -339,27 +489,55 @@ impl RuleSet {
         self.uses_namespace_labels
     }
 
-    /// Runs the rules in order; the first denial decides.
+    /// Runs the rules in order; the first denial decides. Outputs run too (a bad one denies);
+    /// [`Self::decide`] also returns what they computed.
     pub fn evaluate(&self, facts: &RuleFacts<'_>) -> Result<(), RuleDenial> {
-        if self.rules.is_empty() {
-            return Ok(());
+        self.decide(facts).map(|_| ())
+    }
+
+    /// Runs the rules in order (the first denial decides), then the outputs, on one
+    /// activation.
+    pub fn decide(&self, facts: &RuleFacts<'_>) -> Result<RuleOutputs, RuleDenial> {
+        if self.is_empty() {
+            return Ok(RuleOutputs::default());
         }
         let context = match activation(facts) {
             Ok(c) => c,
             Err(why) => {
-                // Fail closed: the first rule answers for the set.
-                let rule = &self.rules[0];
-                rule.counters.errors.fetch_add(1, Ordering::Relaxed);
-                return Err(RuleDenial {
-                    rule: rule.name.clone(),
-                    reason: rule.error_reason,
-                    message: format!("policy rules cannot be evaluated: {why}"),
-                    error: true,
+                // Fail closed: the first rule (or output) answers for the set.
+                let message = format!("policy rules cannot be evaluated: {why}");
+                if let Some(rule) = self.rules.first() {
+                    rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(RuleDenial {
+                        rule: rule.name.clone(),
+                        reason: rule.error_reason,
+                        message,
+                        error: true,
+                    });
+                }
+                let output = self
+                    .outputs
+                    .dns_names
+                    .as_ref()
+                    .or(self.outputs.max_lifetime_seconds.as_ref());
+                return Err(match output {
+                    Some(o) => o.deny(message),
+                    None => RuleDenial {
+                        rule: String::new(),
+                        reason: "PolicyRuleFailed",
+                        message,
+                        error: true,
+                    },
                 });
             }
         };
+        self.run_rules(&context)?;
+        self.run_outputs(&context, facts.source)
+    }
+
+    fn run_rules(&self, context: &Context<'_, '_>) -> Result<(), RuleDenial> {
         for rule in self.rules.iter() {
-            let fails = match rule.condition.execute(&context) {
+            let fails = match rule.condition.execute(context) {
                 Ok(Value::Bool(b)) => b == rule.deny_when,
                 Ok(other) => {
                     rule.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -393,7 +571,7 @@ impl RuleSet {
             rule.counters.denials.fetch_add(1, Ordering::Relaxed);
             let message = match &rule.message {
                 None => format!("denied by policy rule {:?}", rule.name),
-                Some(program) => match program.execute(&context) {
+                Some(program) => match program.execute(context) {
                     Ok(Value::String(s)) => s.to_string(),
                     Ok(other) => {
                         rule.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -420,6 +598,108 @@ impl RuleSet {
             });
         }
         Ok(())
+    }
+
+    fn run_outputs(
+        &self,
+        context: &Context<'_, '_>,
+        source: RequestSource,
+    ) -> Result<RuleOutputs, RuleDenial> {
+        let mut outputs = RuleOutputs::default();
+        if let Some(o) = &self.outputs.dns_names {
+            outputs.dns_names = Some(o.dns_names(context)?);
+        }
+        if let Some(o) = &self.outputs.max_lifetime_seconds {
+            outputs.max_lifetime_seconds = Some(o.max_lifetime_seconds(context, source)?);
+        }
+        Ok(outputs)
+    }
+}
+
+impl CompiledOutput {
+    /// A denial by this output, counted.
+    fn deny(&self, message: String) -> RuleDenial {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        RuleDenial {
+            rule: format!("outputs.{}", self.name),
+            reason: self.reason,
+            message,
+            error: true,
+        }
+    }
+
+    fn execute(&self, context: &Context<'_, '_>) -> Result<Value, RuleDenial> {
+        self.program.execute(context).map_err(|e| {
+            self.deny(format!(
+                "output {} failed: {e} (denied: outputs fail closed)",
+                self.name
+            ))
+        })
+    }
+
+    fn dns_names(&self, context: &Context<'_, '_>) -> Result<Vec<String>, RuleDenial> {
+        let list = match self.execute(context)? {
+            Value::List(list) => list,
+            other => {
+                return Err(self.deny(format!(
+                    "output dns_names gave {}, not a list of strings",
+                    value_type(&other)
+                )));
+            }
+        };
+        let mut names: Vec<String> = Vec::new();
+        for value in list.iter() {
+            let Value::String(name) = value else {
+                return Err(self.deny(format!(
+                    "output dns_names gave a list holding {}, not only strings",
+                    value_type(value)
+                )));
+            };
+            if !crate::policy::is_dns_name(name) {
+                let shown: String = name.chars().take(64).collect();
+                return Err(self.deny(format!(
+                    "output dns_names gave {shown:?}, which is not a DNS name (lowercase RFC 1123 \
+                     labels of [a-z0-9-], at most 253 characters, no wildcard)"
+                )));
+            }
+            if !names.iter().any(|n| n.as_str() == name.as_str()) {
+                if names.len() == MAX_OUTPUT_DNS_NAMES {
+                    return Err(self.deny(format!(
+                        "output dns_names gave more than {MAX_OUTPUT_DNS_NAMES} distinct names"
+                    )));
+                }
+                names.push(name.to_string());
+            }
+        }
+        Ok(names)
+    }
+
+    fn max_lifetime_seconds(
+        &self,
+        context: &Context<'_, '_>,
+        source: RequestSource,
+    ) -> Result<i64, RuleDenial> {
+        let cap = match self.execute(context)? {
+            Value::Int(cap) => cap,
+            other => {
+                return Err(self.deny(format!(
+                    "output max_lifetime_seconds gave {}, not an int",
+                    value_type(&other)
+                )));
+            }
+        };
+        // JWT-SVIDs live minutes; certificates at least Kubernetes' hour.
+        let (min, what) = match source {
+            RequestSource::Jwt => (1, "a JWT-SVID's"),
+            _ => (MIN_CERTIFICATE_LIFETIME_SECONDS, "a certificate's"),
+        };
+        if cap < min {
+            return Err(self.deny(format!(
+                "output max_lifetime_seconds gave {cap}; {what} lifetime cap must be at least \
+                 {min} seconds"
+            )));
+        }
+        Ok(cap)
     }
 }
 
@@ -660,9 +940,21 @@ fn field_type(object: &'static str, field: &str) -> Option<Type> {
     })
 }
 
-/// The functions rules may call (CEL's standard library without timestamps and durations).
+/// The functions rules may call (CEL's standard library without timestamps and durations,
+/// and the strings extension without `format` and `strings.quote`).
 const FUNCTIONS: &[&str] = &[
     "size",
+    "split",
+    "join",
+    "lowerAscii",
+    "upperAscii",
+    "trim",
+    "replace",
+    "substring",
+    "charAt",
+    "indexOf",
+    "lastIndexOf",
+    "reverse",
     "contains",
     "startsWith",
     "endsWith",
@@ -744,7 +1036,10 @@ fn check(source: &str, want: Type) -> Result<Checked, CheckError> {
             {
                 let ok = matches!(
                     (&v, &want),
-                    (Value::Bool(_), Type::Bool) | (Value::String(_), Type::String)
+                    (Value::Bool(_), Type::Bool)
+                        | (Value::String(_), Type::String)
+                        | (Value::Int(_), Type::Int)
+                        | (Value::List(_), Type::List(_))
                 );
                 if !ok {
                     return Err((
@@ -755,6 +1050,8 @@ fn check(source: &str, want: Type) -> Result<Checked, CheckError> {
             }
         }
         (g, w) if g == w => {}
+        // `[]`, or a list of mixed literals: the elements are checked at evaluation.
+        (Type::List(elem), Type::List(_)) if **elem == Type::Dyn => {}
         (g, w) => {
             return Err((position(expression.id), format!("gives {g}, want {w}")));
         }
@@ -952,6 +1249,39 @@ impl Checker<'_> {
         })
     }
 
+    /// Checks the arguments of a strings-extension method: how many, and their types.
+    fn method_args(&self, e: &IdedExpr, name: &str, args: &[Type]) -> Result<(), CheckError> {
+        use Type::{Int, String as Str};
+        // (required, optional) argument types.
+        let (required, optional): (&[Type], &[Type]) = match name {
+            "split" | "indexOf" | "lastIndexOf" => (&[Str], &[Int]),
+            "replace" => (&[Str, Str], &[Int]),
+            "substring" => (&[Int], &[Int]),
+            "charAt" => (&[Int], &[]),
+            "join" => (&[], &[Str]),
+            _ => (&[], &[]),
+        };
+        if args.len() < required.len() || args.len() > required.len() + optional.len() {
+            let n = required.len();
+            let m = n + optional.len();
+            let count = if n == m {
+                format!("{n}")
+            } else {
+                format!("{n} or {m}")
+            };
+            return Err(self.error(
+                e,
+                format!("{name}() takes {count} arguments, not {}", args.len()),
+            ));
+        }
+        for (got, want) in args.iter().zip(required.iter().chain(optional)) {
+            if got != want && *got != Type::Dyn {
+                return Err(self.error(e, format!("{name}() takes a {want} here, not a {got}")));
+            }
+        }
+        Ok(())
+    }
+
     fn call(
         &self,
         e: &IdedExpr,
@@ -1010,6 +1340,43 @@ impl Checker<'_> {
                     return Err(self.error(e, format!("{name}() is a string method, not {t}'s")));
                 }
                 Type::Bool
+            }
+            "split" | "lowerAscii" | "upperAscii" | "trim" | "replace" | "substring" | "charAt"
+            | "indexOf" | "lastIndexOf" | "reverse" => {
+                match &target {
+                    Some(Type::String | Type::Dyn) => {}
+                    Some(t) => {
+                        return Err(
+                            self.error(e, format!("{name}() is a string method, not {t}'s"))
+                        );
+                    }
+                    None => {
+                        return Err(
+                            self.error(e, format!("{name}() is a method: write s.{name}(…)"))
+                        );
+                    }
+                }
+                self.method_args(e, name, args)?;
+                match name {
+                    "split" => Type::List(Box::new(Type::String)),
+                    "indexOf" | "lastIndexOf" => Type::Int,
+                    _ => Type::String,
+                }
+            }
+            "join" => {
+                match &target {
+                    Some(Type::List(_) | Type::Dyn) => {}
+                    Some(t) => {
+                        return Err(self.error(e, format!("join() is a list method, not {t}'s")));
+                    }
+                    None => {
+                        return Err(
+                            self.error(e, "join() is a method: write list.join(sep)".into())
+                        );
+                    }
+                }
+                self.method_args(e, name, args)?;
+                Type::String
             }
             "int" => Type::Int,
             "uint" => Type::Uint,
@@ -1407,6 +1774,404 @@ mod tests {
                     .is_err_and(|d| !d.error),
                 "{expr} should be true"
             );
+        }
+    }
+
+    fn with_outputs(signer: &str, dns_names: Option<&str>, cap: Option<&str>) -> RuleSet {
+        RuleSet::compile_with_outputs(
+            signer,
+            &[spec("ok", "false")],
+            &OutputSpec {
+                dns_names: dns_names.map(Into::into),
+                max_lifetime_seconds: cap.map(Into::into),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{dns_names:?} {cap:?}: {e}"))
+    }
+
+    /// The `allowed_dns_names = ["*.{ns}.svc"]` + `dns_name_templates = ["{pod}.{ns}.svc"]`
+    /// policy as one output (the docs show it).
+    const DNS_OUTPUT: &str = "[request.pod.name + '.' + request.namespace + '.svc'] + \
+        ('podca.dev/dns-names' in request.annotations \
+          ? request.annotations['podca.dev/dns-names'].split(',') \
+              .map(n, n.trim().lowerAscii()).filter(n, n != '') \
+          : [])";
+
+    #[test]
+    fn outputs_give_the_dns_names_and_cap_the_lifetime() {
+        let rules = with_outputs(
+            "example.com/outputs",
+            Some(DNS_OUTPUT),
+            Some("request.namespace == 'shop' ? 7200 : 86400"),
+        );
+        assert!(rules.has_outputs() && !rules.is_empty());
+        let annotations = BTreeMap::from([(
+            "podca.dev/dns-names".to_string(),
+            " API.shop.svc, ,cart-7d9.shop.svc,api.shop.svc".to_string(),
+        )]);
+        let got = rules
+            .decide(&facts(&annotations, &[], None))
+            .expect("issues");
+        assert_eq!(
+            got,
+            RuleOutputs {
+                dns_names: Some(vec!["cart-7d9.shop.svc".into(), "api.shop.svc".into()]),
+                max_lifetime_seconds: Some(7200),
+            }
+        );
+        // Without outputs nothing is computed; without the annotation only the pod's name.
+        let empty = BTreeMap::new();
+        assert_eq!(
+            RuleSet::compile("s", &[spec("ok", "false")])
+                .unwrap()
+                .decide(&facts(&empty, &[], None)),
+            Ok(RuleOutputs::default())
+        );
+        let only_cap = with_outputs("s", None, Some("3600"));
+        assert_eq!(
+            only_cap.decide(&facts(&empty, &[], None)),
+            Ok(RuleOutputs {
+                dns_names: None,
+                max_lifetime_seconds: Some(3600)
+            })
+        );
+        let only_dns = with_outputs("s", Some(DNS_OUTPUT), None);
+        assert_eq!(
+            only_dns
+                .decide(&facts(&empty, &[], None))
+                .map(|o| o.dns_names),
+            Ok(Some(vec!["cart-7d9.shop.svc".to_string()]))
+        );
+        // A rule that denies decides before the outputs run.
+        let denying = RuleSet::compile_with_outputs(
+            "s",
+            &[spec("no", "true")],
+            &OutputSpec {
+                // Would fail (no such annotation), but the denying rule decides first.
+                dns_names: Some("[request.annotations['absent']]".into()),
+                max_lifetime_seconds: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            denying
+                .decide(&facts(&empty, &[], None))
+                .map_err(|d| d.rule),
+            Err("no".to_string())
+        );
+        // JWT-SVIDs take caps below an hour; certificates do not.
+        let short = with_outputs("s", None, Some("300"));
+        let jwt = RuleFacts {
+            source: RequestSource::Jwt,
+            ..facts(&empty, &[], None)
+        };
+        assert_eq!(
+            short.decide(&jwt).map(|o| o.max_lifetime_seconds),
+            Ok(Some(300))
+        );
+    }
+
+    #[test]
+    fn bad_outputs_deny_with_a_precise_reason_and_are_counted() {
+        let signer = "example.com/bad-outputs";
+        let annotations =
+            |v: &str| BTreeMap::from([("podca.dev/dns-names".to_string(), v.to_string())]);
+        let from_annotation = "request.annotations['podca.dev/dns-names'].split(',')";
+        let dns = "PolicyOutputInvalid:dns_names";
+        let cap = "PolicyOutputInvalid:max_lifetime_seconds";
+        let many = (0..=MAX_OUTPUT_DNS_NAMES)
+            .map(|i| format!("n{i}.shop"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let sixteen_twice = (0..MAX_OUTPUT_DNS_NAMES)
+            .map(|i| format!("n{i}.shop,n{i}.shop"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let errors = |output: &str| {
+            output_counter_rows()
+                .into_iter()
+                .find(|r| r.0 == signer && r.1 == output)
+                .map_or(0, |r| r.2)
+        };
+        for (dns_names, max_lifetime, annotation, source, reason, want) in [
+            (
+                Some(from_annotation),
+                None,
+                "Web.shop",
+                RequestSource::Pcr,
+                dns,
+                "gave \"Web.shop\", which is not a DNS name",
+            ),
+            (
+                Some(from_annotation),
+                None,
+                "*.shop",
+                RequestSource::Grpc,
+                dns,
+                "gave \"*.shop\", which is not a DNS name",
+            ),
+            (
+                Some(from_annotation),
+                None,
+                "a..shop",
+                RequestSource::Istio,
+                dns,
+                "gave \"a..shop\"",
+            ),
+            (
+                Some(from_annotation),
+                None,
+                "",
+                RequestSource::Pcr,
+                dns,
+                "gave \"\", which is not a DNS name",
+            ),
+            (
+                Some(from_annotation),
+                None,
+                many.as_str(),
+                RequestSource::Pcr,
+                dns,
+                "more than 16 distinct names",
+            ),
+            (
+                Some("request.annotations['missing'].split(',')"),
+                None,
+                "a.shop",
+                RequestSource::Pcr,
+                dns,
+                "output dns_names failed: ",
+            ),
+            (
+                Some("[request.annotations['podca.dev/dns-names'], 1]"),
+                None,
+                "a.shop",
+                RequestSource::Pcr,
+                dns,
+                "a list holding int, not only strings",
+            ),
+            (
+                Some("request.annotations['podca.dev/dns-names'] == 'x' ? ['a'] : 'b'"),
+                None,
+                "a.shop",
+                RequestSource::Pcr,
+                dns,
+                "gave string, not a list of strings",
+            ),
+            (
+                None,
+                Some("0"),
+                "a.shop",
+                RequestSource::Pcr,
+                cap,
+                "gave 0; a certificate's lifetime cap must be at least 3600 seconds",
+            ),
+            (
+                None,
+                Some("-3600"),
+                "a.shop",
+                RequestSource::Grpc,
+                cap,
+                "gave -3600;",
+            ),
+            (
+                None,
+                Some("1800"),
+                "a.shop",
+                RequestSource::Istio,
+                cap,
+                "gave 1800; a certificate's",
+            ),
+            (
+                None,
+                Some("0"),
+                "a.shop",
+                RequestSource::Jwt,
+                cap,
+                "gave 0; a JWT-SVID's lifetime cap must be at least 1 seconds",
+            ),
+            (
+                None,
+                Some("int(request.annotations['podca.dev/dns-names'])"),
+                "a.shop",
+                RequestSource::Pcr,
+                cap,
+                "output max_lifetime_seconds failed: ",
+            ),
+            (
+                None,
+                Some("request.annotations['podca.dev/dns-names'] == 'x' ? 1 : 'b'"),
+                "a.shop",
+                RequestSource::Pcr,
+                cap,
+                "gave string, not an int",
+            ),
+        ] {
+            let rules = with_outputs(signer, dns_names, max_lifetime);
+            let output = if dns_names.is_some() {
+                "dns_names"
+            } else {
+                "max_lifetime_seconds"
+            };
+            let before = errors(output);
+            let a = annotations(annotation);
+            let d = rules
+                .decide(&RuleFacts {
+                    source,
+                    ..facts(&a, &[], None)
+                })
+                .expect_err(want);
+            assert_eq!((d.reason, d.error), (reason, true), "{want}");
+            assert_eq!(d.rule, format!("outputs.{output}"));
+            assert!(
+                d.message.contains(want),
+                "{:?} should contain {want:?}",
+                d.message
+            );
+            assert_eq!(errors(output), before + 1, "{want}: counted");
+        }
+        // Duplicates are dropped before the count.
+        let rules = with_outputs(signer, Some(from_annotation), None);
+        let a = annotations(&sixteen_twice);
+        assert_eq!(
+            rules
+                .decide(&facts(&a, &[], None))
+                .map(|o| o.dns_names.map(|n| n.len())),
+            Ok(Some(MAX_OUTPUT_DNS_NAMES))
+        );
+        // Oversized input: an output-only set denies with the output's reason.
+        let big: BTreeMap<String, String> = (0..=MAX_COLLECTION_ENTRIES)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect();
+        let only_cap = RuleSet::compile_with_outputs(
+            signer,
+            &[],
+            &OutputSpec {
+                dns_names: None,
+                max_lifetime_seconds: Some("7200".into()),
+            },
+        )
+        .unwrap();
+        let d = only_cap
+            .decide(&facts(&big, &[], None))
+            .expect_err("oversized");
+        assert_eq!(d.reason, cap);
+        assert!(d.message.contains("at most 256"), "{}", d.message);
+    }
+
+    #[test]
+    fn output_compile_errors_name_the_output_and_the_position() {
+        let compile = |dns_names: Option<&str>, cap: Option<&str>| {
+            RuleSet::compile_with_outputs(
+                "s",
+                &[],
+                &OutputSpec {
+                    dns_names: dns_names.map(Into::into),
+                    max_lifetime_seconds: cap.map(Into::into),
+                },
+            )
+            .expect_err("must not compile")
+            .to_string()
+        };
+        for (got, want) in [
+            (
+                compile(Some("request.namespace"), None),
+                "outputs.dns_names at 1:8: gives string, want list(string)",
+            ),
+            (
+                compile(Some("[1, 2]"), None),
+                "outputs.dns_names at 1:1: gives list(int), want list(string)",
+            ),
+            (
+                compile(None, Some("'3600'")),
+                "outputs.max_lifetime_seconds at 1:1: gives string, want int",
+            ),
+            (
+                compile(None, Some("3600 +")),
+                "outputs.max_lifetime_seconds at 1:7: syntax error",
+            ),
+            (
+                compile(Some("[requst.namespace]"), None),
+                "outputs.dns_names at 1:2: unknown variable \"requst\"",
+            ),
+            (
+                compile(Some("request.namespace.split(1)"), None),
+                "outputs.dns_names at 1:24: split() takes a string here, not a int",
+            ),
+            (
+                compile(Some("[request.namespace.trim('x')]"), None),
+                "trim() takes 0 arguments, not 1",
+            ),
+            (
+                compile(Some("request.namespace.split(',', 1, 2)"), None),
+                "split() takes 1 or 2 arguments, not 3",
+            ),
+            (
+                compile(Some("split(request.namespace, ',')"), None),
+                "outputs.dns_names at 1:6: split() is a method",
+            ),
+            (
+                compile(None, Some("request.audiences.join(',')")),
+                "gives string, want int",
+            ),
+            (
+                compile(None, Some("request.namespace.join(',')")),
+                "join() is a list method, not string's",
+            ),
+        ] {
+            assert!(got.contains(want), "{got:?} should contain {want:?}");
+        }
+        // A list the inference cannot type is accepted and checked at evaluation.
+        assert!(
+            RuleSet::compile_with_outputs(
+                "s",
+                &[],
+                &OutputSpec {
+                    dns_names: Some("[]".into()),
+                    max_lifetime_seconds: None
+                }
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn string_extension_functions_work_and_are_typed() {
+        let empty = BTreeMap::new();
+        for expr in [
+            "'a,b'.split(',') == ['a', 'b']",
+            "'a,b,c'.split(',', 2) == ['a', 'b,c']",
+            "['a', 'b'].join('.') == 'a.b'",
+            "['a', 'b'].join() == 'ab'",
+            "'AbC'.lowerAscii() == 'abc'",
+            "'abc'.upperAscii() == 'ABC'",
+            "' a '.trim() == 'a'",
+            "'a.b'.replace('.', '-') == 'a-b'",
+            "'shop'.substring(1, 3) == 'ho'",
+            "'shop'.charAt(0) == 's'",
+            "'shop'.indexOf('o') == 2",
+            "'a.b.c'.lastIndexOf('.') == 3",
+            "'abc'.reverse() == 'cba'",
+            "request.namespace.split('o').size() == 2",
+        ] {
+            let rules =
+                RuleSet::compile("s", &[spec("f", expr)]).unwrap_or_else(|e| panic!("{expr}: {e}"));
+            assert!(
+                rules
+                    .evaluate(&facts(&empty, &[], None))
+                    .is_err_and(|d| !d.error),
+                "{expr} should be true"
+            );
+        }
+        // Their result types are known at load.
+        for (expr, want) in [
+            ("'a'.split(',')", "gives list(string), want bool"),
+            ("'a'.lowerAscii()", "gives string, want bool"),
+            ("'a'.indexOf('a')", "gives int, want bool"),
+            ("['a'].join(',')", "gives string, want bool"),
+        ] {
+            let e = compile_err(&[spec("t", expr)]).to_string();
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
         }
     }
 

@@ -276,3 +276,103 @@ async fn server_rejects_a_client_from_another_ca() {
     let err = result.expect_err("a client certificate from another CA must be refused");
     assert_eq!(err, "received fatal alert: DecryptError");
 }
+
+/// CEL outputs through `sign_request`: the leaf carries the names the expression computed (not
+/// the allow-list's, which must then be empty) and lives min(policy, cap); a bad output
+/// denies, and a policy with both an output and DNS allow-lists does not validate.
+#[test]
+fn cel_outputs_give_the_leafs_dns_names_and_cap_its_lifetime() {
+    use podca_signer::policy::PolicyError;
+    use podca_signer::rules::OutputSpec;
+    use podca_signer::{CertificateRequest, DenyReason, Outcome, SignerPolicy};
+    use time::{Duration, OffsetDateTime};
+
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    let mut policy = SignerPolicy::permissive("test.example");
+    policy.outputs = OutputSpec {
+        dns_names: Some(
+            "[request.pod.name + '.' + request.namespace + '.svc'] + \
+             request.annotations['podca.dev/dns-names'].split(',').map(n, n.trim().lowerAscii())"
+                .into(),
+        ),
+        max_lifetime_seconds: Some("request.service_account == 'web' ? 7200 : 3599".into()),
+    };
+    policy.validate_for("example.com/outputs").unwrap();
+    let key = podca_signer::keys::GeneratedKey::generate(KeyType::EcdsaP256).unwrap();
+    let request = |sa: &str, names: &str| CertificateRequest {
+        key: Ok(key.public.clone()),
+        namespace: "prod".into(),
+        service_account: sa.into(),
+        pod_name: Some("web-0".into()),
+        max_expiration: Some(Duration::seconds(86400)),
+        requested_lifetime: None,
+        user_annotations: [("podca.dev/dns-names".to_string(), names.to_string())].into(),
+    };
+    let sign = |r: &CertificateRequest| {
+        podca_signer::sign_request(&policy, &ca, r, OffsetDateTime::now_utc())
+    };
+    // No allow-list admits "Other.example": the output alone decides.
+    let Outcome::Issued(cert) = sign(&request("web", "Other.example, api.prod.svc")) else {
+        panic!("expected Issued");
+    };
+    assert_eq!(
+        cert.dns_names,
+        ["web-0.prod.svc", "other.example", "api.prod.svc"]
+    );
+    assert_eq!(cert.validity.lifetime(), Duration::seconds(7200));
+    let (_, leaf) = X509Certificate::from_der(&cert.leaf_der).unwrap();
+    let in_leaf: Vec<String> = leaf
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => Some((*d).to_owned()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(in_leaf, cert.dns_names);
+    for (sa, names, reason, message) in [
+        (
+            "web",
+            "*.prod.svc",
+            "PolicyOutputInvalid:dns_names",
+            "output dns_names gave \"*.prod.svc\", which is not a DNS name",
+        ),
+        (
+            "db",
+            "db.prod.svc",
+            "PolicyOutputInvalid:max_lifetime_seconds",
+            "output max_lifetime_seconds gave 3599; a certificate's lifetime cap must be at \
+             least 3600 seconds",
+        ),
+    ] {
+        match sign(&request(sa, names)) {
+            Outcome::Denied {
+                reason: DenyReason::Rule(r),
+                message: m,
+            } => {
+                assert_eq!(r, reason);
+                assert!(m.starts_with(message), "{m}");
+            }
+            other => panic!("{sa} {names}: expected Denied, got {other:?}"),
+        }
+    }
+    let mut both = policy.clone();
+    both.allowed_dns_names = vec!["*".into()];
+    assert_eq!(
+        both.validate_for("example.com/outputs"),
+        Err(PolicyError::DnsNamesOutputWithAllowLists)
+    );
+    let toml_policy: SignerPolicy = toml::from_str(
+        "trust_domain = \"t.example\"\n[outputs]\nmax_lifetime_seconds = \"'long'\"\n",
+    )
+    .unwrap();
+    let e = toml_policy.validate_for("s").unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "invalid signer policy: outputs.max_lifetime_seconds at 1:1: gives string, want int"
+    );
+}

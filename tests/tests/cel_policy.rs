@@ -1,7 +1,8 @@
 //! Declarative issuance policy in CEL (issue #19), end to end: one rule set applied to
-//! PodCertificateRequests (the in-process controller against the emulator) and to podca.v1
-//! (`podca dev`), a namespace-label rule that follows a label edit without a restart, and a
-//! config whose rule does not compile refused at start-up.
+//! PodCertificateRequests (the in-process controller against the emulator), to podca.v1 and the
+//! Istio CA API (`podca dev`), and to JWT-SVIDs; CEL outputs (DNS names, a lifetime cap) visible
+//! in the certificates of each path; a namespace-label rule that follows a label edit without a
+//! restart; and a config whose rule does not compile refused at start-up.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
@@ -38,6 +39,46 @@ deny = "request.service_account == 'legacy'"
 reason = "ServiceAccountRetired"
 message = "'service account ' + request.namespace + '/' + request.service_account + ' is retired'"
 "#;
+
+/// Outputs every path shares: the namespace's service name plus the annotation's names (the
+/// CEL form of `allowed_dns_names`), and a two-hour lifetime cap.
+const OUTPUTS: &str = r#"
+[outputs]
+dns_names = "[request.namespace + '.svc'] + ('podca.dev/dns-names' in request.annotations ? request.annotations['podca.dev/dns-names'].split(',').map(n, n.trim().lowerAscii()).filter(n, n != '') : [])"
+max_lifetime_seconds = "request.namespace == 'quarantine' ? 0 : 7200"
+"#;
+
+/// The config of `podca dev` with `rules` (and `outputs`) for [`SIGNER`].
+fn dev_config(rules: &str) -> String {
+    format!(
+        "[signers.\"{SIGNER}\"]\ntrust_domain = \"podca.dev.local\"\n{}",
+        rules
+            .replace("[[rules]]", &format!("[[signers.\"{SIGNER}\".rules]]"))
+            .replace("[outputs]", &format!("[signers.\"{SIGNER}\".outputs]"))
+    )
+}
+
+/// The leaf's DNS names and lifetime in seconds.
+fn leaf_dns_and_lifetime(chain_pem: &str) -> (Vec<String>, i64) {
+    let blocks = pem::parse_many(chain_pem).unwrap();
+    let (_, cert) = x509_parser::parse_x509_certificate(blocks[0].contents()).unwrap();
+    let dns = cert
+        .subject_alternative_name()
+        .unwrap()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::DNSName(d) => Some((*d).to_owned()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let v = cert.validity();
+    (dns, v.not_after.timestamp() - v.not_before.timestamp())
+}
 
 /// A rule on namespace labels, for PCRs only.
 const LABEL_RULE: &str = r#"
@@ -329,6 +370,204 @@ async fn jwt_svids_are_decided_by_the_rules_with_their_audiences() {
         .issue_certificate(request)
         .await
         .expect("rules see source grpc");
+    drop(client);
+    assert!(dev.stop().success());
+}
+
+/// CEL outputs on the PCR path: the issued certificate carries the computed DNS names and the
+/// capped lifetime (not the 24 h the PCR asks for); a wildcard from the annotation denies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pcr_certificates_carry_the_outputs_dns_names_and_lifetime_cap() {
+    install_crypto();
+    let c = Cluster::start(ApiMode::V1Only, &[SIGNER]).await;
+    let ctl = start(&c, policy(&format!("{RULES}{OUTPUTS}")), None).await;
+    let mut named = NewPcr::p256("req-named", SIGNER);
+    named.annotations = Some(serde_json::json!({
+        "podca.dev/dns-names": "API.apps.svc, db.apps.svc,,api.apps.svc"
+    }));
+    named.file(&c.admin).await;
+    let mut wildcard = NewPcr::p256("req-wildcard", SIGNER);
+    wildcard.annotations = Some(serde_json::json!({ "podca.dev/dns-names": "*.apps.svc" }));
+    wildcard.file(&c.admin).await;
+
+    let (ty, _, message) = settled(&c.emu, "apps", "req-named").await;
+    assert_eq!(ty, "Issued", "{message}");
+    let pcr = c.emu.get_object(Res::Pcr, "apps", "req-named").unwrap();
+    let chain = pcr["status"]["certificateChain"].as_str().expect("chain");
+    assert_eq!(
+        leaf_dns_and_lifetime(chain),
+        (
+            vec![
+                "apps.svc".to_string(),
+                "api.apps.svc".to_string(),
+                "db.apps.svc".to_string()
+            ],
+            7200
+        )
+    );
+    let (ty, reason, message) = settled(&c.emu, "apps", "req-wildcard").await;
+    assert_eq!(
+        (ty.as_str(), reason.as_str()),
+        ("Denied", "PolicyOutputInvalid:dns_names")
+    );
+    assert!(
+        message.starts_with("output dns_names gave \"*.apps.svc\", which is not a DNS name"),
+        "{message}"
+    );
+    assert_eq!(c.emu.counters().validation_rejections, 0);
+    ctl.stop().await;
+}
+
+/// The Istio leg of "identically through every API": the rules that deny PCRs and podca.v1
+/// deny the Istio CA API with PERMISSION_DENIED and the rule's reason and message, and the
+/// outputs shape the certificates of both gRPC APIs (DNS names, the two-hour cap); an output
+/// that gives an invalid cap denies on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_and_podca_v1_follow_the_same_rules_and_outputs() {
+    use podca_proto::istio::v1::auth::IstioCertificateRequest;
+    use podca_tests::istio::{Ztunnel, ztunnel_csr};
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&dev_config(&format!("{RULES}{OUTPUTS}"))),
+        ..Default::default()
+    });
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", dev.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut ztunnel = Ztunnel::new(channel, None, "podca.dev.local");
+    let headers = ztunnel.clone();
+    let istio = |ns: &str, sa: &str| {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let id = format!("spiffe://podca.dev.local/ns/{ns}/sa/{sa}");
+        let mut request = headers.request(IstioCertificateRequest {
+            csr: ztunnel_csr(&key, &[&id]),
+            validity_duration: 86_400,
+            metadata: None,
+        });
+        let md = request.metadata_mut();
+        md.insert("x-podca-namespace", ns.parse().unwrap());
+        md.insert("x-podca-service-account", sa.parse().unwrap());
+        request
+    };
+    for (ns, sa, want) in [
+        (
+            "shop",
+            "legacy",
+            "ServiceAccountRetired: service account shop/legacy is retired",
+        ),
+        (
+            "quarantine",
+            "app",
+            "NamespaceQuarantined: namespace quarantine is quarantined (istio, pod , node )",
+        ),
+    ] {
+        let status = ztunnel
+            .client
+            .create_certificate(istio(ns, sa))
+            .await
+            .expect_err("the rule denies");
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::PermissionDenied, want),
+            "{status:?}"
+        );
+    }
+    let answer = ztunnel
+        .client
+        .create_certificate(istio("shop", "cart"))
+        .await
+        .expect("no rule denies")
+        .into_inner();
+    let chain = answer.cert_chain[..answer.cert_chain.len() - 1].concat();
+    assert_eq!(
+        leaf_dns_and_lifetime(&chain),
+        (vec!["shop.svc".to_string()], 7200)
+    );
+
+    // podca.v1 on the same listener: the annotation's names and the cap.
+    let mut client = dev.tcp_client().await;
+    let mut request = Request::new(IssueCertificateRequest {
+        csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+        requested_lifetime_seconds: Some(86_400),
+        user_annotations: [(
+            "podca.dev/dns-names".to_string(),
+            "cart.shop.svc".to_string(),
+        )]
+        .into(),
+        ..Default::default()
+    });
+    let md = request.metadata_mut();
+    md.insert("x-podca-namespace", "shop".parse().unwrap());
+    md.insert("x-podca-service-account", "cart".parse().unwrap());
+    let issued = client
+        .issue_certificate(request)
+        .await
+        .expect("no rule denies")
+        .into_inner();
+    assert_eq!(
+        leaf_dns_and_lifetime(&issued.certificate_chain_pem),
+        (
+            vec!["shop.svc".to_string(), "cart.shop.svc".to_string()],
+            7200
+        )
+    );
+    drop(client);
+    assert!(dev.stop().success());
+}
+
+/// An output that gives an invalid cap denies (fail closed) with its reason, on podca.v1 and
+/// the Istio API alike, and no rule is needed for that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_output_denies_on_every_grpc_api() {
+    use podca_proto::istio::v1::auth::IstioCertificateRequest;
+    use podca_tests::istio::{Ztunnel, ztunnel_csr};
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&dev_config(OUTPUTS)),
+        ..Default::default()
+    });
+    let want = "PolicyOutputInvalid:max_lifetime_seconds: output max_lifetime_seconds gave 0; \
+                a certificate's lifetime cap must be at least 3600 seconds";
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", dev.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut ztunnel = Ztunnel::new(channel, None, "podca.dev.local");
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut request = ztunnel.request(IstioCertificateRequest {
+        csr: ztunnel_csr(&key, &["spiffe://podca.dev.local/ns/quarantine/sa/app"]),
+        validity_duration: 3600,
+        metadata: None,
+    });
+    let md = request.metadata_mut();
+    md.insert("x-podca-namespace", "quarantine".parse().unwrap());
+    md.insert("x-podca-service-account", "app".parse().unwrap());
+    let status = ztunnel
+        .client
+        .create_certificate(request)
+        .await
+        .expect_err("the output denies");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::PermissionDenied, want)
+    );
+    let mut client = dev.tcp_client().await;
+    let mut request = Request::new(IssueCertificateRequest {
+        csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+        ..Default::default()
+    });
+    let md = request.metadata_mut();
+    md.insert("x-podca-namespace", "quarantine".parse().unwrap());
+    md.insert("x-podca-service-account", "app".parse().unwrap());
+    let status = client
+        .issue_certificate(request)
+        .await
+        .expect_err("the output denies");
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::PermissionDenied, want)
+    );
     drop(client);
     assert!(dev.stop().success());
 }
