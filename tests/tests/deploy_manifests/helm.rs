@@ -424,6 +424,24 @@ fn helm_renders_rules_and_grants_namespaces_only_when_a_rule_reads_their_labels(
     assert!(
         helm_with_values(&rules("true").replace("reason: Gated", "reason: not-a-reason")).is_err()
     );
+    // CEL outputs render as the signer's `outputs` table; the schema knows only their two keys.
+    let outputs = |extra: &str| {
+        format!(
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      \
+             dns_name_templates: []\n      allowed_dns_names: []\n      \
+             outputs:\n        dns_names: \"[request.service_account + '.svc']\"\n        \
+             max_lifetime_seconds: \"7200\"\n{extra}"
+        )
+    };
+    let yaml = helm_with_values(&outputs("")).expect("renders");
+    let r = parse_helm_yaml("helm outputs", &yaml);
+    let policy = &config(&r).signers[SIGNER];
+    assert_eq!(
+        policy.outputs.dns_names.as_deref(),
+        Some("[request.service_account + '.svc']")
+    );
+    assert_eq!(policy.outputs.max_lifetime_seconds.as_deref(), Some("7200"));
+    assert!(helm_with_values(&outputs("        lifetime: \"1\"\n")).is_err());
 }
 
 #[test]
