@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use podca_signer::backend::{BackendError, PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Uri};
+use podca_signer::backend::{
+    BackendError, CaAlgorithm, PinSource, Pkcs11Config, Pkcs11Key, Pkcs11Uri,
+};
 use podca_signer::{CaCertificate, CaError, CaKey, FileStore, IssuingCa, StoreError};
 use time::{Duration, OffsetDateTime};
 
@@ -77,6 +79,15 @@ pub enum OpenError {
         location: String,
         #[source]
         source: BackendError,
+    },
+    /// The active CA certificate's key is of an algorithm the PKCS#11 backend cannot sign
+    /// with (ML-DSA, Ed25519): said before the token is touched (issue #18).
+    #[error("[ca] backend = \"pkcs11\", but {} certifies an {algorithm} key: {detail}", .path.display())]
+    AlgorithmNotInHsm {
+        path: PathBuf,
+        algorithm: CaAlgorithm,
+        /// The backend's refusal, naming the algorithms it supports.
+        detail: String,
     },
     #[error("generating the in-memory intermediate key: {0}")]
     IntermediateKey(#[source] BackendError),
@@ -194,6 +205,31 @@ pub fn open(config: &CaConfig, max_leaf_lifetime: Duration) -> Result<CaSource, 
     }
 }
 
+/// The active issuing certificate names the algorithm its key must have: one the PKCS#11
+/// backend cannot sign with is refused here, by name, rather than as a key that "does not match"
+/// after the token was searched. A certificate that cannot be read is left to the usual load.
+fn refuse_algorithm_not_in_hsm(store: &FileStore) -> Result<(), OpenError> {
+    let path = store.issuing_cert_path();
+    let algorithm = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| CaCertificate::all_from_pem(&text).ok())
+        .and_then(|certs| {
+            certs
+                .first()
+                .and_then(|c| CaAlgorithm::of_spki(c.spki_der()))
+        });
+    match algorithm.map(|a| (a, Pkcs11Key::supports(a))) {
+        Some((algorithm, Err(BackendError::InvalidKey(detail)))) => {
+            Err(OpenError::AlgorithmNotInHsm {
+                path,
+                algorithm,
+                detail,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 fn open_pkcs11(
     p: &Pkcs11Ca,
     store: FileStore,
@@ -216,6 +252,7 @@ fn open_pkcs11(
                 });
             }
         };
+        refuse_algorithm_not_in_hsm(store)?;
         let uri = Pkcs11Uri::parse(&location).map_err(|source| OpenError::Uri {
             location: location.clone(),
             source,

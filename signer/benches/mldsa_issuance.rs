@@ -7,6 +7,10 @@
 //!
 //! Issuance is the PodCertificateRequest path: stub CSR DER → subject key (no signature
 //! re-check) → policy → validity → signed leaf → PEM chain.
+//!
+//! The raw-signing and the issuance windows of each comparison alternate (3 + 3 windows of 3 s,
+//! medians), so that other work on the machine weighs on both sides of a ratio alike. Run it
+//! pinned to one core: `taskset -c 1 cargo bench -p podca-signer --bench mldsa_issuance`.
 
 // A benchmark binary: a failed setup step should abort it loudly.
 #![allow(clippy::unwrap_used)]
@@ -26,8 +30,9 @@ use time::OffsetDateTime;
 
 mod common;
 
-fn rate(op: impl FnMut()) -> f64 {
-    common::rate(16, op)
+/// Raw signing and issuance per second, measured window for window alternately.
+fn rates(raw: impl FnMut(), issue: impl FnMut()) -> (f64, f64) {
+    common::paired_rates(16, raw, issue)
 }
 
 fn two_level_ca(algorithm: CaAlgorithm, now: OffsetDateTime) -> IssuingCa {
@@ -47,17 +52,13 @@ fn two_level_ca(algorithm: CaAlgorithm, now: OffsetDateTime) -> IssuingCa {
     .unwrap()
 }
 
-/// Issuances per second of leaves for a `subject` key under `ca`.
-fn issuance_rate(ca: &IssuingCa, subject: KeyType, now: OffsetDateTime) -> f64 {
+/// One issuance of a leaf for the `stub` CSR's key under `ca`.
+fn issue_one<'a>(ca: &'a IssuingCa, stub: &'a [u8], now: OffsetDateTime) -> impl FnMut() + 'a {
     let mut policy = SignerPolicy::permissive("cluster.local");
     policy.key_types = KeyType::EVERY.to_vec();
-    let stub = GeneratedKey::generate(subject)
-        .unwrap()
-        .stub_csr_der()
-        .unwrap();
-    rate(|| {
+    move || {
         let request = CertificateRequest {
-            key: SubjectKey::from_stub_csr(&stub),
+            key: SubjectKey::from_stub_csr(stub),
             namespace: "prod".into(),
             service_account: "web".into(),
             pod_name: Some("web-0".into()),
@@ -71,7 +72,14 @@ fn issuance_rate(ca: &IssuingCa, subject: KeyType, now: OffsetDateTime) -> f64 {
             }
             other => panic!("{other:?}"),
         }
-    })
+    }
+}
+
+fn stub(subject: KeyType) -> Vec<u8> {
+    GeneratedKey::generate(subject)
+        .unwrap()
+        .stub_csr_der()
+        .unwrap()
 }
 
 fn report(what: &str, raw_name: &str, raw: f64, issue: f64) {
@@ -94,24 +102,30 @@ fn main() {
     // 1. ML-DSA-65 issuing CA, P-256 subject, against raw ML-DSA-65.
     let ml_dsa = PqdsaKeyPair::generate(&ML_DSA_65_SIGNING).unwrap();
     let mut signature = vec![0u8; ML_DSA_65_SIGNING.signature_len()];
-    let raw_ml_dsa = rate(|| {
-        std::hint::black_box(ml_dsa.sign(&small, &mut signature).unwrap());
-    });
     let ca = two_level_ca(CaAlgorithm::MlDsa65, now);
-    let issue_ml_dsa_ca = issuance_rate(&ca, KeyType::EcdsaP256, now);
+    let p256_stub = stub(KeyType::EcdsaP256);
+    let (raw_ml_dsa, issue_ml_dsa_ca) = rates(
+        || {
+            std::hint::black_box(ml_dsa.sign(&small, &mut signature).unwrap());
+        },
+        issue_one(&ca, &p256_stub, now),
+    );
 
     // 2. ML-DSA-65 subject under a P-256 issuing CA, against raw P-256.
     let rng = SystemRandom::new();
     let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
     let p256 = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref()).unwrap();
-    let raw_p256 = rate(|| {
-        std::hint::black_box(p256.sign(&rng, &large).unwrap());
-    });
     let ca = two_level_ca(CaAlgorithm::EcdsaP256, now);
-    let issue_ml_dsa_subject = issuance_rate(&ca, KeyType::MlDsa65, now);
+    let ml_dsa_stub = stub(KeyType::MlDsa65);
+    let (raw_p256, issue_ml_dsa_subject) = rates(
+        || {
+            std::hint::black_box(p256.sign(&rng, &large).unwrap());
+        },
+        issue_one(&ca, &ml_dsa_stub, now),
+    );
 
     println!(
-        "one core, release build, median of 3 × {}s",
+        "one core, release build, median of 3 × {}s (windows alternating)",
         common::RUN.as_secs()
     );
     report(

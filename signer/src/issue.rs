@@ -72,8 +72,12 @@ impl IssuingCa {
         })?;
         let signature = self.key().sign(&tbs)?;
         let leaf_der = template.certificate(&tbs, &signature);
-        let mut chain_pem = x509::certificates_to_pem([leaf_der.as_slice()]);
-        chain_pem.push_str(self.chain_suffix_pem());
+        // The CA's part of the chain is encoded once per CA; one allocation holds the whole.
+        let suffix = self.chain_suffix_pem();
+        let mut chain_pem =
+            String::with_capacity(x509::certificate_pem_len(&leaf_der) + suffix.len());
+        x509::push_certificate_pem(&mut chain_pem, &leaf_der);
+        chain_pem.push_str(suffix);
         Ok(IssuedCertificate {
             chain_pem,
             serial: hex::encode(serial),

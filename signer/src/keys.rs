@@ -161,8 +161,9 @@ pub enum KeyError {
 pub struct SubjectKey {
     key_type: KeyType,
     spki_der: Vec<u8>,
-    /// The BIT STRING content of the SPKI (what rcgen calls the public key DER).
-    raw_public_key: Vec<u8>,
+    /// Where the BIT STRING content of the SPKI (what rcgen calls the public key DER) starts
+    /// in `spki_der`: the canonical form ends with it, so the key is not stored twice.
+    key_start: usize,
     algorithm: &'static rcgen::SignatureAlgorithm,
 }
 
@@ -220,7 +221,7 @@ impl SubjectKey {
             }
         })?;
         let signed = csr.certification_request_info.raw;
-        UnparsedPublicKey::new(alg, &key.raw_public_key)
+        UnparsedPublicKey::new(alg, key.raw_public_key())
             .verify(signed, &csr.signature_value.data)
             .map_err(|_| KeyError::BadSignature {
                 what: "CSR self-signature",
@@ -305,6 +306,11 @@ impl SubjectKey {
         &self.spki_der
     }
 
+    /// The BIT STRING content of the SPKI.
+    fn raw_public_key(&self) -> &[u8] {
+        &self.spki_der[self.key_start..]
+    }
+
     /// SHA-256 of the SPKI DER: the key fingerprint recorded in the ledger.
     pub fn spki_sha256(&self) -> [u8; 32] {
         let d = digest::digest(&digest::SHA256, &self.spki_der);
@@ -315,10 +321,16 @@ impl SubjectKey {
 
     fn from_parsed_spki(spki: &SubjectPublicKeyInfo<'_>, der: &[u8]) -> Result<Self, KeyError> {
         let key_type = classify(spki)?;
-        let raw_public_key = &spki.subject_public_key.data;
+        let raw_public_key: &[u8] = &spki.subject_public_key.data;
         // The SPKI goes into the certificate verbatim: accept only its one canonical DER form
         // (the one Go, openssl and rcgen write), so every verifier reads the same key from it.
-        if canonical_spki(key_type, raw_public_key) != der {
+        // Compared without re-encoding the key: the canonical prefix, then the key itself.
+        let prefix = canonical_spki_prefix(key_type, raw_public_key.len());
+        let key_start = prefix.len();
+        if der.len() != key_start + raw_public_key.len()
+            || der[..key_start] != prefix[..]
+            || &der[key_start..] != raw_public_key
+        {
             return Err(KeyError::Malformed {
                 what: "SubjectPublicKeyInfo",
                 detail: "not in canonical DER form".into(),
@@ -339,7 +351,7 @@ impl SubjectKey {
         Ok(SubjectKey {
             key_type,
             spki_der: der.to_vec(),
-            raw_public_key: raw_public_key.to_vec(),
+            key_start,
             algorithm,
         })
     }
@@ -347,7 +359,7 @@ impl SubjectKey {
 
 impl PublicKeyData for SubjectKey {
     fn der_bytes(&self) -> &[u8] {
-        &self.raw_public_key
+        self.raw_public_key()
     }
 
     fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
@@ -361,7 +373,7 @@ fn verify(
     message: &[u8],
     sig: &[u8],
 ) -> bool {
-    UnparsedPublicKey::new(alg, &key.raw_public_key)
+    UnparsedPublicKey::new(alg, key.raw_public_key())
         .verify(message, sig)
         .is_ok()
 }
@@ -470,34 +482,52 @@ fn ml_dsa(spki: &SubjectPublicKeyInfo<'_>, key_type: KeyType) -> Result<KeyType,
 }
 
 /// The DER SubjectPublicKeyInfo of a `key_type` key whose BIT STRING holds `public_key`
-/// (RFC 3279 §2.3.1 with NULL parameters for RSA, RFC 5480 named curves, RFC 8410 for Ed25519).
+/// (RFC 3279 §2.3.1 with NULL parameters for RSA, RFC 5480 named curves, RFC 8410 for Ed25519,
+/// RFC 9881 for ML-DSA).
+#[cfg(test)]
 fn canonical_spki(key_type: KeyType, public_key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(public_key.len() + 32);
-    der::push_nested(&mut out, der::SEQUENCE, |spki| {
-        der::push_nested(spki, der::SEQUENCE, |alg| {
-            let (oid, curve) = match key_type {
-                KeyType::Rsa3072 | KeyType::Rsa4096 => (RSA_ENCRYPTION, None),
-                KeyType::EcdsaP256 => (EC_PUBLIC_KEY, Some(P256)),
-                KeyType::EcdsaP384 => (EC_PUBLIC_KEY, Some(P384)),
-                KeyType::EcdsaP521 => (EC_PUBLIC_KEY, Some(P521)),
-                KeyType::Ed25519 => (ED25519, None),
-                KeyType::MlDsa44 => (ML_DSA_44, None),
-                KeyType::MlDsa65 => (ML_DSA_65, None),
-                KeyType::MlDsa87 => (ML_DSA_87, None),
-            };
-            der::push(alg, der::OID, oid);
-            match curve {
-                Some(curve) => der::push(alg, der::OID, curve),
-                None if key_type.is_rsa() => der::push(alg, der::NULL, &[]),
-                None => {}
-            }
-        });
-        der::push_nested(spki, der::BIT_STRING, |bits| {
-            // No unused bits.
-            bits.push(0);
-            bits.extend_from_slice(public_key);
-        });
+    let mut out = canonical_spki_prefix(key_type, public_key.len());
+    out.extend_from_slice(public_key);
+    out
+}
+
+/// The canonical SubjectPublicKeyInfo of a `key_type` key of `key_len` bytes up to where the
+/// key starts: the outer SEQUENCE's header, the AlgorithmIdentifier, the BIT STRING's header
+/// and its unused-bits octet (0).
+fn canonical_spki_prefix(key_type: KeyType, key_len: usize) -> Vec<u8> {
+    let mut algorithm = Vec::with_capacity(24);
+    der::push_nested(&mut algorithm, der::SEQUENCE, |alg| {
+        let (oid, curve) = match key_type {
+            KeyType::Rsa3072 | KeyType::Rsa4096 => (RSA_ENCRYPTION, None),
+            KeyType::EcdsaP256 => (EC_PUBLIC_KEY, Some(P256)),
+            KeyType::EcdsaP384 => (EC_PUBLIC_KEY, Some(P384)),
+            KeyType::EcdsaP521 => (EC_PUBLIC_KEY, Some(P521)),
+            KeyType::Ed25519 => (ED25519, None),
+            KeyType::MlDsa44 => (ML_DSA_44, None),
+            KeyType::MlDsa65 => (ML_DSA_65, None),
+            KeyType::MlDsa87 => (ML_DSA_87, None),
+        };
+        der::push(alg, der::OID, oid);
+        match curve {
+            Some(curve) => der::push(alg, der::OID, curve),
+            None if key_type.is_rsa() => der::push(alg, der::NULL, &[]),
+            None => {}
+        }
     });
+    let mut bit_string_header = Vec::with_capacity(6);
+    bit_string_header.push(der::BIT_STRING);
+    // The unused-bits octet, then the key.
+    der::push_len(&mut bit_string_header, 1 + key_len);
+    // No unused bits.
+    bit_string_header.push(0);
+    let mut out = Vec::with_capacity(48);
+    out.push(der::SEQUENCE);
+    der::push_len(
+        &mut out,
+        algorithm.len() + bit_string_header.len() + key_len,
+    );
+    out.extend_from_slice(&algorithm);
+    out.extend_from_slice(&bit_string_header);
     out
 }
 
@@ -668,12 +698,12 @@ mod tests {
 
     #[test]
     fn canonical_spki_is_what_rcgen_and_aws_lc_write() {
-        for key_type in KeyType::ALL {
+        for key_type in KeyType::EVERY {
             let generated = GeneratedKey::generate(key_type).unwrap_or_else(|e| panic!("{e}"));
             let from_rcgen = generated.pair.subject_public_key_info();
             let key = &generated.public;
             assert_eq!(
-                canonical_spki(key_type, &key.raw_public_key),
+                canonical_spki(key_type, key.raw_public_key()),
                 from_rcgen,
                 "{key_type}"
             );
@@ -693,7 +723,7 @@ mod tests {
             });
             der::push_nested(spki, der::BIT_STRING, |bits| {
                 bits.push(0);
-                bits.extend_from_slice(&key.public.raw_public_key);
+                bits.extend_from_slice(key.public.raw_public_key());
             });
         });
         assert!(matches!(

@@ -46,10 +46,35 @@ pub fn certificates_from_pem(text: &str) -> Result<Vec<Vec<u8>>, CertError> {
 
 /// PEM-encodes DER certificates as header-less `CERTIFICATE` blocks, LF line endings.
 pub fn certificates_to_pem<'a>(ders: impl IntoIterator<Item = &'a [u8]>) -> String {
-    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
-    ders.into_iter()
-        .map(|der| pem::encode_config(&pem::Pem::new("CERTIFICATE", der.to_vec()), config))
-        .collect()
+    let mut out = String::new();
+    for der in ders {
+        push_certificate_pem(&mut out, der);
+    }
+    out
+}
+
+const PEM_BEGIN: &str = "-----BEGIN CERTIFICATE-----\n";
+const PEM_END: &str = "-----END CERTIFICATE-----\n";
+/// DER bytes per PEM line: 64 base64 characters (RFC 7468 §2).
+const PEM_LINE_BYTES: usize = 48;
+
+/// The length of `der`'s PEM block as [`push_certificate_pem`] writes it.
+pub(crate) fn certificate_pem_len(der: &[u8]) -> usize {
+    PEM_BEGIN.len() + der.len().div_ceil(3) * 4 + der.len().div_ceil(PEM_LINE_BYTES) + PEM_END.len()
+}
+
+/// Appends `der` as a `CERTIFICATE` block: the text `pem::encode_config` writes with LF line
+/// endings (a unit test compares them), but in place, reserved once and without formatting
+/// each line, since every issuance encodes its leaf (issue #18: a 5 KB ML-DSA leaf).
+pub(crate) fn push_certificate_pem(out: &mut String, der: &[u8]) {
+    use base64::Engine as _;
+    out.reserve(certificate_pem_len(der));
+    out.push_str(PEM_BEGIN);
+    for line in der.chunks(PEM_LINE_BYTES) {
+        base64::engine::general_purpose::STANDARD.encode_string(line, out);
+        out.push('\n');
+    }
+    out.push_str(PEM_END);
 }
 
 pub(crate) fn parse_certificate(
@@ -140,4 +165,27 @@ fn verification_algorithm(
         ("2.16.840.1.101.3.4.3.19", None, "2.16.840.1.101.3.4.3.19") => &signature::ML_DSA_87,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_pem_is_what_the_pem_crate_writes() {
+        let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+        // Around the line (48 bytes) and base64 group (3 bytes) boundaries, and ML-DSA sizes.
+        for len in [0, 1, 2, 3, 47, 48, 49, 95, 96, 97, 500, 5_000, 7_519] {
+            let der: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            let expected = pem::encode_config(&pem::Pem::new("CERTIFICATE", der.clone()), config);
+            let mut written = String::new();
+            push_certificate_pem(&mut written, &der);
+            assert_eq!(written, expected, "{len} bytes");
+            assert_eq!(certificate_pem_len(&der), expected.len(), "{len} bytes");
+            assert_eq!(
+                certificates_to_pem([der.as_slice(), der.as_slice()]),
+                expected.repeat(2)
+            );
+        }
+    }
 }

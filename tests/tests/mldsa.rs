@@ -3,7 +3,8 @@
 //! the CLI, every chain checked by an implementation that is not aws-lc (RustCrypto `ml-dsa` for
 //! ML-DSA signatures and keys, the `openssl` binary for classical signatures); the emulator's
 //! gate; the size limits at the largest case; a rustls mutual-TLS handshake between ML-DSA-65
-//! pods.
+//! pods; `podca serve` with an ML-DSA-65 CA from a Kubernetes Secret; SoftHSM2's clear refusal
+//! of an ML-DSA CA at start.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
@@ -1131,6 +1132,266 @@ fn csr_around(spki: &[u8]) -> Vec<u8> {
     ));
     body.extend(tlv(0x03, &[0u8; 3310]));
     tlv(0x30, &body)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Secret CA backend with an ML-DSA-65 CA, through the real `podca serve`.
+
+/// `podca ca init --algorithm ml-dsa-65` makes the CA; its issuing certificate, key and root go
+/// into the `kubernetes.io/tls` Secret as the operator guide says ("Secret backend"); `podca
+/// serve` with `[ca] backend = "secret"` publishes the ML-DSA root and signs PCRs for an
+/// ML-DSA-65 and a P-256 subject (emulator with `PodCertificateMLDSA`). Each chain is checked
+/// without aws-lc: both ML-DSA-65 signatures (leaf, issuing) and the root's with RustCrypto.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_signs_ml_dsa_and_p256_subjects_with_an_ml_dsa_65_ca_from_a_secret() {
+    use podca_tests::cluster::{NewPcr, PODCA_USER};
+    use podca_tests::emulator::{PolicyRule, Subject};
+    use podca_tests::kubelet::trust_anchors_for_signer;
+    use podca_tests::process::ServeProcess;
+
+    let c = Cluster::start_with(ClusterConfig {
+        emulator: EmulatorConfig {
+            api_mode: ApiMode::V1Only,
+            pod_certificate_mldsa: true,
+            auto_create_namespaces: true,
+            ..Default::default()
+        },
+        // Not in `system:serviceaccounts`: podca reads the bundles through its signer role only.
+        podca_groups: &["system:authenticated"],
+        signers: &[PQ],
+    })
+    .await;
+    let ca_dir = c.dir.path().join("ca");
+    ok(&[
+        "ca",
+        "init",
+        "--dir",
+        ca_dir.to_str().expect("utf-8"),
+        "--algorithm",
+        "ml-dsa-65",
+    ]);
+    let generation = ca_dir.join("generations/1");
+    let read = |file: &str| std::fs::read(generation.join(file)).expect("a ca init file");
+    let (issuing, key, root) = (read("issuing.pem"), read("issuing.key"), read("root.pem"));
+    c.emu.add_secret(
+        "podca-system",
+        "podca-ca",
+        "kubernetes.io/tls",
+        &[("tls.crt", &issuing), ("tls.key", &key), ("ca.crt", &root)],
+    );
+    // Exactly the rules the Secret backend documents, in the Secret's namespace.
+    let user = || Subject::User(PODCA_USER.into());
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
+            .with_names(&["podca-ca"])
+            .in_namespaces(&["podca-system"]),
+    );
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+            .with_names(&["podca-ca-podca-history"])
+            .in_namespaces(&["podca-system"]),
+    );
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["podca-system"]),
+    );
+    let config = c.dir.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n\n[ledger]\npath = \
+             {:?}\n\n[signers.\"{PQ}\"]\ntrust_domain = \"cluster.local\"\nkey_types = \
+             [\"ECDSAP256\", \"MLDSA65\"]\n",
+            c.dir.path().join("ledger.redb").display().to_string()
+        ),
+    )
+    .expect("config");
+    let _serve = ServeProcess::start(&config, &c.kubeconfig, &[], &[]);
+
+    // The ML-DSA-65 root from the Secret's ca.crt is the published anchor.
+    let deadline = std::time::Instant::now() + StdDuration::from_secs(30);
+    let bundle = loop {
+        let text = trust_anchors_for_signer(&c.admin, "v1", PQ)
+            .await
+            .unwrap_or_default();
+        if text.contains("BEGIN CERTIFICATE") {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no bundle published for {PQ}"
+        );
+        tokio::time::sleep(StdDuration::from_millis(100)).await;
+    };
+    let anchors = der_blocks(&bundle);
+    assert_eq!(
+        anchors,
+        der_blocks(std::str::from_utf8(&root).expect("PEM"))
+    );
+    let issuing_der = der_blocks(std::str::from_utf8(&issuing).expect("PEM"));
+
+    for (name, key_type) in [
+        ("secret-mldsa65", SignerKeyType::MlDsa65),
+        ("secret-p256", SignerKeyType::EcdsaP256),
+    ] {
+        let subject = GeneratedKey::generate(key_type).expect("key");
+        let stub = subject.stub_csr_der().expect("stub CSR");
+        NewPcr::stub("v1", "apps", name.to_owned(), PQ, stub)
+            .file(&c.admin)
+            .await;
+        let chain = der_blocks(&c.wait_issued(name, StdDuration::from_secs(30)).await);
+        assert_eq!(chain.len(), 2, "{name}: leaf and issuing, no root");
+        assert_eq!(chain[1], issuing_der[0], "{name}: the Secret's issuing CA");
+        let checked = verify_independently(&chain, &anchors);
+        assert_eq!(checked, 2, "{name}: leaf and issuing signed with ML-DSA-65");
+        let (_, leaf) = X509Certificate::from_der(&chain[0]).expect("leaf");
+        assert_eq!(
+            leaf.signature_algorithm.algorithm.to_id_string(),
+            "2.16.840.1.101.3.4.3.18",
+            "{name}"
+        );
+        assert_eq!(
+            leaf.public_key().raw,
+            subject.public.spki_der(),
+            "{name}: the requested SPKI verbatim"
+        );
+        if key_type.is_ml_dsa() {
+            assert_ml_dsa_leaf(&chain[0], name);
+        } else {
+            // A classical subject keeps the classical profile: keyUsage digitalSignature.
+            let ku = leaf.key_usage().expect("keyUsage").expect("keyUsage").value;
+            assert_eq!(ku.flags, 1, "{name}");
+        }
+    }
+    let counters = c.emu.counters();
+    assert_eq!(
+        (counters.validation_rejections, counters.forbidden),
+        (0, 0),
+        "{:?}",
+        counters.rejections_by_cause
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// An HSM without ML-DSA (SoftHSM2): a clear error at start, naming the algorithm.
+
+/// `podca ca init --algorithm ml-dsa-65` into a real SoftHSM2 token, and `podca serve` with
+/// `[ca] backend = "pkcs11"` on an ML-DSA-65 CA whose key would have to come from the token,
+/// each stop at once with one error that names ml-dsa-65 and the backends that can hold it;
+/// nothing is generated in the token, and serve does not report a mere key mismatch (the
+/// token holds an ECDSA key exactly where the URI points).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn softhsm2_refuses_an_ml_dsa_ca_at_start_naming_the_algorithm() {
+    use podca_tests::softhsm::{SOFTHSM2_MODULE, private_key_labels, softhsm_token};
+    const REFUSAL: &str = "the PKCS#11 backend supports ecdsa-p256, ecdsa-p384 and rsa-sha256 \
+                           CA keys, not ml-dsa-65 (ML-DSA CA keys need the file or Secret \
+                           backend)";
+    let c = Cluster::start(ApiMode::V1Only, &[PQ]).await;
+    let t = c.dir.path();
+    let conf = softhsm_token(t, "pq", "87654321", "123456");
+    let pin = t.join("pin");
+    std::fs::write(&pin, "123456\n").expect("pin");
+    let pin = pin.to_str().expect("utf-8");
+    let uri = format!("pkcs11:token=pq;object=podca-ca?module-path={SOFTHSM2_MODULE}");
+    let run = |args: &[&str]| {
+        Command::new(podca_binary())
+            .args(args)
+            .env_remove("PODCA_DATA_DIR")
+            .env("PODCA_LOG", "warn")
+            .env("SOFTHSM2_CONF", &conf)
+            .output()
+            .expect("podca runs")
+    };
+    let dir = |name: &str| t.join(name).to_str().expect("utf-8").to_owned();
+
+    let init = run(&[
+        "ca",
+        "init",
+        "--dir",
+        &dir("hsm"),
+        "--algorithm",
+        "ml-dsa-65",
+        "--pkcs11-uri",
+        &uri,
+        "--pkcs11-generate",
+        "--pkcs11-pin-file",
+        pin,
+    ]);
+    assert_eq!(init.status.code(), Some(1), "{init:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&init.stderr).trim_end(),
+        format!("podca: --algorithm ml-dsa-65 with --pkcs11-uri: CA key unusable: {REFUSAL}")
+    );
+    assert!(!podca_signer::FileStore::new(dir("hsm")).is_initialised());
+    assert_eq!(
+        private_key_labels(&conf, "pq", "123456"),
+        Vec::<String>::new()
+    );
+
+    // An ML-DSA-65 CA made with file keys, served with the PKCS#11 backend and a URI naming
+    // an ECDSA key in the token.
+    assert!(
+        run(&[
+            "ca",
+            "init",
+            "--dir",
+            &dir("pq"),
+            "--algorithm",
+            "ml-dsa-65"
+        ])
+        .status
+        .success()
+    );
+    let ecdsa = run(&[
+        "ca",
+        "init",
+        "--dir",
+        &dir("ecdsa"),
+        "--pkcs11-uri",
+        &uri,
+        "--pkcs11-generate",
+        "--pkcs11-pin-file",
+        pin,
+    ]);
+    assert!(ecdsa.status.success(), "{ecdsa:?}");
+    let config = t.join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\nbackend = \"pkcs11\"\ndir = {:?}\npkcs11_uri = {uri:?}\npkcs11_pin_file = \
+             {pin:?}\n\n[signers.\"{PQ}\"]\ntrust_domain = \"cluster.local\"\n",
+            dir("pq")
+        ),
+    )
+    .expect("config");
+    let serve = run(&[
+        "serve",
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--kubeconfig",
+        c.kubeconfig.to_str().expect("utf-8"),
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--grpc-listen",
+        "127.0.0.1:0",
+    ]);
+    let stderr = String::from_utf8_lossy(&serve.stderr);
+    assert_eq!(serve.status.code(), Some(1), "{stderr}");
+    let issuing = t.join("pq/generations/1/issuing.pem");
+    assert!(
+        stderr.contains(&format!(
+            "[ca] backend = \"pkcs11\", but {} certifies an ml-dsa-65 key: {REFUSAL}",
+            issuing.display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not match"), "{stderr}");
+    assert!(
+        !stderr.contains("123456"),
+        "the PIN never appears: {stderr}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -109,6 +109,23 @@ impl CaAlgorithm {
     pub fn from_rcgen(alg: &'static rcgen::SignatureAlgorithm) -> Option<Self> {
         CaAlgorithm::ALL.into_iter().find(|a| a.rcgen() == alg)
     }
+
+    /// The CA algorithm of the key a (CA) certificate's SubjectPublicKeyInfo DER holds; `None`
+    /// for a key podca's CAs do not sign with (P-521, RSA of another size, anything
+    /// unparsable), so that callers fall back to their usual checks.
+    pub fn of_spki(spki_der: &[u8]) -> Option<Self> {
+        use crate::keys::{KeyType, SubjectKey};
+        Some(match SubjectKey::from_spki_der(spki_der).ok()?.key_type() {
+            KeyType::EcdsaP256 => CaAlgorithm::EcdsaP256,
+            KeyType::EcdsaP384 => CaAlgorithm::EcdsaP384,
+            KeyType::Ed25519 => CaAlgorithm::Ed25519,
+            KeyType::Rsa3072 | KeyType::Rsa4096 => CaAlgorithm::RsaSha256,
+            KeyType::MlDsa44 => CaAlgorithm::MlDsa44,
+            KeyType::MlDsa65 => CaAlgorithm::MlDsa65,
+            KeyType::MlDsa87 => CaAlgorithm::MlDsa87,
+            KeyType::EcdsaP521 => return None,
+        })
+    }
 }
 
 impl std::str::FromStr for CaAlgorithm {
