@@ -310,7 +310,7 @@ mod tests {
             format!("JWT signing keys in {AT}: state.json names {entry}, which is missing")
         );
         let mut garbled = good.clone();
-        garbled.insert(entry.clone(), pem[..pem.len() / 2].as_bytes().to_vec());
+        garbled.insert(entry.clone(), pem.as_bytes()[..pem.len() / 2].to_vec());
         assert_eq!(
             refused(garbled),
             format!("JWT signing keys in {AT}: {entry} is not a PEM private key")
