@@ -22,6 +22,7 @@ use podca_authority::shutdown::{self, Shutdown};
 use podca_authority::{CaHandle, Clock};
 use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
 use podca_controller::jwks::JwksPublisher;
+use podca_controller::jwt_secret::{JwtSecretRotator, JwtSecretStore};
 use podca_controller::publisher::{Publisher, PublisherOptions};
 use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
 use podca_controller::{LeaderElection, Options};
@@ -205,16 +206,34 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
     )
     .await?;
     // The JWT-SVID RPCs' keys; OIDC discovery and the JWKS ConfigMap read them too.
-    let jwt = start_jwt(
-        &config.jwt,
-        &config.ca,
-        &backend,
-        &metrics,
-        controller.leader_election.is_some(),
-        &leadership,
-        &clock,
-        &mut tasks,
-    )?;
+    let jwt = match &config.ca {
+        CaConfig::Secret(ca) if config.jwt.enabled => Some(
+            start_secret_jwt(
+                &config.jwt,
+                JwtSecretStore::new(
+                    client.clone(),
+                    &ca.namespace,
+                    &config.jwt.keys_secret_for(&ca.name),
+                    Arc::clone(&metrics),
+                ),
+                &metrics,
+                &leadership,
+                &clock,
+                &mut tasks,
+            )
+            .await?,
+        ),
+        _ => start_jwt(
+            &config.jwt,
+            &config.ca,
+            &backend,
+            &metrics,
+            controller.leader_election.is_some(),
+            &leadership,
+            &clock,
+            &mut tasks,
+        )?,
+    };
     let handle = match backend {
         Backend::Files(files) => files.start(&clock, &metrics, &mut tasks),
         Backend::Secret(mut options) => {
@@ -326,10 +345,49 @@ async fn serve(prepared: Prepared) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// JWT-SVID signing keys (`[jwt] enabled`) of a Secret-held CA: in the Secret `[jwt]
+/// keys_secret` (default `<CA Secret>-jwt`) beside the CA Secret, written by the leader (the one
+/// process without `--leader-elect`) and followed by standbys (`podca_controller::jwt_secret`).
+async fn start_secret_jwt(
+    config: &JwtConfig,
+    store: JwtSecretStore,
+    metrics: &Arc<Metrics>,
+    leadership: &watch::Sender<bool>,
+    clock: &Clock,
+    tasks: &mut Shutdown,
+) -> anyhow::Result<JwtHandle> {
+    info!(
+        secret = %store.secret(),
+        "the JWT signing keys are kept in a Secret; the leader rotates them, standbys follow"
+    );
+    let rotator = Arc::new(
+        JwtSecretRotator::start(
+            store,
+            config,
+            Arc::clone(clock),
+            JWT_POLL,
+            leadership.subscribe(),
+            Arc::clone(metrics),
+        )
+        .await
+        .context("the JWT signing keys ([jwt])")?,
+    );
+    if rotator.handle().current().infos().next().is_none() {
+        warn!(
+            "no JWT signing key in the Secret yet: no JWT-SVID is signed until the leader makes one"
+        );
+    }
+    tasks.spawn(
+        "JWT key Secret driver",
+        Arc::clone(&rotator).run(tasks.receiver()),
+    );
+    Ok(rotator.handle().clone())
+}
+
 /// JWT-SVID signing keys (`[jwt] enabled`) of a data-directory CA, in `<dir>/jwt/` as in `podca
 /// dev`: rotated on `[jwt]`'s schedule by this process, by the leader only with
 /// `--leader-elect` (standbys follow the directory), or only followed when the directory is
-/// read-only. A Secret-held CA has no JWT key storage yet: JWT-SVIDs are off, with a warning.
+/// read-only. A Secret-held CA's keys are [`start_secret_jwt`]'s.
 #[allow(clippy::too_many_arguments)]
 fn start_jwt(
     config: &JwtConfig,
@@ -346,13 +404,8 @@ fn start_jwt(
     }
     let store = match backend {
         Backend::Files(files) => files.rotator.store.clone(),
-        Backend::Secret(_) => {
-            warn!(
-                "[jwt] enabled, but [ca] backend = \"secret\" has no JWT key storage yet: podca \
-                 serve issues no JWT-SVIDs (set [jwt] enabled = false to silence this)"
-            );
-            return Ok(None);
-        }
+        // Its keys are start_secret_jwt's.
+        Backend::Secret(_) => return Ok(None),
     };
     let rotation = if !dir_writable(store.dir()) {
         info!(

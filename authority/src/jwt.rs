@@ -16,6 +16,9 @@
 //! jwks_configmap = "podca-jwks"       # serve: the ConfigMap the leader publishes the JWKS in
 //!                                     # ("" = none; `podca_controller::jwks`)
 //! jwks_configmap_namespace = "podca-system"  # its namespace (default: podca's own)
+//! keys_secret = "podca-ca-jwt"        # [ca] backend = "secret": the Secret holding the JWT keys,
+//!                                     # beside the CA Secret (default "<CA Secret name>-jwt";
+//!                                     # `podca_controller::jwt_secret`)
 //! ```
 //!
 //! In `podca serve`, `oidc_listen` needs `issuer` (an `https://` URL: what relying parties
@@ -71,6 +74,10 @@ pub struct JwtConfig {
     /// The JWKS ConfigMap's namespace; default: podca's own (`POD_NAMESPACE`).
     #[serde(default)]
     pub jwks_configmap_namespace: Option<String>,
+    /// `[ca] backend = "secret"`: the Secret, in the CA Secret's namespace, that holds the JWT
+    /// keys; default `<CA Secret name>-jwt` ([`Self::keys_secret_for`]).
+    #[serde(default)]
+    pub keys_secret: Option<String>,
 }
 
 /// The default `[jwt] jwks_configmap`.
@@ -169,6 +176,7 @@ impl Default for JwtConfig {
             oidc_listen: None,
             jwks_configmap: default_jwks_configmap(),
             jwks_configmap_namespace: None,
+            keys_secret: None,
         }
     }
 }
@@ -226,6 +234,7 @@ impl JwtConfig {
                 "jwks_configmap_namespace",
                 self.jwks_configmap_namespace.as_ref(),
             ),
+            ("keys_secret", self.keys_secret.as_ref()),
         ] {
             if let Some(name) = name
                 && !is_object_name(name)
@@ -255,6 +264,14 @@ impl JwtConfig {
         Ok(())
     }
 
+    /// The name of the Secret that holds the JWT keys beside the CA Secret `ca_secret` (the
+    /// Secret backend): `[jwt] keys_secret`, else `<ca_secret>-jwt`.
+    pub fn keys_secret_for(&self, ca_secret: &str) -> String {
+        self.keys_secret
+            .clone()
+            .unwrap_or_else(|| format!("{ca_secret}-jwt"))
+    }
+
     pub fn schedule(&self) -> JwtKeySchedule {
         JwtKeySchedule {
             rotation_period: Duration::seconds(i64::from(self.key_rotation_seconds)),
@@ -282,15 +299,18 @@ impl JwtConfig {
 ///   `podca-jwt-…`, non-extractable), reached with the CA's PIN and module; their URIs in
 ///   `<dir>/jwt/state.json`. The token comes from `pkcs11_uri`, else from the location the data
 ///   directory records for the active CA key.
-/// * `backend = "secret"`: not yet; an error that says so.
+/// * `backend = "secret"`: an error: the keys are in a Secret of their own
+///   ([`JwtConfig::keys_secret_for`]), which `podca serve` opens with
+///   `podca_controller::jwt_secret` (this crate links no Kubernetes client).
 pub fn open_store(ca: &CaConfig) -> anyhow::Result<JwtStore> {
     let (dir, pkcs11) = match ca {
         CaConfig::File(f) => (f.dir.as_ref(), None),
         CaConfig::Pkcs11(p) => (p.dir.as_ref(), Some(p)),
         CaConfig::Secret(s) => anyhow::bail!(
-            "[ca] backend = \"secret\" ({}/{}): JWT-SVID signing keys are not kept in the \
-             Secret backend yet; set [jwt] enabled = false",
+            "[ca] backend = \"secret\" ({}/{}): the JWT-SVID signing keys are in a Secret of \
+             their own ([jwt] keys_secret, default {}-jwt), which only `podca serve` opens",
             s.namespace,
+            s.name,
             s.name
         ),
     };
@@ -750,13 +770,17 @@ mod tests {
             namespace: "podca-system".into(),
             name: "podca-ca".into(),
         });
-        let err = open_store(&secret).expect_err("not yet");
+        let err = open_store(&secret).expect_err("not a data directory");
         assert!(
             err.to_string().contains(
-                "(podca-system/podca-ca): JWT-SVID signing keys are not kept in the Secret \
-                 backend yet"
+                "(podca-system/podca-ca): the JWT-SVID signing keys are in a Secret of their own \
+                 ([jwt] keys_secret, default podca-ca-jwt), which only `podca serve` opens"
             ),
             "{err}"
+        );
+        assert_eq!(
+            JwtConfig::default().keys_secret_for("podca-ca"),
+            "podca-ca-jwt"
         );
         // PKCS#11 without a recorded HSM key or pkcs11_uri: which token is unknown.
         let pkcs11 = CaConfig::Pkcs11(crate::config::Pkcs11Ca {
@@ -965,6 +989,10 @@ mod tests {
             (
                 "jwks_configmap_namespace = \"-ns\"",
                 "[jwt] jwks_configmap_namespace = \"-ns\" is not a valid Kubernetes name",
+            ),
+            (
+                "keys_secret = \"JWT keys\"",
+                "[jwt] keys_secret = \"JWT keys\" is not a valid Kubernetes name",
             ),
         ] {
             let err = parse(table).expect_err(table);

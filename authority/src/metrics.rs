@@ -257,6 +257,9 @@ pub struct Metrics {
     pub jwt_key_propagation: Gauge,
     /// JWT key rotation checks that failed (the keys in force stay).
     pub jwt_key_rotation_errors: Counter,
+    /// `podca_jwt_key_secret_writes_total{op}` (create, update): writes of the Secret backend's
+    /// JWT key Secret (`podca_controller::jwt_secret`); only the leader writes.
+    pub jwt_key_secret_writes: Family<OpLabels, Counter>,
     /// Rotation steps taken, by step.
     pub rotation_steps: Family<crate::rotation::StepLabels, Counter>,
     /// Rotation checks that failed (the CA in force stays).
@@ -307,6 +310,12 @@ impl Metrics {
         let jwt_key_published = Family::<crate::jwt::JwtKeyLabels, Gauge>::default();
         let jwt_key_propagation = Gauge::default();
         let jwt_key_rotation_errors = Counter::default();
+        let jwt_key_secret_writes = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "jwt_key_secret_writes",
+            "Writes of the JWT key Secret of the Secret CA backend, by op (create, update)",
+            jwt_key_secret_writes.clone(),
+        );
         registry.register(
             "jwt_key_not_after_timestamp_seconds",
             "When each active or retired JWT-SVID signing key stops being published (Unix \
@@ -472,6 +481,7 @@ impl Metrics {
             jwt_key_published,
             jwt_key_propagation,
             jwt_key_rotation_errors,
+            jwt_key_secret_writes,
             ca_next_rotation,
             rotation_steps,
             rotation_errors,

@@ -12,6 +12,7 @@ pub mod doctor;
 mod error;
 pub mod grpc_auth;
 pub mod jwks;
+pub mod jwt_secret;
 pub mod namespaces;
 mod plan;
 pub mod publisher;

@@ -114,6 +114,10 @@ pub struct ShowArgs {
     /// against the Secret's certificates (for scripts and monitoring).
     #[arg(long, requires = "secret")]
     pub check: bool,
+    /// With --secret: the Secret holding the JWT-SVID signing keys (`[jwt] keys_secret`);
+    /// default `<name>-jwt`. Listing them needs `get` on it; without, a line says so.
+    #[arg(long, requires = "secret", value_name = "NAME")]
+    pub jwt_keys_secret: Option<String>,
     #[command(flatten)]
     pub hsm: super::HsmArgs,
 }
@@ -228,10 +232,16 @@ impl ShowArgs {
             secret,
             kubeconfig,
             check,
+            jwt_keys_secret,
             hsm,
         } = self;
         if let Some(secret) = secret {
-            return show_secret_history(&secret, kubeconfig.as_deref(), check);
+            return show_secret_history(
+                &secret,
+                kubeconfig.as_deref(),
+                check,
+                jwt_keys_secret.as_deref(),
+            );
         }
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
         let ca = super::open_active_ca(&store, &hsm)?;
@@ -272,11 +282,12 @@ impl ShowArgs {
 
 /// `podca ca show --secret ns/name`: the generations in the Secret CA's history ConfigMap, and
 /// whether its seal verifies against the Secret's certificates; with `check`, an error unless
-/// it does.
+/// it does. Then the JWT signing keys in the Secret `jwt_keys_secret` (default `<name>-jwt`).
 fn show_secret_history(
     secret: &str,
     kubeconfig: Option<&std::path::Path>,
     check: bool,
+    jwt_keys_secret: Option<&str>,
 ) -> anyhow::Result<()> {
     use podca_controller::secret_ca::{HISTORY_KEY, SecretCaError, SecretCaOptions};
     use podca_controller::secret_history::{self, Recorded, SealStatus};
@@ -288,12 +299,21 @@ fn show_secret_history(
         .build()
         .context("starting the async runtime")?;
     let now = OffsetDateTime::now_utc();
-    let (recorded, seal) =
+    let jwt_name = jwt_keys_secret.map_or_else(|| format!("{name}-jwt"), str::to_owned);
+    let ((recorded, seal), jwt_keys) =
         runtime.block_on(async {
             let client = podca_controller::connect(kubeconfig).await?;
+            let jwt_keys = podca_controller::jwt_secret::JwtSecretStore::new(
+                client.clone(),
+                namespace,
+                &jwt_name,
+                std::sync::Arc::new(podca_authority::metrics::Metrics::new()),
+            )
+            .read()
+            .await;
             // The backend's own reader: a ConfigMap podca does not own is refused, not shown.
             match secret_history::read_verified(client, &options, now).await {
-                Ok(recorded) => Ok(recorded),
+                Ok(recorded) => Ok((recorded, jwt_keys)),
                 Err(SecretCaError::Kube(e)) => Err(anyhow::Error::new(e)
                     .context(format!("reading ConfigMap {namespace}/{configmap}"))),
                 Err(e) => Err(e.into()),
@@ -354,6 +374,22 @@ fn show_secret_history(
         }
         for c in CaCertificate::all_from_pem(&record.anchors_pem)? {
             print_cert("root", &c, now);
+        }
+    }
+    match jwt_keys {
+        Ok(Some(keys)) => {
+            super::jwt::print_keys(&format!("Secret {namespace}/{jwt_name}"), &keys.stored().1)
+        }
+        Ok(None) => {
+            println!();
+            println!(
+                "JWT signing keys: none (no Secret {namespace}/{jwt_name}; the podca serve \
+                 leader makes it with [jwt] enabled)"
+            );
+        }
+        Err(e) => {
+            println!();
+            println!("JWT signing keys: not shown: {e}");
         }
     }
     match problem {

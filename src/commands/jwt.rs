@@ -2,7 +2,7 @@
 
 use podca_signer::FileStore;
 use podca_signer::jwt::JwtKeyPhase;
-use podca_signer::jwt::store::JwtStore;
+use podca_signer::jwt::store::{JwtStore, StoredJwtKey};
 
 /// Prints the data directory's JWT keys: kid, phase, algorithm, where the key is held (a file
 /// or a PKCS#11 URI), times. Reads `jwt/state.json` only: no key is opened, no PIN needed.
@@ -13,8 +13,14 @@ pub fn show_keys(store: &FileStore) -> anyhow::Result<()> {
         println!("JWT signing keys: none yet (podca dev and podca serve make them on start)");
         return Ok(());
     }
+    print_keys(&format!("{}/jwt", store.dir().display()), &keys);
+    Ok(())
+}
+
+/// Prints `keys`, kept in `place`: kid, phase, algorithm, where each is held, times.
+pub fn print_keys(place: &str, keys: &[StoredJwtKey]) {
     println!();
-    println!("JWT signing keys ({}/jwt):", store.dir().display());
+    println!("JWT signing keys ({place}):");
     for key in keys {
         let info = &key.info;
         println!("  key {} — {} ({})", info.kid, info.phase, info.algorithm);
@@ -34,5 +40,4 @@ pub fn show_keys(store: &FileStore) -> anyhow::Result<()> {
             println!("    {what}: {t}");
         }
     }
-    Ok(())
 }

@@ -142,12 +142,49 @@ impl ServeProcess {
         Self::start_binary(&podca_binary_release(), config, kubeconfig, extra, &[])
     }
 
+    /// [`ServeProcess::start`] with stdout and stderr appended to the file `log` (to check what
+    /// podca logs).
+    pub fn start_logged(config: &Path, kubeconfig: &Path, extra: &[&str], log: &Path) -> Self {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("the log file");
+        let err = file.try_clone().expect("the log file");
+        Self::start_command(
+            &podca_binary(),
+            config,
+            kubeconfig,
+            extra,
+            &[],
+            (Stdio::from(file), Stdio::from(err)),
+        )
+    }
+
     fn start_binary(
         binary: &Path,
         config: &Path,
         kubeconfig: &Path,
         extra: &[&str],
         env: &[(&str, &Path)],
+    ) -> Self {
+        Self::start_command(
+            binary,
+            config,
+            kubeconfig,
+            extra,
+            env,
+            (Stdio::null(), Stdio::inherit()),
+        )
+    }
+
+    fn start_command(
+        binary: &Path,
+        config: &Path,
+        kubeconfig: &Path,
+        extra: &[&str],
+        env: &[(&str, &Path)],
+        (stdout, stderr): (Stdio, Stdio),
     ) -> Self {
         let admin = free_port();
         let grpc = free_port();
@@ -162,8 +199,8 @@ impl ServeProcess {
             // The serving certificate's names must not depend on where the tests run.
             .env_remove("POD_NAMESPACE")
             .env_remove("PODCA_SERVICE_ACCOUNT")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .stdout(stdout)
+            .stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }

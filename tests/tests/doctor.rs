@@ -235,7 +235,7 @@ async fn a_cluster_set_up_as_deploy_says_is_all_green() {
     );
     assert_eq!(
         got[1].2,
-        "all 25 permissions podca needs are granted",
+        "all 28 permissions podca needs are granted",
         "{}",
         report(&out)
     );
@@ -306,7 +306,7 @@ async fn a_missing_permission_is_named() {
         &out,
         "rbac",
         &[
-            "1 of 25 permissions missing (see deploy/base/rbac.yaml): sign \
+            "1 of 28 permissions missing (see deploy/base/rbac.yaml): sign \
            signers.certificates.k8s.io example.com/workload cluster-wide",
         ],
     );

@@ -282,6 +282,28 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
         user(),
         PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["podca-system"]),
     );
+    // The JWKS ConfigMap the leader publishes (in `default`: this config names no namespace).
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+            .with_names(&["podca-jwks"])
+            .in_namespaces(&["default"]),
+    );
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["default"]),
+    );
+    // The JWT key Secret ([jwt] is on by default).
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["secrets"], &["get", "update"])
+            .with_names(&["podca-ca-jwt"])
+            .in_namespaces(&["podca-system"]),
+    );
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["secrets"], &["create"]).in_namespaces(&["podca-system"]),
+    );
     let config = c.dir.path().join("podca.toml");
     // The Secret backend has no data directory for the default redb ledger: name a file.
     let ledger = c.dir.path().join("ledger.redb");
@@ -410,12 +432,23 @@ async fn ca_show_secret_refuses_a_history_configmap_podca_does_not_own() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (history, jwt) = stdout
+        .split_once("\nJWT signing keys: ")
+        .expect("a JWT key line");
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
+        history,
         "CA Secret: podca-system/owned-ca (history in ConfigMap \
          podca-system/owned-ca-podca-history)\n\
          history seal: NOT VALID (unsigned): history.json carries no seal (written by someone \
          else, or by podca before 0.x); podca serve would not use this history\n"
+    );
+    // No JWT key Secret: one line says so, and nothing else fails.
+    assert_eq!(
+        jwt,
+        "none (no Secret podca-system/owned-ca-jwt; the podca serve leader makes it with [jwt] \
+         enabled)\n",
+        "{stdout}"
     );
 }
 

@@ -114,6 +114,9 @@ pub struct Needs {
     /// The JWKS ConfigMap the leader writes (`[jwt] jwks_configmap`, JWT-SVIDs on):
     /// (namespace, name).
     pub jwks_configmap: Option<(String, String)>,
+    /// The Secret backend's JWT key Secret (`[jwt] keys_secret`, JWT-SVIDs on), in the CA
+    /// Secret's namespace: (namespace, name).
+    pub jwt_keys_secret: Option<(String, String)>,
 }
 
 impl Needs {
@@ -146,6 +149,12 @@ impl Needs {
             lease,
             issue_for_pod: !config.grpc.node_proxy_service_accounts.is_empty(),
             jwks_configmap,
+            jwt_keys_secret: match &config.ca {
+                CaConfig::Secret(s) if config.jwt.enabled => {
+                    Some((s.namespace.clone(), config.jwt.keys_secret_for(&s.name)))
+                }
+                _ => None,
+            },
         }
     }
 
@@ -216,6 +225,15 @@ impl Needs {
                     .in_namespace(namespace)
             }));
             all.push(Permission::new("create", "", "configmaps").in_namespace(namespace));
+        }
+        if let Some((namespace, name)) = &self.jwt_keys_secret {
+            all.extend(["get", "update"].map(|v| {
+                Permission::new(v, "", "secrets")
+                    .named(name)
+                    .in_namespace(namespace)
+            }));
+            // Kubernetes cannot limit `create` by name.
+            all.push(Permission::new("create", "", "secrets").in_namespace(namespace));
         }
         if let Some((namespace, name)) = &self.jwks_configmap {
             all.extend(["get", "update"].map(|v| {
@@ -401,6 +419,7 @@ mod tests {
             lease: None,
             issue_for_pod: false,
             jwks_configmap: None,
+            jwt_keys_secret: None,
         };
         let plain = base.required();
         assert!(!plain.iter().any(|p| p.resource == "pods"));
@@ -418,6 +437,7 @@ mod tests {
         assert_eq!(sign.len(), 2);
         let full = Needs {
             ca_secret: Some(("ca-ns".into(), "ca".into())),
+            jwt_keys_secret: Some(("ca-ns".into(), "ca-jwt".into())),
             lease: Some(LeaseRef {
                 namespace: "podca-system".into(),
                 name: "podca-controller".into(),
@@ -438,6 +458,9 @@ mod tests {
                 "get configmaps ca-podca-history in ca-ns",
                 "update configmaps ca-podca-history in ca-ns",
                 "create configmaps in ca-ns",
+                "get secrets ca-jwt in ca-ns",
+                "update secrets ca-jwt in ca-ns",
+                "create secrets in ca-ns",
                 "create leases.coordination.k8s.io in podca-system",
                 "get leases.coordination.k8s.io podca-controller in podca-system",
                 "update leases.coordination.k8s.io podca-controller in podca-system",

@@ -27,6 +27,7 @@ use crate::backend::{BackendError, CaAlgorithm, CaKey};
 pub mod jwks;
 pub mod keyset;
 pub mod pkcs11;
+pub mod secret;
 pub mod store;
 
 pub use jwks::{Jwk, JwtBundle};

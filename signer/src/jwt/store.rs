@@ -68,15 +68,16 @@ pub struct StoredJwtKey {
     pub location: String,
 }
 
-/// `jwt/state.json`.
+/// `jwt/state.json` (also the `state.json` of the Secret backend's JWT Secret,
+/// [`super::secret`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct State {
+pub(crate) struct State {
     /// Bumped on every change: the bundle's `spiffe_sequence`.
-    sequence: u64,
-    keys: Vec<JwtKeyInfo>,
+    pub(crate) sequence: u64,
+    pub(crate) keys: Vec<JwtKeyInfo>,
     /// kid → location, for keys that are not files in the data directory.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    locations: BTreeMap<String, String>,
+    pub(crate) locations: BTreeMap<String, String>,
 }
 
 /// What [`JwtStore::advance`] did.

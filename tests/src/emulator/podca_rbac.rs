@@ -14,8 +14,9 @@ pub const PODCA_SERVICE_ACCOUNT: &str = "podca";
 pub struct PodcaRbac {
     /// The configured signer names (`sign` and `attest` resourceNames).
     pub signer_names: Vec<String>,
-    /// `[ca] secret = "<namespace>/<name>"` of the secret backend: the Role on that Secret and
-    /// its history ConfigMap `<name>-podca-history`. `None` for the file and PKCS#11 backends.
+    /// `[ca] secret = "<namespace>/<name>"` of the secret backend: the Role on that Secret, its
+    /// history ConfigMap `<name>-podca-history` and the JWT key Secret `<name>-jwt` (`get` and
+    /// `update` by name, `create` in the namespace). `None` for the file and PKCS#11 backends.
     pub ca_secret: Option<(String, String)>,
     /// `--lease-name` of `podca serve --leader-elect`: the Lease Role in podca's namespace.
     pub lease_name: Option<String>,
@@ -76,6 +77,10 @@ impl PodcaRbac {
                     .with_names(&[&history])
                     .in_namespaces(&ns),
                 PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&ns),
+                PolicyRule::new(&[""], &["secrets"], &["get", "update"])
+                    .with_names(&[&format!("{name}-jwt")])
+                    .in_namespaces(&ns),
+                PolicyRule::new(&[""], &["secrets"], &["create"]).in_namespaces(&ns),
             ]);
         }
         if let Some((namespace, name)) = &self.jwks_configmap {

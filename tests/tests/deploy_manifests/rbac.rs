@@ -76,6 +76,7 @@ pub fn expected_grants(
     issue_for_pod: bool,
     jwks_configmap: Option<(&str, &str)>,
     namespace_labels: bool,
+    jwt_keys_secret: Option<(&str, &str)>,
 ) -> BTreeSet<Grant> {
     let mut g = BTreeSet::new();
     let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
@@ -156,6 +157,12 @@ pub fn expected_grants(
         let history = format!("{secret}-podca-history");
         add(ns, "", "configmaps", &["get", "update"], Some(&history));
         add(ns, "", "configmaps", &["create"], None);
+    }
+    // The Secret backend's JWT key Secret (`[jwt] keys_secret`, with JWT-SVIDs on): get and
+    // update by name, create in its namespace (create cannot be limited by name).
+    if let Some((ns, name)) = jwt_keys_secret {
+        add(ns, "", "secrets", &["get", "update"], Some(name));
+        add(ns, "", "secrets", &["create"], None);
     }
     // The JWKS ConfigMap (`[jwt] jwks_configmap`, with JWT-SVIDs on): get and update by name,
     // create in its namespace (create cannot be limited by name).
@@ -304,6 +311,12 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         .signers
         .values()
         .any(|policy| policy.rules_use_namespace_labels());
+    let jwt_keys_secret = match &cfg.ca {
+        CaConfig::Secret(s) if cfg.jwt.enabled => {
+            Some((s.namespace.clone(), cfg.jwt.keys_secret_for(&s.name)))
+        }
+        _ => None,
+    };
     expected_grants(
         &signers,
         ca_secret,
@@ -311,6 +324,9 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         issue_for_pod,
         jwks,
         namespace_labels,
+        jwt_keys_secret
+            .as_ref()
+            .map(|(ns, name)| (ns.as_str(), name.as_str())),
     )
 }
 

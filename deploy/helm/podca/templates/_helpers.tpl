@@ -45,6 +45,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if hasKey $jwt "jwks_configmap" -}}{{ $jwt.jwks_configmap }}{{- else -}}{{ printf "%s-jwks" (include "podca.fullname" .) }}{{- end -}}
 {{- end -}}
 
+{{/* The Secret backend's JWT key Secret: config.jwt.keys_secret, default <ca.secretName>-jwt. */}}
+{{- define "podca.jwtKeysSecret" -}}
+{{- $jwt := .Values.config.jwt | default dict -}}
+{{- if hasKey $jwt "keys_secret" -}}{{ $jwt.keys_secret }}{{- else -}}{{ printf "%s-jwt" .Values.ca.secretName }}{{- end -}}
+{{- end -}}
+
 {{/* Mount points. */}}
 {{- define "podca.configDir" -}}/etc/podca{{- end -}}
 {{- define "podca.caDir" -}}/var/run/podca/ca{{- end -}}
