@@ -1197,11 +1197,29 @@ async fn serve_signs_ml_dsa_and_p256_subjects_with_an_ml_dsa_65_ca_from_a_secret
         user(),
         PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["podca-system"]),
     );
+    // The JWT-SVID keys' Secret beside the CA Secret, and the JWKS ConfigMap (`[jwt]`'s defaults).
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["secrets"], &["get", "update"])
+            .with_names(&["podca-ca-jwt"])
+            .in_namespaces(&["podca-system"]),
+    );
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["secrets"], &["create"]).in_namespaces(&["podca-system"]),
+    );
+    c.emu.grant(
+        user(),
+        PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+            .with_names(&["podca-jwks"])
+            .in_namespaces(&["podca-system"]),
+    );
     let config = c.dir.path().join("podca.toml");
     std::fs::write(
         &config,
         format!(
-            "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n\n[ledger]\npath = \
+            "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n\n[jwt]\n\
+             jwks_configmap_namespace = \"podca-system\"\n\n[ledger]\npath = \
              {:?}\n\n[signers.\"{PQ}\"]\ntrust_domain = \"cluster.local\"\nkey_types = \
              [\"ECDSAP256\", \"MLDSA65\"]\n",
             c.dir.path().join("ledger.redb").display().to_string()
