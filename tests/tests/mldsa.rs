@@ -1145,7 +1145,8 @@ fn csr_around(spki: &[u8]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_signs_ml_dsa_and_p256_subjects_with_an_ml_dsa_65_ca_from_a_secret() {
     use podca_tests::cluster::{NewPcr, PODCA_USER};
-    use podca_tests::emulator::{PolicyRule, Subject};
+    use podca_tests::emulator::Subject;
+    use podca_tests::emulator::podca_rbac::PodcaRbac;
     use podca_tests::kubelet::trust_anchors_for_signer;
     use podca_tests::process::ServeProcess;
 
@@ -1179,41 +1180,18 @@ async fn serve_signs_ml_dsa_and_p256_subjects_with_an_ml_dsa_65_ca_from_a_secret
         "kubernetes.io/tls",
         &[("tls.crt", &issuing), ("tls.key", &key), ("ca.crt", &root)],
     );
-    // Exactly the rules the Secret backend documents, in the Secret's namespace.
-    let user = || Subject::User(PODCA_USER.into());
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
-            .with_names(&["podca-ca"])
-            .in_namespaces(&["podca-system"]),
-    );
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
-            .with_names(&["podca-ca-podca-history"])
-            .in_namespaces(&["podca-system"]),
-    );
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["podca-system"]),
-    );
-    // The JWT-SVID keys' Secret beside the CA Secret, and the JWKS ConfigMap (`[jwt]`'s defaults).
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["secrets"], &["get", "update"])
-            .with_names(&["podca-ca-jwt"])
-            .in_namespaces(&["podca-system"]),
-    );
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["secrets"], &["create"]).in_namespaces(&["podca-system"]),
-    );
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
-            .with_names(&["podca-jwks"])
-            .in_namespaces(&["podca-system"]),
-    );
+    // Exactly the rules the Secret backend documents, in the Secret's namespace (the CA Secret,
+    // its history ConfigMap, the JWT key Secret), and the JWKS ConfigMap's (`[jwt]
+    // jwks_configmap_namespace` below).
+    let rules = PodcaRbac::secret_backend_rules("podca-system", "podca-ca")
+        .into_iter()
+        .chain(PodcaRbac::jwks_configmap_rules(
+            "podca-system",
+            "podca-jwks",
+        ));
+    for rule in rules {
+        c.emu.grant(Subject::User(PODCA_USER.into()), rule);
+    }
     let config = c.dir.path().join("podca.toml");
     std::fs::write(
         &config,

@@ -241,7 +241,8 @@ async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
-    use podca_tests::emulator::{PolicyRule, Subject};
+    use podca_tests::emulator::Subject;
+    use podca_tests::emulator::podca_rbac::PodcaRbac;
     let c = cluster(v1_cluster()).await;
     // A CA made elsewhere (e.g. by cert-manager), stored as a kubernetes.io/tls Secret.
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
@@ -264,46 +265,14 @@ async fn serve_signs_with_a_ca_from_a_kubernetes_secret() {
             ("tls.key", key.serialize_pem().as_bytes()),
         ],
     );
-    // Exactly the rules the Secret backend documents, in the Secret's namespace.
-    let user = || Subject::User(PODCA_USER.into());
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
-            .with_names(&["podca-ca"])
-            .in_namespaces(&["podca-system"]),
-    );
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
-            .with_names(&["podca-ca-podca-history"])
-            .in_namespaces(&["podca-system"]),
-    );
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["podca-system"]),
-    );
-    // The JWKS ConfigMap the leader publishes (in `default`: this config names no namespace).
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
-            .with_names(&["podca-jwks"])
-            .in_namespaces(&["default"]),
-    );
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&["default"]),
-    );
-    // The JWT key Secret ([jwt] is on by default).
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["secrets"], &["get", "update"])
-            .with_names(&["podca-ca-jwt"])
-            .in_namespaces(&["podca-system"]),
-    );
-    c.emu.grant(
-        user(),
-        PolicyRule::new(&[""], &["secrets"], &["create"]).in_namespaces(&["podca-system"]),
-    );
+    // Exactly the rules the Secret backend documents, in the Secret's namespace (the CA Secret,
+    // its history ConfigMap, the JWT key Secret), and the JWKS ConfigMap's (in `default`: this config names no namespace).
+    let rules = PodcaRbac::secret_backend_rules("podca-system", "podca-ca")
+        .into_iter()
+        .chain(PodcaRbac::jwks_configmap_rules("default", "podca-jwks"));
+    for rule in rules {
+        c.emu.grant(Subject::User(PODCA_USER.into()), rule);
+    }
     let config = c.dir.path().join("podca.toml");
     // The Secret backend has no data directory for the default redb ledger: name a file.
     let ledger = c.dir.path().join("ledger.redb");

@@ -33,6 +33,35 @@ pub struct PodcaRbac {
 }
 
 impl PodcaRbac {
+    /// The secret backend's Role for the CA Secret `namespace/name` (see [`PodcaRbac::ca_secret`]).
+    pub fn secret_backend_rules(namespace: &str, name: &str) -> Vec<PolicyRule> {
+        let ns = [namespace];
+        vec![
+            PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
+                .with_names(&[name])
+                .in_namespaces(&ns),
+            PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+                .with_names(&[&format!("{name}-podca-history")])
+                .in_namespaces(&ns),
+            PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&ns),
+            PolicyRule::new(&[""], &["secrets"], &["get", "update"])
+                .with_names(&[&format!("{name}-jwt")])
+                .in_namespaces(&ns),
+            PolicyRule::new(&[""], &["secrets"], &["create"]).in_namespaces(&ns),
+        ]
+    }
+
+    /// The JWKS ConfigMap's Role (see [`PodcaRbac::jwks_configmap`]).
+    pub fn jwks_configmap_rules(namespace: &str, name: &str) -> Vec<PolicyRule> {
+        let ns = [namespace];
+        vec![
+            PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
+                .with_names(&[name])
+                .in_namespaces(&ns),
+            PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&ns),
+        ]
+    }
+
     /// The rules of the ClusterRole `podca`, then of the namespaced Roles.
     pub fn rules(&self) -> Vec<PolicyRule> {
         let cert = "certificates.k8s.io";
@@ -67,30 +96,10 @@ impl PodcaRbac {
             rules.push(PolicyRule::new(&[""], &["namespaces"], &["list", "watch"]));
         }
         if let Some((namespace, name)) = &self.ca_secret {
-            let history = format!("{name}-podca-history");
-            let ns = [namespace.as_str()];
-            rules.extend([
-                PolicyRule::new(&[""], &["secrets"], &["get", "list", "watch"])
-                    .with_names(&[name])
-                    .in_namespaces(&ns),
-                PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
-                    .with_names(&[&history])
-                    .in_namespaces(&ns),
-                PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&ns),
-                PolicyRule::new(&[""], &["secrets"], &["get", "update"])
-                    .with_names(&[&format!("{name}-jwt")])
-                    .in_namespaces(&ns),
-                PolicyRule::new(&[""], &["secrets"], &["create"]).in_namespaces(&ns),
-            ]);
+            rules.extend(Self::secret_backend_rules(namespace, name));
         }
         if let Some((namespace, name)) = &self.jwks_configmap {
-            let ns = [namespace.as_str()];
-            rules.extend([
-                PolicyRule::new(&[""], &["configmaps"], &["get", "update"])
-                    .with_names(&[name])
-                    .in_namespaces(&ns),
-                PolicyRule::new(&[""], &["configmaps"], &["create"]).in_namespaces(&ns),
-            ]);
+            rules.extend(Self::jwks_configmap_rules(namespace, name));
         }
         if let Some(lease) = &self.lease_name {
             let ns = [PODCA_NAMESPACE];
