@@ -442,16 +442,22 @@ impl DevProcess {
 
     /// Replaces the CA in the data dir by a brand-new one (a stand-in for `podca ca rotate`,
     /// which belongs to another issue), then asks podca dev to reload it.
+    ///
+    /// The new CA is made in a sibling directory and swapped in by two renames: emptying the
+    /// live data dir and initialising it in place raced with podca dev's own rotation ticks
+    /// (which take the store's lock and tidy the directory), and once left no `root.pem`.
     pub fn replace_ca_and_reload(&self) -> String {
-        for entry in std::fs::read_dir(&self.data_dir).expect("the data dir") {
-            let path = entry.expect("a data dir entry").path();
-            if path.is_dir() {
-                std::fs::remove_dir_all(&path).expect("removing the old CA");
-            } else {
-                std::fs::remove_file(&path).expect("removing the old CA");
-            }
-        }
-        let store = podca_signer::FileStore::new(&self.data_dir);
+        assert!(
+            !self.socket.starts_with(&self.data_dir),
+            "replace_ca_and_reload moves the data dir: start podca dev with socket_outside"
+        );
+        let parent = self.data_dir.parent().expect("the data dir has a parent");
+        let fresh = tempfile::Builder::new()
+            .prefix("rotated-ca")
+            .tempdir_in(parent)
+            .expect("a directory beside the data dir")
+            .keep();
+        let store = podca_signer::FileStore::new(&fresh);
         let options = podca_signer::InitOptions {
             name: "rotated".into(),
             ..Default::default()
@@ -459,8 +465,14 @@ impl DevProcess {
         store
             .init(&options, time::OffsetDateTime::now_utc())
             .expect("a new CA");
-        let anchors =
-            std::fs::read_to_string(self.data_dir.join("root.pem")).expect("the new root.pem");
+        let anchors = std::fs::read_to_string(fresh.join("root.pem")).expect("the new root.pem");
+        let old = parent.join(format!(
+            "{}.replaced",
+            fresh.file_name().expect("a name").to_string_lossy()
+        ));
+        std::fs::rename(&self.data_dir, &old).expect("moving the old CA aside");
+        std::fs::rename(&fresh, &self.data_dir).expect("moving the new CA in");
+        let _ = std::fs::remove_dir_all(&old);
         self.signal("HUP");
         self.wait_for_line("podca dev: reloaded the CA", Duration::from_secs(20));
         anchors
