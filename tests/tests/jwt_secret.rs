@@ -330,7 +330,9 @@ async fn a_secret_ca_serve_signs_jwt_svids_and_rotates_its_keys_in_their_secret(
     assert_eq!(phase, "active");
     // As a set: the kid is random, so it sorts before or after "state.json".
     assert_eq!(
-        data.keys().cloned().collect::<std::collections::BTreeSet<_>>(),
+        data.keys()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
         [format!("{a}.key"), "state.json".to_owned()].into()
     );
     assert!(data[&format!("{a}.key")].starts_with("-----BEGIN PRIVATE KEY-----"));
