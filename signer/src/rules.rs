@@ -49,6 +49,13 @@ use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 use cel::{Context, Env, Program, Value};
 use serde::{Deserialize, Serialize};
 
+mod facts;
+mod memo;
+
+use facts::FactResolver;
+use memo::{FactHashes, Memo};
+pub use memo::{MAX_ENTRIES as MAX_REMEMBERED_DECISIONS, set_enabled as remember_decisions};
+
 /// Longest expression source, in bytes.
 pub const MAX_EXPRESSION_BYTES: usize = 4096;
 /// Deepest nesting the parser accepts.
@@ -314,6 +321,8 @@ struct CompiledRule {
     error_reason: &'static str,
     message: Option<Program>,
     counters: Arc<RuleCounters>,
+    /// The condition's results, by the facts each evaluation read.
+    memo: Memo,
 }
 
 #[derive(Debug)]
@@ -435,6 +444,7 @@ impl RuleSet {
                 error_reason: intern_reason(&format!("PolicyRuleFailed:{}", spec.name)),
                 message,
                 counters: counters_for(signer, &spec.name),
+                memo: Memo::default(),
             });
         }
         let mut compile_output = |name: &'static str, source: &Option<String>, want: Type| {
@@ -495,83 +505,117 @@ impl RuleSet {
         self.decide(facts).map(|_| ())
     }
 
-    /// Runs the rules in order (the first denial decides), then the outputs, on one
-    /// activation.
+    /// Runs the rules in order (the first denial decides), then the outputs, over one
+    /// request's facts. A rule's condition is evaluated only when no earlier evaluation that
+    /// read the same facts is remembered (see `rules/memo.rs`).
     pub fn decide(&self, facts: &RuleFacts<'_>) -> Result<RuleOutputs, RuleDenial> {
         if self.is_empty() {
             return Ok(RuleOutputs::default());
         }
-        let context = match activation(facts) {
-            Ok(c) => c,
-            Err(why) => {
-                // Fail closed: the first rule (or output) answers for the set.
-                let message = format!("policy rules cannot be evaluated: {why}");
-                if let Some(rule) = self.rules.first() {
-                    rule.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    return Err(RuleDenial {
-                        rule: rule.name.clone(),
-                        reason: rule.error_reason,
-                        message,
-                        error: true,
-                    });
-                }
-                let output = self
-                    .outputs
-                    .dns_names
-                    .as_ref()
-                    .or(self.outputs.max_lifetime_seconds.as_ref());
-                return Err(match output {
-                    Some(o) => o.deny(message),
-                    None => RuleDenial {
-                        rule: String::new(),
-                        reason: "PolicyRuleFailed",
-                        message,
-                        error: true,
-                    },
+        if let Err(why) = check_collections(facts) {
+            // Fail closed: the first rule (or output) answers for the set.
+            let message = format!("policy rules cannot be evaluated: {why}");
+            if let Some(rule) = self.rules.first() {
+                rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(RuleDenial {
+                    rule: rule.name.clone(),
+                    reason: rule.error_reason,
+                    message,
+                    error: true,
                 });
             }
+            let output = self
+                .outputs
+                .dns_names
+                .as_ref()
+                .or(self.outputs.max_lifetime_seconds.as_ref());
+            return Err(match output {
+                Some(o) => o.deny(message),
+                None => RuleDenial {
+                    rule: String::new(),
+                    reason: "PolicyRuleFailed",
+                    message,
+                    error: true,
+                },
+            });
+        }
+        let resolver = FactResolver::new(facts);
+        let context = std::cell::OnceCell::new();
+        let context = || {
+            context.get_or_init(|| {
+                let mut c = Context::with_env(Arc::clone(env()));
+                c.set_variable_resolver(&resolver);
+                c
+            })
         };
-        self.run_rules(&context)?;
-        self.run_outputs(&context, facts.source)
+        self.run_rules(facts, &resolver, &context)?;
+        if self.has_outputs() {
+            self.run_outputs(context(), facts.source)
+        } else {
+            Ok(RuleOutputs::default())
+        }
     }
 
-    fn run_rules(&self, context: &Context<'_, '_>) -> Result<(), RuleDenial> {
+    fn run_rules<'c>(
+        &self,
+        facts: &RuleFacts<'_>,
+        resolver: &FactResolver<'_>,
+        context: &dyn Fn() -> &'c Context<'c, 'c>,
+    ) -> Result<(), RuleDenial> {
+        let remember = memo::enabled();
+        let mut hashes = FactHashes::new(facts);
         for rule in self.rules.iter() {
-            let fails = match rule.condition.execute(context) {
-                Ok(Value::Bool(b)) => b == rule.deny_when,
-                Ok(other) => {
-                    rule.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    return Err(RuleDenial {
-                        rule: rule.name.clone(),
-                        reason: rule.error_reason,
-                        message: format!(
-                            "rule {:?} gave {}, not a bool (denied: rules fail closed)",
-                            rule.name,
-                            value_type(&other)
-                        ),
-                        error: true,
-                    });
-                }
-                Err(e) => {
-                    rule.counters.errors.fetch_add(1, Ordering::Relaxed);
-                    return Err(RuleDenial {
-                        rule: rule.name.clone(),
-                        reason: rule.error_reason,
-                        message: format!(
-                            "rule {:?} failed: {e} (denied: rules fail closed)",
-                            rule.name
-                        ),
-                        error: true,
-                    });
+            let remembered = if remember {
+                rule.memo.get(&mut hashes)
+            } else {
+                None
+            };
+            let value = match remembered {
+                Some(b) => b,
+                None => {
+                    resolver.take_reads();
+                    match rule.condition.execute(context()) {
+                        Ok(Value::Bool(b)) => {
+                            if remember {
+                                rule.memo.put(&mut hashes, resolver.take_reads(), b);
+                            }
+                            b
+                        }
+                        Ok(other) => {
+                            rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                            return Err(RuleDenial {
+                                rule: rule.name.clone(),
+                                reason: rule.error_reason,
+                                message: format!(
+                                    "rule {:?} gave {}, not a bool (denied: rules fail closed)",
+                                    rule.name,
+                                    value_type(&other)
+                                ),
+                                error: true,
+                            });
+                        }
+                        Err(e) => {
+                            rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                            return Err(RuleDenial {
+                                rule: rule.name.clone(),
+                                reason: rule.error_reason,
+                                message: format!(
+                                    "rule {:?} failed: {e} (denied: rules fail closed)",
+                                    rule.name
+                                ),
+                                error: true,
+                            });
+                        }
+                    }
                 }
             };
-            if !fails {
+            if value != rule.deny_when {
                 continue;
             }
             rule.counters.denials.fetch_add(1, Ordering::Relaxed);
             let message = match &rule.message {
                 None => format!("denied by policy rule {:?}", rule.name),
-                Some(program) => match program.execute(context) {
+                Some(program) => match program.execute(context()) {
                     Ok(Value::String(s)) => s.to_string(),
                     Ok(other) => {
                         rule.counters.errors.fetch_add(1, Ordering::Relaxed);
@@ -707,21 +751,12 @@ fn value_type(v: &Value) -> String {
     v.type_of().to_string()
 }
 
-fn string_map(m: &BTreeMap<String, String>) -> Value {
-    let map: std::collections::HashMap<String, Value> = m
-        .iter()
-        .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
-        .collect();
-    Value::from(map)
-}
-
-fn activation(f: &RuleFacts<'_>) -> Result<Context<'static, 'static>, String> {
-    let empty = BTreeMap::new();
-    let labels = f.namespace_labels.unwrap_or(&empty);
+/// Rules are not evaluated over collections larger than [`MAX_COLLECTION_ENTRIES`].
+fn check_collections(f: &RuleFacts<'_>) -> Result<(), String> {
     for (what, n) in [
         ("request.annotations", f.annotations.len()),
         ("request.audiences", f.audiences.len()),
-        ("namespaceObject.metadata.labels", labels.len()),
+        ("namespaceObject.metadata.labels", f.labels().len()),
     ] {
         if n > MAX_COLLECTION_ENTRIES {
             return Err(format!(
@@ -729,49 +764,7 @@ fn activation(f: &RuleFacts<'_>) -> Result<Context<'static, 'static>, String> {
             ));
         }
     }
-    let s = |v: Option<&str>| Value::from(v.unwrap_or(""));
-    let obj = |fields: Vec<(&str, Value)>| {
-        let map: std::collections::HashMap<String, Value> =
-            fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
-        Value::from(map)
-    };
-    let request = obj(vec![
-        ("source", Value::from(f.source.as_str())),
-        ("signer_name", Value::from(f.signer_name)),
-        ("namespace", Value::from(f.namespace)),
-        ("service_account", Value::from(f.service_account)),
-        (
-            "pod",
-            obj(vec![("name", s(f.pod_name)), ("uid", s(f.pod_uid))]),
-        ),
-        ("node", obj(vec![("name", s(f.node_name))])),
-        ("key_type", s(f.key_type)),
-        (
-            "requested_lifetime_seconds",
-            Value::Int(f.requested_lifetime_seconds.unwrap_or(0)),
-        ),
-        ("annotations", string_map(f.annotations)),
-        (
-            "audiences",
-            Value::List(Arc::new(
-                f.audiences
-                    .iter()
-                    .map(|a| Value::from(a.as_str()))
-                    .collect(),
-            )),
-        ),
-    ]);
-    let mut context = Context::with_env(Arc::clone(env()));
-    context.add_variable_from_value("request", request);
-    context.add_variable_from_value(
-        "namespaceObject",
-        obj(vec![(
-            "metadata",
-            obj(vec![("labels", string_map(labels))]),
-        )]),
-    );
-    context.add_variable_from_value("now", Value::Int(f.now));
-    Ok(context)
+    Ok(())
 }
 
 // ---- namespace labels -----------------------------------------------------------------------
@@ -1031,9 +1024,11 @@ fn check(source: &str, want: Type) -> Result<Checked, CheckError> {
         (Type::Dyn, _) => {
             // The inference cannot tell: try a sample request. Errors there are left to
             // evaluation (which fails closed); a value of the wrong type is a load error.
-            if let Ok(context) = activation(&sample_facts())
-                && let Ok(v) = program.execute(&context)
-            {
+            let sample = sample_facts();
+            let resolver = FactResolver::new(&sample);
+            let mut context = Context::with_env(Arc::clone(env()));
+            context.set_variable_resolver(&resolver);
+            if let Ok(v) = program.execute(&context) {
                 let ok = matches!(
                     (&v, &want),
                     (Value::Bool(_), Type::Bool)
@@ -1637,6 +1632,241 @@ mod tests {
             .expect_err("oversized input denies");
         assert_eq!(denial.reason, "PolicyRuleFailed:missing_key");
         assert!(denial.message.contains("at most 256"), "{}", denial.message);
+    }
+
+    /// The remembered decisions of one rule of `rules`.
+    fn remembered(rules: &RuleSet, rule: usize) -> usize {
+        rules.rules[rule].memo.len()
+    }
+
+    #[test]
+    fn decisions_are_remembered_by_the_facts_each_evaluation_read() {
+        let rules = RuleSet::compile(
+            "example.com/memo",
+            &[
+                spec("by_namespace", "request.namespace == 'kube-system'"),
+                // Reads the UID only for gRPC requests.
+                spec(
+                    "bound_tokens_only",
+                    "request.source == 'grpc' && request.pod.uid == ''",
+                ),
+                spec("by_clock", "now < 0"),
+            ],
+        )
+        .expect("compiles");
+        let empty = BTreeMap::new();
+        let pod = |name: &'static str, uid: &'static str| RuleFacts {
+            pod_name: Some(name),
+            pod_uid: Some(uid),
+            ..facts(&empty, &[], None)
+        };
+        rules.evaluate(&pod("a", "1")).expect("admitted");
+        assert_eq!(
+            (
+                remembered(&rules, 0),
+                remembered(&rules, 1),
+                remembered(&rules, 2)
+            ),
+            (1, 1, 1)
+        );
+        // Another pod of the namespace: all three answered from memory.
+        rules.evaluate(&pod("b", "2")).expect("admitted");
+        assert_eq!(
+            (
+                remembered(&rules, 0),
+                remembered(&rules, 1),
+                remembered(&rules, 2)
+            ),
+            (1, 1, 1)
+        );
+        // Another namespace: the first rule evaluates again; the others did not read it.
+        let other = RuleFacts {
+            namespace: "kube-system",
+            ..pod("c", "3")
+        };
+        let denial = rules.evaluate(&other).expect_err("kube-system is denied");
+        assert_eq!(denial.rule, "by_namespace");
+        assert_eq!(remembered(&rules, 0), 2);
+        // The clock is a fact too: another second is another evaluation.
+        let later = RuleFacts {
+            now: 1_800_000_001,
+            ..pod("d", "4")
+        };
+        rules.evaluate(&later).expect("admitted");
+        assert_eq!(remembered(&rules, 2), 2);
+        // A gRPC request reads the UID: the PCR answer (which did not) is not lent to it.
+        let grpc = |uid: &'static str| RuleFacts {
+            source: RequestSource::Grpc,
+            ..pod("e", uid)
+        };
+        let denial = rules.evaluate(&grpc("")).expect_err("no UID over gRPC");
+        assert_eq!(denial.rule, "bound_tokens_only");
+        rules.evaluate(&grpc("5")).expect("a UID is enough");
+        let denial = rules
+            .evaluate(&grpc(""))
+            .expect_err("still denied, from memory");
+        assert_eq!(denial.rule, "bound_tokens_only");
+        assert_eq!(remembered(&rules, 1), 3);
+    }
+
+    #[test]
+    fn errors_are_not_remembered_and_are_counted_each_time() {
+        let rules = RuleSet::compile(
+            "example.com/memo-errors",
+            &[spec("missing_key", "request.annotations['team'] == 'x'")],
+        )
+        .expect("compiles");
+        let empty = BTreeMap::new();
+        let errors = || {
+            counter_rows()
+                .into_iter()
+                .find(|r| r.0 == "example.com/memo-errors")
+                .map_or(0, |r| r.3)
+        };
+        let before = errors();
+        for _ in 0..3 {
+            let denial = rules
+                .evaluate(&facts(&empty, &[], None))
+                .expect_err("an evaluation error denies");
+            assert_eq!(denial.reason, "PolicyRuleFailed:missing_key");
+        }
+        assert_eq!(errors(), before + 3);
+        assert_eq!(remembered(&rules, 0), 0);
+    }
+
+    #[test]
+    fn remembered_decisions_are_bounded() {
+        let rules = RuleSet::compile(
+            "example.com/memo-bounds",
+            &[
+                spec("by_namespace", "request.namespace == 'kube-system'"),
+                spec("by_annotations", "size(request.annotations) > 8"),
+            ],
+        )
+        .expect("compiles");
+        let empty = BTreeMap::new();
+        let mut most = 0;
+        for i in 0..(memo::MAX_ENTRIES + 100) {
+            let namespace = format!("ns-{i}");
+            rules
+                .evaluate(&RuleFacts {
+                    namespace: &namespace,
+                    ..facts(&empty, &[], None)
+                })
+                .expect("admitted");
+            most = most.max(remembered(&rules, 0));
+        }
+        // Small entries: the entry count or the byte budget, whichever comes first.
+        assert!(
+            most <= memo::MAX_ENTRIES && most > memo::MAX_ENTRIES / 2,
+            "{most} entries kept"
+        );
+        assert!(
+            remembered(&rules, 0) < most,
+            "forgotten when full, then refilled"
+        );
+        // A fact set over MAX_KEY_BYTES is evaluated every time, never kept.
+        let big: BTreeMap<String, String> =
+            [("a".to_string(), "x".repeat(memo::MAX_KEY_BYTES))].into();
+        let before = remembered(&rules, 1);
+        rules.evaluate(&facts(&big, &[], None)).expect("admitted");
+        assert_eq!(remembered(&rules, 1), before);
+        // Facts of 3 KiB each: the byte budget, not the entry count, forgets first.
+        let mut most = 0;
+        for i in 0..200 {
+            let value: BTreeMap<String, String> = [(format!("k{i}"), "y".repeat(3 * 1024))].into();
+            rules.evaluate(&facts(&value, &[], None)).expect("admitted");
+            most = most.max(remembered(&rules, 1));
+        }
+        assert!(
+            most < 200 && most * 3 * 1024 <= memo::MAX_BYTES,
+            "{most} entries kept"
+        );
+    }
+
+    /// Every combination of a few values of every fact, through one rule set that remembers
+    /// and through a fresh one per request (which cannot): the same decision each time.
+    #[test]
+    fn remembered_decisions_equal_evaluated_ones() {
+        let specs = [
+            spec(
+                "ns_or_account",
+                "request.namespace == 'a' || request.service_account == 'x'",
+            ),
+            spec(
+                "labelled",
+                "'tier' in namespaceObject.metadata.labels && \
+                 namespaceObject.metadata.labels['tier'] == request.namespace",
+            ),
+            spec(
+                "annotated",
+                "request.annotations.exists(k, request.annotations[k] == request.pod.name)",
+            ),
+            spec(
+                "pod_object",
+                "has(request.pod.uid) && request.pod.uid == request.node.name",
+            ),
+            spec(
+                "uid_over_grpc",
+                "request.source == 'grpc' && request.pod.uid == ''",
+            ),
+            spec(
+                "whole_request",
+                "request.source == 'jwt' ? size(request.audiences) > 1 : \
+                 request.requested_lifetime_seconds > 7200 && now % 2 == 0",
+            ),
+        ];
+        let shared = RuleSet::compile("example.com/memo-equal", &specs).expect("compiles");
+        let maps: Vec<BTreeMap<String, String>> = vec![
+            BTreeMap::new(),
+            [("tier".to_string(), "a".to_string())].into(),
+            [("k".to_string(), "p".to_string())].into(),
+        ];
+        let audiences: Vec<Vec<String>> = vec![vec![], vec!["x".into(), "y".into()]];
+        let mut checked = 0;
+        for source in [RequestSource::Pcr, RequestSource::Grpc, RequestSource::Jwt] {
+            for namespace in ["a", "b"] {
+                for service_account in ["x", "y"] {
+                    for (pod_name, pod_uid) in [("p", "n"), ("p", ""), ("q", "n"), ("q", "")] {
+                        for annotations in &maps {
+                            for labels in &maps {
+                                for audiences in &audiences {
+                                    for (lifetime, now) in [(3600, 2), (86400, 3), (86400, 4)] {
+                                        let f = RuleFacts {
+                                            source,
+                                            namespace,
+                                            service_account,
+                                            pod_name: Some(pod_name),
+                                            pod_uid: Some(pod_uid),
+                                            node_name: Some("n"),
+                                            requested_lifetime_seconds: Some(lifetime),
+                                            annotations,
+                                            audiences,
+                                            namespace_labels: Some(labels),
+                                            now,
+                                            ..facts(annotations, audiences, None)
+                                        };
+                                        let fresh =
+                                            RuleSet::compile("example.com/memo-equal", &specs)
+                                                .expect("compiles");
+                                        let want = fresh.evaluate(&f).map_err(|d| d.rule);
+                                        // Twice: once evaluated or remembered, once remembered.
+                                        assert_eq!(shared.evaluate(&f).map_err(|d| d.rule), want);
+                                        assert_eq!(shared.evaluate(&f).map_err(|d| d.rule), want);
+                                        checked += 1;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 3 * 2 * 2 * 4 * 3 * 3 * 2 * 3);
+        assert!(
+            remembered(&shared, 0) < checked / 10,
+            "ns_or_account reads two facts"
+        );
     }
 
     #[test]
