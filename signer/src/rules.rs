@@ -574,39 +574,11 @@ impl RuleSet {
                 Some(b) => b,
                 None => {
                     resolver.take_reads();
-                    match rule.condition.execute(context()) {
-                        Ok(Value::Bool(b)) => {
-                            if remember {
-                                rule.memo.put(&mut hashes, resolver.take_reads(), b);
-                            }
-                            b
-                        }
-                        Ok(other) => {
-                            rule.counters.errors.fetch_add(1, Ordering::Relaxed);
-                            return Err(RuleDenial {
-                                rule: rule.name.clone(),
-                                reason: rule.error_reason,
-                                message: format!(
-                                    "rule {:?} gave {}, not a bool (denied: rules fail closed)",
-                                    rule.name,
-                                    value_type(&other)
-                                ),
-                                error: true,
-                            });
-                        }
-                        Err(e) => {
-                            rule.counters.errors.fetch_add(1, Ordering::Relaxed);
-                            return Err(RuleDenial {
-                                rule: rule.name.clone(),
-                                reason: rule.error_reason,
-                                message: format!(
-                                    "rule {:?} failed: {e} (denied: rules fail closed)",
-                                    rule.name
-                                ),
-                                error: true,
-                            });
-                        }
+                    let b = rule.condition_value(context())?;
+                    if remember {
+                        rule.memo.put(&mut hashes, resolver.take_reads(), b);
                     }
+                    b
                 }
             };
             if value != rule.deny_when {
@@ -657,6 +629,32 @@ impl RuleSet {
             outputs.max_lifetime_seconds = Some(o.max_lifetime_seconds(context, source)?);
         }
         Ok(outputs)
+    }
+}
+
+impl CompiledRule {
+    /// Evaluates the condition; a runtime error or a result that is not a bool denies (fail
+    /// closed) and is counted.
+    fn condition_value(&self, context: &Context<'_, '_>) -> Result<bool, RuleDenial> {
+        let message = match self.condition.execute(context) {
+            Ok(Value::Bool(b)) => return Ok(b),
+            Ok(other) => format!(
+                "rule {:?} gave {}, not a bool (denied: rules fail closed)",
+                self.name,
+                value_type(&other)
+            ),
+            Err(e) => format!(
+                "rule {:?} failed: {e} (denied: rules fail closed)",
+                self.name
+            ),
+        };
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        Err(RuleDenial {
+            rule: self.name.clone(),
+            reason: self.error_reason,
+            message,
+            error: true,
+        })
     }
 }
 
