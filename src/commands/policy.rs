@@ -25,7 +25,7 @@ use cel::common::ast::{EntryExpr, Expr, IdedExpr};
 use podca_authority::config::Config;
 use podca_controller::sample::PcrSample;
 use podca_signer::keys::GeneratedKey;
-use podca_signer::rules::{RequestSource, RuleFacts, RuleSet, RuleSpec};
+use podca_signer::rules::{PodMetadata, RequestSource, RuleFacts, RuleSet, RuleSpec};
 use podca_signer::{
     CaAlgorithm, CertificateRequest, Decision, DenyReason, FailReason, IssuingCa, KeyType,
     MemoryKey, Outcome, RequestContext, SignerPolicy, sign_request_with,
@@ -90,6 +90,11 @@ pub struct TestArgs {
     /// rules see an empty map.
     #[arg(long)]
     pub namespace_labels: Option<PathBuf>,
+    /// The request's pod (`kubectl get pod NAME -o yaml`): its labels and annotations are what
+    /// rules of a signer with pod_facts see as pod.labels and pod.annotations. A pod of another
+    /// name or UID than the request's is denied PolicyPodNotFound, as podca would.
+    #[arg(long)]
+    pub pod: Option<PathBuf>,
     /// The time of the decision (the rules' `now`, the certificate's validity), RFC 3339.
     /// Default: the current time.
     #[arg(long, value_parser = parse_rfc3339)]
@@ -315,6 +320,10 @@ fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
         Some(path) => Some(read_labels(path)?),
         None => None,
     };
+    let pod = match &args.pod {
+        Some(path) => Some(read_pod(path)?),
+        None => None,
+    };
     let request_file = args.request.display().to_string();
     if let Some(signer) = &args.signer
         && !config.signers.contains_key(signer)
@@ -331,7 +340,7 @@ fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
         if let Some(signer) = &args.signer {
             sample.set_signer_name(signer);
         }
-        return test_pcr(&config, &sample, labels.as_ref(), now);
+        return test_pcr(&config, &sample, labels.as_ref(), pod.as_ref(), now);
     }
     if document.get("source").is_some() {
         let description: Description = serde_json::from_value(document)
@@ -340,7 +349,7 @@ fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
             &config,
             description,
             args.signer.as_deref(),
-            labels.as_ref(),
+            (labels.as_ref(), pod.as_ref()),
             now,
         )
         .with_context(|| format!("request file {request_file}"));
@@ -366,6 +375,91 @@ fn signer_list(config: &Config) -> String {
         .map(|k| format!("{k:?}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A Pod from `--pod`: what podca's read of the request's pod would give.
+#[derive(Debug)]
+struct PodFile {
+    name: String,
+    uid: Option<String>,
+    metadata: PodMetadata,
+}
+
+fn read_pod(path: &Path) -> anyhow::Result<PodFile> {
+    let doc = read_document(path, "pod file")?;
+    let bad = |why: String| anyhow::anyhow!("pod file {}: {why}", path.display());
+    if doc.get("kind").and_then(Value::as_str) != Some("Pod") {
+        return Err(bad(
+            "not a Pod (kind: Pod; `kubectl get pod NAME -o yaml` prints one)".into(),
+        ));
+    }
+    let meta = &doc["metadata"];
+    let name = meta["name"]
+        .as_str()
+        .ok_or_else(|| bad("metadata.name is missing".into()))?
+        .to_owned();
+    let map = |field: &str| -> anyhow::Result<BTreeMap<String, String>> {
+        match meta.get(field) {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(m) => {
+                serde_json::from_value(m.clone()).map_err(|e| bad(format!("metadata.{field}: {e}")))
+            }
+        }
+    };
+    Ok(PodFile {
+        name,
+        uid: meta["uid"].as_str().map(str::to_owned),
+        metadata: PodMetadata {
+            labels: map("labels")?,
+            annotations: map("annotations")?,
+        },
+    })
+}
+
+/// What the rules would see of the request's pod: `Err` is the message of the
+/// PolicyPodNotFound denial podca would answer (the file shows another pod).
+fn pod_for<'a>(
+    pod: Option<&'a PodFile>,
+    (name, uid): (Option<&str>, Option<&str>),
+    policy: Option<&SignerPolicy>,
+    notes: &mut Vec<String>,
+) -> Result<Option<&'a PodMetadata>, String> {
+    if !policy.is_some_and(SignerPolicy::rules_use_pod_facts) {
+        if pod.is_some() {
+            notes.push(
+                "--pod was not used: no rule of this signer reads pod (or pod_facts is off)".into(),
+            );
+        }
+        return Ok(None);
+    }
+    let (Some(name), Some(uid)) = (name, uid) else {
+        notes.push(
+            "the request names no pod (name and UID): the rules saw empty pod.labels and \
+             pod.annotations"
+                .into(),
+        );
+        return Ok(None);
+    };
+    let Some(file) = pod else {
+        notes.push(
+            "no --pod: the rules that read pod.labels and pod.annotations saw empty maps \
+             (podca reads the pod)"
+                .into(),
+        );
+        return Ok(None);
+    };
+    if file.name != name || file.uid.as_deref().is_some_and(|u| u != uid) {
+        return Err(format!(
+            "--pod is pod {} (UID {}), not the request's pod {name} (UID {uid}): podca would \
+             find no such pod",
+            file.name,
+            file.uid.as_deref().unwrap_or("not given")
+        ));
+    }
+    if file.uid.is_none() {
+        notes.push("--pod has no metadata.uid: its UID was not compared with the request's".into());
+    }
+    Ok(Some(&file.metadata))
 }
 
 /// Namespace → labels, from a map, a Namespace or a list of Namespaces.
@@ -448,19 +542,31 @@ fn test_pcr(
     config: &Config,
     sample: &PcrSample,
     labels: Option<&LabelsFile>,
+    pod: Option<&PodFile>,
     now: OffsetDateTime,
 ) -> anyhow::Result<Verdict> {
     let ca = throwaway_ca(now)?;
     let mut notes = Vec::new();
     let policy = config.signers.get(sample.signer_name());
     let ns_labels = labels_for(labels, sample.namespace(), policy, &mut notes);
+    let pod = pod_for(
+        pod,
+        (Some(sample.pod_name()), Some(sample.pod_uid())),
+        policy,
+        &mut notes,
+    );
     if let Some(terminal) = sample.terminal() {
         notes.push(format!(
             "the object is already {terminal}: its spec was decided anew (status ignored)"
         ));
     }
-    let decide =
-        |signers: &BTreeMap<String, SignerPolicy>| sample.decide(signers, &ca, ns_labels, now);
+    let decide = |signers: &BTreeMap<String, SignerPolicy>| match &pod {
+        Ok(facts) => sample.decide(signers, &ca, ns_labels, *facts, now),
+        Err(message) => Ok(Outcome::Denied {
+            reason: DenyReason::PodNotFound,
+            message: message.clone(),
+        }),
+    };
     let outcome = decide(&config.signers)?;
     let request = format!(
         "PodCertificateRequest {}/{} ({}), signer {:?}, service account {}/{}, pod {}, node {}",
@@ -499,7 +605,7 @@ fn test_description(
     config: &Config,
     d: Description,
     signer_flag: Option<&str>,
-    labels: Option<&LabelsFile>,
+    (labels, pod_file): (Option<&LabelsFile>, Option<&PodFile>),
     now: OffsetDateTime,
 ) -> anyhow::Result<Verdict> {
     if d.namespace.is_empty() || d.service_account.is_empty() {
@@ -547,6 +653,12 @@ fn test_description(
     let pod_name = d.pod.as_ref().and_then(|p| p.name.clone());
     let pod_uid = d.pod.as_ref().and_then(|p| p.uid.clone());
     let node_name = d.node.as_ref().map(|n| n.name.clone());
+    let pod = pod_for(
+        pod_file,
+        (pod_name.as_deref(), pod_uid.as_deref()),
+        Some(policy),
+        &mut notes,
+    );
     let source = match d.source {
         DescribedSource::Grpc => RequestSource::Grpc,
         DescribedSource::Istio => RequestSource::Istio,
@@ -578,6 +690,15 @@ fn test_description(
         // As grpc/src/jwt.rs: the allow-lists' admission, then the rules.
         let decide = |p: &SignerPolicy| -> Result<(), Decision> {
             p.admits(&d.namespace, &d.service_account)?;
+            let pod = match &pod {
+                Ok(pod) => *pod,
+                Err(message) => {
+                    return Err(Decision::Deny {
+                        reason: DenyReason::PodNotFound,
+                        message: message.clone(),
+                    });
+                }
+            };
             let annotations = BTreeMap::new();
             p.apply_rules(&RuleFacts {
                 source,
@@ -592,6 +713,7 @@ fn test_description(
                 annotations: &annotations,
                 audiences: &d.audiences,
                 namespace_labels: ns_labels,
+                pod,
                 now: now.unix_timestamp(),
             })
         };
@@ -655,12 +777,22 @@ fn test_description(
         user_annotations: d.annotations.clone(),
     };
     let decide = |p: &SignerPolicy| {
+        let pod = match &pod {
+            Ok(pod) => *pod,
+            Err(message) => {
+                return Outcome::Denied {
+                    reason: DenyReason::PodNotFound,
+                    message: message.clone(),
+                };
+            }
+        };
         let context = RequestContext {
             source,
             signer_name: signer,
             pod_uid: pod_uid.as_deref(),
             node_name: node_name.as_deref(),
             namespace_labels: ns_labels,
+            pod,
         };
         sign_request_with(p, &ca, &certificate_request, &context, now)
     };
@@ -733,6 +865,9 @@ fn verdict(
                 (DenyReason::ServiceAccountNotAllowed, _) => "allow-list service_accounts".into(),
                 (DenyReason::InvalidUserAnnotations, _) => {
                     "allow-list allowed_dns_names (the podca.dev/dns-names annotation)".into()
+                }
+                (DenyReason::PodNotFound, _) => {
+                    "the pod read for the rules (pod_facts): no such pod with that UID".into()
                 }
             };
             v.message = message;
