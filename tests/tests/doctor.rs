@@ -117,6 +117,7 @@ async fn world(setup: Setup) -> World {
         // deploy/base's JWKS ConfigMap Role.
         jwks_configmap: Some((NAMESPACE.into(), "podca-jwks".into())),
         namespace_labels: false,
+        pod_facts: false,
     };
     for rule in rbac.rules() {
         if setup.drop_rule.is_some_and(|verbs| rule.verbs == verbs) {
