@@ -64,7 +64,7 @@ pub enum PolicyCommand {
     Lint(LintArgs),
 }
 
-/// How `podca policy test` prints its answer.
+/// How `podca policy test` and `podca policy lint` print their answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
     Text,
@@ -109,6 +109,10 @@ pub struct LintArgs {
     /// The podca config file (TOML).
     #[arg(long, env = "PODCA_CONFIG")]
     pub config: PathBuf,
+    /// Output format: text lines, or one JSON object (config, errors, warnings, signers,
+    /// rules) for CI tooling.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: OutputFormat,
 }
 
 fn parse_rfc3339(s: &str) -> Result<OffsetDateTime, String> {
@@ -133,7 +137,7 @@ impl PolicyCommand {
                     ExitCode::from(EXIT_INPUT)
                 }
             },
-            PolicyCommand::Lint(args) => lint(&args.config),
+            PolicyCommand::Lint(args) => lint(&args.config, args.output),
         }
     }
 }
@@ -940,7 +944,7 @@ fn deciding_rule(
 
 // ---- podca policy lint ----------------------------------------------------------------------
 
-fn lint(path: &Path) -> ExitCode {
+fn lint(path: &Path, output: OutputFormat) -> ExitCode {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
@@ -981,21 +985,36 @@ fn lint(path: &Path) -> ExitCode {
         // Not a signer's: [grpc], [jwt] and the like.
         errors.push(one_line(&format!("{e:#}")));
     }
-    for e in &errors {
-        println!("error: {e}");
+    match output {
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::json!({
+                "config": path.display().to_string(),
+                "errors": errors,
+                "warnings": warnings,
+                "signers": signers,
+                "rules": rules,
+            })
+        ),
+        OutputFormat::Text => {
+            for e in &errors {
+                println!("error: {e}");
+            }
+            for w in &warnings {
+                println!("warning: {w}");
+            }
+            let plural =
+                |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+            println!(
+                "{}: {}, {} ({}, {})",
+                path.display(),
+                plural(errors.len(), "error"),
+                plural(warnings.len(), "warning"),
+                plural(signers, "signer"),
+                plural(rules, "rule")
+            );
+        }
     }
-    for w in &warnings {
-        println!("warning: {w}");
-    }
-    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-    println!(
-        "{}: {}, {} ({}, {})",
-        path.display(),
-        plural(errors.len(), "error"),
-        plural(warnings.len(), "warning"),
-        plural(signers, "signer"),
-        plural(rules, "rule")
-    );
     if errors.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -1074,7 +1093,7 @@ fn rule_warnings(rule: &RuleSpec) -> Vec<String> {
             None => "gives the same answer for every request",
         };
         warnings.push(format!(
-            "rule {:?} ({field}): reads no request fact (request, namespaceObject, now): it is \
+            "rule {:?} ({field}): reads no request fact (request, namespaceObject, pod, now): it is \
              constant and {effect}",
             rule.name
         ));
@@ -1085,7 +1104,7 @@ fn rule_warnings(rule: &RuleSpec) -> Vec<String> {
 /// Which facts an expression reads.
 #[derive(Debug, Default)]
 struct FactUse {
-    /// Whether it reads `request`, `namespaceObject` or `now` at all.
+    /// Whether it reads `request`, `namespaceObject`, `pod` or `now` at all.
     reads_any: bool,
     /// The first `request.annotations` read.
     annotations: Option<u64>,
@@ -1096,7 +1115,7 @@ impl FactUse {
         match &e.expr {
             Expr::Unspecified | Expr::Literal(_) => {}
             Expr::Ident(name) => {
-                if matches!(name.as_str(), "request" | "namespaceObject" | "now") {
+                if matches!(name.as_str(), "request" | "namespaceObject" | "pod" | "now") {
                     self.reads_any = true;
                 }
             }
