@@ -68,17 +68,31 @@ pub fn expand(scope: &str, rules: &[PolicyRule], problems: &mut Vec<String>) -> 
     grants
 }
 
+/// The cluster-wide reads the config turns on, each with its component.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClusterReads {
+    /// `[grpc] node_proxy_service_accounts` is set (deploy/components/issue-for-pod).
+    pub issue_for_pod: bool,
+    /// A rule reads `namespaceObject.metadata.labels` (deploy/components/namespace-labels).
+    pub namespace_labels: bool,
+    /// A signer sets `pod_facts = true` (deploy/components/pod-facts).
+    pub pod_facts: bool,
+}
+
 /// What podca may do: spec §3's table, plus the justified extras.
 pub fn expected_grants(
     signers: &[String],
     ca_secret: Option<(&str, &str)>,
     lease: Option<&str>,
-    issue_for_pod: bool,
+    reads: ClusterReads,
     jwks_configmap: Option<(&str, &str)>,
-    namespace_labels: bool,
-    pod_facts: bool,
     jwt_keys_secret: Option<(&str, &str)>,
 ) -> BTreeSet<Grant> {
+    let ClusterReads {
+        issue_for_pod,
+        namespace_labels,
+        pod_facts,
+    } = reads;
     let mut g = BTreeSet::new();
     let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
         for v in verbs {
@@ -331,10 +345,12 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         &signers,
         ca_secret,
         lease.as_deref(),
-        issue_for_pod,
+        ClusterReads {
+            issue_for_pod,
+            namespace_labels,
+            pod_facts,
+        },
         jwks,
-        namespace_labels,
-        pod_facts,
         jwt_keys_secret
             .as_ref()
             .map(|(ns, name)| (ns.as_str(), name.as_str())),
