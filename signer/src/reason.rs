@@ -121,6 +121,7 @@ mod tests {
                 "NamespaceNotAllowed",
                 "ServiceAccountNotAllowed",
                 "InvalidUnverifiedUserAnnotations",
+                "PolicyPodNotFound",
                 "CAExpiresTooSoon",
                 "LifetimeNotSatisfiable",
                 "InvalidDNSNameTemplate",
