@@ -761,9 +761,11 @@ async fn start_grpc(
         api,
         handle.clone(),
         authenticator,
-        Some(kube.pods),
+        Some(Arc::clone(&kube.pods)),
         tasks.receiver(),
     )?
+    // Read only for signers whose rules read `pod` (pod_facts).
+    .with_pod_facts(kube.pods)
     .with_clock(Arc::clone(clock))
     .with_ledger(ledger)
     .with_metrics(metrics.grpc.clone())

@@ -516,8 +516,15 @@ struct OutputLabels {
     output: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PodReadLabels {
+    signer: String,
+    result: String,
+}
+
 /// `podca_policy_rule_denials_total` and `podca_policy_rule_errors_total`, by signer and rule,
-/// and `podca_policy_output_errors_total` by signer and output: read at each scrape from the counters the compiled rules keep (podca_signer::rules).
+/// `podca_policy_output_errors_total` by signer and output, and `podca_policy_pod_reads_total`
+/// by signer and result: read at each scrape from the counters the compiled rules keep (podca_signer::rules).
 #[derive(Debug)]
 struct PolicyRuleCollector;
 
@@ -541,6 +548,24 @@ impl prometheus_client::collector::Collector for PolicyRuleCollector {
                 let labels = OutputLabels {
                     signer: signer.clone(),
                     output: (*output).to_owned(),
+                };
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(*count).encode(metric)?;
+            }
+        }
+        let reads = podca_signer::rules::pod_read_rows();
+        if !reads.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "policy_pod_reads",
+                "Reads of a request's pod for policy rules that read it (pod_facts), by signer \
+                 and result (found, not_found, uid_mismatch, error): one API call each",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (signer, result, count) in &reads {
+                let labels = PodReadLabels {
+                    signer: signer.clone(),
+                    result: (*result).to_owned(),
                 };
                 let metric = family.encode_family(&labels)?;
                 ConstCounter::new(*count).encode(metric)?;
@@ -613,6 +638,7 @@ mod tests {
             annotations: &annotations,
             audiences: &[],
             namespace_labels: None,
+            pod: None,
             now: 0,
         };
         assert!(rules.evaluate(&facts).is_err());
@@ -629,6 +655,26 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn policy_pod_reads_are_exported_by_signer_and_result() {
+        use podca_signer::PodRead;
+        podca_signer::rules::count_pod_read("example.com/metrics-pods", PodRead::Found);
+        podca_signer::rules::count_pod_read("example.com/metrics-pods", PodRead::Found);
+        podca_signer::rules::count_pod_read("example.com/metrics-pods", PodRead::UidMismatch);
+        let text = Metrics::new().encode();
+        for line in [
+            "podca_policy_pod_reads_total{signer=\"example.com/metrics-pods\",result=\"found\"} 2",
+            "podca_policy_pod_reads_total{signer=\"example.com/metrics-pods\",result=\"uid_mismatch\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(
+            text.contains("# TYPE podca_policy_pod_reads counter"),
+            "{text}"
+        );
+        assert!(!text.contains("result=\"not_found\""), "{text}");
     }
 
     #[test]
@@ -656,6 +702,7 @@ mod tests {
             annotations: &annotations,
             audiences: &[],
             namespace_labels: None,
+            pod: None,
             now: 0,
         };
         assert!(rules.evaluate(&facts).is_err());

@@ -14,9 +14,10 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use podca_authority::ledger::{LedgerHandle, LedgerUnavailable};
+use podca_grpc::auth::{PodFactsError, read_pod_facts};
 use podca_signer::ledger::{RecordContext, Source, spiffe_id};
 use podca_signer::rules::NamespaceLabels;
-use podca_signer::{LedgerRecord, Outcome, SignerPolicy};
+use podca_signer::{DenyReason, LedgerRecord, Outcome, SignerPolicy};
 use serde_json::Value;
 use time::OffsetDateTime;
 use tokio::sync::watch;
@@ -726,9 +727,41 @@ async fn sign(
         },
         _ => None,
     };
+    let pod = if policy.rules_use_pod_facts() {
+        let pods = crate::grpc_auth::KubePodDirectory::new(ctx.client.clone());
+        match read_pod_facts(
+            &pods,
+            &source.signer_name,
+            &source.namespace,
+            &source.pod_name,
+            &source.pod_uid,
+        )
+        .await
+        {
+            Ok(pod) => Some(pod),
+            // kube-apiserver checked the pod when the request was created (spec §1.5); it has
+            // gone since, or was replaced: the request speaks for no pod now.
+            Err(PodFactsError::Gone(message)) => {
+                return plan::after_signing(
+                    Outcome::Denied {
+                        reason: DenyReason::PodNotFound,
+                        message,
+                    },
+                    now,
+                );
+            }
+            // Deciding without the pod could deny for good: wait (RBAC, API trouble).
+            Err(e @ PodFactsError::Unavailable { .. }) => {
+                warn!(error = %e, "leaving the request pending");
+                return Err("pod_facts");
+            }
+        }
+    } else {
+        None
+    };
     let source = source.clone();
     let outcome = match tokio::task::spawn_blocking(move || {
-        request::sign_pcr(&policy, &ca, &source, labels.as_deref(), now)
+        request::sign_pcr(&policy, &ca, &source, labels.as_deref(), pod.as_ref(), now)
     })
     .await
     {

@@ -8,6 +8,7 @@ use podca_grpc::auth::KUBE_API_TIMEOUT;
 use podca_grpc::auth::{
     BearerToken, LookupError, NamedPod, PodDirectory, PodInfo, ReviewStatus, TokenReviewer,
 };
+use podca_signer::PodMetadata;
 
 /// TokenReview through the Kubernetes API (authentication.k8s.io/v1).
 #[derive(Clone)]
@@ -103,6 +104,10 @@ impl PodDirectory for KubePodDirectory {
                 uid: p.metadata.uid,
                 terminating: p.metadata.deletion_timestamp.is_some(),
                 phase: p.status.and_then(|s| s.phase),
+                metadata: PodMetadata {
+                    labels: p.metadata.labels.unwrap_or_default(),
+                    annotations: p.metadata.annotations.unwrap_or_default(),
+                },
             }
         }))
     }
@@ -140,6 +145,10 @@ impl PodDirectory for KubePodDirectory {
                         uid: p.metadata.uid,
                         terminating: p.metadata.deletion_timestamp.is_some(),
                         phase: p.status.and_then(|s| s.phase),
+                        metadata: PodMetadata {
+                            labels: p.metadata.labels.unwrap_or_default(),
+                            annotations: p.metadata.annotations.unwrap_or_default(),
+                        },
                     },
                 }
             })

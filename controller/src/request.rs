@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::certificates::{v1, v1beta1};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use podca_signer::rules::RequestSource;
+use podca_signer::rules::{PodMetadata, RequestSource};
 use podca_signer::{
     CertificateRequest, IssuingCa, KeyError, Outcome, RequestContext, SignerPolicy, SubjectKey,
     sign_request_with,
@@ -165,12 +165,14 @@ impl Pcr {
 /// Signs `pcr` under `policy`: the one call a reconcile makes (`controller.rs` `sign`) and
 /// `podca policy test` repeats (`crate::sample`). The rules' facts the `CertificateRequest` does
 /// not carry all come from the PCR's spec, which kube-apiserver checked against the pod (spec
-/// §1.5); `namespace_labels` are the namespace's labels when some rule reads them.
+/// §1.5); `namespace_labels` are the namespace's labels when some rule reads them, `pod` the
+/// pod's labels and annotations when some rule reads them (`pod_facts`).
 pub(crate) fn sign_pcr(
     policy: &SignerPolicy,
     ca: &IssuingCa,
     pcr: &Pcr,
     namespace_labels: Option<&BTreeMap<String, String>>,
+    pod: Option<&PodMetadata>,
     now: OffsetDateTime,
 ) -> Outcome {
     let request = pcr.to_certificate_request();
@@ -180,6 +182,7 @@ pub(crate) fn sign_pcr(
         pod_uid: Some(&pcr.pod_uid),
         node_name: Some(&pcr.node_name),
         namespace_labels,
+        pod,
     };
     sign_request_with(policy, ca, &request, &context, now)
 }

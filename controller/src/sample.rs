@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::certificates::{v1, v1beta1};
-use podca_signer::{IssuingCa, Outcome, SignerPolicy};
+use podca_signer::{IssuingCa, Outcome, PodMetadata, SignerPolicy};
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -93,6 +93,10 @@ impl PcrSample {
         &self.0.pod_name
     }
 
+    pub fn pod_uid(&self) -> &str {
+        &self.0.pod_uid
+    }
+
     pub fn node_name(&self) -> &str {
         &self.0.node_name
     }
@@ -108,12 +112,14 @@ impl PcrSample {
     }
 
     /// The controller's answer under `signers`, signed by `ca` at `now`. `namespace_labels` are
-    /// what the namespace watch would give for the PCR's namespace.
+    /// what the namespace watch would give for the PCR's namespace, `pod` what the controller's
+    /// read of the pod would give (signers with `pod_facts`).
     pub fn decide(
         &self,
         signers: &BTreeMap<String, SignerPolicy>,
         ca: &IssuingCa,
         namespace_labels: Option<&BTreeMap<String, String>>,
+        pod: Option<&PodMetadata>,
         now: OffsetDateTime,
     ) -> Result<Outcome, SampleError> {
         let mut pcr = self.0.clone();
@@ -126,9 +132,14 @@ impl PcrSample {
             now,
         }) {
             Plan::Write(write) => Ok(write.outcome),
-            Plan::Sign(policy, pcr) => {
-                Ok(request::sign_pcr(policy, ca, pcr, namespace_labels, now))
-            }
+            Plan::Sign(policy, pcr) => Ok(request::sign_pcr(
+                policy,
+                ca,
+                pcr,
+                namespace_labels,
+                pod,
+                now,
+            )),
             Plan::ReadThroughV1beta1(_) => Err(SampleError(format!(
                 "spec.stubPKCS10Request is empty, and a {} object shows no other key: a \
                  legacy pkixPublicKey/proofOfPossession shows only through v1beta1 (`kubectl \

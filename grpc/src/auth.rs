@@ -13,6 +13,7 @@ use base64::Engine;
 use podca_authority::Clock;
 use podca_authority::config::DevIdentity;
 use podca_authority::metrics::{GrpcMetrics, ResultLabels};
+use podca_signer::{PodMetadata, PodRead};
 
 /// The caller's Kubernetes identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -583,6 +584,9 @@ pub struct PodInfo {
     pub terminating: bool,
     /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`).
     pub phase: Option<String>,
+    /// `metadata.labels` and `metadata.annotations`: what policy rules see as `pod.labels` and
+    /// `pod.annotations` (`pod_facts`).
+    pub metadata: PodMetadata,
 }
 
 impl PodInfo {
@@ -597,6 +601,57 @@ impl PodInfo {
 pub struct NamedPod {
     pub name: String,
     pub info: PodInfo,
+}
+
+/// Why the pod behind a request could not give the rules its facts ([`read_pod_facts`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodFactsError {
+    /// No pod of that name, or one with another UID: the identity's pod is gone. Deny
+    /// (`PolicyPodNotFound`).
+    #[error("{0}")]
+    Gone(String),
+    /// The API did not answer: decide nothing now (retry).
+    #[error("cannot read pod {pod} for the policy rules: {error}")]
+    Unavailable { pod: String, error: LookupError },
+}
+
+/// Reads the pod `namespace/name` for `signer`'s rules (one GET) and checks that it is the pod
+/// `uid` names: a pod replaced under the same name never lends its labels to the old one's
+/// request. Each read is counted (`podca_policy_pod_reads_total`).
+pub async fn read_pod_facts(
+    pods: &dyn PodDirectory,
+    signer: &str,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<PodMetadata, PodFactsError> {
+    let (result, answer) = match pods.pod(namespace, name).await {
+        Err(error) => (
+            PodRead::Error,
+            Err(PodFactsError::Unavailable {
+                pod: format!("{namespace}/{name}"),
+                error,
+            }),
+        ),
+        Ok(None) => (
+            PodRead::NotFound,
+            Err(PodFactsError::Gone(format!(
+                "pod {namespace}/{name} does not exist: the policy rules of signer {signer} read \
+                 the pod's labels and annotations (pod_facts)"
+            ))),
+        ),
+        Ok(Some(pod)) if pod.uid.as_deref() != Some(uid) => (
+            PodRead::UidMismatch,
+            Err(PodFactsError::Gone(format!(
+                "pod {namespace}/{name} is not the pod of this request (UID {}, the request \
+                 names {uid}): the policy rules of signer {signer} read the pod (pod_facts)",
+                pod.uid.as_deref().unwrap_or("none")
+            ))),
+        ),
+        Ok(Some(pod)) => (PodRead::Found, Ok(pod.metadata)),
+    };
+    podca_signer::rules::count_pod_read(signer, result);
+    answer
 }
 
 /// Looks pods up (IssueForPod, and the Istio CA API's `ImpersonatedIdentity`).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use podca_signer::jwt::SignedSvid;
 use podca_signer::ledger::{RecordOutcome, Source};
-use podca_signer::rules::NamespaceLabels;
+use podca_signer::rules::{NamespaceLabels, PodMetadata};
 use podca_signer::{
     CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, RequestContext,
     RequestSource, SignerPolicy, SubjectKey, sign_request_with,
@@ -14,7 +14,9 @@ use podca_signer::{
 use time::{Duration, OffsetDateTime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use super::auth::{Authenticator, Credentials, Identity, Peer, PodDirectory};
+use super::auth::{
+    Authenticator, Credentials, Identity, Peer, PodDirectory, PodFactsError, read_pod_facts,
+};
 use super::errors::ApiError;
 use super::jwt::{JwtAsk, JwtService};
 use super::ledger::{LedgerSink, RpcFacts};
@@ -201,6 +203,8 @@ pub struct Api {
     jwt: Option<Arc<JwtService>>,
     /// Namespace labels for policy rules that read them.
     namespace_labels: Option<NamespaceLabels>,
+    /// Where policy rules that read `pod` (`pod_facts`) get the pod from.
+    pod_facts: Option<Arc<dyn PodDirectory>>,
 }
 
 impl std::fmt::Debug for Api {
@@ -261,6 +265,7 @@ impl Api {
             istio: IstioOptions::default(),
             jwt: None,
             namespace_labels: None,
+            pod_facts: None,
         })
     }
 
@@ -305,6 +310,47 @@ impl Api {
                 })
             }
             _ => Ok(None),
+        }
+    }
+
+    /// Reads the pods behind requests through `pods` for signers whose rules read `pod`
+    /// (`pod_facts`). Without it, such a request that names a pod is refused UNAVAILABLE.
+    pub fn with_pod_facts(mut self, pods: Arc<dyn PodDirectory>) -> Self {
+        self.pod_facts = Some(pods);
+        self
+    }
+
+    /// The labels and annotations of the identity's pod when `policy`'s rules read them: one
+    /// GET, and the pod must have the identity's UID. An identity with no pod (a token not
+    /// bound to one, `ImpersonatedIdentity`, `podca dev`) gives `None`: rules see empty maps.
+    pub(crate) async fn pod_facts_for(
+        &self,
+        policy: &SignerPolicy,
+        signer: &str,
+        identity: &Identity,
+    ) -> Result<Option<PodMetadata>, ApiError> {
+        if !policy.rules_use_pod_facts() {
+            return Ok(None);
+        }
+        let (Some(name), Some(uid)) = (&identity.pod_name, &identity.pod_uid) else {
+            return Ok(None);
+        };
+        let Some(pods) = &self.pod_facts else {
+            return Err(ApiError::Unavailable(
+                podca_signer::BackendError::Unavailable(format!(
+                    "signer {signer}'s rules read the pod, but this process reads no pods"
+                )),
+            ));
+        };
+        match read_pod_facts(pods.as_ref(), signer, &identity.namespace, name, uid).await {
+            Ok(pod) => Ok(Some(pod)),
+            Err(PodFactsError::Gone(message)) => Err(ApiError::Denied {
+                reason: podca_signer::DenyReason::PodNotFound,
+                message,
+            }),
+            Err(PodFactsError::Unavailable { pod, error }) => {
+                Err(ApiError::PodLookupUnavailable { pod, error })
+            }
         }
     }
 
@@ -441,6 +487,8 @@ impl Api {
                 max: self.options.max_dns_names,
             });
         }
+        // After the cheap checks: a refused request costs no API call.
+        let pod = self.pod_facts_for(&policy, &signer_name, identity).await?;
         let snapshot = self.ca.current();
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
@@ -457,7 +505,7 @@ impl Api {
                 key,
                 requested_lifetime,
                 input.user_annotations,
-                (source, &signer_name, labels.as_deref()),
+                (source, &signer_name, labels.as_deref(), pod.as_ref()),
                 clock(),
             )
         };
@@ -825,6 +873,7 @@ impl Api {
         let signer_name = signer.clone();
         let policy = policy.clone();
         let labels = self.namespace_labels_for(&policy, &identity.namespace)?;
+        let pod = self.pod_facts_for(&policy, &signer_name, identity).await?;
         let subject = identity.clone();
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
@@ -837,7 +886,12 @@ impl Api {
                 key,
                 None,
                 BTreeMap::new(),
-                (RequestSource::Grpc, &signer_name, labels.as_deref()),
+                (
+                    RequestSource::Grpc,
+                    &signer_name,
+                    labels.as_deref(),
+                    pod.as_ref(),
+                ),
                 clock(),
             )
         })
@@ -1025,7 +1079,7 @@ fn is_object_name(s: &str) -> bool {
 }
 
 /// Signs after policy; `rule_scope` is what only the edge knows for the rules: the source, the
-/// signer's name and the namespace's labels.
+/// signer's name, the namespace's labels and the pod's facts.
 // One caller per API; a struct for the arguments would only rename them.
 #[allow(clippy::too_many_arguments)]
 fn issue_blocking(
@@ -1035,7 +1089,12 @@ fn issue_blocking(
     key: SubjectKey,
     requested_lifetime: Option<Duration>,
     user_annotations: BTreeMap<String, String>,
-    rule_scope: (RequestSource, &str, Option<&BTreeMap<String, String>>),
+    rule_scope: (
+        RequestSource,
+        &str,
+        Option<&BTreeMap<String, String>>,
+        Option<&PodMetadata>,
+    ),
     now: OffsetDateTime,
 ) -> Result<Issued, ApiError> {
     let request = CertificateRequest {
@@ -1047,7 +1106,7 @@ fn issue_blocking(
         requested_lifetime,
         user_annotations,
     };
-    let (source, signer_name, namespace_labels) = rule_scope;
+    let (source, signer_name, namespace_labels, pod) = rule_scope;
     // The identity is what the TokenReview (or the client certificate) verified.
     let context = RequestContext {
         source,
@@ -1055,6 +1114,7 @@ fn issue_blocking(
         pod_uid: identity.pod_uid.as_deref(),
         node_name: identity.node_name.as_deref(),
         namespace_labels,
+        pod,
     };
     match sign_request_with(policy, &snapshot.ca, &request, &context, now) {
         Outcome::Issued(certificate) => Ok(Issued {

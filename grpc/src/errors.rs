@@ -207,7 +207,9 @@ fn deny_code(reason: DenyReason) -> Code {
         DenyReason::UnsupportedKeyType => Code::FailedPrecondition,
         DenyReason::NamespaceNotAllowed
         | DenyReason::ServiceAccountNotAllowed
-        | DenyReason::InvalidUserAnnotations => Code::PermissionDenied,
+        | DenyReason::InvalidUserAnnotations
+        // The pod the token names is gone (or was replaced): that identity may not be certified.
+        | DenyReason::PodNotFound => Code::PermissionDenied,
         // A signer's CEL rule: the caller's identity or request is not allowed.
         DenyReason::Rule(_) => Code::PermissionDenied,
     }

@@ -94,6 +94,7 @@ impl JwtService {
         }
         // The signer's CEL rules, over the verified identity and the requested audiences.
         let labels = api.namespace_labels_for(policy, &identity.namespace)?;
+        let pod = api.pod_facts_for(policy, signer, identity).await?;
         let no_annotations = std::collections::BTreeMap::new();
         let facts = podca_signer::RuleFacts {
             source: podca_signer::RequestSource::Jwt,
@@ -108,6 +109,7 @@ impl JwtService {
             annotations: &no_annotations,
             audiences: ask.audiences,
             namespace_labels: labels.as_deref(),
+            pod: pod.as_ref(),
             now: api.now().unix_timestamp(),
         };
         // An output's lifetime cap applies to the token too (its DNS names do not).

@@ -262,6 +262,7 @@ fn main() {
             pod_uid: Some(&pod.uid),
             node_name: Some(&pod.node),
             namespace_labels: Some(&pod.labels),
+            pod: None,
         };
         match podca_signer::sign_request_with(policy, &ca, &request, &context, now) {
             Outcome::Issued(cert) => cert,
@@ -308,6 +309,7 @@ fn main() {
             annotations: &pod.annotations,
             audiences: &[],
             namespace_labels: Some(&pod.labels),
+            pod: None,
             now: now.unix_timestamp(),
         })
         .collect();

@@ -11,7 +11,7 @@ use crate::keys::{KeyError, SubjectKey};
 use crate::leaf::LeafFields;
 use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy};
 use crate::reason::{DenyReason, FailReason};
-use crate::rules::{RequestSource, RuleFacts};
+use crate::rules::{PodMetadata, RequestSource, RuleFacts};
 use crate::schedule::{Validity, ValidityError, ValidityInput, plan_validity};
 use crate::x509;
 
@@ -134,6 +134,8 @@ pub struct RequestContext<'a> {
     pub node_name: Option<&'a str>,
     /// The namespace's labels, when podca watches namespaces.
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// The pod's labels and annotations, when the signer's rules read them (`pod_facts`).
+    pub pod: Option<&'a PodMetadata>,
 }
 
 impl RequestContext<'_> {
@@ -144,6 +146,7 @@ impl RequestContext<'_> {
         pod_uid: None,
         node_name: None,
         namespace_labels: None,
+        pod: None,
     };
 }
 
@@ -199,6 +202,7 @@ pub fn sign_request_with(
             annotations: &request.user_annotations,
             audiences: &[],
             namespace_labels: context.namespace_labels,
+            pod: context.pod,
             now: now.unix_timestamp(),
         };
         match policy.apply_rules_with_outputs(&rule_facts) {

@@ -27,6 +27,6 @@ pub use keys::{KeyError, KeyType, SubjectKey};
 pub use ledger::{Filter, Ledger, LedgerError, LedgerRecord, RecordContext, RecordOutcome, Source};
 pub use policy::{Decision, SignerPolicy};
 pub use reason::{DenyReason, FailReason};
-pub use rules::{RequestSource, RuleFacts};
+pub use rules::{PodMetadata, PodRead, RequestSource, RuleFacts};
 pub use schedule::{Validity, ValidityError, plan_validity};
 pub use store::{DirLock, FileStore, InitOptions, Recovered, StoreError};

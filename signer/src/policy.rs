@@ -54,6 +54,10 @@ pub struct SignerPolicy {
     /// CEL outputs (DNS names, a lifetime cap), evaluated after `rules` (see [`crate::rules`]).
     #[serde(default, skip_serializing_if = "OutputSpec::is_empty")]
     pub outputs: OutputSpec,
+    /// Lets `rules` and `outputs` read `pod.labels` and `pod.annotations`: each request whose
+    /// rules read them costs one GET of its pod (RBAC `pods get`). Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pod_facts: bool,
     /// `rules` and `outputs`, compiled once (at [`Self::validate_for`] or at first use) and shared by clones.
     #[serde(skip)]
     compiled: CompiledRules,
@@ -143,6 +147,13 @@ pub enum PolicyError {
          allowed_dns_names; remove them (and write them in the expression)"
     )]
     DnsNamesOutputWithAllowLists,
+    #[error(
+        "invalid signer policy: {0} reads the pod (pod.labels, pod.annotations), which needs \
+         pod_facts = true for this signer: each such request then costs one GET of its pod \
+         (RBAC `pods get`: deploy/components/pod-facts, or pod_facts: true in the signer's \
+         entry under config.signers in helm)"
+    )]
+    PodFactsNotEnabled(String),
 }
 
 impl SignerPolicy {
@@ -160,6 +171,7 @@ impl SignerPolicy {
             allowed_dns_names: vec![],
             rules: vec![],
             outputs: OutputSpec::default(),
+            pod_facts: false,
             compiled: CompiledRules::default(),
         }
     }
@@ -167,8 +179,18 @@ impl SignerPolicy {
     /// [`Self::validate`] for the signer named `signer`, which names its rule metrics.
     pub fn validate_for(&self, signer: &str) -> Result<(), PolicyError> {
         self.validate_fields()?;
-        self.rule_set_for(signer).map_err(PolicyError::Rule)?;
-        Ok(())
+        let rules = self.rule_set_for(signer).map_err(PolicyError::Rule)?;
+        match rules.pod_reader() {
+            Some(reader) if !self.pod_facts => {
+                let what = if reader.starts_with("outputs.") {
+                    reader.to_owned()
+                } else {
+                    format!("rule {reader:?}")
+                };
+                Err(PolicyError::PodFactsNotEnabled(what))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Checks the policy for mistakes that would make every request fail, and compiles its
@@ -206,6 +228,15 @@ impl SignerPolicy {
             .is_ok_and(|rules| rules.uses_namespace_labels())
     }
 
+    /// Whether requests need a read of their pod: `pod_facts` is on and some rule or output
+    /// reads `pod.labels` or `pod.annotations`.
+    pub fn rules_use_pod_facts(&self) -> bool {
+        self.pod_facts
+            && self
+                .rule_set_for("")
+                .is_ok_and(|rules| rules.uses_pod_facts())
+    }
+
     /// Runs the signer's CEL rules over verified facts: the X.509 path ([`crate::sign_request_with`])
     /// and JWT-SVIDs call this after [`Self::admits`]. The error is the `Decision::Deny` to
     /// answer; rules that do not compile deny everything (fail closed).
@@ -221,6 +252,13 @@ impl SignerPolicy {
                 reason: DenyReason::Rule(crate::rules::intern_reason("PolicyRulesInvalid")),
                 message: format!("this signer's policy rules do not compile: {e}"),
             })?;
+        if rules.uses_pod_facts() && !self.pod_facts {
+            // validate_for refuses this at load; a policy built in code is refused here.
+            return Err(Decision::Deny {
+                reason: DenyReason::Rule(crate::rules::intern_reason("PolicyRulesInvalid")),
+                message: "this signer's rules read the pod, but pod_facts is off".into(),
+            });
+        }
         rules.decide(facts).map_err(|denial| Decision::Deny {
             reason: DenyReason::Rule(denial.reason),
             message: denial.message,
@@ -727,6 +765,88 @@ mod tests {
                 max: 604_800
             }
         );
+    }
+
+    #[test]
+    fn rules_that_read_the_pod_need_pod_facts() {
+        let policy: SignerPolicy = toml::from_str(
+            r#"
+            trust_domain = "cluster.local"
+            [[rules]]
+            name = "plain"
+            deny = "request.namespace == 'x'"
+            reason = "Plain"
+            [[rules]]
+            name = "canary_only"
+            require = "pod.labels['track'] == 'canary'"
+            reason = "NotCanary"
+            "#,
+        )
+        .unwrap();
+        assert!(!policy.pod_facts, "off by default");
+        let err = policy.validate_for("example.com/pods").unwrap_err();
+        assert_eq!(
+            err,
+            PolicyError::PodFactsNotEnabled("rule \"canary_only\"".into())
+        );
+        assert!(
+            err.to_string().contains(
+                "rule \"canary_only\" reads the pod (pod.labels, pod.annotations), which needs \
+                 pod_facts = true for this signer"
+            ),
+            "{err}"
+        );
+        assert!(!policy.rules_use_pod_facts());
+        // Built in code without validation: every request is denied, never decided without
+        // the pod.
+        let annotations = BTreeMap::new();
+        let facts = RuleFacts {
+            source: crate::RequestSource::Pcr,
+            signer_name: "example.com/pods",
+            namespace: "a",
+            service_account: "b",
+            pod_name: Some("p"),
+            pod_uid: Some("u"),
+            node_name: None,
+            key_type: None,
+            requested_lifetime_seconds: None,
+            annotations: &annotations,
+            audiences: &[],
+            namespace_labels: None,
+            pod: None,
+            now: 0,
+        };
+        match policy.apply_rules(&facts) {
+            Err(Decision::Deny { reason, .. }) => {
+                assert_eq!(reason.condition_reason(), "PolicyRulesInvalid");
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let enabled = SignerPolicy {
+            pod_facts: true,
+            ..policy.clone()
+        };
+        assert_eq!(enabled.validate_for("example.com/pods"), Ok(()));
+        assert!(enabled.rules_use_pod_facts());
+        let canary = crate::PodMetadata {
+            labels: BTreeMap::from([("track".to_string(), "canary".to_string())]),
+            annotations: BTreeMap::new(),
+        };
+        assert!(matches!(
+            enabled.apply_rules(&RuleFacts {
+                pod: Some(&canary),
+                ..facts
+            }),
+            Ok(())
+        ));
+        // pod_facts without a rule that reads the pod: valid, and no pod is read.
+        let unused = SignerPolicy {
+            pod_facts: true,
+            ..SignerPolicy::permissive("cluster.local")
+        };
+        assert_eq!(unused.validate(), Ok(()));
+        assert!(!unused.rules_use_pod_facts());
     }
 
     #[test]

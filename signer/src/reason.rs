@@ -66,6 +66,9 @@ condition_reasons! {
         /// An unknown user annotation, or a DNS name in `podca.dev/dns-names` that is not one or
         /// not allowed.
         InvalidUserAnnotations => "InvalidUnverifiedUserAnnotations",
+        /// The signer's rules read the pod (`pod_facts`), and the request's pod does not exist,
+        /// or a pod of that name has another UID.
+        PodNotFound => "PolicyPodNotFound",
         @dynamic
         /// A signer's CEL rule denied the request (the rule's configured reason), or failed to
         /// evaluate (`PolicyRuleFailed:<rule>`), or a CEL output gave a bad value
@@ -118,6 +121,7 @@ mod tests {
                 "NamespaceNotAllowed",
                 "ServiceAccountNotAllowed",
                 "InvalidUnverifiedUserAnnotations",
+                "PolicyPodNotFound",
                 "CAExpiresTooSoon",
                 "LifetimeNotSatisfiable",
                 "InvalidDNSNameTemplate",

@@ -23,6 +23,7 @@
 //! | `request.annotations` | map(string, string), unverified |
 //! | `request.audiences` | list(string), JWTs only |
 //! | `namespaceObject.metadata.labels` | map(string, string) |
+//! | `pod.labels`, `pod.annotations` | map(string, string), read per request (`pod_facts`) |
 //! | `now` | int, Unix seconds |
 //!
 //! Evaluation is fail closed: a runtime error, a wrong result type, or a collection larger than
@@ -63,8 +64,9 @@ pub const MAX_NESTING: u16 = 32;
 /// Highest estimated cost of one expression (see [`estimate_cost`]).
 pub const MAX_COST: u64 = 25_000;
 /// The largest list or map a comprehension is assumed to walk, and the largest one a rule is
-/// evaluated over: a request with a bigger `annotations`, `audiences` or `namespaceObject.metadata.labels`
-/// is denied by every signer that has rules (fail closed).
+/// evaluated over: a request with a bigger `annotations`, `audiences`,
+/// `namespaceObject.metadata.labels`, `pod.labels` or `pod.annotations` is denied by every
+/// signer that has rules (fail closed).
 pub const MAX_COLLECTION_ENTRIES: usize = 256;
 /// Most rules per signer.
 pub const MAX_RULES: usize = 64;
@@ -168,8 +170,79 @@ pub struct RuleFacts<'a> {
     /// The namespace's labels; `None` when podca does not watch namespaces (no rule uses them)
     /// or does not know the namespace: rules see an empty map.
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// The pod's labels and annotations, read from the API for this request when the signer
+    /// has `pod_facts` on and the request names a pod; `None`: rules see empty maps.
+    pub pod: Option<&'a PodMetadata>,
     /// Unix seconds.
     pub now: i64,
+}
+
+/// What rules see of the pod behind a request (`pod.labels`, `pod.annotations`): read with one
+/// GET of the pod, whose UID must be the request's, when the signer has `pod_facts = true`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodMetadata {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// How one read of a pod for the rules ended (`podca_policy_pod_reads_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodRead {
+    /// The pod exists with the request's UID: its labels and annotations are the facts.
+    Found,
+    /// No such pod: the request is denied (`PolicyPodNotFound`).
+    NotFound,
+    /// A pod of that name has another UID (it was replaced): denied (`PolicyPodNotFound`).
+    UidMismatch,
+    /// The API did not answer (timeout, error, RBAC): nothing is decided, the request waits
+    /// (PCRs) or is refused UNAVAILABLE (gRPC).
+    Error,
+}
+
+impl PodRead {
+    pub const ALL: [PodRead; 4] = [
+        PodRead::Found,
+        PodRead::NotFound,
+        PodRead::UidMismatch,
+        PodRead::Error,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodRead::Found => "found",
+            PodRead::NotFound => "not_found",
+            PodRead::UidMismatch => "uid_mismatch",
+            PodRead::Error => "error",
+        }
+    }
+}
+
+type PodReadRegistry = Mutex<BTreeMap<(String, &'static str), u64>>;
+
+fn pod_read_registry() -> &'static PodReadRegistry {
+    static REGISTRY: OnceLock<PodReadRegistry> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// Counts one read of a pod for `signer`'s rules (every path counts here).
+pub fn count_pod_read(signer: &str, result: PodRead) {
+    let mut reads = pod_read_registry()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    *reads
+        .entry((signer.to_owned(), result.as_str()))
+        .or_default() += 1;
+}
+
+/// Every pod read for the rules in this process (`podca_policy_pod_reads_total`): signer,
+/// result, count.
+pub fn pod_read_rows() -> Vec<(String, &'static str, u64)> {
+    pod_read_registry()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|((signer, result), n)| (signer.clone(), *result, *n))
+        .collect()
 }
 
 /// A rule set that cannot be loaded.
@@ -347,6 +420,8 @@ pub struct RuleSet {
     rules: Arc<Vec<CompiledRule>>,
     outputs: Arc<CompiledOutputs>,
     uses_namespace_labels: bool,
+    /// The first rule (or `outputs.<name>`) that reads `pod`, if any.
+    pod_reader: Option<String>,
 }
 
 fn env() -> &'static Arc<Env> {
@@ -387,6 +462,7 @@ impl RuleSet {
         let mut rules = Vec::with_capacity(specs.len());
         let mut names = BTreeSet::new();
         let mut uses_namespace_labels = false;
+        let mut pod_reader: Option<String> = None;
         for (i, spec) in specs.iter().enumerate() {
             let err = |field: &'static str, position, message: String| RuleError {
                 rule: if spec.name.is_empty() {
@@ -428,11 +504,17 @@ impl RuleSet {
             };
             let checked = check(source, Type::Bool).map_err(|(p, m)| err(field, p, m))?;
             uses_namespace_labels |= checked.uses_namespace_labels;
+            if checked.uses_pod {
+                pod_reader.get_or_insert_with(|| spec.name.clone());
+            }
             let message = match &spec.message {
                 None => None,
                 Some(m) => {
                     let checked = check(m, Type::String).map_err(|(p, m)| err("message", p, m))?;
                     uses_namespace_labels |= checked.uses_namespace_labels;
+                    if checked.uses_pod {
+                        pod_reader.get_or_insert_with(|| spec.name.clone());
+                    }
                     Some(checked.program)
                 }
             };
@@ -458,6 +540,9 @@ impl RuleSet {
                 message,
             })?;
             uses_namespace_labels |= checked.uses_namespace_labels;
+            if checked.uses_pod {
+                pod_reader.get_or_insert_with(|| format!("outputs.{name}"));
+            }
             Ok(Some(CompiledOutput {
                 name,
                 program: checked.program,
@@ -481,6 +566,7 @@ impl RuleSet {
             rules: Arc::new(rules),
             outputs: Arc::new(compiled_outputs),
             uses_namespace_labels,
+            pod_reader,
         })
     }
 
@@ -497,6 +583,17 @@ impl RuleSet {
     /// Whether some rule reads `namespaceObject.metadata.labels` (podca then watches namespaces).
     pub fn uses_namespace_labels(&self) -> bool {
         self.uses_namespace_labels
+    }
+
+    /// Whether some rule or output reads `pod.labels` or `pod.annotations` (each request then
+    /// needs a read of its pod).
+    pub fn uses_pod_facts(&self) -> bool {
+        self.pod_reader.is_some()
+    }
+
+    /// The first rule (its name) or output (`outputs.<name>`) that reads `pod`.
+    pub fn pod_reader(&self) -> Option<&str> {
+        self.pod_reader.as_deref()
     }
 
     /// Runs the rules in order; the first denial decides. Outputs run too (a bad one denies);
@@ -755,6 +852,8 @@ fn check_collections(f: &RuleFacts<'_>) -> Result<(), String> {
         ("request.annotations", f.annotations.len()),
         ("request.audiences", f.audiences.len()),
         ("namespaceObject.metadata.labels", f.labels().len()),
+        ("pod.labels", f.pod_labels().len()),
+        ("pod.annotations", f.pod_annotations().len()),
     ] {
         if n > MAX_COLLECTION_ENTRIES {
             return Err(format!(
@@ -914,6 +1013,7 @@ fn fields(object: &str) -> &'static [&'static str] {
         "request.node" => &["name"],
         "namespaceObject" => &["metadata"],
         "namespaceObject.metadata" => &["labels"],
+        "pod" => &["labels", "annotations"],
         _ => &[],
     }
 }
@@ -924,7 +1024,9 @@ fn field_type(object: &'static str, field: &str) -> Option<Type> {
         ("request", "node") => Type::Object("request.node"),
         ("request", "requested_lifetime_seconds") => Type::Int,
         ("namespaceObject", "metadata") => Type::Object("namespaceObject.metadata"),
-        ("request", "annotations") | ("namespaceObject.metadata", "labels") => string_map_type(),
+        ("request", "annotations")
+        | ("namespaceObject.metadata", "labels")
+        | ("pod", "labels" | "annotations") => string_map_type(),
         ("request", "audiences") => Type::List(Box::new(Type::String)),
         (o, f) if fields(o).contains(&f) => Type::String,
         _ => return None,
@@ -963,6 +1065,7 @@ const FUNCTIONS: &[&str] = &[
 struct Checked {
     program: Program,
     uses_namespace_labels: bool,
+    uses_pod: bool,
 }
 
 type CheckError = (Option<(u32, u32)>, String);
@@ -1004,6 +1107,7 @@ fn check(source: &str, want: Type) -> Result<Checked, CheckError> {
     let mut checker = Checker {
         scopes: vec![],
         uses_namespace_labels: false,
+        uses_pod: false,
         position: &position,
     };
     let got = checker.infer(&expression)?;
@@ -1015,6 +1119,7 @@ fn check(source: &str, want: Type) -> Result<Checked, CheckError> {
         ));
     }
     let uses_namespace_labels = checker.uses_namespace_labels;
+    let uses_pod = checker.uses_pod;
     let program = env()
         .compile(source)
         .map_err(|e| (None, format!("syntax error: {e}")))?;
@@ -1052,6 +1157,7 @@ fn check(source: &str, want: Type) -> Result<Checked, CheckError> {
     Ok(Checked {
         program,
         uses_namespace_labels,
+        uses_pod,
     })
 }
 
@@ -1070,6 +1176,7 @@ fn sample_facts() -> RuleFacts<'static> {
         annotations: &EMPTY,
         audiences: &[],
         namespace_labels: None,
+        pod: None,
         now: 1_800_000_000,
     }
 }
@@ -1092,6 +1199,7 @@ struct Checker<'a> {
     /// Comprehension variables in scope, innermost last.
     scopes: Vec<(String, Type)>,
     uses_namespace_labels: bool,
+    uses_pod: bool,
     position: &'a dyn Fn(u64) -> Option<(u32, u32)>,
 }
 
@@ -1120,7 +1228,15 @@ impl Checker<'_> {
                         "request" => Type::Object("request"),
                         // `namespace` is a reserved word in CEL: the namespace is
                         // `namespaceObject`, as in ValidatingAdmissionPolicy.
-                        "namespaceObject" => Type::Object("namespaceObject"),
+                        "namespaceObject" => {
+                            // Any use: as a whole object too (`namespaceObject == x`).
+                            self.uses_namespace_labels = true;
+                            Type::Object("namespaceObject")
+                        }
+                        "pod" => {
+                            self.uses_pod = true;
+                            Type::Object("pod")
+                        }
                         "now" => Type::Int,
                         // Type names, as in `type(x) == string`.
                         "int" | "uint" | "double" | "string" | "bool" | "bytes" | "list"
@@ -1129,7 +1245,7 @@ impl Checker<'_> {
                             return Err(self.error(
                                 e,
                                 format!(
-                                    "unknown variable {name:?} (known: request, namespaceObject, now)"
+                                    "unknown variable {name:?} (known: request, namespaceObject, pod, now)"
                                 ),
                             ));
                         }
@@ -1140,12 +1256,7 @@ impl Checker<'_> {
                 let operand = self.infer(&select.operand)?;
                 let t = match &operand {
                     Type::Object(o) => match field_type(o, &select.field) {
-                        Some(t) => {
-                            if *o == "namespaceObject" {
-                                self.uses_namespace_labels = true;
-                            }
-                            t
-                        }
+                        Some(t) => t,
                         None => {
                             return Err(self.error(
                                 e,
@@ -1472,6 +1583,7 @@ mod tests {
             annotations,
             audiences,
             namespace_labels: labels,
+            pod: None,
             now: 1_800_000_000,
         }
     }
@@ -1813,6 +1925,11 @@ mod tests {
                 "request.source == 'jwt' ? size(request.audiences) > 1 : \
                  request.requested_lifetime_seconds > 7200 && now % 2 == 0",
             ),
+            spec(
+                "pod_facts",
+                "'k' in pod.labels || pod.annotations.exists(k, k == request.namespace)",
+            ),
+            spec("whole_pod", "pod == {'labels': {}, 'annotations': {}}"),
         ];
         let shared = RuleSet::compile("example.com/memo-equal", &specs).expect("compiles");
         let maps: Vec<BTreeMap<String, String>> = vec![
@@ -1826,8 +1943,14 @@ mod tests {
             for namespace in ["a", "b"] {
                 for service_account in ["x", "y"] {
                     for (pod_name, pod_uid) in [("p", "n"), ("p", ""), ("q", "n"), ("q", "")] {
-                        for annotations in &maps {
-                            for labels in &maps {
+                        for (a, annotations) in maps.iter().enumerate() {
+                            for (l, labels) in maps.iter().enumerate() {
+                                // The pod's maps vary with the others (a third loop would
+                                // triple the run): its labels are the next annotation map.
+                                let pod = PodMetadata {
+                                    labels: maps[(a + 1) % maps.len()].clone(),
+                                    annotations: maps[(l + 2) % maps.len()].clone(),
+                                };
                                 for audiences in &audiences {
                                     for (lifetime, now) in [(3600, 2), (86400, 3), (86400, 4)] {
                                         let f = RuleFacts {
@@ -1841,6 +1964,7 @@ mod tests {
                                             annotations,
                                             audiences,
                                             namespace_labels: Some(labels),
+                                            pod: Some(&pod),
                                             now,
                                             ..facts(annotations, audiences, None)
                                         };
@@ -1873,6 +1997,10 @@ mod tests {
             BTreeMap::from([("podca.dev/dns-names".to_string(), "a.shop".to_string())]);
         let audiences = vec!["vault".to_string()];
         let labels = BTreeMap::from([("tier".to_string(), "prod".to_string())]);
+        let pod = PodMetadata {
+            labels: BTreeMap::from([("app".to_string(), "web".to_string())]),
+            annotations: BTreeMap::from([("example.com/team".to_string(), "pay".to_string())]),
+        };
         // (expression true for `facts`, its negation's result is the opposite)
         for expr in [
             "request.source == 'pcr'",
@@ -1891,6 +2019,10 @@ mod tests {
             "has(namespaceObject.metadata.labels.tier)",
             "now > 1700000000",
             "size(request.namespace) == 4 && request.namespace.matches('^s[a-z]+$')",
+            "pod.labels.app == 'web'",
+            "pod.annotations['example.com/team'] == 'pay'",
+            "'app' in pod.labels && size(pod.annotations) == 1",
+            "pod.labels['app'] + '/' + pod.annotations['example.com/team'] == 'web/pay'",
         ] {
             for (decision, fires_when) in [("deny", true), ("require", false)] {
                 for (e, truth) in [(expr.to_string(), true), (format!("!({expr})"), false)] {
@@ -1903,7 +2035,10 @@ mod tests {
                     };
                     let rules = RuleSet::compile("example.com/table", &[rule])
                         .unwrap_or_else(|err| panic!("{e}: {err}"));
-                    let got = rules.evaluate(&facts(&annotations, &audiences, Some(&labels)));
+                    let got = rules.evaluate(&RuleFacts {
+                        pod: Some(&pod),
+                        ..facts(&annotations, &audiences, Some(&labels))
+                    });
                     if truth == fires_when {
                         let d = got.expect_err(&e);
                         assert_eq!(
@@ -1931,11 +2066,14 @@ mod tests {
             &[spec(
                 "jwt_facts",
                 "request.source == 'jwt' && request.pod.name == '' && request.key_type == '' \
-                 && request.requested_lifetime_seconds == 0 && size(namespaceObject.metadata.labels) == 0",
+                 && request.requested_lifetime_seconds == 0 && size(namespaceObject.metadata.labels) == 0 \
+                 && size(pod.labels) == 0 && pod.annotations == {}",
             )],
         )
         .expect("compiles");
         assert!(rules.uses_namespace_labels());
+        assert!(rules.uses_pod_facts());
+        assert_eq!(rules.pod_reader(), Some("jwt_facts"));
         assert_eq!(
             rules.evaluate(&jwt).map_err(|d| d.reason),
             Err("PolicyDenied")
@@ -1947,6 +2085,128 @@ mod tests {
         ] {
             assert_eq!(rules.evaluate(&RuleFacts { source, ..jwt }), Ok(()));
         }
+    }
+
+    #[test]
+    fn pod_facts_are_typed_bounded_and_found_in_any_use() {
+        // A field the pod object does not have names the ones it has.
+        let err = compile_err(&[spec("pod_name", "pod.name == 'x'")]);
+        assert!(
+            err.message
+                .contains("pod has no field \"name\" (fields: labels, annotations)"),
+            "{err}"
+        );
+        // A pod map is map(string, string).
+        let err = compile_err(&[spec("typed", "pod.annotations")]);
+        assert!(
+            err.message.contains("gives map(string, string), want bool"),
+            "{err}"
+        );
+        // Any use of `pod` or of `namespaceObject` counts, also as a whole object or in a
+        // message or an output.
+        for (specs, outputs, pod, ns) in [
+            (
+                vec![spec("whole", "pod == {}")],
+                OutputSpec::default(),
+                true,
+                false,
+            ),
+            (
+                vec![spec("whole_ns", "namespaceObject != {}")],
+                OutputSpec::default(),
+                false,
+                true,
+            ),
+            (
+                vec![RuleSpec {
+                    message: Some("'app ' + pod.labels.app".into()),
+                    ..spec("in_message", "false")
+                }],
+                OutputSpec::default(),
+                true,
+                false,
+            ),
+            (
+                vec![],
+                OutputSpec {
+                    dns_names: Some("[pod.labels.app + '.svc']".into()),
+                    max_lifetime_seconds: None,
+                },
+                true,
+                false,
+            ),
+            (
+                vec![spec("plain", "request.namespace == 'a'")],
+                OutputSpec::default(),
+                false,
+                false,
+            ),
+        ] {
+            let rules = RuleSet::compile_with_outputs("example.com/pod-uses", &specs, &outputs)
+                .expect("compiles");
+            assert_eq!(
+                (rules.uses_pod_facts(), rules.uses_namespace_labels()),
+                (pod, ns),
+                "{specs:?} {outputs:?}"
+            );
+        }
+        let rules = RuleSet::compile_with_outputs(
+            "example.com/pod-uses",
+            &[],
+            &OutputSpec {
+                dns_names: Some("[pod.labels.app + '.svc']".into()),
+                max_lifetime_seconds: None,
+            },
+        )
+        .expect("compiles");
+        assert_eq!(rules.pod_reader(), Some("outputs.dns_names"));
+        // More labels than rules accept: fail closed, whatever the rule says.
+        let rules =
+            RuleSet::compile("example.com/pod-big", &[spec("never", "false")]).expect("compiles");
+        let big = PodMetadata {
+            labels: (0..=MAX_COLLECTION_ENTRIES)
+                .map(|i| (format!("k{i}"), String::new()))
+                .collect(),
+            annotations: BTreeMap::new(),
+        };
+        let empty = BTreeMap::new();
+        let denial = rules
+            .evaluate(&RuleFacts {
+                pod: Some(&big),
+                ..facts(&empty, &[], None)
+            })
+            .expect_err("oversized pod labels deny");
+        assert_eq!(denial.reason, "PolicyRuleFailed:never");
+        assert!(
+            denial.message.contains("pod.labels has 257 entries"),
+            "{}",
+            denial.message
+        );
+    }
+
+    #[test]
+    fn remembered_decisions_follow_the_pods_labels() {
+        let rules = RuleSet::compile(
+            "example.com/memo-pod",
+            &[spec("canary", "pod.labels['track'] == 'canary'")],
+        )
+        .expect("compiles");
+        let empty = BTreeMap::new();
+        let with = |track: &str| PodMetadata {
+            labels: BTreeMap::from([("track".to_string(), track.to_string())]),
+            annotations: BTreeMap::new(),
+        };
+        let (canary, stable) = (with("canary"), with("stable"));
+        for _ in 0..3 {
+            for (pod, denied) in [(&canary, true), (&stable, false)] {
+                let got = rules.evaluate(&RuleFacts {
+                    pod: Some(pod),
+                    ..facts(&empty, &[], None)
+                });
+                assert_eq!(got.is_err(), denied, "{pod:?}");
+            }
+        }
+        assert_eq!(remembered(&rules, 0), 2);
     }
 
     #[test]

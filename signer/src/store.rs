@@ -88,6 +88,17 @@ pub enum StoreError {
          --import-cert … --import-key …` and it will be prepared and activated with overlap"
     )]
     CannotMakeSuccessor { ca: ForeignCa },
+    /// `podca ca rotate --algorithm` for a CA whose successors podca does not make: the
+    /// setting would apply to nothing, so it is refused before anything is written.
+    #[error(
+        "{ca}: podca makes none of its successors, so --algorithm {algorithm} would apply to \
+         nothing (nothing was changed); bring a next CA with that algorithm yourself (docs/\
+         operator-guide.md, \"HSM-held and imported CAs\")"
+    )]
+    AlgorithmNotApplicable {
+        ca: ForeignCa,
+        algorithm: CaAlgorithm,
+    },
 }
 
 /// A CA podca did not make itself, so it cannot make its successor either.
@@ -184,6 +195,17 @@ struct State {
 
 fn yes() -> bool {
     true
+}
+
+impl State {
+    /// Why podca does not make this CA's successors (meaningful when not `self_managed`).
+    fn foreign_ca(&self) -> ForeignCa {
+        if self.external_keys.is_empty() {
+            ForeignCa::Imported
+        } else {
+            ForeignCa::ExternalKey
+        }
+    }
 }
 
 /// One CA generation with its certificates (keys are loaded only for the active one).
@@ -553,12 +575,9 @@ impl FileStore {
         let mut state = before.clone();
         let force = force_prepare && !state.generations.iter().any(|g| g.phase == Phase::Prepared);
         if force && !state.self_managed {
-            let ca = if state.external_keys.is_empty() {
-                ForeignCa::Imported
-            } else {
-                ForeignCa::ExternalKey
-            };
-            return Err(StoreError::CannotMakeSuccessor { ca });
+            return Err(StoreError::CannotMakeSuccessor {
+                ca: state.foreign_ca(),
+            });
         }
         let Advanced {
             generations,
@@ -608,6 +627,12 @@ impl FileStore {
         self.recover_locked(now)?;
         let before = self.read_state()?;
         let previous = before.options.algorithm;
+        if !before.self_managed {
+            return Err(StoreError::AlgorithmNotApplicable {
+                ca: before.foreign_ca(),
+                algorithm,
+            });
+        }
         if previous != algorithm {
             let mut state = before.clone();
             state.options.algorithm = algorithm;

@@ -197,6 +197,25 @@ fn a_ca_whose_key_is_held_elsewhere_is_neither_loaded_nor_rotated_here() {
             .starts_with("this CA's key is held outside the data directory (HSM): podca cannot"),
         "{err}"
     );
+    // `podca ca rotate --algorithm ml-dsa-65` on it: refused before anything is written, so
+    // the directory's state is what it was (the setting is not saved for later).
+    let state = std::fs::read(store.state_path()).unwrap();
+    let err = store.set_algorithm(CaAlgorithm::MlDsa65, now).unwrap_err();
+    assert_eq!(
+        err,
+        StoreError::AlgorithmNotApplicable {
+            ca: ForeignCa::ExternalKey,
+            algorithm: CaAlgorithm::MlDsa65,
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "this CA's key is held outside the data directory (HSM): podca makes none of its \
+         successors, so --algorithm ml-dsa-65 would apply to nothing (nothing was changed); \
+         bring a next CA with that algorithm yourself (docs/operator-guide.md, \"HSM-held and \
+         imported CAs\")"
+    );
+    assert_eq!(std::fs::read(store.state_path()).unwrap(), state);
 }
 
 #[test]

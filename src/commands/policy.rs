@@ -25,7 +25,7 @@ use cel::common::ast::{EntryExpr, Expr, IdedExpr};
 use podca_authority::config::Config;
 use podca_controller::sample::PcrSample;
 use podca_signer::keys::GeneratedKey;
-use podca_signer::rules::{RequestSource, RuleFacts, RuleSet, RuleSpec};
+use podca_signer::rules::{PodMetadata, RequestSource, RuleFacts, RuleSet, RuleSpec};
 use podca_signer::{
     CaAlgorithm, CertificateRequest, Decision, DenyReason, FailReason, IssuingCa, KeyType,
     MemoryKey, Outcome, RequestContext, SignerPolicy, sign_request_with,
@@ -64,7 +64,7 @@ pub enum PolicyCommand {
     Lint(LintArgs),
 }
 
-/// How `podca policy test` prints its answer.
+/// How `podca policy test` and `podca policy lint` print their answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
     Text,
@@ -90,6 +90,11 @@ pub struct TestArgs {
     /// rules see an empty map.
     #[arg(long)]
     pub namespace_labels: Option<PathBuf>,
+    /// The request's pod (`kubectl get pod NAME -o yaml`): its labels and annotations are what
+    /// rules of a signer with pod_facts see as pod.labels and pod.annotations. A pod of another
+    /// name or UID than the request's is denied PolicyPodNotFound, as podca would.
+    #[arg(long)]
+    pub pod: Option<PathBuf>,
     /// The time of the decision (the rules' `now`, the certificate's validity), RFC 3339.
     /// Default: the current time.
     #[arg(long, value_parser = parse_rfc3339)]
@@ -104,6 +109,10 @@ pub struct LintArgs {
     /// The podca config file (TOML).
     #[arg(long, env = "PODCA_CONFIG")]
     pub config: PathBuf,
+    /// Output format: text lines, or one JSON object (config, errors, warnings, signers,
+    /// rules) for CI tooling.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: OutputFormat,
 }
 
 fn parse_rfc3339(s: &str) -> Result<OffsetDateTime, String> {
@@ -128,7 +137,7 @@ impl PolicyCommand {
                     ExitCode::from(EXIT_INPUT)
                 }
             },
-            PolicyCommand::Lint(args) => lint(&args.config),
+            PolicyCommand::Lint(args) => lint(&args.config, args.output),
         }
     }
 }
@@ -315,6 +324,10 @@ fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
         Some(path) => Some(read_labels(path)?),
         None => None,
     };
+    let pod = match &args.pod {
+        Some(path) => Some(read_pod(path)?),
+        None => None,
+    };
     let request_file = args.request.display().to_string();
     if let Some(signer) = &args.signer
         && !config.signers.contains_key(signer)
@@ -331,7 +344,7 @@ fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
         if let Some(signer) = &args.signer {
             sample.set_signer_name(signer);
         }
-        return test_pcr(&config, &sample, labels.as_ref(), now);
+        return test_pcr(&config, &sample, labels.as_ref(), pod.as_ref(), now);
     }
     if document.get("source").is_some() {
         let description: Description = serde_json::from_value(document)
@@ -340,7 +353,7 @@ fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
             &config,
             description,
             args.signer.as_deref(),
-            labels.as_ref(),
+            (labels.as_ref(), pod.as_ref()),
             now,
         )
         .with_context(|| format!("request file {request_file}"));
@@ -366,6 +379,91 @@ fn signer_list(config: &Config) -> String {
         .map(|k| format!("{k:?}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// A Pod from `--pod`: what podca's read of the request's pod would give.
+#[derive(Debug)]
+struct PodFile {
+    name: String,
+    uid: Option<String>,
+    metadata: PodMetadata,
+}
+
+fn read_pod(path: &Path) -> anyhow::Result<PodFile> {
+    let doc = read_document(path, "pod file")?;
+    let bad = |why: String| anyhow::anyhow!("pod file {}: {why}", path.display());
+    if doc.get("kind").and_then(Value::as_str) != Some("Pod") {
+        return Err(bad(
+            "not a Pod (kind: Pod; `kubectl get pod NAME -o yaml` prints one)".into(),
+        ));
+    }
+    let meta = &doc["metadata"];
+    let name = meta["name"]
+        .as_str()
+        .ok_or_else(|| bad("metadata.name is missing".into()))?
+        .to_owned();
+    let map = |field: &str| -> anyhow::Result<BTreeMap<String, String>> {
+        match meta.get(field) {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(m) => {
+                serde_json::from_value(m.clone()).map_err(|e| bad(format!("metadata.{field}: {e}")))
+            }
+        }
+    };
+    Ok(PodFile {
+        name,
+        uid: meta["uid"].as_str().map(str::to_owned),
+        metadata: PodMetadata {
+            labels: map("labels")?,
+            annotations: map("annotations")?,
+        },
+    })
+}
+
+/// What the rules would see of the request's pod: `Err` is the message of the
+/// PolicyPodNotFound denial podca would answer (the file shows another pod).
+fn pod_for<'a>(
+    pod: Option<&'a PodFile>,
+    (name, uid): (Option<&str>, Option<&str>),
+    policy: Option<&SignerPolicy>,
+    notes: &mut Vec<String>,
+) -> Result<Option<&'a PodMetadata>, String> {
+    if !policy.is_some_and(SignerPolicy::rules_use_pod_facts) {
+        if pod.is_some() {
+            notes.push(
+                "--pod was not used: no rule of this signer reads pod (or pod_facts is off)".into(),
+            );
+        }
+        return Ok(None);
+    }
+    let (Some(name), Some(uid)) = (name, uid) else {
+        notes.push(
+            "the request names no pod (name and UID): the rules saw empty pod.labels and \
+             pod.annotations"
+                .into(),
+        );
+        return Ok(None);
+    };
+    let Some(file) = pod else {
+        notes.push(
+            "no --pod: the rules that read pod.labels and pod.annotations saw empty maps \
+             (podca reads the pod)"
+                .into(),
+        );
+        return Ok(None);
+    };
+    if file.name != name || file.uid.as_deref().is_some_and(|u| u != uid) {
+        return Err(format!(
+            "--pod is pod {} (UID {}), not the request's pod {name} (UID {uid}): podca would \
+             find no such pod",
+            file.name,
+            file.uid.as_deref().unwrap_or("not given")
+        ));
+    }
+    if file.uid.is_none() {
+        notes.push("--pod has no metadata.uid: its UID was not compared with the request's".into());
+    }
+    Ok(Some(&file.metadata))
 }
 
 /// Namespace → labels, from a map, a Namespace or a list of Namespaces.
@@ -448,19 +546,31 @@ fn test_pcr(
     config: &Config,
     sample: &PcrSample,
     labels: Option<&LabelsFile>,
+    pod: Option<&PodFile>,
     now: OffsetDateTime,
 ) -> anyhow::Result<Verdict> {
     let ca = throwaway_ca(now)?;
     let mut notes = Vec::new();
     let policy = config.signers.get(sample.signer_name());
     let ns_labels = labels_for(labels, sample.namespace(), policy, &mut notes);
+    let pod = pod_for(
+        pod,
+        (Some(sample.pod_name()), Some(sample.pod_uid())),
+        policy,
+        &mut notes,
+    );
     if let Some(terminal) = sample.terminal() {
         notes.push(format!(
             "the object is already {terminal}: its spec was decided anew (status ignored)"
         ));
     }
-    let decide =
-        |signers: &BTreeMap<String, SignerPolicy>| sample.decide(signers, &ca, ns_labels, now);
+    let decide = |signers: &BTreeMap<String, SignerPolicy>| match &pod {
+        Ok(facts) => sample.decide(signers, &ca, ns_labels, *facts, now),
+        Err(message) => Ok(Outcome::Denied {
+            reason: DenyReason::PodNotFound,
+            message: message.clone(),
+        }),
+    };
     let outcome = decide(&config.signers)?;
     let request = format!(
         "PodCertificateRequest {}/{} ({}), signer {:?}, service account {}/{}, pod {}, node {}",
@@ -499,7 +609,7 @@ fn test_description(
     config: &Config,
     d: Description,
     signer_flag: Option<&str>,
-    labels: Option<&LabelsFile>,
+    (labels, pod_file): (Option<&LabelsFile>, Option<&PodFile>),
     now: OffsetDateTime,
 ) -> anyhow::Result<Verdict> {
     if d.namespace.is_empty() || d.service_account.is_empty() {
@@ -547,6 +657,12 @@ fn test_description(
     let pod_name = d.pod.as_ref().and_then(|p| p.name.clone());
     let pod_uid = d.pod.as_ref().and_then(|p| p.uid.clone());
     let node_name = d.node.as_ref().map(|n| n.name.clone());
+    let pod = pod_for(
+        pod_file,
+        (pod_name.as_deref(), pod_uid.as_deref()),
+        Some(policy),
+        &mut notes,
+    );
     let source = match d.source {
         DescribedSource::Grpc => RequestSource::Grpc,
         DescribedSource::Istio => RequestSource::Istio,
@@ -578,6 +694,15 @@ fn test_description(
         // As grpc/src/jwt.rs: the allow-lists' admission, then the rules.
         let decide = |p: &SignerPolicy| -> Result<(), Decision> {
             p.admits(&d.namespace, &d.service_account)?;
+            let pod = match &pod {
+                Ok(pod) => *pod,
+                Err(message) => {
+                    return Err(Decision::Deny {
+                        reason: DenyReason::PodNotFound,
+                        message: message.clone(),
+                    });
+                }
+            };
             let annotations = BTreeMap::new();
             p.apply_rules(&RuleFacts {
                 source,
@@ -592,6 +717,7 @@ fn test_description(
                 annotations: &annotations,
                 audiences: &d.audiences,
                 namespace_labels: ns_labels,
+                pod,
                 now: now.unix_timestamp(),
             })
         };
@@ -655,12 +781,22 @@ fn test_description(
         user_annotations: d.annotations.clone(),
     };
     let decide = |p: &SignerPolicy| {
+        let pod = match &pod {
+            Ok(pod) => *pod,
+            Err(message) => {
+                return Outcome::Denied {
+                    reason: DenyReason::PodNotFound,
+                    message: message.clone(),
+                };
+            }
+        };
         let context = RequestContext {
             source,
             signer_name: signer,
             pod_uid: pod_uid.as_deref(),
             node_name: node_name.as_deref(),
             namespace_labels: ns_labels,
+            pod,
         };
         sign_request_with(p, &ca, &certificate_request, &context, now)
     };
@@ -734,6 +870,9 @@ fn verdict(
                 (DenyReason::InvalidUserAnnotations, _) => {
                     "allow-list allowed_dns_names (the podca.dev/dns-names annotation)".into()
                 }
+                (DenyReason::PodNotFound, _) => {
+                    "the pod read for the rules (pod_facts): no such pod with that UID".into()
+                }
             };
             v.message = message;
         }
@@ -805,7 +944,7 @@ fn deciding_rule(
 
 // ---- podca policy lint ----------------------------------------------------------------------
 
-fn lint(path: &Path) -> ExitCode {
+fn lint(path: &Path, output: OutputFormat) -> ExitCode {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
@@ -846,21 +985,36 @@ fn lint(path: &Path) -> ExitCode {
         // Not a signer's: [grpc], [jwt] and the like.
         errors.push(one_line(&format!("{e:#}")));
     }
-    for e in &errors {
-        println!("error: {e}");
+    match output {
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::json!({
+                "config": path.display().to_string(),
+                "errors": errors,
+                "warnings": warnings,
+                "signers": signers,
+                "rules": rules,
+            })
+        ),
+        OutputFormat::Text => {
+            for e in &errors {
+                println!("error: {e}");
+            }
+            for w in &warnings {
+                println!("warning: {w}");
+            }
+            let plural =
+                |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+            println!(
+                "{}: {}, {} ({}, {})",
+                path.display(),
+                plural(errors.len(), "error"),
+                plural(warnings.len(), "warning"),
+                plural(signers, "signer"),
+                plural(rules, "rule")
+            );
+        }
     }
-    for w in &warnings {
-        println!("warning: {w}");
-    }
-    let plural = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-    println!(
-        "{}: {}, {} ({}, {})",
-        path.display(),
-        plural(errors.len(), "error"),
-        plural(warnings.len(), "warning"),
-        plural(signers, "signer"),
-        plural(rules, "rule")
-    );
     if errors.is_empty() {
         ExitCode::SUCCESS
     } else {
@@ -939,7 +1093,7 @@ fn rule_warnings(rule: &RuleSpec) -> Vec<String> {
             None => "gives the same answer for every request",
         };
         warnings.push(format!(
-            "rule {:?} ({field}): reads no request fact (request, namespaceObject, now): it is \
+            "rule {:?} ({field}): reads no request fact (request, namespaceObject, pod, now): it is \
              constant and {effect}",
             rule.name
         ));
@@ -950,7 +1104,7 @@ fn rule_warnings(rule: &RuleSpec) -> Vec<String> {
 /// Which facts an expression reads.
 #[derive(Debug, Default)]
 struct FactUse {
-    /// Whether it reads `request`, `namespaceObject` or `now` at all.
+    /// Whether it reads `request`, `namespaceObject`, `pod` or `now` at all.
     reads_any: bool,
     /// The first `request.annotations` read.
     annotations: Option<u64>,
@@ -961,7 +1115,7 @@ impl FactUse {
         match &e.expr {
             Expr::Unspecified | Expr::Literal(_) => {}
             Expr::Ident(name) => {
-                if matches!(name.as_str(), "request" | "namespaceObject" | "now") {
+                if matches!(name.as_str(), "request" | "namespaceObject" | "pod" | "now") {
                     self.reads_any = true;
                 }
             }

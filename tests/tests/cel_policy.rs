@@ -17,7 +17,7 @@ use podca_signer::rules::NamespaceLabels;
 use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
 use podca_tests::Emulator;
 use podca_tests::cluster::{Cluster, NewPcr, PODCA_USER};
-use podca_tests::emulator::{ApiMode, PolicyRule, Res, Subject};
+use podca_tests::emulator::{ApiMode, FaultScope, PodFixture, PolicyRule, Res, Subject};
 use podca_tests::process::{DevOptions, DevProcess, csr_for, podca_binary};
 use tokio::sync::oneshot;
 use tonic::{Code, Request};
@@ -306,7 +306,8 @@ fn a_rule_that_does_not_compile_stops_podca_dev() {
 }
 
 /// JWT-SVIDs go through the same rules, with `request.source == "jwt"` and the requested
-/// audiences: podca.v1 `IssueJwtSvid` and the Workload API's `FetchJWTSVID` path share them.
+/// audiences, and the `max_lifetime_seconds` output caps their lifetime: podca.v1
+/// `IssueJwtSvid` and the Workload API's `FetchJWTSVID` path share them.
 #[tokio::test(flavor = "multi_thread")]
 async fn jwt_svids_are_decided_by_the_rules_with_their_audiences() {
     use podca_proto::podca::v1::IssueJwtSvidRequest;
@@ -317,7 +318,10 @@ async fn jwt_svids_are_decided_by_the_rules_with_their_audiences() {
          request.audiences.exists(a, a.startsWith('sts.'))\"\n\
          reason = \"AudienceNotAllowed\"\n\
          message = \"'namespace ' + request.namespace + ' may not ask for ' + \
-         string(size(request.audiences)) + ' audiences with a cloud STS'\"\n"
+         string(size(request.audiences)) + ' audiences with a cloud STS'\"\n\
+         [signers.\"{SIGNER}\".outputs]\n\
+         max_lifetime_seconds = \"request.source == 'jwt' && request.namespace == 'payments' \
+         ? 60 : 7200\"\n"
     );
     let dev = DevProcess::start_with(DevOptions {
         config: Some(&config),
@@ -354,6 +358,11 @@ async fn jwt_svids_are_decided_by_the_rules_with_their_audiences() {
             svid.spiffe_id,
             format!("spiffe://podca.dev.local/ns/{namespace}/sa/web")
         );
+        // The output caps the token's lifetime for payments; shop keeps the [jwt] default
+        // (five minutes), under the 7200 s cap.
+        let lifetime = svid.expires_at.unwrap().seconds - svid.issued_at.unwrap().seconds;
+        let want = if namespace == "payments" { 60 } else { 300 };
+        assert_eq!(lifetime, want, "{namespace}");
     }
     // The certificate path is not source jwt: the same identity still gets a certificate.
     let mut request = Request::new(IssueCertificateRequest {
@@ -570,4 +579,176 @@ async fn an_invalid_output_denies_on_every_grpc_api() {
     );
     drop(client);
     assert!(dev.stop().success());
+}
+
+/// A rule on the pod's labels and annotations (`pod_facts`), for PCRs.
+const POD_RULE: &str = r#"
+pod_facts = true
+
+[[rules]]
+name = "labelled_pods_only"
+require = "'certs.example.com/allowed' in pod.labels && pod.labels['certs.example.com/allowed'] == 'true'"
+reason = "PodNotLabelled"
+message = "'pod ' + request.pod.name + ' (team ' + ('team' in pod.annotations ? pod.annotations['team'] : 'none') + ') lacks certs.example.com/allowed=true'"
+"#;
+
+/// The pod a [`NewPcr`] names (`pod-<name>` in `apps`, service account `app`, `node-1`), with
+/// `uid` and `labels`.
+fn add_request_pod(c: &Cluster, pcr: &NewPcr<'_>, uid: &str, labels: &[(&str, &str)]) {
+    let name = format!("pod-{}", pcr.name);
+    c.emu.add_pod(&PodFixture {
+        namespace: pcr.namespace.into(),
+        name: name.clone(),
+        node_name: "node-1".into(),
+        service_account: "app".into(),
+        pod_certificates: vec![],
+        uid: Some(uid.into()),
+        mirror: false,
+    });
+    assert!(
+        c.emu
+            .set_pod_metadata(pcr.namespace, &name, labels, &[("team", "payments")])
+    );
+}
+
+/// This process's `podca_policy_pod_reads_total` for [`SIGNER`] and `result`.
+fn pod_reads(result: &str) -> u64 {
+    podca_signer::rules::pod_read_rows()
+        .into_iter()
+        .filter(|(signer, r, _)| signer == SIGNER && *r == result)
+        .map(|(_, _, n)| n)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_label_rules_read_each_requests_pod_and_check_its_uid() {
+    install_crypto();
+    // The signer's RBAC here includes `pods get` (deploy/components/pod-facts).
+    let c = Cluster::start(ApiMode::V1Only, &[SIGNER]).await;
+    let before: Vec<u64> = ["found", "not_found", "uid_mismatch"]
+        .iter()
+        .map(|r| pod_reads(r))
+        .collect();
+    let allowed = NewPcr::p256("req-allowed", SIGNER);
+    add_request_pod(
+        &c,
+        &allowed,
+        &allowed.pod_uid,
+        &[("certs.example.com/allowed", "true")],
+    );
+    let unlabelled = NewPcr::p256("req-unlabelled", SIGNER);
+    add_request_pod(&c, &unlabelled, &unlabelled.pod_uid, &[("app", "web")]);
+    // Labelled after it was created and before its request: the read is per request.
+    let relabelled = NewPcr::p256("req-relabelled", SIGNER);
+    add_request_pod(&c, &relabelled, &relabelled.pod_uid, &[]);
+    assert!(c.emu.set_pod_metadata(
+        "apps",
+        "pod-req-relabelled",
+        &[("certs.example.com/allowed", "true")],
+        &[],
+    ));
+    // A pod of that name, but another pod (recreated): its labels are not the request's.
+    let replaced = NewPcr::p256("req-replaced", SIGNER);
+    add_request_pod(
+        &c,
+        &replaced,
+        "0e0e0e0e-0000-4000-8000-00000000beef",
+        &[("certs.example.com/allowed", "true")],
+    );
+    let gone = NewPcr::p256("req-gone", SIGNER);
+
+    let ctl = start(&c, policy(POD_RULE), None).await;
+    for pcr in [&allowed, &unlabelled, &relabelled, &replaced, &gone] {
+        pcr.file(&c.admin).await;
+    }
+    let (ty, _, _) = settled(&c.emu, "apps", "req-allowed").await;
+    assert_eq!(ty, "Issued");
+    let (ty, _, _) = settled(&c.emu, "apps", "req-relabelled").await;
+    assert_eq!(ty, "Issued");
+    let (ty, reason, message) = settled(&c.emu, "apps", "req-unlabelled").await;
+    assert_eq!((ty.as_str(), reason.as_str()), ("Denied", "PodNotLabelled"));
+    assert_eq!(
+        message,
+        "pod pod-req-unlabelled (team payments) lacks certs.example.com/allowed=true"
+    );
+    let (ty, reason, message) = settled(&c.emu, "apps", "req-replaced").await;
+    assert_eq!(
+        (ty.as_str(), reason.as_str()),
+        ("Denied", "PolicyPodNotFound")
+    );
+    assert!(
+        message.contains(&format!(
+            "pod apps/pod-req-replaced is not the pod of this request (UID \
+             0e0e0e0e-0000-4000-8000-00000000beef, the request names {})",
+            replaced.pod_uid
+        )),
+        "{message}"
+    );
+    let (ty, reason, message) = settled(&c.emu, "apps", "req-gone").await;
+    assert_eq!(
+        (ty.as_str(), reason.as_str()),
+        ("Denied", "PolicyPodNotFound")
+    );
+    assert!(
+        message.starts_with("pod apps/pod-req-gone does not exist"),
+        "{message}"
+    );
+    let after: Vec<u64> = ["found", "not_found", "uid_mismatch"]
+        .iter()
+        .map(|r| pod_reads(r))
+        .collect();
+    // One GET per request: three found, one missing, one replaced.
+    assert_eq!(
+        (
+            after[0] - before[0],
+            after[1] - before[1],
+            after[2] - before[2]
+        ),
+        (3, 1, 1)
+    );
+    assert_eq!(c.emu.counters().validation_rejections, 0);
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_rule_request_waits_while_its_pod_cannot_be_read() {
+    install_crypto();
+    let c = Cluster::start(ApiMode::V1Only, &[SIGNER]).await;
+    let pcr = NewPcr::p256("req-waits", SIGNER);
+    add_request_pod(
+        &c,
+        &pcr,
+        &pcr.pod_uid,
+        &[("certs.example.com/allowed", "true")],
+    );
+    // The API refuses the first three reads of the pod (as with the RBAC rule missing).
+    c.emu.inject_errors(
+        403,
+        3,
+        FaultScope::PathContains("/namespaces/apps/pods/pod-req-waits".into()),
+    );
+    let errors = pod_reads("error");
+    let ctl = start(&c, policy(POD_RULE), None).await;
+    pcr.file(&c.admin).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pod_reads("error") < errors + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the controller did not try the pod"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Two refused reads, a third to come: the request is pending, neither denied nor issued.
+    let o = c.emu.get_object(Res::Pcr, "apps", "req-waits").unwrap();
+    assert!(
+        o["status"]["conditions"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "{o:#}"
+    );
+    // Once the pod can be read, the next retry decides.
+    let (ty, _, _) = settled(&c.emu, "apps", "req-waits").await;
+    assert_eq!(ty, "Issued");
+    assert_eq!(pod_reads("error"), errors + 3);
+    ctl.stop().await;
 }

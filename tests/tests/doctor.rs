@@ -70,6 +70,12 @@ struct Setup {
     extra_rule: Option<PolicyRule>,
     /// The bundle's content: `None` no bundle; `Some(false)` another CA's root.
     bundle: Option<bool>,
+    /// podca's config.toml; `None`: deploy/base/config.toml.
+    config: Option<String>,
+    /// The rule of deploy/components/pod-facts (`pods get`) in podca's RBAC.
+    pod_facts: bool,
+    /// The rule of deploy/components/namespace-labels (`namespaces list, watch`).
+    namespace_labels: bool,
 }
 
 impl Default for Setup {
@@ -81,6 +87,9 @@ impl Default for Setup {
             drop_rule: None,
             extra_rule: None,
             bundle: Some(true),
+            config: None,
+            pod_facts: false,
+            namespace_labels: false,
         }
     }
 }
@@ -89,6 +98,8 @@ struct World {
     emu: Emulator,
     dir: tempfile::TempDir,
     kubeconfig: PathBuf,
+    /// The config.toml the doctor is given.
+    config: PathBuf,
 }
 
 /// A cluster set up as `deploy/` (base) sets it up, with `setup`'s changes.
@@ -116,7 +127,8 @@ async fn world(setup: Setup) -> World {
         issue_for_pod: false,
         // deploy/base's JWKS ConfigMap Role.
         jwks_configmap: Some((NAMESPACE.into(), "podca-jwks".into())),
-        namespace_labels: false,
+        namespace_labels: setup.namespace_labels,
+        pod_facts: setup.pod_facts,
     };
     for rule in rbac.rules() {
         if setup.drop_rule.is_some_and(|verbs| rule.verbs == verbs) {
@@ -148,22 +160,31 @@ async fn world(setup: Setup) -> World {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("podca.kubeconfig");
     emu.write_kubeconfig(&kubeconfig, "podca").unwrap();
+    let config = match &setup.config {
+        None => repo("deploy/base/config.toml"),
+        Some(text) => {
+            let path = dir.path().join("config.toml");
+            std::fs::write(&path, text).unwrap();
+            path
+        }
+    };
     World {
         emu,
         dir,
         kubeconfig,
+        config,
     }
 }
 
-/// Runs `podca doctor` with the world's kubeconfig and deploy/base/config.toml, off the
-/// runtime that serves the emulator.
+/// Runs `podca doctor` with the world's kubeconfig and config (deploy/base/config.toml unless
+/// the setup gave one), off the runtime that serves the emulator.
 async fn doctor(w: &World, extra: &[&str]) -> Output {
     let mut args = vec![
         "--kubeconfig".to_owned(),
         w.kubeconfig.display().to_string(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
-    doctor_with(args).await
+    doctor_with(&w.config, args).await
 }
 
 /// The report's lines as (status, name, detail).
@@ -461,9 +482,13 @@ async fn a_request_pending_past_ten_minutes_fails() {
 
 /// Every permission of the (Cluster)Roles in a manifest, one per verb and name.
 fn manifest_permissions(relative: &str) -> Vec<Permission> {
-    let text = std::fs::read_to_string(repo(relative)).unwrap();
+    yaml_permissions(&std::fs::read_to_string(repo(relative)).unwrap())
+}
+
+/// [`manifest_permissions`] of YAML text.
+fn yaml_permissions(text: &str) -> Vec<Permission> {
     let mut all = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
+    for doc in serde_yaml::Deserializer::from_str(text) {
         let v = Value::deserialize(doc).unwrap();
         let namespace = match v["kind"].as_str() {
             Some("ClusterRole") => None,
@@ -545,6 +570,151 @@ fn the_doctor_checks_exactly_the_permissions_of_the_manifests() {
     );
 }
 
+/// deploy/base/config.toml with `pod_facts = true` for its signer and a rule on the pod's labels.
+fn config_with_pod_facts() -> String {
+    let base = std::fs::read_to_string(repo("deploy/base/config.toml")).unwrap();
+    let header = format!("[signers.\"{SIGNER}\"]\n");
+    let with = base.replace(&header, &format!("{header}pod_facts = true\n"));
+    assert_ne!(with, base, "the base config has the signer's table");
+    format!(
+        "{with}\n[[signers.\"{SIGNER}\".rules]]\nname = \"labelled\"\n\
+         require = \"pod.labels['certs.example.com/allowed'] == 'true'\"\nreason = \"PodNotLabelled\"\n"
+    )
+}
+
+/// deploy/base/config.toml with a rule on `namespaceObject.metadata.labels`.
+fn config_with_namespace_label_rule() -> String {
+    let base = std::fs::read_to_string(repo("deploy/base/config.toml")).unwrap();
+    format!(
+        "{base}\n[[signers.\"{SIGNER}\".rules]]\nname = \"production_only\"\n\
+         require = \"namespaceObject.metadata.labels.tier == 'prod'\"\nreason = \"NamespaceNotProduction\"\n"
+    )
+}
+
+#[tokio::test]
+async fn pod_facts_without_pods_get_is_named_and_with_it_all_is_green() {
+    let without = world(Setup {
+        config: Some(config_with_pod_facts()),
+        ..Setup::default()
+    })
+    .await;
+    let out = doctor(&without, &[]).await;
+    assert_only_failure(
+        &out,
+        "rbac",
+        &[
+            "1 of 29 permissions missing (see deploy/base/rbac.yaml): get pods cluster-wide (a \
+           signer sets pod_facts = true: deploy/components/pod-facts)",
+        ],
+    );
+    let with = world(Setup {
+        config: Some(config_with_pod_facts()),
+        pod_facts: true,
+        ..Setup::default()
+    })
+    .await;
+    let out = doctor(&with, &[]).await;
+    assert_all_green(&out);
+    assert_eq!(
+        lines(&out)[1].2,
+        "all 29 permissions podca needs are granted",
+        "{}",
+        report(&out)
+    );
+    // The grant without the flag is not asked for (and not beyond: only secrets and `*` are).
+    let out = doctor(
+        &world(Setup {
+            pod_facts: true,
+            ..Setup::default()
+        })
+        .await,
+        &[],
+    )
+    .await;
+    assert_all_green(&out);
+    assert_eq!(
+        lines(&out)[1].2,
+        "all 28 permissions podca needs are granted"
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_label_rule_without_the_namespace_watch_is_named() {
+    let without = world(Setup {
+        config: Some(config_with_namespace_label_rule()),
+        ..Setup::default()
+    })
+    .await;
+    let out = doctor(&without, &[]).await;
+    let why = "(a rule reads namespaceObject.metadata.labels: deploy/components/namespace-labels)";
+    assert_only_failure(
+        &out,
+        "rbac",
+        &[&format!(
+            "2 of 30 permissions missing (see deploy/base/rbac.yaml): list namespaces \
+             cluster-wide {why}, watch namespaces cluster-wide {why}"
+        )],
+    );
+    let with = world(Setup {
+        config: Some(config_with_namespace_label_rule()),
+        namespace_labels: true,
+        ..Setup::default()
+    })
+    .await;
+    let out = doctor(&with, &[]).await;
+    assert_all_green(&out);
+    assert_eq!(
+        lines(&out)[1].2,
+        "all 30 permissions podca needs are granted",
+        "{}",
+        report(&out)
+    );
+}
+
+/// The permissions a component adds to the ClusterRole (its JSON patch's `add` values).
+fn component_permissions(relative: &str) -> Vec<Permission> {
+    let text = std::fs::read_to_string(repo(relative)).unwrap();
+    let v: Value = serde_yaml::from_str(&text).unwrap();
+    let mut rules = Vec::new();
+    for patch in v["patches"].as_array().unwrap() {
+        assert_eq!(patch["target"]["kind"], "ClusterRole");
+        let ops: Value = serde_yaml::from_str(patch["patch"].as_str().unwrap()).unwrap();
+        for op in ops.as_array().unwrap() {
+            assert_eq!(op["op"], "add");
+            rules.push(op["value"].clone());
+        }
+    }
+    let role = json!({"kind": "ClusterRole", "rules": rules});
+    yaml_permissions(&serde_yaml::to_string(&role).unwrap())
+}
+
+#[test]
+fn the_doctor_asks_for_exactly_the_rules_of_the_pod_facts_and_namespace_labels_components() {
+    let base = Config::load(&repo("deploy/base/config.toml")).unwrap();
+    let plain = Needs::from_config(&base, None).required();
+    let added = |text: &str| -> Vec<Permission> {
+        let config = Config::parse(text).unwrap();
+        let mut added: Vec<Permission> = Needs::from_config(&config, None)
+            .required()
+            .into_iter()
+            .filter(|p| !plain.contains(p))
+            .collect();
+        added.sort();
+        added
+    };
+    let mut want = component_permissions("deploy/components/pod-facts/kustomization.yaml");
+    want.sort();
+    assert_eq!(added(&config_with_pod_facts()), want);
+    assert_eq!(
+        want.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["get pods cluster-wide"]
+    );
+    let mut want = component_permissions("deploy/components/namespace-labels/kustomization.yaml");
+    want.sort();
+    assert_eq!(added(&config_with_namespace_label_rule()), want);
+    assert_eq!(want.len(), 2);
+}
+
 #[tokio::test]
 async fn an_admin_asks_as_podca_with_impersonation() {
     let w = world(Setup {
@@ -570,13 +740,13 @@ async fn an_admin_asks_as_podca_with_impersonation() {
             .collect::<Vec<String>>()
     };
     // The admin itself may do anything: the least-privilege check says so.
-    let out = doctor_with(run(&[])).await;
+    let out = doctor_with(&w.config, run(&[])).await;
     assert_eq!(out.status.code(), Some(1), "{}", report(&out));
     let got = lines(&out);
     assert_eq!(got[1].0, "ok", "{}", report(&out));
     assert_eq!(got[2].0, "FAIL", "{}", report(&out));
     // As podca, the answers are podca's: its missing `sign` permission.
-    let out = doctor_with(run(&as_podca)).await;
+    let out = doctor_with(&w.config, run(&as_podca)).await;
     assert_only_failure(
         &out,
         "rbac",
@@ -584,12 +754,12 @@ async fn an_admin_asks_as_podca_with_impersonation() {
     );
 }
 
-/// `podca doctor` with deploy/base/config.toml and `args` (the kubeconfig included).
-async fn doctor_with(args: Vec<String>) -> Output {
+/// `podca doctor` with `config` and `args` (the kubeconfig included).
+async fn doctor_with(config: &Path, args: Vec<String>) -> Output {
     let mut all: Vec<String> = vec![
         "doctor".into(),
         "--config".into(),
-        repo("deploy/base/config.toml").display().to_string(),
+        config.display().to_string(),
     ];
     all.extend(args);
     tokio::task::spawn_blocking(move || {

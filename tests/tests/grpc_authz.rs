@@ -1,8 +1,9 @@
 //! Authorization at the gRPC edge (#12 item 5), against the real `podca serve` and the API
 //! emulator (harness: `grpc_serve/mod.rs`): the `[grpc] signers` allow-list, IssueForPod's
 //! pod checks (pod-bound tokens only; terminating, finished and replaced pods refused; a
-//! cached review never vouching for a pod that has gone), and `[grpc] max_dns_names`. Each
-//! refusal with the status the README documents (`grpc/src/lib.rs`).
+//! cached review never vouching for a pod that has gone), `[grpc] max_dns_names`, and policy
+//! rules that read the pod (`pod_facts`). Each refusal with the status the README documents
+//! (`grpc/src/lib.rs`).
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
@@ -12,8 +13,10 @@ use grpc_serve::{
     Cluster, NODE_PROXY, PCR_ONLY_SIGNER, SIGNER, TokenSpec, csr_request, expect_code, issue,
     issue_for_pod, with_token,
 };
-use podca_proto::podca::v1::GetTrustBundleRequest;
-use podca_tests::emulator::{PodFixture, Res, ServiceAccountToken};
+use podca_proto::istio::v1::auth::IstioCertificateRequest;
+use podca_proto::podca::v1::{GetTrustBundleRequest, IssueJwtSvidRequest};
+use podca_tests::emulator::{FaultScope, PodFixture, Res, ServiceAccountToken};
+use podca_tests::istio::{Ztunnel, ztunnel_csr};
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,4 +203,172 @@ async fn token_review_refuses_tokens_of_pods_that_have_gone() {
         Code::Unauthenticated,
         "service account token has been invalidated",
     );
+}
+
+/// A rule on the caller's pod labels (`pod_facts`, docs/operator-guide.md "Pod labels and
+/// annotations").
+const POD_RULE: &str = r#"pod_facts = true
+
+[[signers."example.com/workload".rules]]
+name = "labelled_pods_only"
+require = "'certs.example.com/allowed' in pod.labels && pod.labels['certs.example.com/allowed'] == 'true'"
+reason = "PodNotLabelled"
+message = "'pod ' + request.pod.name + ' lacks certs.example.com/allowed=true'"
+"#;
+
+/// `podca_policy_pod_reads_total` of [`SIGNER`] for `result`, from `podca serve`'s /metrics.
+fn pod_reads(cluster: &Cluster, result: &str) -> u64 {
+    let prefix =
+        format!("podca_policy_pod_reads_total{{signer=\"{SIGNER}\",result=\"{result}\"}} ");
+    cluster
+        .metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix).map(|n| n.parse().unwrap()))
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_label_rules_read_the_pod_of_each_grpc_request() {
+    let cluster = Cluster::start_with_signer(POD_RULE, "").await;
+    let emu = &cluster.emu;
+    let mut client = cluster.client().await;
+    emu.add_node("node-1");
+    let allowed = [("certs.example.com/allowed", "true")];
+    for name in ["web-1", "web-2", "web-3"] {
+        cluster.pod("apps", name, "node-1", "web");
+    }
+    assert!(emu.set_pod_metadata("apps", "web-1", &allowed, &[]));
+    let bound = |pod| cluster.token("apps", "web", TokenSpec::bound(pod, "node-1"));
+    let (web1, web2) = (bound("web-1"), bound("web-2"));
+
+    // podca.v1 IssueCertificate: the bound token's pod decides.
+    issue(&mut client, Some(&web1)).await.unwrap();
+    expect_code(
+        issue(&mut client, Some(&web2)).await,
+        Code::PermissionDenied,
+        "PodNotLabelled: pod web-2 lacks certs.example.com/allowed=true",
+    );
+    // A token bound to no pod: the rules see empty maps (and an empty pod name).
+    let unbound = cluster.token("apps", "web", TokenSpec::default());
+    expect_code(
+        issue(&mut client, Some(&unbound)).await,
+        Code::PermissionDenied,
+        "PodNotLabelled: pod  lacks certs.example.com/allowed=true",
+    );
+    // A label edit applies to the next request, without a restart.
+    assert!(emu.set_pod_metadata("apps", "web-2", &allowed, &[]));
+    issue(&mut client, Some(&web2)).await.unwrap();
+
+    // IssueForPod: the target pod's labels, not the node proxy's.
+    let (proxy_ns, proxy_sa) = NODE_PROXY.split_once('/').unwrap();
+    cluster.pod(proxy_ns, "node-proxy-a", "node-1", proxy_sa);
+    let proxy = cluster.token(
+        proxy_ns,
+        proxy_sa,
+        TokenSpec::bound("node-proxy-a", "node-1"),
+    );
+    issue_for_pod(&mut client, &proxy, "apps", "web-2")
+        .await
+        .unwrap();
+    expect_code(
+        issue_for_pod(&mut client, &proxy, "apps", "web-3").await,
+        Code::PermissionDenied,
+        "PodNotLabelled: pod web-3 lacks certs.example.com/allowed=true",
+    );
+
+    // The Istio CA API, with the workload's own token.
+    let istio_token = |pod| {
+        cluster.token(
+            "apps",
+            "web",
+            TokenSpec {
+                audience: "istio-ca",
+                ..TokenSpec::bound(pod, "node-1")
+            },
+        )
+    };
+    let id = "spiffe://cluster.local/ns/apps/sa/web";
+    let csr = || {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        IstioCertificateRequest {
+            csr: ztunnel_csr(&key, &[id]),
+            validity_duration: 3600,
+            metadata: None,
+        }
+    };
+    let channel = cluster.channel().await;
+    let mut istio = Ztunnel::new(channel.clone(), Some(istio_token("web-2")), "cluster.local");
+    istio.send(csr()).await.unwrap();
+    let mut istio = Ztunnel::new(channel, Some(istio_token("web-3")), "cluster.local");
+    expect_code(
+        istio.send(csr()).await,
+        Code::PermissionDenied,
+        "PodNotLabelled: pod web-3 lacks certs.example.com/allowed=true",
+    );
+
+    // JWT-SVIDs (podca.v1 IssueJwtSvid), the same rule.
+    let jwt = |token: String| {
+        let mut client = client.clone();
+        async move {
+            let request = IssueJwtSvidRequest {
+                audiences: vec!["vault".into()],
+                ..Default::default()
+            };
+            client
+                .issue_jwt_svid(with_token(request, Some(&token)))
+                .await
+                .map(tonic::Response::into_inner)
+        }
+    };
+    jwt(web2.clone()).await.unwrap();
+    expect_code(
+        jwt(bound("web-3")).await,
+        Code::PermissionDenied,
+        "PodNotLabelled: pod web-3 lacks certs.example.com/allowed=true",
+    );
+
+    // The pod goes while its token's review is still cached (token_cache_seconds 60): the
+    // read finds no pod, and the request is denied, not decided on stale labels.
+    assert!(emu.delete_object(Res::Pod, "apps", "web-1"));
+    expect_code(
+        issue(&mut client, Some(&web1)).await,
+        Code::PermissionDenied,
+        "PolicyPodNotFound: pod apps/web-1 does not exist",
+    );
+
+    // One GET per request that names a pod: IssueCertificate 3, IssueForPod 2, Istio 2, JWT 2;
+    // the unbound token none; and the deleted pod.
+    assert_eq!(pod_reads(&cluster, "found"), 9);
+    assert_eq!(pod_reads(&cluster, "not_found"), 1);
+    assert_eq!(pod_reads(&cluster, "error"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_label_rules_answer_unavailable_when_the_pod_cannot_be_read() {
+    let cluster = Cluster::start_with_signer(POD_RULE, "").await;
+    let emu = &cluster.emu;
+    let mut client = cluster.client().await;
+    emu.add_node("node-1");
+    cluster.pod("apps", "web-1", "node-1", "web");
+    let token = cluster.token("apps", "web", TokenSpec::bound("web-1", "node-1"));
+    // The API server refuses the pod read (as when the RBAC rule is missing): nothing is
+    // decided without the pod.
+    emu.inject_errors(
+        403,
+        1,
+        FaultScope::PathContains("/namespaces/apps/pods/web-1".into()),
+    );
+    expect_code(
+        issue(&mut client, Some(&token)).await,
+        Code::Unavailable,
+        "cannot check the pod now: reading pod apps/web-1: ",
+    );
+    assert_eq!(pod_reads(&cluster, "error"), 1);
+    // The next call reads the pod and the rule decides (web-1 has no label).
+    expect_code(
+        issue(&mut client, Some(&token)).await,
+        Code::PermissionDenied,
+        "PodNotLabelled: pod web-1 lacks",
+    );
+    assert_eq!(pod_reads(&cluster, "found"), 1);
 }

@@ -476,6 +476,7 @@ fn pod_on(node: &str, sa: &str, uid: &str) -> PodInfo {
         uid: Some(uid.into()),
         terminating: false,
         phase: Some("Running".into()),
+        metadata: Default::default(),
     }
 }
 

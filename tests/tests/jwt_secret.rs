@@ -78,6 +78,7 @@ async fn world(lease: bool, before: impl FnOnce(&Cluster)) -> World {
         issue_for_pod: false,
         jwks_configmap: Some((NAMESPACE.into(), CONFIGMAP.into())),
         namespace_labels: false,
+        pod_facts: false,
     };
     for rule in rbac.rules() {
         cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);

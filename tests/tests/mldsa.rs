@@ -1352,6 +1352,28 @@ async fn softhsm2_refuses_an_ml_dsa_ca_at_start_naming_the_algorithm() {
         pin,
     ]);
     assert!(ecdsa.status.success(), "{ecdsa:?}");
+    // Migrating that HSM-held CA by rotation: refused, and nothing is saved for later.
+    let state = std::fs::read(t.join("ecdsa/state.json")).expect("state.json");
+    let rotate = run(&[
+        "ca",
+        "rotate",
+        "--dir",
+        &dir("ecdsa"),
+        "--algorithm",
+        "ml-dsa-65",
+    ]);
+    assert_eq!(rotate.status.code(), Some(1), "{rotate:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&rotate.stderr).trim_end(),
+        "podca: this CA's key is held outside the data directory (HSM): podca makes none of its \
+         successors, so --algorithm ml-dsa-65 would apply to nothing (nothing was changed); \
+         bring a next CA with that algorithm yourself (docs/operator-guide.md, \"HSM-held and \
+         imported CAs\")"
+    );
+    assert_eq!(
+        std::fs::read(t.join("ecdsa/state.json")).expect("state.json"),
+        state
+    );
     let config = t.join("podca.toml");
     std::fs::write(
         &config,

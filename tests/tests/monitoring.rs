@@ -308,20 +308,24 @@ const EVENT_FAMILIES: &[(&str, &str, &str)] = &[
     ("jwt_key_published_timestamp_seconds", "gauge", METRICS_RS),
     // By path and status: series once OIDC discovery (`[jwt] oidc_listen`) answers a request.
     ("oidc_requests", "counter", METRICS_RS),
+    // By signer and result: series once a signer with `pod_facts = true` reads a request's pod.
+    // Written at each scrape by the policy rule collector (`encode_descriptor`), not registered.
+    ("policy_pod_reads", "counter", METRICS_RS),
 ];
 
 const METRICS_RS: &str = "authority/src/metrics.rs";
 const LEDGER_RS: &str = "authority/src/ledger/mod.rs";
 
 /// `# TYPE` lines for [`EVENT_FAMILIES`], each checked to be registered under that name in
-/// its file (one registry, prefix `podca_`).
+/// its file (one registry, prefix `podca_`): `registry.register(`, or a collector's
+/// `encode_descriptor(` for the families it writes at each scrape.
 fn event_families() -> String {
     let mut page = String::new();
     for (name, kind, file) in EVENT_FAMILIES {
         let source = std::fs::read_to_string(repo_root().join(file)).unwrap();
-        let registered = source
-            .split("registry.register(")
-            .skip(1)
+        let registered = ["registry.register(", "encoder.encode_descriptor("]
+            .iter()
+            .flat_map(|call| source.split(call).skip(1))
             .any(|call| call.trim_start().starts_with(&format!("\"{name}\",")));
         assert!(
             registered,

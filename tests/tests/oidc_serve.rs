@@ -83,6 +83,7 @@ async fn start_after(before: impl FnOnce(&Cluster)) -> Oidc {
         issue_for_pod: false,
         jwks_configmap: Some((NAMESPACE.into(), CONFIGMAP.into())),
         namespace_labels: false,
+        pod_facts: false,
     };
     for rule in rbac.rules() {
         cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);

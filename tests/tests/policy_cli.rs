@@ -818,7 +818,7 @@ fn lint_passes_a_clean_config_and_warns_about_unverified_and_constant_rules() {
         lines[1],
         format!(
             "warning: signer \"{SIGNER}\": rule \"always\" (deny): reads no request fact \
-             (request, namespaceObject, now): it is constant and denies every request"
+             (request, namespaceObject, pod, now): it is constant and denies every request"
         )
     );
     assert!(
@@ -827,6 +827,25 @@ fn lint_passes_a_clean_config_and_warns_about_unverified_and_constant_rules() {
         lines[2]
     );
     assert!(lines[3].ends_with(": 0 errors, 3 warnings (1 signer, 5 rules)"));
+    // The same as one JSON object, for CI tooling.
+    let run = podca(&["policy", "lint", "--config", s(&config), "-o", "json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let answer = run.json();
+    assert_eq!(answer["config"], s(&config));
+    assert_eq!(answer["errors"], serde_json::json!([]));
+    assert_eq!(
+        answer["warnings"].as_array().unwrap().len(),
+        3,
+        "{answer:#}"
+    );
+    assert_eq!(
+        answer["warnings"][1],
+        lines[1].trim_start_matches("warning: ")
+    );
+    assert_eq!(
+        (answer["signers"].as_u64(), answer["rules"].as_u64()),
+        (Some(1), Some(5))
+    );
 
     // Not a signer's error: the loader's message; a TOML error with its position.
     let grpc = write(
@@ -863,4 +882,110 @@ fn lint_passes_a_clean_config_and_warns_about_unverified_and_constant_rules() {
         2,
     );
     assert!(out.contains("cannot read config file"), "{out}");
+}
+
+#[test]
+fn pod_facts_come_from_the_pod_file_and_a_foreign_pod_is_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let rule = "[[rules]]\nname = \"canary_only\"\n\
+                require = \"'track' in pod.labels && pod.labels['track'] == 'canary'\"\n\
+                reason = \"NotCanary\"\n";
+    let config = write(
+        dir.path(),
+        "podca.toml",
+        &config_text(
+            SIGNER,
+            &format!("trust_domain = \"cluster.local\"\npod_facts = true\n{rule}"),
+        ),
+    );
+    let request = write(
+        dir.path(),
+        "r.yaml",
+        "source: grpc\nnamespace: shop\nservice_account: cart\npod: {name: cart-1, uid: u-1}\n",
+    );
+    let pod = |name: &str, uid: &str, track: &str| {
+        write(
+            dir.path(),
+            &format!("{name}-{uid}-{track}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: shop\n  \
+                 uid: {uid}\n  labels: {{track: {track}}}\n"
+            ),
+        )
+    };
+
+    // Without --pod the rules see empty maps, and the output says so.
+    let (code, a) = policy_test(&config, &request, &[]);
+    assert_eq!(
+        (code, a["reason"].as_str()),
+        (1, Some("NotCanary")),
+        "{a:#}"
+    );
+    assert_eq!(
+        a["notes"][0],
+        "no --pod: the rules that read pod.labels and pod.annotations saw empty maps (podca \
+         reads the pod)"
+    );
+    // The request's pod, labelled: issued.
+    let canary = pod("cart-1", "u-1", "canary");
+    let (code, a) = policy_test(&config, &request, &["--pod", s(&canary)]);
+    assert_eq!((code, a["decision"].as_str()), (0, Some("Issued")), "{a:#}");
+    assert_eq!(a["notes"], serde_json::json!([]));
+    let stable = pod("cart-1", "u-1", "stable");
+    let (code, a) = policy_test(&config, &request, &["--pod", s(&stable)]);
+    assert_eq!(
+        (code, a["reason"].as_str()),
+        (1, Some("NotCanary")),
+        "{a:#}"
+    );
+    // Another pod of that name (recreated): podca would not find the request's pod.
+    let replaced = pod("cart-1", "u-2", "canary");
+    let (code, a) = policy_test(&config, &request, &["--pod", s(&replaced)]);
+    assert_eq!(
+        (code, a["reason"].as_str()),
+        (1, Some("PolicyPodNotFound")),
+        "{a:#}"
+    );
+    assert_eq!(
+        a["message"],
+        "--pod is pod cart-1 (UID u-2), not the request's pod cart-1 (UID u-1): podca would \
+         find no such pod"
+    );
+
+    // Not a Pod, and a rule reading pod without pod_facts: input and config errors.
+    let namespace = write(
+        dir.path(),
+        "ns.yaml",
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n",
+    );
+    let out = fails_with(
+        &[
+            "policy",
+            "test",
+            "--config",
+            s(&config),
+            "--request",
+            s(&request),
+            "--pod",
+            s(&namespace),
+        ],
+        2,
+    );
+    assert!(
+        out.contains("not a Pod (kind: Pod; `kubectl get pod NAME -o yaml` prints one)"),
+        "{out}"
+    );
+    let off = write(
+        dir.path(),
+        "off.toml",
+        &config_text(SIGNER, &format!("trust_domain = \"cluster.local\"\n{rule}")),
+    );
+    let out = fails_with(&["policy", "lint", "--config", s(&off)], 1);
+    assert!(
+        out.contains(
+            "rule \"canary_only\" reads the pod (pod.labels, pod.annotations), which needs \
+             pod_facts = true for this signer"
+        ),
+        "{out}"
+    );
 }

@@ -1,7 +1,8 @@
 //! podca's permissions, listed once: [`Needs::required`] is what `podca serve` uses (the
-//! ClusterRole `podca` of `deploy/base/rbac.yaml`, the Role on the CA Secret, and the leader
-//! Lease Role of `deploy/overlays/ha`); `tests/tests/doctor.rs` checks it against those
-//! manifests, so the two cannot drift apart. [`beyond`] lists a few permissions podca must not
+//! ClusterRole `podca` of `deploy/base/rbac.yaml`, the rules of the components the config asks
+//! for (`deploy/components/issue-for-pod`, `namespace-labels`, `pod-facts`), the Role on the CA
+//! Secret, and the leader Lease Role of `deploy/overlays/ha`); `tests/tests/doctor.rs` checks it
+//! against those manifests, so the two cannot drift apart. [`beyond`] lists a few permissions podca must not
 //! have, each of which would turn a compromised podca into a cluster compromise.
 //!
 //! Each is asked with a SelfSubjectAccessReview (authorization.k8s.io/v1), which kube-apiserver
@@ -111,6 +112,12 @@ pub struct Needs {
     pub lease: Option<LeaseRef>,
     /// gRPC IssueForPod is on (`[grpc] node_proxy_service_accounts` set): it reads pods.
     pub issue_for_pod: bool,
+    /// Some signer's rules read `namespaceObject.metadata.labels`: podca keeps a metadata-only
+    /// list and watch of namespaces (deploy/components/namespace-labels).
+    pub namespace_labels: bool,
+    /// Some signer sets `pod_facts = true`: podca reads the request's pod for its rules
+    /// (deploy/components/pod-facts). By the flag, as the manifests grant it.
+    pub pod_facts: bool,
     /// The JWKS ConfigMap the leader writes (`[jwt] jwks_configmap`, JWT-SVIDs on):
     /// (namespace, name).
     pub jwks_configmap: Option<(String, String)>,
@@ -148,6 +155,11 @@ impl Needs {
             },
             lease,
             issue_for_pod: !config.grpc.node_proxy_service_accounts.is_empty(),
+            namespace_labels: config
+                .signers
+                .values()
+                .any(|policy| policy.rules_use_namespace_labels()),
+            pod_facts: config.signers.values().any(|policy| policy.pod_facts),
             jwks_configmap,
             jwt_keys_secret: match &config.ca {
                 CaConfig::Secret(s) if config.jwt.enabled => {
@@ -212,6 +224,15 @@ impl Needs {
             // get: IssueForPod; list: the Istio CA API's ImpersonatedIdentity (pods on a node).
             all.extend(each(&["get", "list"], "", "pods"));
         }
+        if self.namespace_labels {
+            // The metadata-only namespace watch behind `namespaceObject.metadata.labels`.
+            all.extend(each(&["list", "watch"], "", "namespaces"));
+        }
+        if self.pod_facts && !self.issue_for_pod {
+            // One GET of the request's pod per request whose rules read it (IssueForPod's
+            // `get` covers it when that is on).
+            all.push(Permission::new("get", "", "pods"));
+        }
         if let Some((namespace, name)) = &self.ca_secret {
             let history = format!("{name}{HISTORY_SUFFIX}");
             all.extend(["get", "list", "watch"].map(|v| {
@@ -260,6 +281,26 @@ impl Needs {
     }
 }
 
+/// Where an operator finds the grant of a permission that `needs` requires and that is not in
+/// deploy/base/rbac.yaml (`None`: it is there, or in the Roles the config asks for).
+fn component_of(needs: &Needs, p: &Permission) -> Option<&'static str> {
+    if !p.group.is_empty() || p.namespace.is_some() {
+        return None;
+    }
+    match p.resource.as_str() {
+        "pods" if needs.issue_for_pod => {
+            Some("IssueForPod has callers: deploy/components/issue-for-pod")
+        }
+        "pods" if needs.pod_facts => {
+            Some("a signer sets pod_facts = true: deploy/components/pod-facts")
+        }
+        "namespaces" if needs.namespace_labels => {
+            Some("a rule reads namespaceObject.metadata.labels: deploy/components/namespace-labels")
+        }
+        _ => None,
+    }
+}
+
 /// Permissions podca must not have: every Secret of the cluster, any Secret of the CA's
 /// namespace besides its own, everything (`*`), and binding itself a ClusterRole.
 pub fn beyond(needs: Option<&Needs>) -> Vec<Permission> {
@@ -293,7 +334,10 @@ pub(super) async fn check_required(client: &Client, needs: Option<&Needs>) -> Ch
     for p in &required {
         match allowed(client, p).await {
             Ok(true) => {}
-            Ok(false) => missing.push(p.to_string()),
+            Ok(false) => missing.push(match component_of(needs, p) {
+                Some(why) => format!("{p} ({why})"),
+                None => p.to_string(),
+            }),
             Err(e) => {
                 return Check::new(
                     "rbac",
@@ -411,6 +455,128 @@ mod tests {
         assert_eq!(a.name, None);
     }
 
+    /// The permissions `needs` requires beyond the plain ClusterRole, as printed.
+    fn added(needs: &Needs) -> Vec<String> {
+        let plain = Needs {
+            issue_for_pod: false,
+            namespace_labels: false,
+            pod_facts: false,
+            ..needs.clone()
+        }
+        .required();
+        needs
+            .required()
+            .iter()
+            .filter(|p| !plain.contains(p))
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn needs() -> Needs {
+        Needs {
+            signers: vec!["a.example/x".into()],
+            ca_secret: None,
+            lease: None,
+            issue_for_pod: false,
+            namespace_labels: false,
+            pod_facts: false,
+            jwks_configmap: None,
+            jwt_keys_secret: None,
+        }
+    }
+
+    #[test]
+    fn pod_facts_and_namespace_label_rules_add_their_cluster_wide_reads() {
+        let base = needs();
+        assert!(added(&base).is_empty());
+        assert!(
+            !base
+                .required()
+                .iter()
+                .any(|p| p.resource == "pods" || p.resource == "namespaces")
+        );
+        let pod_facts = Needs {
+            pod_facts: true,
+            ..base.clone()
+        };
+        assert_eq!(added(&pod_facts), ["get pods cluster-wide"]);
+        let labels = Needs {
+            namespace_labels: true,
+            ..base.clone()
+        };
+        assert_eq!(
+            added(&labels),
+            [
+                "list namespaces cluster-wide",
+                "watch namespaces cluster-wide"
+            ]
+        );
+        // IssueForPod's `get` covers pod_facts': each permission once.
+        let both = Needs {
+            pod_facts: true,
+            issue_for_pod: true,
+            ..base.clone()
+        };
+        assert_eq!(
+            added(&both),
+            ["get pods cluster-wide", "list pods cluster-wide"]
+        );
+        // A missing one names the component that grants it; the base's do not.
+        let get_pods = Permission::new("get", "", "pods");
+        assert_eq!(
+            component_of(&pod_facts, &get_pods),
+            Some("a signer sets pod_facts = true: deploy/components/pod-facts")
+        );
+        assert_eq!(
+            component_of(&both, &get_pods),
+            Some("IssueForPod has callers: deploy/components/issue-for-pod")
+        );
+        assert_eq!(
+            component_of(&labels, &Permission::new("watch", "", "namespaces")),
+            Some(
+                "a rule reads namespaceObject.metadata.labels: deploy/components/namespace-labels"
+            )
+        );
+        assert_eq!(component_of(&base, &get_pods), None);
+        assert_eq!(
+            component_of(
+                &pod_facts,
+                &Permission::new("create", "authentication.k8s.io", "tokenreviews")
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn needs_follow_the_pod_facts_flag_and_the_rules_on_namespace_labels() {
+        let signer = "[signers.\"a.example/x\"]\ntrust_domain = \"cluster.local\"\n";
+        let config = |text: &str| Config::parse(text).expect("a valid config");
+        let plain = Needs::from_config(&config(signer), None);
+        assert!(!plain.pod_facts && !plain.namespace_labels);
+        // The flag decides, whether or not a rule reads the pod yet (as the RBAC does).
+        let flag = Needs::from_config(&config(&format!("{signer}pod_facts = true\n")), None);
+        assert!(flag.pod_facts && !flag.namespace_labels);
+        let rule = |expr: &str| {
+            format!(
+                "[[signers.\"a.example/x\".rules]]\nname = \"r\"\nrequire = \"{expr}\"\n\
+                 reason = \"R\"\n"
+            )
+        };
+        let pod_rule = format!(
+            "{signer}pod_facts = true\n{}",
+            rule("pod.labels['app'] == 'web'")
+        );
+        assert!(Needs::from_config(&config(&pod_rule), None).pod_facts);
+        let labels = format!(
+            "{signer}{}",
+            rule("namespaceObject.metadata.labels['tier'] == 'prod'")
+        );
+        let labels = Needs::from_config(&config(&labels), None);
+        assert!(labels.namespace_labels && !labels.pod_facts);
+        let other = Needs::from_config(&config(&format!("{signer}{}", rule("true"))), None);
+        assert!(!other.namespace_labels);
+    }
+
     #[test]
     fn the_secret_and_the_lease_add_their_namespaced_permissions() {
         let base = Needs {
@@ -418,6 +584,8 @@ mod tests {
             ca_secret: None,
             lease: None,
             issue_for_pod: false,
+            namespace_labels: false,
+            pod_facts: false,
             jwks_configmap: None,
             jwt_keys_secret: None,
         };

@@ -35,10 +35,12 @@ pub(super) enum Slot {
     Audiences,
     Labels,
     Now,
+    PodLabels,
+    PodAnnotations,
 }
 
 impl Slot {
-    pub(super) const ALL: [Slot; 13] = [
+    pub(super) const ALL: [Slot; 15] = [
         Slot::Source,
         Slot::SignerName,
         Slot::Namespace,
@@ -52,6 +54,8 @@ impl Slot {
         Slot::Audiences,
         Slot::Labels,
         Slot::Now,
+        Slot::PodLabels,
+        Slot::PodAnnotations,
     ];
 
     pub(super) const fn bit(self) -> u32 {
@@ -60,7 +64,11 @@ impl Slot {
 }
 
 /// Every fact under `request`.
-const REQUEST: u32 = !(Slot::Labels.bit() | Slot::Now.bit()) & ((1 << Slot::ALL.len()) - 1);
+const REQUEST: u32 =
+    !(Slot::Labels.bit() | Slot::Now.bit() | Slot::PodLabels.bit() | Slot::PodAnnotations.bit())
+        & ((1 << Slot::ALL.len()) - 1);
+/// Every fact under `pod` (the pod object read for the rules).
+const POD_OBJECT: u32 = Slot::PodLabels.bit() | Slot::PodAnnotations.bit();
 const POD: u32 = Slot::PodName.bit() | Slot::PodUid.bit();
 
 /// What one fact is, as a rule sees it (an unknown string is `""`, no lifetime is 0, no labels
@@ -80,6 +88,14 @@ impl<'a> RuleFacts<'a> {
         self.namespace_labels.unwrap_or(&NO_LABELS)
     }
 
+    pub(super) fn pod_labels(&self) -> &'a BTreeMap<String, String> {
+        self.pod.map_or(&NO_LABELS, |p| &p.labels)
+    }
+
+    pub(super) fn pod_annotations(&self) -> &'a BTreeMap<String, String> {
+        self.pod.map_or(&NO_LABELS, |p| &p.annotations)
+    }
+
     /// The value of `slot` as rules see it.
     pub(super) fn fact(&self, slot: Slot) -> FactRef<'a> {
         let s = |v: Option<&'a str>| FactRef::Str(v.unwrap_or(""));
@@ -97,11 +113,13 @@ impl<'a> RuleFacts<'a> {
             Slot::Audiences => FactRef::List(self.audiences),
             Slot::Labels => FactRef::Map(self.labels()),
             Slot::Now => FactRef::Int(self.now),
+            Slot::PodLabels => FactRef::Map(self.pod_labels()),
+            Slot::PodAnnotations => FactRef::Map(self.pod_annotations()),
         }
     }
 }
 
-/// The variables `request`, `namespaceObject` and `now` over one request's facts.
+/// The variables `request`, `namespaceObject`, `pod` and `now` over one request's facts.
 pub(super) struct FactResolver<'a> {
     facts: &'a RuleFacts<'a>,
     /// The slots read since the last [`Self::take_reads`].
@@ -109,6 +127,8 @@ pub(super) struct FactResolver<'a> {
     annotations: OnceLock<CelMap<'a>>,
     labels: OnceLock<CelMap<'a>>,
     audiences: OnceLock<CelList<'a>>,
+    pod_labels: OnceLock<CelMap<'a>>,
+    pod_annotations: OnceLock<CelMap<'a>>,
 }
 
 fn string_map<'a>(m: &'a BTreeMap<String, String>) -> CelMap<'a> {
@@ -140,6 +160,8 @@ impl<'a> FactResolver<'a> {
             annotations: OnceLock::new(),
             labels: OnceLock::new(),
             audiences: OnceLock::new(),
+            pod_labels: OnceLock::new(),
+            pod_annotations: OnceLock::new(),
         }
     }
 
@@ -175,6 +197,17 @@ impl<'a> FactResolver<'a> {
 
     fn metadata(&self) -> Box<dyn Val + 'a> {
         object(vec![("labels", Box::new(string_map(self.facts.labels())))])
+    }
+
+    /// The whole `pod` object.
+    fn pod_object(&self) -> Box<dyn Val + 'a> {
+        object(vec![
+            ("labels", Box::new(string_map(self.facts.pod_labels()))),
+            (
+                "annotations",
+                Box::new(string_map(self.facts.pod_annotations())),
+            ),
+        ])
     }
 
     /// The whole `request` object, for the rare expression that uses it as a value.
@@ -233,6 +266,24 @@ impl VariableResolver for FactResolver<'_> {
                 let map = self.labels.get_or_init(|| string_map(self.facts.labels()));
                 Some(CowVal::Borrowed(map))
             }
+            "pod.labels" => {
+                self.read(Slot::PodLabels.bit());
+                let map = self
+                    .pod_labels
+                    .get_or_init(|| string_map(self.facts.pod_labels()));
+                Some(CowVal::Borrowed(map))
+            }
+            "pod.annotations" => {
+                self.read(Slot::PodAnnotations.bit());
+                let map = self
+                    .pod_annotations
+                    .get_or_init(|| string_map(self.facts.pod_annotations()));
+                Some(CowVal::Borrowed(map))
+            }
+            "pod" => {
+                self.read(POD_OBJECT);
+                Some(CowVal::Owned(self.pod_object()))
+            }
             "request.audiences" => {
                 self.read(Slot::Audiences.bit());
                 let l = self.audiences.get_or_init(|| list(self.facts.audiences));
@@ -270,7 +321,10 @@ mod tests {
     #[test]
     fn request_mask_is_every_request_fact() {
         for slot in Slot::ALL {
-            let under_request = !matches!(slot, Slot::Labels | Slot::Now);
+            let under_request = !matches!(
+                slot,
+                Slot::Labels | Slot::Now | Slot::PodLabels | Slot::PodAnnotations
+            );
             assert_eq!(REQUEST & slot.bit() != 0, under_request, "{slot:?}");
         }
     }

@@ -56,6 +56,10 @@ struct Args {
     /// (deploy/components/namespace-labels).
     #[arg(long)]
     namespace_labels: bool,
+    /// podca may `get` pods cluster-wide, for signers with `pod_facts = true`, whose policy
+    /// rules read the request's pod (`pod.labels`, `pod.annotations`): deploy/components/pod-facts.
+    #[arg(long)]
+    pod_facts: bool,
 }
 
 /// `--api-mode`, after the releases that serve each set of versions.
@@ -142,6 +146,7 @@ impl Args {
             lease_name,
             issue_for_pod,
             namespace_labels,
+            pod_facts,
         } = self;
         if signers.is_empty() {
             signers.push(DEFAULT_SIGNER.to_string());
@@ -205,6 +210,7 @@ impl Args {
                     "podca-jwks".into(),
                 )),
                 namespace_labels,
+                pod_facts,
             },
         })
     }
@@ -304,4 +310,48 @@ async fn shutdown_signal() -> anyhow::Result<()> {
         _ = terminate.recv() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+    use podca_tests::emulator::PolicyRule;
+
+    /// podca's rules on core `pods` for these flags.
+    fn pod_rules(flags: &[&str]) -> Vec<PolicyRule> {
+        let argv = ["kube-emulator", "--kubeconfig-dir", "kube"]
+            .iter()
+            .chain(flags);
+        let setup = Args::try_parse_from(argv)
+            .expect("the flags parse")
+            .check()
+            .expect("the flags check");
+        setup
+            .rbac
+            .rules()
+            .into_iter()
+            .filter(|r| r.api_groups == [""] && r.resources == ["pods"])
+            .collect()
+    }
+
+    #[test]
+    fn pod_facts_grants_pods_get_cluster_wide_and_nothing_else() {
+        assert_eq!(pod_rules(&[]), Vec::<PolicyRule>::new());
+        assert_eq!(
+            pod_rules(&["--pod-facts"]),
+            [PolicyRule::new(&[""], &["pods"], &["get"])]
+        );
+        assert_eq!(
+            pod_rules(&["--pod-facts", "--issue-for-pod"]),
+            [
+                PolicyRule::new(&[""], &["pods"], &["get", "list"]),
+                PolicyRule::new(&[""], &["pods"], &["get"])
+            ]
+        );
+        // The help says what it is for.
+        let help = Args::command().render_long_help().to_string();
+        assert!(help.contains("--pod-facts"), "{help}");
+        assert!(help.contains("deploy/components/pod-facts"), "{help}");
+    }
 }

@@ -769,6 +769,35 @@ impl Emulator {
         self.seed_object(Res::Namespace, o);
     }
 
+    /// Sets an existing pod's labels and annotations (a MODIFIED event, as `kubectl label`);
+    /// false when there is no such pod.
+    pub fn set_pod_metadata(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+    ) -> bool {
+        let Some(mut o) = self.get_object(Res::Pod, namespace, name) else {
+            return false;
+        };
+        let map = |pairs: &[(&str, &str)]| -> Value {
+            Value::Object(
+                pairs
+                    .iter()
+                    .map(|(k, v)| ((*k).to_string(), json!(v)))
+                    .collect(),
+            )
+        };
+        o["metadata"]["labels"] = map(labels);
+        o["metadata"]["annotations"] = map(annotations);
+        if let Value::Object(meta) = &mut o["metadata"] {
+            meta.remove("resourceVersion");
+        }
+        self.seed_object(Res::Pod, o);
+        true
+    }
+
     /// Create a node; returns its UID.
     pub fn add_node(&self, name: &str) -> String {
         self.add_node_with_uid(name, &new_uid())

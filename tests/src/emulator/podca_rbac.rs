@@ -30,6 +30,10 @@ pub struct PodcaRbac {
     /// `namespaces list, watch` for policy rules that read `namespaceObject.metadata.labels`
     /// (deploy/components/namespace-labels).
     pub namespace_labels: bool,
+    /// `pods get` for signers with `pod_facts = true`, whose rules read the request's pod
+    /// (deploy/components/pod-facts). With [`PodcaRbac::issue_for_pod`] too, both rules are
+    /// granted, as the two components together grant them.
+    pub pod_facts: bool,
 }
 
 impl PodcaRbac {
@@ -94,6 +98,9 @@ impl PodcaRbac {
         }
         if self.namespace_labels {
             rules.push(PolicyRule::new(&[""], &["namespaces"], &["list", "watch"]));
+        }
+        if self.pod_facts {
+            rules.push(PolicyRule::new(&[""], &["pods"], &["get"]));
         }
         if let Some((namespace, name)) = &self.ca_secret {
             rules.extend(Self::secret_backend_rules(namespace, name));
@@ -180,6 +187,7 @@ mod tests {
             issue_for_pod: false,
             jwks_configmap: Some(("podca-system".into(), "podca-jwks".into())),
             namespace_labels: false,
+            pod_facts: false,
         };
         let mut want = manifest_rules("deploy/base/rbac.yaml");
         want.extend(manifest_rules(
@@ -211,6 +219,38 @@ mod tests {
             "deploy/overlays/ha/leader-election-rbac.yaml",
         ));
         assert_eq!(rbac.rules(), want);
+        // And the pod-facts component, last.
+        rbac.pod_facts = true;
+        let mut want = manifest_rules("deploy/base/rbac.yaml");
+        let cluster_rules = want.iter().take_while(|r| r.namespaces.is_empty()).count();
+        let mut extra = component_rules("deploy/components/issue-for-pod/kustomization.yaml");
+        extra.extend(component_rules(
+            "deploy/components/namespace-labels/kustomization.yaml",
+        ));
+        extra.extend(component_rules(
+            "deploy/components/pod-facts/kustomization.yaml",
+        ));
+        want.splice(cluster_rules..cluster_rules, extra);
+        want.extend(manifest_rules(
+            "deploy/overlays/ha/leader-election-rbac.yaml",
+        ));
+        assert_eq!(rbac.rules(), want);
+        // pod_facts alone: only `pods get`, no list.
+        let alone = PodcaRbac {
+            issue_for_pod: false,
+            namespace_labels: false,
+            ..rbac
+        };
+        let pods: Vec<PolicyRule> = alone
+            .rules()
+            .into_iter()
+            .filter(|r| r.resources == ["pods"])
+            .collect();
+        assert_eq!(
+            pods,
+            component_rules("deploy/components/pod-facts/kustomization.yaml")
+        );
+        assert_eq!(pods, [PolicyRule::new(&[""], &["pods"], &["get"])]);
     }
 
     #[test]
@@ -222,6 +262,7 @@ mod tests {
             issue_for_pod: false,
             jwks_configmap: None,
             namespace_labels: false,
+            pod_facts: false,
         };
         let rules = rbac.rules();
         assert_eq!(rules.len(), 7);

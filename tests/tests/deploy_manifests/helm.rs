@@ -511,3 +511,83 @@ fn the_notes_say_what_to_do_next() {
         }
     }
 }
+
+#[test]
+fn helm_grants_pods_get_when_a_signer_sets_pod_facts_by_the_flag_alone() {
+    // The ClusterRole's rules on core pods, as (verbs) in order.
+    let pod_rules = |r: &Rendered| -> Vec<Vec<String>> {
+        r.cluster_roles[0]
+            .rules
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|rule| {
+                rule.api_groups.as_deref() == Some(&[String::new()][..])
+                    && rule.resources.as_deref() == Some(&["pods".to_string()][..])
+            })
+            .map(|rule| {
+                assert_eq!(rule.resource_names, None, "pods by any name");
+                rule.verbs.clone()
+            })
+            .collect()
+    };
+    let signer = |extra: &str| {
+        format!(
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n{extra}"
+        )
+    };
+    let reads_the_pod = "      rules:\n        - name: labelled\n          \
+         require: \"pod.labels['certs.example.com/allowed'] == 'true'\"\n          \
+         reason: PodNotLabelled\n";
+    for example in OVERLAYS {
+        assert_eq!(
+            pod_rules(&parse_helm(example)),
+            [] as [Vec<String>; 0],
+            "helm {example}"
+        );
+    }
+    // pod_facts: true, with a rule that reads the pod: `pods get`, nothing more.
+    let yaml = helm_with_values(&signer(&format!("      pod_facts: true\n{reads_the_pod}")))
+        .expect("renders");
+    let r = parse_helm_yaml("helm pod_facts", &yaml);
+    check_rbac("helm pod_facts", &r);
+    assert_eq!(pod_rules(&r), [["get"]]);
+    let policy = &config(&r).signers[SIGNER];
+    assert!(policy.pod_facts && policy.rules_use_pod_facts());
+    // By the flag, not the rules' text: the flag without a rule that reads the pod still grants
+    // (podca reads no pod then, but the grant follows the setting the operator wrote) ...
+    let r = parse_helm_yaml(
+        "helm pod_facts, no pod rule",
+        &helm_with_values(&signer("      pod_facts: true\n")).expect("renders"),
+    );
+    check_rbac("helm pod_facts, no pod rule", &r);
+    assert_eq!(pod_rules(&r), [["get"]]);
+    // ... and the words in a rule without the flag grant nothing.
+    let words = "      pod_facts: false\n      rules:\n        - name: words\n          \
+         require: \"request.namespace != 'pod_facts: true pod.labels'\"\n          \
+         reason: Words\n";
+    let r = parse_helm_yaml(
+        "helm pod_facts false",
+        &helm_with_values(&signer(words)).expect("renders"),
+    );
+    check_rbac("helm pod_facts false", &r);
+    assert_eq!(pod_rules(&r), [] as [Vec<String>; 0]);
+    assert!(!config(&r).signers[SIGNER].pod_facts);
+    // With IssueForPod callers as well: one rule, IssueForPod's `get, list`, which covers it.
+    let both = format!(
+        "{}  grpc:\n    node_proxy_service_accounts: [kube-system/node-proxy]\n",
+        signer(&format!("      pod_facts: true\n{reads_the_pod}"))
+    );
+    let r = parse_helm_yaml(
+        "helm pod_facts + issue-for-pod",
+        &helm_with_values(&both).expect("renders"),
+    );
+    check_rbac("helm pod_facts + issue-for-pod", &r);
+    assert_eq!(pod_rules(&r), [["get", "list"]], "no duplicate pods rule");
+    // The schema: a boolean, nothing else.
+    let err = helm_with_values(&signer("      pod_facts: \"yes\"\n")).expect_err("a string");
+    assert!(
+        err.contains("pod_facts': got string, want boolean"),
+        "{err}"
+    );
+}

@@ -68,16 +68,31 @@ pub fn expand(scope: &str, rules: &[PolicyRule], problems: &mut Vec<String>) -> 
     grants
 }
 
+/// The cluster-wide reads the config turns on, each with its component.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClusterReads {
+    /// `[grpc] node_proxy_service_accounts` is set (deploy/components/issue-for-pod).
+    pub issue_for_pod: bool,
+    /// A rule reads `namespaceObject.metadata.labels` (deploy/components/namespace-labels).
+    pub namespace_labels: bool,
+    /// A signer sets `pod_facts = true` (deploy/components/pod-facts).
+    pub pod_facts: bool,
+}
+
 /// What podca may do: spec §3's table, plus the justified extras.
 pub fn expected_grants(
     signers: &[String],
     ca_secret: Option<(&str, &str)>,
     lease: Option<&str>,
-    issue_for_pod: bool,
+    reads: ClusterReads,
     jwks_configmap: Option<(&str, &str)>,
-    namespace_labels: bool,
     jwt_keys_secret: Option<(&str, &str)>,
 ) -> BTreeSet<Grant> {
+    let ClusterReads {
+        issue_for_pod,
+        namespace_labels,
+        pod_facts,
+    } = reads;
     let mut g = BTreeSet::new();
     let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
         for v in verbs {
@@ -147,6 +162,13 @@ pub fn expected_grants(
     // names it): podca's metadata-only namespace watch.
     if namespace_labels {
         add("cluster", "", "namespaces", &["list", "watch"], None);
+    }
+    // pods get, cluster-wide, only when a signer sets `pod_facts = true`
+    // (deploy/components/pod-facts, or the Helm chart when a signer entry has pod_facts: true):
+    // one GET of the request's pod for rules that read pod.labels or pod.annotations. No list:
+    // with IssueForPod on too, the two grants are one set.
+    if pod_facts {
+        add("cluster", "", "pods", &["get"], None);
     }
     // The `secret` CA backend, only when the config uses it, in the Secret's namespace: the
     // Secret by name (get, and list/watch with a metadata.name field selector), the history
@@ -283,7 +305,7 @@ pub fn rbac_problems(r: &Rendered, expected: &BTreeSet<Grant>) -> Vec<String> {
 
 /// The expected grants for a rendering, from its own config and Deployment: the signer names
 /// of the config, the CA Secret of `[ca] secret` (only with `backend = "secret"`), the Lease
-/// when --leader-elect is set, and pods get when IssueForPod has callers.
+/// when --leader-elect is set, pods get when IssueForPod has callers or a signer sets pod_facts.
 pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
     let cfg = config(r);
     let signers: Vec<String> = cfg.signers.keys().cloned().collect();
@@ -311,6 +333,8 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         .signers
         .values()
         .any(|policy| policy.rules_use_namespace_labels());
+    // By the flag, not by the rules: the RBAC follows `pod_facts`, as the chart does.
+    let pod_facts = cfg.signers.values().any(|policy| policy.pod_facts);
     let jwt_keys_secret = match &cfg.ca {
         CaConfig::Secret(s) if cfg.jwt.enabled => {
             Some((s.namespace.clone(), cfg.jwt.keys_secret_for(&s.name)))
@@ -321,9 +345,12 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         &signers,
         ca_secret,
         lease.as_deref(),
-        issue_for_pod,
+        ClusterReads {
+            issue_for_pod,
+            namespace_labels,
+            pod_facts,
+        },
         jwks,
-        namespace_labels,
         jwt_keys_secret
             .as_ref()
             .map(|(ns, name)| (ns.as_str(), name.as_str())),
@@ -601,4 +628,113 @@ fn namespaces_list_watch_only_with_a_namespace_label_rule() {
         ],
         "a rule without the component"
     );
+}
+
+/// The component that lets signers with `pod_facts = true` read the request's pod.
+const POD_FACTS: &str = "deploy/components/pod-facts";
+
+/// The base config with `pod_facts = true` for its signer, and a rule that reads the pod's
+/// labels (what the flag is for; the RBAC follows the flag alone).
+pub fn config_with_pod_facts() -> String {
+    let base = std::fs::read_to_string(repo_root().join("deploy/base/config.toml")).unwrap();
+    let header = format!("[signers.\"{SIGNER}\"]\n");
+    let with = base.replace(&header, &format!("{header}pod_facts = true\n"));
+    assert_ne!(with, base, "the base config has a {header:?} table");
+    format!(
+        "{with}\n[[signers.\"{SIGNER}\".rules]]\nname = \"labelled\"\n\
+         require = \"pod.labels['certs.example.com/allowed'] == 'true'\"\nreason = \"PodNotLabelled\"\n"
+    )
+}
+
+/// Every ClusterRole rule on core `pods`, as rendered.
+fn pod_rules(r: &Rendered) -> Vec<PolicyRule> {
+    r.cluster_roles
+        .iter()
+        .flat_map(|cr| cr.rules.clone().unwrap_or_default())
+        .filter(|rule| {
+            rule.api_groups.as_deref() == Some(&["".to_string()][..])
+                && rule
+                    .resources
+                    .as_deref()
+                    .is_some_and(|res| res.iter().any(|x| x == "pods"))
+        })
+        .collect()
+}
+
+fn pods_rule(verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec!["".into()]),
+        resources: Some(vec!["pods".into()]),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn pods_get_only_with_a_signer_that_sets_pod_facts() {
+    // No overlay grants any pod access (neither IssueForPod's get, list nor pod_facts' get).
+    for overlay in OVERLAYS {
+        let r = parse_overlay(overlay);
+        assert_eq!(pod_rules(&r), [], "overlay {overlay}: a rule on pods");
+        assert!(!config(&r).signers.values().any(|p| p.pod_facts));
+    }
+    let with = config_with_pod_facts();
+    let cfg = podca_authority::config::Config::parse(&with).expect("podca accepts the config");
+    assert!(cfg.signers[SIGNER].pod_facts);
+    assert!(cfg.signers[SIGNER].rules_use_pod_facts());
+    // The component with pod_facts: exactly the expected grants, and the one rule `pods get`.
+    let r = parse_kustomization(&render_default_with(&[POD_FACTS], Some(&with)));
+    check_rbac("default + pod-facts", &r);
+    assert_eq!(pod_rules(&r), [pods_rule(&["get"])], "default + pod-facts");
+    let mut problems = Vec::new();
+    let pods: Vec<Grant> = expand("cluster", &pod_rules(&r), &mut problems)
+        .into_iter()
+        .collect();
+    assert_eq!(
+        pods,
+        [(
+            "cluster".to_string(),
+            String::new(),
+            "pods".to_string(),
+            "get".to_string(),
+            None
+        )],
+        "cluster-wide get, no list, no watch, no resourceNames"
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    // The component without pod_facts: one permission too many.
+    let r = parse_kustomization(&render_default_with(&[POD_FACTS], None));
+    let problems = rbac_problems(&r, &expected_for(&r));
+    assert_eq!(
+        problems,
+        ["permission not in spec §3 or the justified extras: \
+          (\"cluster\", \"\", \"pods\", \"get\", None)"],
+        "the component without pod_facts"
+    );
+    // pod_facts without the component: every pod read would get 403.
+    let r = parse_kustomization(&render_default_with(&[], Some(&with)));
+    let problems = rbac_problems(&r, &expected_for(&r));
+    assert_eq!(
+        problems,
+        ["missing permission: (\"cluster\", \"\", \"pods\", \"get\", None)"],
+        "pod_facts without the component"
+    );
+    // With IssueForPod too: both components, both rules; the grants are their union.
+    let both = config_with_node_proxy().replace(
+        &format!("[signers.\"{SIGNER}\"]\n"),
+        &format!("[signers.\"{SIGNER}\"]\npod_facts = true\n"),
+    );
+    let r = parse_kustomization(&render_default_with(
+        &[ISSUE_FOR_POD, POD_FACTS],
+        Some(&both),
+    ));
+    check_rbac("default + issue-for-pod + pod-facts", &r);
+    assert_eq!(
+        pod_rules(&r),
+        [pods_rule(&["get", "list"]), pods_rule(&["get"])],
+        "default + issue-for-pod + pod-facts"
+    );
+    // IssueForPod's component alone covers pod_facts' get.
+    let r = parse_kustomization(&render_default_with(&[ISSUE_FOR_POD], Some(&both)));
+    check_rbac("default + issue-for-pod, pod_facts on", &r);
 }

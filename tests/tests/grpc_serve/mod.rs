@@ -70,6 +70,16 @@ impl Cluster {
     /// With `grpc_lines` added to the `[grpc]` table and, given `hsm`, the CA key generated in
     /// its token (`podca ca init --pkcs11-generate`, `[ca] backend = "pkcs11"`).
     pub async fn start_with_ca(grpc_lines: &str, hsm: Option<&HsmCa>) -> Cluster {
+        Self::start_full("", grpc_lines, hsm).await
+    }
+
+    /// With `signer_lines` added to the policy of [`SIGNER`] (keys, then its `[[…rules]]`
+    /// tables) and `grpc_lines` to the `[grpc]` table.
+    pub async fn start_with_signer(signer_lines: &str, grpc_lines: &str) -> Cluster {
+        Self::start_full(signer_lines, grpc_lines, None).await
+    }
+
+    async fn start_full(signer_lines: &str, grpc_lines: &str, hsm: Option<&HsmCa>) -> Cluster {
         // podca with no signer role: its PodCertificateRequest controller is refused.
         let podca_tests::cluster::Cluster {
             emu,
@@ -116,7 +126,8 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "{ca_table}\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
+                "{ca_table}\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\
+                 {signer_lines}\n\n\
                  [signers.\"{PCR_ONLY_SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
                  [grpc]\nlisten = \"127.0.0.1:{grpc}\"\nsigner = \"{SIGNER}\"\n\
                  node_proxy_service_accounts = [\"{NODE_PROXY}\"]\n{}{grpc_lines}\n",
