@@ -3,7 +3,8 @@
 //! (controller/src/jwt_secret.rs).
 //!
 //! The rotation runs on a short real schedule (20 s keys, 6 s of propagation, 8 s tokens), as in
-//! tests/tests/oidc_serve.rs; the Secret's content is checked at each step. The RBAC is podca's
+//! tests/tests/oidc_serve.rs; the Secret's content is checked at each step, after a deletion of
+//! the Secret, through write conflicts (409) injected by the emulator, and across a failover. The RBAC is podca's
 //! from deploy/ (`PodcaRbac`), so a write the manifests do not grant fails here too.
 
 #![allow(clippy::unwrap_used)]
@@ -607,4 +608,168 @@ async fn a_foreign_secret_of_that_name_is_never_overwritten() {
     w.cluster
         .wait_issued("still-issued", Duration::from_secs(30))
         .await;
+}
+
+/// `podca_jwt_key_rotation_errors_total` of `serve`.
+fn rotation_errors(serve: &ServeProcess) -> u64 {
+    serve
+        .metrics()
+        .lines()
+        .find_map(|l| l.strip_prefix("podca_jwt_key_rotation_errors_total "))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_jwt_secret_is_recreated_from_the_keys_in_memory() {
+    let w = world(false, |_| {}).await;
+    let log = w.cluster.dir.path().join("serve.log");
+    let serve = serve(&w, &log, None);
+    let first = wait_keys(&w, "a first key", Duration::from_secs(30), |k| k.len() == 1).await;
+    let material = key_lines(&w);
+    let jwks = bundle(&w, &serve).await;
+    let (token, kid) = issue(&w, &serve, "vault").await.unwrap();
+    assert_eq!(kid, first[0].0);
+
+    // Someone deletes the Secret (well before the key's rotation, prepared at ~14 s).
+    assert!(
+        w.cluster
+            .emu
+            .delete_object(Res::Secret, NAMESPACE, JWT_SECRET)
+    );
+    let again = wait_keys(&w, "the keys again", Duration::from_secs(12), |k| {
+        !k.is_empty()
+    })
+    .await;
+    // The same key, private key and all: nothing changed for anyone who trusts it.
+    assert_eq!(again, first);
+    assert_eq!(key_lines(&w), material);
+    let (labels, type_, _) = jwt_secret(&w).unwrap();
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "podca");
+    assert_eq!(type_, "Opaque");
+    assert_eq!(bundle(&w, &serve).await["keys"], jwks["keys"]);
+    verify(&token, &jwks, "vault").unwrap();
+    let metrics = serve.metrics();
+    assert!(
+        metrics.contains("podca_jwt_key_secret_writes_total{op=\"create\"} 2"),
+        "{metrics}"
+    );
+    assert_eq!(rotation_errors(&serve), 0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("the JWT key Secret was gone: re-created it from the keys in memory"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_conflicts_discard_the_step_and_nothing_is_published_before_the_secret_has_it() {
+    let w = world(false, |_| {}).await;
+    let log = w.cluster.dir.path().join("serve.log");
+    let serve = serve(&w, &log, None);
+    let first = wait_keys(&w, "a first key", Duration::from_secs(30), |k| k.len() == 1).await;
+    let faults = w.cluster.emu.counters().injected_faults;
+    let secret_puts = || {
+        podca_tests::emulator::FaultScope::MethodPath(
+            "PUT".into(),
+            format!("/namespaces/{NAMESPACE}/secrets/{JWT_SECRET}"),
+        )
+    };
+    // Every write of the prepare step (due at ~14 s) meets a 409, as when another writer or an
+    // edit keeps coming between podca's read and its write: three attempts, then an error. The
+    // fourth conflict meets the next check (a poll, 5 s, later).
+    w.cluster.emu.inject_errors(409, 4, secret_puts());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rotation_errors(&serve) == 0 {
+        assert!(Instant::now() < deadline, "the conflicts never surfaced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(w.cluster.emu.counters().injected_faults, faults + 3);
+    // The discarded key was never published nor used: one key everywhere.
+    assert_eq!(secret_keys(&w), first);
+    assert_eq!(kids(&bundle(&w, &serve).await), vec![first[0].0.clone()]);
+    let (_, kid) = issue(&w, &serve, "vault").await.unwrap();
+    assert_eq!(kid, first[0].0);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!(
+            "the Secret {NAMESPACE}/{JWT_SECRET} changed 3 times while podca wrote it (409 \
+             Conflict)"
+        )),
+        "{text}"
+    );
+
+    // The next check meets one conflict: it reads again and writes at the second attempt, with
+    // no error; the prepared key is then in the Secret, and published.
+    let keys = wait_keys(&w, "a prepared key", Duration::from_secs(15), |k| {
+        k.len() == 2
+    })
+    .await;
+    assert_eq!(keys[0], first[0]);
+    assert_eq!(keys[1].1, "prepared");
+    assert_eq!(w.cluster.emu.counters().injected_faults, faults + 4);
+    assert_eq!(rotation_errors(&serve), 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kids(&bundle(&w, &serve).await).len() != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the prepared key was never published"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_that_takes_over_continues_the_rotation_from_the_secret() {
+    let w = world(true, |_| {}).await;
+    let holder = || {
+        w.cluster
+            .emu
+            .get_object(Res::Lease, NAMESPACE, "podca-controller")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+            .filter(|h| !h.is_empty())
+    };
+    let mut a = serve(&w, &w.cluster.dir.path().join("a.log"), Some("a"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while holder().as_deref() != Some("a") {
+        assert!(Instant::now() < deadline, "a never took the Lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let b = serve(&w, &w.cluster.dir.path().join("b.log"), Some("b"));
+    let first = wait_keys(&w, "a first key", Duration::from_secs(30), |k| k.len() == 1).await;
+    let material = key_lines(&w);
+    // The leader dies (SIGKILL: no hand-over) before the key's rotation is due (~14 s).
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while holder().as_deref() != Some("b") {
+        assert!(Instant::now() < deadline, "b never took the Lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // b continues from the Secret: the same first key (no new one at take-over), then the
+    // schedule's next step, written by b.
+    assert_eq!(secret_keys(&w), first);
+    let keys = wait_keys(&w, "a prepared key", Duration::from_secs(30), |k| {
+        k.len() == 2
+    })
+    .await;
+    assert_eq!(keys[0], first[0]);
+    assert_eq!(keys[1].1, "prepared");
+    assert!(material.is_subset(&key_lines(&w)));
+    let metrics = b.metrics();
+    assert!(metrics.contains("podca_leader 1"), "{metrics}");
+    assert!(
+        metrics.contains("podca_jwt_key_secret_writes_total{op=\"update\"} "),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("podca_jwt_key_secret_writes_total{op=\"create\"}"),
+        "b found the Secret: {metrics}"
+    );
+    assert_eq!(rotation_errors(&b), 0);
+    // b signs with the key the Secret marks active, and publishes both.
+    let jwks = bundle(&w, &b).await;
+    assert_eq!(kids(&jwks).len(), 2, "{jwks}");
+    let (token, kid) = issue(&w, &b, "vault").await.unwrap();
+    assert_eq!(kid, first[0].0);
+    verify(&token, &jwks, "vault").unwrap();
 }

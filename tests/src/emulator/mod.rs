@@ -139,6 +139,9 @@ pub enum FaultScope {
     PathContains(String),
     /// Requests with this HTTP method.
     Method(String),
+    /// Requests with this HTTP method whose path contains this text (e.g. the PUTs of one
+    /// object: `("PUT", "/secrets/name")`).
+    MethodPath(String, String),
 }
 
 #[derive(Debug, Clone)]
@@ -249,6 +252,9 @@ impl Shared {
             FaultScope::Watches => is_watch,
             FaultScope::PathContains(p) => path.contains(p.as_str()),
             FaultScope::Method(m) => m.eq_ignore_ascii_case(method),
+            FaultScope::MethodPath(m, p) => {
+                m.eq_ignore_ascii_case(method) && path.contains(p.as_str())
+            }
         };
         let mut delay = f.latency;
         if let Some(h) = f
