@@ -12,6 +12,14 @@
 //! with the client's. Everything other than HEADERS/CONTINUATION frames passes through
 //! untouched, and nothing is ever written back to the client by this layer.
 //!
+//! Most clients (grpc-go, tonic, the Rust `spiffe` crate) send a valid `:authority`, and send
+//! the same one on every request of a connection. So the shim looks at the first header block
+//! of a connection only: when its `:authority` is valid (or absent), that block and every byte
+//! after it pass through verbatim, read straight into h2's buffer, and h2's HPACK state is the
+//! client's own. Only a connection whose first block needs the fix is rewritten, block by
+//! block, to its end. (A client that switched to an invalid `:authority` later on a connection
+//! would get h2's RST_STREAM for that request, as without the shim.)
+//!
 //! The HPACK decoder is `loona-hpack`'s: the unmaintained `hpack` crate it replaces panicked on
 //! malformed blocks such as the single byte `0x3f` (RUSTSEC-2023-0085). A block that does not
 //! decode is handed to h2 as it came, and h2 ends the connection with COMPRESSION_ERROR.
@@ -54,6 +62,11 @@ pub struct AuthorityFix<S> {
     pending: Option<PendingBlock>,
     /// Decoding failed once: from then on, everything passes through unchanged and h2 answers.
     broken: bool,
+    /// The first header block needed no fix: everything passes through unchanged.
+    verbatim: bool,
+    /// Some header block was re-encoded: h2's HPACK table is no longer the client's, so every
+    /// later block must be re-encoded too.
+    rewritten: bool,
 }
 
 struct PendingBlock {
@@ -61,6 +74,8 @@ struct PendingBlock {
     flags: u8,
     priority: Option<[u8; 5]>,
     block: Vec<u8>,
+    /// The block's frames as they came (HEADERS and its CONTINUATIONs).
+    raw: Vec<u8>,
 }
 
 impl<S> std::fmt::Debug for AuthorityFix<S> {
@@ -81,13 +96,20 @@ impl<S> AuthorityFix<S> {
             passthrough_left: 0,
             pending: None,
             broken: false,
+            verbatim: false,
+            rewritten: false,
         }
+    }
+
+    /// Whether everything from here on passes through unchanged.
+    fn passing_through(&self) -> bool {
+        self.broken || self.verbatim
     }
 
     /// Moves every complete unit of `input` to `output`.
     fn process(&mut self) {
         loop {
-            if self.broken {
+            if self.passing_through() {
                 self.output.append(&mut self.input);
                 return;
             }
@@ -149,6 +171,7 @@ impl<S> AuthorityFix<S> {
                 flags,
                 priority,
                 block: fragment.to_vec(),
+                raw: frame.to_vec(),
             };
             if flags & FLAG_END_HEADERS != 0 {
                 self.emit(pending, frame);
@@ -161,6 +184,7 @@ impl<S> AuthorityFix<S> {
                 return;
             };
             pending.block.extend_from_slice(payload);
+            pending.raw.extend_from_slice(frame);
             if pending.block.len() > MAX_HEADER_BLOCK {
                 self.fail(frame);
             } else if flags & FLAG_END_HEADERS != 0 {
@@ -185,11 +209,20 @@ impl<S> AuthorityFix<S> {
                 return;
             }
         };
+        let invalid = |name: &[u8], value: &[u8]| {
+            name == b":authority" && http::uri::Authority::try_from(value).is_err()
+        };
+        if !self.rewritten && !headers.iter().any(|(n, v)| invalid(n, v)) {
+            // h2 has seen no block but the client's own: hand this one over as it came, and
+            // from now on everything.
+            self.output.extend_from_slice(&pending.raw);
+            self.verbatim = true;
+            return;
+        }
+        self.rewritten = true;
         let mut block = Vec::with_capacity(pending.block.len() + 64);
         for (name, value) in &headers {
-            let value: &[u8] = if name.as_slice() == b":authority"
-                && http::uri::Authority::try_from(value.as_slice()).is_err()
-            {
+            let value: &[u8] = if invalid(name, value) {
                 REPLACEMENT_AUTHORITY
             } else {
                 value
@@ -295,6 +328,13 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
+            if this.passing_through()
+                && this.output_pos == this.output.len()
+                && this.input.is_empty()
+            {
+                // Nothing of ours left to hand over: h2 reads the socket directly.
+                return Pin::new(&mut this.inner).poll_read(cx, buf);
+            }
             if this.output_pos < this.output.len() {
                 let n = buf.remaining().min(this.output.len() - this.output_pos);
                 buf.put_slice(&this.output[this.output_pos..this.output_pos + n]);
@@ -457,25 +497,87 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn valid_authority_is_kept() {
-        let mut encoder = loona_hpack::Encoder::new();
-        let block = encoder.encode(
-            request_headers(b"localhost:8443")
+    fn encode(encoder: &mut loona_hpack::Encoder<'_>, authority: &[u8]) -> Vec<u8> {
+        encoder.encode(
+            request_headers(authority)
                 .iter()
                 .map(|(n, v)| (n.as_slice(), v.as_slice())),
-        );
+        )
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_first_authority_is_valid_passes_through_verbatim() {
+        let mut encoder = loona_hpack::Encoder::new();
+        let first = encode(&mut encoder, b"localhost:8443");
+        // Later blocks, indexed against the client's table, pass as they are, even one whose
+        // authority h2 will refuse (a client does not change it on a connection).
+        let second = encode(&mut encoder, b"localhost:8443");
+        let third = encode(&mut encoder, b"/run/podca/workload.sock");
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+        // The first block over HEADERS + CONTINUATION.
+        let (a, b) = first.split_at(first.len() / 2);
+        input.extend(frame(TYPE_HEADERS, FLAG_END_STREAM, 1, a));
+        input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, b));
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &second));
+        input.extend(frame(0x0, FLAG_END_STREAM, 3, b"\0\0\0\0\0")); // DATA
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 5, &third));
+        assert_eq!(through_shim(input.clone()).await, input);
+        // Read in small pieces (as a socket delivers them), the same.
+        let mut shim = AuthorityFix::new(tokio_test_reader(input.clone(), 7));
+        let mut out = Vec::new();
+        shim.read_to_end(&mut out).await.unwrap();
+        assert_eq!(out, input);
+    }
+
+    /// A reader that returns at most `chunk` bytes per read.
+    fn tokio_test_reader(data: Vec<u8>, chunk: usize) -> impl AsyncRead + Unpin {
+        struct Chunked(std::io::Cursor<Vec<u8>>, usize);
+        impl AsyncRead for Chunked {
+            fn poll_read(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                let n = self.1.min(buf.remaining());
+                let mut piece = vec![0u8; n];
+                let read = std::io::Read::read(&mut self.0, &mut piece)?;
+                buf.put_slice(&piece[..read]);
+                Poll::Ready(Ok(()))
+            }
+        }
+        Chunked(std::io::Cursor::new(data), chunk)
+    }
+
+    #[tokio::test]
+    async fn after_a_fixed_block_every_block_is_re_encoded() {
+        // h2's table then differs from the client's: a later valid block, which indexes the
+        // client's table, must not pass as it came.
+        let mut encoder = loona_hpack::Encoder::new();
+        let first = encode(&mut encoder, b"/run/podca/workload.sock");
+        let second = encode(&mut encoder, b"localhost");
         let mut input = PREFACE.to_vec();
         input.extend(frame(
             TYPE_HEADERS,
             FLAG_END_HEADERS | FLAG_END_STREAM,
             1,
-            &block,
+            &first,
+        ));
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_END_HEADERS | FLAG_END_STREAM,
+            3,
+            &second,
         ));
         let out = frames(&through_shim(input).await);
-        let headers = loona_hpack::Decoder::new().decode(&out[0].2).unwrap();
-        assert_eq!(headers, request_headers(b"localhost:8443"));
-        assert_eq!(out[0].1, FLAG_END_HEADERS | FLAG_END_STREAM);
+        assert_eq!(out.len(), 2);
+        assert_ne!(out[1].2, second);
+        // Literals only: a decoder with an empty table reads each block on its own.
+        for (want, (_, flags, payload)) in [b"localhost", b"localhost"].iter().zip(&out) {
+            assert_eq!(*flags, FLAG_END_HEADERS | FLAG_END_STREAM);
+            let headers = loona_hpack::Decoder::new().decode(payload).unwrap();
+            assert_eq!(headers, request_headers(*want));
+        }
     }
 
     /// RUSTSEC-2023-0085: the `hpack` crate's decoder panicked on the one byte 0x3f (a dynamic

@@ -19,7 +19,8 @@
 //!    socket; time from the CA reload (SIGHUP) until every stream has received the rotated bundle.
 //!
 //! 3. FetchJWTSVID throughput (release `podca dev`, Unix socket): 64 concurrent clients, one
-//!    connection each, one audience, ES256; the target is ≥ 10,000 tokens/s.
+//!    connection each, one audience, ES256; the target is ≥ 10,000 tokens/s
+//!    (`PODCA_BENCH_ONLY=jwt` runs this alone, three windows, for A/B comparisons).
 //! 4. JWKS fan-out: 1,000 open FetchJWTBundles streams on a `podca dev` with a 20 s key rotation
 //!    period; time from the key state change on disk (`jwt/state.json` rewritten when the next
 //!    key is prepared) until every stream has the new JWKS (target ≤ 1 s). Not measured yet.
@@ -67,6 +68,15 @@ fn main() {
         config: Some("[grpc]\nrate_limit_per_identity = 0\n"),
         ..Default::default()
     });
+    // PODCA_BENCH_ONLY=jwt: FetchJWTSVID throughput alone (three windows), for A/B runs.
+    if std::env::var_os("PODCA_BENCH_ONLY").is_some_and(|v| v == "jwt") {
+        runtime.block_on(async {
+            for _ in 0..3 {
+                jwt_throughput(&dev).await;
+            }
+        });
+        return;
+    }
     if std::env::var_os("PODCA_BENCH_PLAINTEXT").is_some_and(|v| v == "1") {
         let target = Target::Plaintext(dev.grpc);
         runtime.block_on(async {
