@@ -727,7 +727,12 @@ async fn sign(
         },
         _ => None,
     };
-    let pod = if policy.rules_use_pod_facts() {
+    // Only when the allow-lists admit it: they deny first, and a denied request costs no read.
+    let pod = if policy.rules_use_pod_facts()
+        && policy
+            .admits(&source.namespace, &source.service_account)
+            .is_ok()
+    {
         let pods = crate::grpc_auth::KubePodDirectory::new(ctx.client.clone());
         match read_pod_facts(
             &pods,

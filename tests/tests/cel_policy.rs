@@ -584,6 +584,7 @@ async fn an_invalid_output_denies_on_every_grpc_api() {
 /// A rule on the pod's labels and annotations (`pod_facts`), for PCRs.
 const POD_RULE: &str = r#"
 pod_facts = true
+excluded_namespaces = ["blocked"]
 
 [[rules]]
 name = "labelled_pods_only"
@@ -656,11 +657,22 @@ async fn pod_label_rules_read_each_requests_pod_and_check_its_uid() {
         &[("certs.example.com/allowed", "true")],
     );
     let gone = NewPcr::p256("req-gone", SIGNER);
+    // An excluded namespace: the allow-list denies it, and its pod (there is none) is never read.
+    c.emu.add_namespace("blocked");
+    let blocked = NewPcr {
+        namespace: "blocked",
+        ..NewPcr::p256("req-blocked", SIGNER)
+    };
 
     let ctl = start(&c, policy(POD_RULE), None).await;
-    for pcr in [&allowed, &unlabelled, &relabelled, &replaced, &gone] {
+    for pcr in [&allowed, &unlabelled, &relabelled, &replaced, &gone, &blocked] {
         pcr.file(&c.admin).await;
     }
+    let (ty, reason, _) = settled(&c.emu, "blocked", "req-blocked").await;
+    assert_eq!(
+        (ty.as_str(), reason.as_str()),
+        ("Denied", "NamespaceNotAllowed")
+    );
     let (ty, _, _) = settled(&c.emu, "apps", "req-allowed").await;
     assert_eq!(ty, "Issued");
     let (ty, _, _) = settled(&c.emu, "apps", "req-relabelled").await;
@@ -697,7 +709,7 @@ async fn pod_label_rules_read_each_requests_pod_and_check_its_uid() {
         .iter()
         .map(|r| pod_reads(r))
         .collect();
-    // One GET per request: three found, one missing, one replaced.
+    // One GET per admitted request: three found, one missing, one replaced; none for blocked.
     assert_eq!(
         (
             after[0] - before[0],

@@ -208,6 +208,7 @@ async fn token_review_refuses_tokens_of_pods_that_have_gone() {
 /// A rule on the caller's pod labels (`pod_facts`, docs/operator-guide.md "Pod labels and
 /// annotations").
 const POD_RULE: &str = r#"pod_facts = true
+excluded_namespaces = ["blocked"]
 
 [[signers."example.com/workload".rules]]
 name = "labelled_pods_only"
@@ -336,8 +337,17 @@ async fn pod_label_rules_read_the_pod_of_each_grpc_request() {
         "PolicyPodNotFound: pod apps/web-1 does not exist",
     );
 
-    // One GET per request that names a pod: IssueCertificate 3, IssueForPod 2, Istio 2, JWT 2;
-    // the unbound token none; and the deleted pod.
+    // An excluded namespace: the allow-list denies first, and its pod is not read.
+    cluster.pod("blocked", "web-9", "node-1", "web");
+    let blocked = cluster.token("blocked", "web", TokenSpec::bound("web-9", "node-1"));
+    expect_code(
+        issue(&mut client, Some(&blocked)).await,
+        Code::PermissionDenied,
+        "NamespaceNotAllowed: ",
+    );
+
+    // One GET per admitted request that names a pod: IssueCertificate 3, IssueForPod 2, Istio
+    // 2, JWT 2; the unbound token and the blocked namespace none; and the deleted pod.
     assert_eq!(pod_reads(&cluster, "found"), 9);
     assert_eq!(pod_reads(&cluster, "not_found"), 1);
     assert_eq!(pod_reads(&cluster, "error"), 0);
