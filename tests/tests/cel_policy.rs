@@ -665,7 +665,14 @@ async fn pod_label_rules_read_each_requests_pod_and_check_its_uid() {
     };
 
     let ctl = start(&c, policy(POD_RULE), None).await;
-    for pcr in [&allowed, &unlabelled, &relabelled, &replaced, &gone, &blocked] {
+    for pcr in [
+        &allowed,
+        &unlabelled,
+        &relabelled,
+        &replaced,
+        &gone,
+        &blocked,
+    ] {
         pcr.file(&c.admin).await;
     }
     let (ty, reason, _) = settled(&c.emu, "blocked", "req-blocked").await;
