@@ -727,12 +727,7 @@ async fn sign(
         },
         _ => None,
     };
-    // Only when the allow-lists admit it: they deny first, and a denied request costs no read.
-    let pod = if policy.rules_use_pod_facts()
-        && policy
-            .admits(&source.namespace, &source.service_account)
-            .is_ok()
-    {
+    let pod = if policy.reads_pod_for(&source.namespace, &source.service_account) {
         let pods = crate::grpc_auth::KubePodDirectory::new(ctx.client.clone());
         match read_pod_facts(
             &pods,

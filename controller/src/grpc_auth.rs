@@ -84,6 +84,24 @@ impl KubePodDirectory {
     }
 }
 
+/// What the gRPC checks and policy rules read of a Pod.
+fn pod_info(p: k8s_openapi::api::core::v1::Pod) -> PodInfo {
+    let spec = p.spec.unwrap_or_default();
+    PodInfo {
+        service_account: spec
+            .service_account_name
+            .unwrap_or_else(|| "default".into()),
+        node_name: spec.node_name,
+        uid: p.metadata.uid,
+        terminating: p.metadata.deletion_timestamp.is_some(),
+        phase: p.status.and_then(|s| s.phase),
+        metadata: PodMetadata {
+            labels: p.metadata.labels.unwrap_or_default(),
+            annotations: p.metadata.annotations.unwrap_or_default(),
+        },
+    }
+}
+
 #[tonic::async_trait]
 impl PodDirectory for KubePodDirectory {
     #[tracing::instrument(name = "pod_lookup", skip_all, fields(namespace = %namespace, pod = %name))]
@@ -94,22 +112,7 @@ impl PodDirectory for KubePodDirectory {
             .await
             .map_err(|_| LookupError::Timeout(KUBE_API_TIMEOUT))?
             .map_err(|e| LookupError::Failed(e.to_string()))?;
-        Ok(pod.map(|p| {
-            let spec = p.spec.unwrap_or_default();
-            PodInfo {
-                service_account: spec
-                    .service_account_name
-                    .unwrap_or_else(|| "default".into()),
-                node_name: spec.node_name,
-                uid: p.metadata.uid,
-                terminating: p.metadata.deletion_timestamp.is_some(),
-                phase: p.status.and_then(|s| s.phase),
-                metadata: PodMetadata {
-                    labels: p.metadata.labels.unwrap_or_default(),
-                    annotations: p.metadata.annotations.unwrap_or_default(),
-                },
-            }
-        }))
+        Ok(pod.map(pod_info))
     }
 
     /// One LIST in `namespace` with `fieldSelector=spec.nodeName=<node>,spec.serviceAccountName=
@@ -133,24 +136,9 @@ impl PodDirectory for KubePodDirectory {
         Ok(list
             .items
             .into_iter()
-            .map(|p| {
-                let spec = p.spec.unwrap_or_default();
-                NamedPod {
-                    name: p.metadata.name.unwrap_or_default(),
-                    info: PodInfo {
-                        service_account: spec
-                            .service_account_name
-                            .unwrap_or_else(|| "default".into()),
-                        node_name: spec.node_name,
-                        uid: p.metadata.uid,
-                        terminating: p.metadata.deletion_timestamp.is_some(),
-                        phase: p.status.and_then(|s| s.phase),
-                        metadata: PodMetadata {
-                            labels: p.metadata.labels.unwrap_or_default(),
-                            annotations: p.metadata.annotations.unwrap_or_default(),
-                        },
-                    },
-                }
+            .map(|mut p| NamedPod {
+                name: p.metadata.name.take().unwrap_or_default(),
+                info: pod_info(p),
             })
             // The selector already says so; a pod that does not match is never trusted.
             .filter(|p| {

@@ -329,12 +329,7 @@ impl Api {
         signer: &str,
         identity: &Identity,
     ) -> Result<Option<PodMetadata>, ApiError> {
-        if !policy.rules_use_pod_facts()
-            || policy
-                .admits(&identity.namespace, &identity.service_account)
-                .is_err()
-        {
-            // An allow-list denies it before any rule runs: no API call for it.
+        if !policy.reads_pod_for(&identity.namespace, &identity.service_account) {
             return Ok(None);
         }
         let (Some(name), Some(uid)) = (&identity.pod_name, &identity.pod_uid) else {

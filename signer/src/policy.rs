@@ -237,6 +237,13 @@ impl SignerPolicy {
                 .is_ok_and(|rules| rules.uses_pod_facts())
     }
 
+    /// Whether a request of `ns`/`sa` needs a read of its pod: the rules read it
+    /// ([`Self::rules_use_pod_facts`]) and the allow-lists admit the request (they deny first, so
+    /// a request they refuse costs no read).
+    pub fn reads_pod_for(&self, ns: &str, sa: &str) -> bool {
+        self.rules_use_pod_facts() && self.admits(ns, sa).is_ok()
+    }
+
     /// Runs the signer's CEL rules over verified facts: the X.509 path ([`crate::sign_request_with`])
     /// and JWT-SVIDs call this after [`Self::admits`]. The error is the `Decision::Deny` to
     /// answer; rules that do not compile deny everything (fail closed).

@@ -486,19 +486,8 @@ async fn a_secret_ca_serve_signs_jwt_svids_and_rotates_its_keys_in_their_secret(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_and_a_standby_publish_the_same_jwks_and_only_the_leader_writes() {
     let w = world(true, |_| {}).await;
-    let holder = || {
-        w.cluster
-            .emu
-            .get_object(Res::Lease, NAMESPACE, "podca-controller")
-            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
-            .filter(|h| !h.is_empty())
-    };
     let a = serve(&w, &w.cluster.dir.path().join("a.log"), Some("a"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while holder().as_deref() != Some("a") {
-        assert!(Instant::now() < deadline, "a never took the Lease");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_leader(&w, "a", Duration::from_secs(30)).await;
     let b = serve(&w, &w.cluster.dir.path().join("b.log"), Some("b"));
     let first = wait_keys(&w, "a first key", Duration::from_secs(30), |k| k.len() == 1).await;
     // The standby follows within a poll (5 s): the same JWKS, and it signs with the same key.
@@ -608,6 +597,22 @@ async fn a_foreign_secret_of_that_name_is_never_overwritten() {
     w.cluster
         .wait_issued("still-issued", Duration::from_secs(30))
         .await;
+}
+
+/// Waits until `identity` holds the leader Lease (at most `timeout`).
+async fn wait_leader(w: &World, identity: &str, timeout: Duration) {
+    let holder = || {
+        w.cluster
+            .emu
+            .get_object(Res::Lease, NAMESPACE, "podca-controller")
+            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+            .filter(|h| !h.is_empty())
+    };
+    let deadline = Instant::now() + timeout;
+    while holder().as_deref() != Some(identity) {
+        assert!(Instant::now() < deadline, "{identity} never took the Lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// `podca_jwt_key_rotation_errors_total` of `serve`.
@@ -721,30 +726,15 @@ async fn write_conflicts_discard_the_step_and_nothing_is_published_before_the_se
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_that_takes_over_continues_the_rotation_from_the_secret() {
     let w = world(true, |_| {}).await;
-    let holder = || {
-        w.cluster
-            .emu
-            .get_object(Res::Lease, NAMESPACE, "podca-controller")
-            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
-            .filter(|h| !h.is_empty())
-    };
     let mut a = serve(&w, &w.cluster.dir.path().join("a.log"), Some("a"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while holder().as_deref() != Some("a") {
-        assert!(Instant::now() < deadline, "a never took the Lease");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_leader(&w, "a", Duration::from_secs(30)).await;
     let b = serve(&w, &w.cluster.dir.path().join("b.log"), Some("b"));
     let first = wait_keys(&w, "a first key", Duration::from_secs(30), |k| k.len() == 1).await;
     let material = key_lines(&w);
     // The leader dies (SIGKILL: no hand-over) before the key's rotation is due (~14 s).
     a.child.kill().unwrap();
     a.child.wait().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while holder().as_deref() != Some("b") {
-        assert!(Instant::now() < deadline, "b never took the Lease");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_leader(&w, "b", Duration::from_secs(20)).await;
     // b continues from the Secret: the same first key (no new one at take-over), then the
     // schedule's next step, written by b.
     assert_eq!(secret_keys(&w), first);

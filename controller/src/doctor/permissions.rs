@@ -581,13 +581,7 @@ mod tests {
     fn the_secret_and_the_lease_add_their_namespaced_permissions() {
         let base = Needs {
             signers: vec!["a.example/x".into(), "b.example/y".into()],
-            ca_secret: None,
-            lease: None,
-            issue_for_pod: false,
-            namespace_labels: false,
-            pod_facts: false,
-            jwks_configmap: None,
-            jwt_keys_secret: None,
+            ..needs()
         };
         let plain = base.required();
         assert!(!plain.iter().any(|p| p.resource == "pods"));

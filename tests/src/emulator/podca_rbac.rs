@@ -189,52 +189,34 @@ mod tests {
             namespace_labels: false,
             pod_facts: false,
         };
-        let mut want = manifest_rules("deploy/base/rbac.yaml");
-        want.extend(manifest_rules(
-            "deploy/overlays/ha/leader-election-rbac.yaml",
-        ));
-        assert_eq!(rbac.rules(), want);
-        // IssueForPod's component adds its rule to the ClusterRole, whose rules come first.
+        // The base and the HA overlay, with these components' rules added to the ClusterRole,
+        // whose rules come first, in this order.
+        let want = |components: &[&str]| {
+            let mut want = manifest_rules("deploy/base/rbac.yaml");
+            let cluster_rules = want.iter().take_while(|r| r.namespaces.is_empty()).count();
+            let extra: Vec<PolicyRule> = components
+                .iter()
+                .flat_map(|c| component_rules(&format!("deploy/components/{c}/kustomization.yaml")))
+                .collect();
+            want.splice(cluster_rules..cluster_rules, extra);
+            want.extend(manifest_rules(
+                "deploy/overlays/ha/leader-election-rbac.yaml",
+            ));
+            want
+        };
+        assert_eq!(rbac.rules(), want(&[]));
+        // IssueForPod's component adds its rule.
         rbac.issue_for_pod = true;
-        let mut want = manifest_rules("deploy/base/rbac.yaml");
-        let cluster_rules = want.iter().take_while(|r| r.namespaces.is_empty()).count();
-        want.splice(
-            cluster_rules..cluster_rules,
-            component_rules("deploy/components/issue-for-pod/kustomization.yaml"),
-        );
-        want.extend(manifest_rules(
-            "deploy/overlays/ha/leader-election-rbac.yaml",
-        ));
-        assert_eq!(rbac.rules(), want);
+        assert_eq!(rbac.rules(), want(&["issue-for-pod"]));
         // So does the namespace-labels component, after IssueForPod's.
         rbac.namespace_labels = true;
-        let mut want = manifest_rules("deploy/base/rbac.yaml");
-        let cluster_rules = want.iter().take_while(|r| r.namespaces.is_empty()).count();
-        let mut extra = component_rules("deploy/components/issue-for-pod/kustomization.yaml");
-        extra.extend(component_rules(
-            "deploy/components/namespace-labels/kustomization.yaml",
-        ));
-        want.splice(cluster_rules..cluster_rules, extra);
-        want.extend(manifest_rules(
-            "deploy/overlays/ha/leader-election-rbac.yaml",
-        ));
-        assert_eq!(rbac.rules(), want);
+        assert_eq!(rbac.rules(), want(&["issue-for-pod", "namespace-labels"]));
         // And the pod-facts component, last.
         rbac.pod_facts = true;
-        let mut want = manifest_rules("deploy/base/rbac.yaml");
-        let cluster_rules = want.iter().take_while(|r| r.namespaces.is_empty()).count();
-        let mut extra = component_rules("deploy/components/issue-for-pod/kustomization.yaml");
-        extra.extend(component_rules(
-            "deploy/components/namespace-labels/kustomization.yaml",
-        ));
-        extra.extend(component_rules(
-            "deploy/components/pod-facts/kustomization.yaml",
-        ));
-        want.splice(cluster_rules..cluster_rules, extra);
-        want.extend(manifest_rules(
-            "deploy/overlays/ha/leader-election-rbac.yaml",
-        ));
-        assert_eq!(rbac.rules(), want);
+        assert_eq!(
+            rbac.rules(),
+            want(&["issue-for-pod", "namespace-labels", "pod-facts"])
+        );
         // pod_facts alone: only `pods get`, no list.
         let alone = PodcaRbac {
             issue_for_pod: false,
