@@ -80,11 +80,11 @@ impl IssuingCa {
         chain_pem.push_str(suffix);
         Ok(IssuedCertificate {
             chain_pem,
-            serial: hex::encode(serial),
+            serial: x509::hex_lower(&serial),
             validity: *validity,
             spiffe_id: spiffe_id.to_owned(),
             dns_names: dns_names.to_vec(),
-            spki_sha256: hex::encode(spki_sha256),
+            spki_sha256: x509::hex_lower(&spki_sha256),
             issuer_fingerprint: self.fingerprint().to_owned(),
             leaf_der,
         })
