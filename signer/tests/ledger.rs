@@ -126,6 +126,33 @@ fn queries_by_serial_identity_and_time() {
     assert_eq!(ledger.append(&records[3..4]).unwrap(), [true]);
 }
 
+/// A JWT-SVID record's id grows with its decision time, so the store's id index appends
+/// instead of touching a random leaf page per token; it still names the token's digest, and a
+/// retried append of the same record is still skipped.
+#[test]
+fn jwt_ids_grow_with_time_and_retries_are_skipped() {
+    let t = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+    let late_digest = "0".repeat(64);
+    let early = podca_signer::ledger::jwt_id(t, &"f".repeat(64));
+    let late = podca_signer::ledger::jwt_id(t + Duration::milliseconds(1), &late_digest);
+    assert_eq!(early, format!("jwt:1800000000000-{}", "f".repeat(64)));
+    assert!(early < late, "{early} must sort before {late}");
+    // Zero-padded to 13 digits, so earlier times sort first.
+    let y2001 = OffsetDateTime::from_unix_timestamp(1_000_000_000).unwrap();
+    assert!(podca_signer::ledger::jwt_id(y2001, &late_digest) < early);
+
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(&dir.path().join("l.redb")).unwrap();
+    let mut jwt = record(1, "spiffe://t/ns/a/sa/x", t);
+    jwt.source = Source::Jwt;
+    jwt.id = late;
+    jwt.serial = None;
+    assert_eq!(ledger.append(std::slice::from_ref(&jwt)).unwrap(), [true]);
+    assert_eq!(ledger.append(std::slice::from_ref(&jwt)).unwrap(), [false]);
+    assert_eq!(ledger.len().unwrap(), 1);
+    assert_eq!(ledger.by_id(&jwt.id).unwrap(), Some(jwt));
+}
+
 #[test]
 fn a_second_writer_gets_a_clear_in_use_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -263,7 +263,18 @@ async fn fetch_jwt_svid_decisions_are_recorded_in_the_ledger() {
     let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, svid.svid.as_bytes());
     let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(facts.token_sha256, hex);
-    assert_eq!(issued.id, format!("jwt:{hex}"));
+    // `jwt:<decision time in Unix ms>-<token SHA-256>`; the record keeps its time in seconds.
+    let (millis, digest) = issued
+        .id
+        .strip_prefix("jwt:")
+        .and_then(|rest| rest.split_once('-'))
+        .expect("jwt:<ms>-<digest>");
+    assert_eq!(millis.len(), 13, "{}", issued.id);
+    assert_eq!(
+        millis.parse::<i64>().unwrap() / 1000,
+        issued.time.unix_timestamp()
+    );
+    assert_eq!(digest, hex);
     assert_eq!(
         issued.not_after.map(|t| t.unix_timestamp()),
         claims["exp"].as_i64()
