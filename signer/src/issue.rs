@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use time::{Duration, OffsetDateTime};
 
 use crate::backend::BackendError;
-use crate::ca::{IssuingCa, random_serial};
+use crate::ca::{IssuingCa, leaf_serial};
 use crate::keys::{KeyError, SubjectKey};
 use crate::leaf::LeafFields;
 use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy};
@@ -55,7 +55,7 @@ impl IssuingCa {
         dns_names: &[String],
         validity: &Validity,
     ) -> Result<IssuedCertificate, IssueError> {
-        let serial = random_serial();
+        let serial = leaf_serial(std::time::SystemTime::now());
         // One digest gives the ledger's key fingerprint and, as its first 20 bytes, the subject
         // key identifier (see `leaf::key_identifier`).
         let spki_sha256 = subject.spki_sha256();
