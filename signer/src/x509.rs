@@ -57,6 +57,8 @@ const PEM_BEGIN: &str = "-----BEGIN CERTIFICATE-----\n";
 const PEM_END: &str = "-----END CERTIFICATE-----\n";
 /// DER bytes per PEM line: 64 base64 characters (RFC 7468 §2).
 const PEM_LINE_BYTES: usize = 48;
+/// Base64 characters per PEM line.
+const PEM_LINE_CHARS: usize = PEM_LINE_BYTES / 3 * 4;
 
 /// The length of `der`'s PEM block as [`push_certificate_pem`] writes it.
 pub(crate) fn certificate_pem_len(der: &[u8]) -> usize {
@@ -75,7 +77,7 @@ pub(crate) fn push_certificate_pem(out: &mut String, der: &[u8]) {
     let mut rest = encoded.as_str();
     while !rest.is_empty() {
         // Base64 is ASCII, so every index is a character boundary.
-        let (line, tail) = rest.split_at(rest.len().min(PEM_LINE_BYTES / 3 * 4));
+        let (line, tail) = rest.split_at(rest.len().min(PEM_LINE_CHARS));
         out.push_str(line);
         out.push('\n');
         rest = tail;
