@@ -533,35 +533,48 @@ impl prometheus_client::collector::Collector for PolicyRuleCollector {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
         let outputs = podca_signer::rules::output_counter_rows();
-        encode_counters(
-            &mut encoder,
-            "policy_output_errors",
-            "Policy output evaluations that failed or gave an invalid value (and denied: \
-             outputs fail closed), by signer and output",
-            outputs.iter().map(|(signer, output, count)| {
+        if !outputs.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "policy_output_errors",
+                "Policy output evaluations that failed or gave an invalid value (and denied: \
+                 outputs fail closed), by signer and output",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (signer, output, count) in &outputs {
                 let labels = OutputLabels {
                     signer: signer.clone(),
                     output: (*output).to_owned(),
                 };
-                (labels, *count)
-            }),
-        )?;
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(*count).encode(metric)?;
+            }
+        }
         let reads = podca_signer::rules::pod_read_rows();
-        encode_counters(
-            &mut encoder,
-            "policy_pod_reads",
-            "Reads of a request's pod for policy rules that read it (pod_facts), by signer \
-             and result (found, not_found, uid_mismatch, error): one API call each",
-            reads.iter().map(|(signer, result, count)| {
+        if !reads.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "policy_pod_reads",
+                "Reads of a request's pod for policy rules that read it (pod_facts), by signer \
+                 and result (found, not_found, uid_mismatch, error): one API call each",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (signer, result, count) in &reads {
                 let labels = PodReadLabels {
                     signer: signer.clone(),
                     result: (*result).to_owned(),
                 };
-                (labels, *count)
-            }),
-        )?;
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(*count).encode(metric)?;
+            }
+        }
         let rows = podca_signer::rules::counter_rows();
+        if rows.is_empty() {
+            return Ok(());
+        }
         for (name, help, pick) in [
             (
                 "policy_rule_denials",
@@ -575,48 +588,23 @@ impl prometheus_client::collector::Collector for PolicyRuleCollector {
                 |r| r.3,
             ),
         ] {
-            encode_counters(
-                &mut encoder,
+            let mut family = encoder.encode_descriptor(
                 name,
                 help,
-                rows.iter().map(|row| {
-                    let labels = RuleLabels {
-                        signer: row.0.clone(),
-                        rule: row.1.clone(),
-                    };
-                    (labels, pick(row))
-                }),
+                None,
+                prometheus_client::metrics::MetricType::Counter,
             )?;
+            for row in &rows {
+                let labels = RuleLabels {
+                    signer: row.0.clone(),
+                    rule: row.1.clone(),
+                };
+                let metric = family.encode_family(&labels)?;
+                ConstCounter::new(pick(row)).encode(metric)?;
+            }
         }
         Ok(())
     }
-}
-
-/// One counter family read at scrape time, a sample per `(labels, count)`; nothing at all (not
-/// even the descriptor) when there are no samples.
-fn encode_counters<L: prometheus_client::encoding::EncodeLabelSet>(
-    encoder: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    samples: impl Iterator<Item = (L, u64)>,
-) -> Result<(), std::fmt::Error> {
-    use prometheus_client::encoding::EncodeMetric;
-    use prometheus_client::metrics::counter::ConstCounter;
-    let mut samples = samples.peekable();
-    if samples.peek().is_none() {
-        return Ok(());
-    }
-    let mut family = encoder.encode_descriptor(
-        name,
-        help,
-        None,
-        prometheus_client::metrics::MetricType::Counter,
-    )?;
-    for (labels, count) in samples {
-        let metric = family.encode_family(&labels)?;
-        ConstCounter::new(count).encode(metric)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
