@@ -46,23 +46,44 @@ pub(crate) fn push(out: &mut Vec<u8>, tag: u8, content: &[u8]) {
 /// Appends one value whose content `write` appends in place; the length is filled in after, so
 /// nested structures need no intermediate buffers.
 pub(crate) fn push_nested(out: &mut Vec<u8>, tag: u8, write: impl FnOnce(&mut Vec<u8>)) {
+    push_nested_expecting(out, tag, 0, write);
+}
+
+/// Like [`push_nested`], with room left for the length octets of `expected` content bytes: when
+/// the content's length takes as many octets (same form), nothing is moved. A wrong guess costs
+/// one move of the content, never a wrong encoding.
+pub(crate) fn push_nested_expecting(
+    out: &mut Vec<u8>,
+    tag: u8,
+    expected: usize,
+    write: impl FnOnce(&mut Vec<u8>),
+) {
     out.push(tag);
     let len_at = out.len();
-    // One length octet is right for content below 128 bytes; longer content moves right by the
-    // extra octets of the long form.
-    out.push(0);
+    let reserved = len_octets(expected);
+    out.resize(len_at + reserved, 0);
     write(out);
-    let len = out.len() - len_at - 1;
+    let len = out.len() - len_at - reserved;
+    let needed = len_octets(len);
+    if needed != reserved {
+        out.splice(len_at..len_at + reserved, std::iter::repeat_n(0, needed));
+    }
+    let octets = &mut out[len_at..len_at + needed];
     if len < 0x80 {
-        out[len_at] = len as u8;
+        octets[0] = len as u8;
     } else {
+        octets[0] = 0x80 | (needed - 1) as u8;
         let bytes = len.to_be_bytes();
-        let digits = &bytes[bytes.iter().take_while(|b| **b == 0).count()..];
-        let first = 0x80 | digits.len() as u8;
-        out.splice(
-            len_at..=len_at,
-            std::iter::once(first).chain(digits.iter().copied()),
-        );
+        octets[1..].copy_from_slice(&bytes[bytes.len() - (needed - 1)..]);
+    }
+}
+
+/// How many octets the DER length of `len` content bytes takes.
+fn len_octets(len: usize) -> usize {
+    if len < 0x80 {
+        1
+    } else {
+        1 + (usize::BITS - len.leading_zeros()).div_ceil(8) as usize
     }
 }
 
@@ -97,6 +118,21 @@ mod tests {
         assert_eq!(encoded(255), [0x81, 0xff]);
         assert_eq!(encoded(256), [0x82, 0x01, 0x00]);
         assert_eq!(encoded(70_000), [0x83, 0x01, 0x11, 0x70]);
+        for len in [
+            0,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            70_000,
+            1 << 24,
+            usize::MAX,
+        ] {
+            assert_eq!(len_octets(len), encoded(len).len(), "{len}");
+        }
     }
 
     #[test]
@@ -108,6 +144,17 @@ mod tests {
             let mut out = vec![0xaa];
             push_nested(&mut out, SEQUENCE, |o| o.extend_from_slice(&content));
             assert_eq!(out, expected, "content of {len} bytes");
+        }
+        // Every guess of the length, right or wrong, gives the same bytes.
+        for len in [0usize, 1, 127, 128, 255, 256, 1000, 70_000] {
+            let content: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let mut expected = vec![];
+            push(&mut expected, SEQUENCE, &content);
+            for guess in [0usize, 1, 127, 128, 255, 256, 1000, 65_535, 65_536, 70_000] {
+                let mut out = vec![];
+                push_nested_expecting(&mut out, SEQUENCE, guess, |o| o.extend_from_slice(&content));
+                assert_eq!(out, expected, "content of {len} bytes, guessed {guess}");
+            }
         }
         let mut out = vec![];
         push_nested(&mut out, SEQUENCE, |o| {

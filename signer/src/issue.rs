@@ -55,23 +55,35 @@ impl IssuingCa {
         dns_names: &[String],
         validity: &Validity,
     ) -> Result<IssuedCertificate, IssueError> {
+        self.issue_owned(subject, spiffe_id.to_owned(), dns_names.to_vec(), validity)
+    }
+
+    /// [`IssuingCa::issue`] with the names handed over, not copied.
+    fn issue_owned(
+        &self,
+        subject: &SubjectKey,
+        spiffe_id: String,
+        dns_names: Vec<String>,
+        validity: &Validity,
+    ) -> Result<IssuedCertificate, IssueError> {
         let serial = leaf_serial(std::time::SystemTime::now());
         // One digest gives the ledger's key fingerprint and, as its first 20 bytes, the subject
         // key identifier (see `leaf::key_identifier`).
         let spki_sha256 = subject.spki_sha256();
         let template = self.leaf_template();
-        let tbs = template.tbs_certificate(&LeafFields {
-            serial: &serial,
-            not_before: validity.not_before,
-            not_after: validity.not_after,
-            spki: subject.spki_der(),
-            subject_key_id: &spki_sha256[..20],
-            key_encipherment: subject.key_type().is_rsa(),
-            spiffe_id,
-            dns_names,
-        })?;
-        let signature = self.key().sign(&tbs)?;
-        let leaf_der = template.certificate(&tbs, &signature);
+        let leaf_der = template.certificate(
+            &LeafFields {
+                serial: &serial,
+                not_before: validity.not_before,
+                not_after: validity.not_after,
+                spki: subject.spki_der(),
+                subject_key_id: &spki_sha256[..20],
+                key_encipherment: subject.key_type().is_rsa(),
+                spiffe_id: &spiffe_id,
+                dns_names: &dns_names,
+            },
+            |tbs| self.key().sign(tbs),
+        )?;
         // The CA's part of the chain is encoded once per CA; one allocation holds the whole.
         let suffix = self.chain_suffix_pem();
         let mut chain_pem =
@@ -82,8 +94,8 @@ impl IssuingCa {
             chain_pem,
             serial: x509::hex_lower(&serial),
             validity: *validity,
-            spiffe_id: spiffe_id.to_owned(),
-            dns_names: dns_names.to_vec(),
+            spiffe_id,
+            dns_names,
             spki_sha256: x509::hex_lower(&spki_sha256),
             issuer_fingerprint: self.fingerprint().to_owned(),
             leaf_der,
@@ -252,7 +264,7 @@ pub fn sign_request_with(
             };
         }
     };
-    match ca.issue(subject, &plan.spiffe_id, &plan.dns_names, &validity) {
+    match ca.issue_owned(subject, plan.spiffe_id, plan.dns_names, &validity) {
         Ok(cert) => Outcome::Issued(Box::new(cert)),
         Err(IssueError::Backend(b)) if b.is_transient() => Outcome::Retry(b),
         Err(IssueError::Backend(b)) => Outcome::Failed {

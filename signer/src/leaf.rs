@@ -11,7 +11,7 @@ use aws_lc_rs::digest;
 use time::{OffsetDateTime, UtcOffset};
 use x509_parser::asn1_rs::oid;
 
-use crate::backend::CaAlgorithm;
+use crate::backend::{BackendError, CaAlgorithm};
 use crate::der::{self, context_constructed, context_primitive};
 use crate::issue::IssueError;
 
@@ -64,6 +64,8 @@ pub(crate) struct LeafTemplate {
     key_usage_rsa: Vec<u8>,
     extended_key_usage: Vec<u8>,
     basic_constraints: Vec<u8>,
+    /// The longest signature the CA's algorithm makes, to size a leaf's buffer once.
+    signature_len_max: usize,
 }
 
 impl LeafTemplate {
@@ -129,11 +131,76 @@ impl LeafTemplate {
             key_usage_rsa: key_usage(DIGITAL_SIGNATURE | KEY_ENCIPHERMENT),
             extended_key_usage,
             basic_constraints,
+            signature_len_max: signature_len_max(algorithm),
         }
     }
 
     /// The DER TBSCertificate of a leaf: what the CA key signs.
+    #[cfg(test)]
     pub(crate) fn tbs_certificate(&self, leaf: &LeafFields<'_>) -> Result<Vec<u8>, IssueError> {
+        let mut out = Vec::new();
+        self.push_tbs_certificate(&mut out, leaf, self.tbs_len_estimate(leaf))?;
+        Ok(out)
+    }
+
+    /// The DER Certificate of a leaf, its TBSCertificate signed by `sign` (the CA key). The
+    /// TBSCertificate is written in place inside the Certificate, so its bytes are neither
+    /// copied nor moved once written.
+    pub(crate) fn certificate(
+        &self,
+        leaf: &LeafFields<'_>,
+        sign: impl FnOnce(&[u8]) -> Result<Vec<u8>, BackendError>,
+    ) -> Result<Vec<u8>, IssueError> {
+        let tbs_len = self.tbs_len_estimate(leaf);
+        let signature_len = self.signature_len_max;
+        // The Certificate's content: the TBSCertificate with its header, the algorithm, and
+        // the BIT STRING of the signature with its header.
+        let content = 4 + tbs_len + self.signature_algorithm.len() + 5 + signature_len;
+        let mut out = Vec::with_capacity(content + 4);
+        let mut result = Ok(());
+        der::push_nested_expecting(&mut out, der::SEQUENCE, content, |cert| {
+            let tbs_at = cert.len();
+            if let Err(e) = self.push_tbs_certificate(cert, leaf, tbs_len) {
+                result = Err(e);
+                return;
+            }
+            let signature = match sign(&cert[tbs_at..]) {
+                Ok(signature) => signature,
+                Err(e) => {
+                    result = Err(e.into());
+                    return;
+                }
+            };
+            cert.extend_from_slice(&self.signature_algorithm);
+            der::push_nested_expecting(cert, der::BIT_STRING, 1 + signature.len(), |bits| {
+                // No unused bits.
+                bits.push(0);
+                bits.extend_from_slice(&signature);
+            });
+        });
+        result.map(|()| out)
+    }
+
+    /// About the length of a TBSCertificate's content for `leaf`: enough that its length
+    /// octets are right the first time.
+    fn tbs_len_estimate(&self, leaf: &LeafFields<'_>) -> usize {
+        let names_len: usize = leaf.dns_names.iter().map(|n| n.len() + 4).sum();
+        200 + self.signature_algorithm.len()
+            + self.issuer.len()
+            + self.authority_key_identifier.len()
+            + self.extended_key_usage.len()
+            + leaf.spki.len()
+            + leaf.spiffe_id.len()
+            + names_len
+    }
+
+    /// Appends the DER TBSCertificate of `leaf`, whose content is about `expected` bytes.
+    fn push_tbs_certificate(
+        &self,
+        out: &mut Vec<u8>,
+        leaf: &LeafFields<'_>,
+        expected: usize,
+    ) -> Result<(), IssueError> {
         // GeneralName's uniformResourceIdentifier and dNSName are IA5Strings.
         if !leaf.spiffe_id.is_ascii() {
             return Err(IssueError::Build(format!(
@@ -147,12 +214,7 @@ impl LeafTemplate {
         let mut validity = Vec::with_capacity(2 * 17);
         push_time(&mut validity, leaf.not_before)?;
         push_time(&mut validity, leaf.not_after)?;
-
-        let names_len: usize = leaf.dns_names.iter().map(|n| n.len() + 4).sum();
-        let mut out = Vec::with_capacity(
-            400 + self.issuer.len() + leaf.spki.len() + leaf.spiffe_id.len() + names_len,
-        );
-        der::push_nested(&mut out, der::SEQUENCE, |tbs| {
+        der::push_nested_expecting(out, der::SEQUENCE, expected, |tbs| {
             // version v3 (2)
             der::push_nested(tbs, context_constructed(0), |v| {
                 der::push(v, der::INTEGER, &[2])
@@ -170,22 +232,7 @@ impl LeafTemplate {
                 });
             });
         });
-        Ok(out)
-    }
-
-    /// The DER Certificate: `tbs` signed by the CA key with `signature`.
-    pub(crate) fn certificate(&self, tbs: &[u8], signature: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(tbs.len() + signature.len() + 32);
-        der::push_nested(&mut out, der::SEQUENCE, |cert| {
-            cert.extend_from_slice(tbs);
-            cert.extend_from_slice(&self.signature_algorithm);
-            der::push_nested(cert, der::BIT_STRING, |bits| {
-                // No unused bits.
-                bits.push(0);
-                bits.extend_from_slice(signature);
-            });
-        });
-        out
+        Ok(())
     }
 
     fn push_extensions(&self, exts: &mut Vec<u8>, leaf: &LeafFields<'_>) {
@@ -209,6 +256,21 @@ impl LeafTemplate {
             der::push(v, der::OCTET_STRING, leaf.subject_key_id);
         });
         exts.extend_from_slice(&self.basic_constraints);
+    }
+}
+
+/// The longest signature `algorithm` makes: DER ECDSA signatures vary in length, the others
+/// do not (RSA by key size: room for 4096 bits). Only a buffer size: a longer one costs a move.
+fn signature_len_max(algorithm: CaAlgorithm) -> usize {
+    match algorithm {
+        CaAlgorithm::EcdsaP256 => 72,
+        CaAlgorithm::EcdsaP384 => 104,
+        CaAlgorithm::Ed25519 => 64,
+        CaAlgorithm::RsaSha256 => 512,
+        // FIPS 204 Table 2.
+        CaAlgorithm::MlDsa44 => 2420,
+        CaAlgorithm::MlDsa65 => 3309,
+        CaAlgorithm::MlDsa87 => 4627,
     }
 }
 
@@ -587,6 +649,49 @@ mod tests {
             template.tbs_certificate(&fields),
             Err(IssueError::Build(m)) if m.contains("DNS name")
         ));
+    }
+
+    #[test]
+    fn the_certificate_holds_the_signed_tbs_whatever_the_signature_length() {
+        let template = LeafTemplate::new(CaAlgorithm::EcdsaP256, &[0x30, 0x00], &[1; 20]);
+        let times = (
+            datetime!(2030-01-01 00:00 UTC),
+            datetime!(2030-01-02 00:00 UTC),
+        );
+        let names = vec!["web".to_string()];
+        let fields = leaf_fields(&[0x30, 0x00], &[2; 20], false, &names, times);
+        let tbs = template
+            .tbs_certificate(&fields)
+            .unwrap_or_else(|e| panic!("{e}"));
+        // Shorter than, as long as and far longer than the 72 bytes the buffer is sized for.
+        for len in [8usize, 72, 5000] {
+            let mut seen = vec![];
+            let der = template
+                .certificate(&fields, |signed| {
+                    seen = signed.to_vec();
+                    Ok(vec![0xab; len])
+                })
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(seen, tbs, "the signer is given exactly the TBSCertificate");
+            let mut expected = vec![];
+            der::push_nested(&mut expected, der::SEQUENCE, |cert| {
+                cert.extend_from_slice(&tbs);
+                cert.extend_from_slice(&template.signature_algorithm);
+                der::push(
+                    cert,
+                    der::BIT_STRING,
+                    &[&[0u8][..], &vec![0xab; len]].concat(),
+                );
+            });
+            assert_eq!(der, expected, "signature of {len} bytes");
+        }
+        let failed = template.certificate(&fields, |_| {
+            Err(BackendError::Unavailable("HSM gone".into()))
+        });
+        assert!(
+            matches!(&failed, Err(IssueError::Backend(BackendError::Unavailable(m))) if m == "HSM gone"),
+            "{failed:?}"
+        );
     }
 
     #[test]
