@@ -69,15 +69,21 @@ fn main() {
             other => panic!("{other:?}"),
         }
     };
-    let (raw, issue) = common::paired_rates(64, raw, issue);
+    let measured = common::paired_rates(64, raw, issue);
+    let (low, high) = measured.range();
+    println!("{}", common::method());
     println!(
-        "one core, release build, median of 3 × {}s (windows alternating)",
-        common::RUN.as_secs()
+        "raw ECDSA P-256 signatures/s (aws-lc-rs): {:>10.0}",
+        measured.a
     );
-    println!("raw ECDSA P-256 signatures/s (aws-lc-rs): {raw:>10.0}");
-    println!("leaf issuance/s (stub CSR → PEM chain):   {issue:>10.0}");
     println!(
-        "issuance / raw signing:                   {:>10.1} %",
-        100.0 * issue / raw
+        "leaf issuance/s (stub CSR → PEM chain):   {:>10.0}",
+        measured.b
+    );
+    println!(
+        "issuance / raw signing:                   {:>10.1} % [{:.1}–{:.1} %]",
+        100.0 * measured.ratio(),
+        100.0 * low,
+        100.0 * high
     );
 }

@@ -8,8 +8,8 @@
 //! Issuance is the PodCertificateRequest path: stub CSR DER → subject key (no signature
 //! re-check) → policy → validity → signed leaf → PEM chain.
 //!
-//! The raw-signing and the issuance windows of each comparison alternate (3 + 3 windows of 3 s,
-//! medians), so that other work on the machine weighs on both sides of a ratio alike. Run it
+//! Raw signing and issuance take turns every 20 ms (see `common::paired_rates`), so that other
+//! work on the machine weighs on both sides of a ratio alike. Run it
 //! pinned to one core: `taskset -c 1 cargo bench -p podca-signer --bench mldsa_issuance`.
 
 // A benchmark binary: a failed setup step should abort it loudly.
@@ -30,8 +30,8 @@ use time::OffsetDateTime;
 
 mod common;
 
-/// Raw signing and issuance per second, measured window for window alternately.
-fn rates(raw: impl FnMut(), issue: impl FnMut()) -> (f64, f64) {
+/// Raw signing and issuance per second, measured in turns.
+fn rates(raw: impl FnMut(), issue: impl FnMut()) -> common::Paired {
     common::paired_rates(16, raw, issue)
 }
 
@@ -82,13 +82,22 @@ fn stub(subject: KeyType) -> Vec<u8> {
         .unwrap()
 }
 
-fn report(what: &str, raw_name: &str, raw: f64, issue: f64) {
+fn report(what: &str, raw_name: &str, measured: &common::Paired) {
+    let (low, high) = measured.range();
     println!("{what}");
-    println!("  raw {raw_name} signatures/s (aws-lc-rs): {raw:>10.0}");
-    println!("  leaf issuance/s (stub CSR → PEM chain): {issue:>10.0}");
     println!(
-        "  issuance / raw signing:                 {:>10.1} % (target ≥ 80 %)",
-        100.0 * issue / raw
+        "  raw {raw_name} signatures/s (aws-lc-rs): {:>10.0}",
+        measured.a
+    );
+    println!(
+        "  leaf issuance/s (stub CSR → PEM chain): {:>10.0}",
+        measured.b
+    );
+    println!(
+        "  issuance / raw signing:                 {:>10.1} % (target ≥ 80 %) [{:.1}–{:.1} %]",
+        100.0 * measured.ratio(),
+        100.0 * low,
+        100.0 * high
     );
 }
 
@@ -104,7 +113,7 @@ fn main() {
     let mut signature = vec![0u8; ML_DSA_65_SIGNING.signature_len()];
     let ca = two_level_ca(CaAlgorithm::MlDsa65, now);
     let p256_stub = stub(KeyType::EcdsaP256);
-    let (raw_ml_dsa, issue_ml_dsa_ca) = rates(
+    let ml_dsa_ca = rates(
         || {
             std::hint::black_box(ml_dsa.sign(&small, &mut signature).unwrap());
         },
@@ -117,27 +126,22 @@ fn main() {
     let p256 = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref()).unwrap();
     let ca = two_level_ca(CaAlgorithm::EcdsaP256, now);
     let ml_dsa_stub = stub(KeyType::MlDsa65);
-    let (raw_p256, issue_ml_dsa_subject) = rates(
+    let ml_dsa_subject = rates(
         || {
             std::hint::black_box(p256.sign(&rng, &large).unwrap());
         },
         issue_one(&ca, &ml_dsa_stub, now),
     );
 
-    println!(
-        "one core, release build, median of 3 × {}s (windows alternating)",
-        common::RUN.as_secs()
-    );
+    println!("{}", common::method());
     report(
         "ML-DSA-65 issuing CA, ECDSA P-256 subject:",
         "ML-DSA-65",
-        raw_ml_dsa,
-        issue_ml_dsa_ca,
+        &ml_dsa_ca,
     );
     report(
         "ML-DSA-65 subject, ECDSA P-256 issuing CA:",
         "ECDSA P-256",
-        raw_p256,
-        issue_ml_dsa_subject,
+        &ml_dsa_subject,
     );
 }

@@ -2,8 +2,16 @@
 
 use std::time::{Duration, Instant};
 
-/// One measuring window.
-pub const RUN: Duration = Duration::from_secs(3);
+/// Rounds of a paired measurement; each round runs each side for [`SIDE_PER_ROUND`].
+pub const ROUNDS: usize = 9;
+/// How long each side runs in one round, in [`SLICE`]s alternating with the other side.
+pub const SIDE_PER_ROUND: Duration = Duration::from_secs(1);
+/// How long one side runs before the other takes over.
+///
+/// Short, so that a burst of other load on the machine (a noisy neighbour of the VM, a build)
+/// falls on both sides alike: with 3 s windows taken in turn, the ratios of one binary ranged
+/// from 74 to 92 % on the 2-core machine (issue #18), which hid changes of 2–3 points.
+pub const SLICE: Duration = Duration::from_millis(20);
 
 /// Runs `op` for 300 ms untimed.
 fn warm_up(op: &mut impl FnMut()) {
@@ -13,35 +21,82 @@ fn warm_up(op: &mut impl FnMut()) {
     }
 }
 
-/// Operations per second of `op` in one [`RUN`]-long window, `batch` calls between clock reads.
-fn window(batch: u64, op: &mut impl FnMut()) -> f64 {
+/// Runs `op` for one [`SLICE`], `batch` calls between clock reads: (calls, time taken).
+fn slice(batch: u64, op: &mut impl FnMut()) -> (u64, Duration) {
     let start = Instant::now();
     let mut n = 0u64;
-    while start.elapsed() < RUN {
+    loop {
         for _ in 0..batch {
             op();
         }
         n += batch;
+        let elapsed = start.elapsed();
+        if elapsed >= SLICE {
+            return (n, elapsed);
+        }
     }
-    n as f64 / start.elapsed().as_secs_f64()
 }
 
-fn median(mut rates: [f64; 3]) -> f64 {
-    rates.sort_by(f64::total_cmp);
-    rates[1]
+/// The result of [`paired_rates`].
+pub struct Paired {
+    /// Calls per second of `a` over all rounds.
+    pub a: f64,
+    /// Calls per second of `b` over all rounds.
+    pub b: f64,
+    /// Each round's rate of `b` over its rate of `a`, sorted.
+    ratios: Vec<f64>,
 }
 
-/// Operations per second of `a` and of `b`, each the median of three [`RUN`]-long windows, the
-/// windows alternating (a, b, a, b, a, b) so that a change in the machine's load (other builds)
-/// between windows weighs on both sides of the ratio alike.
-pub fn paired_rates(batch: u64, mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64) {
+impl Paired {
+    /// The median of the rounds' ratios `b / a`.
+    pub fn ratio(&self) -> f64 {
+        self.ratios[self.ratios.len() / 2]
+    }
+
+    /// The lowest and the highest of the rounds' ratios.
+    pub fn range(&self) -> (f64, f64) {
+        (self.ratios[0], self.ratios[self.ratios.len() - 1])
+    }
+}
+
+/// Calls per second of `a` and of `b`, measured in [`ROUNDS`] rounds in which the two take
+/// turns every [`SLICE`], so that a change in the machine's load weighs on both sides of the
+/// ratio alike; the ratio is taken per round, and its median reported.
+pub fn paired_rates(batch: u64, mut a: impl FnMut(), mut b: impl FnMut()) -> Paired {
     warm_up(&mut a);
     warm_up(&mut b);
-    let mut rates_a = [0.0; 3];
-    let mut rates_b = [0.0; 3];
-    for i in 0..3 {
-        rates_a[i] = window(batch, &mut a);
-        rates_b[i] = window(batch, &mut b);
+    let (mut total_a, mut total_b) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
+    let mut ratios = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let (mut round_a, mut round_b) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
+        while round_a.1 < SIDE_PER_ROUND || round_b.1 < SIDE_PER_ROUND {
+            let (n, t) = slice(batch, &mut a);
+            round_a = (round_a.0 + n, round_a.1 + t);
+            let (n, t) = slice(batch, &mut b);
+            round_b = (round_b.0 + n, round_b.1 + t);
+        }
+        ratios.push(rate(round_b) / rate(round_a));
+        total_a = (total_a.0 + round_a.0, total_a.1 + round_a.1);
+        total_b = (total_b.0 + round_b.0, total_b.1 + round_b.1);
     }
-    (median(rates_a), median(rates_b))
+    ratios.sort_by(f64::total_cmp);
+    Paired {
+        a: rate(total_a),
+        b: rate(total_b),
+        ratios,
+    }
+}
+
+fn rate((calls, time): (u64, Duration)) -> f64 {
+    calls as f64 / time.as_secs_f64()
+}
+
+/// How the figures were measured, for the benchmarks' reports.
+pub fn method() -> String {
+    format!(
+        "one core, release build; {ROUNDS} rounds of {} s per side, the sides taking turns every \
+         {} ms; ratios are the median of the rounds' (lowest–highest in brackets)",
+        SIDE_PER_ROUND.as_secs(),
+        SLICE.as_millis()
+    )
 }
