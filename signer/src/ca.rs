@@ -642,8 +642,7 @@ pub(crate) fn leaf_serial(now: std::time::SystemTime) -> [u8; 16] {
         .map_or(0, |d| d.as_millis())
         & ((1 << MILLIS_BITS) - 1);
     let mut random = [0u8; 16];
-    // aws-lc-rs's system RNG only fails if the OS has no entropy source at all.
-    aws_lc_rs::rand::fill(&mut random[6..]).expect("the system random number generator failed");
+    crate::random::fill(&mut random[6..]);
     (1u128 << 126 | millis << 80 | u128::from_be_bytes(random)).to_be_bytes()
 }
 

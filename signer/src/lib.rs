@@ -10,6 +10,7 @@ pub mod keys;
 mod leaf;
 pub mod ledger;
 pub mod policy;
+mod random;
 pub mod reason;
 pub mod rotation;
 pub mod rules;
