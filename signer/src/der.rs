@@ -2,6 +2,9 @@
 //! (`leaf.rs`), canonical SubjectPublicKeyInfos (`keys.rs`) and the PKCS#11 backend's
 //! conversions (`backend/pkcs11/der.rs`). It writes what it is told and checks no ASN.1 schema,
 //! so every structure built with it is tested against a parser.
+//!
+//! And [`read`], the one value at a time reader behind the stub CSR fast path (`keys.rs`);
+//! everything else is parsed with x509-parser.
 
 pub(crate) const BOOLEAN: u8 = 0x01;
 pub(crate) const INTEGER: u8 = 0x02;
@@ -101,9 +104,85 @@ pub(crate) fn push_unsigned(out: &mut Vec<u8>, magnitude: &[u8]) {
     out.extend_from_slice(digits);
 }
 
+/// One DER value read from the front of `input`: its tag, its content, the whole encoding
+/// (tag, length and content), and what follows it.
+pub(crate) struct Read<'a> {
+    pub tag: u8,
+    pub content: &'a [u8],
+    pub whole: &'a [u8],
+    pub rest: &'a [u8],
+}
+
+/// Reads one value, strictly: a low tag number (one tag octet) and a definite length in its
+/// minimal form, the content all there. `None` for anything else, including the valid BER
+/// that DER forbids; callers that need the reason use x509-parser.
+pub(crate) fn read(input: &[u8]) -> Option<Read<'_>> {
+    let (&tag, after_tag) = input.split_first()?;
+    if tag & 0x1f == 0x1f {
+        return None;
+    }
+    let (&first, mut after_len) = after_tag.split_first()?;
+    let len = if first < 0x80 {
+        usize::from(first)
+    } else {
+        let octets = usize::from(first & 0x7f);
+        // 0x80 is BER's indefinite length; more than 4 octets is no CSR's.
+        if octets == 0 || octets > 4 || after_len.len() < octets || after_len[0] == 0 {
+            return None;
+        }
+        let len = after_len[..octets]
+            .iter()
+            .fold(0usize, |len, b| len << 8 | usize::from(*b));
+        if len < 0x80 {
+            return None;
+        }
+        after_len = &after_len[octets..];
+        len
+    };
+    if after_len.len() < len {
+        return None;
+    }
+    let header = input.len() - after_len.len();
+    Some(Read {
+        tag,
+        content: &after_len[..len],
+        whole: &input[..header + len],
+        rest: &after_len[len..],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_takes_what_the_writer_wrote_and_refuses_non_der() {
+        for len in [0usize, 1, 127, 128, 255, 256, 70_000] {
+            let content = vec![0x5a; len];
+            let mut out = vec![];
+            push(&mut out, OCTET_STRING, &content);
+            out.extend_from_slice(&[1, 2, 3]);
+            let value = read(&out).unwrap();
+            assert_eq!(value.tag, OCTET_STRING);
+            assert_eq!(value.content, content.as_slice());
+            assert_eq!(value.whole, &out[..out.len() - 3]);
+            assert_eq!(value.rest, [1, 2, 3]);
+        }
+        for bad in [
+            &[][..],
+            &[0x04],
+            // Indefinite length, a non-minimal short length, a leading zero length octet.
+            &[0x30, 0x80, 0x00, 0x00],
+            &[0x04, 0x81, 0x05, 1, 2, 3, 4, 5],
+            &[0x04, 0x82, 0x00, 0x80],
+            // A high tag number, and content shorter than its length.
+            &[0x1f, 0x81, 0x01, 0x00],
+            &[0x04, 0x03, 1, 2],
+            &[0x04, 0x85, 1, 0, 0, 0, 0],
+        ] {
+            assert!(read(bad).is_none(), "{bad:02x?}");
+        }
+    }
 
     #[test]
     fn lengths_use_the_minimal_form() {
