@@ -65,30 +65,42 @@ impl Paired {
 pub fn paired_rates(batch: u64, mut a: impl FnMut(), mut b: impl FnMut()) -> Paired {
     warm_up(&mut a);
     warm_up(&mut b);
-    let (mut total_a, mut total_b) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
+    let (mut total_a, mut total_b) = (Tally::default(), Tally::default());
     let mut ratios = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
-        let (mut round_a, mut round_b) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
-        while round_a.1 < SIDE_PER_ROUND || round_b.1 < SIDE_PER_ROUND {
-            let (n, t) = slice(batch, &mut a);
-            round_a = (round_a.0 + n, round_a.1 + t);
-            let (n, t) = slice(batch, &mut b);
-            round_b = (round_b.0 + n, round_b.1 + t);
+        let (mut round_a, mut round_b) = (Tally::default(), Tally::default());
+        while round_a.time < SIDE_PER_ROUND || round_b.time < SIDE_PER_ROUND {
+            round_a.add(slice(batch, &mut a));
+            round_b.add(slice(batch, &mut b));
         }
-        ratios.push(rate(round_b) / rate(round_a));
-        total_a = (total_a.0 + round_a.0, total_a.1 + round_a.1);
-        total_b = (total_b.0 + round_b.0, total_b.1 + round_b.1);
+        ratios.push(round_b.rate() / round_a.rate());
+        total_a.add((round_a.calls, round_a.time));
+        total_b.add((round_b.calls, round_b.time));
     }
     ratios.sort_by(f64::total_cmp);
     Paired {
-        a: rate(total_a),
-        b: rate(total_b),
+        a: total_a.rate(),
+        b: total_b.rate(),
         ratios,
     }
 }
 
-fn rate((calls, time): (u64, Duration)) -> f64 {
-    calls as f64 / time.as_secs_f64()
+/// Calls made and the time they took.
+#[derive(Default)]
+struct Tally {
+    calls: u64,
+    time: Duration,
+}
+
+impl Tally {
+    fn add(&mut self, (calls, time): (u64, Duration)) {
+        self.calls += calls;
+        self.time += time;
+    }
+
+    fn rate(&self) -> f64 {
+        self.calls as f64 / self.time.as_secs_f64()
+    }
 }
 
 /// How the figures were measured, for the benchmarks' reports.
