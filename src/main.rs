@@ -5,6 +5,9 @@ mod commands;
 mod dev;
 mod serve;
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     // One crypto provider for the whole process (rustls, kube, tonic), installed before anything
     // can ask for a default one.
