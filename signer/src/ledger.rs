@@ -597,20 +597,22 @@ impl Ledger {
                 .map_err(|e| self.storage(e))?
                 .map_or(0, |(k, _)| k.value() + 1);
             for record in records {
-                if by_id
-                    .get(record.id.as_str())
+                // One descent of the id index both claims the id and tells whether a retried
+                // write already holds it (then its entry is put back as it was).
+                let earlier = by_id
+                    .insert(record.id.as_str(), seq)
                     .map_err(|e| self.storage(e))?
-                    .is_some()
-                {
+                    .map(|old| old.value());
+                if let Some(earlier) = earlier {
+                    by_id
+                        .insert(record.id.as_str(), earlier)
+                        .map_err(|e| self.storage(e))?;
                     inserted.push(false);
                     continue;
                 }
                 let json = record.to_json();
                 table
                     .insert(seq, json.as_bytes())
-                    .map_err(|e| self.storage(e))?;
-                by_id
-                    .insert(record.id.as_str(), seq)
                     .map_err(|e| self.storage(e))?;
                 by_identity
                     .insert(record.identity.as_str(), seq)
@@ -1010,5 +1012,31 @@ mod tests {
         ] {
             assert_eq!(filter.matches(&r), hit, "{what}");
         }
+    }
+
+    #[test]
+    fn a_retried_record_keeps_the_first_one_and_its_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("l.redb")).unwrap();
+        let refused = |reason: &str| {
+            let mut grpc = context();
+            grpc.source = Source::Grpc;
+            grpc.request_uid = None;
+            LedgerRecord::refused(&grpc, RecordOutcome::Denied, reason, "m")
+        };
+        let first = refused("First");
+        assert_eq!(ledger.append(std::slice::from_ref(&first)).unwrap(), [true]);
+        // The same id again, with other content, beside a new record in one batch.
+        let mut again = first.clone();
+        again.reason = "Second".into();
+        let other = refused("Other");
+        assert_eq!(
+            ledger.append(&[again, other.clone()]).unwrap(),
+            [false, true]
+        );
+        assert_eq!(ledger.by_id(&first.id).unwrap(), Some(first.clone()));
+        assert_eq!(ledger.by_id(&other.id).unwrap(), Some(other.clone()));
+        let all = ledger.by_identity(&first.identity).unwrap();
+        assert_eq!(all, [first, other]);
     }
 }

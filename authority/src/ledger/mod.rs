@@ -113,6 +113,15 @@ impl Store {
 
     /// Appends in one transaction; per record, whether it was new.
     pub async fn append(&self, records: Vec<LedgerRecord>) -> Result<Vec<bool>, StoreError> {
+        self.append_shared(Arc::new(records)).await
+    }
+
+    /// [`Store::append`] of records the caller keeps (the writer needs them afterwards for the
+    /// audit line and the metrics, and should not copy every record to get that).
+    async fn append_shared(
+        &self,
+        records: Arc<Vec<LedgerRecord>>,
+    ) -> Result<Vec<bool>, StoreError> {
         match self {
             Store::Redb(ledger) => {
                 let ledger = Arc::clone(ledger);
@@ -363,15 +372,23 @@ impl LedgerWriter {
                 }
                 continue;
             }
-            let records: Vec<LedgerRecord> = all.iter().map(|p| p.record.clone()).collect();
+            let (records, dones): (Vec<LedgerRecord>, Vec<_>) =
+                all.into_iter().map(|p| (p.record, p.done)).unzip();
+            let records = Arc::new(records);
             let started = Instant::now();
-            let result = store.append(records).await;
+            let result = store.append_shared(Arc::clone(&records)).await;
             metrics
                 .commit_seconds
                 .observe(started.elapsed().as_secs_f64());
+            // The store has let go of its share by now (also when its task panicked).
+            let records = Arc::try_unwrap(records).unwrap_or_else(|shared| (*shared).clone());
+            let all = records
+                .into_iter()
+                .zip(dones)
+                .map(|(record, done)| Pending { record, done });
             match result {
                 Ok(inserted) => {
-                    for (pending, new) in all.into_iter().zip(inserted) {
+                    for (pending, new) in all.zip(inserted) {
                         if new {
                             audit::decision(&pending.record);
                             metrics
