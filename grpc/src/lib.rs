@@ -76,6 +76,7 @@
 //!   any identity that way: this is a development convenience, refused from other addresses.
 
 pub mod auth;
+pub mod coalesce;
 pub mod connections;
 pub mod core;
 pub mod errors;

@@ -1,6 +1,6 @@
 //! The gRPC servers: `podca.v1` on TCP (TLS, see [`crate::tls`], or plaintext on loopback),
 //! and the Workload API (plus `podca.v1`) on a Unix socket whose connections go through
-//! [`AuthorityFix`].
+//! [`AuthorityFix`] and [`Coalesced`] (one write per HTTP/2 flush).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 
+use super::coalesce::Coalesced;
 use super::connections::{Admitted, ConnectionCounter, ConnectionLimits};
 use super::core::{Api, MAX_MESSAGE_BYTES};
 use super::istio::IstioService;
@@ -154,7 +155,8 @@ pub async fn serve_unix_with_jwt(
     jwt: MaybeJwt,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new));
+    let incoming = UnixListenerStream::new(listener)
+        .map(|conn| conn.map(|stream| AuthorityFix::new(Coalesced::new(stream))));
     builder()
         .add_routes(observe::edge_routes(&api).await)
         .add_service(workload(&api, jwt))
