@@ -15,8 +15,8 @@ use std::path::Path;
 use std::str::FromStr;
 
 use redb::{
-    Database, MultimapTableDefinition, ReadableDatabase, ReadableTable, ReadableTableMetadata,
-    TableDefinition,
+    Database, MultimapTableDefinition, MultimapTableHandle, ReadableDatabase,
+    ReadableMultimapTable, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -28,7 +28,14 @@ const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 /// Record id → sequence number. Named for its first use: an issued certificate's id is its
 /// serial, and files written before ids existed hold serials only.
 const BY_ID: TableDefinition<&str, u64> = TableDefinition::new("by_serial");
-const BY_IDENTITY: MultimapTableDefinition<&str, u64> = MultimapTableDefinition::new("by_identity");
+/// (identity, sequence number): the records of one identity, in order.
+const BY_IDENTITY: TableDefinition<(&str, u64), ()> = TableDefinition::new("by_identity_seq");
+/// The identity index of files written before 2026-12-04, moved into [`BY_IDENTITY`] at open.
+/// A multimap keeps each identity's sequence numbers in a tree of their own, and appending there
+/// cost more CPU than the other three indexes together (`perf`, FetchJWTSVID load: 4.0 % of the
+/// server against 3.5 %).
+const OLD_BY_IDENTITY: MultimapTableDefinition<&str, u64> =
+    MultimapTableDefinition::new("by_identity");
 const BY_TIME: TableDefinition<(i64, u64), ()> = TableDefinition::new("by_time");
 
 /// The version of [`LedgerRecord`]'s JSON form (the `schema` field), in every backend and in
@@ -560,15 +567,47 @@ impl Ledger {
         let ledger = Ledger { db, path: shown };
         // Create the tables up front so readers never see "table does not exist".
         let tx = ledger.db.begin_write().map_err(|e| ledger.storage(e))?;
+        let old_index = tx
+            .list_multimap_tables()
+            .map_err(|e| ledger.storage(e))?
+            .any(|t| t.name() == OLD_BY_IDENTITY.name());
         {
             tx.open_table(RECORDS).map_err(|e| ledger.storage(e))?;
             tx.open_table(BY_ID).map_err(|e| ledger.storage(e))?;
-            tx.open_multimap_table(BY_IDENTITY)
-                .map_err(|e| ledger.storage(e))?;
+            let mut by_identity = tx.open_table(BY_IDENTITY).map_err(|e| ledger.storage(e))?;
             tx.open_table(BY_TIME).map_err(|e| ledger.storage(e))?;
+            if old_index {
+                ledger.move_old_identity_index(&tx, &mut by_identity)?;
+            }
+        }
+        if old_index {
+            tx.delete_multimap_table(OLD_BY_IDENTITY)
+                .map_err(|e| ledger.storage(e))?;
         }
         tx.commit().map_err(|e| ledger.storage(e))?;
         Ok(ledger)
+    }
+
+    /// Copies the multimap identity index of an older file into [`BY_IDENTITY`] (the caller
+    /// deletes it afterwards, in the same transaction).
+    fn move_old_identity_index(
+        &self,
+        tx: &redb::WriteTransaction,
+        by_identity: &mut redb::Table<'_, (&'static str, u64), ()>,
+    ) -> Result<(), LedgerError> {
+        let old = tx
+            .open_multimap_table(OLD_BY_IDENTITY)
+            .map_err(|e| self.storage(e))?;
+        for entry in old.iter().map_err(|e| self.storage(e))? {
+            let (identity, seqs) = entry.map_err(|e| self.storage(e))?;
+            for seq in seqs {
+                let seq = seq.map_err(|e| self.storage(e))?.value();
+                by_identity
+                    .insert((identity.value(), seq), ())
+                    .map_err(|e| self.storage(e))?;
+            }
+        }
+        Ok(())
     }
 
     /// The file, as shown in errors.
@@ -588,9 +627,7 @@ impl Ledger {
         {
             let mut table = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
             let mut by_id = tx.open_table(BY_ID).map_err(|e| self.storage(e))?;
-            let mut by_identity = tx
-                .open_multimap_table(BY_IDENTITY)
-                .map_err(|e| self.storage(e))?;
+            let mut by_identity = tx.open_table(BY_IDENTITY).map_err(|e| self.storage(e))?;
             let mut by_time = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
             let mut seq = table
                 .last()
@@ -615,7 +652,7 @@ impl Ledger {
                     .insert(seq, json.as_bytes())
                     .map_err(|e| self.storage(e))?;
                 by_identity
-                    .insert(record.identity.as_str(), seq)
+                    .insert((record.identity.as_str(), seq), ())
                     .map_err(|e| self.storage(e))?;
                 by_time
                     .insert((record.time.unix_timestamp(), seq), ())
@@ -647,14 +684,15 @@ impl Ledger {
     /// Every record of one identity (SPIFFE ID), oldest first.
     pub fn by_identity(&self, identity: &str) -> Result<Vec<LedgerRecord>, LedgerError> {
         let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
-        let index = tx
-            .open_multimap_table(BY_IDENTITY)
-            .map_err(|e| self.storage(e))?;
+        let index = tx.open_table(BY_IDENTITY).map_err(|e| self.storage(e))?;
         let table = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
         let mut out = vec![];
-        for seq in index.get(identity).map_err(|e| self.storage(e))? {
-            let seq = seq.map_err(|e| self.storage(e))?.value();
-            out.push(self.read(&table, seq)?);
+        for entry in index
+            .range((identity, 0u64)..=(identity, u64::MAX))
+            .map_err(|e| self.storage(e))?
+        {
+            let (key, _) = entry.map_err(|e| self.storage(e))?;
+            out.push(self.read(&table, key.value().1)?);
         }
         Ok(out)
     }
@@ -696,16 +734,26 @@ impl Ledger {
                 .collect());
         }
         if let Some(identity) = &filter.identity {
-            let mut found: Vec<_> = self
-                .by_identity(identity)?
-                .into_iter()
-                .filter(|r| filter.matches(r))
-                .collect();
-            found.reverse();
-            if filter.limit != 0 {
-                found.truncate(filter.limit);
+            // Newest first, read only as far as the limit.
+            let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
+            let index = tx.open_table(BY_IDENTITY).map_err(|e| self.storage(e))?;
+            let table = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
+            let mut out = vec![];
+            for entry in index
+                .range((identity.as_str(), 0u64)..=(identity.as_str(), u64::MAX))
+                .map_err(|e| self.storage(e))?
+                .rev()
+            {
+                let (key, _) = entry.map_err(|e| self.storage(e))?;
+                let record = self.read(&table, key.value().1)?;
+                if filter.matches(&record) {
+                    out.push(record);
+                    if filter.full(out.len()) {
+                        break;
+                    }
+                }
             }
-            return Ok(found);
+            return Ok(out);
         }
         let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
         let index = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
@@ -737,9 +785,7 @@ impl Ledger {
         {
             let mut table = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
             let mut by_id = tx.open_table(BY_ID).map_err(|e| self.storage(e))?;
-            let mut by_identity = tx
-                .open_multimap_table(BY_IDENTITY)
-                .map_err(|e| self.storage(e))?;
+            let mut by_identity = tx.open_table(BY_IDENTITY).map_err(|e| self.storage(e))?;
             let mut by_time = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
             let mut old = vec![];
             for entry in by_time
@@ -759,7 +805,7 @@ impl Ledger {
                         .remove(record.id.as_str())
                         .map_err(|e| self.storage(e))?;
                     by_identity
-                        .remove(record.identity.as_str(), seq)
+                        .remove((record.identity.as_str(), seq))
                         .map_err(|e| self.storage(e))?;
                     pruned += 1;
                 }
@@ -1038,5 +1084,70 @@ mod tests {
         assert_eq!(ledger.by_id(&other.id).unwrap(), Some(other.clone()));
         let all = ledger.by_identity(&first.identity).unwrap();
         assert_eq!(all, [first, other]);
+    }
+
+    #[test]
+    fn a_file_with_the_multimap_identity_index_is_moved_to_the_new_one_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("l.redb");
+        let record = |identity: &str, reason: &str| {
+            let mut c = context();
+            c.source = Source::Grpc;
+            c.request_uid = None;
+            c.identity = identity.into();
+            LedgerRecord::refused(&c, RecordOutcome::Denied, reason, "m")
+        };
+        let a = "spiffe://cluster.local/ns/payments/sa/api";
+        let b = "spiffe://cluster.local/ns/payments/sa/web";
+        let old = [record(a, "A0"), record(b, "B0"), record(a, "A1")];
+        // The layout written before 2026-12-04: the same tables, the identity index a multimap.
+        {
+            let db = Database::create(&path).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut records = tx.open_table(RECORDS).unwrap();
+                let mut by_id = tx.open_table(BY_ID).unwrap();
+                let mut by_identity = tx.open_multimap_table(OLD_BY_IDENTITY).unwrap();
+                let mut by_time = tx.open_table(BY_TIME).unwrap();
+                for (seq, r) in (0u64..).zip(&old) {
+                    records.insert(seq, r.to_json().as_bytes()).unwrap();
+                    by_id.insert(r.id.as_str(), seq).unwrap();
+                    by_identity.insert(r.identity.as_str(), seq).unwrap();
+                    by_time.insert((r.time.unix_timestamp(), seq), ()).unwrap();
+                }
+            }
+            tx.commit().unwrap();
+        }
+        let ledger = Ledger::open(&path).unwrap();
+        assert_eq!(
+            ledger.by_identity(a).unwrap(),
+            [old[0].clone(), old[2].clone()]
+        );
+        assert_eq!(ledger.by_identity(b).unwrap(), [old[1].clone()]);
+        // The old index is gone; newest first, only as many as the limit.
+        let tx = ledger.db.begin_read().unwrap();
+        assert_eq!(tx.list_multimap_tables().unwrap().count(), 0);
+        drop(tx);
+        let newest = Filter {
+            identity: Some(a.into()),
+            limit: 1,
+            ..Filter::default()
+        };
+        assert_eq!(ledger.query(&newest).unwrap(), [old[2].clone()]);
+        // New records join the moved ones, and reopening moves nothing twice.
+        let new = record(a, "A2");
+        assert_eq!(ledger.append(std::slice::from_ref(&new)).unwrap(), [true]);
+        drop(ledger);
+        let ledger = Ledger::open(&path).unwrap();
+        assert_eq!(
+            ledger.by_identity(a).unwrap(),
+            [old[0].clone(), old[2].clone(), new.clone()]
+        );
+        // Pruning removes a record from the identity index too.
+        let later = new.time + time::Duration::SECOND;
+        assert_eq!(ledger.prune(later).unwrap(), 4);
+        assert_eq!(ledger.by_identity(a).unwrap(), []);
+        let tx = ledger.db.begin_read().unwrap();
+        assert_eq!(tx.open_table(BY_IDENTITY).unwrap().len().unwrap(), 0);
     }
 }
