@@ -572,12 +572,12 @@ impl Ledger {
             .map_err(|e| ledger.storage(e))?
             .any(|t| t.name() == OLD_BY_IDENTITY.name());
         {
-            tx.open_table(RECORDS).map_err(|e| ledger.storage(e))?;
+            let records = tx.open_table(RECORDS).map_err(|e| ledger.storage(e))?;
             tx.open_table(BY_ID).map_err(|e| ledger.storage(e))?;
             let mut by_identity = tx.open_table(BY_IDENTITY).map_err(|e| ledger.storage(e))?;
             tx.open_table(BY_TIME).map_err(|e| ledger.storage(e))?;
             if old_index {
-                ledger.move_old_identity_index(&tx, &mut by_identity)?;
+                ledger.move_old_identity_index(&tx, &records, &mut by_identity)?;
             }
         }
         if old_index {
@@ -589,12 +589,28 @@ impl Ledger {
     }
 
     /// Copies the multimap identity index of an older file into [`BY_IDENTITY`] (the caller
-    /// deletes it afterwards, in the same transaction).
+    /// deletes it afterwards, in the same transaction). An older podca run after a newer one
+    /// prunes from its own index only, so entries of [`BY_IDENTITY`] whose record has gone are
+    /// dropped here too.
     fn move_old_identity_index(
         &self,
         tx: &redb::WriteTransaction,
+        records: &redb::Table<'_, u64, &'static [u8]>,
         by_identity: &mut redb::Table<'_, (&'static str, u64), ()>,
     ) -> Result<(), LedgerError> {
+        let mut gone = vec![];
+        for entry in by_identity.iter().map_err(|e| self.storage(e))? {
+            let (key, _) = entry.map_err(|e| self.storage(e))?;
+            let (identity, seq) = key.value();
+            if records.get(seq).map_err(|e| self.storage(e))?.is_none() {
+                gone.push((identity.to_owned(), seq));
+            }
+        }
+        for (identity, seq) in gone {
+            by_identity
+                .remove((identity.as_str(), seq))
+                .map_err(|e| self.storage(e))?;
+        }
         let old = tx
             .open_multimap_table(OLD_BY_IDENTITY)
             .map_err(|e| self.storage(e))?;
@@ -1100,7 +1116,8 @@ mod tests {
         let a = "spiffe://cluster.local/ns/payments/sa/api";
         let b = "spiffe://cluster.local/ns/payments/sa/web";
         let old = [record(a, "A0"), record(b, "B0"), record(a, "A1")];
-        // The layout written before 2026-12-04: the same tables, the identity index a multimap.
+        // The layout written before 2026-12-04 (the same tables, the identity index a multimap),
+        // after a newer podca had run on it once and an older one again.
         {
             let db = Database::create(&path).unwrap();
             let tx = db.begin_write().unwrap();
@@ -1109,6 +1126,9 @@ mod tests {
                 let mut by_id = tx.open_table(BY_ID).unwrap();
                 let mut by_identity = tx.open_multimap_table(OLD_BY_IDENTITY).unwrap();
                 let mut by_time = tx.open_table(BY_TIME).unwrap();
+                // An entry of the new index whose record an older podca pruned since.
+                let mut new_index = tx.open_table(BY_IDENTITY).unwrap();
+                new_index.insert((a, 99u64), ()).unwrap();
                 for (seq, r) in (0u64..).zip(&old) {
                     records.insert(seq, r.to_json().as_bytes()).unwrap();
                     by_id.insert(r.id.as_str(), seq).unwrap();
