@@ -359,16 +359,16 @@ impl LedgerWriter {
                     _ = stop.wait_for(|s| *s) => stopping = true,
                 }
             }
+            let room = MAX_BATCH - held.len().min(MAX_BATCH);
             let mut yields = 0;
             loop {
-                while batch.len() + held.len().min(MAX_BATCH) < MAX_BATCH {
+                while batch.len() < room {
                     match rx.try_recv() {
                         Ok(p) => batch.push(p),
                         Err(_) => break,
                     }
                 }
-                let queued = batch.len();
-                if yields >= YIELDS || queued == 0 || queued + held.len() >= MAX_BATCH {
+                if yields == YIELDS || batch.is_empty() || batch.len() >= room {
                     break;
                 }
                 yields += 1;
@@ -555,14 +555,18 @@ mod tests {
         r
     }
 
+    async fn redb_store(dir: &tempfile::TempDir) -> Store {
+        let path = dir.path().join("l.redb");
+        Store::open(&LedgerBackend::Redb { path: Some(path) }, None)
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_caller_waits_for_its_commit_and_retries_add_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("l.redb");
-        let store = Store::open(&LedgerBackend::Redb { path: Some(path) }, None)
-            .await
-            .unwrap()
-            .unwrap();
+        let store = redb_store(&dir).await;
         let (handle, writer) = start(
             store.clone(),
             &LedgerConfig::default(),
@@ -597,11 +601,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn records_of_requests_in_flight_share_one_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("l.redb");
-        let store = Store::open(&LedgerBackend::Redb { path: Some(path) }, None)
-            .await
-            .unwrap()
-            .unwrap();
+        let store = redb_store(&dir).await;
         let mut registry = Registry::default();
         let metrics = LedgerMetrics::register(&mut registry);
         let (handle, writer) = start(store.clone(), &LedgerConfig::default(), metrics);
