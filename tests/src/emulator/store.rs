@@ -35,6 +35,9 @@ pub struct Event {
     pub typ: EventType,
     /// The object (hub form) after the change; for DELETED, the last state.
     pub object: Arc<Value>,
+    /// The object before the change (`None` for ADDED): what a list at an earlier
+    /// resourceVersion shows (see [`Store::list_at`]).
+    pub before: Option<Arc<Value>>,
 }
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
@@ -113,6 +116,15 @@ impl Store {
         ns: Option<&'a str>,
         after: Option<&Key>,
     ) -> impl Iterator<Item = &'a Arc<Value>> + 'a {
+        self.entries_after(res, ns, after).map(|(_, v)| v)
+    }
+
+    fn entries_after<'a>(
+        &'a self,
+        res: Res,
+        ns: Option<&'a str>,
+        after: Option<&Key>,
+    ) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> + 'a {
         let first_of_ns = |ns: &str| Bound::Included((ns.to_string(), String::new()));
         let from = match (after, ns) {
             // A key before the namespace starts at the namespace; one after it is past it.
@@ -128,7 +140,59 @@ impl Store {
             .into_iter()
             .flat_map(|(m, from)| m.range((from, Bound::Unbounded)))
             .take_while(move |((n, _), _)| ns.is_none_or(|ns| n == ns))
-            .map(|(_, v)| v)
+    }
+
+    /// As [`list_after`](Self::list_after), but as the store was at resourceVersion `at` (a
+    /// continue token's snapshot, as kube-apiserver serves every page of a paginated list):
+    /// objects changed since `at` show as they were then, those created since are left out and
+    /// those deleted since are put back, all from the history. `None` when the history no longer
+    /// reaches back to `at` (kube-apiserver: 410 Expired).
+    pub fn list_at<'a>(
+        &'a self,
+        res: Res,
+        ns: Option<&'a str>,
+        after: Option<&Key>,
+        at: u64,
+    ) -> Option<impl Iterator<Item = Arc<Value>> + 'a> {
+        if at < self.compacted_rv {
+            return None;
+        }
+        // Per key changed since `at`, its state at `at`: what its first later change replaced.
+        let mut then: BTreeMap<Key, Option<Arc<Value>>> = BTreeMap::new();
+        for e in self.history.iter().filter(|e| e.rv > at && e.res == res) {
+            if ns.is_some_and(|ns| e.namespace != ns) {
+                continue;
+            }
+            let key = (e.namespace.clone(), meta_str(&e.object, "name").to_string());
+            if after.is_some_and(|after| &key <= after) {
+                continue;
+            }
+            then.entry(key).or_insert_with(|| e.before.clone());
+        }
+        let mut then = then.into_iter().peekable();
+        let mut now = self.entries_after(res, ns, after).peekable();
+        Some(std::iter::from_fn(move || {
+            loop {
+                let (from_history, from_now) = match (then.peek(), now.peek()) {
+                    (None, None) => return None,
+                    (Some((k, _)), Some((n, _))) if k < *n => (true, false),
+                    (Some((k, _)), Some((n, _))) if k == *n => (true, true),
+                    (Some(_), None) => (true, false),
+                    _ => (false, true),
+                };
+                let current = if from_now { now.next() } else { None };
+                if from_history {
+                    if let Some((_, Some(old))) = then.next() {
+                        return Some(old);
+                    }
+                    // Created after `at`: not in this snapshot.
+                    continue;
+                }
+                if let Some((_, v)) = current {
+                    return Some(Arc::clone(v));
+                }
+            }
+        }))
     }
 
     pub fn count(&self, res: Res) -> usize {
@@ -159,22 +223,22 @@ impl Store {
         set_rv(&mut obj, rv);
         let obj = Arc::new(obj);
         let key = (ns.to_string(), name.to_string());
-        let existed = self
+        let before = self
             .objects
             .entry(res)
             .or_default()
-            .insert(key, obj.clone())
-            .is_some();
+            .insert(key, obj.clone());
         self.record(Event {
             rv,
             res,
             namespace: ns.to_string(),
-            typ: if existed {
+            typ: if before.is_some() {
                 EventType::Modified
             } else {
                 EventType::Added
             },
             object: obj.clone(),
+            before,
         });
         obj
     }
@@ -213,6 +277,7 @@ impl Store {
             namespace: ns.to_string(),
             typ: EventType::Deleted,
             object: last.clone(),
+            before: Some(old),
         });
         Some(last)
     }
@@ -300,5 +365,56 @@ mod tests {
         let st = store_with(&[("apps", "x"), ("apps-2", "a")]);
         assert_eq!(names(&st, None, None), ["apps/x", "apps-2/a"]);
         assert_eq!(names(&st, None, Some(("apps", "x"))), ["apps-2/a"]);
+    }
+
+    /// `(namespace/name, state)` of a page read at resourceVersion `at`.
+    fn at(st: &Store, after: Option<(&str, &str)>, rv: u64) -> Option<Vec<(String, String)>> {
+        let after = after.map(|(n, m)| (n.to_string(), m.to_string()));
+        Some(
+            st.list_at(Res::Pcr, None, after.as_ref(), rv)?
+                .map(|o| {
+                    (
+                        format!("{}/{}", meta_str(&o, "namespace"), meta_str(&o, "name")),
+                        o["state"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    fn pcr(ns: &str, name: &str, state: &str) -> Value {
+        json!({"metadata": {"namespace": ns, "name": name}, "state": state})
+    }
+
+    #[test]
+    fn a_page_at_an_earlier_resource_version_shows_the_store_as_it_was_then() {
+        let mut st = Store::new(0, 100, 16);
+        for name in ["b", "d", "f"] {
+            st.put(Res::Pcr, "a", name, pcr("a", name, "old"));
+        }
+        let first_page = st.current_rv();
+        // After the first page: one created before the cursor and one after it, one changed,
+        // one deleted, and an object of another type.
+        st.put(Res::Pcr, "a", "a", pcr("a", "a", "new"));
+        st.put(Res::Pcr, "a", "e", pcr("a", "e", "new"));
+        st.put(Res::Pcr, "a", "d", pcr("a", "d", "new"));
+        st.delete(Res::Pcr, "a", "f");
+        st.put(Res::Pod, "a", "c", pcr("a", "c", "new"));
+        let old = |n: &str| (format!("a/{n}"), "old".to_string());
+        assert_eq!(
+            at(&st, None, first_page).unwrap(),
+            [old("b"), old("d"), old("f")]
+        );
+        assert_eq!(
+            at(&st, Some(("a", "b")), first_page).unwrap(),
+            [old("d"), old("f")]
+        );
+        // At the current resourceVersion it is the live list.
+        let now = at(&st, Some(("a", "b")), st.current_rv()).unwrap();
+        let new = |n: &str| (format!("a/{n}"), "new".to_string());
+        assert_eq!(now, [new("d"), new("e")]);
+        // Compacted past the snapshot: gone (the list answers 410).
+        st.compact_all();
+        assert!(at(&st, None, first_page).is_none());
     }
 }

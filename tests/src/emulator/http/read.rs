@@ -10,6 +10,7 @@ use crate::emulator::store::meta_str;
 use crate::emulator::{Shared, lock};
 use hyper::Response;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 pub(super) fn get(shared: &Shared, t: &Target) -> Result<Response<RespBody>, ApiError> {
     let ns = t.namespace.as_deref().unwrap_or("");
@@ -40,6 +41,10 @@ pub(super) fn partial_metadata(obj: &Value) -> Value {
     })
 }
 
+/// kube-apiserver's answer (410 Expired) to a continue token whose revision was compacted.
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a \
+    consistent list result. You can start a new list without the continue parameter.";
+
 pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<RespBody>, ApiError> {
     use base64::Engine as _;
     let metadata_only = r.metadata_only();
@@ -63,7 +68,10 @@ pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<Resp
         .namespace
         .as_deref()
         .or_else(|| fsel.required("metadata.namespace"));
-    let start_after = match r.q("continue").filter(|c| !c.is_empty()) {
+    // A continue token carries the first page's resourceVersion: every later page is read as
+    // the store was then (kube-apiserver reads them from etcd at that revision), and the list
+    // reports that resourceVersion, so a watch started from it misses nothing created meanwhile.
+    let (start_after, snapshot) = match r.q("continue").filter(|c| !c.is_empty()) {
         Some(c) => {
             let raw = base64::engine::general_purpose::STANDARD
                 .decode(c)
@@ -72,21 +80,35 @@ pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<Resp
                 .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
             let start = v["start"].as_str().unwrap_or("");
             let (ns, name) = start.split_once('/').unwrap_or((start, ""));
-            Some((ns.to_string(), name.to_string()))
+            let at = v["rv"]
+                .as_u64()
+                .ok_or_else(|| ApiError::bad_request("continue key is not valid"))?;
+            (Some((ns.to_string(), name.to_string())), Some(at))
         }
-        None => None,
+        None => (None, None),
     };
+    let list_rv = snapshot.unwrap_or(current);
     let limit: usize = r.q("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
     // kube-apiserver only counts the rest when no selector filters it.
     let counts_rest = r.q("fieldSelector").unwrap_or("").is_empty()
         && r.q("labelSelector").unwrap_or("").is_empty();
     // One page is read from the continue key on, not the whole type: a paginated list of n
     // objects costs O(n), not O(n) per page.
+    let objects: Box<dyn Iterator<Item = Arc<Value>> + '_> = match snapshot {
+        None => Box::new(
+            st.list_after(t.res, ns_filter, start_after.as_ref())
+                .cloned(),
+        ),
+        Some(at) => Box::new(
+            st.list_at(t.res, ns_filter, start_after.as_ref(), at)
+                .ok_or_else(|| ApiError::expired(CONTINUE_EXPIRED))?,
+        ),
+    };
     let mut page = Vec::new();
     let mut more = false;
     let mut remaining = 0u64;
-    for o in st.list_after(t.res, ns_filter, start_after.as_ref()) {
-        if !fsel.matches(o) || !lsel.matches(o) {
+    for o in objects {
+        if !fsel.matches(&o) || !lsel.matches(&o) {
             continue;
         }
         if limit > 0 && page.len() >= limit {
@@ -97,7 +119,7 @@ pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<Resp
             }
             continue;
         }
-        page.push(o.clone());
+        page.push(o);
     }
     drop(st);
     let key_of = |o: &Value| format!("{}/{}", meta_str(o, "namespace"), meta_str(o, "name"));
@@ -116,9 +138,9 @@ pub(super) fn list(shared: &Shared, r: &Req, t: &Target) -> Result<Response<Resp
             v
         })
         .collect();
-    let mut meta = json!({"resourceVersion": current.to_string()});
+    let mut meta = json!({"resourceVersion": list_rv.to_string()});
     if let Some(k) = next_key {
-        let token = json!({"v": "meta.k8s.io/v1", "rv": current, "start": k});
+        let token = json!({"v": "meta.k8s.io/v1", "rv": list_rv, "start": k});
         meta["continue"] =
             json!(base64::engine::general_purpose::STANDARD.encode(token.to_string()));
         if counts_rest {
