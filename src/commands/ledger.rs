@@ -152,6 +152,9 @@ impl StoreArgs {
                 ca_file: postgres_ca_file,
                 // One query at a time.
                 pool_size: 1,
+                statement_timeout: std::time::Duration::from_secs(
+                    podca_authority::ledger::DEFAULT_STATEMENT_TIMEOUT_SECONDS.into(),
+                ),
             });
             return open_backend(&backend, None).await;
         }

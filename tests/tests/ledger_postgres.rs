@@ -5,6 +5,8 @@
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use podca_authority::ledger::{
@@ -15,6 +17,7 @@ use podca_signer::ledger::{RecordContext, RecordOutcome, Source};
 use podca_signer::{Filter, LedgerRecord};
 use podca_tests::postgres::{PASSWORD, Postgres, ServerTls};
 use time::OffsetDateTime;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn settings(
     dir: &std::path::Path,
@@ -29,6 +32,7 @@ fn settings(
         tls,
         ca_file: ca,
         pool_size: 2,
+        statement_timeout: Duration::from_secs(30),
     })
 }
 
@@ -312,6 +316,159 @@ async fn a_restarted_server_makes_decisions_wait_not_vanish() {
     }
     stop_tx.send_replace(true);
     task.await.unwrap();
+}
+
+fn with_statement_timeout(backend: LedgerBackend, timeout: Duration) -> LedgerBackend {
+    match backend {
+        LedgerBackend::Postgres(settings) => LedgerBackend::Postgres(PostgresSettings {
+            statement_timeout: timeout,
+            ..settings
+        }),
+        other => other,
+    }
+}
+
+/// A statement stuck behind a lock is cancelled by the server after `statement_timeout_seconds`
+/// (podca sets it on every connection), so the batch fails instead of holding the ledger writer,
+/// and nothing lands later behind podca's back; the same record goes in once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_stuck_on_a_lock_is_cancelled_by_the_server() {
+    let pg = Arc::new(Postgres::start());
+    let dir = tempfile::tempdir().unwrap();
+    let backend = with_statement_timeout(
+        settings(dir.path(), &pg.unix_url(), PostgresTls::Disable, None),
+        Duration::from_secs(1),
+    );
+    let store = open(&backend).await.unwrap();
+    let t0 = OffsetDateTime::now_utc();
+    store.append(vec![record(1, "web", "n", t0)]).await.unwrap();
+    let holder = tokio::task::spawn_blocking({
+        let pg = Arc::clone(&pg);
+        move || {
+            pg.psql(
+                "begin; lock table podca_ledger in access exclusive mode; \
+                 select pg_sleep(4); commit;",
+            )
+        }
+    });
+    let held = "select count(*) from pg_locks \
+                where relation = 'podca_ledger'::regclass and mode = 'AccessExclusiveLock'";
+    while pg.psql(held) != "1" {
+        assert!(!holder.is_finished(), "the lock holder ended early");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let error = store
+        .append(vec![record(2, "web", "n", t0)])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "ledger: PostgreSQL: ERROR: canceling statement due to statement timeout"
+    );
+    // Still held: the statement was given up, not waited out.
+    assert!(
+        !holder.is_finished(),
+        "the lock was released before the refusal"
+    );
+    holder.await.unwrap();
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "1");
+    assert_eq!(
+        store.append(vec![record(2, "web", "n", t0)]).await.unwrap(),
+        [true]
+    );
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "2");
+}
+
+/// A TCP relay to `port` that counts its connections and, while `dropping` is set, reads and
+/// throws away what the client sends, keeping the connection open: a network partition that
+/// drops packets rather than refusing them.
+async fn relay(port: u16, dropping: Arc<AtomicBool>, accepted: Arc<AtomicUsize>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let own = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (client, _) = listener.accept().await.unwrap();
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let server = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let dropping = Arc::clone(&dropping);
+            tokio::spawn(async move {
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                let up = async {
+                    let mut buf = vec![0; 16 * 1024];
+                    loop {
+                        let n = from_client.read(&mut buf).await?;
+                        if n == 0 {
+                            return to_server.shutdown().await;
+                        }
+                        if !dropping.load(Ordering::SeqCst) {
+                            to_server.write_all(&buf[..n]).await?;
+                        }
+                    }
+                };
+                let down = tokio::io::copy(&mut from_server, &mut to_client);
+                let _: (std::io::Result<()>, _) = tokio::join!(up, down);
+            });
+        }
+    });
+    own
+}
+
+/// A server that stops answering without closing the connection: the statement fails after
+/// `statement_timeout_seconds` plus the grace, its connection is dropped rather than pooled
+/// again, and the next statement gets a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_stops_answering_fails_the_statement_and_loses_its_connection() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let dropping = Arc::new(AtomicBool::new(false));
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let port = relay(pg.port, Arc::clone(&dropping), Arc::clone(&accepted)).await;
+    let backend = match with_statement_timeout(
+        settings(
+            dir.path(),
+            &format!("postgres://postgres:{PASSWORD}@127.0.0.1:{port}/postgres"),
+            PostgresTls::Disable,
+            None,
+        ),
+        Duration::from_secs(1),
+    ) {
+        // One connection: a kept one would serve the next statement.
+        LedgerBackend::Postgres(s) => {
+            LedgerBackend::Postgres(PostgresSettings { pool_size: 1, ..s })
+        }
+        other => other,
+    };
+    let store = open(&backend).await.unwrap();
+    let t0 = OffsetDateTime::now_utc();
+    store.append(vec![record(1, "web", "n", t0)]).await.unwrap();
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+    dropping.store(true, Ordering::SeqCst);
+    let error = store
+        .append(vec![record(2, "web", "n", t0)])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "ledger: PostgreSQL: no answer within 1 s (statement_timeout_seconds, and 2 s of \
+         grace); the connection was dropped"
+    );
+    dropping.store(false, Ordering::SeqCst);
+    assert_eq!(
+        store.append(vec![record(2, "web", "n", t0)]).await.unwrap(),
+        [true]
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "the dead connection was used again"
+    );
+    assert_eq!(pg.psql("select count(*) from podca_ledger"), "2");
 }
 
 /// A CA named `ca_name` and a server certificate from it for `localhost` and 127.0.0.1.

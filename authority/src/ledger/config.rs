@@ -10,6 +10,7 @@
 //! # tls = "verify-full"                 # verify-full (default) | disable (Unix socket/loopback)
 //! # ca_file = "/etc/podca/ledger/ca.crt" # the CA bundle that verifies the server
 //! # pool_size = 4
+//! # statement_timeout_seconds = 30    # a statement unanswered this long: connection dropped
 //!
 //! on_unavailable = "retry"          # retry (default) | continue
 //! queue_limit = 10000               # continue: records held in memory at most
@@ -75,6 +76,9 @@ pub struct PostgresSettings {
     /// PEM CA certificates that verify the server (`tls = "verify-full"`).
     pub ca_file: Option<PathBuf>,
     pub pool_size: usize,
+    /// How long one statement may go unanswered before its connection is given up and the
+    /// batch counts as failed (retried as any failure is).
+    pub statement_timeout: std::time::Duration,
 }
 
 /// TLS to the PostgreSQL server.
@@ -103,6 +107,8 @@ pub enum OnUnavailable {
 
 pub const DEFAULT_QUEUE_LIMIT: usize = 10_000;
 pub const DEFAULT_POOL_SIZE: usize = 4;
+/// `statement_timeout_seconds` when unset.
+pub const DEFAULT_STATEMENT_TIMEOUT_SECONDS: u32 = 30;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -123,6 +129,7 @@ struct RawLedgerConfig {
     tls: Option<PostgresTls>,
     ca_file: Option<PathBuf>,
     pool_size: Option<usize>,
+    statement_timeout_seconds: Option<u32>,
     #[serde(default)]
     on_unavailable: OnUnavailable,
     queue_limit: Option<usize>,
@@ -157,6 +164,7 @@ impl TryFrom<RawLedgerConfig> for LedgerConfig {
             tls,
             ca_file,
             pool_size,
+            statement_timeout_seconds,
             on_unavailable,
             queue_limit,
             retention_days,
@@ -172,6 +180,10 @@ impl TryFrom<RawLedgerConfig> for LedgerConfig {
             ("tls", tls.is_some()),
             ("ca_file", ca_file.is_some()),
             ("pool_size", pool_size.is_some()),
+            (
+                "statement_timeout_seconds",
+                statement_timeout_seconds.is_some(),
+            ),
         ];
         let backend = match backend {
             BackendName::Redb | BackendName::None => {
@@ -195,11 +207,17 @@ impl TryFrom<RawLedgerConfig> for LedgerConfig {
                 if pool_size == 0 {
                     return Err(LedgerConfigError::Zero("pool_size"));
                 }
+                let timeout =
+                    statement_timeout_seconds.unwrap_or(DEFAULT_STATEMENT_TIMEOUT_SECONDS);
+                if timeout == 0 {
+                    return Err(LedgerConfigError::Zero("statement_timeout_seconds"));
+                }
                 LedgerBackend::Postgres(PostgresSettings {
                     url_file: url_file.ok_or(LedgerConfigError::NoUrlFile)?,
                     tls: tls.unwrap_or_default(),
                     ca_file,
                     pool_size,
+                    statement_timeout: std::time::Duration::from_secs(timeout.into()),
                 })
             }
         };
@@ -248,7 +266,8 @@ mod tests {
     fn postgres_takes_its_keys() {
         let c = parse(
             "[ledger]\nbackend = \"postgres\"\nurl_file = \"/u\"\nca_file = \"/ca\"\n\
-             pool_size = 2\non_unavailable = \"continue\"\nqueue_limit = 5\nretention_days = 30\n",
+             pool_size = 2\nstatement_timeout_seconds = 7\non_unavailable = \"continue\"\n\
+             queue_limit = 5\nretention_days = 30\n",
         )
         .unwrap();
         assert_eq!(
@@ -258,6 +277,7 @@ mod tests {
                 tls: PostgresTls::VerifyFull,
                 ca_file: Some("/ca".into()),
                 pool_size: 2,
+                statement_timeout: std::time::Duration::from_secs(7),
             })
         );
         assert_eq!(c.on_unavailable, OnUnavailable::Continue);
@@ -269,8 +289,9 @@ mod tests {
             c.backend,
             LedgerBackend::Postgres(PostgresSettings {
                 tls: PostgresTls::Disable,
+                statement_timeout,
                 ..
-            })
+            }) if statement_timeout == std::time::Duration::from_secs(30)
         ));
     }
 
@@ -296,6 +317,14 @@ mod tests {
             (
                 "backend = \"postgres\"\nurl_file = \"/u\"\npool_size = 0",
                 "[ledger] pool_size must be at least 1",
+            ),
+            (
+                "backend = \"postgres\"\nurl_file = \"/u\"\nstatement_timeout_seconds = 0",
+                "[ledger] statement_timeout_seconds must be at least 1",
+            ),
+            (
+                "statement_timeout_seconds = 5",
+                "[ledger] statement_timeout_seconds does not apply to backend = \"redb\"",
             ),
             (
                 "queue_limit = 3",

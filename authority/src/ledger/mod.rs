@@ -36,7 +36,8 @@ use time::OffsetDateTime;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use config::{
-    DEFAULT_POOL_SIZE, LedgerBackend, LedgerConfig, OnUnavailable, PostgresSettings, PostgresTls,
+    DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT_SECONDS, LedgerBackend, LedgerConfig,
+    OnUnavailable, PostgresSettings, PostgresTls,
 };
 pub use postgres::{PgStore, PostgresUrl};
 

@@ -27,6 +27,9 @@ const MIGRATION_LOCK: i64 = 0x706f_6463_615f_6c67; // "podca_lg"
 
 /// How long connecting (and waiting for a pooled connection) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How much longer than the server's `statement_timeout` podca waits for an answer before it
+/// drops the connection: time for the server's own cancellation error to arrive.
+const CLIENT_GRACE: Duration = Duration::from_secs(2);
 
 /// The connection URL as read from its file. It may hold a password: `Debug` never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -69,6 +72,9 @@ impl std::fmt::Debug for PostgresUrl {
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
+    /// How long podca waits for a statement's answer (`statement_timeout_seconds` +
+    /// [`CLIENT_GRACE`]).
+    answer_timeout: Duration,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -97,6 +103,18 @@ impl PgStore {
         if config.get_application_name().is_none() {
             config.application_name("podca");
         }
+        // The server cancels a statement that runs (or waits for a lock) longer than this, so
+        // nothing lands after podca gave up on it; `answered` is the backstop for a server that
+        // does not answer at all.
+        let limit = format!(
+            "-c statement_timeout={}",
+            settings.statement_timeout.as_millis()
+        );
+        let options = match config.get_options() {
+            Some(theirs) => format!("{theirs} {limit}"),
+            None => limit,
+        };
+        config.options(&options);
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
@@ -134,7 +152,10 @@ impl PgStore {
             .wait_timeout(Some(CONNECT_TIMEOUT * 2))
             .build()
             .map_err(|e| StoreError::Config(format!("[ledger] PostgreSQL pool: {e}")))?;
-        let store = PgStore { pool };
+        let store = PgStore {
+            pool,
+            answer_timeout: settings.statement_timeout + CLIENT_GRACE,
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -203,8 +224,9 @@ impl PgStore {
         }
         json.push(']');
         let client = self.client().await.map_err(StoreError::Unavailable)?;
-        let rows = client
-            .query(
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.query(
                 "insert into podca_ledger (id, serial, time, source, signer, outcome, reason,
                     identity, namespace, service_account, pod_name, node_name, cert_sha256,
                     spki_sha256, issuer_fingerprint, replica, record)
@@ -217,9 +239,10 @@ impl PgStore {
                  on conflict do nothing
                  returning id",
                 &[&json],
-            )
-            .await
-            .map_err(|e| StoreError::Unavailable(pg(&e)))?;
+            ),
+        )
+        .await;
+        let rows = self.answered(client, answer)?;
         let mut new: HashSet<String> = rows.iter().map(|row| row.get(0)).collect();
         Ok(records.iter().map(|r| new.remove(&r.id)).collect())
     }
@@ -238,8 +261,9 @@ impl PgStore {
             .map(podca_signer::ledger::normalize_hex);
         let outcome = filter.outcome.map(|o| o.as_str().to_owned());
         let limit = (filter.limit != 0).then(|| i64::try_from(filter.limit).unwrap_or(i64::MAX));
-        let rows = client
-            .query(
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.query(
                 "select record::text from podca_ledger
                  where ($1::text is null or identity = $1)
                    and ($2::text is null or namespace = $2)
@@ -263,9 +287,10 @@ impl PgStore {
                     &outcome,
                     &limit,
                 ],
-            )
-            .await
-            .map_err(|e| StoreError::Unavailable(pg(&e)))?;
+            ),
+        )
+        .await;
+        let rows = self.answered(client, answer)?;
         rows.iter()
             .map(|row| {
                 let text: String = row.get(0);
@@ -281,13 +306,41 @@ impl PgStore {
         let before = before
             .format(&Rfc3339)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        client
-            .execute(
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.execute(
                 "delete from podca_ledger where time < $1::text::timestamptz",
                 &[&before],
-            )
-            .await
-            .map_err(|e| StoreError::Unavailable(pg(&e)))
+            ),
+        )
+        .await;
+        self.answered(client, answer)
+    }
+
+    /// A statement's answer, or why there is none. The server cancels a statement that runs or
+    /// waits for a lock past `statement_timeout` (an ERROR, the connection stays usable); one
+    /// still unanswered after `answer_timeout` gives up its connection (dropped, never pooled
+    /// again), for a server that stops answering without closing it (a network partition that
+    /// drops packets). Neither may hold the ledger writer, and every decision waiting on it, for
+    /// ever: the batch fails and is retried like any failed one, and records that did land are
+    /// skipped by their ids.
+    fn answered<T>(
+        &self,
+        client: deadpool_postgres::Object,
+        answer: Result<Result<T, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, StoreError> {
+        match answer {
+            Ok(answer) => answer.map_err(|e| StoreError::Unavailable(pg(&e))),
+            Err(_) => {
+                drop(deadpool_postgres::Object::take(client));
+                Err(StoreError::Unavailable(format!(
+                    "no answer within {} s (statement_timeout_seconds, and {} s of grace); \
+                     the connection was dropped",
+                    (self.answer_timeout - CLIENT_GRACE).as_secs(),
+                    CLIENT_GRACE.as_secs()
+                )))
+            }
+        }
     }
 }
 
