@@ -273,11 +273,32 @@ async fn wait_issued(s: &Setup, prefix: &str, at_least: usize, count: usize, tim
                 return;
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "{}/{at_least} of {prefix}-* issued within {timeout:?}",
-            c.issued
-        );
+        if Instant::now() >= deadline {
+            // Which ones wait, and since which resourceVersions: a contiguous block of pending
+            // requests that podca never saw points at the watch (or the emulator), not podca.
+            let pending: Vec<String> = (0..count)
+                .filter_map(|i| {
+                    let name = format!("{prefix}-{i}");
+                    let o = s.cluster.emu.get_object(Res::Pcr, NAMESPACE, &name)?;
+                    o["status"]["conditions"][0]["type"].is_null().then(|| {
+                        format!(
+                            "{name}@{}",
+                            o["metadata"]["resourceVersion"].as_str().unwrap_or("?")
+                        )
+                    })
+                })
+                .collect();
+            panic!(
+                "{}/{at_least} of {prefix}-* issued within {timeout:?}; {} pending, the first: \
+                 {:?}; emulator: {} requests, {} watches opened, {} status writes",
+                c.issued,
+                pending.len(),
+                &pending[..pending.len().min(8)],
+                c.requests,
+                c.watches_opened,
+                c.status_writes_accepted,
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
