@@ -104,6 +104,16 @@ fn pcrs(version: &str, ns: Option<&str>) -> String {
     }
 }
 
+/// A list page of two PodCertificateRequests as the signer sees it: the first (`cont` None) or
+/// the one after a continue token; the raw answer (status and body).
+async fn page_of_two(e: &Env, cont: Option<&str>) -> podca_tests::client::HttpResponse {
+    let cont = cont.map_or(String::new(), |c| format!("&continue={c}"));
+    e.signer
+        .get(&format!("{}?limit=2{cont}", pcrs(e.version, None)))
+        .await
+        .expect("a list answer")
+}
+
 async fn issue(e: &Env, name: &str, key: &SubjectKey, ca: &TestCa) -> (u16, Value) {
     let patch = ca.issue_patch(key, e.emu.now(), 86400).expect("patch");
     let r = e
@@ -483,27 +493,14 @@ async fn bookmarks_initial_events_and_list_paging() {
     let next = w.next_event(T).await.unwrap().unwrap();
     assert_eq!(next["type"], "BOOKMARK", "periodic bookmarks");
     // limit/continue
-    let p1 = e
-        .signer
-        .get(&format!("{}?limit=2", pcrs(e.version, None)))
-        .await
-        .unwrap()
-        .json();
+    let p1 = page_of_two(&e, None).await.json();
     assert_eq!(p1["items"].as_array().unwrap().len(), 2);
     assert!(
         p1["items"][0].get("kind").is_none(),
         "list items carry no kind"
     );
     let cont = p1["metadata"]["continue"].as_str().unwrap();
-    let p2 = e
-        .signer
-        .get(&format!(
-            "{}?limit=2&continue={cont}",
-            pcrs(e.version, None)
-        ))
-        .await
-        .unwrap()
-        .json();
+    let p2 = page_of_two(&e, Some(cont)).await.json();
     assert_eq!(p2["items"].as_array().unwrap().len(), 1);
     assert!(p2["metadata"].get("continue").is_none());
     let nolimit = e.signer.get(&pcrs(e.version, None)).await.unwrap().json();
@@ -530,12 +527,7 @@ async fn a_paginated_list_is_one_snapshot_and_a_watch_from_it_misses_nothing() {
             .unwrap();
     }
     let name = |o: &Value| o["metadata"]["name"].as_str().unwrap().to_string();
-    let p1 = e
-        .signer
-        .get(&format!("{}?limit=2", pcrs(e.version, None)))
-        .await
-        .unwrap()
-        .json();
+    let p1 = page_of_two(&e, None).await.json();
     let rv = p1["metadata"]["resourceVersion"]
         .as_str()
         .unwrap()
@@ -563,15 +555,7 @@ async fn a_paginated_list_is_one_snapshot_and_a_watch_from_it_misses_nothing() {
         .await
         .unwrap();
     assert_eq!(r.status, 200);
-    let p2 = e
-        .signer
-        .get(&format!(
-            "{}?limit=2&continue={cont}",
-            pcrs(e.version, None)
-        ))
-        .await
-        .unwrap()
-        .json();
+    let p2 = page_of_two(&e, Some(&cont)).await.json();
     let second: Vec<String> = p2["items"].as_array().unwrap().iter().map(name).collect();
     assert_eq!(
         second,
@@ -600,14 +584,7 @@ async fn a_paginated_list_is_one_snapshot_and_a_watch_from_it_misses_nothing() {
     );
     // A token whose revision is compacted away: 410, as kube-apiserver answers.
     e.emu.restart();
-    let late = e
-        .signer
-        .get(&format!(
-            "{}?limit=2&continue={cont}",
-            pcrs(e.version, None)
-        ))
-        .await
-        .unwrap();
+    let late = page_of_two(&e, Some(&cont)).await;
     assert_eq!(late.status, 410);
     assert_eq!(late.json()["reason"], "Expired");
     assert!(

@@ -318,6 +318,11 @@ async fn a_restarted_server_makes_decisions_wait_not_vanish() {
     task.await.unwrap();
 }
 
+/// Why appending `r` alone failed.
+async fn refusal(store: &Store, r: LedgerRecord) -> String {
+    store.append(vec![r]).await.unwrap_err().to_string()
+}
+
 fn with_statement_timeout(backend: LedgerBackend, timeout: Duration) -> LedgerBackend {
     match backend {
         LedgerBackend::Postgres(settings) => LedgerBackend::Postgres(PostgresSettings {
@@ -357,13 +362,8 @@ async fn a_statement_stuck_on_a_lock_is_cancelled_by_the_server() {
         assert!(!holder.is_finished(), "the lock holder ended early");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let error = store
-        .append(vec![record(2, "web", "n", t0)])
-        .await
-        .unwrap_err()
-        .to_string();
     assert_eq!(
-        error,
+        refusal(&store, record(2, "web", "n", t0)).await,
         "ledger: PostgreSQL: ERROR: canceling statement due to statement timeout"
     );
     // Still held: the statement was given up, not waited out.
@@ -448,13 +448,8 @@ async fn a_server_that_stops_answering_fails_the_statement_and_loses_its_connect
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 
     dropping.store(true, Ordering::SeqCst);
-    let error = store
-        .append(vec![record(2, "web", "n", t0)])
-        .await
-        .unwrap_err()
-        .to_string();
     assert_eq!(
-        error,
+        refusal(&store, record(2, "web", "n", t0)).await,
         "ledger: PostgreSQL: no answer within 1 s (statement_timeout_seconds, and 2 s of \
          grace); the connection was dropped"
     );
