@@ -43,7 +43,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// The memory redb may use for its page cache (read cache and write buffer together). redb's own
 /// default is 1 GiB, and it keeps the pages it writes: the cache grew with the file, about 1.7 KB
-/// per issued JWT-SVID (480 MB after 30 s of the #17 benchmark), far past the shipped 256 MiB
+/// per issued JWT-SVID (about 540 MB after 30 s of the #17 benchmark), far past the shipped 256 MiB
 /// memory limit. Appends touch only the right edge of each index and the freed-page tree, so a
 /// small cache holds what a commit needs; queries (`podca ledger list`) read the rest from disk.
 pub const CACHE_BYTES: usize = 32 * 1024 * 1024;

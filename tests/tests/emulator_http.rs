@@ -104,6 +104,26 @@ fn pcrs(version: &str, ns: Option<&str>) -> String {
     }
 }
 
+/// The kubelet files an Ed25519 request for the test pod; its name.
+async fn file_ed25519(e: &Env) -> String {
+    e.kubelet
+        .request(&e.pod, &RequestOptions::new(SIGNER, KeyType::Ed25519), None)
+        .await
+        .expect("the request is filed")
+        .name
+}
+
+/// The signer's watch of every PodCertificateRequest from resourceVersion `rv`.
+async fn watch_from(e: &Env, rv: impl std::fmt::Display) -> podca_tests::client::WatchStream {
+    e.signer
+        .watch(&format!(
+            "{}?watch=1&resourceVersion={rv}",
+            pcrs(e.version, None)
+        ))
+        .await
+        .expect("a watch answer")
+}
+
 /// A list page of two PodCertificateRequests as the signer sees it: the first (`cont` None) or
 /// the one after a continue token; the raw answer (status and body).
 async fn page_of_two(e: &Env, cont: Option<&str>) -> podca_tests::client::HttpResponse {
@@ -377,8 +397,7 @@ async fn watch_resumes_from_a_resource_version_and_410s_when_too_old() {
         names.push(p.name);
     }
     // Watch from rv0 sees all three.
-    let path = format!("{}?watch=1&resourceVersion={rv0}", pcrs(e.version, None));
-    let mut w = e.signer.watch(&path).await.unwrap();
+    let mut w = watch_from(&e, rv0).await;
     assert_eq!(w.status, 200);
     assert_eq!(w.header("content-type"), Some("application/json"));
     let mut got = Vec::new();
@@ -400,14 +419,7 @@ async fn watch_resumes_from_a_resource_version_and_410s_when_too_old() {
         .as_str()
         .unwrap()
         .to_string();
-    let mut w2 = e
-        .signer
-        .watch(&format!(
-            "{}?watch=1&resourceVersion={rv1}",
-            pcrs(e.version, None)
-        ))
-        .await
-        .unwrap();
+    let mut w2 = watch_from(&e, &rv1).await;
     let ev = w2.next_event(T).await.unwrap().unwrap();
     assert_eq!(ev["object"]["metadata"]["name"], names[2].as_str());
     // Live events keep coming: a delete.
@@ -459,14 +471,7 @@ async fn watch_resumes_from_a_resource_version_and_410s_when_too_old() {
         w.next_event(T).await.unwrap().is_none(),
         "restart ends open watches"
     );
-    let mut w3 = e
-        .signer
-        .watch(&format!(
-            "{}?watch=1&resourceVersion={rv1}",
-            pcrs(e.version, None)
-        ))
-        .await
-        .unwrap();
+    let mut w3 = watch_from(&e, &rv1).await;
     assert_eq!(
         w3.next_event(T).await.unwrap().unwrap()["object"]["code"],
         410
@@ -477,10 +482,7 @@ async fn watch_resumes_from_a_resource_version_and_410s_when_too_old() {
 async fn bookmarks_initial_events_and_list_paging() {
     let e = env(ApiMode::V1Beta1).await;
     for _ in 0..3 {
-        e.kubelet
-            .request(&e.pod, &RequestOptions::new(SIGNER, KeyType::Ed25519), None)
-            .await
-            .unwrap();
+        file_ed25519(&e).await;
     }
     let mut w = e.signer.watch(&format!("{}?watch=1&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", pcrs(e.version, None))).await.unwrap();
     let evs = w.until(T, |ev| ev["type"] == "BOOKMARK").await.unwrap();
@@ -521,10 +523,7 @@ async fn bookmarks_initial_events_and_list_paging() {
 async fn a_paginated_list_is_one_snapshot_and_a_watch_from_it_misses_nothing() {
     let e = env(ApiMode::V1Beta1).await;
     for _ in 0..3 {
-        e.kubelet
-            .request(&e.pod, &RequestOptions::new(SIGNER, KeyType::Ed25519), None)
-            .await
-            .unwrap();
+        file_ed25519(&e).await;
     }
     let name = |o: &Value| o["metadata"]["name"].as_str().unwrap().to_string();
     let p1 = page_of_two(&e, None).await.json();
@@ -543,12 +542,7 @@ async fn a_paginated_list_is_one_snapshot_and_a_watch_from_it_misses_nothing() {
     let third = all.iter().find(|n| !first.contains(n)).unwrap().clone();
     // Between the pages: a new request (its key may sort before or after the cursor) and the
     // deletion of the one the second page holds.
-    let created = e
-        .kubelet
-        .request(&e.pod, &RequestOptions::new(SIGNER, KeyType::Ed25519), None)
-        .await
-        .unwrap()
-        .name;
+    let created = file_ed25519(&e).await;
     let r = e
         .admin
         .delete(&format!("{}/{third}", pcrs(e.version, Some(NS))))
@@ -564,14 +558,7 @@ async fn a_paginated_list_is_one_snapshot_and_a_watch_from_it_misses_nothing() {
     );
     assert_eq!(p2["metadata"]["resourceVersion"], rv.as_str());
     assert!(p2["metadata"].get("continue").is_none());
-    let mut w = e
-        .signer
-        .watch(&format!(
-            "{}?watch=1&resourceVersion={rv}",
-            pcrs(e.version, None)
-        ))
-        .await
-        .unwrap();
+    let mut w = watch_from(&e, &rv).await;
     let added = w.next_event(T).await.unwrap().unwrap();
     assert_eq!(
         (added["type"].as_str(), name(&added["object"])),
@@ -714,15 +701,7 @@ async fn the_cleaner_deletes_old_pcrs() {
         )
         .await
         .unwrap();
-    let mut w = e
-        .signer
-        .watch(&format!(
-            "{}?watch=1&resourceVersion={}",
-            pcrs(e.version, None),
-            e.emu.resource_version()
-        ))
-        .await
-        .unwrap();
+    let mut w = watch_from(&e, e.emu.resource_version()).await;
     e.emu.advance_clock(Duration::from_secs(14 * 60));
     assert_eq!(e.emu.run_cleaner_now(), 0);
     e.emu.advance_clock(Duration::from_secs(2 * 60));

@@ -10,7 +10,8 @@
 //! # tls = "verify-full"                 # verify-full (default) | disable (Unix socket/loopback)
 //! # ca_file = "/etc/podca/ledger/ca.crt" # the CA bundle that verifies the server
 //! # pool_size = 4
-//! # statement_timeout_seconds = 30    # a statement unanswered this long: connection dropped
+//! # statement_timeout_seconds = 30    # the server cancels a longer statement; 2 s later podca
+//!                                     # drops a connection that never answered
 //!
 //! on_unavailable = "retry"          # retry (default) | continue
 //! queue_limit = 10000               # continue: records held in memory at most
@@ -76,8 +77,9 @@ pub struct PostgresSettings {
     /// PEM CA certificates that verify the server (`tls = "verify-full"`).
     pub ca_file: Option<PathBuf>,
     pub pool_size: usize,
-    /// How long one statement may go unanswered before its connection is given up and the
-    /// batch counts as failed (retried as any failure is).
+    /// PostgreSQL's `statement_timeout` on podca's connections: a statement that runs or waits
+    /// longer is cancelled by the server; one unanswered 2 s after that loses its connection.
+    /// Either way the batch fails and is retried like any failed one.
     pub statement_timeout: std::time::Duration,
 }
 
