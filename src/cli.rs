@@ -1,5 +1,7 @@
 //! Command-line parsing and dispatch. One clap `Args` per command.
 
+use std::ffi::OsString;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -87,9 +89,37 @@ fn init_logging(format: LogFormat, filter: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// Colours (ANSI escapes) only for a person at a terminal: a log file, a pipe or a container
+/// runtime's log gets plain lines that `grep` and log shippers read as written. `NO_COLOR`
+/// (any non-empty value, <https://no-color.org>) turns them off at a terminal too.
+fn colour(stderr_is_terminal: bool, no_color: Option<OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colours_only_at_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(
+            colour(true, Some(OsString::new())),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(false, None), "a file, a pipe or a container log");
+        assert!(!colour(false, Some("1".into())));
+    }
 }

@@ -220,7 +220,9 @@ impl PodCa for PodCaService {
                 .api
                 .issue(&identity, input(request.into_inner()))
                 .await?;
-            tracing::info!(
+            // DEBUG: the decision is already one INFO line, the audit line (`podca::audit`),
+            // written once the ledger has it; a second line per certificate only cost CPU.
+            tracing::debug!(
                 identity = %identity.key(),
                 serial = %issued.certificate.serial,
                 spiffe_id = %issued.certificate.spiffe_id,
@@ -258,7 +260,7 @@ impl PodCa for PodCaService {
                     input(inner.unwrap_or_default()),
                 )
                 .await?;
-            tracing::info!(
+            tracing::debug!(
                 caller = %caller.key(),
                 pod = %format!("{pod_namespace}/{pod_name}"),
                 serial = %issued.certificate.serial,
@@ -304,7 +306,7 @@ impl PodCa for PodCaService {
                 .issue_jwt(&caller, jwt_input(request.into_inner()))
                 .await?;
             // Never the token: it is a bearer credential.
-            tracing::info!(
+            tracing::debug!(
                 caller = %caller.key(),
                 spiffe_id = %signed.claims.sub,
                 kid = %signed.kid,

@@ -177,24 +177,15 @@ impl Cluster {
         let _ = self.serve.wait();
     }
 
-    /// podca's log, without the terminal colour codes tracing adds.
+    /// podca's log. It is a file, not a terminal, so it must hold plain lines: no colour codes
+    /// (ANSI escapes) for `grep` and log shippers to trip over.
     pub fn log_text(&self) -> String {
-        let raw = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let mut out = String::with_capacity(raw.len());
-        let mut chars = raw.chars();
-        while let Some(c) = chars.next() {
-            if c == '\u{1b}' {
-                // CSI: ESC [ parameters final-byte (a letter).
-                for c in chars.by_ref() {
-                    if c.is_ascii_alphabetic() {
-                        break;
-                    }
-                }
-            } else {
-                out.push(c);
-            }
-        }
-        out
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        assert!(
+            !log.contains('\u{1b}'),
+            "colour codes in a log file:\n{log}"
+        );
+        log
     }
 
     pub async fn client(&self) -> PodCaClient<Channel> {
