@@ -79,6 +79,7 @@ pub mod auth;
 pub mod coalesce;
 pub mod connections;
 pub mod core;
+pub mod cork;
 pub mod errors;
 pub mod istio;
 pub mod jwt;

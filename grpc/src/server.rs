@@ -1,6 +1,7 @@
-//! The gRPC servers: `podca.v1` on TCP (TLS, see [`crate::tls`], or plaintext on loopback),
-//! and the Workload API (plus `podca.v1`) on a Unix socket whose connections go through
-//! [`AuthorityFix`] and [`Coalesced`] (one write per HTTP/2 flush).
+//! The gRPC servers: `podca.v1` on TCP (TLS, see [`crate::tls`], whose connections go through
+//! [`crate::cork::Corked`] so that an answer leaves in one TLS record; or plaintext on
+//! loopback), and the Workload API (plus `podca.v1`) on a Unix socket whose connections go
+//! through [`AuthorityFix`] and [`Coalesced`] (one write per HTTP/2 flush).
 
 use std::future::Future;
 use std::sync::Arc;

@@ -9,7 +9,9 @@
 //!   with the peer address.
 //! * The accepted connection is a `tokio_rustls::server::TlsStream`, whose tonic connect info
 //!   (`tonic::transport::server::TlsConnectInfo`) carries the peer address and the client's
-//!   certificate chain (for mTLS renewal: [`crate::peer_identity`]).
+//!   certificate chain (for mTLS renewal: [`crate::peer_identity`]). It is wrapped in
+//!   [`Corked`], which passes that connect info through and sends each HTTP/2 answer (HEADERS,
+//!   DATA, trailers) in one TLS record.
 //! * Connections over the caps of [`crate::connections`] are closed at accept, before the
 //!   handshake.
 
@@ -34,6 +36,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, error, info};
 
 use crate::connections::{Admitted, ConnectionCounter};
+use crate::cork::Corked;
 use crate::peer_identity::ClientTrust;
 
 /// How long a peer has to complete its TLS handshake.
@@ -204,7 +207,7 @@ pub fn incoming(
     config: Arc<rustls::ServerConfig>,
     timeout: Duration,
     counter: Arc<ConnectionCounter>,
-) -> ReceiverStream<io::Result<Admitted<TlsStream<TcpStream>>>> {
+) -> ReceiverStream<io::Result<Admitted<Corked<TlsStream<TcpStream>>>>> {
     let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
     let acceptor = TlsAcceptor::from(config);
     tokio::spawn(async move {
@@ -234,7 +237,7 @@ pub fn incoming(
                 (acceptor.clone(), tx.clone(), counter.metrics().clone());
             tokio::spawn(async move {
                 if let Some(tls) = handshake(&acceptor, stream, peer, timeout, &failures).await {
-                    let _ = tx.send(Ok(Admitted::new(tls, slot))).await;
+                    let _ = tx.send(Ok(Admitted::new(Corked::new(tls), slot))).await;
                 }
             });
         }
