@@ -236,7 +236,8 @@ impl IstioCertificateService for IstioService {
             let impersonated = input.impersonated.as_ref().map(ToString::to_string);
             let issued = self.api.issue_istio(&caller, input).await?;
             let answer = response(&issued)?;
-            tracing::info!(
+            // DEBUG, as podca.v1's: the decision's INFO line is its audit line.
+            tracing::debug!(
                 caller = %caller.key(),
                 cluster = ?cluster,
                 impersonated = ?impersonated,

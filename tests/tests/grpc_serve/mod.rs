@@ -148,7 +148,8 @@ impl Cluster {
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .env("PODCA_LOG", "info")
+            // The per-request lines (the cluster id of an Istio caller, …) are at debug.
+            .env("PODCA_LOG", "info,podca_grpc=debug")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
