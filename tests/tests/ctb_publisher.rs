@@ -374,6 +374,16 @@ async fn drift_is_repaired_through_the_watch() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     wait_published(&c, WORKLOAD_CTB, &pem, "podca").await;
 
+    // The publisher counts a repair once the API has answered its write, a moment after the
+    // emulator holds the result (CI once read 2 here): wait for the count, then check that
+    // nothing more came.
+    wait_for(
+        "three drift repairs counted",
+        Duration::from_secs(10),
+        || run.metrics.ctb_drift_repairs.get() >= 3,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(run.metrics.ctb_drift_repairs.get(), 3);
     assert_eq!(run.writes("update"), 2);
     assert_eq!(run.writes("create"), 2);
