@@ -7,6 +7,8 @@
 //!   `podca issue --server https://…` works with `--ca-file` and names a wrong `--server-name`.
 //! * `tls = "off"`: refused on a non-loopback address unless `insecure_plaintext = true`, which
 //!   the `podca_grpc_insecure_plaintext` gauge shows.
+//! * A WatchTrustBundle stream over TLS gets its first bundle, then a rotated one, beside unary
+//!   calls on the same connection.
 //! * In process: after the active CA changes, the served certificate chains to the new CA at
 //!   once, and a connection opened before keeps working.
 
@@ -365,6 +367,80 @@ async fn serve_speaks_tls_that_clients_verify_with_the_published_anchors() {
 }
 
 /// The rustls error a failed handshake carries.
+/// Server streaming over TLS, through the cork that holds each answer until the next flush or
+/// read (`grpc/src/cork.rs`): WatchTrustBundle's first bundle arrives, unary calls on the same
+/// connection are answered while the stream stays open, and a rotation's bundle arrives
+/// without the client sending anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_stream_over_tls_gets_every_bundle_beside_unary_calls() {
+    let serve = Serve::start(podca_tests::tls::GRPC_TLS_CONFIG, "127.0.0.1").await;
+    let anchors = serve.anchors();
+    let token = serve.token();
+    let channel = TlsChannel::connect(serve.addr(), &anchors, SERVER_NAME)
+        .await
+        .expect("a verified TLS connection");
+    let mut client = channel.client();
+    let mut stream = client
+        .watch_trust_bundle(with_token(GetTrustBundleRequest::default(), &token))
+        .await
+        .expect("WatchTrustBundle over TLS")
+        .into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("the first bundle within 5 s")
+        .expect("a bundle, not a status")
+        .expect("the stream stays open");
+    assert_eq!(first.trust_anchors_pem.trim(), anchors.trim());
+    for i in 0..20 {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.issue_certificate(with_token(csr_request(), &token)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("call {i} answered within 5 s"))
+        .expect("IssueCertificate beside the stream")
+        .into_inner();
+        assert_verifies(&answer.certificate_chain_pem, &anchors);
+    }
+    // A refusal is a lone HEADERS frame (gRPC's trailers-only answer), whose one flush the cork
+    // holds until the task it woke runs again: the client, sending nothing meanwhile, gets it.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.issue_certificate(Request::new(csr_request())),
+    )
+    .await
+    .expect("a refusal within 5 s")
+    .expect_err("no credentials");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
+    assert_eq!(channel.connection_count(), 1);
+
+    // A rotation pushes a second bundle.
+    let out = Command::new(podca_binary())
+        .args(["ca", "rotate", "--dir"])
+        .arg(&serve.ca_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second = tokio::time::timeout(Duration::from_secs(15), stream.message())
+        .await
+        .expect("the rotated bundle within 15 s")
+        .expect("a bundle, not a status")
+        .expect("the stream stays open");
+    assert_eq!(second.trust_anchors_pem.trim(), serve.anchors().trim());
+    assert_eq!(
+        second
+            .trust_anchors_pem
+            .matches("BEGIN CERTIFICATE")
+            .count(),
+        2
+    );
+    assert!(second.generation > first.generation);
+}
+
 fn tls_error(e: &std::io::Error) -> Option<&rustls::Error> {
     e.get_ref().and_then(|inner| inner.downcast_ref())
 }
