@@ -224,23 +224,13 @@ impl PgStore {
         }
         json.push(']');
         let client = self.client().await.map_err(StoreError::Unavailable)?;
-        let answer = tokio::time::timeout(
-            self.answer_timeout,
-            client.query(
-                "insert into podca_ledger (id, serial, time, source, signer, outcome, reason,
-                    identity, namespace, service_account, pod_name, node_name, cert_sha256,
-                    spki_sha256, issuer_fingerprint, replica, record)
-                 select r->>'id', r->>'serial', (r->>'time')::timestamptz, r->>'source',
-                    r->>'signer', r->>'outcome', r->>'reason', r->>'identity', r->>'namespace',
-                    r->>'service_account', r->>'pod_name', r->>'node_name', r->>'cert_sha256',
-                    r->>'spki_sha256', r->>'issuer_fingerprint', r->>'replica', r
-                 from jsonb_array_elements($1::text::jsonb) with ordinality as t(r, n)
-                 order by n
-                 on conflict do nothing
-                 returning id",
-                &[&json],
-            ),
-        )
+        // Prepared once per connection (deadpool's statement cache): parsing and planning it
+        // for every batch was about 4 % of the PostgreSQL backend's CPU under load, plus a
+        // round trip.
+        let answer = tokio::time::timeout(self.answer_timeout, async {
+            let statement = client.prepare_cached(APPEND).await?;
+            client.query(&statement, &[&json]).await
+        })
         .await;
         let rows = self.answered(client, answer)?;
         let mut new: HashSet<String> = rows.iter().map(|row| row.get(0)).collect();
@@ -343,6 +333,20 @@ impl PgStore {
         }
     }
 }
+
+/// The batch insert of [`PgStore::append`]: the records as one JSON array, each row's indexed
+/// columns taken from its object; ids already there are skipped and not returned.
+const APPEND: &str = "insert into podca_ledger (id, serial, time, source, signer, outcome, reason,
+        identity, namespace, service_account, pod_name, node_name, cert_sha256,
+        spki_sha256, issuer_fingerprint, replica, record)
+     select r->>'id', r->>'serial', (r->>'time')::timestamptz, r->>'source',
+        r->>'signer', r->>'outcome', r->>'reason', r->>'identity', r->>'namespace',
+        r->>'service_account', r->>'pod_name', r->>'node_name', r->>'cert_sha256',
+        r->>'spki_sha256', r->>'issuer_fingerprint', r->>'replica', r
+     from jsonb_array_elements($1::text::jsonb) with ordinality as t(r, n)
+     order by n
+     on conflict do nothing
+     returning id";
 
 /// The first host that is neither a Unix socket nor loopback, if any.
 fn remote_host(config: &tokio_postgres::Config) -> Option<String> {
