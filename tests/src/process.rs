@@ -69,6 +69,21 @@ pub fn podca_bundle(dir: &Path) -> String {
     String::from_utf8(out.stdout).expect("the bundle is PEM text")
 }
 
+/// `podca ca rotate --dir dir`: the next rotation step on a CA data directory (panics with its
+/// stderr if it fails).
+pub fn podca_ca_rotate(dir: &Path) {
+    let out = Command::new(podca_binary())
+        .args(["ca", "rotate", "--dir"])
+        .arg(dir)
+        .output()
+        .expect("running podca ca rotate");
+    assert!(
+        out.status.success(),
+        "podca ca rotate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A TCP port nobody listens on right now.
 /// Waits until `child` (a `podca serve` writing its log to `log`) accepts TCP connections on
 /// 127.0.0.1:`port`, for at most 30 s; panics with the log if it exits or never listens.

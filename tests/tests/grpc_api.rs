@@ -9,7 +9,7 @@ use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::podca::v1::{
     GetTrustBundleRequest, IssueCertificateRequest, IssueCertificateResponse, IssueForPodRequest,
 };
-use podca_tests::process::{DevOptions, DevProcess, csr_for, podca_binary};
+use podca_tests::process::{DevOptions, DevProcess, csr_for, podca_ca_rotate};
 use podca_tests::verify::{assert_no_anchor_signed, assert_verifies, openssl_verify};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
@@ -391,16 +391,7 @@ async fn ca_rotate_reaches_open_streams_without_a_signal() {
         .unwrap()
         .into_inner();
     let first = watch.message().await.unwrap().unwrap();
-    let out = std::process::Command::new(podca_binary())
-        .args(["ca", "rotate", "--dir"])
-        .arg(&dev.data_dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podca_ca_rotate(&dev.data_dir);
     let second = tokio::time::timeout(Duration::from_secs(15), watch.message())
         .await
         .expect("a new bundle within 15 s, without SIGHUP")

@@ -24,7 +24,9 @@ use podca_proto::podca::v1::pod_ca_client::PodCaClient;
 use podca_proto::podca::v1::{GetTrustBundleRequest, IssueCertificateRequest};
 use podca_tests::cluster::{ClusterConfig, PODCA_USER};
 use podca_tests::emulator::{ApiMode, PolicyRule, ServiceAccountToken, Subject};
-use podca_tests::process::{csr_for, free_port, http_get, podca_binary, podca_bundle};
+use podca_tests::process::{
+    csr_for, free_port, http_get, podca_binary, podca_bundle, podca_ca_rotate,
+};
 use podca_tests::tls::{SERVER_NAME, TlsChannel, served_chain};
 use podca_tests::verify::assert_verifies;
 use podca_tests::{Emulator, EmulatorConfig};
@@ -415,16 +417,7 @@ async fn a_watch_stream_over_tls_gets_every_bundle_beside_unary_calls() {
     assert_eq!(channel.connection_count(), 1);
 
     // A rotation pushes a second bundle.
-    let out = Command::new(podca_binary())
-        .args(["ca", "rotate", "--dir"])
-        .arg(&serve.ca_dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podca_ca_rotate(&serve.ca_dir);
     let second = tokio::time::timeout(Duration::from_secs(15), stream.message())
         .await
         .expect("the rotated bundle within 15 s")
