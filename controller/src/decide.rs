@@ -197,6 +197,7 @@ mod tests {
             dns_names: vec![],
             spki_sha256: String::new(),
             issuer_fingerprint: String::new(),
+            key_type: podca_signer::KeyType::EcdsaP256,
         }))
     }
 

@@ -7,7 +7,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::backend::BackendError;
 use crate::ca::{IssuingCa, leaf_serial};
-use crate::keys::{KeyError, SubjectKey};
+use crate::keys::{KeyError, KeyType, SubjectKey};
 use crate::leaf::LeafFields;
 use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy};
 use crate::reason::{DenyReason, FailReason};
@@ -30,6 +30,8 @@ pub struct IssuedCertificate {
     pub spki_sha256: String,
     /// SHA-256 fingerprint of the issuing CA certificate.
     pub issuer_fingerprint: String,
+    /// The subject key's type (what the ledger records; known here, so nobody parses the leaf).
+    pub key_type: KeyType,
 }
 
 /// Why building a leaf failed.
@@ -98,6 +100,7 @@ impl IssuingCa {
             dns_names,
             spki_sha256: x509::hex_lower(&spki_sha256),
             issuer_fingerprint: self.fingerprint().to_owned(),
+            key_type: subject.key_type(),
             leaf_der,
         })
     }

@@ -22,7 +22,6 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::issue::{IssuedCertificate, Outcome};
-use crate::keys::SubjectKey;
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 /// Record id → sequence number. Named for its first use: an issued certificate's id is its
@@ -261,7 +260,7 @@ impl LedgerRecord {
         record.serial = Some(cert.serial.clone());
         record.cert_sha256 = Some(crate::x509::sha256_hex(&cert.leaf_der));
         record.spki_sha256 = Some(cert.spki_sha256.clone());
-        record.key_type = key_type_of(&cert.leaf_der);
+        record.key_type = Some(cert.key_type.kubelet_name().to_owned());
         record.dns_names.clone_from(&cert.dns_names);
         record.not_before = Some(cert.validity.not_before);
         record.not_after = Some(cert.validity.not_after);
@@ -382,12 +381,6 @@ pub fn replica_identity() -> String {
                 .and_then(nonempty)
         })
         .unwrap_or_else(|| "unknown".into())
-}
-
-fn key_type_of(leaf_der: &[u8]) -> Option<String> {
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf_der).ok()?;
-    let key = SubjectKey::from_spki_der(cert.tbs_certificate.subject_pki.raw).ok()?;
-    Some(key.key_type().kubelet_name().to_owned())
 }
 
 /// The id of an issued JWT-SVID's record: `jwt:`, the decision time in Unix milliseconds (13
@@ -909,6 +902,49 @@ mod tests {
             issuer_fingerprint: Some("ab".repeat(32)),
             replica: "podca-0".into(),
             time: time::macros::datetime!(2026-11-24 10:00:00.5 UTC),
+        }
+    }
+
+    #[test]
+    fn an_issued_record_names_the_key_type_the_leaf_carries() {
+        let now = OffsetDateTime::now_utc();
+        let ca = crate::IssuingCa::self_signed_root(
+            std::sync::Arc::new(
+                crate::MemoryKey::generate(crate::CaAlgorithm::EcdsaP256)
+                    .unwrap_or_else(|e| panic!("{e}")),
+            ),
+            "ledger test",
+            now,
+            time::Duration::days(1),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let validity = crate::Validity {
+            not_before: now,
+            not_after: now + time::Duration::hours(1),
+            begin_refresh_at: now + time::Duration::minutes(30),
+        };
+        for (algorithm, name) in [
+            (&rcgen::PKCS_ECDSA_P256_SHA256, "ECDSAP256"),
+            (&rcgen::PKCS_ECDSA_P384_SHA384, "ECDSAP384"),
+            (&rcgen::PKCS_ED25519, "ED25519"),
+        ] {
+            let pair = rcgen::KeyPair::generate_for(algorithm).unwrap_or_else(|e| panic!("{e}"));
+            let subject = crate::keys::SubjectKey::from_spki_der(
+                &rcgen::PublicKeyData::subject_public_key_info(&pair),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let cert = ca
+                .issue(&subject, "spiffe://cluster.local/ns/a/sa/b", &[], &validity)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let record = LedgerRecord::issued(&context(), &cert);
+            assert_eq!(record.key_type.as_deref(), Some(name));
+            // What the leaf itself says, read back from its DER.
+            let (_, leaf) = x509_parser::parse_x509_certificate(&cert.leaf_der)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let carried =
+                crate::keys::SubjectKey::from_spki_der(leaf.tbs_certificate.subject_pki.raw)
+                    .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(carried.key_type().kubelet_name(), name);
         }
     }
 
