@@ -16,6 +16,14 @@
 //! and prints where its CPU time went, by component. `PODCA_BENCH_SECONDS` sets each window
 //! (default 10 s). `PODCA_BENCH_LEDGER=none` runs serve with `[ledger] backend = "none"` instead
 //! of the default redb ledger, whose durable group commit every answer waits for.
+//!
+//! `PODCA_BENCH_AB=<another podca binary>` compares two builds instead: it starts a serve of
+//! each (`PODCA_BIN`, "A", and that one, "B"; `PODCA_BENCH_AB_ENV="K=V …"` adds to B's
+//! environment) and measures persistent windows of A and B in turn for `PODCA_BENCH_ROUNDS`
+//! rounds (default 6, alternating which goes first). This machine's speed drifts by ±15 % over
+//! minutes, more than most changes are worth; alternating windows put the drift on both sides.
+//! `PODCA_BENCH_BARE=1` does the same against the bare server (see [`bare`]): the floor that
+//! TLS, HTTP/2, tonic and the two P-256 operations set before podca does anything of its own.
 
 #![allow(clippy::unwrap_used)] // a benchmark: any failure should stop it loudly
 
@@ -39,6 +47,10 @@ use x509_parser::prelude::FromDer;
 const CLIENTS: usize = 64;
 
 fn main() {
+    if std::env::var_os(bare::SERVER_ENV).is_some() {
+        bare::serve();
+        return;
+    }
     let seconds: u64 = std::env::var("PODCA_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -49,22 +61,34 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if let Some(binary_b) = std::env::var_os("PODCA_BENCH_AB") {
+        runtime.block_on(ab(window, Some(binary_b.into())));
+        return;
+    }
+    if std::env::var_os("PODCA_BENCH_BARE").is_some_and(|v| v == "1") {
+        runtime.block_on(ab(window, None));
+        return;
+    }
     runtime.block_on(async {
-        let no_ledger = std::env::var_os("PODCA_BENCH_LEDGER").is_some_and(|v| v == "none");
         println!(
             "ledger: {}",
-            if no_ledger { "none" } else { "redb (default)" }
+            if ledger_table().is_empty() {
+                "redb (default)"
+            } else {
+                "none"
+            }
         );
-        let serve = TlsServe::start(if no_ledger { "backend = \"none\"" } else { "" }).await;
+        let serve = TlsServe::start(ledger_table()).await;
         let pid = serve.serve.child.id();
         let auth: AsciiMetadataValue = format!("Bearer {}", serve.token).parse().unwrap();
         // One call first, so the TokenReview and the first connection are not in the window.
-        issue(&mut connect(&serve).await, &auth).await.unwrap();
+        let target = Target::of(&serve);
+        issue(&mut connect(&target).await, &auth).await.unwrap();
 
         let profile = perf.then(|| Profile::start(pid, window));
-        let persistent = persistent(&serve, &auth, window).await;
+        let persistent = persistent(&target, &auth, window).await;
         let breakdown = profile.map(Profile::finish);
-        let handshake = handshake(&serve, &auth, window).await;
+        let handshake = handshake(&target, &auth, window).await;
         let reference = reference_costs();
 
         persistent.print("persistent connections");
@@ -86,6 +110,113 @@ fn main() {
             breakdown.print(persistent.cpu_us_per_cert());
         }
     });
+}
+
+/// The `[ledger]` table's body: `PODCA_BENCH_LEDGER=none` or the default redb file.
+fn ledger_table() -> &'static str {
+    if std::env::var_os("PODCA_BENCH_LEDGER").is_some_and(|v| v == "none") {
+        "backend = \"none\""
+    } else {
+        ""
+    }
+}
+
+/// `PODCA_BENCH_AB`: persistent windows of two builds in turn; without a binary
+/// (`PODCA_BENCH_BARE`), of podca serve and the bare server.
+async fn ab(window: Duration, binary_b: Option<std::path::PathBuf>) {
+    let binary_b_label = binary_b.as_ref().map(|b| b.display().to_string());
+    let rounds: usize = std::env::var("PODCA_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    let env_b = std::env::var("PODCA_BENCH_AB_ENV").unwrap_or_default();
+    let env_b: Vec<(&str, &std::path::Path)> = env_b
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("PODCA_BENCH_AB_ENV: K=V pairs");
+            (k, std::path::Path::new(v))
+        })
+        .collect();
+    let a = TlsServe::start(ledger_table()).await;
+    let b = match binary_b {
+        Some(binary) => B::Serve(TlsServe::start_with(ledger_table(), &binary, &env_b).await),
+        None => B::Bare(bare::Child::start()),
+    };
+    let auth: AsciiMetadataValue = format!("Bearer {}", a.token).parse().unwrap();
+    let auth_b: AsciiMetadataValue = match &b {
+        B::Serve(serve) => format!("Bearer {}", serve.token).parse().unwrap(),
+        // The bare server reads no credentials.
+        B::Bare(_) => auth.clone(),
+    };
+    let mut serves = Vec::new();
+    for (target, auth) in [(Target::of(&a), auth), (b.target(), auth_b)] {
+        issue(&mut connect(&target).await, &auth).await.unwrap();
+        serves.push((target, auth));
+    }
+    println!(
+        "A: {}, B: {}",
+        std::env::var("PODCA_BIN").unwrap_or_else(|_| "podca (release build)".into()),
+        match binary_b_label {
+            Some(label) => label,
+            None => "the bare server (TLS, tonic, verification and signature only)".into(),
+        }
+    );
+    let mut cpu: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let (serve, auth) = &serves[i];
+            let run = persistent(serve, auth, window).await;
+            assert_eq!(run.failed, 0, "calls failed");
+            println!(
+                "round {round} {}: {:.0}/s, {:.1} µs per certificate",
+                ["A", "B"][i],
+                run.rate(),
+                run.cpu_us_per_cert()
+            );
+            cpu[i].push(run.cpu_us_per_cert());
+        }
+    }
+    let reference = reference_costs();
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let pairs: Vec<f64> = cpu[1].iter().zip(&cpu[0]).map(|(b, a)| b / a).collect();
+    println!(
+        "server CPU per certificate, medians of {rounds}: A {:.1} µs ({:.2}x), B {:.1} µs \
+         ({:.2}x); B/A per round {:?}, median {:.3}; reference {:.1} µs",
+        median(&cpu[0]),
+        median(&cpu[0]) / reference.total_us(),
+        median(&cpu[1]),
+        median(&cpu[1]) / reference.total_us(),
+        pairs
+            .iter()
+            .map(|r| (r * 1000.0).round() / 1000.0)
+            .collect::<Vec<_>>(),
+        median(&pairs),
+        reference.total_us()
+    );
+}
+
+/// What `PODCA_BENCH_AB` compares podca serve with.
+enum B {
+    Serve(TlsServe),
+    Bare(bare::Child),
+}
+
+impl B {
+    fn target(&self) -> Target<'_> {
+        match self {
+            B::Serve(serve) => Target::of(serve),
+            B::Bare(bare) => Target {
+                addr: bare.addr,
+                anchors: &bare.anchors,
+                pid: bare.child.id(),
+            },
+        }
+    }
 }
 
 /// A window's outcome.
@@ -134,8 +265,26 @@ impl Run {
     }
 }
 
-async fn connect(serve: &TlsServe) -> PodCaClient<tonic::transport::Channel> {
-    TlsChannel::connect(serve.addr, &serve.anchors, SERVER_NAME)
+/// A server the clients call: where, what to trust, and whose CPU time to count.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    addr: std::net::SocketAddr,
+    anchors: &'a str,
+    pid: u32,
+}
+
+impl<'a> Target<'a> {
+    fn of(serve: &'a TlsServe) -> Self {
+        Target {
+            addr: serve.addr,
+            anchors: &serve.anchors,
+            pid: serve.serve.child.id(),
+        }
+    }
+}
+
+async fn connect(target: &Target<'_>) -> PodCaClient<tonic::transport::Channel> {
+    TlsChannel::connect(target.addr, target.anchors, SERVER_NAME)
         .await
         .unwrap()
         .client()
@@ -205,15 +354,15 @@ where
     }
 }
 
-async fn persistent(serve: &TlsServe, auth: &AsciiMetadataValue, window: Duration) -> Run {
+async fn persistent(target: &Target<'_>, auth: &AsciiMetadataValue, window: Duration) -> Run {
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
-        clients.push(connect(serve).await);
+        clients.push(connect(target).await);
     }
     let pool = Arc::new(std::sync::Mutex::new(clients));
     let auth = auth.clone();
     // Each loop takes a client of its own on its first call and keeps it.
-    measure(serve.serve.child.id(), window, move || {
+    measure(target.pid, window, move || {
         let (pool, auth) = (Arc::clone(&pool), auth.clone());
         async move {
             let mut client = pool.lock().unwrap().pop().unwrap();
@@ -225,9 +374,9 @@ async fn persistent(serve: &TlsServe, auth: &AsciiMetadataValue, window: Duratio
     .await
 }
 
-async fn handshake(serve: &TlsServe, auth: &AsciiMetadataValue, window: Duration) -> Run {
-    let (addr, anchors, auth) = (serve.addr, serve.anchors.clone(), auth.clone());
-    measure(serve.serve.child.id(), window, move || {
+async fn handshake(target: &Target<'_>, auth: &AsciiMetadataValue, window: Duration) -> Run {
+    let (addr, anchors, auth) = (target.addr, target.anchors.to_owned(), auth.clone());
+    measure(target.pid, window, move || {
         let (anchors, auth) = (anchors.clone(), auth.clone());
         async move {
             let channel = TlsChannel::connect(addr, &anchors, SERVER_NAME)
@@ -440,5 +589,248 @@ impl Breakdown {
                 cpu_us_per_cert * pct / 100.0
             );
         }
+    }
+}
+
+/// The floor: a gRPC server with podca's TLS accept path (`podca_grpc::tls::incoming`, so the
+/// same rustls, `Corked` and connection admission), tonic's defaults, and per call exactly one
+/// P-256 CSR-signature verification and one P-256 signature (over a TBSCertificate-sized
+/// buffer), answering a response of the same size as podca's. Nothing else of podca runs: no
+/// authentication, policy, ledger, audit line or metrics. `PODCA_BENCH_BARE=1` measures it
+/// against podca serve, windows in turn as with `PODCA_BENCH_AB`; it runs in a child process
+/// (this binary again, with [`bare::SERVER_ENV`]) so that its CPU time is its own.
+mod bare {
+    use std::io::{BufRead, Write};
+    use std::net::SocketAddr;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use aws_lc_rs::rand::SystemRandom;
+    use aws_lc_rs::signature::{
+        ECDSA_P256_SHA256_ASN1, ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, UnparsedPublicKey,
+    };
+    use base64::Engine;
+    use podca_proto::podca::v1::pod_ca_server::{PodCa, PodCaServer};
+    use podca_proto::podca::v1::{
+        GetJwtBundleRequest, GetTrustBundleRequest, IssueCertificateRequest,
+        IssueCertificateResponse, IssueForPodRequest, IssueJwtSvidRequest, JwtBundle, JwtSvid,
+        TrustBundle,
+    };
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    use tonic::{Request, Response, Status};
+    use x509_parser::prelude::FromDer;
+
+    /// Set in the child process: it serves and prints `<port> <anchors PEM, base64>`.
+    pub const SERVER_ENV: &str = "PODCA_BENCH_BARE_SERVER";
+
+    /// The child: serves until killed.
+    pub fn serve() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let ca_key = rcgen::KeyPair::generate().unwrap();
+            let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            ca.distinguished_name
+                .push(rcgen::DnType::CommonName, "bare bench CA");
+            let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+            let issuer = rcgen::Issuer::new(ca, ca_key);
+            let key = rcgen::KeyPair::generate().unwrap();
+            let leaf = rcgen::CertificateParams::new(vec![podca_tests::tls::SERVER_NAME.into()])
+                .unwrap()
+                .signed_by(&key, &issuer)
+                .unwrap();
+            let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+            let mut config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![CertificateDer::from(leaf.der().to_vec())],
+                    PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+                )
+                .unwrap();
+            config.alpn_protocols = vec![b"h2".to_vec()];
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let counter = podca_grpc::connections::ConnectionCounter::new(
+                podca_grpc::connections::ConnectionLimits {
+                    per_peer: 4096,
+                    total: 100_000,
+                },
+                podca_authority::metrics::GrpcMetrics::default(),
+            );
+            let incoming = podca_grpc::tls::incoming(
+                listener,
+                Arc::new(config),
+                Duration::from_secs(10),
+                counter,
+            );
+            let rng = SystemRandom::new();
+            let pkcs8 =
+                EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).unwrap();
+            let service = Bare {
+                key: EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref())
+                    .unwrap(),
+                rng,
+                anchors_pem: ca_pem.clone(),
+            };
+            let mut out = std::io::stdout();
+            writeln!(
+                out,
+                "{port} {}",
+                base64::engine::general_purpose::STANDARD.encode(&ca_pem)
+            )
+            .unwrap();
+            out.flush().unwrap();
+            tonic::transport::Server::builder()
+                .add_service(PodCaServer::new(service))
+                .serve_with_incoming(incoming)
+                .await
+                .unwrap();
+        });
+    }
+
+    /// A bare server in a child process.
+    pub struct Child {
+        pub child: std::process::Child,
+        pub addr: SocketAddr,
+        pub anchors: String,
+    }
+
+    impl Child {
+        pub fn start() -> Child {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+                .env(SERVER_ENV, "1")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            let (port, anchors) = line.trim().split_once(' ').expect("<port> <anchors>");
+            let anchors = base64::engine::general_purpose::STANDARD
+                .decode(anchors)
+                .unwrap();
+            Child {
+                child,
+                addr: SocketAddr::from(([127, 0, 0, 1], port.parse().unwrap())),
+                anchors: String::from_utf8(anchors).unwrap(),
+            }
+        }
+    }
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    struct Bare {
+        key: EcdsaKeyPair,
+        rng: SystemRandom,
+        anchors_pem: String,
+    }
+
+    fn pem(der: &[u8]) -> String {
+        let body = base64::engine::general_purpose::STANDARD.encode(der);
+        let mut out = String::with_capacity(body.len() + body.len() / 64 + 60);
+        out.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in body.as_bytes().chunks(64) {
+            out.push_str(std::str::from_utf8(line).unwrap());
+            out.push('\n');
+        }
+        out.push_str("-----END CERTIFICATE-----\n");
+        out
+    }
+
+    #[tonic::async_trait]
+    impl PodCa for Bare {
+        async fn issue_certificate(
+            &self,
+            request: Request<IssueCertificateRequest>,
+        ) -> Result<Response<IssueCertificateResponse>, Status> {
+            let csr = request.into_inner().csr;
+            let (_, parsed) =
+                x509_parser::certification_request::X509CertificationRequest::from_der(&csr)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let info = parsed.certification_request_info.raw;
+            let spki = &parsed
+                .certification_request_info
+                .subject_pki
+                .subject_public_key
+                .data;
+            UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, spki)
+                .verify(info, &parsed.signature_value.data)
+                .map_err(|_| Status::invalid_argument("bad CSR signature"))?;
+            // A TBSCertificate's size, then the signature: a certificate's bytes.
+            let mut der = vec![0x5au8; 420];
+            let signature = self
+                .key
+                .sign(&self.rng, &der)
+                .map_err(|_| Status::internal("signing failed"))?;
+            der.extend_from_slice(signature.as_ref());
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            let at = |seconds| Some(prost_types::Timestamp { seconds, nanos: 0 });
+            Ok(Response::new(IssueCertificateResponse {
+                certificate_chain_pem: pem(&der) + &self.anchors_pem,
+                not_before: at(now),
+                not_after: at(now + 86_400),
+                begin_refresh_at: at(now + 43_200),
+                trust_anchors_pem: self.anchors_pem.clone(),
+                spiffe_id: "spiffe://cluster.local/ns/default/sa/default".into(),
+                serial: hex_serial(&signature.as_ref()[..16]),
+            }))
+        }
+
+        async fn issue_for_pod(
+            &self,
+            _: Request<IssueForPodRequest>,
+        ) -> Result<Response<IssueCertificateResponse>, Status> {
+            Err(Status::unimplemented("bare"))
+        }
+
+        async fn get_trust_bundle(
+            &self,
+            _: Request<GetTrustBundleRequest>,
+        ) -> Result<Response<TrustBundle>, Status> {
+            Err(Status::unimplemented("bare"))
+        }
+
+        type WatchTrustBundleStream =
+            Pin<Box<dyn tokio_stream::Stream<Item = Result<TrustBundle, Status>> + Send>>;
+
+        async fn watch_trust_bundle(
+            &self,
+            _: Request<GetTrustBundleRequest>,
+        ) -> Result<Response<Self::WatchTrustBundleStream>, Status> {
+            Err(Status::unimplemented("bare"))
+        }
+
+        async fn issue_jwt_svid(
+            &self,
+            _: Request<IssueJwtSvidRequest>,
+        ) -> Result<Response<JwtSvid>, Status> {
+            Err(Status::unimplemented("bare"))
+        }
+
+        async fn get_jwt_bundle(
+            &self,
+            _: Request<GetJwtBundleRequest>,
+        ) -> Result<Response<JwtBundle>, Status> {
+            Err(Status::unimplemented("bare"))
+        }
+    }
+
+    fn hex_serial(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 }

@@ -36,6 +36,11 @@ impl TlsServe {
     /// fair-share limits (one identity and one address measure podca, not its limits), and
     /// `ledger` as the `[ledger]` table's body (empty: the default redb file).
     pub async fn start(ledger: &str) -> TlsServe {
+        Self::start_with(ledger, &podca_binary_release(), &[]).await
+    }
+
+    /// [`TlsServe::start`] with the `podca` at `binary` and `env` added to its environment.
+    pub async fn start_with(ledger: &str, binary: &Path, env: &[(&str, &Path)]) -> TlsServe {
         let cluster = Cluster::start_with(ClusterConfig {
             emulator: EmulatorConfig {
                 api_mode: ApiMode::V1Only,
@@ -43,12 +48,22 @@ impl TlsServe {
                 ..Default::default()
             },
             podca_groups: &["system:serviceaccounts"],
-            signers: &[],
+            // As deployed: the controller and the trust-bundle publisher run beside the gRPC
+            // API (and are quiet, with no PodCertificateRequests), not refused and retrying.
+            signers: &["example.com/workload"],
         })
         .await;
         cluster.emu.grant(
             Subject::User(PODCA_USER.into()),
             PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+        );
+        cluster.emu.grant(
+            Subject::User(PODCA_USER.into()),
+            PolicyRule::new(
+                &[""],
+                &["configmaps"],
+                &["get", "create", "update", "patch"],
+            ),
         );
         let ca_dir = cluster.dir.path().join("ca");
         let init = std::process::Command::new(podca_binary_release())
@@ -75,7 +90,7 @@ impl TlsServe {
             ),
         )
         .expect("write podca.toml");
-        let serve = ServeProcess::start_release(&config, &cluster.kubeconfig, &[]);
+        let serve = ServeProcess::start_binary(binary, &config, &cluster.kubeconfig, &[], env);
         let addr = SocketAddr::from(([127, 0, 0, 1], serve.grpc));
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(addr).is_err() {

@@ -152,11 +152,6 @@ impl ServeProcess {
         Self::start_binary(&podca_binary(), config, kubeconfig, extra, env)
     }
 
-    /// [`ServeProcess::start`] with the release build (benchmarks).
-    pub fn start_release(config: &Path, kubeconfig: &Path, extra: &[&str]) -> Self {
-        Self::start_binary(&podca_binary_release(), config, kubeconfig, extra, &[])
-    }
-
     /// [`ServeProcess::start`] with stdout and stderr appended to the file `log` (to check what
     /// podca logs).
     pub fn start_logged(config: &Path, kubeconfig: &Path, extra: &[&str], log: &Path) -> Self {
@@ -176,7 +171,8 @@ impl ServeProcess {
         )
     }
 
-    fn start_binary(
+    /// `podca serve` from `binary` with `env` added (benchmarks comparing two builds).
+    pub fn start_binary(
         binary: &Path,
         config: &Path,
         kubeconfig: &Path,
