@@ -19,7 +19,7 @@ pub struct Cli {
     #[arg(long, global = true, env = "PODCA_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `podca=debug`.
-    #[arg(long, global = true, env = "PODCA_LOG", default_value = "info")]
+    #[arg(long, global = true, env = "PODCA_LOG", default_value = "info", value_parser = log_filter)]
     pub log: String,
     #[command(subcommand)]
     pub command: Command,
@@ -84,7 +84,16 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// A `--log` / `PODCA_LOG` value that tracing accepts: a typo (`podca=verbose`) is a usage
+/// error at start, not a silent fall-back to `info` that hides the debug lines asked for.
+fn log_filter(value: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(value)
+        .map(|_| value.to_owned())
+        .map_err(|e| format!("{e} (expected e.g. `info`, `warn` or `info,podca_grpc=debug`)"))
+}
+
 fn init_logging(format: LogFormat, filter: &str) {
+    // `log_filter` has checked it; `info` only if that ever disagrees.
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -110,6 +119,21 @@ fn colour(stderr_is_terminal: bool, no_color: Option<OsString>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_filter_tracing_cannot_read_is_a_usage_error() {
+        for good in ["info", "warn", "info,podca_grpc=debug", "podca=trace"] {
+            assert_eq!(log_filter(good).as_deref(), Ok(good));
+        }
+        for bad in ["podca=verbose", "info,podca_grpc=loud"] {
+            let e = log_filter(bad).expect_err(bad);
+            assert!(e.contains("expected e.g."), "{bad}: {e}");
+        }
+        let e = Cli::try_parse_from(["podca", "--log", "podca=verbose", "bundle"])
+            .expect_err("a bad filter");
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+        assert!(e.to_string().contains("podca=verbose"), "{e}");
+    }
 
     #[test]
     fn colours_only_at_a_terminal_without_no_color() {
