@@ -93,9 +93,8 @@ fn log_filter(value: &str) -> Result<String, String> {
 }
 
 fn init_logging(format: LogFormat, filter: &str) {
-    // `log_filter` has checked it; `info` only if that ever disagrees.
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // `log_filter` has accepted it when the command line was parsed.
+    let filter = tracing_subscriber::EnvFilter::new(filter);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour(

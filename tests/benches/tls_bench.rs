@@ -51,11 +51,7 @@ fn main() {
         bare::serve();
         return;
     }
-    let seconds: u64 = std::env::var("PODCA_BENCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    let window = Duration::from_secs(seconds);
+    let window = Duration::from_secs(env_number("PODCA_BENCH_SECONDS", 10));
     let perf = std::env::var_os("PODCA_BENCH_PERF").is_some_and(|v| v == "1");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -79,13 +75,12 @@ fn main() {
             }
         );
         let serve = TlsServe::start(ledger_table()).await;
-        let pid = serve.serve.child.id();
         let auth: AsciiMetadataValue = format!("Bearer {}", serve.token).parse().unwrap();
         // One call first, so the TokenReview and the first connection are not in the window.
         let target = Target::of(&serve);
         issue(&mut connect(&target).await, &auth).await.unwrap();
 
-        let profile = perf.then(|| Profile::start(pid, window));
+        let profile = perf.then(|| Profile::start(target.pid, window));
         let persistent = persistent(&target, &auth, window).await;
         let breakdown = profile.map(Profile::finish);
         let handshake = handshake(&target, &auth, window).await;
@@ -112,6 +107,14 @@ fn main() {
     });
 }
 
+/// The number in the environment variable `name`, or `default`.
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// The `[ledger]` table's body: `PODCA_BENCH_LEDGER=none` or the default redb file.
 fn ledger_table() -> &'static str {
     if std::env::var_os("PODCA_BENCH_LEDGER").is_some_and(|v| v == "none") {
@@ -125,10 +128,7 @@ fn ledger_table() -> &'static str {
 /// (`PODCA_BENCH_BARE`), of podca serve and the bare server.
 async fn ab(window: Duration, binary_b: Option<std::path::PathBuf>) {
     let binary_b_label = binary_b.as_ref().map(|b| b.display().to_string());
-    let rounds: usize = std::env::var("PODCA_BENCH_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(6);
+    let rounds = env_number("PODCA_BENCH_ROUNDS", 6);
     let env_b = std::env::var("PODCA_BENCH_AB_ENV").unwrap_or_default();
     let env_b: Vec<(&str, &std::path::Path)> = env_b
         .split_whitespace()
@@ -737,18 +737,6 @@ mod bare {
         anchors_pem: String,
     }
 
-    fn pem(der: &[u8]) -> String {
-        let body = base64::engine::general_purpose::STANDARD.encode(der);
-        let mut out = String::with_capacity(body.len() + body.len() / 64 + 60);
-        out.push_str("-----BEGIN CERTIFICATE-----\n");
-        for line in body.as_bytes().chunks(64) {
-            out.push_str(std::str::from_utf8(line).unwrap());
-            out.push('\n');
-        }
-        out.push_str("-----END CERTIFICATE-----\n");
-        out
-    }
-
     #[tonic::async_trait]
     impl PodCa for Bare {
         async fn issue_certificate(
@@ -781,13 +769,17 @@ mod bare {
                 .as_secs() as i64;
             let at = |seconds| Some(prost_types::Timestamp { seconds, nanos: 0 });
             Ok(Response::new(IssueCertificateResponse {
-                certificate_chain_pem: pem(&der) + &self.anchors_pem,
+                certificate_chain_pem: podca_signer::x509::certificates_to_pem([der.as_slice()])
+                    + &self.anchors_pem,
                 not_before: at(now),
                 not_after: at(now + 86_400),
                 begin_refresh_at: at(now + 43_200),
                 trust_anchors_pem: self.anchors_pem.clone(),
                 spiffe_id: "spiffe://cluster.local/ns/default/sa/default".into(),
-                serial: hex_serial(&signature.as_ref()[..16]),
+                serial: format!(
+                    "{:032x}",
+                    u128::from_be_bytes(signature.as_ref()[..16].try_into().unwrap())
+                ),
             }))
         }
 
@@ -828,9 +820,5 @@ mod bare {
         ) -> Result<Response<JwtBundle>, Status> {
             Err(Status::unimplemented("bare"))
         }
-    }
-
-    fn hex_serial(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 }

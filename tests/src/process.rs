@@ -56,35 +56,32 @@ fn build(extra: &[&str]) -> PathBuf {
 
 /// `podca bundle --dir dir`: the trust anchors of a CA data directory, as clients get them.
 pub fn podca_bundle(dir: &Path) -> String {
-    let out = Command::new(podca_binary())
-        .args(["bundle", "--dir"])
-        .arg(dir)
-        .output()
-        .expect("running podca bundle");
-    assert!(
-        out.status.success(),
-        "podca bundle: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("the bundle is PEM text")
+    String::from_utf8(podca_on_dir(&["bundle"], dir)).expect("the bundle is PEM text")
 }
 
 /// `podca ca rotate --dir dir`: the next rotation step on a CA data directory (panics with its
 /// stderr if it fails).
 pub fn podca_ca_rotate(dir: &Path) {
-    let out = Command::new(podca_binary())
-        .args(["ca", "rotate", "--dir"])
-        .arg(dir)
-        .output()
-        .expect("running podca ca rotate");
-    assert!(
-        out.status.success(),
-        "podca ca rotate: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    podca_on_dir(&["ca", "rotate"], dir);
 }
 
-/// A TCP port nobody listens on right now.
+/// `podca <command> --dir dir`'s standard output; panics with its stderr if it fails.
+fn podca_on_dir(command: &[&str], dir: &Path) -> Vec<u8> {
+    let what = format!("podca {}", command.join(" "));
+    let out = Command::new(podca_binary())
+        .args(command)
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 /// Waits until `child` (a `podca serve` writing its log to `log`) accepts TCP connections on
 /// 127.0.0.1:`port`, for at most 30 s; panics with the log if it exits or never listens.
 pub fn wait_listening(child: &mut Child, port: u16, log: &Path) {
@@ -103,6 +100,7 @@ pub fn wait_listening(child: &mut Child, port: u16, log: &Path) {
     }
 }
 
+/// A TCP port nobody listens on right now.
 pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()

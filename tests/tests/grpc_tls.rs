@@ -368,7 +368,6 @@ async fn serve_speaks_tls_that_clients_verify_with_the_published_anchors() {
     );
 }
 
-/// The rustls error a failed handshake carries.
 /// Server streaming over TLS, through the cork that holds each answer until the next flush or
 /// read (`grpc/src/cork.rs`): WatchTrustBundle's first bundle arrives, unary calls on the same
 /// connection are answered while the stream stays open, and a rotation's bundle arrives
@@ -434,6 +433,7 @@ async fn a_watch_stream_over_tls_gets_every_bundle_beside_unary_calls() {
     assert!(second.generation > first.generation);
 }
 
+/// The rustls error a failed handshake carries.
 fn tls_error(e: &std::io::Error) -> Option<&rustls::Error> {
     e.get_ref().and_then(|inner| inner.downcast_ref())
 }
