@@ -13,27 +13,19 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use podca_signer::keys::GeneratedKey;
+use podca_authority::components::ca::{self, CaPlan};
+use podca_authority::components::{jwt, ledger};
+use podca_authority::config::{CaConfig, Config, DevBundle, DevIdentity, FileCa, Pkcs11Ca};
+use podca_authority::rotation::Rotator;
+use podca_authority::{Runtime, RuntimeOptions, Stage, shutdown};
+use podca_grpc::component::{self as grpc, Callers, Mode, Oidc, Settings};
+use podca_grpc::jwt::JwtService;
+use podca_grpc::keeper::{self, KeptBundle};
 use podca_signer::{FileStore, InitOptions, KeyType, SignerPolicy};
 use time::OffsetDateTime;
-use tokio::net::{TcpListener, UnixListener};
-use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::commands::default_data_dir;
-use podca_authority::ca;
-use podca_authority::config::{CaConfig, FileCa, Pkcs11Ca};
-use podca_authority::config::{Config, DevBundle, DevIdentity};
-use podca_authority::jwt::JwtRotator;
-use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
-use podca_authority::metrics::Metrics;
-use podca_authority::oidc::{self, DISCOVERY_PATH, Discovery};
-use podca_authority::rotation::{Rotator, RotatorOptions};
-use podca_authority::shutdown::Shutdown;
-use podca_grpc::auth::{DevAuthenticator, Identity};
-use podca_grpc::core::{IssuedVia, IstioOptions};
-use podca_grpc::jwt::JwtService;
-use podca_grpc::{Api, ApiOptions, CaHandle, server};
 
 /// The signer `podca dev` uses when the config names none.
 pub const DEFAULT_SIGNER: &str = "podca.dev/default";
@@ -62,13 +54,18 @@ pub struct DevArgs {
 }
 
 pub fn run(args: DevArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(run_async(args))
+        .context("starting the async runtime")?
+        .block_on(run_async(args))
 }
 
+/// How long stopping may take.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Composes the components: the data directory's CA, ledger and JWT keys, the gRPC API on
+/// loopback and the Workload API socket, OIDC discovery and the credential-bundle keeper.
 async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let DevArgs {
         data_dir,
@@ -98,56 +95,10 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         }
         config.signers.insert(DEFAULT_SIGNER.into(), permissive);
     }
-    let (signer_name, _) = config.grpc_signer()?;
-    let signer_name = signer_name.to_owned();
-
-    let ca_config = dev_ca_config(&config.ca, &data_dir)?;
-    let store = FileStore::new(&data_dir);
-    // A first run makes a file CA; a CA whose key is in an HSM is made with `podca ca init
-    // --pkcs11-uri` first.
-    let created = !store.is_initialised() && matches!(ca_config, CaConfig::File(_));
-    if created {
-        let options = InitOptions {
-            name: "podca dev".into(),
-            ..InitOptions::default()
-        };
-        store
-            .init(&options, OffsetDateTime::now_utc())
-            .with_context(|| format!("creating a CA in {}", data_dir.display()))?;
-    }
-    // A writer killed mid-change left the directory half-way: finish or roll back first.
-    store
-        .recover()
-        .with_context(|| format!("repairing the CA data directory {}", data_dir.display()))?;
-    let max_leaf_lifetime = config.max_leaf_lifetime();
-    let source = ca::open(&ca_config, max_leaf_lifetime)?;
-    let (active, anchors) = source.load().context("opening the CA")?;
-    let ca = CaHandle::new(active, anchors);
-    // The rotation driver: runs the [rotation] schedule (unless [ca] automatic_rotation = false)
-    // and follows changes to the data directory (`podca ca rotate`) within 5 s.
-    if source.automatic_rotation {
-        config
-            .rotation
-            .validate()
-            .context("[rotation] in the config file")?;
-    }
-    let clock = podca_authority::system_clock();
-    let rotator = Arc::new(Rotator::new(
-        RotatorOptions {
-            // The driver runs on the async runtime: wait briefly for a CLI writer, and retry at
-            // the next tick rather than block.
-            store: store.clone().with_lock_wait(Duration::from_secs(2)),
-            schedule: config.rotation,
-            automatic: source.automatic_rotation,
-            max_leaf_lifetime,
-            poll: Duration::from_secs(5),
-            open: Arc::clone(&source.open),
-            refresh_when: None,
-        },
-        ca.clone(),
-        Arc::clone(&clock),
-        Arc::new(Metrics::new()),
-    ));
+    let (signer_name, policy) = config.grpc_signer()?;
+    let (signer_name, trust_domain) = (signer_name.to_owned(), policy.trust_domain.clone());
+    config.ca = dev_ca_config(&config.ca, &data_dir)?;
+    let created = create_ca_if_missing(&config.ca, &data_dir)?;
 
     let identities = if config.dev.identities.is_empty() {
         vec![DevIdentity {
@@ -160,221 +111,137 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     };
     let mut bundle_specs = config.dev.bundles.clone();
     bundle_specs.extend(bundles);
-    {
-        let (_, policy) = config.grpc_signer()?;
-        for spec in &bundle_specs {
-            anyhow::ensure!(
-                policy.key_types.contains(&spec.key_type),
-                "credential bundle {}/{}: key type {} is not in signer {signer_name:?}'s \
-                 key_types{}",
-                spec.namespace,
-                spec.service_account,
-                spec.key_type,
-                if configured {
-                    " (add it in the config file)"
-                } else {
-                    ""
-                }
-            );
-        }
+    for spec in &bundle_specs {
+        anyhow::ensure!(
+            policy_allows(&config, &spec.key_type)?,
+            "credential bundle {}/{}: key type {} is not in signer {signer_name:?}'s \
+             key_types{}",
+            spec.namespace,
+            spec.service_account,
+            spec.key_type,
+            if configured {
+                " (add it in the config file)"
+            } else {
+                ""
+            }
+        );
     }
-
-    let listen = grpc_listen.unwrap_or(config.grpc.listen);
-    anyhow::ensure!(
-        listen.ip().is_loopback(),
-        "podca dev serves gRPC on loopback only; {listen} is not a loopback address"
-    );
-    let tcp = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("listening on {listen}"))?;
-    let listen = tcp.local_addr()?;
+    let settings = Settings::from_config(&config, grpc_listen, Mode::Dev)?;
     let socket = socket
         .or_else(|| config.workload_api.socket.clone())
         .unwrap_or_else(|| data_dir.join("workload.sock"));
-    let unix = bind_socket(&socket)?;
+    // Handlers first: the banner says "ready", and a signal right after it must stop us cleanly
+    // rather than kill the process with the socket left behind.
+    let signals = shutdown::signals().context("installing the SIGTERM and SIGINT handlers")?;
+    let hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
 
+    let mut rt = Runtime::bind(RuntimeOptions {
+        admin_listen: None,
+        drain_timeout: DRAIN_TIMEOUT,
+        clock: podca_authority::system_clock(),
+    })
+    .await?;
+    let CaPlan::Directory(ca) = ca::plan(&config, false)? else {
+        anyhow::bail!("podca dev keeps its CA in the data directory");
+    };
     // Every decision made here goes into the data directory's ledger (unless `[ledger]` says
     // otherwise), as `podca issue`'s do, before the answer leaves; `podca ledger list` reads a
     // redb ledger once podca dev has stopped (redb allows one process).
-    let mut tasks = Shutdown::new();
-    let ledger_sink = match Store::open(&config.ledger.backend, Some(store.ledger_path().as_path()))
+    let ledger = ledger::start(&mut rt, &config.ledger, Some(&ca.ledger_path()))
         .await
-        .context("opening the ledger")?
-    {
-        Some(ledger_store) => {
-            let (handle, writer) =
-                ledger::start(ledger_store, &config.ledger, LedgerMetrics::default());
-            tasks.spawn("ledger writer", writer.run(tasks.receiver()));
-            handle
-        }
-        None => LedgerHandle::none(),
-    };
-
+        .context("opening the ledger")?;
     // JWT-SVIDs: keys in `<data dir>/jwt/`, made on the first start, rotated on `[jwt]`'s
     // schedule; other processes' changes are picked up within 5 s.
-    // OIDC discovery on loopback, in plaintext like the gRPC API; without `[jwt] issuer` the
-    // issuer is this listener's URL, so tokens and the document agree.
-    let mut jwt_config = config.jwt.clone();
-    let oidc = match jwt_config.oidc_listen.filter(|_| jwt_config.enabled) {
-        Some(addr) => {
-            anyhow::ensure!(
-                addr.ip().is_loopback(),
-                "podca dev serves OIDC discovery on loopback only; {addr} is not a loopback address"
-            );
-            let listener = TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("[jwt] oidc_listen: listening on {addr}"))?;
-            let bound = listener.local_addr()?;
-            if jwt_config.issuer.is_none() {
-                jwt_config.issuer = Some(format!("http://{bound}"));
-            }
-            Some((listener, bound))
+    let keys = jwt::start(&mut rt, &config.jwt, &config.ca, &data_dir, false)?;
+    let oidc = Oidc::bind(&config.jwt, None, Mode::Dev).await?;
+    let ca = ca.start(&mut rt);
+    let jwt = keys.as_ref().map(|keys| {
+        let mut jwt_config = config.jwt.clone();
+        if let Some((_, issuer)) = &oidc {
+            jwt_config.issuer = Some(issuer.clone());
         }
-        None => None,
-    };
-    let jwt = if jwt_config.enabled {
-        let rotator = Arc::new(
-            JwtRotator::start(
-                podca_authority::jwt::open_store(&ca_config)?
-                    .with_lock_wait(Duration::from_secs(2)),
-                &config.jwt,
-                Arc::clone(&clock),
-                Duration::from_secs(5),
-            )
-            .context("the JWT signing keys ([jwt])")?,
-        );
-        tasks.spawn(
-            "JWT key rotation driver",
-            Arc::clone(&rotator).run(tasks.receiver()),
-        );
-        if let Some((listener, bound)) = oidc {
-            let discovery = Discovery {
-                issuer: jwt_config.issuer.clone().unwrap_or_default(),
-                max_age: podca_grpc::jwt::refresh_hint(&jwt_config)
-                    .try_into()
-                    .unwrap_or(Duration::from_secs(60)),
-                algorithm: podca_signer::jwt::JwtAlgorithm::for_key(jwt_config.key_algorithm)?,
-            };
-            println!("podca dev: OIDC discovery on http://{bound}{DISCOVERY_PATH}");
-            tasks.spawn(
-                "OIDC discovery",
-                oidc::serve(
-                    listener,
-                    None,
-                    discovery,
-                    rotator.handle().clone(),
-                    tasks.receiver(),
-                ),
-            );
-        }
-        Some(Arc::new(JwtService::new(
-            rotator.handle().clone(),
-            &jwt_config,
-        )))
-    } else {
-        None
-    };
-
-    let api = Api::new(
-        ApiOptions {
-            signers: config.signers.clone(),
-            default_signer: signer_name.clone(),
-            allowed_signers: config.grpc_allowed_signers()?,
-            max_dns_names: config.grpc.max_dns_names,
-            node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
-            rate_limit_per_identity: config.grpc.rate_limit_per_identity,
-            max_open_streams: config.grpc.max_open_streams,
-        },
-        ca.clone(),
-        Arc::new(DevAuthenticator::new(&identities)),
-        None,
-        tasks.receiver(),
-    )?
-    .with_ledger(ledger_sink)
-    .with_clock(Arc::clone(&clock))
-    // The Istio CA API on the loopback listener: callers are dev identities, as for
-    // podca.v1 (no tokens, no ImpersonatedIdentity: there are no pods to check).
-    .with_istio(IstioOptions {
-        authenticator: None,
-        trust_domain_alias: Some(config.grpc.istio_trust_domain_alias.clone())
-            .filter(|alias| !alias.is_empty()),
+        Arc::new(JwtService::new(keys.clone(), &jwt_config))
     });
-    // podca.v1 IssueJwtSvid / GetJwtBundle on both listeners, beside the Workload API's RPCs.
-    let api = Arc::new(match &jwt {
-        Some(jwt) => api.with_jwt(Arc::clone(jwt)),
-        None => api,
-    });
-
-    tasks.spawn(
-        "CA rotation driver",
-        Arc::clone(&rotator).run(tasks.receiver()),
-    );
-    let limits = podca_grpc::connections::ConnectionLimits {
-        per_peer: config.grpc.max_connections_per_peer.get(),
-        total: config.grpc.max_connections.get(),
-    };
-    let tcp_server = server::serve_tcp(tcp, Arc::clone(&api), limits, tasks.stopped());
-    tasks.spawn("gRPC server", async move {
-        let _ = tcp_server.await;
-    });
-    let unix_server =
-        server::serve_unix_with_jwt(unix, Arc::clone(&api), jwt.clone(), tasks.stopped());
-    tasks.spawn("Workload API server", async move {
-        let _ = unix_server.await;
-    });
-
-    let bundle_dir = data_dir.join("bundles");
-    let mut bundle_paths = Vec::new();
-    for spec in bundle_specs {
-        let dir = bundle_dir.join(&spec.namespace).join(&spec.service_account);
-        bundle_paths.push((
-            format!("{}/{}", spec.namespace, spec.service_account),
-            dir.clone(),
-        ));
-        let name = format!(
-            "credential bundle {}/{}",
-            spec.namespace, spec.service_account
-        );
-        let keeper = keep_bundle(Arc::clone(&api), spec, dir, tasks.receiver());
-        tasks.spawn(name, keeper);
+    if let (Some(keys), Some((oidc, _))) = (&keys, oidc) {
+        println!("podca dev: OIDC discovery on {}", oidc.url());
+        oidc.serve(&mut rt, keys, None)?;
     }
+    let callers = Callers::Dev {
+        identities: identities.clone(),
+    };
+    let grpc = grpc::start(
+        &mut rt,
+        settings,
+        callers,
+        None,
+        &ca.handle,
+        ledger,
+        jwt,
+        Some(&socket),
+    )
+    .await?;
+    let kept = keeper::start(&mut rt, &grpc.api, bundle_specs, &data_dir.join("bundles"));
+    reload_on_sighup(&mut rt, hup, ca.rotator, data_dir.clone());
 
-    // Handlers first: the banner says "ready", and a signal right after it must stop us cleanly
-    // rather than kill the process with the socket left behind.
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     print_banner(&Banner {
         data_dir: &data_dir,
         created,
         signer: &signer_name,
-        trust_domain: &config.signers[&signer_name].trust_domain,
-        listen,
+        trust_domain: &trust_domain,
+        listen: grpc.addr,
         socket: &socket,
         identities: &identities,
-        bundles: &bundle_paths,
+        bundles: &kept,
     });
-
-    loop {
-        tokio::select! {
-            _ = int.recv() => break,
-            _ = term.recv() => break,
-            _ = hup.recv() => match rotator.reload_now() {
-                Ok(generation) => println!("podca dev: reloaded the CA from {} (generation {generation})", data_dir.display()),
-                Err(e) => eprintln!("podca dev: reloading the CA failed, keeping the current one: {e:#}"),
-            },
-        }
-    }
-    println!("podca dev: stopping");
-    let unfinished = tasks.drain(Duration::from_secs(5)).await;
-    if unfinished.iter().any(|name| name == "ledger writer") {
-        eprintln!("podca dev: the ledger writer did not finish within 5 s");
-    }
-    if !unfinished.is_empty() {
-        eprintln!("podca dev: connections still open after 5 s; exiting anyway");
-    }
-    let _ = std::fs::remove_file(&socket);
+    rt.run(async {
+        signals.await;
+        println!("podca dev: stopping");
+    })
+    .await?;
     Ok(())
+}
+
+/// Whether the gRPC signer's policy allows `key_type`.
+fn policy_allows(config: &Config, key_type: &KeyType) -> anyhow::Result<bool> {
+    Ok(config.grpc_signer()?.1.key_types.contains(key_type))
+}
+
+/// A first run makes a file CA; a CA whose key is in an HSM is made with `podca ca init
+/// --pkcs11-uri` first. Returns whether it made one.
+fn create_ca_if_missing(ca: &CaConfig, data_dir: &Path) -> anyhow::Result<bool> {
+    let store = FileStore::new(data_dir);
+    if store.is_initialised() || !matches!(ca, CaConfig::File(_)) {
+        return Ok(false);
+    }
+    let options = InitOptions {
+        name: "podca dev".into(),
+        ..InitOptions::default()
+    };
+    store
+        .init(&options, OffsetDateTime::now_utc())
+        .with_context(|| format!("creating a CA in {}", data_dir.display()))?;
+    Ok(true)
+}
+
+/// SIGHUP reloads the CA from the data directory at once (after `podca ca rotate`), so the
+/// new bundle reaches every open stream without waiting for the driver's next look.
+fn reload_on_sighup(rt: &mut Runtime, mut hup: Signal, rotator: Arc<Rotator>, dir: PathBuf) {
+    rt.spawn(Stage::Serve, "SIGHUP reload", move |mut stop| async move {
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return,
+                _ = hup.recv() => match rotator.reload_now() {
+                    Ok(generation) => println!(
+                        "podca dev: reloaded the CA from {} (generation {generation})",
+                        dir.display()
+                    ),
+                    Err(e) => eprintln!(
+                        "podca dev: reloading the CA failed, keeping the current one: {e:#}"
+                    ),
+                },
+            }
+        }
+    });
 }
 
 /// The uid this process runs as, without libc: the owner of `/proc/self`, or of a file we create.
@@ -390,27 +257,6 @@ fn current_uid(data_dir: &Path) -> anyhow::Result<u32> {
     Ok(uid)
 }
 
-/// Binds the Workload API socket, replacing a stale one left by a crash.
-fn bind_socket(path: &Path) -> anyhow::Result<UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        anyhow::ensure!(
-            meta.file_type().is_socket(),
-            "{} exists and is not a socket; refusing to replace it",
-            path.display()
-        );
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            anyhow::bail!("{} is in use by another process", path.display());
-        }
-        std::fs::remove_file(path)
-            .with_context(|| format!("removing the stale socket {}", path.display()))?;
-    }
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
-}
-
 struct Banner<'a> {
     data_dir: &'a Path,
     created: bool,
@@ -419,7 +265,7 @@ struct Banner<'a> {
     listen: SocketAddr,
     socket: &'a Path,
     identities: &'a [DevIdentity],
-    bundles: &'a [(String, PathBuf)],
+    bundles: &'a [KeptBundle],
 }
 
 fn print_banner(b: &Banner<'_>) {
@@ -460,7 +306,7 @@ fn print_banner(b: &Banner<'_>) {
          -H 'x-podca-namespace: default' -H 'x-podca-service-account: default' \
          {listen} podca.v1.PodCA/GetTrustBundle"
     );
-    for (identity, dir) in *bundles {
+    for KeptBundle { identity, dir } in *bundles {
         println!(
             "podca dev: credential bundle for {identity}: {} (trust bundle {})",
             dir.join("credentialbundle.pem").display(),
@@ -499,77 +345,6 @@ fn parse_bundle_flag(spec: &str) -> anyhow::Result<DevBundle> {
         service_account: service_account.into(),
         key_type,
     })
-}
-
-/// Keeps `<dir>/credentialbundle.pem` (PKCS#8 key, then the chain) and `<dir>/trust-bundle.pem`
-/// fresh: renewed at beginRefreshAt and whenever the CA changes.
-async fn keep_bundle(
-    api: Arc<Api>,
-    spec: DevBundle,
-    dir: PathBuf,
-    mut stop: watch::Receiver<bool>,
-) {
-    let identity = Identity::service_account(&spec.namespace, &spec.service_account);
-    let mut ca = api.ca().subscribe();
-    loop {
-        let snapshot = Arc::clone(&ca.borrow_and_update());
-        let wait = match write_bundle(&api, &identity, spec.key_type, snapshot, &dir).await {
-            Ok(refresh_at) => (refresh_at - OffsetDateTime::now_utc())
-                .try_into()
-                .unwrap_or_default(),
-            Err(e) => {
-                eprintln!(
-                    "podca dev: credential bundle for {}: {e:#}; retrying in 30 s",
-                    identity.key()
-                );
-                Duration::from_secs(30)
-            }
-        };
-        tokio::select! {
-            changed = ca.changed() => if changed.is_err() { return },
-            () = tokio::time::sleep(wait) => {},
-            _ = stop.wait_for(|s| *s) => return,
-        }
-    }
-}
-
-async fn write_bundle(
-    api: &Api,
-    identity: &Identity,
-    key_type: KeyType,
-    snapshot: Arc<podca_authority::CaSnapshot>,
-    dir: &Path,
-) -> anyhow::Result<OffsetDateTime> {
-    // The signer's key generator writes PKCS#8 v1, which every TLS stack reads (Ed25519 too).
-    let key = tokio::task::spawn_blocking(move || GeneratedKey::generate(key_type))
-        .await?
-        .with_context(|| format!("generating a {key_type} key"))?;
-    let issued = api
-        .issue_for_key(identity, key.public.clone(), snapshot, IssuedVia::DevBundle)
-        .await?;
-    std::fs::create_dir_all(dir)?;
-    let mut credential = key.private_key_pem();
-    credential.push_str(&issued.certificate.chain_pem);
-    write_atomic(&dir.join("credentialbundle.pem"), &credential, 0o600)?;
-    write_atomic(&dir.join("trust-bundle.pem"), &issued.anchors_pem, 0o644)?;
-    Ok(issued.certificate.validity.begin_refresh_at)
-}
-
-fn write_atomic(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    file.write_all(contents.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
 }
 
 /// The `[ca]` table as `podca dev` uses it: the CA always lives in the data directory (file

@@ -1,45 +1,27 @@
-//! `podca serve`: the in-cluster signer: the PodCertificateRequest controller, the gRPC API
-//! (TokenReview-authenticated), the CA rotation driver and the admin server.
+//! `podca serve`: the in-cluster signer, composed on the runtime: the CA (a data directory or a
+//! Secret), the ledger, the JWT keys, the gRPC API (TokenReview-authenticated, TLS), OIDC
+//! discovery and the PodCertificateRequest controller, behind one admin listener and one drain.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use podca_authority::admin::Readiness;
-use podca_authority::ca::{self, HsmKeySlot};
-use podca_authority::config::{CaConfig, Config, GrpcTls, SelfIssuedTls};
-use podca_authority::hsm_metrics::HsmMetrics;
-use podca_authority::jwt::{JwtConfig, JwtHandle, JwtRotation, JwtRotator, OidcTls, oidc_tls};
-use podca_authority::ledger::{self, LedgerHandle, LedgerMetrics, Store};
-use podca_authority::metrics::Metrics;
-use podca_authority::oidc::{self, Discovery, OidcLimits};
-use podca_authority::rotation::{Rotator, RotatorOptions};
-use podca_authority::serving_cert::{self, ServingIdentity};
-use podca_authority::shutdown::{self, Shutdown};
-use podca_authority::{CaHandle, Clock};
+use podca_authority::components::ca::{self, CaPlan};
+use podca_authority::components::{jwt, ledger};
+use podca_authority::config::Config;
+use podca_authority::{Runtime, RuntimeOptions, shutdown};
+use podca_controller::LeaderElection;
+use podca_controller::component::{self as kube_component, ControllerFlags};
 use podca_controller::grpc_auth::{KubePodDirectory, KubeTokenReviewer};
-use podca_controller::jwks::JwksPublisher;
-use podca_controller::jwt_secret::{JwtSecretRotator, JwtSecretStore};
-use podca_controller::publisher::{Publisher, PublisherOptions};
-use podca_controller::secret_ca::{SecretCa, SecretCaOptions};
-use podca_controller::{LeaderElection, Options};
-use podca_grpc::auth::{
-    Authenticator, PodDirectory, TokenReviewAuthenticator, TokenReviewLimits, TokenReviewer,
-};
-use podca_grpc::connections::ConnectionLimits;
-use podca_grpc::core::IstioOptions;
+use podca_grpc::component::{self as grpc, Callers, Mode, Oidc, PodEnvironment, Settings};
 use podca_grpc::jwt::JwtService;
-use podca_grpc::peer_identity::{CertificateAuthenticator, ClientTrust};
-use podca_grpc::tls::{self, ServingFiles, ServingKeys};
-use podca_grpc::{Api, ApiOptions, server};
-use podca_signer::jwt::JwtAlgorithm;
 use podca_signer::rules::NamespaceLabels;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::warn;
+
+use crate::cli::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -63,7 +45,8 @@ pub struct ServeArgs {
     pub leader_elect: bool,
     #[command(flatten)]
     pub lease: LeaseFlags,
-    /// How long shutdown waits for in-flight status writes.
+    /// How long shutdown may take, all of it: in-flight status writes and gRPC calls, then the
+    /// ledger's last commit and the Lease's release.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub drain_timeout: Duration,
     /// gRPC listener (podca.v1, TokenReview-authenticated); overrides `[grpc] listen`.
@@ -74,29 +57,17 @@ pub struct ServeArgs {
     pub no_grpc: bool,
 }
 
-/// `15s`, `2m`, `500ms` or plain seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => text.split_at(i),
-        None => (text, "s"),
-    };
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 15s, 2m or 500ms"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{text:?}: unknown unit {unit:?} (use ms, s or m)")),
-    }
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(serve(args))
 }
 
-/// How long the background tasks (CA driver, HSM metrics, gRPC server) get, all together, to
-/// stop once the controller has returned.
-const TASK_DRAIN_DEADLINE: Duration = Duration::from_secs(5);
-
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+/// Composes the components; runs until SIGTERM or SIGINT (or a component's failure), then
+/// drains everything within `--drain-timeout`.
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let ServeArgs {
         config,
         kubeconfig,
@@ -109,6 +80,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         grpc_listen,
         no_grpc,
     } = args;
+    // Everything the configuration can get wrong is said before anything starts.
     let config = load_config(config)?;
     if config.jwt.enabled {
         config.jwt.check_for_serve()?;
@@ -116,37 +88,93 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if lease.lease_renew_deadline >= lease.lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
     }
-    let mut metrics = Metrics::new();
-    let backend = open_backend(&config, leader_elect, &mut metrics)?;
-    let ledger_metrics = LedgerMetrics::register(&mut metrics.registry);
-    let grpc = if no_grpc {
-        None
-    } else {
-        Some(grpc_settings(&config, grpc_listen)?)
+    let ca_plan = ca::plan(&config, leader_elect)?;
+    let grpc_settings = match no_grpc {
+        true => None,
+        false => Some(Settings::from_config(&config, grpc_listen, Mode::Serve)?),
     };
-    let oidc = oidc_settings(&config.jwt, grpc.as_ref())?;
-    let controller = ControllerFlags {
+    let oidc = Oidc::bind(&config.jwt, grpc_settings.as_ref(), Mode::Serve).await?;
+    let signals = shutdown::signals().context("installing the signal handlers")?;
+    let mut rt = Runtime::bind(RuntimeOptions {
+        admin_listen: Some(admin_listen.unwrap_or(config.admin.listen)),
+        drain_timeout,
+        clock: podca_authority::system_clock(),
+    })
+    .await?;
+    rt.leadership().send_replace(!leader_elect);
+
+    let client = podca_controller::connect(kubeconfig.as_deref()).await?;
+    let (ca, keys) = match ca_plan {
+        CaPlan::Directory(dir) => {
+            let keys = jwt::start(&mut rt, &config.jwt, &config.ca, dir.dir(), leader_elect)?;
+            let ledger_file = dir.ledger_path();
+            (dir.start(&mut rt).handle, (keys, Some(ledger_file)))
+        }
+        CaPlan::Secret(secret) => {
+            let keys = kube_component::secret_jwt(&mut rt, &client, &config, &secret).await?;
+            let ca = kube_component::secret_ca(&mut rt, &client, &config, &secret).await?;
+            (ca, (keys, None))
+        }
+    };
+    let (jwt_keys, default_redb) = keys;
+    let ledger = ledger::start(&mut rt, &config.ledger, default_redb.as_deref()).await?;
+    // Only when a rule reads `namespaceObject.metadata.labels`: otherwise podca needs no
+    // namespace access.
+    let namespace_labels = config
+        .signers
+        .values()
+        .any(|policy| policy.rules_use_namespace_labels())
+        .then(NamespaceLabels::default);
+    if let Some(settings) = grpc_settings {
+        let serving = grpc::serving_keys(&mut rt, &settings, &ca)?;
+        match (&jwt_keys, oidc) {
+            (Some(keys), Some((oidc, _issuer))) => oidc.serve(&mut rt, keys, serving.clone())?,
+            (None, Some((oidc, _))) => warn!(
+                url = oidc.url(),
+                "[jwt] oidc_listen is set but this podca serve has no JWT signing keys: OIDC \
+                 discovery is not served"
+            ),
+            (_, None) => {}
+        }
+        let callers = Callers::Kubernetes {
+            reviewer: Arc::new(KubeTokenReviewer::new(client.clone())),
+            pods: Arc::new(KubePodDirectory::new(client.clone())),
+            namespace_labels: namespace_labels.clone(),
+        };
+        let jwt = jwt_keys
+            .clone()
+            .map(|keys| Arc::new(JwtService::new(keys, &config.jwt)));
+        grpc::start(
+            &mut rt,
+            settings,
+            callers,
+            serving,
+            &ca,
+            ledger.clone(),
+            jwt,
+            None,
+        )
+        .await?;
+    }
+    if let Some(keys) = &jwt_keys {
+        let namespace = jwks_configmap_namespace(&config, &PodEnvironment::read());
+        let discovery = match config.jwt.issuer.clone() {
+            Some(issuer) => Some(grpc::discovery(&config.jwt, issuer)?),
+            None => None,
+        };
+        kube_component::jwks_configmap(&mut rt, &client, &config, &namespace, discovery, keys);
+    }
+    let flags = ControllerFlags {
         workers,
         queue_capacity,
-        admin_listen,
-        drain_timeout,
         leader_election: leader_elect.then(|| leader_election_options(lease)),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(serve(Prepared {
-        kubeconfig,
-        config,
-        backend,
-        grpc,
-        oidc,
-        controller,
-        clock: podca_authority::system_clock(),
-        metrics: Arc::new(metrics),
-        ledger_metrics,
-    }))
+    let mut options = kube_component::options(&config, flags, ca);
+    options.ledger = Some(ledger);
+    options.namespace_labels = namespace_labels;
+    kube_component::controller(&mut rt, client, options);
+    rt.run(signals).await?;
+    Ok(())
 }
 
 /// The configuration file `--config` names, with at least one signer.
@@ -162,831 +190,6 @@ fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-/// Everything [`run`] checked and opened before the async runtime starts.
-struct Prepared {
-    kubeconfig: Option<PathBuf>,
-    config: Config,
-    backend: Backend,
-    grpc: Option<GrpcSettings>,
-    /// OIDC discovery (`[jwt] oidc_listen`), checked against the gRPC listener's TLS.
-    oidc: Option<OidcSettings>,
-    controller: ControllerFlags,
-    clock: Clock,
-    metrics: Arc<Metrics>,
-    ledger_metrics: LedgerMetrics,
-}
-
-/// Connects to the API, starts the CA driver and the gRPC API, runs the controller until
-/// SIGTERM or SIGINT, then drains the other tasks.
-async fn serve(prepared: Prepared) -> anyhow::Result<()> {
-    let Prepared {
-        kubeconfig,
-        config,
-        backend,
-        grpc,
-        oidc,
-        controller,
-        clock,
-        metrics,
-        ledger_metrics,
-    } = prepared;
-    let client = podca_controller::connect(kubeconfig.as_deref()).await?;
-    let mut tasks = Shutdown::new();
-    let (leadership, _) = watch::channel(controller.leader_election.is_none());
-    let default_redb = match &backend {
-        Backend::Files(files) => Some(files.rotator.store.ledger_path()),
-        Backend::Secret(_) => None,
-    };
-    let ledger = start_ledger(
-        &config.ledger,
-        default_redb.as_deref(),
-        ledger_metrics,
-        &leadership,
-        &mut tasks,
-    )
-    .await?;
-    // The JWT-SVID RPCs' keys; OIDC discovery and the JWKS ConfigMap read them too.
-    let jwt = match &config.ca {
-        CaConfig::Secret(ca) if config.jwt.enabled => Some(
-            start_secret_jwt(
-                &config.jwt,
-                JwtSecretStore::new(
-                    client.clone(),
-                    &ca.namespace,
-                    &config.jwt.keys_secret_for(&ca.name),
-                    Arc::clone(&metrics),
-                ),
-                &metrics,
-                &leadership,
-                &clock,
-                &mut tasks,
-            )
-            .await?,
-        ),
-        _ => start_jwt(
-            &config.jwt,
-            &config.ca,
-            &backend,
-            &metrics,
-            controller.leader_election.is_some(),
-            &leadership,
-            &clock,
-            &mut tasks,
-        )?,
-    };
-    let handle = match backend {
-        Backend::Files(files) => files.start(&clock, &metrics, &mut tasks),
-        Backend::Secret(mut options) => {
-            options.leading = Some(leadership.subscribe());
-            let (handle, driver) = SecretCa::start(
-                client.clone(),
-                options,
-                Arc::clone(&clock),
-                Arc::clone(&metrics),
-            )
-            .await
-            .context("opening the CA Secret")?;
-            tasks.spawn("secret CA driver", driver.run(tasks.receiver()));
-            handle
-        }
-    };
-    // The serving certificate of the gRPC listener, which OIDC discovery shares.
-    let serving_keys = match &grpc {
-        Some(grpc) => start_serving_keys(
-            grpc.tls.clone(),
-            &grpc.trust_domain,
-            &handle,
-            &clock,
-            &metrics,
-            &mut tasks,
-        )?,
-        None => None,
-    };
-    // /readyz: the controller (watches synced, or standby), the gRPC API and OIDC discovery
-    // (each while listening).
-    let readiness = Readiness::new();
-    if let Some(jwt) = &jwt {
-        if let Some(oidc) = oidc {
-            start_oidc(
-                oidc,
-                jwt,
-                serving_keys.clone(),
-                &metrics,
-                &readiness,
-                &mut tasks,
-            )
-            .await?;
-        }
-        if !config.jwt.jwks_configmap.is_empty() {
-            let namespace = jwks_configmap_namespace(&config, &PodEnvironment::read());
-            let publisher = JwksPublisher::new(
-                client.clone(),
-                &namespace,
-                &config.jwt.jwks_configmap,
-                discovery(&config.jwt)?,
-                jwt.clone(),
-                Arc::clone(&metrics),
-            );
-            info!(
-                configmap = %format!("{namespace}/{}", config.jwt.jwks_configmap),
-                "the leader publishes the JWKS in a ConfigMap"
-            );
-            tasks.spawn(
-                "JWKS ConfigMap",
-                publisher.run(leadership.subscribe(), tasks.receiver()),
-            );
-        }
-    } else if let Some(oidc) = oidc {
-        warn!(
-            listen = %oidc.listen,
-            "[jwt] oidc_listen is set but this podca serve has no JWT signing keys: OIDC \
-             discovery is not served"
-        );
-    }
-    // Only when a rule reads `namespaceObject.metadata.labels`: otherwise podca needs no namespace access.
-    let namespace_labels = config
-        .signers
-        .values()
-        .any(|policy| policy.rules_use_namespace_labels())
-        .then(NamespaceLabels::default);
-    if let Some(grpc) = grpc {
-        let kube = GrpcKube {
-            reviewer: Arc::new(KubeTokenReviewer::new(client.clone())),
-            pods: Arc::new(KubePodDirectory::new(client.clone())),
-            namespace_labels: namespace_labels.clone(),
-        };
-        let grpc = GrpcSettings {
-            ledger: ledger.clone(),
-            jwt: jwt
-                .clone()
-                .map(|keys| Arc::new(JwtService::new(keys, &config.jwt))),
-            ..grpc
-        };
-        start_grpc(
-            grpc,
-            kube,
-            serving_keys,
-            &handle,
-            &clock,
-            &metrics,
-            &readiness,
-            &mut tasks,
-        )
-        .await?;
-    }
-    let mut options = controller_options(&config, controller, handle, clock, metrics, readiness);
-    options.ledger = Some(ledger);
-    options.namespace_labels = namespace_labels;
-    // The controller says here whether this replica leads; the Secret CA driver follows it.
-    options.leadership = Some(leadership);
-    let result = podca_controller::run(client, options, shutdown::signal()).await;
-    tasks.drain(TASK_DRAIN_DEADLINE).await;
-    result?;
-    Ok(())
-}
-
-/// JWT-SVID signing keys (`[jwt] enabled`) of a Secret-held CA: in the Secret `[jwt]
-/// keys_secret` (default `<CA Secret>-jwt`) beside the CA Secret, written by the leader (the one
-/// process without `--leader-elect`) and followed by standbys (`podca_controller::jwt_secret`).
-async fn start_secret_jwt(
-    config: &JwtConfig,
-    store: JwtSecretStore,
-    metrics: &Arc<Metrics>,
-    leadership: &watch::Sender<bool>,
-    clock: &Clock,
-    tasks: &mut Shutdown,
-) -> anyhow::Result<JwtHandle> {
-    info!(
-        secret = %store.secret(),
-        "the JWT signing keys are kept in a Secret; the leader rotates them, standbys follow"
-    );
-    let rotator = Arc::new(
-        JwtSecretRotator::start(
-            store,
-            config,
-            Arc::clone(clock),
-            JWT_POLL,
-            leadership.subscribe(),
-            Arc::clone(metrics),
-        )
-        .await
-        .context("the JWT signing keys ([jwt])")?,
-    );
-    if rotator.handle().current().infos().next().is_none() {
-        warn!(
-            "no JWT signing key in the Secret yet: no JWT-SVID is signed until the leader makes one"
-        );
-    }
-    tasks.spawn(
-        "JWT key Secret driver",
-        Arc::clone(&rotator).run(tasks.receiver()),
-    );
-    Ok(rotator.handle().clone())
-}
-
-/// JWT-SVID signing keys (`[jwt] enabled`) of a data-directory CA, in `<dir>/jwt/` as in `podca
-/// dev`: rotated on `[jwt]`'s schedule by this process, by the leader only with
-/// `--leader-elect` (standbys follow the directory), or only followed when the directory is
-/// read-only. A Secret-held CA's keys are [`start_secret_jwt`]'s.
-#[allow(clippy::too_many_arguments)]
-fn start_jwt(
-    config: &JwtConfig,
-    ca: &CaConfig,
-    backend: &Backend,
-    metrics: &Arc<Metrics>,
-    leader_elect: bool,
-    leadership: &watch::Sender<bool>,
-    clock: &Clock,
-    tasks: &mut Shutdown,
-) -> anyhow::Result<Option<JwtHandle>> {
-    if !config.enabled {
-        return Ok(None);
-    }
-    let store = match backend {
-        Backend::Files(files) => files.rotator.store.clone(),
-        // Its keys are start_secret_jwt's.
-        Backend::Secret(_) => return Ok(None),
-    };
-    let rotation = if !dir_writable(store.dir()) {
-        info!(
-            dir = %store.dir().display(),
-            "the CA data directory is read-only: JWT keys are followed, not rotated"
-        );
-        JwtRotation::Follow
-    } else if leader_elect {
-        info!("JWT key rotation runs on the leader only (--leader-elect); standbys follow");
-        JwtRotation::WhileLeading(leadership.subscribe())
-    } else {
-        JwtRotation::Automatic
-    };
-    let rotator = Arc::new(
-        JwtRotator::start_with(
-            // File keys in `<dir>/jwt/`, or keys in the CA's token with `[ca] pkcs11`.
-            podca_authority::jwt::open_store(ca)?.with_lock_wait(ROTATOR_LOCK_WAIT),
-            config,
-            Arc::clone(clock),
-            JWT_POLL,
-            rotation,
-        )
-        .context("the JWT signing keys ([jwt])")?
-        .with_metrics(Arc::clone(metrics)),
-    );
-    if rotator.handle().current().infos().next().is_none() {
-        warn!("no JWT signing key in the data directory yet: no JWT-SVID is signed until one is");
-    }
-    tasks.spawn(
-        "JWT key rotation driver",
-        Arc::clone(&rotator).run(tasks.receiver()),
-    );
-    Ok(Some(rotator.handle().clone()))
-}
-
-/// How often the JWT key driver looks at the data directory (other writers' changes).
-const JWT_POLL: Duration = Duration::from_secs(5);
-
-/// How long the rotation driver waits for another writer of the data directory per tick.
-const ROTATOR_LOCK_WAIT: Duration = Duration::from_secs(2);
-/// Opens the `[ledger]` store (a one-line error when it cannot be: unreachable, credentials,
-/// TLS, a newer schema, a redb file in use) and spawns its writer and, for the leader, its
-/// retention. Every replica records into it, leader or standby.
-async fn start_ledger(
-    config: &ledger::LedgerConfig,
-    default_redb: Option<&Path>,
-    metrics: LedgerMetrics,
-    leadership: &watch::Sender<bool>,
-    tasks: &mut Shutdown,
-) -> anyhow::Result<LedgerHandle> {
-    let Some(store) = Store::open(&config.backend, default_redb).await? else {
-        warn!("[ledger] backend = \"none\": decisions are written to the audit log only");
-        return Ok(LedgerHandle::none());
-    };
-    info!(backend = store.label(), on_unavailable = ?config.on_unavailable, "ledger open");
-    if let Some(retention) = config.retention {
-        tasks.spawn(
-            "ledger retention",
-            ledger::apply_retention(
-                store.clone(),
-                retention,
-                leadership.subscribe(),
-                tasks.receiver(),
-            ),
-        );
-    }
-    let (handle, writer) = ledger::start(store, config, metrics);
-    tasks.spawn("ledger writer", writer.run(tasks.receiver()));
-    Ok(handle)
-}
-
-/// Where the CA comes from, as set up before the runtime starts.
-enum Backend {
-    /// A data directory (file or PKCS#11 keys), followed and rotated by the rotation driver.
-    Files(FilesBackend),
-    /// A kubernetes.io/tls Secret, read and watched through the API.
-    Secret(SecretCaOptions),
-}
-
-/// A CA data directory, opened: the handle serving its active CA and what its drivers need.
-struct FilesBackend {
-    handle: CaHandle,
-    rotator: RotatorOptions,
-    hsm: Option<(HsmKeySlot, HsmMetrics)>,
-}
-
-/// Opens the CA `[ca]` names. A data directory is opened here, so a wrong PIN, a missing token
-/// or a broken directory is a start-up error; a Secret is opened once the API is reachable.
-fn open_backend(
-    config: &Config,
-    leader_elect: bool,
-    metrics: &mut Metrics,
-) -> anyhow::Result<Backend> {
-    let max_leaf_lifetime = config.max_leaf_lifetime();
-    match &config.ca {
-        CaConfig::Secret(secret) => {
-            config.rotation.validate()?;
-            let mut o = SecretCaOptions::new(&secret.namespace, &secret.name);
-            o.schedule = config.rotation;
-            o.max_leaf_lifetime = max_leaf_lifetime;
-            // podca's own bundles keep a copy of the sealed history (see secret_ca).
-            if let Some(publisher) = publisher_options(config) {
-                o.history_copies = Publisher::new(config.signers.keys(), &publisher)
-                    .context("[trust_bundles]")?
-                    .bundles()
-                    .to_vec();
-            }
-            Ok(Backend::Secret(o))
-        }
-        CaConfig::File(_) | CaConfig::Pkcs11(_) => {
-            let source = ca::open(&config.ca, max_leaf_lifetime)?;
-            if dir_writable(source.store.dir()) {
-                // A writer killed mid-change left the directory half-way: finish or roll back
-                // first (under the directory's lock, which every writer shares).
-                source
-                    .store
-                    .recover()
-                    .context("repairing the CA data directory")?;
-            }
-            // Opening the CA here makes a wrong PIN, a missing token or a broken data directory
-            // a start-up error rather than a stream of pending requests.
-            let (ca, anchors) = source.load().context("opening the CA")?;
-            let hsm_metrics = source
-                .hsm
-                .as_ref()
-                .map(|_| HsmMetrics::register(&mut metrics.registry));
-            let automatic = automatic_rotation(&source, leader_elect);
-            if automatic {
-                config.rotation.validate()?;
-            }
-            let rotator = RotatorOptions {
-                // The driver runs on the async runtime: wait briefly for a CLI writer, and
-                // retry at the next tick rather than block.
-                store: source.store.clone().with_lock_wait(ROTATOR_LOCK_WAIT),
-                schedule: config.rotation,
-                automatic,
-                max_leaf_lifetime,
-                poll: Duration::from_secs(5),
-                open: Arc::clone(&source.open),
-                refresh_when: source.intermediate,
-            };
-            Ok(Backend::Files(FilesBackend {
-                handle: CaHandle::new(ca, anchors),
-                rotator,
-                hsm: source.hsm.zip(hsm_metrics),
-            }))
-        }
-    }
-}
-
-/// Whether the rotation driver takes scheduled steps: when the configuration asks for it,
-/// unless replicas share the directory (`--leader-elect`) or it is read-only; either is logged.
-fn automatic_rotation(source: &ca::CaSource, leader_elect: bool) -> bool {
-    let configured = source.automatic_rotation;
-    if configured && leader_elect {
-        // Replicas do not share a writable data directory: each would make its own CA.
-        info!(
-            "automatic CA rotation is off with --leader-elect; rotate with `podca ca \
-             rotate` on the CA data directory (every replica follows the change without \
-             a restart)"
-        );
-        return false;
-    }
-    if configured && !dir_writable(source.store.dir()) {
-        info!(
-            dir = %source.store.dir().display(),
-            "the CA data directory is read-only: automatic CA rotation is off (changes \
-             to it are still followed)"
-        );
-        return false;
-    }
-    configured
-}
-
-/// Whether podca may write the CA state in `dir` (a Secret mount is read-only).
-fn dir_writable(dir: &Path) -> bool {
-    let probe = dir.join(format!(".podca-write-probe-{}", std::process::id()));
-    match std::fs::File::create(&probe) {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-            true
-        }
-        Err(_) => false,
-    }
-}
-
-impl FilesBackend {
-    /// Spawns the rotation driver and (HSM) the metrics exporter; returns the CA handle.
-    fn start(self, clock: &Clock, metrics: &Arc<Metrics>, tasks: &mut Shutdown) -> CaHandle {
-        let FilesBackend {
-            handle,
-            rotator,
-            hsm,
-        } = self;
-        let rotator = Rotator::new(
-            rotator,
-            handle.clone(),
-            Arc::clone(clock),
-            Arc::clone(metrics),
-        );
-        tasks.spawn(
-            "CA rotation driver",
-            Arc::new(rotator).run(tasks.receiver()),
-        );
-        if let Some((slot, hsm_metrics)) = hsm {
-            tasks.spawn("HSM metrics", hsm_metrics.export(slot, tasks.receiver()));
-        }
-        handle
-    }
-}
-
-/// The gRPC API as configured, before its listener is bound.
-struct GrpcSettings {
-    listen: SocketAddr,
-    api: ApiOptions,
-    audience: String,
-    /// `[grpc] max_token_reviews`, `token_cache_seconds`.
-    token_reviews: TokenReviewLimits,
-    tls: GrpcTls,
-    /// The trust domain of the gRPC signer's policy: podca's own SPIFFE ID is in it.
-    trust_domain: String,
-    /// Caps on connections before any TLS or authentication.
-    limits: ConnectionLimits,
-    /// With TLS: accept podca client certificates for renewal without a token.
-    mtls_renewal: bool,
-    /// Where the API records its decisions (set once the ledger is open).
-    ledger: LedgerHandle,
-    /// JWT-SVIDs (`IssueJwtSvid`, `GetJwtBundle`; set once the keys are open); None: off.
-    jwt: Option<Arc<JwtService>>,
-    /// `[grpc] istio_token_audience`: the audience of the Istio CA API's tokens.
-    istio_audience: String,
-    /// `[grpc] istio_trust_domain_alias` (`None` when empty).
-    istio_trust_domain_alias: Option<String>,
-}
-
-/// The gRPC API's settings: `--grpc-listen` over `[grpc] listen`, the signer it issues for.
-fn grpc_settings(config: &Config, listen: Option<SocketAddr>) -> anyhow::Result<GrpcSettings> {
-    let (signer_name, policy) = config.grpc_signer()?;
-    let listen = listen.unwrap_or(config.grpc.listen);
-    let tls = config.grpc.tls(listen)?;
-    Ok(GrpcSettings {
-        listen,
-        tls,
-        trust_domain: policy.trust_domain.clone(),
-        api: ApiOptions {
-            signers: config.signers.clone(),
-            default_signer: signer_name.to_owned(),
-            allowed_signers: config.grpc_allowed_signers()?,
-            max_dns_names: config.grpc.max_dns_names,
-            node_proxy_service_accounts: config.grpc.node_proxy_service_accounts.clone(),
-            rate_limit_per_identity: config.grpc.rate_limit_per_identity,
-            max_open_streams: config.grpc.max_open_streams,
-        },
-        audience: config.grpc.token_audience.clone(),
-        limits: ConnectionLimits {
-            per_peer: config.grpc.max_connections_per_peer.get(),
-            total: config.grpc.max_connections.get(),
-        },
-        mtls_renewal: config.grpc.mtls_renewal,
-        ledger: LedgerHandle::none(),
-        jwt: None,
-        istio_audience: config.grpc.istio_token_audience.clone(),
-        istio_trust_domain_alias: Some(config.grpc.istio_trust_domain_alias.clone())
-            .filter(|alias| !alias.is_empty()),
-        token_reviews: TokenReviewLimits {
-            max_concurrent: config.grpc.max_token_reviews,
-            cache_ttl: std::time::Duration::from_secs(config.grpc.token_cache_seconds),
-            ..TokenReviewLimits::default()
-        },
-    })
-}
-
-/// What the gRPC API asks the Kubernetes API: TokenReviews, and the Pods tokens are bound to.
-struct GrpcKube {
-    reviewer: Arc<dyn TokenReviewer>,
-    pods: Arc<dyn PodDirectory>,
-    /// Namespace labels for policy rules (the controller's namespace watch fills them).
-    namespace_labels: Option<NamespaceLabels>,
-}
-
-/// Binds the gRPC listener and spawns the server; `/readyz` covers it from now until it stops.
-/// `keys`: the serving certificate ([`start_serving_keys`]; `None`: plaintext).
-#[allow(clippy::too_many_arguments)]
-async fn start_grpc(
-    settings: GrpcSettings,
-    kube: GrpcKube,
-    keys: Option<Arc<ServingKeys>>,
-    handle: &CaHandle,
-    clock: &Clock,
-    metrics: &Metrics,
-    readiness: &Arc<Readiness>,
-    tasks: &mut Shutdown,
-) -> anyhow::Result<()> {
-    let GrpcSettings {
-        listen,
-        api,
-        audience,
-        token_reviews,
-        tls,
-        // Already in the serving certificate (`keys`).
-        trust_domain: _,
-        limits,
-        mtls_renewal,
-        ledger,
-        jwt,
-        istio_audience,
-        istio_trust_domain_alias,
-    } = settings;
-    let client_trust = match (&tls, mtls_renewal) {
-        (GrpcTls::Off { .. }, _) | (_, false) => None,
-        _ => Some(start_client_trust(&api, handle, tasks)?),
-    };
-    let tls = keys
-        .map(|keys| tls::server_config(keys, client_trust.clone()))
-        .transpose()?;
-    let tcp = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("gRPC: listening on {listen}"))?;
-    info!(
-        addr = %tcp.local_addr()?,
-        audience,
-        istio_audience,
-        tls = tls.is_some(),
-        "gRPC API (podca.v1, Istio CA API) listening"
-    );
-    let grpc_ready = readiness.component("grpc");
-    grpc_ready.set(true);
-    let reviewer_for = |audience: String| {
-        TokenReviewAuthenticator::with_limits(Arc::clone(&kube.reviewer), audience, token_reviews)
-            .with_clock(Arc::clone(clock))
-            .with_metrics(metrics.grpc.clone())
-    };
-    let podca_tokens = reviewer_for(audience);
-    // One pool of TokenReview slots for both audiences: max_token_reviews bounds them all.
-    let istio_tokens = reviewer_for(istio_audience).sharing_slots_with(&podca_tokens);
-    // podca.v1 and the Istio CA API: the same checks, each its own token audience.
-    let with_certificates = |tokens: Arc<dyn Authenticator>| -> Arc<dyn Authenticator> {
-        match &client_trust {
-            Some(trust) => Arc::new(CertificateAuthenticator::new(
-                tokens,
-                Arc::clone(trust),
-                Arc::clone(clock),
-            )),
-            None => tokens,
-        }
-    };
-    let authenticator = with_certificates(Arc::new(podca_tokens));
-    let istio = IstioOptions {
-        authenticator: Some(with_certificates(Arc::new(istio_tokens))),
-        trust_domain_alias: istio_trust_domain_alias,
-    };
-    let mut api = Api::new(
-        api,
-        handle.clone(),
-        authenticator,
-        Some(Arc::clone(&kube.pods)),
-        tasks.receiver(),
-    )?
-    // Read only for signers whose rules read `pod` (pod_facts).
-    .with_pod_facts(kube.pods)
-    .with_clock(Arc::clone(clock))
-    .with_ledger(ledger)
-    .with_metrics(metrics.grpc.clone())
-    .with_istio(istio);
-    if let Some(labels) = kube.namespace_labels {
-        api = api.with_namespace_labels(labels);
-    }
-    if let Some(jwt) = jwt {
-        api = api.with_jwt(jwt);
-    }
-    let api = Arc::new(api);
-    let stopped = tasks.stopped();
-    tasks.spawn("gRPC server", async move {
-        let served = match tls {
-            Some(config) => server::serve_tls(tcp, config, api, limits, stopped).await,
-            None => server::serve_tcp(tcp, api, limits, stopped).await,
-        };
-        if let Err(e) = served {
-            tracing::error!(error = %e, "gRPC server failed");
-        }
-        grpc_ready.set(false);
-    });
-    Ok(())
-}
-
-/// The verifier of client certificates (mTLS renewal), with the task that rebuilds it on every
-/// CA change spawned. Certificates of every configured signer's trust domain are accepted.
-fn start_client_trust(
-    api: &ApiOptions,
-    handle: &CaHandle,
-    tasks: &mut Shutdown,
-) -> anyhow::Result<Arc<ClientTrust>> {
-    let mut trust_domains: Vec<String> = api
-        .signers
-        .values()
-        .map(|policy| policy.trust_domain.clone())
-        .collect();
-    trust_domains.sort();
-    trust_domains.dedup();
-    let trust = ClientTrust::new(&handle.current(), trust_domains)
-        .map_err(|e| anyhow::anyhow!("gRPC: verifying client certificates: {e}"))?;
-    tasks.spawn(
-        "gRPC client certificate anchors",
-        Arc::clone(&trust).follow(handle.subscribe(), tasks.receiver()),
-    );
-    Ok(trust)
-}
-
-/// The gRPC listener's serving certificate (`None`: plaintext), with the task that keeps it
-/// current spawned; OIDC discovery serves the same one.
-fn start_serving_keys(
-    tls: GrpcTls,
-    trust_domain: &str,
-    handle: &CaHandle,
-    clock: &Clock,
-    metrics: &Metrics,
-    tasks: &mut Shutdown,
-) -> anyhow::Result<Option<Arc<ServingKeys>>> {
-    let keys = match tls {
-        GrpcTls::SelfIssued(settings) => {
-            let identity = serving_identity(&settings, trust_domain, &PodEnvironment::read());
-            let cert = identity
-                .issue(&handle.current().ca, clock())
-                .context("gRPC: issuing the serving certificate")?;
-            info!(
-                spiffe_id = identity.spiffe_id,
-                dns_names = ?identity.dns_names,
-                not_after = %cert.validity.not_after,
-                "gRPC: serving a self-issued TLS certificate"
-            );
-            let keys = ServingKeys::new(
-                tls::certified_key(&cert.chain_der, &cert.key_pkcs8_der)
-                    .context("gRPC: the serving certificate")?,
-            );
-            let (current, follow) = watch::channel(Arc::new(cert));
-            tasks.spawn(
-                "gRPC serving certificate",
-                serving_cert::run(
-                    identity,
-                    handle.clone(),
-                    Arc::clone(clock),
-                    current,
-                    tasks.receiver(),
-                ),
-            );
-            // Ends with the renewal task (its sender).
-            tasks.spawn(
-                "gRPC serving certificate swap",
-                tls::follow_serving_cert(follow, Arc::clone(&keys)),
-            );
-            keys
-        }
-        GrpcTls::Files { cert, key } => {
-            let mut files = ServingFiles::new(&cert, &key);
-            let first = files
-                .load_if_changed()
-                .context("gRPC: [grpc] tls_cert_file / tls_key_file")?
-                .context("gRPC: the certificate files were read twice")?;
-            info!(cert = %cert.display(), key = %key.display(), "gRPC: serving TLS from files");
-            let keys = ServingKeys::new(first);
-            tasks.spawn(
-                "gRPC certificate files",
-                files.watch(Arc::clone(&keys), tls::FILES_POLL, tasks.receiver()),
-            );
-            keys
-        }
-        GrpcTls::Off { insecure } => {
-            if insecure {
-                warn!(
-                    "gRPC: serving PLAINTEXT on a non-loopback address ([grpc] insecure_plaintext \
-                     = true): bearer tokens and trust anchors cross the network unprotected"
-                );
-                metrics.grpc_insecure_plaintext.set(1);
-            }
-            return Ok(None);
-        }
-    };
-    Ok(Some(keys))
-}
-
-/// OIDC discovery as configured, before its listener is bound.
-#[derive(Debug)]
-struct OidcSettings {
-    listen: SocketAddr,
-    tls: OidcTls,
-    discovery: Discovery,
-}
-
-/// `[jwt] oidc_listen`, checked: TLS with the gRPC listener's certificate, plaintext only where
-/// the gRPC rules allow it (`[grpc] tls = "off"` on loopback, or `insecure_plaintext`).
-fn oidc_settings(
-    config: &JwtConfig,
-    grpc: Option<&GrpcSettings>,
-) -> anyhow::Result<Option<OidcSettings>> {
-    let Some(listen) = config.oidc_listen.filter(|_| config.enabled) else {
-        return Ok(None);
-    };
-    let Some(grpc) = grpc else {
-        bail!(
-            "[jwt] oidc_listen = {listen}: OIDC discovery serves the gRPC listener's TLS \
-             certificate, so it cannot run with --no-grpc"
-        );
-    };
-    let tls = oidc_tls(listen, &grpc.tls)?;
-    let discovery = discovery(config)?.context("[jwt] oidc_listen needs [jwt] issuer")?;
-    Ok(Some(OidcSettings {
-        listen,
-        tls,
-        discovery,
-    }))
-}
-
-/// The discovery document's settings; `None` without `[jwt] issuer`.
-fn discovery(config: &JwtConfig) -> anyhow::Result<Option<Discovery>> {
-    let Some(issuer) = config.issuer.clone() else {
-        return Ok(None);
-    };
-    Ok(Some(Discovery {
-        issuer,
-        max_age: podca_grpc::jwt::refresh_hint(config)
-            .try_into()
-            .unwrap_or(Duration::from_secs(60)),
-        algorithm: JwtAlgorithm::for_key(config.key_algorithm)?,
-    }))
-}
-
-/// Binds the OIDC discovery listener and spawns its server.
-async fn start_oidc(
-    settings: OidcSettings,
-    keys: &JwtHandle,
-    serving: Option<Arc<ServingKeys>>,
-    metrics: &Metrics,
-    readiness: &Arc<Readiness>,
-    tasks: &mut Shutdown,
-) -> anyhow::Result<()> {
-    let OidcSettings {
-        listen,
-        tls,
-        discovery,
-    } = settings;
-    let config = match (tls, serving) {
-        (OidcTls::Tls, Some(serving)) => Some(tls::http1_server_config(serving)?),
-        (OidcTls::Tls, None) => bail!("[jwt] oidc_listen: no serving certificate to serve"),
-        (OidcTls::Plaintext { insecure }, _) => {
-            if insecure {
-                warn!(
-                    %listen,
-                    "OIDC discovery: serving PLAINTEXT on a non-loopback address ([grpc] \
-                     insecure_plaintext = true)"
-                );
-            }
-            None
-        }
-    };
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("[jwt] oidc_listen: listening on {listen}"))?;
-    info!(
-        addr = %listener.local_addr()?,
-        issuer = discovery.issuer,
-        tls = config.is_some(),
-        "OIDC discovery listening"
-    );
-    let ready = readiness.component("oidc");
-    ready.set(true);
-    let served = oidc::serve_with(
-        listener,
-        config,
-        discovery,
-        keys.clone(),
-        metrics.oidc.clone(),
-        OidcLimits::default(),
-        tasks.receiver(),
-    );
-    tasks.spawn("OIDC discovery", async move {
-        served.await;
-        ready.set(false);
-    });
-    Ok(())
-}
-
 /// The JWKS ConfigMap's namespace: `[jwt] jwks_configmap_namespace`, else `[grpc]
 /// tls_namespace`, else the pod's namespace, else `default`.
 fn jwks_configmap_namespace(config: &Config, pod: &PodEnvironment) -> String {
@@ -997,116 +200,6 @@ fn jwks_configmap_namespace(config: &Config, pod: &PodEnvironment) -> String {
         .or_else(|| config.grpc.tls_namespace.clone())
         .or_else(|| pod.namespace.clone())
         .unwrap_or_else(|| "default".into())
-}
-
-/// What podca's pod says of itself (downward API and service-account mount).
-#[derive(Debug, Default)]
-struct PodEnvironment {
-    /// `POD_NAMESPACE`, else the service-account namespace file.
-    namespace: Option<String>,
-    /// `PODCA_SERVICE_ACCOUNT` (downward API `spec.serviceAccountName`).
-    service_account: Option<String>,
-}
-
-/// Where Kubernetes mounts the pod's namespace.
-const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
-    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-
-impl PodEnvironment {
-    fn read() -> Self {
-        let nonempty = |s: String| {
-            let s = s.trim().to_owned();
-            (!s.is_empty()).then_some(s)
-        };
-        PodEnvironment {
-            namespace: std::env::var("POD_NAMESPACE")
-                .ok()
-                .and_then(nonempty)
-                .or_else(|| {
-                    std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE_FILE)
-                        .ok()
-                        .and_then(nonempty)
-                }),
-            service_account: std::env::var("PODCA_SERVICE_ACCOUNT")
-                .ok()
-                .and_then(nonempty),
-        }
-    }
-}
-
-/// The serving certificate's names: the configuration, else the pod's environment, else
-/// namespace `default` and service account `podca`.
-fn serving_identity(
-    settings: &SelfIssuedTls,
-    trust_domain: &str,
-    pod: &PodEnvironment,
-) -> ServingIdentity {
-    let namespace = settings
-        .namespace
-        .clone()
-        .or_else(|| pod.namespace.clone())
-        .unwrap_or_else(|| "default".into());
-    let service_account = settings
-        .service_account
-        .clone()
-        .or_else(|| pod.service_account.clone())
-        .unwrap_or_else(|| "podca".into());
-    ServingIdentity {
-        spiffe_id: serving_cert::spiffe_id(trust_domain, &namespace, &service_account),
-        dns_names: settings
-            .dns_names
-            .clone()
-            .unwrap_or_else(|| serving_cert::service_dns_names(&settings.service, &namespace)),
-        lifetime: settings.lifetime,
-    }
-}
-
-/// The controller's flags, as [`run`] read them.
-struct ControllerFlags {
-    workers: Option<usize>,
-    queue_capacity: usize,
-    admin_listen: Option<SocketAddr>,
-    drain_timeout: Duration,
-    leader_election: Option<LeaderElection>,
-}
-
-/// The controller's options: flags over the configuration file.
-fn controller_options(
-    config: &Config,
-    flags: ControllerFlags,
-    handle: CaHandle,
-    clock: Clock,
-    metrics: Arc<Metrics>,
-    readiness: Arc<Readiness>,
-) -> Options {
-    let ControllerFlags {
-        workers,
-        queue_capacity,
-        admin_listen,
-        drain_timeout,
-        leader_election,
-    } = flags;
-    let mut options = Options::new(config.signers.clone(), handle);
-    options.readiness = Some(readiness);
-    options.clock = clock;
-    options.metrics = metrics;
-    options.workers = workers.unwrap_or(config.controller.workers).max(1);
-    options.queue_capacity = queue_capacity.max(1);
-    options.admin_listen = Some(admin_listen.unwrap_or(config.admin.listen));
-    options.drain_timeout = drain_timeout;
-    options.reporting_instance = std::env::var("POD_NAME").ok();
-    options.publisher = publisher_options(config);
-    options.leader_election = leader_election;
-    options
-}
-
-/// The ClusterTrustBundle publisher's options; `None` when `[trust_bundles] publish = false`.
-fn publisher_options(config: &Config) -> Option<PublisherOptions> {
-    config.trust_bundles.publish.then(|| PublisherOptions {
-        suffix: config.trust_bundles.suffix.clone(),
-        instance: config.trust_bundles.instance.clone(),
-        resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
-    })
 }
 
 /// The `--lease-*` flags (used with `--leader-elect`).
@@ -1168,16 +261,6 @@ fn rand_suffix() -> u32 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5h").is_err());
-    }
-
     fn lease(namespace: Option<&str>, identity: Option<&str>) -> LeaseFlags {
         LeaseFlags {
             lease_name: "podca-controller".into(),
@@ -1211,41 +294,6 @@ mod tests {
         assert!(!base.is_empty(), "{:?}", election.identity);
         assert_eq!(suffix.len(), 8, "{:?}", election.identity);
         assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()));
-    }
-
-    fn self_issued(namespace: Option<&str>, dns: Option<&[&str]>) -> SelfIssuedTls {
-        SelfIssuedTls {
-            dns_names: dns.map(|d| d.iter().map(|s| s.to_string()).collect()),
-            service: "podca".into(),
-            namespace: namespace.map(Into::into),
-            service_account: None,
-            lifetime: time::Duration::hours(24),
-        }
-    }
-
-    #[test]
-    fn serving_identity_prefers_config_then_pod_then_defaults() {
-        let pod = PodEnvironment {
-            namespace: Some("podca-system".into()),
-            service_account: Some("signer".into()),
-        };
-        let id = serving_identity(&self_issued(None, None), "cluster.local", &pod);
-        assert_eq!(
-            id.spiffe_id,
-            "spiffe://cluster.local/ns/podca-system/sa/signer"
-        );
-        assert_eq!(id.dns_names[3], "podca.podca-system.svc.cluster.local");
-        let id = serving_identity(
-            &self_issued(Some("sec"), Some(&["ca.example.com"])),
-            "example.org",
-            &pod,
-        );
-        assert_eq!(id.spiffe_id, "spiffe://example.org/ns/sec/sa/signer");
-        assert_eq!(id.dns_names, ["ca.example.com"]);
-        let id = serving_identity(&self_issued(None, None), "td", &PodEnvironment::default());
-        assert_eq!(id.spiffe_id, "spiffe://td/ns/default/sa/podca");
-        assert_eq!(id.dns_names[0], "podca");
-        assert_eq!(id.dns_names[1], "podca.default");
     }
 
     #[test]

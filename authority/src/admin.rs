@@ -34,6 +34,8 @@ use crate::metrics::Metrics;
 #[derive(Debug, Default)]
 pub struct Readiness {
     components: Mutex<BTreeMap<String, bool>>,
+    /// Set once shutdown begins: from then on nothing is ready, whatever the components say.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Readiness {
@@ -52,8 +54,22 @@ impl Readiness {
     }
 
     pub fn is_ready(&self) -> bool {
+        if self.is_stopping() {
+            return false;
+        }
         let components = self.lock();
         !components.is_empty() && components.values().all(|ready| *ready)
+    }
+
+    /// Shutdown has begun: `/readyz` answers 503 from now on, so the Service stops sending
+    /// new work while in-flight work drains.
+    pub fn shut_down(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The components that are not ready, by name.
@@ -283,7 +299,9 @@ fn respond(
         "/readyz" if health.is_ready() => text(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/readyz" => {
             let waiting = health.waiting_for();
-            let body = if waiting.is_empty() {
+            let body = if health.is_stopping() {
+                "not ready: shutting down\n".to_owned()
+            } else if waiting.is_empty() {
                 "not ready: nothing has started\n".to_owned()
             } else {
                 format!("not ready: waiting for {}\n", waiting.join(", "))
@@ -313,6 +331,14 @@ mod tests {
         watches.set(false);
         assert!(!readiness.is_ready());
         assert_eq!(readiness.waiting_for(), ["pcr watches"]);
+        watches.set(true);
+        readiness.shut_down();
+        assert!(
+            !readiness.is_ready(),
+            "nothing is ready once shutdown began"
+        );
+        watches.set(true);
+        assert!(!readiness.is_ready(), "a component cannot undo shutdown");
     }
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -24,36 +24,36 @@ pub struct HsmMetrics {
 }
 
 impl HsmMetrics {
-    /// Registers the metrics (before the registry is shared).
+    /// Registers the metrics in the HSM's sub-registry (prefix `hsm`).
     pub fn register(registry: &mut Registry) -> Self {
         let m = HsmMetrics::default();
         registry.register(
-            "hsm_signatures",
+            "signatures",
             "Signatures made by the HSM-held CA key",
             m.signs.clone(),
         );
         registry.register(
-            "hsm_errors",
+            "errors",
             "HSM sign operations that failed (retried; requests stay pending)",
             m.errors.clone(),
         );
         registry.register(
-            "hsm_sign_seconds",
+            "sign_seconds",
             "Total seconds spent in HSM sign operations (divide by hsm_signatures for the mean)",
             m.sign_seconds.clone(),
         );
         registry.register(
-            "hsm_max_sign_seconds",
+            "max_sign_seconds",
             "Slowest HSM sign operation of the current key, in seconds",
             m.max_sign_seconds.clone(),
         );
         registry.register(
-            "hsm_recoveries",
+            "recoveries",
             "Reconnections to the token after a failure",
             m.recoveries.clone(),
         );
         registry.register(
-            "hsm_session_pool_size",
+            "session_pool_size",
             "PKCS#11 sessions in the pool",
             m.pool_size.clone(),
         );

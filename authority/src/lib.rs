@@ -19,13 +19,16 @@
 //! * [`ledger`]: the ledger service (redb, PostgreSQL or none): group commit, the durability
 //!   contract, the audit log line, retention;
 //! * [`shutdown`]: the signals that stop podca, and the one stop signal and drain deadline
-//!   every task of a command shares.
+//!   every task of a command shares;
+//! * [`runtime`]: the [`Runtime`] every serving command composes: registry, readiness, admin
+//!   listener, clock and the one two-stage drain; components register on it.
 //!
 //! The PKI itself (keys, policy, issuance, the ledger) is `podca_signer`; Kubernetes I/O is
 //! `podca_controller`; the gRPC edge is `podca_grpc`.
 
 pub mod admin;
 pub mod ca;
+pub mod components;
 pub mod config;
 pub mod hsm_metrics;
 pub mod intermediate;
@@ -34,9 +37,11 @@ pub mod ledger;
 pub mod metrics;
 pub mod oidc;
 pub mod rotation;
+pub mod runtime;
 pub mod secret_rotation;
 pub mod serving_cert;
 pub mod shutdown;
 pub mod trust;
 
+pub use runtime::{Runtime, RuntimeOptions, Stage};
 pub use trust::{CaHandle, CaSnapshot, Clock, system_clock};

@@ -222,7 +222,9 @@ fn latency_histogram() -> Histogram {
 /// Every metric the controller exports.
 #[derive(Debug)]
 pub struct Metrics {
-    pub registry: Registry,
+    /// The one registry. Components that own their metrics register them in a sub-registry
+    /// of their own ([`Metrics::register_component`]), also after the `Metrics` is shared.
+    registry: std::sync::Mutex<Registry>,
     pub issued: Family<SettleLabels, Counter>,
     pub denied: Family<SettleLabels, Counter>,
     pub failed: Family<SettleLabels, Counter>,
@@ -460,7 +462,7 @@ impl Metrics {
         );
         registry.register_collector(Box::new(PolicyRuleCollector));
         Metrics {
-            registry,
+            registry: std::sync::Mutex::new(registry),
             issued,
             denied,
             failed,
@@ -493,12 +495,30 @@ impl Metrics {
         }
     }
 
+    /// Registers a component's own metrics in its sub-registry: `prefix` is the component's
+    /// (`ledger`, `hsm`), so its metrics are `podca_<prefix>_<name>`.
+    pub fn register_component<T>(
+        &self,
+        prefix: &str,
+        register: impl FnOnce(&mut Registry) -> T,
+    ) -> T {
+        let mut registry = self.lock_registry();
+        register(registry.sub_registry_with_prefix(prefix))
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.lock_registry());
         out
+    }
+
+    fn lock_registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // Registration either happened whole or not at all: a poisoned registry is still sound.
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

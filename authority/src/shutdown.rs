@@ -9,6 +9,21 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
+/// Installs the SIGTERM and SIGINT handlers now (so a signal that arrives before the returned
+/// future is first polled still stops the command cleanly) and resolves when either arrives.
+#[cfg(unix)]
+pub fn signals() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
 /// Resolves when SIGTERM or SIGINT arrives.
 pub async fn signal() {
     #[cfg(unix)]

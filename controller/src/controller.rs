@@ -31,8 +31,8 @@ use crate::plan::{self, Facts, Plan, Read, SkipReason, Write};
 use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
 use crate::request::{self, ApiVersion, Pcr};
-use crate::{Error, LeaderElection, Options};
-use podca_authority::admin::{self, Readiness, ReadyFlag};
+use crate::{Error, Options, lease};
+use podca_authority::admin::{Readiness, ReadyFlag};
 use podca_authority::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
 use podca_authority::trust::{CaHandle, CaSnapshot, Clock};
 
@@ -70,21 +70,20 @@ pub async fn run(
         workers,
         queue_capacity,
         leader_election,
-        admin_listen,
         drain_timeout,
         reporting_controller,
         reporting_instance,
         publisher,
         leadership,
         ledger,
-        readiness,
+        ready,
         namespace_labels,
     } = options;
     if signers.is_empty() {
         return Err(Error::NoSigners);
     }
     // Every replica watches namespaces (the gRPC API reads the same labels), leader or not.
-    let _namespace_watch = namespace_labels.clone().map(|store| {
+    let namespace_watch = namespace_labels.clone().map(|store| {
         TaskGuard::new(tokio::spawn(crate::namespaces::watch(
             client.clone(),
             store,
@@ -97,26 +96,11 @@ pub async fn run(
         .transpose()
         .map_err(|e| Error::Config(e.to_string()))?;
     // The issuing CA's notAfter follows every swap (rotation, reload).
-    let _ca_gauge = TaskGuard::new(tokio::spawn(track_ca_not_after(
+    let ca_gauge = TaskGuard::new(tokio::spawn(track_ca_not_after(
         ca.subscribe(),
         Arc::clone(&metrics),
     )));
-    let health = readiness.unwrap_or_else(Readiness::new);
-    let ready = health.component("controller");
-    let (admin_stop, admin_stop_rx) = watch::channel(false);
-    let admin_task = match admin_listen {
-        Some(addr) => {
-            let listener = admin::bind(addr).await?;
-            info!(%addr, "admin listener: /metrics /livez /readyz");
-            Some(TaskGuard::new(tokio::spawn(admin::serve(
-                listener,
-                Arc::clone(&metrics),
-                Arc::clone(&health),
-                admin_stop_rx,
-            ))))
-        }
-        None => None,
-    };
+    let ready = ready.unwrap_or_else(|| Readiness::new().component("controller"));
 
     let served = bounded::retrying("discover", &metrics, || discovery::certificates(&client))
         .await?
@@ -142,7 +126,7 @@ pub async fn run(
     let (lease_stop, lease_stop_rx) = watch::channel(false);
     let lease_task = match leader_election {
         Some(le) => Some(TaskGuard::new(
-            start_lease(
+            lease::start(
                 client.clone(),
                 le,
                 leading_tx,
@@ -178,14 +162,15 @@ pub async fn run(
         replica: podca_signer::ledger::replica_identity(),
         namespace_labels,
     });
-    // A standby has nothing to sync: ready (it serves gRPC); a leader once its watches synced.
-    ready.set(true);
-
     let mut shutdown = std::pin::pin!(shutdown);
     let mut leading_rx = leading;
     'outer: loop {
-        // Standby: wait to lead.
+        // Standby: wait to lead. A standby has nothing to sync: ready (it serves gRPC); a leader
+        // only once its watches have synced (never in between, not even for a moment).
         metrics.leader.set(0);
+        if !*leading_rx.borrow() {
+            ready.set(true);
+        }
         tokio::select! {
             _ = &mut shutdown => break 'outer,
             ok = async { leading_rx.wait_for(|l| *l).await.is_ok() } => if !ok { break 'outer },
@@ -222,149 +207,13 @@ pub async fn run(
     if let Some(task) = lease_task {
         task.join().await;
     }
-    let _ = admin_stop.send(true);
-    if let Some(task) = admin_task {
-        task.join().await;
+    // Nothing of the controller outlives it.
+    if let Some(task) = namespace_watch {
+        task.abort_and_wait().await;
     }
+    ca_gauge.abort_and_wait().await;
     info!("stopped");
     Ok(())
-}
-
-async fn start_lease(
-    client: Client,
-    le: LeaderElection,
-    leading: watch::Sender<bool>,
-    mut stop: watch::Receiver<bool>,
-    metrics: Arc<Metrics>,
-) -> Result<JoinHandle<()>, Error> {
-    // Every Lease call is bounded below the renewal grace, and the last successful write tells
-    // until when the Lease is surely ours (see bounded::lease_client).
-    let bound = bounded::lease_call_bound(le.lease_duration, le.renew_deadline);
-    let (client, renewed) = bounded::lease_client(client, bound, metrics);
-    let manager = lease_manager(&client, &le).await?;
-    info!(
-        lease = %le.lease_name,
-        namespace = %le.lease_namespace,
-        identity = %le.identity,
-        call_bound = ?bound,
-        "leader election on"
-    );
-    let retry = le.retry_period;
-    let valid_for = bounded::lease_step_down_after(le.lease_duration, le.renew_deadline);
-    let mut renewed = renewed;
-    Ok(tokio::spawn(async move {
-        let mut manager = Some(manager);
-        // What kube-lease-manager says, and what this replica acts on: it leads only while the
-        // manager holds the Lease and its last write is recent enough (a manager started afresh
-        // may find the Lease still naming it, expired, and must renew before anything is done).
-        let (mut holds, mut announced) = (false, false);
-        loop {
-            /// What one round of the loop saw.
-            enum Seen {
-                Changed(bool),
-                Failed(kube_lease_manager::LeaseManagerError),
-                NotRenewed,
-                Renewed,
-                Stop,
-            }
-            let Some(current) = manager.as_ref() else {
-                // A manager that lost track of the Lease is replaced by a fresh one.
-                tokio::select! {
-                    built = lease_manager(&client, &le) => match built {
-                        Ok(m) => manager = Some(m),
-                        Err(e) => {
-                            warn!(error = %e, "leader election: reading the Lease");
-                            tokio::time::sleep(retry).await;
-                        }
-                    },
-                    _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
-                }
-                continue;
-            };
-            // Leading: the Lease is ours until the last write's start plus its duration.
-            let step_down_at = (*renewed.borrow())
-                .filter(|_| announced)
-                .map(|t| t + valid_for);
-            let seen = tokio::select! {
-                r = current.changed() => match r {
-                    Ok(l) => Seen::Changed(l),
-                    Err(e) => Seen::Failed(e),
-                },
-                _ = sleep_until_opt(step_down_at) => Seen::NotRenewed,
-                _ = renewed.changed(), if holds && !announced => Seen::Renewed,
-                _ = async { let _ = stop.wait_for(|s| *s).await; } => Seen::Stop,
-            };
-            match seen {
-                Seen::Changed(l) => {
-                    info!(is_leader = l, "leadership changed");
-                    holds = l;
-                }
-                Seen::Renewed => {}
-                Seen::Failed(e) => {
-                    warn!(error = %e, "leader election");
-                    if holds {
-                        // kube-lease-manager still counts itself leader after a failed renewal
-                        // and would not say so when it renews later: start afresh.
-                        if announced {
-                            warn!("could not renew the leader Lease: stepping down");
-                        }
-                        holds = false;
-                        manager = None;
-                    } else {
-                        tokio::time::sleep(retry).await;
-                    }
-                }
-                Seen::NotRenewed => {
-                    warn!("the leader Lease was not renewed in time: stepping down");
-                    holds = false;
-                    manager = None;
-                }
-                Seen::Stop => break,
-            }
-            let fresh =
-                (*renewed.borrow()).is_some_and(|t| tokio::time::Instant::now() < t + valid_for);
-            if (holds && fresh) != announced {
-                announced = holds && fresh;
-                let _ = leading.send(announced);
-            }
-            if manager.is_none() {
-                tokio::time::sleep(retry).await;
-            }
-        }
-        let _ = leading.send(false);
-        if let Some(manager) = manager {
-            match manager.release().await {
-                Ok(()) => info!("leader Lease released"),
-                Err(e) => warn!(error = %e, "releasing the leader Lease"),
-            }
-        }
-    }))
-}
-
-/// A Lease manager for `le` on the bounded client (it makes sure the Lease exists).
-async fn lease_manager(
-    client: &Client,
-    le: &LeaderElection,
-) -> Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError> {
-    let duration = le.lease_duration.as_secs().max(1);
-    let grace = duration
-        .saturating_sub(le.renew_deadline.as_secs())
-        .clamp(1, duration.saturating_sub(1).max(1));
-    kube_lease_manager::LeaseManagerBuilder::new(client.clone(), le.lease_name.clone())
-        .with_namespace(le.lease_namespace.clone())
-        .with_identity(le.identity.clone())
-        .with_duration(duration)
-        .with_grace(grace)
-        .build()
-        .await
-}
-
-/// Sleeps until `at`; forever without one.
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Aborts a task when dropped, so that a cancelled [`run`] (a "killed" controller in tests, or a
@@ -378,6 +227,14 @@ impl TaskGuard {
 
     async fn join(mut self) {
         if let Some(handle) = self.0.take() {
+            let _ = handle.await;
+        }
+    }
+
+    /// Aborts the task and waits until it is gone.
+    async fn abort_and_wait(mut self) {
+        if let Some(handle) = self.0.take() {
+            handle.abort();
             let _ = handle.await;
         }
     }

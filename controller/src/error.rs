@@ -19,9 +19,6 @@ pub enum Error {
     /// Leader election failed.
     #[error("leader election: {0}")]
     Lease(#[from] kube_lease_manager::LeaseManagerError),
-    /// The admin server could not listen.
-    #[error(transparent)]
-    Admin(#[from] podca_authority::admin::BindError),
     /// The client configuration could not be loaded.
     #[error("Kubernetes client configuration: {0}")]
     Config(String),

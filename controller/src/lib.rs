@@ -5,6 +5,7 @@
 //! write: fetch → decide (pure, via `podca_signer::sign_request`) → write.
 
 pub mod bounded;
+pub mod component;
 mod controller;
 mod decide;
 mod discovery;
@@ -13,6 +14,7 @@ mod error;
 pub mod grpc_auth;
 pub mod jwks;
 pub mod jwt_secret;
+mod lease;
 pub mod namespaces;
 mod plan;
 pub mod publisher;
@@ -24,7 +26,6 @@ pub mod secret_history;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,18 +37,7 @@ use podca_authority::{CaHandle, Clock, system_clock};
 
 pub use controller::run;
 pub use error::Error;
-
-/// Leader election on a `coordination.k8s.io/v1` Lease.
-#[derive(Debug, Clone)]
-pub struct LeaderElection {
-    pub lease_name: String,
-    pub lease_namespace: String,
-    /// This process's identity in the Lease.
-    pub identity: String,
-    pub lease_duration: Duration,
-    pub renew_deadline: Duration,
-    pub retry_period: Duration,
-}
+pub use lease::LeaderElection;
 
 /// Everything [`run`] needs.
 #[derive(Clone)]
@@ -65,8 +55,6 @@ pub struct Options {
     /// Bound of the work queue.
     pub queue_capacity: usize,
     pub leader_election: Option<LeaderElection>,
-    /// `/metrics`, `/livez`, `/readyz`; `None`: no admin listener.
-    pub admin_listen: Option<SocketAddr>,
     /// How long shutdown waits for in-flight writes.
     pub drain_timeout: Duration,
     /// The controller name in Events.
@@ -80,9 +68,9 @@ pub struct Options {
     pub leadership: Option<tokio::sync::watch::Sender<bool>>,
     /// Where every answer is recorded, durably before its status write; `None`: not recorded.
     pub ledger: Option<podca_authority::ledger::LedgerHandle>,
-    /// What `/readyz` answers; the controller registers itself in it (ready once its watches
-    /// have synced, or as a standby). `None`: its own, covering the controller alone.
-    pub readiness: Option<Arc<podca_authority::admin::Readiness>>,
+    /// The controller's say in `/readyz` (ready once its watches have synced, or as a standby);
+    /// `None`: reported nowhere.
+    pub ready: Option<podca_authority::admin::ReadyFlag>,
     /// The namespace labels the signers' rules read; [`run`] watches namespaces into it.
     /// `None`: no rule reads `namespaceObject.metadata.labels` (podca then needs no namespace permission).
     pub namespace_labels: Option<podca_signer::rules::NamespaceLabels>,
@@ -96,7 +84,6 @@ impl std::fmt::Debug for Options {
             .field("workers", &self.workers)
             .field("queue_capacity", &self.queue_capacity)
             .field("leader_election", &self.leader_election)
-            .field("admin_listen", &self.admin_listen)
             .field("publisher", &self.publisher)
             .finish_non_exhaustive()
     }
@@ -113,14 +100,13 @@ impl Options {
             workers: 8,
             queue_capacity: 4096,
             leader_election: None,
-            admin_listen: None,
             drain_timeout: Duration::from_secs(10),
             reporting_controller: "podca.dev/signer".into(),
             reporting_instance: None,
             publisher: None,
             leadership: None,
             ledger: None,
-            readiness: None,
+            ready: None,
             namespace_labels: None,
         }
     }

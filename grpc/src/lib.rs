@@ -77,12 +77,14 @@
 
 pub mod auth;
 pub mod coalesce;
+pub mod component;
 pub mod connections;
 pub mod core;
 pub mod cork;
 pub mod errors;
 pub mod istio;
 pub mod jwt;
+pub mod keeper;
 pub mod ledger;
 pub mod observe;
 pub mod peer_identity;

@@ -207,27 +207,27 @@ impl Default for LedgerMetrics {
 }
 
 impl LedgerMetrics {
-    /// Registers the metrics (before the registry is shared).
+    /// Registers the metrics in the ledger's sub-registry (prefix `ledger`).
     pub fn register(registry: &mut Registry) -> Self {
         let m = LedgerMetrics::default();
         registry.register(
-            "ledger_records",
+            "records",
             "Decisions recorded in the ledger, by backend and outcome",
             m.records.clone(),
         );
         registry.register(
-            "ledger_write_errors",
+            "write_errors",
             "Ledger commits that failed (the records were refused or held, see on_unavailable)",
             m.write_errors.clone(),
         );
         registry.register(
-            "ledger_queue_depth",
+            "queue_depth",
             "Records waiting for a ledger commit (with on_unavailable = continue, also those held \
              while the store is down)",
             m.queue_depth.clone(),
         );
         registry.register(
-            "ledger_commit_seconds",
+            "commit_seconds",
             "Time one ledger commit (a batch) took",
             m.commit_seconds.clone(),
         );

@@ -1,0 +1,38 @@
+//! The ledger component: opens `[ledger]` once (redb, PostgreSQL or none), registers its
+//! metrics, and runs its writer and, while this replica leads, its retention. Every replica
+//! records into it, leader or standby. The writer stops in the support stage, after every
+//! serving component has recorded its last decision.
+
+use std::path::Path;
+
+use tracing::{info, warn};
+
+use crate::ledger::{self, LedgerConfig, LedgerHandle, LedgerMetrics, Store, StoreError};
+use crate::runtime::{Runtime, Stage};
+
+/// Opens the ledger `config` names (`default_redb`: the data directory's `ledger.redb`, for a
+/// configuration that names no path) and spawns its tasks. The error is one line: unreachable,
+/// credentials, TLS, a newer schema, a redb file in use.
+pub async fn start(
+    rt: &mut Runtime,
+    config: &LedgerConfig,
+    default_redb: Option<&Path>,
+) -> Result<LedgerHandle, StoreError> {
+    let Some(store) = Store::open(&config.backend, default_redb).await? else {
+        warn!("[ledger] backend = \"none\": decisions are written to the audit log only");
+        return Ok(LedgerHandle::none());
+    };
+    info!(backend = store.label(), on_unavailable = ?config.on_unavailable, "ledger open");
+    if let Some(retention) = config.retention {
+        let (store, leading) = (store.clone(), rt.leadership().subscribe());
+        rt.spawn(Stage::Support, "ledger retention", |stop| {
+            ledger::apply_retention(store, retention, leading, stop)
+        });
+    }
+    let metrics = rt
+        .metrics()
+        .register_component("ledger", LedgerMetrics::register);
+    let (handle, writer) = ledger::start(store, config, metrics);
+    rt.spawn(Stage::Support, "ledger writer", |stop| writer.run(stop));
+    Ok(handle)
+}

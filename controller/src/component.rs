@@ -1,0 +1,200 @@
+//! The runtime components that need the Kubernetes API: a CA held in a Secret, its JWT keys
+//! (in a Secret beside it), the JWKS ConfigMap, and the PCR controller's options from the
+//! configuration, and the PCR controller itself ([`controller`]).
+//!
+//! Each follows the runtime's leadership: only the leader writes; standbys follow what the
+//! leader wrote.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use podca_authority::config::{Config, SecretCa as SecretCaConfig};
+use podca_authority::jwt::JwtHandle;
+use podca_authority::oidc::Discovery;
+use podca_authority::{CaHandle, Runtime, Stage};
+use tracing::{info, warn};
+
+use crate::jwks::JwksPublisher;
+use crate::jwt_secret::{JwtSecretError, JwtSecretRotator, JwtSecretStore};
+use crate::publisher::{Publisher, PublisherError, PublisherOptions};
+use crate::secret_ca::{SecretCa, SecretCaError, SecretCaOptions};
+use crate::{LeaderElection, Options};
+
+/// How often the JWT key Secret driver re-reads the Secret (other replicas' writes).
+const JWT_POLL: Duration = Duration::from_secs(5);
+
+/// A Kubernetes-backed component could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    #[error("[trust_bundles]")]
+    Bundles(#[source] PublisherError),
+    #[error("opening the CA Secret")]
+    SecretCa(#[source] SecretCaError),
+    #[error("the JWT signing keys ([jwt])")]
+    JwtKeys(#[source] JwtSecretError),
+}
+
+/// The PCR controller ([`crate::run`]) as a component of the [`Runtime`]: its `/readyz` say is registered now
+/// (not ready until its watches have synced), it reports and follows the runtime's leadership,
+/// shares its metrics and clock, drains its in-flight writes within the drain deadline when the
+/// serving stage stops, and a failure of it (discovery, the Lease) stops the command.
+pub fn controller(rt: &mut Runtime, client: kube::Client, options: Options) {
+    let options = Options {
+        ready: Some(rt.init_handle("controller")),
+        leadership: Some(rt.leadership().clone()),
+        metrics: Arc::clone(rt.metrics()),
+        clock: Arc::clone(rt.clock()),
+        // In-flight writes get three quarters of the deadline: the rest releases the Lease.
+        drain_timeout: rt.drain_timeout() * 3 / 4,
+        ..options
+    };
+    rt.spawn_critical(Stage::Serve, "PCR controller", |mut stop| {
+        crate::run(client, options, async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        })
+    });
+}
+
+/// Opens the CA `secret` names once the API is reachable and spawns its driver (it reloads on
+/// change and, as leader, takes the rotation's steps).
+pub async fn secret_ca(
+    rt: &mut Runtime,
+    client: &Client,
+    config: &Config,
+    secret: &SecretCaConfig,
+) -> Result<CaHandle, StartError> {
+    let mut options = SecretCaOptions::new(&secret.namespace, &secret.name);
+    options.schedule = config.rotation;
+    options.max_leaf_lifetime = config.max_leaf_lifetime();
+    options.leading = Some(rt.leadership().subscribe());
+    // podca's own bundles keep a copy of the sealed history (see secret_ca).
+    if let Some(publisher) = publisher_options(config) {
+        options.history_copies = Publisher::new(config.signers.keys(), &publisher)
+            .map_err(StartError::Bundles)?
+            .bundles()
+            .to_vec();
+    }
+    let (handle, driver) = SecretCa::start(
+        client.clone(),
+        options,
+        Arc::clone(rt.clock()),
+        Arc::clone(rt.metrics()),
+    )
+    .await
+    .map_err(StartError::SecretCa)?;
+    rt.spawn(Stage::Support, "secret CA driver", |stop| driver.run(stop));
+    Ok(handle)
+}
+
+/// JWT-SVID signing keys (`[jwt] enabled`) of a Secret-held CA: in the Secret `[jwt]
+/// keys_secret` (default `<CA Secret>-jwt`) beside the CA Secret, written by the leader and
+/// followed by standbys. `None` when `[jwt] enabled = false`.
+pub async fn secret_jwt(
+    rt: &mut Runtime,
+    client: &Client,
+    config: &Config,
+    ca: &SecretCaConfig,
+) -> Result<Option<JwtHandle>, StartError> {
+    if !config.jwt.enabled {
+        return Ok(None);
+    }
+    let store = JwtSecretStore::new(
+        client.clone(),
+        &ca.namespace,
+        &config.jwt.keys_secret_for(&ca.name),
+        Arc::clone(rt.metrics()),
+    );
+    info!(
+        secret = %store.secret(),
+        "the JWT signing keys are kept in a Secret; the leader rotates them, standbys follow"
+    );
+    let rotator = Arc::new(
+        JwtSecretRotator::start(
+            store,
+            &config.jwt,
+            Arc::clone(rt.clock()),
+            JWT_POLL,
+            rt.leadership().subscribe(),
+            Arc::clone(rt.metrics()),
+        )
+        .await
+        .map_err(StartError::JwtKeys)?,
+    );
+    if rotator.handle().current().infos().next().is_none() {
+        warn!(
+            "no JWT signing key in the Secret yet: no JWT-SVID is signed until the leader makes one"
+        );
+    }
+    let handle = rotator.handle().clone();
+    rt.spawn(Stage::Support, "JWT key Secret driver", |stop| {
+        rotator.run(stop)
+    });
+    Ok(Some(handle))
+}
+
+/// Publishes `keys` as a JWKS in the ConfigMap `[jwt] jwks_configmap` (in `namespace`) while
+/// this replica leads; nothing when no ConfigMap is configured.
+pub fn jwks_configmap(
+    rt: &mut Runtime,
+    client: &Client,
+    config: &Config,
+    namespace: &str,
+    discovery: Option<Discovery>,
+    keys: &JwtHandle,
+) {
+    if config.jwt.jwks_configmap.is_empty() {
+        return;
+    }
+    let publisher = JwksPublisher::new(
+        client.clone(),
+        namespace,
+        &config.jwt.jwks_configmap,
+        discovery,
+        keys.clone(),
+        Arc::clone(rt.metrics()),
+    );
+    info!(
+        configmap = %format!("{namespace}/{}", config.jwt.jwks_configmap),
+        "the leader publishes the JWKS in a ConfigMap"
+    );
+    let leading = rt.leadership().subscribe();
+    rt.spawn(Stage::Support, "JWKS ConfigMap", |stop| {
+        publisher.run(leading, stop)
+    });
+}
+
+/// The controller's flags (`podca serve`), over the configuration file.
+#[derive(Debug, Clone)]
+pub struct ControllerFlags {
+    /// `--workers`, over `[controller] workers`.
+    pub workers: Option<usize>,
+    pub queue_capacity: usize,
+    pub leader_election: Option<LeaderElection>,
+}
+
+/// The controller's options: flags over the configuration file.
+pub fn options(config: &Config, flags: ControllerFlags, ca: CaHandle) -> Options {
+    let ControllerFlags {
+        workers,
+        queue_capacity,
+        leader_election,
+    } = flags;
+    let mut options = Options::new(config.signers.clone(), ca);
+    options.workers = workers.unwrap_or(config.controller.workers).max(1);
+    options.queue_capacity = queue_capacity.max(1);
+    options.reporting_instance = std::env::var("POD_NAME").ok();
+    options.publisher = publisher_options(config);
+    options.leader_election = leader_election;
+    options
+}
+
+/// The ClusterTrustBundle publisher's options; `None` when `[trust_bundles] publish = false`.
+pub fn publisher_options(config: &Config) -> Option<PublisherOptions> {
+    config.trust_bundles.publish.then(|| PublisherOptions {
+        suffix: config.trust_bundles.suffix.clone(),
+        instance: config.trust_bundles.instance.clone(),
+        resync: Duration::from_secs(config.trust_bundles.resync_seconds.max(1)),
+    })
+}

@@ -1,0 +1,167 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease: only the holder watches and writes.
+//!
+//! [`start`] spawns the task that takes and renews the Lease and says on a watch channel
+//! whether this replica leads; it leads only while kube-lease-manager holds the Lease *and*
+//! the last successful write is recent enough ([`bounded::lease_step_down_after`]), and it
+//! releases the Lease when told to stop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use podca_authority::metrics::Metrics;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::{Error, bounded};
+
+/// Leader election on a `coordination.k8s.io/v1` Lease.
+#[derive(Debug, Clone)]
+pub struct LeaderElection {
+    pub lease_name: String,
+    pub lease_namespace: String,
+    /// This process's identity in the Lease.
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// Takes and keeps the Lease until `stop`, saying on `leading` whether this replica leads.
+pub(crate) async fn start(
+    client: Client,
+    le: LeaderElection,
+    leading: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) -> Result<JoinHandle<()>, Error> {
+    // Every Lease call is bounded below the renewal grace, and the last successful write tells
+    // until when the Lease is surely ours (see bounded::lease_client).
+    let bound = bounded::lease_call_bound(le.lease_duration, le.renew_deadline);
+    let (client, renewed) = bounded::lease_client(client, bound, metrics);
+    let manager = lease_manager(&client, &le).await?;
+    info!(
+        lease = %le.lease_name,
+        namespace = %le.lease_namespace,
+        identity = %le.identity,
+        call_bound = ?bound,
+        "leader election on"
+    );
+    let retry = le.retry_period;
+    let valid_for = bounded::lease_step_down_after(le.lease_duration, le.renew_deadline);
+    let mut renewed = renewed;
+    Ok(tokio::spawn(async move {
+        let mut manager = Some(manager);
+        // What kube-lease-manager says, and what this replica acts on: it leads only while the
+        // manager holds the Lease and its last write is recent enough (a manager started afresh
+        // may find the Lease still naming it, expired, and must renew before anything is done).
+        let (mut holds, mut announced) = (false, false);
+        loop {
+            /// What one round of the loop saw.
+            enum Seen {
+                Changed(bool),
+                Failed(kube_lease_manager::LeaseManagerError),
+                NotRenewed,
+                Renewed,
+                Stop,
+            }
+            let Some(current) = manager.as_ref() else {
+                // A manager that lost track of the Lease is replaced by a fresh one.
+                tokio::select! {
+                    built = lease_manager(&client, &le) => match built {
+                        Ok(m) => manager = Some(m),
+                        Err(e) => {
+                            warn!(error = %e, "leader election: reading the Lease");
+                            tokio::time::sleep(retry).await;
+                        }
+                    },
+                    _ = async { let _ = stop.wait_for(|s| *s).await; } => break,
+                }
+                continue;
+            };
+            // Leading: the Lease is ours until the last write's start plus its duration.
+            let step_down_at = (*renewed.borrow())
+                .filter(|_| announced)
+                .map(|t| t + valid_for);
+            let seen = tokio::select! {
+                r = current.changed() => match r {
+                    Ok(l) => Seen::Changed(l),
+                    Err(e) => Seen::Failed(e),
+                },
+                _ = sleep_until_opt(step_down_at) => Seen::NotRenewed,
+                _ = renewed.changed(), if holds && !announced => Seen::Renewed,
+                _ = async { let _ = stop.wait_for(|s| *s).await; } => Seen::Stop,
+            };
+            match seen {
+                Seen::Changed(l) => {
+                    info!(is_leader = l, "leadership changed");
+                    holds = l;
+                }
+                Seen::Renewed => {}
+                Seen::Failed(e) => {
+                    warn!(error = %e, "leader election");
+                    if holds {
+                        // kube-lease-manager still counts itself leader after a failed renewal
+                        // and would not say so when it renews later: start afresh.
+                        if announced {
+                            warn!("could not renew the leader Lease: stepping down");
+                        }
+                        holds = false;
+                        manager = None;
+                    } else {
+                        tokio::time::sleep(retry).await;
+                    }
+                }
+                Seen::NotRenewed => {
+                    warn!("the leader Lease was not renewed in time: stepping down");
+                    holds = false;
+                    manager = None;
+                }
+                Seen::Stop => break,
+            }
+            let fresh =
+                (*renewed.borrow()).is_some_and(|t| tokio::time::Instant::now() < t + valid_for);
+            if (holds && fresh) != announced {
+                announced = holds && fresh;
+                let _ = leading.send(announced);
+            }
+            if manager.is_none() {
+                tokio::time::sleep(retry).await;
+            }
+        }
+        let _ = leading.send(false);
+        if let Some(manager) = manager {
+            match manager.release().await {
+                Ok(()) => info!("leader Lease released"),
+                Err(e) => warn!(error = %e, "releasing the leader Lease"),
+            }
+        }
+    }))
+}
+
+/// A Lease manager for `le` on the bounded client (it makes sure the Lease exists).
+async fn lease_manager(
+    client: &Client,
+    le: &LeaderElection,
+) -> Result<kube_lease_manager::LeaseManager, kube_lease_manager::LeaseManagerError> {
+    let duration = le.lease_duration.as_secs().max(1);
+    let grace = duration
+        .saturating_sub(le.renew_deadline.as_secs())
+        .clamp(1, duration.saturating_sub(1).max(1));
+    kube_lease_manager::LeaseManagerBuilder::new(client.clone(), le.lease_name.clone())
+        .with_namespace(le.lease_namespace.clone())
+        .with_identity(le.identity.clone())
+        .with_duration(duration)
+        .with_grace(grace)
+        .build()
+        .await
+}
+
+/// Sleeps until `at`; forever without one.
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
