@@ -189,6 +189,8 @@ pub struct Counters {
     pub failed: u64,
     pub ctb_writes_accepted: u64,
     pub injected_faults: u64,
+    /// Requests held back by [`Emulator::hang_requests`] (counted when the hold begins).
+    pub held_requests: u64,
     pub watches_opened: u64,
     pub cleaner_deleted: u64,
     pub token_reviews: u64,
@@ -264,6 +266,7 @@ impl Shared {
         {
             h.remaining -= 1;
             delay += h.duration;
+            self.count(|c| c.held_requests += 1);
         }
         f.hangs.retain(|h| h.remaining > 0);
         let mut code = None;
