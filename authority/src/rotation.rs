@@ -157,7 +157,7 @@ impl Rotator {
                 Err(e) => failed = Some(RotationError::Schedule(e)),
             }
             for step in &out.steps {
-                let (name, generation) = describe(*step);
+                let (name, generation) = (step.as_str(), step.generation());
                 self.metrics
                     .rotation_steps
                     .get_or_create(&StepLabels { step: name })
@@ -289,13 +289,4 @@ fn fingerprint(store: &FileStore) -> std::io::Result<(Vec<u8>, Vec<u8>)> {
         std::fs::read(store.state_path())?,
         std::fs::read(store.root_cert_path())?,
     ))
-}
-
-fn describe(step: Step) -> (&'static str, Option<u32>) {
-    match step {
-        Step::Prepare => ("prepare", None),
-        Step::Activate(id) => ("activate", Some(id)),
-        Step::Retire(id) => ("retire", Some(id)),
-        Step::Drop(id) => ("drop", Some(id)),
-    }
 }

@@ -59,7 +59,7 @@ use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use podca_signer::CaCertificate;
-use podca_signer::rotation::{Schedule, Step};
+use podca_signer::rotation::Schedule;
 use time::{Duration, OffsetDateTime};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -564,7 +564,7 @@ impl SecretCaDriver {
             self.metrics
                 .rotation_steps
                 .get_or_create(&StepLabels {
-                    step: step_name(*step),
+                    step: step.as_str(),
                 })
                 .inc();
         }
@@ -802,16 +802,6 @@ async fn read_stored(
     }))
 }
 
-/// The step's `podca_ca_rotation_steps` label.
-fn step_name(step: Step) -> &'static str {
-    match step {
-        Step::Prepare => "prepare",
-        Step::Activate(_) => "activate",
-        Step::Retire(_) => "retire",
-        Step::Drop(_) => "drop",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -843,19 +833,5 @@ mod tests {
             nameless.validate(),
             Err(SecretCaError::Config(ConfigError::NoSecretName))
         ));
-    }
-
-    #[test]
-    fn each_step_is_counted_under_its_own_name() {
-        assert_eq!(
-            [
-                Step::Prepare,
-                Step::Activate(2),
-                Step::Retire(1),
-                Step::Drop(1)
-            ]
-            .map(step_name),
-            ["prepare", "activate", "retire", "drop"]
-        );
     }
 }

@@ -219,6 +219,27 @@ pub enum Step {
     Drop(u32),
 }
 
+impl Step {
+    /// The step's name: the `step` label of `podca_ca_rotation_steps_total`, the data
+    /// directory's crash points, the logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Prepare => "prepare",
+            Step::Activate(_) => "activate",
+            Step::Retire(_) => "retire",
+            Step::Drop(_) => "drop",
+        }
+    }
+
+    /// The generation the step acts on; `None` for a generation not made yet.
+    pub fn generation(self) -> Option<u32> {
+        match self {
+            Step::Prepare => None,
+            Step::Activate(id) | Step::Retire(id) | Step::Drop(id) => Some(id),
+        }
+    }
+}
+
 /// What to do now. Applying the steps and calling again reaches a fixed point (an empty list).
 pub fn plan(generations: &[Generation], schedule: &Schedule, now: OffsetDateTime) -> Vec<Step> {
     let mut steps = vec![];
@@ -713,5 +734,23 @@ mod tests {
             assert_eq!(got, error, "{broken:?}");
             assert_eq!(got.to_string(), text);
         }
+    }
+
+    #[test]
+    fn each_step_has_its_own_name_and_generation() {
+        let steps = [
+            Step::Prepare,
+            Step::Activate(2),
+            Step::Retire(1),
+            Step::Drop(3),
+        ];
+        assert_eq!(
+            steps.map(Step::as_str),
+            ["prepare", "activate", "retire", "drop"]
+        );
+        assert_eq!(
+            steps.map(Step::generation),
+            [None, Some(2), Some(1), Some(3)]
+        );
     }
 }

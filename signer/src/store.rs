@@ -604,7 +604,7 @@ impl FileStore {
         }
         let taken = steps;
         if !taken.is_empty() {
-            let names: Vec<&str> = taken.iter().map(|s| step_name(*s)).collect();
+            let names: Vec<&str> = taken.iter().map(|s| s.as_str()).collect();
             self.commit(Some(&before), &state, &names, now)?;
             if taken.iter().any(|s| matches!(s, Step::Drop(_))) {
                 // A dropped generation signs nothing and is trusted by nobody: remove its keys
@@ -978,15 +978,6 @@ fn read_dir_names(dir: &Path) -> Result<Vec<String>, StoreError> {
                 .collect()
         })
         .map_err(|e| io(dir, &e))
-}
-
-fn step_name(step: Step) -> &'static str {
-    match step {
-        Step::Prepare => "prepare",
-        Step::Activate(_) => "activate",
-        Step::Retire(_) => "retire",
-        Step::Drop(_) => "drop",
-    }
 }
 
 fn crash_points(steps: &[&str], point: &str) {
