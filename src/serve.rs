@@ -95,12 +95,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let oidc = Oidc::bind(&config.jwt, grpc_settings.as_ref(), Mode::Serve).await?;
     let signals = shutdown::signals().context("installing the signal handlers")?;
-    let mut rt = Runtime::bind(RuntimeOptions {
+    let mut rt = Runtime::new(RuntimeOptions {
         admin_listen: Some(admin_listen.unwrap_or(config.admin.listen)),
         drain_timeout,
         clock: podca_authority::system_clock(),
-    })
-    .await?;
+    });
     rt.leadership().send_replace(!leader_elect);
 
     let client = podca_controller::connect(kubeconfig.as_deref()).await?;
@@ -169,9 +168,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         queue_capacity,
         leader_election: leader_elect.then(|| leader_election_options(lease)),
     };
-    let mut options = kube_component::options(&config, flags, ca);
-    options.ledger = Some(ledger);
-    options.namespace_labels = namespace_labels;
+    let options = kube_component::options(&config, flags, ca, ledger, namespace_labels);
     kube_component::controller(&mut rt, client, options);
     rt.run(signals).await?;
     Ok(())

@@ -11,8 +11,10 @@ use std::time::Duration;
 use kube::Client;
 use podca_authority::config::{Config, SecretCa as SecretCaConfig};
 use podca_authority::jwt::JwtHandle;
+use podca_authority::ledger::LedgerHandle;
 use podca_authority::oidc::Discovery;
 use podca_authority::{CaHandle, Runtime, Stage};
+use podca_signer::rules::NamespaceLabels;
 use tracing::{info, warn};
 
 use crate::jwks::JwksPublisher;
@@ -174,14 +176,23 @@ pub struct ControllerFlags {
     pub leader_election: Option<LeaderElection>,
 }
 
-/// The controller's options: flags over the configuration file.
-pub fn options(config: &Config, flags: ControllerFlags, ca: CaHandle) -> Options {
+/// The controller's options: flags over the configuration file; every answer recorded in
+/// `ledger`, rules reading namespace labels from `namespace_labels` (which it keeps filled).
+pub fn options(
+    config: &Config,
+    flags: ControllerFlags,
+    ca: CaHandle,
+    ledger: LedgerHandle,
+    namespace_labels: Option<NamespaceLabels>,
+) -> Options {
     let ControllerFlags {
         workers,
         queue_capacity,
         leader_election,
     } = flags;
     let mut options = Options::new(config.signers.clone(), ca);
+    options.ledger = Some(ledger);
+    options.namespace_labels = namespace_labels;
     options.workers = workers.unwrap_or(config.controller.workers).max(1);
     options.queue_capacity = queue_capacity.max(1);
     options.reporting_instance = std::env::var("POD_NAME").ok();
