@@ -9,6 +9,15 @@ use std::process::Command;
 
 /// Every package `package` depends on, directly or not, through normal dependencies.
 fn dependencies(package: &str) -> BTreeSet<String> {
+    tree(package, None)
+}
+
+/// The packages `package` names in its own `[dependencies]`.
+fn direct_dependencies(package: &str) -> BTreeSet<String> {
+    tree(package, Some(1))
+}
+
+fn tree(package: &str, depth: Option<u32>) -> BTreeSet<String> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
     let out = Command::new(env!("CARGO"))
         .args([
@@ -22,6 +31,7 @@ fn dependencies(package: &str) -> BTreeSet<String> {
         ])
         .args(["--format", "{p}", "-p", package, "--manifest-path"])
         .arg(&manifest)
+        .args(depth.map(|d| format!("--depth={d}")))
         .output()
         .expect("running cargo tree");
     assert!(
@@ -107,4 +117,59 @@ fn the_check_sees_what_it_forbids() {
             "podca-controller should depend on {expected}"
         );
     }
+}
+
+#[test]
+fn only_the_controller_speaks_kubernetes() {
+    // The binary wires the controller in; it names no Kubernetes crate of its own.
+    let binary = direct_dependencies("podca");
+    assert!(
+        binary.contains("podca-controller"),
+        "the check sees the binary's own dependencies: {binary:?}"
+    );
+    for crate_name in ["kube", "kube-client", "kube-runtime", "k8s-openapi"] {
+        assert!(
+            !binary.contains(crate_name),
+            "the podca binary must reach Kubernetes through podca-controller, not {crate_name}"
+        );
+    }
+    for package in [
+        "podca-signer",
+        "podca-authority",
+        "podca-grpc",
+        "podca-proto",
+    ] {
+        assert_free_of(package, &["kube", "kube-client", "k8s-openapi"]);
+    }
+}
+
+/// Lines of Rust in the binary's own source, tests included.
+fn lines_under(dir: &Path) -> usize {
+    let mut lines = 0;
+    for entry in std::fs::read_dir(dir).expect("reading src/") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            lines += lines_under(&path);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            lines += std::fs::read_to_string(&path)
+                .expect("reading a source file")
+                .lines()
+                .count();
+        }
+    }
+    lines
+}
+
+#[test]
+fn the_binary_is_wiring_only() {
+    // Logic lives in the crates, where serve, dev and the command line share it; the binary
+    // parses flags, composes components and prints.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../src");
+    let lines = lines_under(&src);
+    assert!(lines > 500, "counted the binary's source: {lines} lines");
+    assert!(
+        lines <= 2_500,
+        "src/ has {lines} lines; at most 2,500 (move logic into signer, authority, grpc or \
+         controller)"
+    );
 }
