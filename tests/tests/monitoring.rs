@@ -316,6 +316,10 @@ const EVENT_FAMILIES: &[(&str, &str, &str)] = &[
 const METRICS_RS: &str = "authority/src/metrics.rs";
 const LEDGER_RS: &str = "authority/src/ledger/mod.rs";
 
+/// The files whose metrics are registered in a component's sub-registry (the runtime's
+/// `Metrics::register_component`), with that sub-registry's prefix.
+const COMPONENT_PREFIXES: &[(&str, &str)] = &[(LEDGER_RS, "ledger_")];
+
 /// `# TYPE` lines for [`EVENT_FAMILIES`], each checked to be registered under that name in
 /// its file (one registry, prefix `podca_`): `registry.register(`, or a collector's
 /// `encode_descriptor(` for the families it writes at each scrape.
@@ -323,10 +327,19 @@ fn event_families() -> String {
     let mut page = String::new();
     for (name, kind, file) in EVENT_FAMILIES {
         let source = std::fs::read_to_string(repo_root().join(file)).unwrap();
+        // The name the file registers: without its component's prefix, when it has one.
+        let local =
+            COMPONENT_PREFIXES
+                .iter()
+                .find(|(f, _)| f == file)
+                .map_or(*name, |(_, prefix)| {
+                    name.strip_prefix(prefix)
+                        .unwrap_or_else(|| panic!("{name:?} lacks its component prefix {prefix:?}"))
+                });
         let registered = ["registry.register(", "encoder.encode_descriptor("]
             .iter()
             .flat_map(|call| source.split(call).skip(1))
-            .any(|call| call.trim_start().starts_with(&format!("\"{name}\",")));
+            .any(|call| call.trim_start().starts_with(&format!("\"{local}\",")));
         assert!(
             registered,
             "{file} registers no metric {name:?} (renamed? update the dashboard, the alerts \
