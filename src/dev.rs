@@ -135,12 +135,11 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let signals = shutdown::signals().context("installing the SIGTERM and SIGINT handlers")?;
     let hup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
 
-    let mut rt = Runtime::bind(RuntimeOptions {
+    let mut rt = Runtime::new(RuntimeOptions {
         admin_listen: None,
         drain_timeout: DRAIN_TIMEOUT,
         clock: podca_authority::system_clock(),
-    })
-    .await?;
+    });
     let CaPlan::Directory(ca) = ca::plan(&config, false)? else {
         anyhow::bail!("podca dev keeps its CA in the data directory");
     };

@@ -19,7 +19,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
@@ -65,7 +64,9 @@ pub struct Runtime {
     clock: Clock,
     serve: Shutdown,
     support: Shutdown,
-    admin: Option<TcpListener>,
+    /// Bound by [`Runtime::run`], the last listener to open: once it answers, every other
+    /// listener of the command is up.
+    admin_listen: Option<SocketAddr>,
     drain_timeout: Duration,
     /// Whether this replica leads (true unless a leader election says otherwise): the
     /// components that act only as leader follow it, the leader election sets it.
@@ -87,7 +88,7 @@ impl std::fmt::Debug for RuntimeOptions {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("admin", &self.admin_addr())
+            .field("admin_listen", &self.admin_listen)
             .field("drain_timeout", &self.drain_timeout)
             .field("readiness", &self.readiness)
             .finish_non_exhaustive()
@@ -95,34 +96,26 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// Binds the admin listener (so probes get answers, 503 at first, from the start).
-    pub async fn bind(options: RuntimeOptions) -> Result<Self, RuntimeError> {
+    /// A runtime with nothing registered yet.
+    pub fn new(options: RuntimeOptions) -> Self {
         let RuntimeOptions {
             admin_listen,
             drain_timeout,
             clock,
         } = options;
-        let admin = match admin_listen {
-            Some(addr) => {
-                let listener = admin::bind(addr).await?;
-                info!(%addr, "admin listener: /metrics /livez /readyz");
-                Some(listener)
-            }
-            None => None,
-        };
         let (failed_tx, failed) = mpsc::unbounded_channel();
-        Ok(Runtime {
+        Runtime {
             metrics: Arc::new(Metrics::new()),
             readiness: Readiness::new(),
             clock,
             serve: Shutdown::new(),
             support: Shutdown::new(),
-            admin,
+            admin_listen,
             drain_timeout,
             leadership: watch::Sender::new(true),
             failed_tx,
             failed,
-        })
+        }
     }
 
     /// The shared metrics; a component with metrics of its own registers them with
@@ -150,11 +143,6 @@ impl Runtime {
     /// election (the PCR controller's Lease) sends. True until someone says otherwise.
     pub fn leadership(&self) -> &watch::Sender<bool> {
         &self.leadership
-    }
-
-    /// The admin listener's address, once bound.
-    pub fn admin_addr(&self) -> Option<SocketAddr> {
-        self.admin.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// `component`'s say in `/readyz`: not ready until the component sets it.
@@ -215,19 +203,16 @@ impl Runtime {
         });
     }
 
-    /// Serves the admin listener, then waits for `signal` (or a critical component's failure),
-    /// and stops: readiness turns false at once, the [`Stage::Serve`] tasks drain, then the
-    /// [`Stage::Support`] tasks, all within the drain deadline.
+    /// Binds and serves the admin listener, then waits for `signal` (or a critical
+    /// component's failure), and stops: readiness turns false at once, the [`Stage::Serve`]
+    /// tasks drain, then the [`Stage::Support`] tasks, all within the drain deadline.
     pub async fn run(mut self, signal: impl Future<Output = ()>) -> Result<(), RuntimeError> {
-        if let Some(listener) = self.admin.take() {
-            let (metrics, readiness) = (Arc::clone(&self.metrics), Arc::clone(&self.readiness));
-            self.spawn(Stage::Support, "admin listener", |stop| {
-                admin::serve(listener, metrics, readiness, stop)
-            });
-        }
-        let failure = tokio::select! {
-            () = signal => None,
-            failure = self.failed.recv() => failure,
+        let failure = match self.serve_admin().await {
+            Err(e) => Some(e),
+            Ok(()) => tokio::select! {
+                () = signal => None,
+                failure = self.failed.recv() => failure,
+            },
         };
         match &failure {
             None => info!("stopping: draining"),
@@ -252,6 +237,19 @@ impl Runtime {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    async fn serve_admin(&mut self) -> Result<(), RuntimeError> {
+        let Some(addr) = self.admin_listen else {
+            return Ok(());
+        };
+        let listener = admin::bind(addr).await?;
+        info!(%addr, "admin listener: /metrics /livez /readyz");
+        let (metrics, readiness) = (Arc::clone(&self.metrics), Arc::clone(&self.readiness));
+        self.spawn(Stage::Support, "admin listener", |stop| {
+            admin::serve(listener, metrics, readiness, stop)
+        });
+        Ok(())
     }
 
     fn stage(&self, stage: Stage) -> &Shutdown {
@@ -297,7 +295,7 @@ mod tests {
 
     #[tokio::test]
     async fn serving_tasks_end_before_support_tasks_are_told_to_stop() {
-        let mut rt = Runtime::bind(options()).await.unwrap();
+        let mut rt = Runtime::new(options());
         let support_stop = rt.stop_receiver(Stage::Support);
         let (saw_tx, saw) = tokio::sync::oneshot::channel();
         rt.spawn(Stage::Serve, "server", move |mut stop| async move {
@@ -319,7 +317,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_critical_component_stops_the_runtime_with_its_error() {
-        let mut rt = Runtime::bind(options()).await.unwrap();
+        let mut rt = Runtime::new(options());
         rt.spawn_critical(Stage::Serve, "controller", |_stop| async {
             Err::<(), _>("watch failed")
         });
@@ -335,7 +333,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_critical_component_ending_early_is_a_failure() {
-        let mut rt = Runtime::bind(options()).await.unwrap();
+        let mut rt = Runtime::new(options());
         rt.spawn_critical(Stage::Serve, "controller", |_stop| async {
             Ok::<(), String>(())
         });
@@ -345,7 +343,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_critical_component_ending_on_stop_is_no_failure() {
-        let mut rt = Runtime::bind(options()).await.unwrap();
+        let mut rt = Runtime::new(options());
         rt.spawn_critical(Stage::Serve, "controller", |mut stop| async move {
             let _ = stop.wait_for(|s| *s).await;
             Ok::<(), String>(())

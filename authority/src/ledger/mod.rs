@@ -604,7 +604,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = redb_store(&dir).await;
         let mut registry = Registry::default();
-        let metrics = LedgerMetrics::register(&mut registry);
+        let metrics = LedgerMetrics::register(registry.sub_registry_with_prefix("ledger"));
         let (handle, writer) = start(store.clone(), &LedgerConfig::default(), metrics);
         let (stop_tx, stop) = watch::channel(false);
         let task = tokio::spawn(writer.run(stop));
