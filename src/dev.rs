@@ -15,14 +15,13 @@ use anyhow::Context;
 use clap::Args;
 use podca_authority::components::ca::{self, CaPlan};
 use podca_authority::components::{jwt, ledger};
-use podca_authority::config::{CaConfig, Config, DevBundle, DevIdentity, FileCa, Pkcs11Ca};
+use podca_authority::config::{Config, DevBundle, DevIdentity};
 use podca_authority::rotation::Rotator;
 use podca_authority::{Runtime, RuntimeOptions, Stage, shutdown};
 use podca_grpc::component::{self as grpc, Callers, Mode, Oidc, Settings};
 use podca_grpc::jwt::JwtService;
 use podca_grpc::keeper::{self, KeptBundle};
-use podca_signer::{FileStore, InitOptions, KeyType, SignerPolicy};
-use time::OffsetDateTime;
+use podca_signer::{KeyType, SignerPolicy};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::commands::default_data_dir;
@@ -77,7 +76,10 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let data_dir = data_dir.unwrap_or_else(default_data_dir);
     let bundles = bundles
         .iter()
-        .map(|spec| parse_bundle_flag(spec))
+        .map(|spec| {
+            spec.parse::<DevBundle>()
+                .map_err(|e| anyhow::anyhow!("--bundle {e}"))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let configured = config.is_some();
     let mut config = match &config {
@@ -97,8 +99,8 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     }
     let (signer_name, policy) = config.grpc_signer()?;
     let (signer_name, trust_domain) = (signer_name.to_owned(), policy.trust_domain.clone());
-    config.ca = dev_ca_config(&config.ca, &data_dir)?;
-    let created = create_ca_if_missing(&config.ca, &data_dir)?;
+    config.ca = ca::in_data_dir(&config.ca, &data_dir)?;
+    let created = ca::create_if_missing(&config.ca, &data_dir, "podca dev")?;
 
     let identities = if config.dev.identities.is_empty() {
         vec![DevIdentity {
@@ -205,23 +207,6 @@ fn policy_allows(config: &Config, key_type: &KeyType) -> anyhow::Result<bool> {
     Ok(config.grpc_signer()?.1.key_types.contains(key_type))
 }
 
-/// A first run makes a file CA; a CA whose key is in an HSM is made with `podca ca init
-/// --pkcs11-uri` first. Returns whether it made one.
-fn create_ca_if_missing(ca: &CaConfig, data_dir: &Path) -> anyhow::Result<bool> {
-    let store = FileStore::new(data_dir);
-    if store.is_initialised() || !matches!(ca, CaConfig::File(_)) {
-        return Ok(false);
-    }
-    let options = InitOptions {
-        name: "podca dev".into(),
-        ..InitOptions::default()
-    };
-    store
-        .init(&options, OffsetDateTime::now_utc())
-        .with_context(|| format!("creating a CA in {}", data_dir.display()))?;
-    Ok(true)
-}
-
 /// SIGHUP reloads the CA from the data directory at once (after `podca ca rotate`), so the
 /// new bundle reaches every open stream without waiting for the driver's next look.
 fn reload_on_sighup(rt: &mut Runtime, mut hup: Signal, rotator: Arc<Rotator>, dir: PathBuf) {
@@ -317,62 +302,4 @@ fn print_banner(b: &Banner<'_>) {
          (SIGHUP: at once); Ctrl-C stops"
     );
     println!("podca dev: ready");
-}
-
-/// Parses `--bundle NS/SA[:KEY_TYPE]` (`:` is in neither a namespace nor a service-account name).
-fn parse_bundle_flag(spec: &str) -> anyhow::Result<DevBundle> {
-    let (identity, key_type) = match spec.split_once(':') {
-        Some((identity, key_type)) => (
-            identity,
-            key_type.parse::<KeyType>().map_err(|_| {
-                anyhow::anyhow!(
-                    "--bundle {spec:?}: unknown key type {key_type:?}; expected one of {}",
-                    KeyType::EVERY.map(|k| k.kubelet_name()).join(", ")
-                )
-            })?,
-        ),
-        None => (spec, KeyType::EcdsaP256),
-    };
-    let (namespace, service_account) = identity
-        .split_once('/')
-        .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty() && !sa.contains('/'))
-        .with_context(|| {
-            format!("--bundle {spec:?}: expected namespace/service-account[:KEY_TYPE]")
-        })?;
-    Ok(DevBundle {
-        namespace: namespace.into(),
-        service_account: service_account.into(),
-        key_type,
-    })
-}
-
-/// The `[ca]` table as `podca dev` uses it: the CA always lives in the data directory (file
-/// keys, or an HSM key recorded there); a Secret-held CA needs the Kubernetes API.
-fn dev_ca_config(ca: &CaConfig, data_dir: &Path) -> anyhow::Result<CaConfig> {
-    let dir = |configured: &Option<PathBuf>| match configured {
-        Some(d) if d != data_dir => anyhow::bail!(
-            "[ca] dir = {} but podca dev keeps its CA in the data directory {}; drop [ca] dir or \
-             pass --data-dir {}",
-            d.display(),
-            data_dir.display(),
-            d.display()
-        ),
-        _ => Ok(Some(data_dir.to_owned())),
-    };
-    Ok(match ca {
-        CaConfig::Secret(s) => anyhow::bail!(
-            "[ca] backend = \"secret\" ({}/{}) is read through the Kubernetes API, which podca \
-             dev does not use; use backend = \"file\" (the default) or \"pkcs11\"",
-            s.namespace,
-            s.name
-        ),
-        CaConfig::File(f) => CaConfig::File(FileCa {
-            dir: dir(&f.dir)?,
-            automatic_rotation: f.automatic_rotation,
-        }),
-        CaConfig::Pkcs11(p) => CaConfig::Pkcs11(Pkcs11Ca {
-            dir: dir(&p.dir)?,
-            ..p.clone()
-        }),
-    })
 }

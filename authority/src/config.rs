@@ -651,6 +651,95 @@ pub struct DevBundle {
     pub key_type: podca_signer::KeyType,
 }
 
+/// A `--bundle` flag that is not `NS/SA[:KEY_TYPE]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{spec:?}: {problem}")]
+pub struct DevBundleError {
+    spec: String,
+    problem: String,
+}
+
+impl std::str::FromStr for DevBundle {
+    type Err = DevBundleError;
+
+    /// `NS/SA[:KEY_TYPE]` (`:` is in neither a namespace nor a service-account name); the key
+    /// type defaults to ECDSAP256.
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        let refused = |problem: String| DevBundleError {
+            spec: spec.to_owned(),
+            problem,
+        };
+        let (identity, key_type) = match spec.split_once(':') {
+            Some((identity, key_type)) => (
+                identity,
+                key_type.parse::<podca_signer::KeyType>().map_err(|_| {
+                    refused(format!(
+                        "unknown key type {key_type:?}; expected one of {}",
+                        podca_signer::KeyType::EVERY
+                            .map(|k| k.kubelet_name())
+                            .join(", ")
+                    ))
+                })?,
+            ),
+            None => (spec, podca_signer::KeyType::EcdsaP256),
+        };
+        let (namespace, service_account) = identity
+            .split_once('/')
+            .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty() && !sa.contains('/'))
+            .ok_or_else(|| refused("expected namespace/service-account[:KEY_TYPE]".into()))?;
+        Ok(DevBundle {
+            namespace: namespace.into(),
+            service_account: service_account.into(),
+            key_type,
+        })
+    }
+}
+
+#[cfg(test)]
+mod dev_bundle_tests {
+    use super::DevBundle;
+    use podca_signer::KeyType;
+
+    #[test]
+    fn bundle_flags_parse_or_say_what_is_wrong() {
+        let ok: DevBundle = "apps/web".parse().unwrap();
+        assert_eq!(
+            (
+                ok.namespace.as_str(),
+                ok.service_account.as_str(),
+                ok.key_type
+            ),
+            ("apps", "web", KeyType::EcdsaP256)
+        );
+        let pq: DevBundle = "apps/web:MLDSA65".parse().unwrap();
+        assert_eq!(pq.key_type, KeyType::MlDsa65);
+        for (spec, error) in [
+            (
+                "apps",
+                "\"apps\": expected namespace/service-account[:KEY_TYPE]",
+            ),
+            (
+                "apps/",
+                "\"apps/\": expected namespace/service-account[:KEY_TYPE]",
+            ),
+            (
+                "a/b/c",
+                "\"a/b/c\": expected namespace/service-account[:KEY_TYPE]",
+            ),
+        ] {
+            let refused = spec.parse::<DevBundle>().unwrap_err();
+            assert_eq!(refused.to_string(), error);
+        }
+        let refused = "apps/web:DSA".parse::<DevBundle>().unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .starts_with("\"apps/web:DSA\": unknown key type \"DSA\"; expected one of RSA3072"),
+            "{refused}"
+        );
+    }
+}
+
 /// The PodCertificateRequest controller.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

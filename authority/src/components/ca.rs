@@ -8,16 +8,17 @@
 //! directory is writable, and replicas do not share it (`--leader-elect`); it always follows
 //! other writers' changes (`podca ca rotate`) within [`POLL`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use podca_signer::StoreError;
 use podca_signer::rotation::ScheduleError;
+use podca_signer::{FileStore, InitOptions, StoreError};
+use time::OffsetDateTime;
 use tracing::info;
 
 use crate::ca::{self, CaSource, OpenError};
-use crate::config::{CaConfig, Config, SecretCa};
+use crate::config::{CaConfig, Config, FileCa, Pkcs11Ca, SecretCa};
 use crate::hsm_metrics::HsmMetrics;
 use crate::rotation::{Rotator, RotatorOptions};
 use crate::runtime::{Runtime, Stage};
@@ -45,6 +46,11 @@ pub enum CaStartError {
     Load(OpenError),
     #[error("[rotation] in the config file: {0}")]
     Schedule(ScheduleError),
+    /// `podca dev` keeps its CA in its data directory (see [`in_data_dir`]).
+    #[error("{0}")]
+    NotInDataDir(String),
+    #[error("creating a CA in {}: {error}", .dir.display())]
+    Create { dir: PathBuf, error: StoreError },
 }
 
 impl From<ScheduleError> for CaStartError {
@@ -176,6 +182,58 @@ impl DirectoryCa {
         }
         RunningCa { handle, rotator }
     }
+}
+
+/// `[ca]` as `podca dev` uses it: the CA always lives in the data directory (file keys, or an
+/// HSM key recorded there); a Secret-held CA needs the Kubernetes API, which dev does not use.
+pub fn in_data_dir(ca: &CaConfig, data_dir: &Path) -> Result<CaConfig, CaStartError> {
+    let dir = |configured: &Option<PathBuf>| match configured {
+        Some(d) if d != data_dir => Err(CaStartError::NotInDataDir(format!(
+            "[ca] dir = {} but podca dev keeps its CA in the data directory {}; drop [ca] dir or \
+             pass --data-dir {}",
+            d.display(),
+            data_dir.display(),
+            d.display()
+        ))),
+        _ => Ok(Some(data_dir.to_owned())),
+    };
+    Ok(match ca {
+        CaConfig::Secret(s) => {
+            return Err(CaStartError::NotInDataDir(format!(
+                "[ca] backend = \"secret\" ({}/{}) is read through the Kubernetes API, which \
+                 podca dev does not use; use backend = \"file\" (the default) or \"pkcs11\"",
+                s.namespace, s.name
+            )));
+        }
+        CaConfig::File(f) => CaConfig::File(FileCa {
+            dir: dir(&f.dir)?,
+            automatic_rotation: f.automatic_rotation,
+        }),
+        CaConfig::Pkcs11(p) => CaConfig::Pkcs11(Pkcs11Ca {
+            dir: dir(&p.dir)?,
+            ..p.clone()
+        }),
+    })
+}
+
+/// Makes a file CA named `name` in `dir` on a first run; a CA whose key is in an HSM is made
+/// with `podca ca init --pkcs11-uri` first. Returns whether it made one.
+pub fn create_if_missing(ca: &CaConfig, dir: &Path, name: &str) -> Result<bool, CaStartError> {
+    let store = FileStore::new(dir);
+    if store.is_initialised() || !matches!(ca, CaConfig::File(_)) {
+        return Ok(false);
+    }
+    let options = InitOptions {
+        name: name.into(),
+        ..InitOptions::default()
+    };
+    store
+        .init(&options, OffsetDateTime::now_utc())
+        .map_err(|error| CaStartError::Create {
+            dir: dir.to_owned(),
+            error,
+        })?;
+    Ok(true)
 }
 
 /// Whether the rotation driver takes scheduled steps: when the configuration asks for it,
