@@ -37,7 +37,6 @@ use prometheus_client::encoding::EncodeLabelSet;
 use serde::Deserialize;
 use time::Duration;
 use tokio::sync::watch;
-use tracing::warn;
 
 use crate::config::CaConfig;
 use crate::metrics::Metrics;
@@ -520,38 +519,41 @@ impl JwtRotator {
         Ok(keyset::next_event(&infos, &self.schedule))
     }
 
-    /// Ticks until `shutdown` turns true: when a step is due, and at least every `poll`.
-    /// A standby (`WhileLeading`) ticks at once when it becomes the leader.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut leading = match &self.rotation {
+    /// Ticks until `shutdown` turns true, in the one key loop ([`crate::key_driver::drive`]):
+    /// when a step is due, at least every `poll`, at once when a standby becomes the leader.
+    pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+        crate::key_driver::drive(self, shutdown).await;
+    }
+}
+
+impl crate::key_driver::KeyKeeper for JwtRotator {
+    type Error = String;
+    const WHAT: &'static str = "JWT key rotation";
+
+    fn check(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Option<time::OffsetDateTime>, String>> + Send
+    {
+        std::future::ready(self.tick().map_err(|e| format!("{e:#}")))
+    }
+
+    fn takes_steps(&self) -> bool {
+        rotation_steps(&self.rotation)
+    }
+
+    fn leadership(&self) -> Option<watch::Receiver<bool>> {
+        match &self.rotation {
             JwtRotation::WhileLeading(leading) => Some(leading.clone()),
-            _ => None,
-        };
-        loop {
-            let wait = match self.tick() {
-                Ok(next) => crate::rotation::wait_for_next(next, (self.clock)(), self.poll),
-                Err(e) => {
-                    warn!(error = %e, "JWT key rotation check failed; keeping the current keys");
-                    self.poll.min(StdDuration::from_secs(30))
-                }
-            };
-            let leadership_change = async {
-                match leading.as_mut() {
-                    Some(leading) => {
-                        if leading.changed().await.is_err() {
-                            // The controller has gone; keep the poll.
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                () = leadership_change => {}
-                r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
-            }
+            JwtRotation::Automatic | JwtRotation::Follow => None,
         }
+    }
+
+    fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    fn poll(&self) -> StdDuration {
+        self.poll
     }
 }
 

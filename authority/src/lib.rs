@@ -33,6 +33,7 @@ pub mod config;
 pub mod hsm_metrics;
 pub mod intermediate;
 pub mod jwt;
+pub mod key_driver;
 pub mod ledger;
 pub mod metrics;
 pub mod oidc;

@@ -392,38 +392,38 @@ impl JwtSecretRotator {
         Ok(keyset::next_event(&infos, &self.schedule))
     }
 
-    /// Ticks until `shutdown` turns true: when a step is due, at least every poll, and at once
-    /// when leadership changes.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut leading = self.leading.clone();
-        loop {
-            let wait = match self.tick().await {
-                Ok(next) => {
-                    let wait =
-                        podca_authority::rotation::wait_for_next(next, (self.clock)(), self.poll);
-                    // A standby has nothing due of its own: it polls.
-                    if *self.leading.borrow() {
-                        wait
-                    } else {
-                        self.poll
-                    }
-                }
-                Err(e) => {
-                    warn!(error = %e, "JWT key Secret check failed; keeping the current keys");
-                    self.poll.min(StdDuration::from_secs(30))
-                }
-            };
-            let leadership_change = async {
-                if leading.changed().await.is_err() {
-                    // The controller has gone; keep the poll.
-                    std::future::pending::<()>().await;
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                () = leadership_change => {}
-                r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
-            }
-        }
+    /// Ticks until `shutdown` turns true, in the one key loop
+    /// ([`podca_authority::key_driver::drive`]): when a step is due, at least every poll, and
+    /// at once when leadership changes.
+    pub async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
+        podca_authority::key_driver::drive(self, shutdown).await;
+    }
+}
+
+impl podca_authority::key_driver::KeyKeeper for JwtSecretRotator {
+    type Error = JwtSecretError;
+    const WHAT: &'static str = "JWT key Secret";
+
+    fn check(
+        &self,
+    ) -> impl std::future::Future<Output = Result<Option<OffsetDateTime>, JwtSecretError>> + Send
+    {
+        self.tick()
+    }
+
+    fn takes_steps(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    fn leadership(&self) -> Option<watch::Receiver<bool>> {
+        Some(self.leading.clone())
+    }
+
+    fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    fn poll(&self) -> StdDuration {
+        self.poll
     }
 }
