@@ -471,22 +471,19 @@ impl Api {
         let signer_name = signer_name.to_owned();
         let policy = policy.clone();
         let labels = self.namespace_labels_for(&policy, &identity.namespace)?;
-        let requested_lifetime = match input.requested_lifetime_seconds {
-            None => None,
-            Some(s) if s <= 0 => return Err(ApiError::BadLifetime(s)),
-            // Longer than any policy allows: plan_validity clamps it to the policy maximum.
-            Some(s) => Some(Duration::seconds(s.min(i64::from(u32::MAX)))),
-        };
+        let requested_lifetime =
+            crate::admission::requested_lifetime(input.requested_lifetime_seconds)?;
         if input.csr.is_empty() {
             return Err(ApiError::EmptyCsr);
         }
-        let requested = dns_name_count(&policy, &input.user_annotations);
-        if requested > self.options.max_dns_names {
-            return Err(ApiError::TooManyDnsNames {
-                requested,
-                max: self.options.max_dns_names,
-            });
-        }
+        crate::admission::admit_certificate(
+            &policy,
+            &crate::admission::CertificateAsk {
+                requested_lifetime_seconds: input.requested_lifetime_seconds,
+                user_annotations: &input.user_annotations,
+                max_dns_names: self.options.max_dns_names,
+            },
+        )?;
         // After the cheap checks: a refused request costs no API call.
         let pod = self.pod_facts_for(&policy, &signer_name, identity).await?;
         let snapshot = self.ca.current();
@@ -603,12 +600,8 @@ impl Api {
     ) -> Result<SignedSvid, ApiError> {
         let jwt = Arc::clone(self.jwt()?);
         self.signer(&input.signer_name)?;
-        let lifetime = match input.requested_lifetime_seconds {
-            None => None,
-            Some(s) if s <= 0 => return Err(ApiError::BadLifetime(s)),
-            // Longer than `[jwt] max_lifetime_seconds`: clamped when signing.
-            Some(s) => Some(Duration::seconds(s.min(i64::from(u32::MAX)))),
-        };
+        // Longer than `[jwt] max_lifetime_seconds`: clamped when signing.
+        let lifetime = crate::admission::requested_lifetime(input.requested_lifetime_seconds)?;
         podca_signer::jwt::check_audiences(&input.audiences, jwt.limits().max_audiences)
             .map_err(ApiError::Jwt)?;
         let (subject, request_name) = if input.pod_namespace.is_empty() && input.pod_name.is_empty()
@@ -1054,7 +1047,10 @@ fn looks_like_rsa(csr: &[u8]) -> bool {
 /// How many DNS names a certificate for this request would carry at most: the policy's
 /// templates plus the distinct names of the `podca.dev/dns-names` annotation. Counted before
 /// the policy runs, so that a request with thousands of names costs no policy work.
-fn dns_name_count(policy: &SignerPolicy, annotations: &BTreeMap<String, String>) -> usize {
+pub(crate) fn dns_name_count(
+    policy: &SignerPolicy,
+    annotations: &BTreeMap<String, String>,
+) -> usize {
     let requested: BTreeSet<String> = annotations
         .get(podca_signer::policy::DNS_NAMES_ANNOTATION)
         .map(|v| {

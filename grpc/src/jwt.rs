@@ -87,62 +87,39 @@ impl JwtService {
     ) -> Result<SignedSvid, ApiError> {
         let identity = ask.subject;
         let (_, policy) = api.signer(signer)?;
+        // The allow-lists first: a refused request costs no API call for its facts.
         if let Err(Decision::Deny { reason, message }) =
             policy.admits(&identity.namespace, &identity.service_account)
         {
             return Err(ApiError::Denied { reason, message });
         }
-        // The signer's CEL rules, over the verified identity and the requested audiences.
         let labels = api.namespace_labels_for(policy, &identity.namespace)?;
         let pod = api.pod_facts_for(policy, signer, identity).await?;
-        let no_annotations = std::collections::BTreeMap::new();
-        let facts = podca_signer::RuleFacts {
-            source: podca_signer::RequestSource::Jwt,
-            signer_name: signer,
-            namespace: &identity.namespace,
-            service_account: &identity.service_account,
-            pod_name: identity.pod_name.as_deref(),
-            pod_uid: identity.pod_uid.as_deref(),
-            node_name: identity.node_name.as_deref(),
-            key_type: None,
-            requested_lifetime_seconds: ask.lifetime.map(|l| l.whole_seconds()),
-            annotations: &no_annotations,
-            audiences: ask.audiences,
-            namespace_labels: labels.as_deref(),
-            pod: pod.as_ref(),
-            now: api.now().unix_timestamp(),
-        };
-        // An output's lifetime cap applies to the token too (its DNS names do not).
-        let cap = match policy.apply_rules_with_outputs(&facts) {
-            Ok(outputs) => outputs.max_lifetime_seconds.map(Duration::seconds),
-            Err(Decision::Deny { reason, message }) => {
-                return Err(ApiError::Denied { reason, message });
-            }
-            Err(_) => None,
-        };
-        let own = podca_signer::ledger::spiffe_id(
-            &policy.trust_domain,
-            &identity.namespace,
-            &identity.service_account,
-        );
-        if !ask.spiffe_id.is_empty() && ask.spiffe_id != own {
-            return Err(ApiError::UnknownSpiffeId {
-                requested: ask.spiffe_id.chars().take(256).collect(),
-                own,
-            });
-        }
+        let plan = crate::admission::admit_jwt(
+            policy,
+            &crate::admission::JwtFacts {
+                signer,
+                subject: identity,
+                audiences: ask.audiences,
+                spiffe_id: ask.spiffe_id,
+                lifetime: ask.lifetime,
+                namespace_labels: labels.as_deref(),
+                pod: pod.as_ref(),
+                now: api.now(),
+            },
+            &self.limits,
+        )?;
         let keys = self.keys.current();
         let now = api.now();
         let quick = keys
             .signing(now)
             .is_some_and(|(_, key)| key.signs_quickly_in_process());
-        let mut limits = self.limits.clone();
-        if let Some(cap) = cap {
-            limits.max_lifetime = limits.max_lifetime.min(cap);
-            limits.default_lifetime = limits.default_lifetime.min(cap);
-        }
+        let crate::admission::JwtPlan {
+            spiffe_id: own,
+            limits,
+            lifetime,
+        } = plan;
         let audiences = ask.audiences.to_vec();
-        let lifetime = ask.lifetime;
         let sign = move |keys: &JwtKeySet| {
             keys.sign(
                 &SvidRequest {

@@ -75,6 +75,7 @@
 //!   to the first `[dev] identities` entry). Anything that can reach a loopback port can claim
 //!   any identity that way: this is a development convenience, refused from other addresses.
 
+pub mod admission;
 pub mod auth;
 pub mod coalesce;
 pub mod component;

@@ -3,8 +3,8 @@
 //!
 //! `test` decides one sample request exactly as the running podca would: a PodCertificateRequest
 //! goes through the controller's own conversion and plan (`podca_controller::sample`), a gRPC,
-//! Istio or JWT request description through the same calls as `podca serve`'s gRPC API
-//! (`sign_request_with`; `admits` then `apply_rules` for JWT-SVIDs). The certificate is signed by
+//! Istio or JWT request description through the gRPC API's own admission
+//! (`podca_grpc::admission`: `admit_certificate` then `sign_request_with`; `admit_jwt`). The certificate is signed by
 //! a throwaway in-memory CA valid long before and after `--now`, so the CA is never what limits
 //! the answer: CA-dependent failures (`CAExpiresTooSoon`, `CAKeyUnusable`, a lifetime cut by the
 //! CA's end) are not simulated.
@@ -24,11 +24,14 @@ use anyhow::{Context, bail};
 use cel::common::ast::{EntryExpr, Expr, IdedExpr};
 use podca_authority::config::Config;
 use podca_controller::sample::PcrSample;
+use podca_grpc::admission::{CertificateAsk, JwtFacts, JwtPlan, admit_certificate, admit_jwt};
+use podca_grpc::auth::Identity;
+use podca_grpc::errors::ApiError;
 use podca_signer::keys::GeneratedKey;
-use podca_signer::rules::{PodMetadata, RequestSource, RuleFacts, RuleSet, RuleSpec};
+use podca_signer::rules::{PodMetadata, RequestSource, RuleSet, RuleSpec};
 use podca_signer::{
-    CaAlgorithm, CertificateRequest, Decision, DenyReason, FailReason, IssuingCa, KeyType,
-    MemoryKey, Outcome, RequestContext, SignerPolicy, sign_request_with,
+    CaAlgorithm, CertificateRequest, DenyReason, FailReason, IssuingCa, KeyType, MemoryKey,
+    Outcome, RequestContext, SignerPolicy, sign_request_with,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -691,56 +694,52 @@ fn test_description(
         if !config.jwt.enabled {
             bail!("[jwt] enabled = false: podca issues no JWT-SVIDs with this config");
         }
-        // As grpc/src/jwt.rs: the allow-lists' admission, then the rules.
-        let decide = |p: &SignerPolicy| -> Result<(), Decision> {
-            p.admits(&d.namespace, &d.service_account)?;
-            let pod = match &pod {
-                Ok(pod) => *pod,
-                Err(message) => {
-                    return Err(Decision::Deny {
-                        reason: DenyReason::PodNotFound,
-                        message: message.clone(),
-                    });
-                }
-            };
-            let annotations = BTreeMap::new();
-            p.apply_rules(&RuleFacts {
-                source,
-                signer_name: signer,
-                namespace: &d.namespace,
-                service_account: &d.service_account,
-                pod_name: pod_name.as_deref(),
-                pod_uid: pod_uid.as_deref(),
-                node_name: node_name.as_deref(),
-                key_type: None,
-                requested_lifetime_seconds: lifetime,
-                annotations: &annotations,
+        // The JWT-SVID decision of the gRPC API itself: allow-lists, rules, their lifetime cap.
+        let limits = config.jwt.limits();
+        let subject = Identity {
+            pod_name: pod_name.clone(),
+            pod_uid: pod_uid.clone(),
+            node_name: node_name.clone(),
+            ..Identity::service_account(&d.namespace, &d.service_account)
+        };
+        let decide = |p: &SignerPolicy| -> Result<JwtPlan, ApiError> {
+            let pod = pod.clone().map_err(|message| ApiError::Denied {
+                reason: DenyReason::PodNotFound,
+                message,
+            })?;
+            let facts = JwtFacts {
+                signer,
+                subject: &subject,
                 audiences: &d.audiences,
+                spiffe_id: "",
+                lifetime: lifetime.map(Duration::seconds),
                 namespace_labels: ns_labels,
                 pod,
-                now: now.unix_timestamp(),
-            })
+                now,
+            };
+            admit_jwt(p, &facts, &limits)
         };
-        let as_outcome = |r: Result<(), Decision>| match r {
-            Err(Decision::Deny { reason, message }) => Some(Outcome::Denied { reason, message }),
-            Err(Decision::Fail { reason, message }) => Some(Outcome::Failed { reason, message }),
-            Ok(()) | Err(Decision::Issue(_)) => None,
+        let denied = |refused: ApiError| match refused {
+            ApiError::Denied { reason, message } => Some(Outcome::Denied { reason, message }),
+            _ => None,
         };
         request.push_str(&format!(", audiences {}", d.audiences.join(", ")));
-        return Ok(match as_outcome(decide(policy)) {
-            Some(outcome) => verdict(outcome, Some(policy), signer, request, notes, &|p| {
-                as_outcome(decide(p))
-            }),
-            None => {
-                let limits = config.jwt.limits();
-                let lifetime = lifetime
-                    .map(Duration::seconds)
-                    .unwrap_or(limits.default_lifetime)
-                    .clamp(Duration::seconds(1), limits.max_lifetime);
+        return Ok(match decide(policy) {
+            Err(ApiError::Denied { reason, message }) => verdict(
+                Outcome::Denied { reason, message },
+                Some(policy),
+                signer,
+                request,
+                notes,
+                &|p| decide(p).err().and_then(denied),
+            ),
+            Err(other) => bail!("request description: podca would refuse it: {other}"),
+            Ok(plan) => {
                 notes.push(
                     "the JWT signing key's own end, which can shorten a token, is not simulated"
                         .into(),
                 );
+                let expires = plan.expiry(now, None);
                 Verdict {
                     decision: "Issued",
                     reason: podca_signer::reason::ISSUED.into(),
@@ -748,15 +747,11 @@ fn test_description(
                     decided_by: passed(policy),
                     request,
                     issued: Some(IssuedFacts {
-                        spiffe_id: podca_signer::ledger::spiffe_id(
-                            &policy.trust_domain,
-                            &d.namespace,
-                            &d.service_account,
-                        ),
+                        spiffe_id: plan.spiffe_id,
                         dns_names: vec![],
-                        lifetime_seconds: lifetime.whole_seconds(),
+                        lifetime_seconds: (expires - now).whole_seconds(),
                         not_before: None,
-                        not_after: now + lifetime,
+                        not_after: expires,
                     }),
                     notes,
                 }
@@ -770,14 +765,27 @@ fn test_description(
         .with_context(|| format!("generating a {} key", key_type.kubelet_name()))?
         .public;
     let ca = throwaway_ca(now)?;
-    // As grpc/src/core.rs: gRPC clamps a lifetime no policy allows to u32 seconds.
+    // The gRPC API's own checks (lifetime form, the DNS-name limit) before the policy.
+    let admitted = admit_certificate(
+        policy,
+        &CertificateAsk {
+            requested_lifetime_seconds: lifetime,
+            user_annotations: &d.annotations,
+            max_dns_names: config.grpc.max_dns_names,
+        },
+    )
+    .map_err(|refused| {
+        anyhow::anyhow!(
+            "request description: podca would refuse it before its policy runs: {refused}"
+        )
+    })?;
     let certificate_request = CertificateRequest {
         key: Ok(key),
         namespace: d.namespace.clone(),
         service_account: d.service_account.clone(),
         pod_name: pod_name.clone(),
         max_expiration: None,
-        requested_lifetime: lifetime.map(|s| Duration::seconds(s.min(i64::from(u32::MAX)))),
+        requested_lifetime: admitted.requested_lifetime,
         user_annotations: d.annotations.clone(),
     };
     let decide = |p: &SignerPolicy| {
