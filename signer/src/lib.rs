@@ -16,6 +16,7 @@ pub mod rotation;
 pub mod rules;
 pub mod schedule;
 pub mod store;
+pub mod verdict;
 pub mod x509;
 
 pub use backend::{BackendError, CaAlgorithm, CaKey, FileKey, MemoryKey};

@@ -51,6 +51,7 @@ use cel::{Context, Env, Program, Value};
 use serde::{Deserialize, Serialize};
 
 mod facts;
+pub mod lint;
 mod memo;
 
 use facts::FactResolver;

@@ -21,20 +21,20 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use cel::common::ast::{EntryExpr, Expr, IdedExpr};
 use podca_authority::config::Config;
 use podca_controller::sample::PcrSample;
 use podca_grpc::admission::{CertificateAsk, JwtFacts, JwtPlan, admit_certificate, admit_jwt};
 use podca_grpc::auth::Identity;
 use podca_grpc::errors::ApiError;
 use podca_signer::keys::GeneratedKey;
-use podca_signer::rules::{PodMetadata, RequestSource, RuleSet, RuleSpec};
+use podca_signer::rules::{PodMetadata, RequestSource, lint};
+use podca_signer::verdict::{IssuedFacts, Verdict, passed, verdict};
 use podca_signer::{
-    CaAlgorithm, CertificateRequest, DenyReason, FailReason, IssuingCa, KeyType, MemoryKey,
-    Outcome, RequestContext, SignerPolicy, sign_request_with,
+    CaAlgorithm, CertificateRequest, DenyReason, IssuingCa, KeyType, MemoryKey, Outcome,
+    RequestContext, SignerPolicy, sign_request_with,
 };
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use time::format_description::well_known::Rfc3339;
 use time::{Duration, OffsetDateTime};
 
@@ -128,7 +128,10 @@ impl PolicyCommand {
         match self {
             PolicyCommand::Test(args) => match test(&args) {
                 Ok(verdict) => {
-                    verdict.print(args.output);
+                    match args.output {
+                        OutputFormat::Json => println!("{:#}", verdict.to_json()),
+                        OutputFormat::Text => print!("{}", verdict.to_text()),
+                    }
                     if verdict.decision == "Issued" {
                         ExitCode::SUCCESS
                     } else {
@@ -146,93 +149,6 @@ impl PolicyCommand {
 }
 
 // ---- podca policy test ----------------------------------------------------------------------
-
-/// The answer `podca policy test` prints.
-#[derive(Debug)]
-struct Verdict {
-    /// `Issued`, `Denied` or `Failed`.
-    decision: &'static str,
-    reason: String,
-    message: String,
-    /// Which allow-list or rule decided.
-    decided_by: String,
-    /// The request as decided, in one line.
-    request: String,
-    issued: Option<IssuedFacts>,
-    notes: Vec<String>,
-}
-
-#[derive(Debug)]
-struct IssuedFacts {
-    spiffe_id: String,
-    dns_names: Vec<String>,
-    lifetime_seconds: i64,
-    /// None for JWT-SVIDs (the token is dated when signed).
-    not_before: Option<OffsetDateTime>,
-    not_after: OffsetDateTime,
-}
-
-impl Verdict {
-    fn print(&self, format: OutputFormat) {
-        let time = |t: OffsetDateTime| t.format(&Rfc3339).unwrap_or_else(|_| t.to_string());
-        match format {
-            OutputFormat::Json => {
-                let issued = self.issued.as_ref().map(|i| {
-                    json!({
-                        "spiffe_id": i.spiffe_id,
-                        "dns_names": i.dns_names,
-                        "lifetime_seconds": i.lifetime_seconds,
-                        "not_before": i.not_before.map(time),
-                        "not_after": time(i.not_after),
-                    })
-                });
-                let value = json!({
-                    "decision": self.decision,
-                    "reason": self.reason,
-                    "message": self.message,
-                    "decided_by": self.decided_by,
-                    "request": self.request,
-                    "issued": issued,
-                    "notes": self.notes,
-                });
-                println!("{value:#}");
-            }
-            OutputFormat::Text => {
-                println!("decision:   {}", self.decision);
-                println!("reason:     {}", self.reason);
-                if !self.message.is_empty() {
-                    println!("message:    {}", self.message);
-                }
-                println!("decided by: {}", self.decided_by);
-                println!("request:    {}", self.request);
-                if let Some(i) = &self.issued {
-                    println!("spiffe id:  {}", i.spiffe_id);
-                    if i.dns_names.is_empty() {
-                        println!("dns names:  (none)");
-                    } else {
-                        println!("dns names:  {}", i.dns_names.join(", "));
-                    }
-                    match i.not_before {
-                        Some(nb) => println!(
-                            "lifetime:   {} s (not before {}, not after {})",
-                            i.lifetime_seconds,
-                            time(nb),
-                            time(i.not_after)
-                        ),
-                        None => println!(
-                            "lifetime:   {} s (expires {})",
-                            i.lifetime_seconds,
-                            time(i.not_after)
-                        ),
-                    }
-                }
-                for note in &self.notes {
-                    println!("note:       {note}");
-                }
-            }
-        }
-    }
-}
 
 /// Reads a JSON (`.json`) or YAML file into a JSON value; errors name the file and position.
 fn read_document(path: &Path, what: &str) -> anyhow::Result<Value> {
@@ -819,137 +735,6 @@ fn test_description(
     ))
 }
 
-/// "allow-lists passed, N rules passed".
-fn passed(policy: &SignerPolicy) -> String {
-    match policy.rules.len() {
-        0 => "the allow-lists passed (no rules)".into(),
-        1 => "the allow-lists and the 1 rule passed".into(),
-        n => format!("the allow-lists and all {n} rules passed"),
-    }
-}
-
-/// The verdict for `outcome`; `rerun` decides again under another policy (for which rule).
-fn verdict(
-    outcome: Outcome,
-    policy: Option<&SignerPolicy>,
-    signer: &str,
-    request: String,
-    notes: Vec<String>,
-    rerun: &dyn Fn(&SignerPolicy) -> Option<Outcome>,
-) -> Verdict {
-    let mut v = Verdict {
-        decision: "Issued",
-        reason: String::new(),
-        message: String::new(),
-        decided_by: String::new(),
-        request,
-        issued: None,
-        notes,
-    };
-    match outcome {
-        Outcome::Issued(cert) => {
-            v.reason = podca_signer::reason::ISSUED.into();
-            v.decided_by = policy.map(passed).unwrap_or_default();
-            let validity = cert.validity;
-            v.issued = Some(IssuedFacts {
-                spiffe_id: cert.spiffe_id.clone(),
-                dns_names: cert.dns_names.clone(),
-                lifetime_seconds: (validity.not_after - validity.not_before).whole_seconds(),
-                not_before: Some(validity.not_before),
-                not_after: validity.not_after,
-            });
-        }
-        Outcome::Denied { reason, message } => {
-            v.decision = "Denied";
-            v.reason = reason.condition_reason().into();
-            v.decided_by = match (reason, policy) {
-                (DenyReason::Rule(_), Some(policy)) => {
-                    deciding_rule(policy, v.reason.as_str(), &message, rerun)
-                }
-                (DenyReason::Rule(_), None) => "a CEL rule".into(),
-                (DenyReason::UnsupportedKeyType, _) => {
-                    "allow-list key_types (or a key type podca never certifies)".into()
-                }
-                (DenyReason::MalformedPublicKey, _) => "the request's public key".into(),
-                (DenyReason::NamespaceNotAllowed, _) => {
-                    "allow-list namespaces / excluded_namespaces".into()
-                }
-                (DenyReason::ServiceAccountNotAllowed, _) => "allow-list service_accounts".into(),
-                (DenyReason::InvalidUserAnnotations, _) => {
-                    "allow-list allowed_dns_names (the podca.dev/dns-names annotation)".into()
-                }
-                (DenyReason::PodNotFound, _) => {
-                    "the pod read for the rules (pod_facts): no such pod with that UID".into()
-                }
-            };
-            v.message = message;
-        }
-        Outcome::Failed { reason, message } => {
-            v.decision = "Failed";
-            v.reason = reason.condition_reason().into();
-            v.decided_by = match reason {
-                FailReason::UnknownSigner => {
-                    format!("the controller: no [signers.{signer:?}] in the config")
-                }
-                FailReason::LegacyRequestUnreadable => {
-                    "the controller: a legacy key only v1beta1 shows".into()
-                }
-                FailReason::InvalidDnsNameTemplate => "dns_name_templates".into(),
-                FailReason::LifetimeNotSatisfiable => {
-                    "the lifetimes (default/max_lifetime_seconds, maxExpirationSeconds)".into()
-                }
-                FailReason::CaExpiresTooSoon
-                | FailReason::CaKeyUnusable
-                | FailReason::CertificateBuildFailed => "the CA".into(),
-            };
-            v.message = message;
-        }
-        Outcome::Retry(e) => {
-            // An in-memory key never reports a transient failure; answered anyway.
-            v.decision = "Failed";
-            v.reason = "CAUnavailable".into();
-            v.decided_by = "the CA".into();
-            v.message = e.to_string();
-        }
-    }
-    v
-}
-
-/// Names the rule that denied: the shortest prefix of the rules that gives the same denial.
-fn deciding_rule(
-    policy: &SignerPolicy,
-    reason: &str,
-    message: &str,
-    rerun: &dyn Fn(&SignerPolicy) -> Option<Outcome>,
-) -> String {
-    let n = policy.rules.len();
-    for k in 1..=n {
-        let mut prefix = policy.clone();
-        prefix.rules.truncate(k);
-        if let Some(Outcome::Denied {
-            reason: r,
-            message: m,
-        }) = rerun(&prefix)
-            && r.condition_reason() == reason
-            && m == message
-        {
-            let rule = &policy.rules[k - 1];
-            let kind = if rule.deny.is_some() {
-                "deny"
-            } else {
-                "require"
-            };
-            let failed = if reason.starts_with("PolicyRuleFailed:") {
-                ", failed to evaluate (rules fail closed)"
-            } else {
-                ""
-            };
-            return format!("rule {:?} ({k} of {n}, {kind}{failed})", rule.name);
-        }
-    }
-    format!("a CEL rule (reason {reason})")
-}
-
 // ---- podca policy lint ----------------------------------------------------------------------
 
 fn lint(path: &Path, output: OutputFormat) -> ExitCode {
@@ -973,7 +758,7 @@ fn lint(path: &Path, output: OutputFormat) -> ExitCode {
                 signers += 1;
                 rules += policy.rules.len();
                 errors.extend(
-                    signer_errors(name, policy)
+                    lint::signer_errors(name, policy)
                         .into_iter()
                         .map(|e| format!("signer {name:?}: {e}")),
                 );
@@ -981,7 +766,7 @@ fn lint(path: &Path, output: OutputFormat) -> ExitCode {
                     policy
                         .rules
                         .iter()
-                        .flat_map(rule_warnings)
+                        .flat_map(lint::rule_warnings)
                         .map(|w| format!("signer {name:?}: {w}")),
                 );
             }
@@ -1028,158 +813,4 @@ fn lint(path: &Path, output: OutputFormat) -> ExitCode {
     } else {
         ExitCode::from(EXIT_REFUSED)
     }
-}
-
-/// Every error of one signer's policy: the loader's ([`SignerPolicy::validate_for`], which stops
-/// at the first) and, each rule compiled on its own, every rule that does not compile.
-fn signer_errors(name: &str, policy: &SignerPolicy) -> Vec<String> {
-    let mut errors: Vec<String> = policy
-        .rules
-        .iter()
-        .enumerate()
-        .filter_map(|(i, rule)| {
-            RuleSet::compile(name, std::slice::from_ref(rule))
-                .err()
-                .map(|mut e| {
-                    if e.rule.starts_with('#') {
-                        e.rule = format!("#{}", i + 1);
-                    }
-                    e.to_string()
-                })
-        })
-        .collect();
-    if let Err(e) = policy.validate_for(name) {
-        let text = match e {
-            podca_signer::policy::PolicyError::Rule(r) => r.to_string(),
-            other => other.to_string(),
-        };
-        if !errors.contains(&text) {
-            errors.insert(0, text);
-        }
-    }
-    errors
-}
-
-/// Warnings worth knowing about one rule that parses (a rule that does not is an error).
-fn rule_warnings(rule: &RuleSpec) -> Vec<String> {
-    let mut warnings = Vec::new();
-    let (field, source) = match (&rule.deny, &rule.require) {
-        (Some(d), None) => ("deny", d),
-        (None, Some(r)) => ("require", r),
-        _ => return warnings,
-    };
-    let parser = cel::Env::stdlib().with_optional_support(false).parser();
-    let Ok((expr, info)) = parser.parse_with_source_info(source) else {
-        return warnings;
-    };
-    let mut facts = FactUse::default();
-    facts.walk(&expr);
-    if let Some(id) = facts.annotations {
-        let at = info
-            .offset_for(id)
-            .map(|(start, _)| {
-                let (l, c) = line_column(source, start as usize);
-                format!(" at {field} {l}:{c}")
-            })
-            .unwrap_or_default();
-        warnings.push(format!(
-            "rule {:?}{at}: reads request.annotations, which the workload writes (a PCR's \
-             unverifiedUserAnnotations, podca.v1 user_annotations): nothing verified them, so \
-             a rule must not trust them to allow",
-            rule.name
-        ));
-    }
-    if !facts.reads_any {
-        let value = cel::Value::resolve(&expr, &cel::Context::default());
-        let denies_all = match value {
-            Ok(cel::Value::Bool(b)) => Some(b == (field == "deny")),
-            _ => None,
-        };
-        let effect = match denies_all {
-            Some(true) => "denies every request",
-            Some(false) => "never denies",
-            None => "gives the same answer for every request",
-        };
-        warnings.push(format!(
-            "rule {:?} ({field}): reads no request fact (request, namespaceObject, pod, now): it is \
-             constant and {effect}",
-            rule.name
-        ));
-    }
-    warnings
-}
-
-/// Which facts an expression reads.
-#[derive(Debug, Default)]
-struct FactUse {
-    /// Whether it reads `request`, `namespaceObject`, `pod` or `now` at all.
-    reads_any: bool,
-    /// The first `request.annotations` read.
-    annotations: Option<u64>,
-}
-
-impl FactUse {
-    fn walk(&mut self, e: &IdedExpr) {
-        match &e.expr {
-            Expr::Unspecified | Expr::Literal(_) => {}
-            Expr::Ident(name) => {
-                if matches!(name.as_str(), "request" | "namespaceObject" | "pod" | "now") {
-                    self.reads_any = true;
-                }
-            }
-            Expr::Select(s) => {
-                if s.field == "annotations"
-                    && matches!(&s.operand.expr, Expr::Ident(n) if n == "request")
-                    && self.annotations.is_none()
-                {
-                    self.annotations = Some(e.id);
-                }
-                self.walk(&s.operand);
-            }
-            Expr::List(l) => l.elements.iter().for_each(|x| self.walk(x)),
-            Expr::Map(m) => m.entries.iter().for_each(|entry| self.entry(&entry.expr)),
-            Expr::Struct(s) => s.entries.iter().for_each(|entry| self.entry(&entry.expr)),
-            Expr::Call(c) => {
-                if let Some(t) = &c.target {
-                    self.walk(t);
-                }
-                c.args.iter().for_each(|x| self.walk(x));
-            }
-            Expr::Comprehension(c) => {
-                for x in [
-                    &c.iter_range,
-                    &c.accu_init,
-                    &c.loop_cond,
-                    &c.loop_step,
-                    &c.result,
-                ] {
-                    self.walk(x);
-                }
-            }
-        }
-    }
-
-    fn entry(&mut self, entry: &EntryExpr) {
-        match entry {
-            EntryExpr::MapEntry(m) => {
-                self.walk(&m.key);
-                self.walk(&m.value);
-            }
-            EntryExpr::StructField(f) => self.walk(&f.value),
-        }
-    }
-}
-
-/// 1-based line and column of a character offset.
-fn line_column(source: &str, offset: usize) -> (u32, u32) {
-    let (mut line, mut column) = (1u32, 1u32);
-    for c in source.chars().take(offset) {
-        if c == '\n' {
-            line += 1;
-            column = 1;
-        } else {
-            column += 1;
-        }
-    }
-    (line, column)
 }
