@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::certificates::{v1, v1beta1};
-use podca_signer::{IssuingCa, Outcome, PodMetadata, SignerPolicy};
+use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, Outcome, PodMetadata, SignerPolicy};
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -164,4 +164,172 @@ pub fn condition(outcome: &Outcome, now: OffsetDateTime) -> Option<(String, Stri
     let c = &patch["status"]["conditions"][0];
     let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
     Some((s("type"), s("reason"), s("message")))
+}
+/// A Pod read from a file (`kubectl get pod NAME -o yaml`): what podca's read of the request's
+/// pod would give.
+#[derive(Debug, Clone)]
+pub struct PodSample {
+    pub name: String,
+    pub uid: Option<String>,
+    pub metadata: PodMetadata,
+}
+
+impl PodSample {
+    /// Reads a Pod object; the error names the field.
+    pub fn from_json(doc: &Value) -> Result<Self, SampleError> {
+        let bad = |why: String| SampleError(why);
+        if doc.get("kind").and_then(Value::as_str) != Some("Pod") {
+            return Err(bad(
+                "not a Pod (kind: Pod; `kubectl get pod NAME -o yaml` prints one)".into(),
+            ));
+        }
+        let meta = &doc["metadata"];
+        let name = meta["name"]
+            .as_str()
+            .ok_or_else(|| bad("metadata.name is missing".into()))?
+            .to_owned();
+        let map = |field: &str| -> Result<BTreeMap<String, String>, SampleError> {
+            match meta.get(field) {
+                None | Some(Value::Null) => Ok(BTreeMap::new()),
+                Some(m) => serde_json::from_value(m.clone())
+                    .map_err(|e| bad(format!("metadata.{field}: {e}"))),
+            }
+        };
+        Ok(PodSample {
+            name,
+            uid: meta["uid"].as_str().map(str::to_owned),
+            metadata: PodMetadata {
+                labels: map("labels")?,
+                annotations: map("annotations")?,
+            },
+        })
+    }
+}
+
+/// What the rules would see of the request's pod: `Err` is the message of the
+/// PolicyPodNotFound denial podca would answer (the file shows another pod).
+pub fn pod_for<'a>(
+    pod: Option<&'a PodSample>,
+    (name, uid): (Option<&str>, Option<&str>),
+    policy: Option<&SignerPolicy>,
+    notes: &mut Vec<String>,
+) -> Result<Option<&'a PodMetadata>, String> {
+    if !policy.is_some_and(SignerPolicy::rules_use_pod_facts) {
+        if pod.is_some() {
+            notes.push(
+                "--pod was not used: no rule of this signer reads pod (or pod_facts is off)".into(),
+            );
+        }
+        return Ok(None);
+    }
+    let (Some(name), Some(uid)) = (name, uid) else {
+        notes.push(
+            "the request names no pod (name and UID): the rules saw empty pod.labels and \
+             pod.annotations"
+                .into(),
+        );
+        return Ok(None);
+    };
+    let Some(file) = pod else {
+        notes.push(
+            "no --pod: the rules that read pod.labels and pod.annotations saw empty maps \
+             (podca reads the pod)"
+                .into(),
+        );
+        return Ok(None);
+    };
+    if file.name != name || file.uid.as_deref().is_some_and(|u| u != uid) {
+        return Err(format!(
+            "--pod is pod {} (UID {}), not the request's pod {name} (UID {uid}): podca would \
+             find no such pod",
+            file.name,
+            file.uid.as_deref().unwrap_or("not given")
+        ));
+    }
+    if file.uid.is_none() {
+        notes.push("--pod has no metadata.uid: its UID was not compared with the request's".into());
+    }
+    Ok(Some(&file.metadata))
+}
+
+/// Namespace → labels, from a map, a Namespace or a list of Namespaces.
+pub type LabelsSample = BTreeMap<String, BTreeMap<String, String>>;
+
+/// Reads namespace labels: a map namespace → labels, a Namespace, or a list of Namespaces
+/// (`kubectl get ns -o yaml`); the error names the field.
+pub fn labels_from_json(doc: Value) -> Result<LabelsSample, SampleError> {
+    let bad = |why: String| SampleError(why);
+    let from_namespace =
+        |item: &Value, at: &str| -> Result<(String, BTreeMap<String, String>), SampleError> {
+            let name = item["metadata"]["name"]
+                .as_str()
+                .ok_or_else(|| bad(format!("{at}metadata.name is missing")))?;
+            let labels = match item["metadata"].get("labels") {
+                None | Some(Value::Null) => BTreeMap::new(),
+                Some(l) => serde_json::from_value(l.clone())
+                    .map_err(|e| bad(format!("{at}metadata.labels: {e}")))?,
+            };
+            Ok((name.to_owned(), labels))
+        };
+    match doc.get("kind").and_then(Value::as_str) {
+        Some("Namespace") => Ok(LabelsSample::from([from_namespace(&doc, "")?])),
+        Some("List" | "NamespaceList") => {
+            let items = doc["items"]
+                .as_array()
+                .ok_or_else(|| bad("items is missing".into()))?;
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| from_namespace(item, &format!("items[{i}].")))
+                .collect()
+        }
+        Some(other) => Err(bad(format!(
+            "kind {other:?}: give a map namespace → labels, a Namespace or a NamespaceList"
+        ))),
+        None => serde_json::from_value(doc).map_err(|e| {
+            bad(format!(
+                "{e} (expected a map namespace → labels, e.g. {{\"shop\": {{\"tier\": \"prod\"}}}})"
+            ))
+        }),
+    }
+}
+
+/// What the rules would see as the namespace's labels, and a note when it is not from the file.
+pub fn labels_for<'a>(
+    labels: Option<&'a LabelsSample>,
+    namespace: &str,
+    policy: Option<&SignerPolicy>,
+    notes: &mut Vec<String>,
+) -> Option<&'a BTreeMap<String, String>> {
+    let read = policy.is_some_and(SignerPolicy::rules_use_namespace_labels);
+    let found = labels.and_then(|l| l.get(namespace));
+    if read && found.is_none() {
+        notes.push(match labels {
+            None => "no --namespace-labels: the rules that read namespaceObject.metadata.labels \
+                     saw an empty map"
+                .into(),
+            Some(_) => format!(
+                "namespace {namespace:?} is not in --namespace-labels: the rules that read \
+                 namespaceObject.metadata.labels saw an empty map"
+            ),
+        });
+    }
+    found
+}
+
+/// A CA that never limits the answer: valid from a year before `now` for 200 years.
+pub fn throwaway_ca(now: OffsetDateTime) -> Result<IssuingCa, SampleError> {
+    let key =
+        MemoryKey::generate(CaAlgorithm::EcdsaP256).map_err(|e| SampleError(e.to_string()))?;
+    IssuingCa::self_signed_root(
+        std::sync::Arc::new(key),
+        "podca policy test (throwaway)",
+        now - time::Duration::days(365),
+        time::Duration::days(200 * 365),
+    )
+    .map_err(|e| {
+        SampleError(format!(
+            "cannot make the throwaway CA for --now (is it a time X.509 can hold?): {e}"
+        ))
+    })
 }

@@ -18,20 +18,19 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use podca_authority::config::Config;
-use podca_controller::sample::PcrSample;
+use podca_controller::sample::{self, LabelsSample, PcrSample, PodSample, labels_for, pod_for};
 use podca_grpc::admission::{CertificateAsk, JwtFacts, JwtPlan, admit_certificate, admit_jwt};
 use podca_grpc::auth::Identity;
 use podca_grpc::errors::ApiError;
 use podca_signer::keys::GeneratedKey;
-use podca_signer::rules::{PodMetadata, RequestSource, lint};
+use podca_signer::rules::{RequestSource, lint};
 use podca_signer::verdict::{IssuedFacts, Verdict, passed, verdict};
 use podca_signer::{
-    CaAlgorithm, CertificateRequest, DenyReason, IssuingCa, KeyType, MemoryKey, Outcome,
-    RequestContext, SignerPolicy, sign_request_with,
+    CertificateRequest, DenyReason, KeyType, Outcome, RequestContext, SignerPolicy,
+    sign_request_with,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -300,175 +299,24 @@ fn signer_list(config: &Config) -> String {
         .join(", ")
 }
 
-/// A Pod from `--pod`: what podca's read of the request's pod would give.
-#[derive(Debug)]
-struct PodFile {
-    name: String,
-    uid: Option<String>,
-    metadata: PodMetadata,
+fn read_pod(path: &Path) -> anyhow::Result<PodSample> {
+    PodSample::from_json(&read_document(path, "pod file")?)
+        .map_err(|e| anyhow::anyhow!("pod file {}: {e}", path.display()))
 }
 
-fn read_pod(path: &Path) -> anyhow::Result<PodFile> {
-    let doc = read_document(path, "pod file")?;
-    let bad = |why: String| anyhow::anyhow!("pod file {}: {why}", path.display());
-    if doc.get("kind").and_then(Value::as_str) != Some("Pod") {
-        return Err(bad(
-            "not a Pod (kind: Pod; `kubectl get pod NAME -o yaml` prints one)".into(),
-        ));
-    }
-    let meta = &doc["metadata"];
-    let name = meta["name"]
-        .as_str()
-        .ok_or_else(|| bad("metadata.name is missing".into()))?
-        .to_owned();
-    let map = |field: &str| -> anyhow::Result<BTreeMap<String, String>> {
-        match meta.get(field) {
-            None | Some(Value::Null) => Ok(BTreeMap::new()),
-            Some(m) => {
-                serde_json::from_value(m.clone()).map_err(|e| bad(format!("metadata.{field}: {e}")))
-            }
-        }
-    };
-    Ok(PodFile {
-        name,
-        uid: meta["uid"].as_str().map(str::to_owned),
-        metadata: PodMetadata {
-            labels: map("labels")?,
-            annotations: map("annotations")?,
-        },
-    })
-}
-
-/// What the rules would see of the request's pod: `Err` is the message of the
-/// PolicyPodNotFound denial podca would answer (the file shows another pod).
-fn pod_for<'a>(
-    pod: Option<&'a PodFile>,
-    (name, uid): (Option<&str>, Option<&str>),
-    policy: Option<&SignerPolicy>,
-    notes: &mut Vec<String>,
-) -> Result<Option<&'a PodMetadata>, String> {
-    if !policy.is_some_and(SignerPolicy::rules_use_pod_facts) {
-        if pod.is_some() {
-            notes.push(
-                "--pod was not used: no rule of this signer reads pod (or pod_facts is off)".into(),
-            );
-        }
-        return Ok(None);
-    }
-    let (Some(name), Some(uid)) = (name, uid) else {
-        notes.push(
-            "the request names no pod (name and UID): the rules saw empty pod.labels and \
-             pod.annotations"
-                .into(),
-        );
-        return Ok(None);
-    };
-    let Some(file) = pod else {
-        notes.push(
-            "no --pod: the rules that read pod.labels and pod.annotations saw empty maps \
-             (podca reads the pod)"
-                .into(),
-        );
-        return Ok(None);
-    };
-    if file.name != name || file.uid.as_deref().is_some_and(|u| u != uid) {
-        return Err(format!(
-            "--pod is pod {} (UID {}), not the request's pod {name} (UID {uid}): podca would \
-             find no such pod",
-            file.name,
-            file.uid.as_deref().unwrap_or("not given")
-        ));
-    }
-    if file.uid.is_none() {
-        notes.push("--pod has no metadata.uid: its UID was not compared with the request's".into());
-    }
-    Ok(Some(&file.metadata))
-}
-
-/// Namespace → labels, from a map, a Namespace or a list of Namespaces.
-type LabelsFile = BTreeMap<String, BTreeMap<String, String>>;
-
-fn read_labels(path: &Path) -> anyhow::Result<LabelsFile> {
-    let doc = read_document(path, "namespace labels file")?;
-    let bad = |why: String| anyhow::anyhow!("namespace labels file {}: {why}", path.display());
-    let from_namespace =
-        |item: &Value, at: &str| -> anyhow::Result<(String, BTreeMap<String, String>)> {
-            let name = item["metadata"]["name"]
-                .as_str()
-                .ok_or_else(|| bad(format!("{at}metadata.name is missing")))?;
-            let labels = match item["metadata"].get("labels") {
-                None | Some(Value::Null) => BTreeMap::new(),
-                Some(l) => serde_json::from_value(l.clone())
-                    .map_err(|e| bad(format!("{at}metadata.labels: {e}")))?,
-            };
-            Ok((name.to_owned(), labels))
-        };
-    match doc.get("kind").and_then(Value::as_str) {
-        Some("Namespace") => Ok(LabelsFile::from([from_namespace(&doc, "")?])),
-        Some("List" | "NamespaceList") => {
-            let items = doc["items"]
-                .as_array()
-                .ok_or_else(|| bad("items is missing".into()))?;
-            items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| from_namespace(item, &format!("items[{i}].")))
-                .collect()
-        }
-        Some(other) => Err(bad(format!(
-            "kind {other:?}: give a map namespace → labels, a Namespace or a NamespaceList"
-        ))),
-        None => serde_json::from_value(doc).map_err(|e| {
-            bad(format!(
-                "{e} (expected a map namespace → labels, e.g. {{\"shop\": {{\"tier\": \"prod\"}}}})"
-            ))
-        }),
-    }
-}
-
-/// What the rules would see as the namespace's labels, and a note when it is not from the file.
-fn labels_for<'a>(
-    labels: Option<&'a LabelsFile>,
-    namespace: &str,
-    policy: Option<&SignerPolicy>,
-    notes: &mut Vec<String>,
-) -> Option<&'a BTreeMap<String, String>> {
-    let read = policy.is_some_and(SignerPolicy::rules_use_namespace_labels);
-    let found = labels.and_then(|l| l.get(namespace));
-    if read && found.is_none() {
-        notes.push(match labels {
-            None => "no --namespace-labels: the rules that read namespaceObject.metadata.labels \
-                     saw an empty map"
-                .into(),
-            Some(_) => format!(
-                "namespace {namespace:?} is not in --namespace-labels: the rules that read \
-                 namespaceObject.metadata.labels saw an empty map"
-            ),
-        });
-    }
-    found
-}
-
-/// A CA that never limits the answer: valid from a year before `now` for 200 years.
-fn throwaway_ca(now: OffsetDateTime) -> anyhow::Result<IssuingCa> {
-    let key = MemoryKey::generate(CaAlgorithm::EcdsaP256)?;
-    IssuingCa::self_signed_root(
-        Arc::new(key),
-        "podca policy test (throwaway)",
-        now - Duration::days(365),
-        Duration::days(200 * 365),
-    )
-    .with_context(|| "cannot make the throwaway CA for --now (is it a time X.509 can hold?)")
+fn read_labels(path: &Path) -> anyhow::Result<LabelsSample> {
+    sample::labels_from_json(read_document(path, "namespace labels file")?)
+        .map_err(|e| anyhow::anyhow!("namespace labels file {}: {e}", path.display()))
 }
 
 fn test_pcr(
     config: &Config,
     sample: &PcrSample,
-    labels: Option<&LabelsFile>,
-    pod: Option<&PodFile>,
+    labels: Option<&LabelsSample>,
+    pod: Option<&PodSample>,
     now: OffsetDateTime,
 ) -> anyhow::Result<Verdict> {
-    let ca = throwaway_ca(now)?;
+    let ca = sample::throwaway_ca(now)?;
     let mut notes = Vec::new();
     let policy = config.signers.get(sample.signer_name());
     let ns_labels = labels_for(labels, sample.namespace(), policy, &mut notes);
@@ -528,7 +376,7 @@ fn test_description(
     config: &Config,
     d: Description,
     signer_flag: Option<&str>,
-    (labels, pod_file): (Option<&LabelsFile>, Option<&PodFile>),
+    (labels, pod_file): (Option<&LabelsSample>, Option<&PodSample>),
     now: OffsetDateTime,
 ) -> anyhow::Result<Verdict> {
     if d.namespace.is_empty() || d.service_account.is_empty() {
@@ -680,7 +528,7 @@ fn test_description(
     let key = GeneratedKey::generate(key_type)
         .with_context(|| format!("generating a {} key", key_type.kubelet_name()))?
         .public;
-    let ca = throwaway_ca(now)?;
+    let ca = sample::throwaway_ca(now)?;
     // The gRPC API's own checks (lifetime form, the DNS-name limit) before the policy.
     let admitted = admit_certificate(
         policy,
