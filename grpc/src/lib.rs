@@ -77,6 +77,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod client;
 pub mod coalesce;
 pub mod component;
 pub mod connections;

@@ -9,8 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use podca_authority::config::{CaConfig, Config};
 use podca_authority::ledger::{LedgerBackend, Store};
-use podca_grpc::observe::code_name;
-use podca_proto::podca::v1::pod_ca_client::PodCaClient;
+use podca_grpc::client::{Server, Token, caller_metadata};
 use podca_proto::podca::v1::{IssueCertificateRequest, IssueJwtSvidRequest};
 use podca_signer::keys::GeneratedKey;
 use podca_signer::policy::DNS_NAMES_ANNOTATION;
@@ -345,8 +344,8 @@ fn run_remote(remote: Remote) -> anyhow::Result<()> {
         out,
         trust_bundle,
     } = remote;
-    let tls = client_tls(&server, ca_file.as_deref(), server_name.as_deref())?;
-    let token = token_file.as_deref().map(read_token).transpose()?;
+    let server = Server::new(&server, ca_file.as_deref(), server_name.as_deref())?;
+    let token = token_file.as_deref().map(Token::read).transpose()?;
     let (csr_der, private_pem) = match (&csr, key_type) {
         (Some(path), _) => {
             let bytes =
@@ -381,66 +380,8 @@ fn run_remote(remote: Remote) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let answer = runtime.block_on(async {
-        let channel = connect(&server, tls).await?;
-        issue(channel, request, &server).await
-    })?;
-    finish(answer, private_pem, out, trust_bundle, &server)
-}
-
-/// The caller's credentials on a request: the bearer token, and podca dev's identity names.
-fn caller_metadata(
-    metadata: &mut tonic::metadata::MetadataMap,
-    token: Option<&Token>,
-    namespace: Option<&str>,
-    service_account: Option<&str>,
-) -> anyhow::Result<()> {
-    if let Some(token) = token {
-        // The error names no token: the value is exactly what is not to be shown.
-        let value = format!("Bearer {}", token.expose())
-            .parse()
-            .map_err(|_| anyhow::anyhow!("the token file holds characters a header cannot"))?;
-        metadata.insert("authorization", value);
-    }
-    for (key, value, flag) in [
-        ("x-podca-namespace", namespace, "--namespace"),
-        (
-            "x-podca-service-account",
-            service_account,
-            "--service-account",
-        ),
-    ] {
-        if let Some(value) = value {
-            let value = value
-                .parse()
-                .map_err(|_| anyhow::anyhow!("{flag} {value:?} is not a valid name"))?;
-            metadata.insert(key, value);
-        }
-    }
-    Ok(())
-}
-
-/// A channel to `server`, over TLS verified with `tls` when given.
-async fn connect(
-    server: &str,
-    tls: Option<ClientTls>,
-) -> anyhow::Result<tonic::transport::Channel> {
-    let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
-        .with_context(|| format!("--server {server:?} is not a URL"))?
-        .connect_timeout(std::time::Duration::from_secs(10))
-        .timeout(std::time::Duration::from_secs(60));
-    if let Some(tls) = tls {
-        endpoint = endpoint
-            .tls_config(tls.config)
-            .context("--server: the TLS settings")?;
-        return endpoint.connect().await.map_err(|e| {
-            anyhow::anyhow!("cannot connect to {server}: {}", tls_failure(&e, &tls.name))
-        });
-    }
-    endpoint
-        .connect()
-        .await
-        .with_context(|| format!("cannot connect to {server}"))
+    let answer = runtime.block_on(server.issue_certificate(request))?;
+    finish(answer, private_pem, out, trust_bundle, server.url())
 }
 
 /// `podca issue --jwt --server`: what the JWT-SVID path needs of the arguments.
@@ -472,8 +413,8 @@ fn run_remote_jwt(remote: RemoteJwt) -> anyhow::Result<()> {
         lifetime_seconds,
         out,
     } = remote;
-    let tls = client_tls(&server, ca_file.as_deref(), server_name.as_deref())?;
-    let token = token_file.as_deref().map(read_token).transpose()?;
+    let server = Server::new(&server, ca_file.as_deref(), server_name.as_deref())?;
+    let token = token_file.as_deref().map(Token::read).transpose()?;
     let mut request = tonic::Request::new(IssueJwtSvidRequest {
         audiences,
         requested_lifetime_seconds: lifetime_seconds,
@@ -491,14 +432,7 @@ fn run_remote_jwt(remote: RemoteJwt) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let svid = runtime.block_on(async {
-        let channel = connect(&server, tls).await?;
-        PodCaClient::new(channel)
-            .issue_jwt_svid(request)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|status| anyhow::anyhow!("{server}: {}", refusal(&status)))
-    })?;
+    let svid = runtime.block_on(server.issue_jwt_svid(request))?;
     let expires = svid
         .expires_at
         .and_then(|t| OffsetDateTime::from_unix_timestamp(t.seconds).ok())
@@ -518,25 +452,14 @@ fn run_remote_jwt(remote: RemoteJwt) -> anyhow::Result<()> {
         }
     };
     eprintln!(
-        "issued a JWT-SVID for {} (kid {}, audiences {}, expires {expires}) by {server} → \
+        "issued a JWT-SVID for {} (kid {}, audiences {}, expires {expires}) by {} → \
          {destination}",
         svid.spiffe_id,
         svid.kid,
-        svid.audiences.join(",")
+        svid.audiences.join(","),
+        server.url()
     );
     Ok(())
-}
-
-async fn issue(
-    channel: tonic::transport::Channel,
-    request: tonic::Request<IssueCertificateRequest>,
-    server: &str,
-) -> anyhow::Result<podca_proto::podca::v1::IssueCertificateResponse> {
-    PodCaClient::new(channel)
-        .issue_certificate(request)
-        .await
-        .map(tonic::Response::into_inner)
-        .map_err(|status| anyhow::anyhow!("{server}: {}", refusal(&status)))
 }
 
 fn finish(
@@ -575,167 +498,6 @@ fn finish(
     Ok(())
 }
 
-/// The scheme of a `--server` URL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scheme {
-    Https,
-    Http,
-    Unix,
-}
-
-fn check_server_url(server: &str) -> anyhow::Result<Scheme> {
-    if let Some(path) = server.strip_prefix("unix://") {
-        anyhow::ensure!(
-            path.starts_with('/'),
-            "--server {server:?}: a socket URL is unix:///absolute/path"
-        );
-        return Ok(Scheme::Unix);
-    }
-    if server.starts_with("https://") {
-        return Ok(Scheme::Https);
-    }
-    anyhow::ensure!(
-        server.starts_with("http://"),
-        "--server {server:?}: use https://HOST:PORT, http://HOST:PORT or unix:///path/to/socket"
-    );
-    Ok(Scheme::Http)
-}
-
-/// How an https:// server is verified.
-#[derive(Debug)]
-struct ClientTls {
-    config: tonic::transport::ClientTlsConfig,
-    /// The name its certificate must carry.
-    name: String,
-}
-
-/// The TLS client settings for `server` (`None`: plaintext or a Unix socket): only the anchors
-/// in `ca_file`, and `server_name` or the URL's host as the name to verify.
-fn client_tls(
-    server: &str,
-    ca_file: Option<&std::path::Path>,
-    server_name: Option<&str>,
-) -> anyhow::Result<Option<ClientTls>> {
-    if check_server_url(server)? != Scheme::Https {
-        anyhow::ensure!(
-            ca_file.is_none() && server_name.is_none(),
-            "--ca-file and --server-name apply only to an https:// --server"
-        );
-        return Ok(None);
-    }
-    let ca_file = ca_file.with_context(|| {
-        format!(
-            "--server {server}: give --ca-file ROOTS.pem, the trust anchors the server's \
-             certificate must chain to (`podca bundle`, or the signer's ClusterTrustBundle)"
-        )
-    })?;
-    let roots = std::fs::read(ca_file)
-        .with_context(|| format!("cannot read --ca-file {}", ca_file.display()))?;
-    {
-        use rustls::pki_types::CertificateDer;
-        use rustls::pki_types::pem::PemObject;
-        let count = CertificateDer::pem_slice_iter(&roots)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| anyhow::anyhow!("--ca-file {}: {e}", ca_file.display()))?
-            .len();
-        anyhow::ensure!(
-            count > 0,
-            "--ca-file {}: no PEM CERTIFICATE block",
-            ca_file.display()
-        );
-    }
-    let uri: tonic::transport::Uri = server
-        .parse()
-        .with_context(|| format!("--server {server:?} is not a URL"))?;
-    let name = match server_name {
-        Some(name) => name.to_owned(),
-        None => uri
-            .host()
-            .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
-            .with_context(|| format!("--server {server:?} names no host"))?,
-    };
-    let config = tonic::transport::ClientTlsConfig::new()
-        .ca_certificate(tonic::transport::Certificate::from_pem(roots))
-        .domain_name(name.clone());
-    Ok(Some(ClientTls { config, name }))
-}
-
-/// A connection failure, saying in one line what was wrong with TLS when it was TLS.
-fn tls_failure(error: &(dyn std::error::Error + 'static), name: &str) -> String {
-    use rustls::{CertificateError, Error};
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    let mut last = error.to_string();
-    while let Some(e) = cause {
-        let tls = e.downcast_ref::<Error>().or_else(|| {
-            e.downcast_ref::<std::io::Error>()
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<Error>())
-        });
-        if let Some(tls) = tls {
-            return match tls {
-                Error::InvalidCertificate(CertificateError::NotValidForName)
-                | Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. }) => {
-                    format!(
-                        "TLS: the server's certificate is not valid for {name:?} (set \
-                         --server-name to a name it carries)"
-                    )
-                }
-                Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
-                    "TLS: the server's certificate does not chain to an anchor in --ca-file"
-                        .to_string()
-                }
-                Error::InvalidCertificate(CertificateError::Expired)
-                | Error::InvalidCertificate(CertificateError::ExpiredContext { .. }) => {
-                    "TLS: the server's certificate has expired".to_string()
-                }
-                other => format!("TLS: {other}"),
-            };
-        }
-        last = e.to_string();
-        cause = e.source();
-    }
-    last
-}
-
-/// A bearer token read from a file. Its `Debug` never shows it.
-struct Token(String);
-
-impl Token {
-    fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
-
-fn read_token(path: &std::path::Path) -> anyhow::Result<Token> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the token file {}", path.display()))?;
-    let token = text.trim();
-    anyhow::ensure!(
-        !token.is_empty(),
-        "the token file {} is empty",
-        path.display()
-    );
-    Ok(Token(token.to_owned()))
-}
-
-/// One line for a refusal: what happened, the gRPC code by its canonical name, the server's
-/// message.
-fn refusal(status: &tonic::Status) -> String {
-    let message = status.message().replace(['\n', '\r'], " ");
-    let what = match status.code() {
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => "the server is unavailable",
-        tonic::Code::Internal | tonic::Code::Unknown => "the server failed",
-        _ => "the server refused the request",
-    };
-    format!("{what} ({}): {message}", code_name(status.code()))
-}
-
 fn csr_der(bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
     if bytes.starts_with(b"-----") || bytes.iter().take(64).all(u8::is_ascii) {
         let text = std::str::from_utf8(bytes).context("not UTF-8 PEM")?;
@@ -765,92 +527,4 @@ fn write_output(path: &std::path::Path, text: &str, secret: bool) -> anyhow::Res
         .with_context(|| format!("cannot write {}", path.display()))?;
     file.write_all(text.as_bytes())
         .with_context(|| format!("cannot write {}", path.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refusals_are_one_line_with_the_code_name() {
-        let status = tonic::Status::permission_denied("NamespaceNotAllowed: no\nmore");
-        assert_eq!(
-            refusal(&status),
-            "the server refused the request (PERMISSION_DENIED): NamespaceNotAllowed: no more"
-        );
-        assert!(
-            refusal(&tonic::Status::unavailable("down"))
-                .starts_with("the server is unavailable (UNAVAILABLE)")
-        );
-    }
-
-    #[test]
-    fn server_urls() {
-        assert_eq!(
-            check_server_url("http://127.0.0.1:8443").unwrap(),
-            Scheme::Http
-        );
-        assert_eq!(
-            check_server_url("unix:///run/podca.sock").unwrap(),
-            Scheme::Unix
-        );
-        assert!(check_server_url("unix://relative.sock").is_err());
-        assert_eq!(
-            check_server_url("https://podca:8443").unwrap(),
-            Scheme::Https
-        );
-        assert!(check_server_url("127.0.0.1:8443").is_err());
-    }
-
-    #[test]
-    fn https_needs_anchors_and_plaintext_takes_no_tls_flags() {
-        let error = client_tls("https://podca:8443", None, None).unwrap_err();
-        assert!(
-            error.to_string().contains("give --ca-file ROOTS.pem"),
-            "{error}"
-        );
-        let error = client_tls(
-            "http://127.0.0.1:1",
-            Some(std::path::Path::new("/r.pem")),
-            None,
-        )
-        .unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "--ca-file and --server-name apply only to an https:// --server"
-        );
-        let dir = tempfile_dir();
-        let empty = dir.join("empty.pem");
-        std::fs::write(&empty, "").unwrap();
-        let error = client_tls("https://podca:8443", Some(&empty), None).unwrap_err();
-        assert!(
-            error.to_string().ends_with("no PEM CERTIFICATE block"),
-            "{error}"
-        );
-    }
-
-    fn tempfile_dir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("podca-issue-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    #[test]
-    fn tls_failures_are_named() {
-        let io = std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
-        );
-        assert_eq!(
-            tls_failure(&io, "podca"),
-            "TLS: the server's certificate does not chain to an anchor in --ca-file"
-        );
-        let direct = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
-        assert!(tls_failure(&direct, "wrong.name").contains("not valid for \"wrong.name\""));
-    }
-
-    #[test]
-    fn token_debug_is_redacted() {
-        assert!(!format!("{:?}", Token("secret-value".into())).contains("secret-value"));
-    }
 }
