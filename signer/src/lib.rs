@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod policy;
 mod random;
 pub mod reason;
+pub mod report;
 pub mod rotation;
 pub mod rules;
 pub mod schedule;

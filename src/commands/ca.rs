@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use podca_signer::{CaAlgorithm, CaCertificate, FileStore, InitOptions, NameConstraints};
+use podca_signer::{CaAlgorithm, CaCertificate, FileStore, InitOptions, NameConstraints, report};
 use time::{Duration, OffsetDateTime};
 
 #[derive(Debug, Subcommand)]
@@ -258,23 +258,11 @@ impl ShowArgs {
             store.root_cert_path().display()
         );
         for info in store.generations()? {
-            let g = &info.generation;
-            println!();
-            println!("generation {} — {}", g.id, g.phase);
-            println!("  prepared:   {}", g.prepared_at);
-            if let Some(t) = g.activated_at {
-                println!("  activated:  {t}");
-            }
-            if let Some(t) = g.retired_at {
-                println!("  retired:    {t}");
-            }
-            if g.phase == podca_signer::rotation::Phase::Retired {
-                println!("  anchor published until: {}", g.anchor_needed_until());
-            }
-            print_cert("issuing", &info.issuing, now);
-            for r in &info.roots {
-                print_cert("root", r, now);
-            }
+            let issuing = Some(&info.issuing);
+            print!(
+                "{}",
+                report::generation(&info.generation, issuing, &info.roots, now)
+            );
         }
         super::jwt::show_keys(&store)
     }
@@ -353,32 +341,17 @@ fn show_secret_history(
         None => None,
     };
     for record in &history.generations {
-        let g = &record.generation;
-        println!();
-        println!("generation {} — {}", g.id, g.phase);
-        println!("  prepared:   {}", g.prepared_at);
-        if let Some(t) = g.activated_at {
-            println!("  activated:  {t}");
-        }
-        if let Some(t) = g.retired_at {
-            println!("  retired:    {t}");
-        }
-        if g.phase == podca_signer::rotation::Phase::Retired {
-            println!("  anchor published until: {}", g.anchor_needed_until());
-        }
-        for c in CaCertificate::all_from_pem(&record.chain_pem)?
-            .iter()
-            .take(1)
-        {
-            print_cert("issuing", c, now);
-        }
-        for c in CaCertificate::all_from_pem(&record.anchors_pem)? {
-            print_cert("root", &c, now);
-        }
+        let chain = CaCertificate::all_from_pem(&record.chain_pem)?;
+        let roots = CaCertificate::all_from_pem(&record.anchors_pem)?;
+        print!(
+            "{}",
+            report::generation(&record.generation, chain.first(), &roots, now)
+        );
     }
     match jwt_keys {
         Ok(Some(keys)) => {
-            super::jwt::print_keys(&format!("Secret {namespace}/{jwt_name}"), &keys.stored().1)
+            let place = format!("Secret {namespace}/{jwt_name}");
+            print!("{}", report::jwt_keys(&place, &keys.stored().1));
         }
         Ok(None) => {
             println!();
@@ -398,21 +371,6 @@ fn show_secret_history(
         }
         _ => Ok(()),
     }
-}
-
-fn print_cert(role: &str, c: &CaCertificate, now: OffsetDateTime) {
-    let left = c.not_after() - now;
-    let state = if left.is_negative() {
-        "EXPIRED".to_string()
-    } else {
-        format!("{} days left", left.whole_days())
-    };
-    println!("  {role}:");
-    println!("    subject:    {}", c.subject());
-    println!("    issuer:     {}", c.issuer());
-    println!("    not before: {}", c.not_before());
-    println!("    not after:  {} ({state})", c.not_after());
-    println!("    sha256:     {}", c.fingerprint());
 }
 
 fn read(path: &std::path::Path) -> anyhow::Result<String> {
@@ -452,7 +410,7 @@ impl RotateArgs {
             println!("nothing to do now");
         }
         for step in &steps {
-            println!("{}", describe(*step, &schedule, now));
+            println!("{}", report::step(*step, &schedule, now));
         }
         if let Some(next) = store.next_rotation_event(&schedule, now)? {
             println!(
@@ -460,26 +418,5 @@ impl RotateArgs {
             );
         }
         Ok(())
-    }
-}
-
-fn describe(
-    step: podca_signer::rotation::Step,
-    schedule: &podca_signer::rotation::Schedule,
-    now: OffsetDateTime,
-) -> String {
-    use podca_signer::rotation::Step;
-    match step {
-        Step::Prepare => format!(
-            "prepared the next CA: its root is published now and it signs from {} on",
-            now + schedule.propagation()
-        ),
-        Step::Activate(id) => format!("generation {id} is now the signing CA"),
-        Step::Retire(id) => format!(
-            "generation {id} retired: it signs nothing, its root stays published while its certificates live"
-        ),
-        Step::Drop(id) => {
-            format!("generation {id} dropped: its root left the bundle and its keys were deleted")
-        }
     }
 }
