@@ -17,6 +17,7 @@ pub mod jwt_secret;
 mod lease;
 pub mod namespaces;
 mod plan;
+pub mod policy_test;
 pub mod publisher;
 mod queue;
 mod request;

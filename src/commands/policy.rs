@@ -15,27 +15,18 @@
 //! Exit codes: `test` 0 issued, 1 denied or failed, 2 bad usage, config or input; `lint` 0 clean
 //! (warnings allowed), 1 errors, 2 the config file cannot be read.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use podca_authority::config::Config;
-use podca_controller::sample::{self, LabelsSample, PcrSample, PodSample, labels_for, pod_for};
-use podca_grpc::admission::{CertificateAsk, JwtFacts, JwtPlan, admit_certificate, admit_jwt};
-use podca_grpc::auth::Identity;
-use podca_grpc::errors::ApiError;
-use podca_signer::keys::GeneratedKey;
-use podca_signer::rules::{RequestSource, lint};
-use podca_signer::verdict::{IssuedFacts, Verdict, passed, verdict};
-use podca_signer::{
-    CertificateRequest, DenyReason, KeyType, Outcome, RequestContext, SignerPolicy,
-    sign_request_with,
-};
-use serde::Deserialize;
+use podca_controller::policy_test::{Description, decide_description, decide_pcr, signer_list};
+use podca_controller::sample::{self, LabelsSample, PcrSample, PodSample};
+use podca_signer::rules::lint;
+use podca_signer::verdict::Verdict;
 use serde_json::Value;
+use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
-use time::{Duration, OffsetDateTime};
 
 /// Exit code of `test` for a denied or failed request, and of `lint` for a config with errors.
 const EXIT_REFUSED: u8 = 1;
@@ -182,58 +173,6 @@ fn one_line(s: &str) -> String {
         .join(" ")
 }
 
-/// A gRPC, Istio or JWT request, as described in a sample file (docs/operator-guide.md,
-/// "Testing policy in CI"). Only the facts podca verified for such a request, plus the
-/// annotations the client sent.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Description {
-    source: DescribedSource,
-    /// The signer the client names (gRPC, JWT); default: the `[grpc]` signer.
-    #[serde(default)]
-    signer: Option<String>,
-    namespace: String,
-    service_account: String,
-    #[serde(default)]
-    pod: Option<PodRef>,
-    #[serde(default)]
-    node: Option<NodeRef>,
-    /// The CSR's key type (default ECDSAP256); not for JWTs.
-    #[serde(default)]
-    key_type: Option<KeyType>,
-    #[serde(default)]
-    requested_lifetime_seconds: Option<i64>,
-    /// podca.v1 `user_annotations` (gRPC only).
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-    /// JWT-SVID audiences (JWT only).
-    #[serde(default)]
-    audiences: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum DescribedSource {
-    Grpc,
-    Istio,
-    Jwt,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PodRef {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    uid: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NodeRef {
-    name: String,
-}
-
 fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
     let config = Config::load(&args.config)?;
     let now = args.now.unwrap_or_else(OffsetDateTime::now_utc);
@@ -262,12 +201,18 @@ fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
         if let Some(signer) = &args.signer {
             sample.set_signer_name(signer);
         }
-        return test_pcr(&config, &sample, labels.as_ref(), pod.as_ref(), now);
+        return Ok(decide_pcr(
+            &config,
+            &sample,
+            labels.as_ref(),
+            pod.as_ref(),
+            now,
+        )?);
     }
     if document.get("source").is_some() {
         let description: Description = serde_json::from_value(document)
             .with_context(|| format!("request file {request_file}: request description"))?;
-        return test_description(
+        return decide_description(
             &config,
             description,
             args.signer.as_deref(),
@@ -287,18 +232,6 @@ fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
     )
 }
 
-fn signer_list(config: &Config) -> String {
-    if config.signers.is_empty() {
-        return "none".into();
-    }
-    config
-        .signers
-        .keys()
-        .map(|k| format!("{k:?}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 fn read_pod(path: &Path) -> anyhow::Result<PodSample> {
     PodSample::from_json(&read_document(path, "pod file")?)
         .map_err(|e| anyhow::anyhow!("pod file {}: {e}", path.display()))
@@ -307,280 +240,6 @@ fn read_pod(path: &Path) -> anyhow::Result<PodSample> {
 fn read_labels(path: &Path) -> anyhow::Result<LabelsSample> {
     sample::labels_from_json(read_document(path, "namespace labels file")?)
         .map_err(|e| anyhow::anyhow!("namespace labels file {}: {e}", path.display()))
-}
-
-fn test_pcr(
-    config: &Config,
-    sample: &PcrSample,
-    labels: Option<&LabelsSample>,
-    pod: Option<&PodSample>,
-    now: OffsetDateTime,
-) -> anyhow::Result<Verdict> {
-    let ca = sample::throwaway_ca(now)?;
-    let mut notes = Vec::new();
-    let policy = config.signers.get(sample.signer_name());
-    let ns_labels = labels_for(labels, sample.namespace(), policy, &mut notes);
-    let pod = pod_for(
-        pod,
-        (Some(sample.pod_name()), Some(sample.pod_uid())),
-        policy,
-        &mut notes,
-    );
-    if let Some(terminal) = sample.terminal() {
-        notes.push(format!(
-            "the object is already {terminal}: its spec was decided anew (status ignored)"
-        ));
-    }
-    let decide = |signers: &BTreeMap<String, SignerPolicy>| match &pod {
-        Ok(facts) => sample.decide(signers, &ca, ns_labels, *facts, now),
-        Err(message) => Ok(Outcome::Denied {
-            reason: DenyReason::PodNotFound,
-            message: message.clone(),
-        }),
-    };
-    let outcome = decide(&config.signers)?;
-    let request = format!(
-        "PodCertificateRequest {}/{} ({}), signer {:?}, service account {}/{}, pod {}, node {}",
-        sample.namespace(),
-        sample.name(),
-        sample.api_version(),
-        sample.signer_name(),
-        sample.namespace(),
-        sample.service_account(),
-        sample.pod_name(),
-        sample.node_name()
-    );
-    let rerun = |p: &SignerPolicy| {
-        let mut signers = config.signers.clone();
-        signers.insert(sample.signer_name().to_owned(), p.clone());
-        decide(&signers).ok()
-    };
-    // Reason and message as the controller writes them into the condition.
-    let condition = podca_controller::sample::condition(&outcome, now);
-    let mut v = verdict(
-        outcome,
-        policy,
-        sample.signer_name(),
-        request,
-        notes,
-        &rerun,
-    );
-    if let Some((_, reason, message)) = condition {
-        v.reason = reason;
-        v.message = message;
-    }
-    Ok(v)
-}
-
-fn test_description(
-    config: &Config,
-    d: Description,
-    signer_flag: Option<&str>,
-    (labels, pod_file): (Option<&LabelsSample>, Option<&PodSample>),
-    now: OffsetDateTime,
-) -> anyhow::Result<Verdict> {
-    if d.namespace.is_empty() || d.service_account.is_empty() {
-        bail!("request description: namespace and service_account must not be empty");
-    }
-    let named = signer_flag.or(d.signer.as_deref());
-    let (signer, policy) = match (d.source, named) {
-        (DescribedSource::Istio, Some(name)) if name != config.grpc_signer()?.0 => bail!(
-            "request description: the Istio CA API always issues for the [grpc] signer {:?}, \
-             not {name:?}",
-            config.grpc_signer()?.0
-        ),
-        (_, Some(name)) => {
-            let policy = config.signers.get(name).with_context(|| {
-                format!(
-                    "request description: signer {name:?} is not a configured signer \
-                     (configured: {})",
-                    signer_list(config)
-                )
-            })?;
-            (name, policy)
-        }
-        (_, None) => config.grpc_signer()?,
-    };
-    if !config.grpc_allowed_signers()?.iter().any(|s| s == signer) {
-        bail!(
-            "request description: signer {signer:?} is not offered over gRPC ([grpc] signers): \
-             podca would refuse the request before its policy runs"
-        );
-    }
-    let lifetime = match d.requested_lifetime_seconds {
-        Some(s) if s <= 0 => {
-            bail!("request description: requested_lifetime_seconds must be positive, not {s}")
-        }
-        other => other,
-    };
-    if d.source != DescribedSource::Grpc && !d.annotations.is_empty() {
-        bail!("request description: annotations are podca.v1 user_annotations (source grpc only)");
-    }
-    if d.source != DescribedSource::Jwt && !d.audiences.is_empty() {
-        bail!("request description: audiences are for JWT-SVIDs (source jwt only)");
-    }
-    let mut notes = Vec::new();
-    let ns_labels = labels_for(labels, &d.namespace, Some(policy), &mut notes);
-    let pod_name = d.pod.as_ref().and_then(|p| p.name.clone());
-    let pod_uid = d.pod.as_ref().and_then(|p| p.uid.clone());
-    let node_name = d.node.as_ref().map(|n| n.name.clone());
-    let pod = pod_for(
-        pod_file,
-        (pod_name.as_deref(), pod_uid.as_deref()),
-        Some(policy),
-        &mut notes,
-    );
-    let source = match d.source {
-        DescribedSource::Grpc => RequestSource::Grpc,
-        DescribedSource::Istio => RequestSource::Istio,
-        DescribedSource::Jwt => RequestSource::Jwt,
-    };
-    let mut request = format!(
-        "{} request, signer {signer:?}, service account {}/{}",
-        source.as_str(),
-        d.namespace,
-        d.service_account
-    );
-    if let Some(p) = &pod_name {
-        request.push_str(&format!(", pod {p}"));
-    }
-    if let Some(n) = &node_name {
-        request.push_str(&format!(", node {n}"));
-    }
-
-    if d.source == DescribedSource::Jwt {
-        if d.key_type.is_some() {
-            bail!("request description: key_type is for certificates, not JWT-SVIDs");
-        }
-        if d.audiences.is_empty() {
-            bail!("request description: a JWT-SVID request needs at least one audience");
-        }
-        if !config.jwt.enabled {
-            bail!("[jwt] enabled = false: podca issues no JWT-SVIDs with this config");
-        }
-        // The JWT-SVID decision of the gRPC API itself: allow-lists, rules, their lifetime cap.
-        let limits = config.jwt.limits();
-        let subject = Identity {
-            pod_name: pod_name.clone(),
-            pod_uid: pod_uid.clone(),
-            node_name: node_name.clone(),
-            ..Identity::service_account(&d.namespace, &d.service_account)
-        };
-        let decide = |p: &SignerPolicy| -> Result<JwtPlan, ApiError> {
-            let pod = pod.clone().map_err(|message| ApiError::Denied {
-                reason: DenyReason::PodNotFound,
-                message,
-            })?;
-            let facts = JwtFacts {
-                signer,
-                subject: &subject,
-                audiences: &d.audiences,
-                spiffe_id: "",
-                lifetime: lifetime.map(Duration::seconds),
-                namespace_labels: ns_labels,
-                pod,
-                now,
-            };
-            admit_jwt(p, &facts, &limits)
-        };
-        let denied = |refused: ApiError| match refused {
-            ApiError::Denied { reason, message } => Some(Outcome::Denied { reason, message }),
-            _ => None,
-        };
-        request.push_str(&format!(", audiences {}", d.audiences.join(", ")));
-        return Ok(match decide(policy) {
-            Err(ApiError::Denied { reason, message }) => verdict(
-                Outcome::Denied { reason, message },
-                Some(policy),
-                signer,
-                request,
-                notes,
-                &|p| decide(p).err().and_then(denied),
-            ),
-            Err(other) => bail!("request description: podca would refuse it: {other}"),
-            Ok(plan) => {
-                notes.push(
-                    "the JWT signing key's own end, which can shorten a token, is not simulated"
-                        .into(),
-                );
-                let expires = plan.expiry(now, None);
-                Verdict {
-                    decision: "Issued",
-                    reason: podca_signer::reason::ISSUED.into(),
-                    message: String::new(),
-                    decided_by: passed(policy),
-                    request,
-                    issued: Some(IssuedFacts {
-                        spiffe_id: plan.spiffe_id,
-                        dns_names: vec![],
-                        lifetime_seconds: (expires - now).whole_seconds(),
-                        not_before: None,
-                        not_after: expires,
-                    }),
-                    notes,
-                }
-            }
-        });
-    }
-
-    let key_type = d.key_type.unwrap_or(KeyType::EcdsaP256);
-    request.push_str(&format!(", key {}", key_type.kubelet_name()));
-    let key = GeneratedKey::generate(key_type)
-        .with_context(|| format!("generating a {} key", key_type.kubelet_name()))?
-        .public;
-    let ca = sample::throwaway_ca(now)?;
-    // The gRPC API's own checks (lifetime form, the DNS-name limit) before the policy.
-    let admitted = admit_certificate(
-        policy,
-        &CertificateAsk {
-            requested_lifetime_seconds: lifetime,
-            user_annotations: &d.annotations,
-            max_dns_names: config.grpc.max_dns_names,
-        },
-    )
-    .map_err(|refused| {
-        anyhow::anyhow!(
-            "request description: podca would refuse it before its policy runs: {refused}"
-        )
-    })?;
-    let certificate_request = CertificateRequest {
-        key: Ok(key),
-        namespace: d.namespace.clone(),
-        service_account: d.service_account.clone(),
-        pod_name: pod_name.clone(),
-        max_expiration: None,
-        requested_lifetime: admitted.requested_lifetime,
-        user_annotations: d.annotations.clone(),
-    };
-    let decide = |p: &SignerPolicy| {
-        let pod = match &pod {
-            Ok(pod) => *pod,
-            Err(message) => {
-                return Outcome::Denied {
-                    reason: DenyReason::PodNotFound,
-                    message: message.clone(),
-                };
-            }
-        };
-        let context = RequestContext {
-            source,
-            signer_name: signer,
-            pod_uid: pod_uid.as_deref(),
-            node_name: node_name.as_deref(),
-            namespace_labels: ns_labels,
-            pod,
-        };
-        sign_request_with(p, &ca, &certificate_request, &context, now)
-    };
-    let outcome = decide(policy);
-    Ok(verdict(
-        outcome,
-        Some(policy),
-        signer,
-        request,
-        notes,
-        &|p| Some(decide(p)),
-    ))
 }
 
 // ---- podca policy lint ----------------------------------------------------------------------
