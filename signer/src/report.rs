@@ -6,10 +6,12 @@ use std::fmt::Write;
 
 use time::OffsetDateTime;
 
-use crate::CaCertificate;
+use x509_parser::prelude::{GeneralName, ParsedExtension, X509Certificate};
+
 use crate::jwt::JwtKeyPhase;
 use crate::jwt::store::StoredJwtKey;
 use crate::rotation::{Generation, Phase, Schedule, Step};
+use crate::{CaCertificate, SubjectKey};
 
 /// A blank line, then the generation's phase and times, its issuing certificate and roots.
 pub fn generation(
@@ -104,6 +106,117 @@ pub fn step(step: Step, schedule: &Schedule, now: OffsetDateTime) -> String {
             format!("generation {id} dropped: its root left the bundle and its keys were deleted")
         }
     }
+}
+
+/// `podca inspect`'s description of certificate `i` of a bundle (DER `der`): names, serial,
+/// validity with the time left, key type, SANs, CA flag, fingerprints.
+pub fn certificate_details(
+    i: usize,
+    cert: &X509Certificate<'_>,
+    der: &[u8],
+    now: OffsetDateTime,
+) -> String {
+    let mut out = String::new();
+    let not_after = cert.validity().not_after.to_datetime();
+    let left = not_after - now;
+    let state = if left.is_negative() {
+        "EXPIRED".to_string()
+    } else if cert.validity().not_before.to_datetime() > now {
+        "NOT YET VALID".to_string()
+    } else {
+        format!("{}h{}m left", left.whole_hours(), left.whole_minutes() % 60)
+    };
+    let _ = writeln!(out, "certificate {i}:");
+    let _ = writeln!(out, "  subject:    {}", cert.subject());
+    let _ = writeln!(out, "  issuer:     {}", cert.issuer());
+    let _ = writeln!(
+        out,
+        "  serial:     {}",
+        cert.raw_serial_as_string().replace(':', "")
+    );
+    let _ = writeln!(
+        out,
+        "  not before: {}",
+        cert.validity().not_before.to_datetime()
+    );
+    let _ = writeln!(out, "  not after:  {not_after} ({state})");
+    let key = SubjectKey::from_spki_der(cert.public_key().raw)
+        .map(|k| k.key_type().to_string())
+        .unwrap_or_else(|e| e.to_string());
+    let _ = writeln!(out, "  key:        {key}");
+    for ext in cert.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::SubjectAlternativeName(san) => {
+                for name in &san.general_names {
+                    let shown = match name {
+                        GeneralName::URI(u) => format!("URI:{u}"),
+                        GeneralName::DNSName(d) => format!("DNS:{d}"),
+                        GeneralName::RFC822Name(e) => format!("email:{e}"),
+                        GeneralName::IPAddress(ip) => format!("IP:{}", hex::encode(ip)),
+                        other => format!("{other:?}"),
+                    };
+                    let _ = writeln!(out, "  SAN:        {shown}");
+                }
+            }
+            ParsedExtension::BasicConstraints(bc) => {
+                let _ = writeln!(out, "  CA:         {}", bc.ca);
+            }
+            _ => {}
+        }
+    }
+    let _ = writeln!(out, "  sha256:     {}", crate::x509::sha256_hex(der));
+    let _ = writeln!(
+        out,
+        "  spki sha256: {}",
+        crate::x509::sha256_hex(cert.public_key().raw)
+    );
+    out
+}
+
+/// The chain check of `podca inspect`: every certificate signed by the next, the last by one of
+/// `anchors` (when known). Returns the lines and whether it all verifies.
+pub fn chain(certs: &[CaCertificate], anchors: Option<&[CaCertificate]>) -> (String, bool) {
+    let mut out = String::new();
+    let mut ok = true;
+    for (i, pair) in certs.windows(2).enumerate() {
+        match pair[0].verify_signed_by(&pair[1]) {
+            Ok(()) => {
+                let _ = writeln!(
+                    out,
+                    "chain: certificate {i} is signed by certificate {}",
+                    i + 1
+                );
+            }
+            Err(e) => {
+                ok = false;
+                let _ = writeln!(out, "chain: BROKEN at certificate {i}: {e}");
+            }
+        }
+    }
+    if let (Some(anchors), Some(last)) = (anchors, certs.last()) {
+        match anchors
+            .iter()
+            .find(|a| *a == last || last.verify_signed_by(a).is_ok())
+        {
+            Some(a) => {
+                let _ = writeln!(
+                    out,
+                    "chain: anchored in {} ({})",
+                    a.subject(),
+                    a.fingerprint()
+                );
+            }
+            None => {
+                ok = false;
+                let _ = writeln!(
+                    out,
+                    "chain: NOT anchored in any of the {} trust anchors",
+                    anchors.len()
+                );
+            }
+        }
+    }
+    (out, ok)
 }
 
 #[cfg(test)]

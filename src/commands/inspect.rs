@@ -5,9 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use podca_signer::{CaCertificate, FileStore, SubjectKey};
+use podca_signer::{CaCertificate, FileStore, report};
 use time::OffsetDateTime;
-use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 #[derive(Debug, Args)]
@@ -69,7 +68,7 @@ impl InspectArgs {
         for (i, der) in certs.iter().enumerate() {
             let (_, cert) = X509Certificate::from_der(der)
                 .map_err(|e| anyhow::anyhow!("{}: certificate {i}: {e}", file.display()))?;
-            describe(i, &cert, der, now);
+            print!("{}", report::certificate_details(i, &cert, der, now));
             parsed.push(
                 CaCertificate::from_der(der)
                     .with_context(|| format!("{}: certificate {i}", file.display()))?,
@@ -77,17 +76,6 @@ impl InspectArgs {
         }
         if let Some(key) = private_key {
             check_private_key(&key, &certs)?;
-        }
-        // Chain check: every certificate signed by the next, the last by a trust anchor.
-        let mut ok = true;
-        for (i, pair) in parsed.windows(2).enumerate() {
-            match pair[0].verify_signed_by(&pair[1]) {
-                Ok(()) => println!("chain: certificate {i} is signed by certificate {}", i + 1),
-                Err(e) => {
-                    ok = false;
-                    println!("chain: BROKEN at certificate {i}: {e}");
-                }
-            }
         }
         let anchors = match (&ca_file, dir) {
             (Some(path), _) => Some(CaCertificate::all_from_pem(
@@ -99,74 +87,11 @@ impl InspectArgs {
                 store.roots().ok()
             }
         };
-        if let (Some(anchors), Some(last)) = (anchors, parsed.last()) {
-            match anchors
-                .iter()
-                .find(|a| *a == last || last.verify_signed_by(a).is_ok())
-            {
-                Some(a) => println!("chain: anchored in {} ({})", a.subject(), a.fingerprint()),
-                None => {
-                    ok = false;
-                    println!(
-                        "chain: NOT anchored in any of the {} trust anchors",
-                        anchors.len()
-                    );
-                }
-            }
-        }
+        let (lines, ok) = report::chain(&parsed, anchors.as_deref());
+        print!("{lines}");
         anyhow::ensure!(ok, "{}: the chain does not verify", file.display());
         Ok(())
     }
-}
-
-fn describe(i: usize, cert: &X509Certificate<'_>, der: &[u8], now: OffsetDateTime) {
-    let not_after = cert.validity().not_after.to_datetime();
-    let left = not_after - now;
-    let state = if left.is_negative() {
-        "EXPIRED".to_string()
-    } else if cert.validity().not_before.to_datetime() > now {
-        "NOT YET VALID".to_string()
-    } else {
-        format!("{}h{}m left", left.whole_hours(), left.whole_minutes() % 60)
-    };
-    println!("certificate {i}:");
-    println!("  subject:    {}", cert.subject());
-    println!("  issuer:     {}", cert.issuer());
-    println!(
-        "  serial:     {}",
-        cert.raw_serial_as_string().replace(':', "")
-    );
-    println!("  not before: {}", cert.validity().not_before.to_datetime());
-    println!("  not after:  {not_after} ({state})");
-    let key = SubjectKey::from_spki_der(cert.public_key().raw)
-        .map(|k| k.key_type().to_string())
-        .unwrap_or_else(|e| e.to_string());
-    println!("  key:        {key}");
-    for ext in cert.extensions() {
-        match ext.parsed_extension() {
-            ParsedExtension::SubjectAlternativeName(san) => {
-                for name in &san.general_names {
-                    let shown = match name {
-                        GeneralName::URI(u) => format!("URI:{u}"),
-                        GeneralName::DNSName(d) => format!("DNS:{d}"),
-                        GeneralName::RFC822Name(e) => format!("email:{e}"),
-                        GeneralName::IPAddress(ip) => format!("IP:{}", hex::encode(ip)),
-                        other => format!("{other:?}"),
-                    };
-                    println!("  SAN:        {shown}");
-                }
-            }
-            ParsedExtension::BasicConstraints(bc) => {
-                println!("  CA:         {}", bc.ca);
-            }
-            _ => {}
-        }
-    }
-    println!("  sha256:     {}", podca_signer::x509::sha256_hex(der));
-    println!(
-        "  spki sha256: {}",
-        podca_signer::x509::sha256_hex(cert.public_key().raw)
-    );
 }
 
 fn check_private_key(key_der: &[u8], certs: &[Vec<u8>]) -> anyhow::Result<()> {
