@@ -166,7 +166,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let flags = ControllerFlags {
         workers,
         queue_capacity,
-        leader_election: leader_elect.then(|| leader_election_options(lease)),
+        leader_election: leader_elect.then(|| {
+            let LeaseFlags {
+                lease_name,
+                lease_namespace,
+                lease_identity,
+                lease_duration,
+                lease_renew_deadline,
+                lease_retry_period,
+            } = lease;
+            LeaderElection::new(lease_name, lease_namespace, lease_identity).with_timings(
+                lease_duration,
+                lease_renew_deadline,
+                lease_retry_period,
+            )
+        }),
     };
     let options = kube_component::options(&config, flags, ca, ledger, namespace_labels);
     kube_component::controller(&mut rt, client, options);
@@ -222,76 +236,9 @@ pub struct LeaseFlags {
     pub lease_retry_period: Duration,
 }
 
-/// The Lease to take: namespace `default` and identity `<POD_NAME or HOSTNAME>-<random>`
-/// unless given.
-fn leader_election_options(flags: LeaseFlags) -> LeaderElection {
-    let LeaseFlags {
-        lease_name,
-        lease_namespace,
-        lease_identity,
-        lease_duration,
-        lease_renew_deadline,
-        lease_retry_period,
-    } = flags;
-    let base = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| "podca".into());
-    LeaderElection {
-        lease_name,
-        lease_namespace: lease_namespace.unwrap_or_else(|| "default".into()),
-        identity: lease_identity.unwrap_or_else(|| format!("{base}-{:08x}", rand_suffix())),
-        lease_duration,
-        renew_deadline: lease_renew_deadline,
-        retry_period: lease_retry_period,
-    }
-}
-
-fn rand_suffix() -> u32 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    nanos ^ std::process::id().rotate_left(16)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lease(namespace: Option<&str>, identity: Option<&str>) -> LeaseFlags {
-        LeaseFlags {
-            lease_name: "podca-controller".into(),
-            lease_namespace: namespace.map(Into::into),
-            lease_identity: identity.map(Into::into),
-            lease_duration: Duration::from_secs(15),
-            lease_renew_deadline: Duration::from_secs(10),
-            lease_retry_period: Duration::from_secs(2),
-        }
-    }
-
-    #[test]
-    fn lease_flags_given_are_used() {
-        let election = leader_election_options(lease(Some("podca-system"), Some("replica-a")));
-        assert_eq!(election.lease_name, "podca-controller");
-        assert_eq!(election.lease_namespace, "podca-system");
-        assert_eq!(election.identity, "replica-a");
-        assert_eq!(election.lease_duration, Duration::from_secs(15));
-        assert_eq!(election.renew_deadline, Duration::from_secs(10));
-        assert_eq!(election.retry_period, Duration::from_secs(2));
-    }
-
-    #[test]
-    fn lease_defaults_are_namespace_default_and_a_suffixed_identity() {
-        let election = leader_election_options(lease(None, None));
-        assert_eq!(election.lease_namespace, "default");
-        let (base, suffix) = election
-            .identity
-            .rsplit_once('-')
-            .unwrap_or_else(|| panic!("no suffix in {:?}", election.identity));
-        assert!(!base.is_empty(), "{:?}", election.identity);
-        assert_eq!(suffix.len(), 8, "{:?}", election.identity);
-        assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()));
-    }
 
     #[test]
     fn a_config_file_is_required() {

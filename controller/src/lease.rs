@@ -28,6 +28,47 @@ pub struct LeaderElection {
     pub retry_period: Duration,
 }
 
+impl LeaderElection {
+    /// The Lease `name`: in `namespace` (default `default`), as `identity` (default
+    /// `<POD_NAME or HOSTNAME>-<random>`, so two processes on one host never share one), with
+    /// kube-controller-manager's timings (15 s, renewed within 10 s, retried every 2 s).
+    pub fn new(name: String, namespace: Option<String>, identity: Option<String>) -> Self {
+        let base = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .unwrap_or_else(|_| "podca".into());
+        LeaderElection {
+            lease_name: name,
+            lease_namespace: namespace.unwrap_or_else(|| "default".into()),
+            identity: identity.unwrap_or_else(|| format!("{base}-{:08x}", random_suffix())),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    pub fn with_timings(
+        self,
+        lease_duration: Duration,
+        renew_deadline: Duration,
+        retry_period: Duration,
+    ) -> Self {
+        LeaderElection {
+            lease_duration,
+            renew_deadline,
+            retry_period,
+            ..self
+        }
+    }
+}
+
+fn random_suffix() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    nanos ^ std::process::id().rotate_left(16)
+}
+
 /// Takes and keeps the Lease until `stop`, saying on `leading` whether this replica leads.
 pub(crate) async fn start(
     client: Client,
@@ -163,5 +204,43 @@ async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_given_are_used() {
+        let election = LeaderElection::new(
+            "podca-controller".into(),
+            Some("podca-system".into()),
+            Some("replica-a".into()),
+        )
+        .with_timings(
+            Duration::from_secs(15),
+            Duration::from_secs(10),
+            Duration::from_secs(2),
+        );
+        assert_eq!(election.lease_name, "podca-controller");
+        assert_eq!(election.lease_namespace, "podca-system");
+        assert_eq!(election.identity, "replica-a");
+        assert_eq!(election.lease_duration, Duration::from_secs(15));
+        assert_eq!(election.renew_deadline, Duration::from_secs(10));
+        assert_eq!(election.retry_period, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn defaults_are_namespace_default_and_a_suffixed_identity() {
+        let election = LeaderElection::new("podca-controller".into(), None, None);
+        assert_eq!(election.lease_namespace, "default");
+        let (base, suffix) = election
+            .identity
+            .rsplit_once('-')
+            .unwrap_or_else(|| panic!("no suffix in {:?}", election.identity));
+        assert!(!base.is_empty(), "{:?}", election.identity);
+        assert_eq!(suffix.len(), 8, "{:?}", election.identity);
+        assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()));
     }
 }
