@@ -179,6 +179,15 @@ impl Default for CaConfig {
 }
 
 impl CaConfig {
+    /// The CA data directory (`[ca] dir`); none for a Secret-held CA.
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        match self {
+            CaConfig::File(f) => f.dir.as_deref(),
+            CaConfig::Pkcs11(p) => p.dir.as_deref(),
+            CaConfig::Secret(_) => None,
+        }
+    }
+
     /// The backend's name as the config file spells it.
     pub fn backend_name(&self) -> &'static str {
         match self {

@@ -280,3 +280,89 @@ pub fn sign_request_with(
         },
     }
 }
+/// What the CA's operator asks `podca issue` for: any identity of `trust_domain`, any key type
+/// (ML-DSA too), any DNS name, up to a year.
+#[derive(Debug, Clone)]
+pub struct OperatorRequest<'a> {
+    pub trust_domain: &'a str,
+    pub namespace: &'a str,
+    pub service_account: &'a str,
+    pub key: SubjectKey,
+    pub lifetime: Option<Duration>,
+    pub dns_names: &'a [String],
+}
+
+/// Why the operator's request was not issued; one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OperatorRefused(String);
+
+/// Issues for the CA's operator (`podca issue` without `--server`) under a permissive policy
+/// of `trust_domain`, and the ledger record to keep before the certificate is handed out.
+pub fn for_operator(
+    ca: &IssuingCa,
+    request: &OperatorRequest<'_>,
+    now: OffsetDateTime,
+) -> Result<(IssuedCertificate, crate::LedgerRecord), OperatorRefused> {
+    let mut policy = SignerPolicy::permissive(request.trust_domain);
+    policy.allowed_dns_names = vec!["*".into()];
+    policy.key_types = KeyType::EVERY.to_vec();
+    policy.max_lifetime_seconds = policy.max_lifetime_seconds.max(365 * 86400);
+    policy
+        .validate()
+        .map_err(|e| OperatorRefused(format!("--trust-domain {:?}: {e}", request.trust_domain)))?;
+    let mut user_annotations = BTreeMap::new();
+    if !request.dns_names.is_empty() {
+        user_annotations.insert(
+            crate::policy::DNS_NAMES_ANNOTATION.to_string(),
+            request.dns_names.join(","),
+        );
+    }
+    let certificate_request = CertificateRequest {
+        key: Ok(request.key.clone()),
+        namespace: request.namespace.to_owned(),
+        service_account: request.service_account.to_owned(),
+        pod_name: None,
+        max_expiration: None,
+        requested_lifetime: request.lifetime,
+        user_annotations,
+    };
+    let cert = match sign_request(&policy, ca, &certificate_request, now) {
+        Outcome::Issued(cert) => cert,
+        Outcome::Denied { reason, message } => {
+            return Err(OperatorRefused(format!("denied ({reason}): {message}")));
+        }
+        Outcome::Failed { reason, message } => {
+            return Err(OperatorRefused(format!("failed ({reason}): {message}")));
+        }
+        Outcome::Retry(e) => {
+            return Err(OperatorRefused(format!("CA unavailable, try again: {e}")));
+        }
+    };
+    let context = crate::RecordContext {
+        source: crate::Source::Cli,
+        signer: OPERATOR_SIGNER.into(),
+        identity: crate::ledger::spiffe_id(
+            request.trust_domain,
+            request.namespace,
+            request.service_account,
+        ),
+        requester: Some("cli".into()),
+        namespace: request.namespace.to_owned(),
+        service_account: request.service_account.to_owned(),
+        pod_name: None,
+        pod_uid: None,
+        node_name: None,
+        request_uid: None,
+        request_name: None,
+        ca_generation: None,
+        issuer_fingerprint: None,
+        replica: crate::ledger::replica_identity(),
+        time: now,
+    };
+    let record = crate::LedgerRecord::issued(&context, &cert);
+    Ok((*cert, record))
+}
+
+/// The `signer` of the operator's records (`podca issue` issues under no configured signer).
+pub const OPERATOR_SIGNER: &str = "podca issue";

@@ -2,24 +2,19 @@
 //! `--server`, by asking a running podca (`podca serve`, `podca dev`) over gRPC
 //! (`podca.v1.PodCA/IssueCertificate`).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use podca_authority::config::{CaConfig, Config};
+use podca_authority::config::Config;
 use podca_authority::ledger::{LedgerBackend, Store};
 use podca_grpc::client::{Server, Token, caller_metadata};
 use podca_proto::podca::v1::{IssueCertificateRequest, IssueJwtSvidRequest};
+use podca_signer::issue::OperatorRequest;
 use podca_signer::keys::GeneratedKey;
 use podca_signer::policy::DNS_NAMES_ANNOTATION;
-use podca_signer::{
-    CertificateRequest, FileStore, KeyType, LedgerRecord, Outcome, SignerPolicy, SubjectKey,
-};
+use podca_signer::{FileStore, KeyType, LedgerRecord, SubjectKey};
 use time::{Duration, OffsetDateTime};
-
-/// The `signer` of records `podca issue` makes (it issues under no configured signer).
-const CLI_SIGNER: &str = "podca issue";
 
 #[derive(Debug, Args)]
 pub struct IssueArgs {
@@ -157,7 +152,11 @@ impl IssueArgs {
             .map(|path| Config::load(&path).map(|c| (path, c)))
             .transpose()?;
         let dir = dir
-            .or_else(|| config.as_ref().and_then(|(_, c)| config_ca_dir(c)))
+            .or_else(|| {
+                config
+                    .as_ref()
+                    .and_then(|(_, c)| c.ca.dir().map(Into::into))
+            })
             .unwrap_or_else(super::default_data_dir);
         let store = FileStore::new(dir);
         let ca = super::open_active_ca(&store, &hsm)?;
@@ -179,57 +178,20 @@ impl IssueArgs {
             }
             (None, None) => anyhow::bail!("give --csr FILE or --key-type TYPE"),
         };
-        let mut policy = SignerPolicy::permissive(&trust_domain);
-        policy.allowed_dns_names = vec!["*".into()];
-        // The CA's operator asks for the key type: ML-DSA too (a signer's policy keeps it off).
-        policy.key_types = KeyType::EVERY.to_vec();
-        policy.max_lifetime_seconds = policy.max_lifetime_seconds.max(365 * 86400);
-        policy
-            .validate()
-            .with_context(|| format!("--trust-domain {trust_domain:?}"))?;
-        let mut annotations = BTreeMap::new();
-        if !dns_names.is_empty() {
-            annotations.insert(DNS_NAMES_ANNOTATION.to_string(), dns_names.join(","));
-        }
-        let context = podca_signer::RecordContext {
-            source: podca_signer::Source::Cli,
-            signer: CLI_SIGNER.into(),
-            identity: podca_signer::ledger::spiffe_id(&trust_domain, &namespace, &service_account),
-            requester: Some("cli".into()),
-            namespace: namespace.clone(),
-            service_account: service_account.clone(),
-            pod_name: None,
-            pod_uid: None,
-            node_name: None,
-            request_uid: None,
-            request_name: None,
-            ca_generation: None,
-            issuer_fingerprint: None,
-            replica: podca_signer::ledger::replica_identity(),
-            time: OffsetDateTime::now_utc(),
-        };
-        let request = CertificateRequest {
-            key: Ok(subject),
-            namespace,
-            service_account,
-            pod_name: None,
-            max_expiration: None,
-            requested_lifetime: lifetime_seconds.map(Duration::seconds),
-            user_annotations: annotations,
-        };
-        let now = OffsetDateTime::now_utc();
-        let cert = match podca_signer::sign_request(&policy, &ca, &request, now) {
-            Outcome::Issued(cert) => cert,
-            Outcome::Denied { reason, message } => anyhow::bail!("denied ({reason}): {message}"),
-            Outcome::Failed { reason, message } => anyhow::bail!("failed ({reason}): {message}"),
-            Outcome::Retry(e) => anyhow::bail!("CA unavailable, try again: {e}"),
-        };
-        let context = podca_signer::RecordContext {
-            time: now,
-            ..context
-        };
+        let (cert, record) = podca_signer::issue::for_operator(
+            &ca,
+            &OperatorRequest {
+                trust_domain: &trust_domain,
+                namespace: &namespace,
+                service_account: &service_account,
+                key: subject,
+                lifetime: lifetime_seconds.map(Duration::seconds),
+                dns_names: &dns_names,
+            },
+            OffsetDateTime::now_utc(),
+        )?;
         // Recorded durably before the certificate is written anywhere.
-        ledger.record(LedgerRecord::issued(&context, &cert))?;
+        ledger.record(record)?;
         let output = match &private_pem {
             Some(key) => format!("{key}{}", cert.chain_pem),
             None => cert.chain_pem.clone(),
@@ -253,15 +215,6 @@ impl IssueArgs {
             write_output(&path, &anchors, false)?;
         }
         Ok(())
-    }
-}
-
-/// The `[ca] dir` of a configuration (none for a Secret CA).
-fn config_ca_dir(config: &Config) -> Option<PathBuf> {
-    match &config.ca {
-        CaConfig::File(f) => f.dir.clone(),
-        CaConfig::Pkcs11(p) => p.dir.clone(),
-        CaConfig::Secret(_) => None,
     }
 }
 

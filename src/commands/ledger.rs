@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use podca_authority::config::{CaConfig, Config};
+use podca_authority::config::Config;
 use podca_authority::ledger::{LedgerBackend, PostgresSettings, PostgresTls, Store};
 use podca_signer::{FileStore, Filter, LedgerRecord, RecordOutcome};
 use time::OffsetDateTime;
@@ -160,11 +160,7 @@ impl StoreArgs {
         }
         if let Some(path) = config {
             let config = Config::load(&path)?;
-            let default_redb = match &config.ca {
-                CaConfig::File(f) => f.dir.clone().map(|d| FileStore::new(d).ledger_path()),
-                CaConfig::Pkcs11(p) => p.dir.clone().map(|d| FileStore::new(d).ledger_path()),
-                CaConfig::Secret(_) => None,
-            };
+            let default_redb = config.ca.dir().map(|d| FileStore::new(d).ledger_path());
             return open_backend(&config.ledger.backend, default_redb).await;
         }
         let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
