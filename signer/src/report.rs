@@ -219,9 +219,82 @@ pub fn chain(certs: &[CaCertificate], anchors: Option<&[CaCertificate]>) -> (Str
     (out, ok)
 }
 
+/// Whether `text` looks like a JWS compact token rather than PEM.
+pub fn looks_like_jwt(text: &str) -> bool {
+    let token = text.trim();
+    !token.is_empty()
+        && token.split('.').count() == 3
+        && token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// `podca inspect`'s lines for a decoded JWT-SVID: header, claims, subject, audiences, expiry,
+/// key id.
+pub fn jwt(decoded: &crate::jwt::Decoded) -> String {
+    let when = |t: i64| {
+        OffsetDateTime::from_unix_timestamp(t)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_else(|| t.to_string())
+    };
+    format!(
+        "header: {}\nclaims: {}\nsubject: {}\naudience: {}\nexpires: {}\nkey: {}\n",
+        serde_json::to_string(&decoded.header).unwrap_or_default(),
+        serde_json::to_string(&decoded.claims).unwrap_or_default(),
+        decoded.claims.sub,
+        decoded.claims.aud.join(", "),
+        when(decoded.claims.exp),
+        decoded.header.kid.clone().unwrap_or_default()
+    )
+}
+
+/// Validates `token` against `bundle` for `audience` (default: its first audience) in its own
+/// trust domain; returns the audience it was checked for.
+pub fn jwt_validity(
+    token: &str,
+    decoded: &crate::jwt::Decoded,
+    bundle: &crate::jwt::JwtBundle,
+    audience: Option<&str>,
+    now: OffsetDateTime,
+) -> Result<String, crate::jwt::JwtError> {
+    let audience = audience
+        .map(str::to_owned)
+        .or_else(|| decoded.claims.aud.first().cloned())
+        .unwrap_or_default();
+    let trust_domain = decoded
+        .claims
+        .sub
+        .strip_prefix("spiffe://")
+        .and_then(|rest| rest.split('/').next());
+    crate::jwt::validate(
+        token,
+        bundle,
+        &crate::jwt::Expectations {
+            audience: &audience,
+            trust_domain,
+            max_audiences: usize::MAX,
+        },
+        now,
+    )?;
+    Ok(audience)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_three_base64url_parts_look_like_a_jwt() {
+        assert!(looks_like_jwt("eyJh.eyJz.c2ln\n"));
+        assert!(!looks_like_jwt("not a certificate"));
+        assert!(!looks_like_jwt("-----BEGIN CERTIFICATE-----\nMIIB\n"));
+        assert!(!looks_like_jwt("a.b"));
+        assert!(!looks_like_jwt(""));
+    }
 
     #[test]
     fn steps_say_what_they_did() {

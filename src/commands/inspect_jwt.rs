@@ -5,19 +5,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use podca_signer::FileStore;
+use podca_signer::jwt::JwtBundle;
 use podca_signer::jwt::store::JwtStore;
-use podca_signer::jwt::{Expectations, JwtBundle};
+use podca_signer::report;
 use time::OffsetDateTime;
 
-/// Whether `text` looks like a JWS compact token rather than PEM.
-pub fn looks_like_jwt(text: &str) -> bool {
-    let token = text.trim();
-    !token.is_empty()
-        && token.split('.').count() == 3
-        && token
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-}
+pub use podca_signer::report::looks_like_jwt;
 
 /// Decodes and checks the token in `file`.
 pub fn inspect(
@@ -30,28 +23,7 @@ pub fn inspect(
     let token = text.trim();
     let decoded = podca_signer::jwt::decode(token)
         .map_err(|e| anyhow::anyhow!("{}: not a JWT-SVID: {e}", file.display()))?;
-    println!(
-        "header: {}",
-        serde_json::to_string(&decoded.header).unwrap_or_default()
-    );
-    println!(
-        "claims: {}",
-        serde_json::to_string(&decoded.claims).unwrap_or_default()
-    );
-    let when = |t: i64| {
-        OffsetDateTime::from_unix_timestamp(t)
-            .ok()
-            .and_then(|t| {
-                t.format(&time::format_description::well_known::Rfc3339)
-                    .ok()
-            })
-            .unwrap_or_else(|| t.to_string())
-    };
-    println!("subject: {}", decoded.claims.sub);
-    println!("audience: {}", decoded.claims.aud.join(", "));
-    println!("expires: {}", when(decoded.claims.exp));
-    let kid = decoded.header.kid.clone().unwrap_or_default();
-    println!("key: {kid}");
+    print!("{}", report::jwt(&decoded));
     let (bundle, source) = match jwks {
         Some(path) => {
             let json =
@@ -74,27 +46,14 @@ pub fn inspect(
         println!("valid: not checked (no --jwks and no JWT keys in {source})");
         return Ok(());
     };
-    let audience = audience
-        .map(str::to_owned)
-        .or_else(|| decoded.claims.aud.first().cloned())
-        .unwrap_or_default();
-    let trust_domain = decoded
-        .claims
-        .sub
-        .strip_prefix("spiffe://")
-        .and_then(|rest| rest.split('/').next())
-        .map(str::to_owned);
-    match podca_signer::jwt::validate(
+    match report::jwt_validity(
         token,
+        &decoded,
         &bundle,
-        &Expectations {
-            audience: &audience,
-            trust_domain: trust_domain.as_deref(),
-            max_audiences: usize::MAX,
-        },
+        audience,
         OffsetDateTime::now_utc(),
     ) {
-        Ok(_) => {
+        Ok(audience) => {
             println!("valid: yes, for audience {audience:?} against {source}");
             Ok(())
         }
@@ -102,19 +61,5 @@ pub fn inspect(
             println!("valid: NO against {source}: {e}");
             anyhow::bail!("{}: the JWT-SVID is not valid: {e}", file.display())
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_three_base64url_parts_look_like_a_jwt() {
-        assert!(looks_like_jwt("eyJh.eyJz.c2ln\n"));
-        assert!(!looks_like_jwt("not a certificate"));
-        assert!(!looks_like_jwt("-----BEGIN CERTIFICATE-----\nMIIB\n"));
-        assert!(!looks_like_jwt("a.b"));
-        assert!(!looks_like_jwt(""));
     }
 }
