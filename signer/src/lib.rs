@@ -9,6 +9,7 @@ pub mod jwt;
 pub mod keys;
 mod leaf;
 pub mod ledger;
+pub mod names;
 pub mod policy;
 mod random;
 pub mod reason;
