@@ -490,20 +490,9 @@ pub fn glob(pattern: &str, text: &str) -> bool {
     remaining.len() >= tail.len() && remaining.ends_with(tail)
 }
 
-/// A DNS name kube-apiserver accepts in a leaf (rule 16.3) and that is sane: lowercase
-/// labels of 1–63 `[a-z0-9-]`, no leading or trailing hyphen, at most 253 characters.
+/// A DNS name kube-apiserver accepts in a leaf (rule 16.3); the rule is [`crate::names::DnsName`].
 pub fn is_dns_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        })
+    name.parse::<crate::names::DnsName>().is_ok()
 }
 
 #[cfg(test)]
