@@ -150,7 +150,7 @@ impl ApiError {
 
 /// The code of a JWT-SVID refusal. A token that does not validate is the caller's input, so
 /// `INVALID_ARGUMENT` (as SPIRE answers); a missing signing key or a backend outage is
-/// `UNAVAILABLE`. The wildcard is only for `#[non_exhaustive]`: give a new error its arm here.
+/// `UNAVAILABLE`. The match is exhaustive, so a new error cannot reach a status by default.
 fn jwt_code(e: &JwtError) -> Code {
     match e {
         JwtError::TooLarge { .. }
@@ -172,7 +172,6 @@ fn jwt_code(e: &JwtError) -> Code {
         JwtError::NoSigningKey => Code::Unavailable,
         JwtError::Backend(b) if b.is_transient() => Code::Unavailable,
         JwtError::Backend(_) | JwtError::UnusableKey(_) => Code::FailedPrecondition,
-        _ => Code::Internal,
     }
 }
 
@@ -194,7 +193,6 @@ fn jwt_reason(e: &JwtError) -> &'static str {
         JwtError::NotYetValid { .. } => "jwt_not_yet_valid",
         JwtError::NoSigningKey => "jwt_no_key",
         JwtError::Backend(_) | JwtError::UnusableKey(_) => "jwt_key_unavailable",
-        _ => "jwt_other",
     }
 }
 

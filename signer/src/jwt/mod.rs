@@ -125,8 +125,11 @@ impl std::fmt::Display for JwtAlgorithm {
 }
 
 /// Why a JWT-SVID could not be built or was refused.
+///
+/// Deliberately not `#[non_exhaustive]` (as the enums of [`crate::reason`]): the gRPC edge maps
+/// each variant to a status and a metric label with an exhaustive match, so a new variant fails
+/// to compile there instead of silently becoming `INTERNAL`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
 pub enum JwtError {
     /// The token is larger than [`MAX_TOKEN_BYTES`].
     #[error("the token is {len} bytes, over the limit of {max}")]
