@@ -1,6 +1,6 @@
 //! Prometheus metrics (prefix `podca_`): one registry, seconds as the unit, low-cardinality labels.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -18,9 +18,93 @@ pub struct SignerLabels {
     pub signer: String,
 }
 
+/// Declares a metric-label enum, its `ALL` list and its `as_str` from one table, so that a new
+/// cause has exactly one label and the list of labels cannot miss it (as `podca_signer::reason`).
+macro_rules! label_values {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $( $(#[$variant_meta:meta])* $variant:ident => $text:literal, )+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $( $(#[$variant_meta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every cause, in declaration order.
+            pub const ALL: &'static [$name] = &[$( $name::$variant, )+];
+
+            /// The `cause` label value (dashboards and alerts match on it, so it never changes).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( $name::$variant => $text, )+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl EncodeLabelValue for $name {
+            fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+                EncodeLabelValue::encode(&self.as_str(), encoder)
+            }
+        }
+    };
+}
+
+label_values! {
+    /// Why the PCR controller tried a request again (`podca_retries_total{cause}`).
+    pub enum RetryCause {
+        /// Reading the PodCertificateRequest failed.
+        Read => "read",
+        /// The `/status` write failed.
+        Write => "write",
+        /// The `/status` write conflicted (409) and the request is still ours to settle.
+        Conflict => "conflict",
+        /// The signer's policy is not loaded yet.
+        Policy => "policy",
+        /// The signing task failed (panicked or was cancelled).
+        Sign => "sign",
+        /// The CA backend is unavailable.
+        CaBackend => "ca_backend",
+        /// The namespace labels the policy reads are not synced yet.
+        NamespaceLabels => "namespace_labels",
+        /// The pod facts the policy reads could not be read.
+        PodFacts => "pod_facts",
+        /// The ledger could not record the decision.
+        Ledger => "ledger",
+    }
+}
+
+label_values! {
+    /// Why a `/status` write came too late (`podca_late_writes_total{cause}`).
+    pub enum LateCause {
+        /// The PodCertificateRequest was deleted (404).
+        Gone => "gone",
+        /// Someone else settled the request first.
+        SettledElsewhere => "settled_elsewhere",
+        /// The write conflicted (409) with a copy someone else settled.
+        Conflict => "conflict",
+    }
+}
+
+/// `podca_retries_total`'s labels.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CauseLabels {
-    pub cause: &'static str,
+pub struct RetryLabels {
+    pub cause: RetryCause,
+}
+
+/// `podca_late_writes_total`'s labels.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LateLabels {
+    pub cause: LateCause,
 }
 
 /// Why something was refused: a CA history (`podca_ca_history_rejected_total`), a gRPC
@@ -234,9 +318,9 @@ pub struct Metrics {
     pub ca_not_after: Gauge,
     pub leader: Gauge,
     /// Writes that found the PCR deleted (404) or already settled by someone else (409/422).
-    pub late_writes: Family<CauseLabels, Counter>,
+    pub late_writes: Family<LateLabels, Counter>,
     /// Transient failures that were retried, by cause.
-    pub retries: Family<CauseLabels, Counter>,
+    pub retries: Family<RetryLabels, Counter>,
     /// Writes the API server refused for a reason retrying cannot fix.
     pub writes_rejected: Counter,
     pub watch_errors: Counter,
@@ -299,8 +383,8 @@ impl Metrics {
         let in_flight = Gauge::default();
         let ca_not_after = Gauge::default();
         let leader = Gauge::default();
-        let late_writes = Family::<CauseLabels, Counter>::default();
-        let retries = Family::<CauseLabels, Counter>::default();
+        let late_writes = Family::<LateLabels, Counter>::default();
+        let retries = Family::<RetryLabels, Counter>::default();
         let writes_rejected = Counter::default();
         let watch_errors = Counter::default();
         let ctb_writes = Family::<OpLabels, Counter>::default();
@@ -630,6 +714,52 @@ impl prometheus_client::collector::Collector for PolicyRuleCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The label values dashboards and alerts (deploy/monitoring, docs/operator-guide.md) match
+    /// on: renaming one is a breaking change, so the table is pinned here.
+    #[test]
+    fn cause_labels_are_pinned_and_exported() {
+        let retry: Vec<_> = RetryCause::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(
+            retry,
+            [
+                "read",
+                "write",
+                "conflict",
+                "policy",
+                "sign",
+                "ca_backend",
+                "namespace_labels",
+                "pod_facts",
+                "ledger"
+            ]
+        );
+        let late: Vec<_> = LateCause::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(late, ["gone", "settled_elsewhere", "conflict"]);
+
+        let metrics = Metrics::new();
+        metrics
+            .retries
+            .get_or_create(&RetryLabels {
+                cause: RetryCause::CaBackend,
+            })
+            .inc();
+        metrics
+            .late_writes
+            .get_or_create(&LateLabels {
+                cause: LateCause::SettledElsewhere,
+            })
+            .inc();
+        let text = metrics.encode();
+        assert!(
+            text.contains("podca_retries_total{cause=\"ca_backend\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("podca_late_writes_total{cause=\"settled_elsewhere\"} 1"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn policy_rule_counters_are_exported() {

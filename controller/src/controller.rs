@@ -33,7 +33,9 @@ use crate::queue::{Item, WorkQueue};
 use crate::request::{self, ApiVersion, Pcr};
 use crate::{Error, Options, lease};
 use podca_authority::admin::{Readiness, ReadyFlag};
-use podca_authority::metrics::{CauseLabels, Metrics, SettleLabels, SignerLabels};
+use podca_authority::metrics::{
+    LateCause, LateLabels, Metrics, RetryCause, RetryLabels, SettleLabels, SignerLabels,
+};
 use podca_authority::trust::{CaHandle, CaSnapshot, Clock};
 
 struct Ctx {
@@ -412,7 +414,7 @@ enum Step {
     /// Given up without an answer (a later relist may try again).
     Dropped,
     /// Try again after a backoff.
-    Retry(Item, &'static str),
+    Retry(Item, RetryCause),
 }
 
 async fn worker(ctx: Arc<Ctx>, queue: Arc<WorkQueue>) {
@@ -432,11 +434,11 @@ async fn worker(ctx: Arc<Ctx>, queue: Arc<WorkQueue>) {
             Step::Retry(mut item, cause) => {
                 ctx.metrics
                     .retries
-                    .get_or_create(&CauseLabels { cause })
+                    .get_or_create(&RetryLabels { cause })
                     .inc();
                 queue.done(&uid, false);
                 let delay = decide::backoff(item.attempt, rand::random::<f64>());
-                debug!(uid, cause, ?delay, "retrying");
+                debug!(uid, cause = cause.as_str(), ?delay, "retrying");
                 item.attempt = item.attempt.saturating_add(1);
                 let queue = Arc::clone(&queue);
                 tokio::spawn(async move {
@@ -489,7 +491,7 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
             let beta = fetch(ctx, ApiVersion::V1Beta1, &watched.namespace, &watched.name).await;
             match Read::of(&beta, &watched.uid) {
                 Read::Found(beta) => sign(ctx, policy, beta, now).await,
-                Read::Gone | Read::Failed => Err("read"),
+                Read::Gone | Read::Failed => Err(RetryCause::Read),
             }
         }
         Plan::Sign(policy, source) => sign(ctx, policy, source, now).await,
@@ -525,7 +527,7 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
     if let Err(e) = record_decision(ctx, &pcr, &outcome, now).await {
         warn!(error = %e, "the ledger cannot record the answer; leaving the request pending");
         item.signed = None;
-        return Step::Retry(item, "ledger");
+        return Step::Retry(item, RetryCause::Ledger);
     }
     match write_status(ctx, &pcr, &patch).await {
         Ok(()) => {
@@ -534,28 +536,28 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
         }
         Err(e) => match decide::classify(&e) {
             ErrorClass::Gone => {
-                late(ctx, "gone");
+                late(ctx, LateCause::Gone);
                 Step::Settled
             }
             ErrorClass::SettledElsewhere => {
-                late(ctx, "settled_elsewhere");
+                late(ctx, LateCause::SettledElsewhere);
                 Step::Settled
             }
             ErrorClass::Conflict => {
                 match fetch(ctx, ctx.version, &pcr.namespace, &pcr.name).await {
                     Ok(Some(fresh)) if fresh.uid == pcr.uid && fresh.terminal.is_none() => {
-                        Step::Retry(item, "conflict")
+                        Step::Retry(item, RetryCause::Conflict)
                     }
                     Ok(_) => {
-                        late(ctx, "conflict");
+                        late(ctx, LateCause::Conflict);
                         Step::Settled
                     }
-                    Err(_) => Step::Retry(item, "conflict"),
+                    Err(_) => Step::Retry(item, RetryCause::Conflict),
                 }
             }
             ErrorClass::Transient => {
                 debug!(error = %e, "status write failed; will retry");
-                Step::Retry(item, "write")
+                Step::Retry(item, RetryCause::Write)
             }
             ErrorClass::Rejected => {
                 ctx.metrics.writes_rejected.inc();
@@ -573,14 +575,14 @@ async fn sign(
     policy: &SignerPolicy,
     source: &Pcr,
     now: OffsetDateTime,
-) -> Result<Write, &'static str> {
+) -> Result<Write, RetryCause> {
     let policy = policy.clone();
     let ca = Arc::clone(&ctx.ca.current().ca);
     let labels = match (&ctx.namespace_labels, policy.rules_use_namespace_labels()) {
         (Some(store), true) => match store.get(&source.namespace) {
             Ok(labels) => Some(labels),
             // Deciding without them could deny for good: wait for the namespace watch.
-            Err(_) => return Err("namespace_labels"),
+            Err(_) => return Err(RetryCause::NamespaceLabels),
         },
         _ => None,
     };
@@ -610,7 +612,7 @@ async fn sign(
             // Deciding without the pod could deny for good: wait (RBAC, API trouble).
             Err(e @ PodFactsError::Unavailable { .. }) => {
                 warn!(error = %e, "leaving the request pending");
-                return Err("pod_facts");
+                return Err(RetryCause::PodFacts);
             }
         }
     } else {
@@ -625,7 +627,7 @@ async fn sign(
         Ok(o) => o,
         Err(e) => {
             error!(error = %e, "signing task failed");
-            return Err("sign");
+            return Err(RetryCause::Sign);
         }
     };
     if let Outcome::Retry(e) = &outcome {
@@ -634,14 +636,14 @@ async fn sign(
     plan::after_signing(outcome, now)
 }
 
-fn late(ctx: &Ctx, cause: &'static str) {
+fn late(ctx: &Ctx, cause: LateCause) {
     debug!(
-        cause,
+        cause = cause.as_str(),
         "late status write: someone else settled or deleted the request"
     );
     ctx.metrics
         .late_writes
-        .get_or_create(&CauseLabels { cause })
+        .get_or_create(&LateLabels { cause })
         .inc();
 }
 

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use podca_authority::metrics::RetryCause;
 use podca_signer::{FailReason, IssuedCertificate, Outcome};
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -61,7 +62,7 @@ pub enum Plan<'a, P> {
     /// Nothing to do, ever again.
     Skip(SkipReason),
     /// Try again after a backoff; the cause labels the retry metric.
-    Retry(&'static str),
+    Retry(RetryCause),
     /// Send the certificate signed on an earlier attempt again: it is still fresh (rule 16.8).
     ResendCached(Write),
     /// Answer without signing (an unserved signer, an unreadable legacy request).
@@ -110,7 +111,7 @@ pub fn plan<'a, P>(facts: Facts<'a, P>) -> Plan<'a, P> {
         Read::Found(pcr) if pcr.terminal.is_some() => return Plan::Skip(SkipReason::Terminal),
         Read::Found(pcr) => pcr,
         Read::Gone => return Plan::Skip(SkipReason::Gone),
-        Read::Failed => return Plan::Retry("read"),
+        Read::Failed => return Plan::Retry(RetryCause::Read),
     };
     if let Some(cert) = cached
         && !decide::needs_reissue(cert.validity.not_before, now)
@@ -142,13 +143,13 @@ fn fail<'a, P>(reason: FailReason, message: String, now: OffsetDateTime) -> Plan
     match Write::of(Outcome::Failed { reason, message }, now) {
         Some(write) => Plan::Write(write),
         // A Failed outcome always has a patch; kept total rather than unwrapped.
-        None => Plan::Retry("policy"),
+        None => Plan::Retry(RetryCause::Policy),
     }
 }
 
 /// What the signer's answer means: a write, or a retry while the CA backend is unavailable.
-pub fn after_signing(outcome: Outcome, now: OffsetDateTime) -> Result<Write, &'static str> {
-    Write::of(outcome, now).ok_or("ca_backend")
+pub fn after_signing(outcome: Outcome, now: OffsetDateTime) -> Result<Write, RetryCause> {
+    Write::of(outcome, now).ok_or(RetryCause::CaBackend)
 }
 
 #[cfg(test)]
@@ -205,7 +206,7 @@ mod tests {
     #[derive(Debug, PartialEq, Eq)]
     enum Want {
         Skip(SkipReason),
-        Retry(&'static str),
+        Retry(RetryCause),
         ResendCached(String),
         Fail(String),
         ReadThroughV1beta1,
@@ -270,7 +271,7 @@ mod tests {
             ("terminal Issued", Read::Found(&issued), served, None, true, Want::Skip(SkipReason::Terminal)),
             ("terminal Denied beats a cache", Read::Found(&denied), served, Some(&fresh), true, Want::Skip(SkipReason::Terminal)),
             ("gone on re-read", Read::Gone, served, Some(&fresh), true, Want::Skip(SkipReason::Gone)),
-            ("re-read failed", Read::Failed, served, Some(&fresh), true, Want::Retry("read")),
+            ("re-read failed", Read::Failed, served, Some(&fresh), true, Want::Retry(RetryCause::Read)),
             ("fresh cache is resent", Read::Found(&stub_v1), served, Some(&fresh), true, Want::ResendCached("01ab".into())),
             ("fresh cache beats an unserved signer", Read::Found(&stub_v1), other, Some(&fresh), true, Want::ResendCached("01ab".into())),
             ("stale cache is re-signed", Read::Found(&stub_v1), served, Some(&stale), true, Want::Sign(V1)),
@@ -327,6 +328,6 @@ mod tests {
             Some(Settlement::Denied)
         );
         let retry = Outcome::Retry(BackendError::Unavailable("hsm down".into()));
-        assert_eq!(after_signing(retry, NOW).err(), Some("ca_backend"));
+        assert_eq!(after_signing(retry, NOW).err(), Some(RetryCause::CaBackend));
     }
 }
