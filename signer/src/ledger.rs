@@ -987,7 +987,11 @@ mod tests {
             ("a", "b")
         );
         assert_eq!(old.outcome, RecordOutcome::Issued);
-        assert!(LedgerRecord::from_json(b"{\"serial\":1}").is_err());
+        let err = LedgerRecord::from_json(b"{\"serial\":1}").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid type: integer `1`, expected a string at line 1 column 11"
+        );
     }
 
     #[test]
