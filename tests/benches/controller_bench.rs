@@ -36,7 +36,7 @@ use serde_json::json;
 const SIGNER: &str = "example.com/workload";
 
 fn main() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    podca_tests::sim::install_crypto();
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")

@@ -21,6 +21,7 @@ pub mod istio;
 pub mod kubelet;
 pub mod postgres;
 pub mod process;
+pub mod sim;
 pub mod softhsm;
 pub mod testca;
 pub mod tls;

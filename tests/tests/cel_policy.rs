@@ -19,6 +19,7 @@ use podca_tests::Emulator;
 use podca_tests::cluster::{Cluster, NewPcr, PODCA_USER};
 use podca_tests::emulator::{ApiMode, FaultScope, PodFixture, PolicyRule, Res, Subject};
 use podca_tests::process::{DevOptions, DevProcess, csr_for, podca_binary};
+use podca_tests::sim::install_crypto;
 use tokio::sync::oneshot;
 use tonic::{Code, Request};
 
@@ -94,10 +95,6 @@ fn policy(rules: &str) -> SignerPolicy {
         toml::from_str(&format!("trust_domain = \"cluster.local\"\n{rules}")).unwrap();
     policy.validate_for(SIGNER).unwrap();
     policy
-}
-
-fn install_crypto() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
 fn ca() -> Arc<IssuingCa> {

@@ -12,6 +12,7 @@ use podca_tests::Emulator;
 use podca_tests::client::KubeClient;
 use podca_tests::cluster::{Cluster, NewPcr, stub_csr};
 use podca_tests::emulator::{ApiMode, FaultScope, Res};
+use podca_tests::sim::install_crypto;
 use rcgen::{KeyPair, RsaKeySize};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -27,10 +28,6 @@ const KEY_TYPES: [&str; 6] = [
     "ECDSAP521",
     "ED25519",
 ];
-
-fn install_crypto() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
 
 /// The emulated cluster plus the CA the in-process controller signs with.
 struct Env {

@@ -13,6 +13,7 @@ use podca_signer::{CaAlgorithm, CaCertificate, IssuingCa, MemoryKey, SignerPolic
 use podca_tests::Emulator;
 use podca_tests::cluster::Cluster;
 use podca_tests::emulator::{ApiMode, Res};
+use podca_tests::sim::install_crypto;
 use podca_tests::testca::TestCa;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -22,10 +23,6 @@ const WORKLOAD: &str = "example.com/workload";
 const STRICT: &str = "example.com/strict";
 const WORKLOAD_CTB: &str = "example.com:workload:podca";
 const STRICT_CTB: &str = "example.com:strict:podca";
-
-fn install_crypto() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
 
 /// The emulated cluster plus the CA handle the in-process controller publishes.
 struct Env {

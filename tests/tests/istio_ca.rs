@@ -15,14 +15,13 @@
 mod grpc_serve;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use grpc_serve::{Cluster, NODE_PROXY, TokenSpec, expect_code};
+use podca_authority::CaHandle;
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
-use podca_authority::{CaHandle, Clock};
 use podca_grpc::auth::{
     AuthError, Authenticator, Credentials, Identity, LookupError, NamedPod, Peer, PodDirectory,
     PodInfo,
@@ -36,8 +35,9 @@ use podca_signer::{FileStore, InitOptions, SignerPolicy};
 use podca_tests::cluster::PODCA_USER;
 use podca_tests::emulator::{PodFixture, PolicyRule, Subject};
 use podca_tests::istio::{Obtained, Ztunnel, csr_with_sans, impersonating, ztunnel_csr};
+use podca_tests::sim::{SimClock, provider};
 use podca_tests::verify::assert_verifies;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use time::{Duration, OffsetDateTime, macros::datetime};
 use tonic::Code;
 
@@ -401,44 +401,6 @@ const PROPAGATION: i64 = 40 * 60;
 const LEAF_LIFETIME: i64 = 3600;
 const TRUST_DOMAIN: &str = "cluster.local";
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    });
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
-}
-
-#[derive(Clone)]
-struct SimClock(Arc<AtomicI64>);
-
-impl SimClock {
-    fn now(&self) -> OffsetDateTime {
-        OffsetDateTime::from_unix_timestamp(self.0.load(Ordering::SeqCst)).expect("valid time")
-    }
-    fn set(&self, t: OffsetDateTime) {
-        self.0.store(t.unix_timestamp(), Ordering::SeqCst);
-    }
-    fn clock(&self) -> Clock {
-        let me = self.clone();
-        Arc::new(move || me.now())
-    }
-}
-
-impl std::fmt::Debug for SimClock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SimClock({})", self.now())
-    }
-}
-
-impl rustls::time_provider::TimeProvider for SimClock {
-    fn current_time(&self) -> Option<UnixTime> {
-        Some(UnixTime::since_unix_epoch(StdDuration::from_secs(
-            self.0.load(Ordering::SeqCst) as u64,
-        )))
-    }
-}
-
 /// Each ztunnel's token stands for its pod-bound identity on its node.
 #[derive(Debug)]
 struct NodeTokens;
@@ -593,7 +555,7 @@ fn assert_all_anchors(obtained: &Obtained, handle: &CaHandle, when: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_ztunnels_keep_mtls_through_a_full_rotation() {
     provider();
-    let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
+    let sim = SimClock::at(T0);
     let dir = tempfile::tempdir().unwrap();
     let schedule = Schedule {
         ca_lifetime_seconds: CA_LIFETIME,

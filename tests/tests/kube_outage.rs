@@ -94,7 +94,7 @@ async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_60_second_black_hole_outage_stalls_no_task_and_pending_requests_are_issued_after() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    podca_tests::sim::install_crypto();
     let c = Cluster::start(ApiMode::V1AndV1Beta1, &[SIGNER]).await;
     let first = Arc::new(ca("podca outage CA 1"));
     let handle = CaHandle::from_arc(Arc::clone(&first), first.roots().to_vec());
@@ -224,7 +224,7 @@ fn lease_expiry(c: &Cluster) -> Option<time::OffsetDateTime> {
 /// other replica could lead beside it; when the API returns it leads again and issues.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_cannot_renew_its_lease_steps_down_before_it_expires() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    podca_tests::sim::install_crypto();
     let c = Cluster::start(ApiMode::V1AndV1Beta1, &[SIGNER]).await;
     let first = Arc::new(ca("podca lease CA"));
     let handle = CaHandle::from_arc(Arc::clone(&first), first.roots().to_vec());

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use ml_dsa::pkcs8::{DecodePrivateKey, DecodePublicKey};
@@ -22,6 +22,7 @@ use podca_tests::cluster::{Cluster, ClusterConfig, add_pod};
 use podca_tests::emulator::ApiMode;
 use podca_tests::kubelet::{Credential, KeyType, KubeletSim, Outcome, PodRef, RequestOptions};
 use podca_tests::process::{DevOptions, DevProcess, podca_binary};
+use podca_tests::sim::install_crypto;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::json;
 use time::{Duration, OffsetDateTime};
@@ -36,13 +37,6 @@ const ML_DSA_OIDS: [&str; 3] = [
     "2.16.840.1.101.3.4.3.18",
     "2.16.840.1.101.3.4.3.19",
 ];
-
-fn install_crypto() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    });
-}
 
 // ---------------------------------------------------------------------------------------------
 // The independent verifier.
@@ -1417,18 +1411,18 @@ async fn softhsm2_refuses_an_ml_dsa_ca_at_start_naming_the_algorithm() {
 // between a PQ-capable and a classical-only peer set.
 
 mod migration {
-    use std::sync::atomic::{AtomicI64, Ordering};
 
+    use podca_authority::CaHandle;
     use podca_authority::metrics::Metrics;
     use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
-    use podca_authority::{CaHandle, Clock};
     use podca_controller::publisher::PublisherOptions;
     use podca_signer::rotation::{Phase, Schedule, Step};
     use podca_signer::{FileStore, InitOptions};
     use podca_tests::emulator::ClockMode;
     use podca_tests::kubelet::trust_anchors_for_signer;
+    use podca_tests::sim::SimClock;
     use rustls::SignatureScheme;
-    use rustls::pki_types::UnixTime;
+
     use time::macros::datetime;
 
     use super::*;
@@ -1444,36 +1438,6 @@ mod migration {
         [6, 9, 96, 134, 72, 1, 101, 3, 4, 3, 18]";
     /// Every 30 simulated seconds, every ordered pair of the four pods handshakes.
     const HANDSHAKE_EVERY: i64 = 30;
-
-    #[derive(Clone)]
-    struct SimClock(Arc<AtomicI64>);
-
-    impl SimClock {
-        fn now(&self) -> OffsetDateTime {
-            OffsetDateTime::from_unix_timestamp(self.0.load(Ordering::SeqCst)).expect("time")
-        }
-        fn set(&self, t: OffsetDateTime) {
-            self.0.store(t.unix_timestamp(), Ordering::SeqCst);
-        }
-        fn clock(&self) -> Clock {
-            let me = self.clone();
-            Arc::new(move || me.now())
-        }
-    }
-
-    impl std::fmt::Debug for SimClock {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "SimClock({})", self.now())
-        }
-    }
-
-    impl rustls::time_provider::TimeProvider for SimClock {
-        fn current_time(&self) -> Option<UnixTime> {
-            Some(UnixTime::since_unix_epoch(StdDuration::from_secs(
-                self.0.load(Ordering::SeqCst) as u64,
-            )))
-        }
-    }
 
     fn is_ml_dsa_alg_id(id: &[u8]) -> bool {
         id.windows(4).any(|w| w == [0x65, 0x03, 0x04, 0x03])
@@ -1608,7 +1572,7 @@ mod migration {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ecdsa_to_ml_dsa_rotation_under_continuous_mtls_with_classical_and_pq_peers() {
         install_crypto();
-        let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
+        let sim = SimClock::at(T0);
         let Cluster {
             emu,
             admin,

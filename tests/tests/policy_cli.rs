@@ -18,6 +18,7 @@ use podca_tests::Emulator;
 use podca_tests::cluster::{Cluster, NewPcr};
 use podca_tests::emulator::{ApiMode, Res};
 use podca_tests::process::podca_binary;
+use podca_tests::sim::install_crypto;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
@@ -46,10 +47,6 @@ fn config_text(signer: &str, policy: &str) -> String {
         "[signers.\"{signer}\"]\n{}",
         policy.replace("[[rules]]", &format!("[[signers.\"{signer}\".rules]]"))
     )
-}
-
-fn install_crypto() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
 struct Run {

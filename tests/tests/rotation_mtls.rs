@@ -11,13 +11,12 @@
 //! handshake may fail.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
+use podca_authority::CaHandle;
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
-use podca_authority::{CaHandle, Clock};
 use podca_controller::Options;
 use podca_controller::publisher::PublisherOptions;
 use podca_signer::rotation::{Phase, Schedule, Step};
@@ -29,7 +28,8 @@ use podca_tests::emulator::ClockMode;
 use podca_tests::kubelet::{
     Credential, KeyType, KubeletSim, Outcome, PodRef, RequestOptions, trust_anchors_for_signer,
 };
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use podca_tests::sim::{SimClock, provider};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use time::{Duration, OffsetDateTime, macros::datetime};
 use tokio::sync::oneshot;
 
@@ -45,45 +45,6 @@ const PROPAGATION: i64 = 15 * 60;
 const LEAF_LIFETIME: i64 = 3600;
 /// kubelet's trust-bundle cache.
 const BUNDLE_CACHE: i64 = 300;
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    });
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
-}
-
-/// The simulated clock, in Unix seconds.
-#[derive(Clone)]
-struct SimClock(Arc<AtomicI64>);
-
-impl SimClock {
-    fn now(&self) -> OffsetDateTime {
-        OffsetDateTime::from_unix_timestamp(self.0.load(Ordering::SeqCst)).expect("valid time")
-    }
-    fn set(&self, t: OffsetDateTime) {
-        self.0.store(t.unix_timestamp(), Ordering::SeqCst);
-    }
-    fn clock(&self) -> Clock {
-        let me = self.clone();
-        Arc::new(move || me.now())
-    }
-}
-
-impl std::fmt::Debug for SimClock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SimClock({})", self.now())
-    }
-}
-
-impl rustls::time_provider::TimeProvider for SimClock {
-    fn current_time(&self) -> Option<UnixTime> {
-        Some(UnixTime::since_unix_epoch(StdDuration::from_secs(
-            self.0.load(Ordering::SeqCst) as u64,
-        )))
-    }
-}
 
 /// A pod as kubelet keeps it: its credential and its cached view of the trust bundle.
 struct Pod {
@@ -193,7 +154,7 @@ async fn wait_published(admin: &KubeClient, version: &str, want: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_rotation_under_continuous_mtls() {
     provider();
-    let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
+    let sim = SimClock::at(T0);
     let Cluster {
         emu,
         admin,

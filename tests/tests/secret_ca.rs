@@ -7,11 +7,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration as StdDuration;
 
+use podca_authority::CaHandle;
 use podca_authority::metrics::Metrics;
-use podca_authority::{CaHandle, Clock};
 use podca_controller::Options;
 use podca_controller::publisher::{Publisher, PublisherOptions};
 use podca_controller::secret_ca::{SecretCa, SecretCaDriver, SecretCaOptions};
@@ -23,6 +22,7 @@ use podca_tests::emulator::{ClockMode, PolicyRule, Res, Subject};
 use podca_tests::kubelet::{
     Credential, KeyType, KubeletSim, Outcome, PodRef, RequestOptions, trust_anchors_for_signer,
 };
+use podca_tests::sim::SimClock;
 use podca_tests::{Emulator, EmulatorConfig};
 use time::{Duration, OffsetDateTime, macros::datetime};
 use tokio::sync::{oneshot, watch};
@@ -56,20 +56,6 @@ macro_rules! ca_client {
             .await
             .expect("client")
     };
-}
-
-/// The simulated clock, in Unix seconds.
-#[derive(Clone)]
-struct SimClock(Arc<AtomicI64>);
-
-impl SimClock {
-    fn now(&self) -> OffsetDateTime {
-        OffsetDateTime::from_unix_timestamp(self.0.load(Ordering::SeqCst)).expect("valid time")
-    }
-    fn clock(&self) -> Clock {
-        let me = self.clone();
-        Arc::new(move || me.now())
-    }
 }
 
 /// A CA for the Secret: certificate PEM (issuing first), key PEM, and the root PEM.
@@ -162,7 +148,7 @@ struct World {
 
 impl World {
     async fn new() -> World {
-        let sim = SimClock(Arc::new(AtomicI64::new(T0.unix_timestamp())));
+        let sim = SimClock::at(T0);
         let cluster = Cluster::start_with(ClusterConfig {
             emulator: EmulatorConfig {
                 bookmark_interval: StdDuration::from_millis(200),
@@ -244,7 +230,7 @@ impl World {
     }
 
     fn set_time(&self, t: OffsetDateTime) {
-        self.sim.0.store(t.unix_timestamp(), Ordering::SeqCst);
+        self.sim.set(t);
         self.emu.set_clock(ClockMode::Fixed(t));
     }
 
