@@ -65,6 +65,12 @@ pub fn podca_ca_rotate(dir: &Path) {
     podca_on_dir(&["ca", "rotate"], dir);
 }
 
+/// `podca ca init --dir dir`: a new file CA in a data directory (panics with its stderr if it
+/// fails).
+pub fn podca_ca_init(dir: &Path) {
+    podca_on_dir(&["ca", "init"], dir);
+}
+
 /// `podca <command> --dir dir`'s standard output; panics with its stderr if it fails.
 fn podca_on_dir(command: &[&str], dir: &Path) -> Vec<u8> {
     let what = format!("podca {}", command.join(" "));

@@ -21,7 +21,7 @@ use podca_tests::EmulatorConfig;
 use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
 use podca_tests::emulator::podca_rbac::PodcaRbac;
 use podca_tests::emulator::{ApiMode, Res, ServiceAccountToken, Subject, new_uid};
-use podca_tests::process::{ServeProcess, free_port, podca_binary, podca_bundle};
+use podca_tests::process::{ServeProcess, free_port, podca_binary, podca_bundle, podca_ca_init};
 use podca_tests::tls::{NAMESPACE, SERVER_NAME};
 use rustls::pki_types::ServerName;
 use serde_json::Value;
@@ -38,16 +38,6 @@ struct Oidc {
     addr: SocketAddr,
     issuer: String,
     anchors: String,
-}
-
-fn init_ca(dir: &Path) {
-    let init = std::process::Command::new(podca_binary())
-        .args(["ca", "init", "--dir"])
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(init.success(), "podca ca init failed");
 }
 
 fn config_text(ca_dir: &Path, grpc: &str, jwt: &str) -> String {
@@ -89,7 +79,7 @@ async fn start_after(before: impl FnOnce(&Cluster)) -> Oidc {
         cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);
     }
     let ca_dir = cluster.dir.path().join("ca");
-    init_ca(&ca_dir);
+    podca_ca_init(&ca_dir);
     let port = free_port();
     let issuer = format!("https://{SERVER_NAME}:{port}");
     let jwt = format!("{JWT}issuer = {issuer:?}\noidc_listen = \"127.0.0.1:{port}\"\n");
@@ -434,7 +424,7 @@ async fn a_foreign_configmap_of_that_name_is_never_overwritten() {
 fn refused(grpc: &str, jwt: &str, message: &str) {
     let dir = tempfile::tempdir().unwrap();
     let ca_dir = dir.path().join("ca");
-    init_ca(&ca_dir);
+    podca_ca_init(&ca_dir);
     let config = dir.path().join("podca.toml");
     std::fs::write(&config, config_text(&ca_dir, grpc, jwt)).unwrap();
     let out = std::process::Command::new(podca_binary())

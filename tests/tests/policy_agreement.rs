@@ -70,6 +70,15 @@ fn as_caller<T>(message: T, service_account: &str) -> Request<T> {
     request
 }
 
+/// The rule's refusal, as the server said it and as policy test says it.
+fn assert_same_refusal(status: &tonic::Status, offline: &Value) {
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(status.message(), "AdminRefused: admin is refused");
+    assert_eq!(offline["decision"], "Denied", "{offline:#}");
+    assert_eq!(offline["reason"], "AdminRefused");
+    assert_eq!(offline["message"], "admin is refused");
+}
+
 /// `exp - iat` of a JWT.
 fn token_lifetime(token: &str) -> i64 {
     let payload = token.split('.').nth(1).unwrap();
@@ -181,15 +190,11 @@ async fn policy_test_and_podca_dev_agree_on_certificates_and_jwt_svids() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-    assert_eq!(status.message(), "AdminRefused: admin is refused");
     let offline = policy_test(
         dir.path(),
         "source: jwt\nnamespace: shop\nservice_account: admin\naudiences: [long]\n",
     );
-    assert_eq!(offline["decision"], "Denied", "{offline:#}");
-    assert_eq!(offline["reason"], "AdminRefused");
-    assert_eq!(offline["message"], "admin is refused");
+    assert_same_refusal(&status, &offline);
     let status = client
         .issue_certificate(as_caller(
             IssueCertificateRequest {
@@ -200,14 +205,11 @@ async fn policy_test_and_podca_dev_agree_on_certificates_and_jwt_svids() {
         ))
         .await
         .unwrap_err();
-    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
-    assert_eq!(status.message(), "AdminRefused: admin is refused");
     let offline = policy_test(
         dir.path(),
         "source: grpc\nnamespace: shop\nservice_account: admin\n",
     );
-    assert_eq!(offline["decision"], "Denied", "{offline:#}");
-    assert_eq!(offline["reason"], "AdminRefused");
+    assert_same_refusal(&status, &offline);
     drop(client);
     assert!(dev.stop().success());
 }

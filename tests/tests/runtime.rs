@@ -7,25 +7,14 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use podca_tests::EmulatorConfig;
 use podca_tests::cluster::{Cluster, ClusterConfig};
 use podca_tests::emulator::{ApiMode, FaultScope, Res};
-use podca_tests::process::{ServeProcess, free_port, http_get, podca_binary};
+use podca_tests::process::{ServeProcess, free_port, http_get, podca_ca_init};
 
 const SIGNER: &str = "example.com/workload";
-
-fn init_ca(dir: &Path) {
-    let init = std::process::Command::new(podca_binary())
-        .args(["ca", "init", "--dir"])
-        .arg(dir)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(init.success(), "podca ca init failed");
-}
 
 /// Polls `/readyz` until `want(code, body)` holds; returns the first answer seen and the one
 /// that held. Panics after `timeout`.
@@ -64,7 +53,7 @@ async fn readyz_follows_the_watches_and_sigterm_drains_every_component() {
     })
     .await;
     let ca_dir = c.dir.path().join("ca");
-    init_ca(&ca_dir);
+    podca_ca_init(&ca_dir);
     let oidc = free_port();
     let config = c.dir.path().join("podca.toml");
     std::fs::write(
