@@ -195,6 +195,151 @@ pub(crate) fn secret_ref(options: &SecretCaOptions) -> String {
     format!("{}/{}", options.namespace, options.name)
 }
 
+/// `podca ca show --secret`'s answer: the report, and what is wrong with the history's seal.
+#[derive(Debug, Clone)]
+pub struct Shown {
+    pub text: String,
+    /// Why the seal does not verify (`--check` fails on it).
+    pub problem: Option<String>,
+    /// `namespace/name` of the history ConfigMap.
+    pub configmap: String,
+}
+
+/// `podca ca show --secret` could not read what it shows; one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ShowError(String);
+
+/// An error and its causes in one line (`a: b: c`).
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        line.push_str(": ");
+        line.push_str(&e.to_string());
+        cause = e.source();
+    }
+    line
+}
+
+/// Reads the history of the CA Secret `secret` (`namespace/name`) through the backend's own
+/// reader (a ConfigMap podca does not own is refused, not shown), verifies its seal against the
+/// Secret's certificates, and reads the JWT keys in `jwt_keys_secret` (default
+/// `<name>-jwt`): the text `podca ca show` prints.
+pub async fn show(
+    secret: &str,
+    kubeconfig: Option<&std::path::Path>,
+    jwt_keys_secret: Option<&str>,
+    now: OffsetDateTime,
+) -> Result<Shown, ShowError> {
+    use std::fmt::Write;
+
+    use podca_signer::report;
+
+    let (namespace, name) = podca_authority::config::secret_ref(secret)
+        .map_err(|e| ShowError(format!("--secret: {e}")))?;
+    let options = SecretCaOptions::new(namespace, name);
+    let configmap = options.history_name();
+    let jwt_name = jwt_keys_secret.map_or_else(|| format!("{name}-jwt"), str::to_owned);
+    let client = crate::connect(kubeconfig)
+        .await
+        .map_err(|e| ShowError(chain(&e)))?;
+    let jwt_keys = crate::jwt_secret::JwtSecretStore::new(
+        client.clone(),
+        namespace,
+        &jwt_name,
+        std::sync::Arc::new(podca_authority::metrics::Metrics::new()),
+    )
+    .read()
+    .await;
+    let (recorded, seal) = match read_verified(client, &options, now).await {
+        Ok(recorded) => recorded,
+        Err(SecretCaError::Kube(e)) => {
+            return Err(ShowError(format!(
+                "reading ConfigMap {namespace}/{configmap}: {}",
+                chain(&e)
+            )));
+        }
+        Err(e) => return Err(ShowError(chain(&e))),
+    };
+    let mut out = String::new();
+    let history = match recorded {
+        Recorded::History(history) => history,
+        Recorded::NoConfigMap => {
+            return Err(ShowError(format!(
+                "ConfigMap {namespace}/{configmap} does not exist: podca serve has not run with \
+                 [ca] secret = \"{secret}\" yet"
+            )));
+        }
+        Recorded::NoHistory => {
+            return Err(ShowError(format!(
+                "ConfigMap {namespace}/{configmap} has no {HISTORY_KEY}"
+            )));
+        }
+    };
+    let _ = writeln!(
+        out,
+        "CA Secret: {} (history in ConfigMap {namespace}/{configmap})",
+        history.secret
+    );
+    let problem = match &seal {
+        Some(SealStatus::Valid { sequence, signer }) => {
+            let _ = writeln!(
+                out,
+                "history seal: valid (sequence {sequence}, sealed by {signer})"
+            );
+            None
+        }
+        Some(SealStatus::Rejected(rejection)) => {
+            let _ = writeln!(
+                out,
+                "history seal: NOT VALID ({}): {rejection}; podca serve would not use this history",
+                rejection.reason()
+            );
+            Some(rejection.to_string())
+        }
+        Some(SealStatus::Unverified { reason }) => {
+            let _ = writeln!(out, "history seal: not verified: {reason}");
+            Some(format!("the seal could not be checked: {reason}"))
+        }
+        // read_verified checks every history it finds.
+        None => None,
+    };
+    for record in &history.generations {
+        let chain =
+            CaCertificate::all_from_pem(&record.chain_pem).map_err(|e| ShowError(e.to_string()))?;
+        let roots = CaCertificate::all_from_pem(&record.anchors_pem)
+            .map_err(|e| ShowError(e.to_string()))?;
+        print!(
+            "{}",
+            report::generation(&record.generation, chain.first(), &roots, now)
+        );
+    }
+    match jwt_keys {
+        Ok(Some(keys)) => {
+            let place = format!("Secret {namespace}/{jwt_name}");
+            out.push_str(&report::jwt_keys(&place, &keys.stored().1));
+        }
+        Ok(None) => {
+            let _ = writeln!(out,);
+            let _ = writeln!(
+                out,
+                "JWT signing keys: none (no Secret {namespace}/{jwt_name}; the podca serve \
+                 leader makes it with [jwt] enabled)"
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(out,);
+            let _ = writeln!(out, "JWT signing keys: not shown: {e}");
+        }
+    }
+    Ok(Shown {
+        text: out,
+        problem,
+        configmap: format!("{namespace}/{configmap}"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use podca_signer::{CaAlgorithm, CaCertificate, FileStore, InitOptions, NameConstraints, report};
+use podca_signer::{CaAlgorithm, FileStore, InitOptions, NameConstraints, report};
 use time::{Duration, OffsetDateTime};
 
 #[derive(Debug, Subcommand)]
@@ -268,107 +268,27 @@ impl ShowArgs {
     }
 }
 
-/// `podca ca show --secret ns/name`: the generations in the Secret CA's history ConfigMap, and
-/// whether its seal verifies against the Secret's certificates; with `check`, an error unless
-/// it does. Then the JWT signing keys in the Secret `jwt_keys_secret` (default `<name>-jwt`).
+/// `podca ca show --secret ns/name`: the Secret CA's history and JWT keys
+/// (`podca_controller::secret_history::show`); with `check`, an error unless the seal verifies.
 fn show_secret_history(
     secret: &str,
     kubeconfig: Option<&std::path::Path>,
     check: bool,
     jwt_keys_secret: Option<&str>,
 ) -> anyhow::Result<()> {
-    use podca_controller::secret_ca::{HISTORY_KEY, SecretCaError, SecretCaOptions};
-    use podca_controller::secret_history::{self, Recorded, SealStatus};
-    let (namespace, name) = podca_authority::config::secret_ref(secret).context("--secret")?;
-    let options = SecretCaOptions::new(namespace, name);
-    let configmap = options.history_name();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let now = OffsetDateTime::now_utc();
-    let jwt_name = jwt_keys_secret.map_or_else(|| format!("{name}-jwt"), str::to_owned);
-    let ((recorded, seal), jwt_keys) =
-        runtime.block_on(async {
-            let client = podca_controller::connect(kubeconfig).await?;
-            let jwt_keys = podca_controller::jwt_secret::JwtSecretStore::new(
-                client.clone(),
-                namespace,
-                &jwt_name,
-                std::sync::Arc::new(podca_authority::metrics::Metrics::new()),
-            )
-            .read()
-            .await;
-            // The backend's own reader: a ConfigMap podca does not own is refused, not shown.
-            match secret_history::read_verified(client, &options, now).await {
-                Ok(recorded) => Ok((recorded, jwt_keys)),
-                Err(SecretCaError::Kube(e)) => Err(anyhow::Error::new(e)
-                    .context(format!("reading ConfigMap {namespace}/{configmap}"))),
-                Err(e) => Err(e.into()),
-            }
-        })?;
-    let history = match recorded {
-        Recorded::History(history) => history,
-        Recorded::NoConfigMap => anyhow::bail!(
-            "ConfigMap {namespace}/{configmap} does not exist: podca serve has not run with \
-             [ca] secret = \"{secret}\" yet"
-        ),
-        Recorded::NoHistory => {
-            anyhow::bail!("ConfigMap {namespace}/{configmap} has no {HISTORY_KEY}")
-        }
-    };
-    println!(
-        "CA Secret: {} (history in ConfigMap {namespace}/{configmap})",
-        history.secret
-    );
-    let problem = match &seal {
-        Some(SealStatus::Valid { sequence, signer }) => {
-            println!("history seal: valid (sequence {sequence}, sealed by {signer})");
-            None
-        }
-        Some(SealStatus::Rejected(rejection)) => {
-            println!(
-                "history seal: NOT VALID ({}): {rejection}; podca serve would not use this history",
-                rejection.reason()
-            );
-            Some(rejection.to_string())
-        }
-        Some(SealStatus::Unverified { reason }) => {
-            println!("history seal: not verified: {reason}");
-            Some(format!("the seal could not be checked: {reason}"))
-        }
-        // read_verified checks every history it finds.
-        None => None,
-    };
-    for record in &history.generations {
-        let chain = CaCertificate::all_from_pem(&record.chain_pem)?;
-        let roots = CaCertificate::all_from_pem(&record.anchors_pem)?;
-        print!(
-            "{}",
-            report::generation(&record.generation, chain.first(), &roots, now)
-        );
-    }
-    match jwt_keys {
-        Ok(Some(keys)) => {
-            let place = format!("Secret {namespace}/{jwt_name}");
-            print!("{}", report::jwt_keys(&place, &keys.stored().1));
-        }
-        Ok(None) => {
-            println!();
-            println!(
-                "JWT signing keys: none (no Secret {namespace}/{jwt_name}; the podca serve \
-                 leader makes it with [jwt] enabled)"
-            );
-        }
-        Err(e) => {
-            println!();
-            println!("JWT signing keys: not shown: {e}");
-        }
-    }
-    match problem {
-        Some(problem) if check => {
-            anyhow::bail!("ConfigMap {namespace}/{configmap}: {problem}")
-        }
+    let shown = runtime.block_on(podca_controller::secret_history::show(
+        secret,
+        kubeconfig,
+        jwt_keys_secret,
+        OffsetDateTime::now_utc(),
+    ))?;
+    print!("{}", shown.text);
+    match shown.problem {
+        Some(problem) if check => anyhow::bail!("ConfigMap {}: {problem}", shown.configmap),
         _ => Ok(()),
     }
 }

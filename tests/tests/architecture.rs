@@ -160,10 +160,10 @@ fn lines_under(dir: &Path) -> usize {
     lines
 }
 
-/// Issue #38 asks for at most 2,500 lines; the move stopped at 2,779 (what is left: the
+/// Issue #38 asks for at most 2,500 lines; the move stopped at 2,699 (what is left: the
 /// offline commands' flows in src/commands/{ca,issue,ledger}.rs and the banner of dev.rs). The
 /// bound is a ratchet: it may only come down, to 2,500.
-const BINARY_LINES_AT_MOST: usize = 2_800;
+const BINARY_LINES_AT_MOST: usize = 2_700;
 
 #[test]
 fn the_binary_is_wiring_only() {
