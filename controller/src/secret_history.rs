@@ -210,18 +210,6 @@ pub struct Shown {
 #[error("{0}")]
 pub struct ShowError(String);
 
-/// An error and its causes in one line (`a: b: c`).
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        line.push_str(": ");
-        line.push_str(&e.to_string());
-        cause = e.source();
-    }
-    line
-}
-
 /// Reads the history of the CA Secret `secret` (`namespace/name`) through the backend's own
 /// reader (a ConfigMap podca does not own is refused, not shown), verifies its seal against the
 /// Secret's certificates, and reads the JWT keys in `jwt_keys_secret` (default
@@ -243,7 +231,7 @@ pub async fn show(
     let jwt_name = jwt_keys_secret.map_or_else(|| format!("{name}-jwt"), str::to_owned);
     let client = crate::connect(kubeconfig)
         .await
-        .map_err(|e| ShowError(chain(&e)))?;
+        .map_err(|e| ShowError(podca_signer::report::error_chain(&e)))?;
     let jwt_keys = crate::jwt_secret::JwtSecretStore::new(
         client.clone(),
         namespace,
@@ -257,10 +245,10 @@ pub async fn show(
         Err(SecretCaError::Kube(e)) => {
             return Err(ShowError(format!(
                 "reading ConfigMap {namespace}/{configmap}: {}",
-                chain(&e)
+                podca_signer::report::error_chain(&e)
             )));
         }
-        Err(e) => return Err(ShowError(chain(&e))),
+        Err(e) => return Err(ShowError(podca_signer::report::error_chain(&e))),
     };
     let mut out = String::new();
     let history = match recorded {

@@ -24,18 +24,6 @@ fn fail(message: impl Into<String>) -> ClientError {
     ClientError(message.into())
 }
 
-/// An error and its causes, in one line (`a: b: c`).
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        line.push_str(": ");
-        line.push_str(&e.to_string());
-        cause = e.source();
-    }
-    line
-}
-
 /// The scheme of a `--server` URL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scheme {
@@ -108,9 +96,12 @@ impl Server {
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60));
         if let Some(tls) = &self.tls {
-            endpoint = endpoint
-                .tls_config(tls.config.clone())
-                .map_err(|e| fail(format!("--server: the TLS settings: {}", chain(&e))))?;
+            endpoint = endpoint.tls_config(tls.config.clone()).map_err(|e| {
+                fail(format!(
+                    "--server: the TLS settings: {}",
+                    podca_signer::report::error_chain(&e)
+                ))
+            })?;
             return endpoint.connect().await.map_err(|e| {
                 fail(format!(
                     "cannot connect to {server}: {}",
@@ -118,10 +109,12 @@ impl Server {
                 ))
             });
         }
-        endpoint
-            .connect()
-            .await
-            .map_err(|e| fail(format!("cannot connect to {server}: {}", chain(&e))))
+        endpoint.connect().await.map_err(|e| {
+            fail(format!(
+                "cannot connect to {server}: {}",
+                podca_signer::report::error_chain(&e)
+            ))
+        })
     }
 
     /// `IssueCertificate`; a refusal is one line naming the server.

@@ -13,6 +13,18 @@ use crate::jwt::store::StoredJwtKey;
 use crate::rotation::{Generation, Phase, Schedule, Step};
 use crate::{CaCertificate, SubjectKey};
 
+/// An error and its causes in one line (`a: b: c`), for messages that must say why in full.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        line.push_str(": ");
+        line.push_str(&e.to_string());
+        cause = e.source();
+    }
+    line
+}
+
 /// A blank line, then the generation's phase and times, its issuing certificate and roots.
 pub fn generation(
     g: &Generation,
