@@ -156,6 +156,26 @@ pub enum KeyError {
     BadSignature { what: &'static str },
 }
 
+/// The DER of a CSR file's contents: a PEM `CERTIFICATE REQUEST` block, or DER as it is.
+/// Nothing is parsed beyond the PEM armour; [`SubjectKey::from_csr_verified`] does the rest.
+pub fn csr_der(bytes: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let malformed = |detail: String| KeyError::Malformed {
+        what: "CSR file",
+        detail,
+    };
+    if !(bytes.starts_with(b"-----") || bytes.iter().take(64).all(u8::is_ascii)) {
+        return Ok(bytes.to_vec());
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| malformed("not UTF-8 PEM".into()))?;
+    let block = pem::parse(text).map_err(|e| malformed(e.to_string()))?;
+    match block.tag() {
+        "CERTIFICATE REQUEST" | "NEW CERTIFICATE REQUEST" => Ok(block.into_contents()),
+        other => Err(malformed(format!(
+            "PEM block is {other:?}, expected CERTIFICATE REQUEST"
+        ))),
+    }
+}
+
 /// A public key that podca will certify, with its SPKI bytes exactly as requested.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SubjectKey {
@@ -735,6 +755,20 @@ pub(crate) fn pkcs8_v1_pem(pair: &rcgen::KeyPair) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn csr_files_are_pem_or_der() {
+        let key = GeneratedKey::generate(KeyType::EcdsaP256).unwrap();
+        let der = key.stub_csr_der().unwrap();
+        assert_eq!(csr_der(&der).unwrap(), der);
+        let pem = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", der.clone()));
+        assert_eq!(csr_der(pem.as_bytes()).unwrap(), der);
+        let cert = pem::encode(&pem::Pem::new("CERTIFICATE", der));
+        assert_eq!(
+            csr_der(cert.as_bytes()).unwrap_err().to_string(),
+            "malformed CSR file: PEM block is \"CERTIFICATE\", expected CERTIFICATE REQUEST"
+        );
+    }
+
     use super::*;
 
     /// RFC 5208 PrivateKeyInfo: `SEQUENCE { INTEGER 0, …`; v2 (RFC 5958) has version 1.

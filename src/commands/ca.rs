@@ -276,10 +276,7 @@ fn show_secret_history(
     check: bool,
     jwt_keys_secret: Option<&str>,
 ) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::block_on_runtime()?;
     let shown = runtime.block_on(podca_controller::secret_history::show(
         secret,
         kubeconfig,

@@ -69,10 +69,7 @@ impl DoctorArgs {
             lease,
             clock: podca_authority::system_clock(),
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?;
+        let runtime = super::block_on_runtime()?;
         let report = runtime.block_on(async {
             let client = doctor::connect(&client_options).await?;
             anyhow::Ok(doctor::run(&client, &options).await)

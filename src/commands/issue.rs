@@ -11,9 +11,10 @@ use podca_authority::ledger::{LedgerBackend, Store};
 use podca_grpc::client::{Server, Token, caller_metadata};
 use podca_proto::podca::v1::{IssueCertificateRequest, IssueJwtSvidRequest};
 use podca_signer::issue::OperatorRequest;
-use podca_signer::keys::GeneratedKey;
+use podca_signer::keys::{self, GeneratedKey};
 use podca_signer::policy::DNS_NAMES_ANNOTATION;
-use podca_signer::{FileStore, KeyType, LedgerRecord, SubjectKey};
+use podca_signer::{FileStore, KeyType, SubjectKey};
+use time::format_description::well_known::Rfc3339;
 use time::{Duration, OffsetDateTime};
 
 #[derive(Debug, Args)]
@@ -90,380 +91,221 @@ pub struct IssueArgs {
     pub hsm: super::HsmArgs,
 }
 
-impl IssueArgs {
-    pub fn run(self) -> anyhow::Result<()> {
-        let Self {
-            dir,
-            config,
-            server,
-            ca_file,
-            server_name,
-            token_file,
-            signer,
-            jwt,
-            audiences,
-            csr,
-            key_type,
-            namespace,
-            service_account,
-            trust_domain,
-            dns_names,
-            lifetime_seconds,
-            out,
-            trust_bundle,
-            hsm,
-        } = self;
-        if let (Some(server), true) = (&server, jwt) {
-            return run_remote_jwt(RemoteJwt {
-                server: server.clone(),
-                ca_file,
-                server_name,
-                token_file,
-                signer,
-                audiences,
-                namespace,
-                service_account,
-                lifetime_seconds,
-                out,
-            });
+/// The key to certify: a CSR file's, or one generated here (whose PEM goes out with the chain).
+enum Key {
+    Csr(Vec<u8>),
+    Generated(GeneratedKey),
+}
+
+impl Key {
+    fn private_pem(&self) -> Option<String> {
+        match self {
+            Key::Csr(_) => None,
+            Key::Generated(key) => Some(key.private_key_pem()),
         }
-        if let Some(server) = server {
-            return run_remote(Remote {
-                server,
-                ca_file,
-                server_name,
-                token_file,
-                signer,
-                csr,
-                key_type,
-                namespace,
-                service_account,
-                dns_names,
-                lifetime_seconds,
-                out,
-                trust_bundle,
-            });
-        }
-        // clap requires both without --server.
-        let (Some(namespace), Some(service_account)) = (namespace, service_account) else {
-            anyhow::bail!("give -n NAMESPACE and --service-account NAME (or --server URL)");
-        };
-        let config = config
-            .map(|path| Config::load(&path).map(|c| (path, c)))
-            .transpose()?;
-        let dir = dir
-            .or_else(|| {
-                config
-                    .as_ref()
-                    .and_then(|(_, c)| c.ca.dir().map(Into::into))
-            })
-            .unwrap_or_else(super::default_data_dir);
-        let store = FileStore::new(dir);
-        let ca = super::open_active_ca(&store, &hsm)?;
-        // Opened before issuing: a ledger that cannot record refuses the issuance up front.
-        let ledger = IssueLedger::open(config.as_ref(), &store)?;
-        let (subject, private_pem) = match (&csr, key_type) {
-            (Some(path), _) => {
-                let bytes = std::fs::read(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                let der = csr_der(&bytes)
-                    .with_context(|| format!("{}: not a PEM or DER CSR", path.display()))?;
-                let key = SubjectKey::from_csr_verified(&der)
-                    .with_context(|| format!("CSR {}", path.display()))?;
-                (key, None)
-            }
-            (None, Some(kt)) => {
-                let generated = GeneratedKey::generate(kt)?;
-                (generated.public.clone(), Some(generated.private_key_pem()))
-            }
-            (None, None) => anyhow::bail!("give --csr FILE or --key-type TYPE"),
-        };
-        let (cert, record) = podca_signer::issue::for_operator(
-            &ca,
-            &OperatorRequest {
-                trust_domain: &trust_domain,
-                namespace: &namespace,
-                service_account: &service_account,
-                key: subject,
-                lifetime: lifetime_seconds.map(Duration::seconds),
-                dns_names: &dns_names,
-            },
-            OffsetDateTime::now_utc(),
-        )?;
-        // Recorded durably before the certificate is written anywhere.
-        ledger.record(record)?;
-        let output = match &private_pem {
-            Some(key) => format!("{key}{}", cert.chain_pem),
-            None => cert.chain_pem.clone(),
-        };
-        match out {
-            Some(path) => {
-                write_output(&path, &output, private_pem.is_some())?;
-                eprintln!(
-                    "issued {} (serial {}, expires {}) → {}",
-                    cert.spiffe_id,
-                    cert.serial,
-                    cert.validity.not_after,
-                    path.display()
-                );
-            }
-            None => print!("{output}"),
-        }
-        if let Some(path) = trust_bundle {
-            let anchors = std::fs::read_to_string(store.root_cert_path())
-                .with_context(|| format!("cannot read {}", store.root_cert_path().display()))?;
-            write_output(&path, &anchors, false)?;
-        }
-        Ok(())
     }
 }
 
-/// Where local issuance records its certificate: the `[ledger]` of --config (a redb file with
-/// no path is the data directory's ledger.redb, as in `podca serve`), else the data
-/// directory's ledger.redb.
-struct IssueLedger {
-    runtime: tokio::runtime::Runtime,
-    /// `None`: `backend = "none"`, nothing is recorded.
-    store: Option<Store>,
-}
+impl IssueArgs {
+    pub fn run(self) -> anyhow::Result<()> {
+        let runtime = super::block_on_runtime()?;
+        match &self.server {
+            Some(server) if self.jwt => runtime.block_on(self.remote_jwt(server)),
+            Some(server) => runtime.block_on(self.remote(server)),
+            None => runtime.block_on(self.local()),
+        }
+    }
 
-impl IssueLedger {
-    fn open(config: Option<&(PathBuf, Config)>, data: &FileStore) -> anyhow::Result<Self> {
-        let backend = match config {
-            Some((_, c)) => c.ledger.backend.clone(),
-            None => LedgerBackend::Redb { path: None },
+    fn key(&self) -> anyhow::Result<Key> {
+        match (&self.csr, self.key_type) {
+            (Some(path), _) => {
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                let der = keys::csr_der(&bytes).with_context(|| path.display().to_string())?;
+                Ok(Key::Csr(der))
+            }
+            (None, Some(kt)) => Ok(Key::Generated(GeneratedKey::generate(kt)?)),
+            (None, None) => anyhow::bail!("give --csr FILE or --key-type TYPE"),
+        }
+    }
+
+    /// Local issuance: the data directory's CA, recorded in the ledger before it is written.
+    async fn local(&self) -> anyhow::Result<()> {
+        // clap requires both without --server.
+        let (Some(namespace), Some(service_account)) = (&self.namespace, &self.service_account)
+        else {
+            anyhow::bail!("give -n NAMESPACE and --service-account NAME (or --server URL)");
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?;
-        let default_redb = data.ledger_path();
-        let store = runtime
-            .block_on(Store::open(&backend, Some(&default_redb)))
+        let config = self.config.as_deref().map(Config::load).transpose()?;
+        let dir = self.dir.clone().or_else(|| {
+            let config = config.as_ref()?;
+            config.ca.dir().map(Into::into)
+        });
+        let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        let ca = super::open_active_ca(&store, &self.hsm)?;
+        // Opened before issuing: a ledger that cannot record refuses the issuance up front. With
+        // no --config: the data directory's ledger.redb; a redb `[ledger]` with no path too.
+        let backend = config
+            .as_ref()
+            .map_or(LedgerBackend::Redb { path: None }, |c| {
+                c.ledger.backend.clone()
+            });
+        let ledger = Store::open(&backend, Some(&store.ledger_path()))
+            .await
             .context("opening the ledger")?;
-        if store.is_none()
-            && let Some((path, _)) = config
-        {
+        if let (None, Some(path)) = (&ledger, &self.config) {
             eprintln!(
                 "podca issue: {} sets [ledger] backend = \"none\": this certificate is not \
                  recorded in any ledger",
                 path.display()
             );
         }
-        Ok(IssueLedger { runtime, store })
-    }
-
-    fn record(&self, record: LedgerRecord) -> anyhow::Result<()> {
-        let Some(store) = &self.store else {
-            return Ok(());
+        let key = self.key()?;
+        let subject = match &key {
+            Key::Csr(der) => {
+                SubjectKey::from_csr_verified(der).context("the CSR (--csr) is refused")?
+            }
+            Key::Generated(generated) => generated.public.clone(),
         };
-        self.runtime
-            .block_on(store.append(vec![record]))
-            .context("recording the certificate in the ledger (it was not written out)")?;
+        let (cert, record) = podca_signer::issue::for_operator(
+            &ca,
+            &OperatorRequest {
+                trust_domain: &self.trust_domain,
+                namespace,
+                service_account,
+                key: subject,
+                lifetime: self.lifetime_seconds.map(Duration::seconds),
+                dns_names: &self.dns_names,
+            },
+            OffsetDateTime::now_utc(),
+        )?;
+        if let Some(ledger) = &ledger {
+            // Recorded durably before the certificate is written anywhere.
+            ledger
+                .append(vec![record])
+                .await
+                .context("recording the certificate in the ledger (it was not written out)")?;
+        }
+        let expires = cert.validity.not_after.format(&Rfc3339)?;
+        self.write(&key, &cert.chain_pem, || {
+            std::fs::read_to_string(store.root_cert_path())
+                .with_context(|| format!("cannot read {}", store.root_cert_path().display()))
+        })?;
+        self.report(&format!(
+            "issued {} (serial {}, expires {expires})",
+            cert.spiffe_id, cert.serial
+        ));
         Ok(())
     }
-}
 
-/// `podca issue --server`: what the remote path needs of the arguments.
-struct Remote {
-    server: String,
-    ca_file: Option<PathBuf>,
-    server_name: Option<String>,
-    token_file: Option<PathBuf>,
-    signer: Option<String>,
-    csr: Option<PathBuf>,
-    key_type: Option<KeyType>,
-    namespace: Option<String>,
-    service_account: Option<String>,
-    dns_names: Vec<String>,
-    lifetime_seconds: Option<i64>,
-    out: Option<PathBuf>,
-    trust_bundle: Option<PathBuf>,
-}
-
-fn run_remote(remote: Remote) -> anyhow::Result<()> {
-    let Remote {
-        server,
-        ca_file,
-        server_name,
-        token_file,
-        signer,
-        csr,
-        key_type,
-        namespace,
-        service_account,
-        dns_names,
-        lifetime_seconds,
-        out,
-        trust_bundle,
-    } = remote;
-    let server = Server::new(&server, ca_file.as_deref(), server_name.as_deref())?;
-    let token = token_file.as_deref().map(Token::read).transpose()?;
-    let (csr_der, private_pem) = match (&csr, key_type) {
-        (Some(path), _) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-            let der = csr_der(&bytes)
-                .with_context(|| format!("{}: not a PEM or DER CSR", path.display()))?;
-            (der, None)
-        }
-        (None, Some(kt)) => {
-            let generated = GeneratedKey::generate(kt)?;
-            (generated.stub_csr_der()?, Some(generated.private_key_pem()))
-        }
-        (None, None) => anyhow::bail!("give --csr FILE or --key-type TYPE"),
-    };
-    let mut user_annotations = std::collections::HashMap::new();
-    if !dns_names.is_empty() {
-        user_annotations.insert(DNS_NAMES_ANNOTATION.to_string(), dns_names.join(","));
+    /// The caller's request, sent to --server with its token or podca dev identity.
+    fn request<T>(&self, message: T) -> anyhow::Result<(tonic::Request<T>, Server)> {
+        let server = Server::new(
+            self.server.as_deref().unwrap_or_default(),
+            self.ca_file.as_deref(),
+            self.server_name.as_deref(),
+        )?;
+        let token = self.token_file.as_deref().map(Token::read).transpose()?;
+        let mut request = tonic::Request::new(message);
+        caller_metadata(
+            request.metadata_mut(),
+            token.as_ref(),
+            self.namespace.as_deref(),
+            self.service_account.as_deref(),
+        )?;
+        Ok((request, server))
     }
-    let mut request = tonic::Request::new(IssueCertificateRequest {
-        csr: csr_der,
-        requested_lifetime_seconds: lifetime_seconds,
-        user_annotations,
-        signer_name: signer.unwrap_or_default(),
-    });
-    caller_metadata(
-        request.metadata_mut(),
-        token.as_ref(),
-        namespace.as_deref(),
-        service_account.as_deref(),
-    )?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let answer = runtime.block_on(server.issue_certificate(request))?;
-    finish(answer, private_pem, out, trust_bundle, server.url())
-}
 
-/// `podca issue --jwt --server`: what the JWT-SVID path needs of the arguments.
-struct RemoteJwt {
-    server: String,
-    ca_file: Option<PathBuf>,
-    server_name: Option<String>,
-    token_file: Option<PathBuf>,
-    signer: Option<String>,
-    audiences: Vec<String>,
-    namespace: Option<String>,
-    service_account: Option<String>,
-    lifetime_seconds: Option<i64>,
-    out: Option<PathBuf>,
-}
-
-/// Asks `server` for a JWT-SVID and prints it (stdout: the token and a newline, nothing else)
-/// or writes it to `out` (mode 0600: a bearer credential).
-fn run_remote_jwt(remote: RemoteJwt) -> anyhow::Result<()> {
-    let RemoteJwt {
-        server,
-        ca_file,
-        server_name,
-        token_file,
-        signer,
-        audiences,
-        namespace,
-        service_account,
-        lifetime_seconds,
-        out,
-    } = remote;
-    let server = Server::new(&server, ca_file.as_deref(), server_name.as_deref())?;
-    let token = token_file.as_deref().map(Token::read).transpose()?;
-    let mut request = tonic::Request::new(IssueJwtSvidRequest {
-        audiences,
-        requested_lifetime_seconds: lifetime_seconds,
-        signer_name: signer.unwrap_or_default(),
-        pod_namespace: String::new(),
-        pod_name: String::new(),
-    });
-    caller_metadata(
-        request.metadata_mut(),
-        token.as_ref(),
-        namespace.as_deref(),
-        service_account.as_deref(),
-    )?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    let svid = runtime.block_on(server.issue_jwt_svid(request))?;
-    let expires = svid
-        .expires_at
-        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.seconds).ok())
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| "?".to_string());
-    let destination = match &out {
-        Some(path) => {
-            write_output(path, &format!("{}\n", svid.token), true)?;
-            path.display().to_string()
+    async fn remote(&self, url: &str) -> anyhow::Result<()> {
+        let key = self.key()?;
+        let csr = match &key {
+            Key::Csr(der) => der.clone(),
+            Key::Generated(generated) => generated.stub_csr_der()?,
+        };
+        let mut user_annotations = std::collections::HashMap::new();
+        if !self.dns_names.is_empty() {
+            user_annotations.insert(DNS_NAMES_ANNOTATION.to_string(), self.dns_names.join(","));
         }
-        None => {
-            println!("{}", svid.token);
-            "stdout".to_string()
+        let (request, server) = self.request(IssueCertificateRequest {
+            csr,
+            requested_lifetime_seconds: self.lifetime_seconds,
+            user_annotations,
+            signer_name: self.signer.clone().unwrap_or_default(),
+        })?;
+        let answer = server.issue_certificate(request).await?;
+        self.write(&key, &answer.certificate_chain_pem, || {
+            Ok(answer.trust_anchors_pem.clone())
+        })?;
+        self.report(&format!(
+            "issued {} (serial {}, expires {}) by {url}",
+            answer.spiffe_id,
+            answer.serial,
+            rfc3339(answer.not_after.map(|t| t.seconds))
+        ));
+        Ok(())
+    }
+
+    /// A JWT-SVID: printed (stdout: the token and a newline, nothing else) or written to --out
+    /// (mode 0600: a bearer credential).
+    async fn remote_jwt(&self, url: &str) -> anyhow::Result<()> {
+        let (request, server) = self.request(IssueJwtSvidRequest {
+            audiences: self.audiences.clone(),
+            requested_lifetime_seconds: self.lifetime_seconds,
+            signer_name: self.signer.clone().unwrap_or_default(),
+            pod_namespace: String::new(),
+            pod_name: String::new(),
+        })?;
+        let svid = server.issue_jwt_svid(request).await?;
+        match &self.out {
+            Some(path) => write_output(path, &format!("{}\n", svid.token), true)?,
+            None => println!("{}", svid.token),
         }
-    };
-    eprintln!(
-        "issued a JWT-SVID for {} (kid {}, audiences {}, expires {expires}) by {} → \
-         {destination}",
-        svid.spiffe_id,
-        svid.kid,
-        svid.audiences.join(","),
-        server.url()
-    );
-    Ok(())
+        self.report(&format!(
+            "issued a JWT-SVID for {} (kid {}, audiences {}, expires {}) by {url}",
+            svid.spiffe_id,
+            svid.kid,
+            svid.audiences.join(","),
+            rfc3339(svid.expires_at.map(|t| t.seconds))
+        ));
+        Ok(())
+    }
+
+    /// Writes the credential (a generated key, then the chain) to --out or stdout, and the
+    /// trust anchors to --trust-bundle.
+    fn write(
+        &self,
+        key: &Key,
+        chain_pem: &str,
+        anchors: impl FnOnce() -> anyhow::Result<String>,
+    ) -> anyhow::Result<()> {
+        let private = key.private_pem();
+        let output = format!("{}{chain_pem}", private.as_deref().unwrap_or_default());
+        match &self.out {
+            Some(path) => write_output(path, &output, private.is_some())?,
+            None => print!("{output}"),
+        }
+        if let Some(path) = &self.trust_bundle {
+            write_output(path, &anchors()?, false)?;
+        }
+        Ok(())
+    }
+
+    /// What was issued, and where it went, on stderr.
+    fn report(&self, what: &str) {
+        let destination = self
+            .out
+            .as_ref()
+            .map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
+        eprintln!("{what} → {destination}");
+    }
 }
 
-fn finish(
-    answer: podca_proto::podca::v1::IssueCertificateResponse,
-    private_pem: Option<String>,
-    out: Option<PathBuf>,
-    trust_bundle: Option<PathBuf>,
-    server: &str,
-) -> anyhow::Result<()> {
-    let output = match &private_pem {
-        Some(key) => format!("{key}{}", answer.certificate_chain_pem),
-        None => answer.certificate_chain_pem.clone(),
-    };
-    match &out {
-        Some(path) => write_output(path, &output, private_pem.is_some())?,
-        None => print!("{output}"),
-    }
-    if let Some(path) = &trust_bundle {
-        write_output(path, &answer.trust_anchors_pem, false)?;
-    }
-    let expires = answer
-        .not_after
-        .and_then(|t| OffsetDateTime::from_unix_timestamp(t.seconds).ok())
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| "?".to_string());
-    let destination = out
-        .as_ref()
-        .map_or_else(|| "stdout".to_string(), |p| p.display().to_string());
-    eprintln!(
-        "issued {} (serial {}, expires {expires}) by {server} → {destination}",
-        answer.spiffe_id, answer.serial
-    );
-    Ok(())
-}
-
-fn csr_der(bytes: &[u8]) -> anyhow::Result<Vec<u8>> {
-    if bytes.starts_with(b"-----") || bytes.iter().take(64).all(u8::is_ascii) {
-        let text = std::str::from_utf8(bytes).context("not UTF-8 PEM")?;
-        let block = pem::parse(text).map_err(|e| anyhow::anyhow!("{e}"))?;
-        anyhow::ensure!(
-            block.tag() == "CERTIFICATE REQUEST" || block.tag() == "NEW CERTIFICATE REQUEST",
-            "PEM block is {:?}, expected CERTIFICATE REQUEST",
-            block.tag()
-        );
-        Ok(block.into_contents())
-    } else {
-        Ok(bytes.to_vec())
-    }
+/// A protobuf timestamp's seconds as RFC 3339 ("?" when absent or out of range).
+fn rfc3339(seconds: Option<i64>) -> String {
+    seconds
+        .and_then(|s| OffsetDateTime::from_unix_timestamp(s).ok())
+        .and_then(|t| t.format(&Rfc3339).ok())
+        .unwrap_or_else(|| "?".to_string())
 }
 
 fn write_output(path: &std::path::Path, text: &str, secret: bool) -> anyhow::Result<()> {

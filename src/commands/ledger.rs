@@ -121,10 +121,7 @@ pub struct PruneArgs {
 
 impl LedgerCommand {
     pub fn run(self) -> anyhow::Result<()> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?;
+        let runtime = super::block_on_runtime()?;
         runtime.block_on(async move {
             match self {
                 LedgerCommand::List(a) => a.run().await,

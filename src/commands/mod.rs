@@ -68,6 +68,15 @@ pub fn open_active_ca(store: &FileStore, hsm: &HsmArgs) -> anyhow::Result<Issuin
     Ok(source.load()?.0)
 }
 
+/// The single-threaded async runtime an offline command's network or ledger calls run on.
+pub fn block_on_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 /// Where the CA lives unless `--dir` says otherwise: `$PODCA_DATA_DIR`, else
 /// `$XDG_DATA_HOME/podca`, else `~/.local/share/podca`.
 pub fn default_data_dir() -> PathBuf {
