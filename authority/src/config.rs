@@ -23,9 +23,9 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use podca_signer::SignerPolicy;
 use podca_signer::backend::PinSource;
+use podca_signer::policy::PolicyError;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -829,72 +829,119 @@ fn default_key_type() -> podca_signer::KeyType {
     podca_signer::KeyType::EcdsaP256
 }
 
+/// Why a configuration is refused. The Display names where; the source, if any, says why
+/// (`{:#}` with anyhow prints both, as `config file F: signer "s": …`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("cannot read config file {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An error in the file at `path`.
+    #[error("config file {}", path.display())]
+    In {
+        path: PathBuf,
+        #[source]
+        source: Box<ConfigError>,
+    },
+    #[error(transparent)]
+    Syntax(#[from] toml::de::Error),
+    #[error("signer {name:?}")]
+    Signer {
+        name: String,
+        #[source]
+        source: PolicyError,
+    },
+    #[error(transparent)]
+    GrpcTls(#[from] GrpcTlsError),
+    /// A key whose value cannot work; the message names the key and what would.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 impl Config {
     /// Reads and checks a config file.
-    pub fn load(path: &Path) -> anyhow::Result<Config> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("config file {}", path.display()))
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| ConfigError::In {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })
     }
 
-    pub fn parse(text: &str) -> anyhow::Result<Config> {
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text)?;
         for (name, policy) in &config.signers {
             policy
                 .validate_for(name)
-                .with_context(|| format!("signer {name:?}"))?;
+                .map_err(|source| ConfigError::Signer {
+                    name: name.clone(),
+                    source,
+                })?;
         }
         config.grpc.tls(config.grpc.listen)?;
-        config.check_grpc_limits()?;
+        config.check_grpc_limits().map_err(ConfigError::Invalid)?;
         config.jwt.check()?;
         Ok(config)
     }
 
     /// The `[grpc]` authorization keys: signers that exist, bounds that make sense.
-    fn check_grpc_limits(&self) -> anyhow::Result<()> {
+    fn check_grpc_limits(&self) -> Result<(), String> {
         let grpc = &self.grpc;
         if let Some(names) = &grpc.signers {
             if names.is_empty() {
-                anyhow::bail!("[grpc] signers is empty; list at least the signer gRPC issues for");
+                return Err(
+                    "[grpc] signers is empty; list at least the signer gRPC issues for".into(),
+                );
             }
             if let Some(unknown) = names.iter().find(|n| !self.signers.contains_key(*n)) {
-                anyhow::bail!("[grpc] signers: {unknown:?} is not a configured signer");
+                return Err(format!(
+                    "[grpc] signers: {unknown:?} is not a configured signer"
+                ));
             }
             if let Some(default) = &grpc.signer
                 && !names.contains(default)
             {
-                anyhow::bail!("[grpc] signers must include [grpc] signer {default:?}");
+                return Err(format!(
+                    "[grpc] signers must include [grpc] signer {default:?}"
+                ));
             }
         }
         if grpc.max_token_reviews == 0 {
-            anyhow::bail!("[grpc] max_token_reviews must be at least 1");
+            return Err("[grpc] max_token_reviews must be at least 1".into());
         }
         if grpc.token_cache_seconds > MAX_TOKEN_CACHE_SECONDS {
-            anyhow::bail!(
+            return Err(format!(
                 "[grpc] token_cache_seconds = {} is above the maximum of {MAX_TOKEN_CACHE_SECONDS}",
                 grpc.token_cache_seconds
-            );
+            ));
         }
         if grpc.max_dns_names == 0 {
-            anyhow::bail!("[grpc] max_dns_names must be at least 1");
+            return Err("[grpc] max_dns_names must be at least 1".into());
         }
         if grpc.istio_token_audience.trim().is_empty() {
-            anyhow::bail!(
-                "[grpc] istio_token_audience is empty; the Istio default is \"istio-ca\""
+            return Err(
+                "[grpc] istio_token_audience is empty; the Istio default is \"istio-ca\"".into(),
             );
         }
         let alias = &grpc.istio_trust_domain_alias;
         if !alias.is_empty() && !podca_signer::policy::is_dns_name(alias) {
-            anyhow::bail!(
+            return Err(format!(
                 "[grpc] istio_trust_domain_alias {alias:?} is not a DNS name (a trust domain, \
                  such as \"cluster.local\"; \"\" for none)"
-            );
+            ));
         }
         Ok(())
     }
 
     /// The signer names gRPC callers may use: `[grpc] signers`, or the gRPC signer alone.
-    pub fn grpc_allowed_signers(&self) -> anyhow::Result<Vec<String>> {
+    pub fn grpc_allowed_signers(&self) -> Result<Vec<String>, ConfigError> {
         match &self.grpc.signers {
             Some(names) => Ok(names.clone()),
             None => Ok(vec![self.grpc_signer()?.0.to_owned()]),
@@ -912,39 +959,35 @@ impl Config {
         )
     }
 
-    /// The policy gRPC requests get: `grpc.signer`, or the only configured signer.
-    pub fn grpc_signer(&self) -> anyhow::Result<(&str, &SignerPolicy)> {
-        match &self.grpc.signer {
-            Some(name) => self
-                .signers
-                .get_key_value(name)
-                .map(|(k, v)| (k.as_str(), v))
-                .with_context(|| format!("grpc.signer {name:?} is not a configured signer")),
-            None if self.signers.len() == 1 => self
-                .signers
-                .iter()
-                .next()
-                .map(|(k, v)| (k.as_str(), v))
-                .context("no signer configured"),
-            // `[grpc] signers` names exactly one: that one.
-            None if self.grpc.signers.as_ref().is_some_and(|s| s.len() == 1) => {
-                let name = self
-                    .grpc
-                    .signers
-                    .iter()
-                    .flatten()
-                    .next()
-                    .context("no signer")?;
-                self.signers
-                    .get_key_value(name)
-                    .map(|(k, v)| (k.as_str(), v))
-                    .with_context(|| format!("grpc.signers {name:?} is not a configured signer"))
-            }
-            None => anyhow::bail!(
-                "{} signers are configured; set grpc.signer to choose one for gRPC requests",
-                self.signers.len()
-            ),
+    /// The policy gRPC requests get: `grpc.signer`, or the only configured signer, or the one
+    /// `[grpc] signers` names.
+    pub fn grpc_signer(&self) -> Result<(&str, &SignerPolicy), ConfigError> {
+        fn only<'a>(mut names: impl Iterator<Item = &'a String>) -> Option<&'a String> {
+            let first = names.next()?;
+            names.next().is_none().then_some(first)
         }
+        let (name, key) = match &self.grpc.signer {
+            Some(name) => (name, "grpc.signer"),
+            None => match only(self.signers.keys())
+                .map(|n| (n, ""))
+                .or_else(|| only(self.grpc.signers.iter().flatten()).map(|n| (n, "grpc.signers")))
+            {
+                Some(found) => found,
+                None => {
+                    return Err(ConfigError::Invalid(format!(
+                        "{} signers are configured; set grpc.signer to choose one for gRPC \
+                         requests",
+                        self.signers.len()
+                    )));
+                }
+            },
+        };
+        self.signers
+            .get_key_value(name)
+            .map(|(k, v)| (k.as_str(), v))
+            .ok_or_else(|| {
+                ConfigError::Invalid(format!("{key} {name:?} is not a configured signer"))
+            })
     }
 }
 
@@ -967,7 +1010,7 @@ mod tests {
     fn ca(table: &str) -> Result<CaConfig, String> {
         Config::parse(&format!("[ca]\n{table}"))
             .map(|c| c.ca)
-            .map_err(|e| format!("{e:#}"))
+            .map_err(|e| podca_signer::report::error_chain(&e))
     }
 
     #[test]
@@ -1098,7 +1141,8 @@ mod tests {
     }
 
     fn grpc(table: &str) -> Result<GrpcTls, String> {
-        let config = Config::parse(&format!("[grpc]\n{table}")).map_err(|e| format!("{e:#}"))?;
+        let config = Config::parse(&format!("[grpc]\n{table}"))
+            .map_err(|e| podca_signer::report::error_chain(&e))?;
         config
             .grpc
             .tls(config.grpc.listen)

@@ -25,6 +25,7 @@
 //! fetch), and serves HTTPS with the gRPC listener's certificate; plaintext only where the gRPC
 //! listener may be plaintext ([`oidc_tls`]).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
@@ -32,13 +33,14 @@ use podca_signer::backend::{Pkcs11Config, Pkcs11Uri};
 use podca_signer::jwt::pkcs11::Pkcs11JwtKeys;
 use podca_signer::jwt::store::JwtStore;
 use podca_signer::jwt::{IssueLimits, JwtKeySchedule, JwtKeySet, keyset};
-use podca_signer::{CaAlgorithm, FileStore};
+use podca_signer::names::ObjectName;
+use podca_signer::{CaAlgorithm, FileStore, StoreError};
 use prometheus_client::encoding::EncodeLabelSet;
 use serde::Deserialize;
 use time::Duration;
 use tokio::sync::watch;
 
-use crate::config::CaConfig;
+use crate::config::{CaConfig, ConfigError};
 use crate::metrics::Metrics;
 use crate::trust::Clock;
 
@@ -86,20 +88,6 @@ fn default_jwks_configmap() -> String {
     DEFAULT_JWKS_CONFIGMAP.into()
 }
 
-/// Whether `name` is a valid object name (a DNS-1123 subdomain, as kube-apiserver requires).
-fn is_object_name(name: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label.starts_with(alnum)
-                && label.ends_with(alnum)
-                && label.chars().all(|c| alnum(c) || c == '-')
-        })
-}
-
 /// How the OIDC listener of `podca serve` speaks, given the gRPC listener's TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OidcTls {
@@ -115,16 +103,16 @@ pub enum OidcTls {
 pub fn oidc_tls(
     listen: std::net::SocketAddr,
     grpc: &crate::config::GrpcTls,
-) -> anyhow::Result<OidcTls> {
+) -> Result<OidcTls, ConfigError> {
     match grpc {
         crate::config::GrpcTls::Off { insecure } => {
             let loopback = listen.ip().is_loopback();
             if !loopback && !insecure {
-                anyhow::bail!(
+                return Err(ConfigError::Invalid(format!(
                     "[jwt] oidc_listen = {listen} is not a loopback address and [grpc] tls = \
                      \"off\": OIDC discovery is plaintext only on loopback or with [grpc] \
                      insecure_plaintext = true; use [grpc] tls = \"self-issued\" or \"files\""
-                );
+                )));
             }
             Ok(OidcTls::Plaintext {
                 insecure: !loopback,
@@ -182,7 +170,7 @@ impl Default for JwtConfig {
 
 impl JwtConfig {
     /// Refuses values that cannot work, naming the key.
-    pub fn check(&self) -> anyhow::Result<()> {
+    pub fn check(&self) -> Result<(), ConfigError> {
         if let Some(issuer) = &self.issuer {
             let host = issuer.strip_prefix("https://").unwrap_or_default();
             if host.is_empty()
@@ -190,39 +178,38 @@ impl JwtConfig {
                 || issuer.contains(['?', '#'])
                 || issuer.ends_with('/')
             {
-                anyhow::bail!(
+                return Err(ConfigError::Invalid(format!(
                     "[jwt] issuer {issuer:?} must be an https:// URL without a query, fragment or \
                      trailing slash (OIDC relying parties compare it exactly)"
-                );
+                )));
             }
         }
         if self.max_lifetime_seconds == 0 || self.max_lifetime_seconds > MAX_JWT_LIFETIME_SECONDS {
-            anyhow::bail!(
+            return Err(ConfigError::Invalid(format!(
                 "[jwt] max_lifetime_seconds = {} must be between 1 and {MAX_JWT_LIFETIME_SECONDS}",
                 self.max_lifetime_seconds
-            );
+            )));
         }
         if self.default_lifetime_seconds == 0
             || self.default_lifetime_seconds > self.max_lifetime_seconds
         {
-            anyhow::bail!(
+            return Err(ConfigError::Invalid(format!(
                 "[jwt] default_lifetime_seconds = {} must be between 1 and max_lifetime_seconds \
                  ({})",
-                self.default_lifetime_seconds,
-                self.max_lifetime_seconds
-            );
+                self.default_lifetime_seconds, self.max_lifetime_seconds
+            )));
         }
         if self.max_audiences == 0 || self.max_audiences > MAX_AUDIENCES_LIMIT {
-            anyhow::bail!(
+            return Err(ConfigError::Invalid(format!(
                 "[jwt] max_audiences = {} must be between 1 and {MAX_AUDIENCES_LIMIT}",
                 self.max_audiences
-            );
+            )));
         }
         if self.key_algorithm == CaAlgorithm::Ed25519 {
-            anyhow::bail!(
+            return Err(ConfigError::Invalid(format!(
                 "[jwt] key_algorithm = \"ed25519\": EdDSA is not a JWT-SVID algorithm; use \
                  ecdsa-p256, ecdsa-p384 or rsa-sha256"
-            );
+            )));
         }
         for (key, name) in [
             (
@@ -236,29 +223,31 @@ impl JwtConfig {
             ("keys_secret", self.keys_secret.as_ref()),
         ] {
             if let Some(name) = name
-                && !is_object_name(name)
+                && let Err(e) = name.parse::<ObjectName>()
             {
-                anyhow::bail!(
-                    "[jwt] {key} = {name:?} is not a valid Kubernetes name (lowercase letters, \
-                     digits, '-' and '.', at most 253 characters)"
-                );
+                return Err(ConfigError::Invalid(format!(
+                    "[jwt] {key} = {name:?} is not a valid Kubernetes name: it {e} (lowercase \
+                     letters, digits, '-' and '.', at most 253 characters)"
+                )));
             }
         }
-        self.schedule()
-            .check()
-            .map_err(|e| anyhow::anyhow!("[jwt] {e} (key_rotation_seconds, propagation_seconds)"))
+        self.schedule().check().map_err(|e| {
+            ConfigError::Invalid(format!(
+                "[jwt] {e} (key_rotation_seconds, propagation_seconds)"
+            ))
+        })
     }
 
     /// [`Self::check`], and what `podca serve` needs more: OIDC discovery needs the `https://`
     /// issuer relying parties fetch it from.
-    pub fn check_for_serve(&self) -> anyhow::Result<()> {
+    pub fn check_for_serve(&self) -> Result<(), ConfigError> {
         self.check()?;
         if let (Some(listen), None) = (self.oidc_listen, &self.issuer) {
-            anyhow::bail!(
+            return Err(ConfigError::Invalid(format!(
                 "[jwt] oidc_listen = {listen} needs [jwt] issuer: the https:// URL relying \
                  parties fetch <issuer>{} from (tokens carry it as iss)",
                 crate::oidc::DISCOVERY_PATH
-            );
+            )));
         }
         Ok(())
     }
@@ -301,23 +290,21 @@ impl JwtConfig {
 /// * `backend = "secret"`: an error: the keys are in a Secret of their own
 ///   ([`JwtConfig::keys_secret_for`]), which `podca serve` opens with
 ///   `podca_controller::jwt_secret` (this crate links no Kubernetes client).
-pub fn open_store(ca: &CaConfig) -> anyhow::Result<JwtStore> {
+pub fn open_store(ca: &CaConfig) -> Result<JwtStore, JwtStoreError> {
     let (dir, pkcs11) = match ca {
         CaConfig::File(f) => (f.dir.as_ref(), None),
         CaConfig::Pkcs11(p) => (p.dir.as_ref(), Some(p)),
-        CaConfig::Secret(s) => anyhow::bail!(
-            "[ca] backend = \"secret\" ({}/{}): the JWT-SVID signing keys are in a Secret of \
-             their own ([jwt] keys_secret, default {}-jwt), which only `podca serve` opens",
-            s.namespace,
-            s.name,
-            s.name
-        ),
+        CaConfig::Secret(s) => {
+            return Err(JwtStoreError::SecretBackend {
+                secret: format!("{}/{}", s.namespace, s.name),
+                name: s.name.clone(),
+            });
+        }
     };
     let Some(dir) = dir else {
-        anyhow::bail!(
-            "[ca] dir is required for JWT-SVID signing keys with the {} backend",
-            ca.backend_name()
-        );
+        return Err(JwtStoreError::NoDir {
+            backend: ca.backend_name(),
+        });
     };
     let store = FileStore::new(dir);
     let Some(p) = pkcs11 else {
@@ -325,21 +312,49 @@ pub fn open_store(ca: &CaConfig) -> anyhow::Result<JwtStore> {
     };
     let location = match &p.uri {
         Some(uri) => uri.clone(),
-        None => store.external_key_location()?.ok_or_else(|| {
-            anyhow::anyhow!(
-                "[ca] backend = \"pkcs11\", but {} records no HSM key: set pkcs11_uri to name \
-                 the token for the JWT signing keys",
-                dir.display()
-            )
-        })?,
+        None => store
+            .external_key_location()?
+            .ok_or_else(|| JwtStoreError::NoHsmKey { dir: dir.clone() })?,
     };
-    let uri = Pkcs11Uri::parse(&location).map_err(|e| anyhow::anyhow!("[ca] {location}: {e}"))?;
+    let uri = Pkcs11Uri::parse(&location).map_err(|source| JwtStoreError::Uri {
+        location: location.clone(),
+        source,
+    })?;
     let mut config = Pkcs11Config::new(uri, p.pin.clone());
     config.module_path = p.module.clone();
     Ok(JwtStore::with_backend(
         store,
         Arc::new(Pkcs11JwtKeys::new(&config)),
     ))
+}
+
+/// Why the JWT key store of a CA could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JwtStoreError {
+    #[error(
+        "[ca] backend = \"secret\" ({secret}): the JWT-SVID signing keys are in a Secret of \
+         their own ([jwt] keys_secret, default {name}-jwt), which only `podca serve` opens"
+    )]
+    SecretBackend { secret: String, name: String },
+    #[error("[ca] dir is required for JWT-SVID signing keys with the {backend} backend")]
+    NoDir { backend: &'static str },
+    #[error(
+        "[ca] backend = \"pkcs11\", but {} records no HSM key: set pkcs11_uri to name the \
+         token for the JWT signing keys",
+        dir.display()
+    )]
+    NoHsmKey { dir: PathBuf },
+    #[error("[ca] {location}")]
+    Uri {
+        location: String,
+        #[source]
+        source: podca_signer::backend::BackendError,
+    },
+    #[error("[jwt]")]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// A cheap-to-clone handle on the current JWT key set.
@@ -450,7 +465,7 @@ impl JwtRotator {
         config: &JwtConfig,
         clock: Clock,
         poll: StdDuration,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, JwtStoreError> {
         Self::start_with(store, config, clock, poll, JwtRotation::Automatic)
     }
 
@@ -463,7 +478,7 @@ impl JwtRotator {
         clock: Clock,
         poll: StdDuration,
         rotation: JwtRotation,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, JwtStoreError> {
         config.check()?;
         let schedule = config.schedule();
         let keys = if rotation_steps(&rotation) {
@@ -498,7 +513,7 @@ impl JwtRotator {
 
     /// One check: applies due steps (or another process's changes) and publishes the set.
     /// Returns when the next step is due.
-    pub fn tick(&self) -> anyhow::Result<Option<time::OffsetDateTime>> {
+    pub fn tick(&self) -> Result<Option<time::OffsetDateTime>, StoreError> {
         let keys = if rotation_steps(&self.rotation) {
             self.store
                 .advance((self.clock)(), &self.schedule, self.algorithm)
@@ -534,7 +549,7 @@ impl crate::key_driver::KeyKeeper for JwtRotator {
         &self,
     ) -> impl std::future::Future<Output = Result<Option<time::OffsetDateTime>, String>> + Send
     {
-        std::future::ready(self.tick().map_err(|e| format!("{e:#}")))
+        std::future::ready(self.tick().map_err(|e| e.to_string()))
     }
 
     fn takes_steps(&self) -> bool {
@@ -570,7 +585,7 @@ fn rotation_steps(rotation: &JwtRotation) -> bool {
 mod tests {
     use super::*;
 
-    fn parse(table: &str) -> anyhow::Result<JwtConfig> {
+    fn parse(table: &str) -> Result<JwtConfig, ConfigError> {
         let config: JwtConfig = toml::from_str(table)?;
         config.check()?;
         Ok(config)

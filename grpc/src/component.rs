@@ -506,7 +506,7 @@ impl Oidc {
                 )));
             }
             (Mode::Serve, Some(grpc)) => {
-                oidc_tls(listen, &grpc.tls).map_err(|e| StartError::Refused(format!("{e:#}")))?
+                oidc_tls(listen, &grpc.tls).map_err(|e| StartError::Refused(e.to_string()))?
             }
             (Mode::Dev, _) if listen.ip().is_loopback() => OidcTls::Plaintext { insecure: false },
             (Mode::Dev, _) => {

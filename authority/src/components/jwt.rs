@@ -21,7 +21,7 @@ pub const POLL: Duration = Duration::from_secs(5);
 /// The JWT signing keys could not be opened or brought up to date.
 #[derive(Debug, thiserror::Error)]
 #[error("the JWT signing keys ([jwt])")]
-pub struct JwtStartError(#[source] Box<dyn std::error::Error + Send + Sync>);
+pub struct JwtStartError(#[source] jwt::JwtStoreError);
 
 /// Opens the keys of the CA data directory `ca` names (`ca_dir`), brings them up to date once (making the
 /// first key on a first start, unless only followed) and spawns their driver. `None` when
@@ -37,7 +37,7 @@ pub fn start(
         return Ok(None);
     }
     let store = jwt::open_store(ca)
-        .map_err(|e| JwtStartError(e.into()))?
+        .map_err(JwtStartError)?
         .with_lock_wait(LOCK_WAIT);
     let rotation = if !dir_writable(ca_dir) {
         info!(
@@ -52,7 +52,7 @@ pub fn start(
         JwtRotation::Automatic
     };
     let rotator = JwtRotator::start_with(store, config, Arc::clone(rt.clock()), POLL, rotation)
-        .map_err(|e| JwtStartError(e.into()))?
+        .map_err(JwtStartError)?
         .with_metrics(Arc::clone(rt.metrics()));
     if rotator.handle().current().infos().next().is_none() {
         warn!("no JWT signing key in the data directory yet: no JWT-SVID is signed until one is");
