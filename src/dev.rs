@@ -15,21 +15,15 @@ use anyhow::Context;
 use clap::Args;
 use podca_authority::components::ca::{self, CaPlan};
 use podca_authority::components::{jwt, ledger};
-use podca_authority::config::{Config, DevBundle, DevIdentity};
+use podca_authority::config::{Config, DevBundle, DevPlan};
 use podca_authority::rotation::Rotator;
 use podca_authority::{Runtime, RuntimeOptions, Stage, shutdown};
 use podca_grpc::component::{self as grpc, Callers, Mode, Oidc, Settings};
 use podca_grpc::jwt::JwtService;
 use podca_grpc::keeper::{self, KeptBundle};
-use podca_signer::{KeyType, SignerPolicy};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::commands::default_data_dir;
-
-/// The signer `podca dev` uses when the config names none.
-pub const DEFAULT_SIGNER: &str = "podca.dev/default";
-/// Its trust domain.
-pub const DEFAULT_TRUST_DOMAIN: &str = "podca.dev.local";
 
 #[derive(Debug, Args)]
 pub struct DevArgs {
@@ -86,48 +80,9 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
-    if config.signers.is_empty() {
-        let mut permissive = SignerPolicy::permissive(DEFAULT_TRUST_DOMAIN);
-        // The built-in signer allows the classical key types; a post-quantum `--bundle` key type
-        // asked for on the command line is allowed too (a config file must list it itself).
-        for bundle in &bundles {
-            if !permissive.key_types.contains(&bundle.key_type) {
-                permissive.key_types.push(bundle.key_type);
-            }
-        }
-        config.signers.insert(DEFAULT_SIGNER.into(), permissive);
-    }
-    let (signer_name, policy) = config.grpc_signer()?;
-    let (signer_name, trust_domain) = (signer_name.to_owned(), policy.trust_domain.clone());
+    let plan = config.plan_dev(configured, bundles, current_uid(&data_dir)?)?;
     config.ca = ca::in_data_dir(&config.ca, &data_dir)?;
     let created = ca::create_if_missing(&config.ca, &data_dir, "podca dev")?;
-
-    let identities = if config.dev.identities.is_empty() {
-        vec![DevIdentity {
-            uid: current_uid(&data_dir)?,
-            namespace: "default".into(),
-            service_account: "default".into(),
-        }]
-    } else {
-        config.dev.identities.clone()
-    };
-    let mut bundle_specs = config.dev.bundles.clone();
-    bundle_specs.extend(bundles);
-    for spec in &bundle_specs {
-        anyhow::ensure!(
-            policy_allows(&config, &spec.key_type)?,
-            "credential bundle {}/{}: key type {} is not in signer {signer_name:?}'s \
-             key_types{}",
-            spec.namespace,
-            spec.service_account,
-            spec.key_type,
-            if configured {
-                " (add it in the config file)"
-            } else {
-                ""
-            }
-        );
-    }
     let settings = Settings::from_config(&config, grpc_listen, Mode::Dev)?;
     let socket = socket
         .or_else(|| config.workload_api.socket.clone())
@@ -168,7 +123,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         oidc.serve(&mut rt, keys, None)?;
     }
     let callers = Callers::Dev {
-        identities: identities.clone(),
+        identities: plan.identities.clone(),
     };
     let grpc = grpc::start(
         &mut rt,
@@ -181,30 +136,21 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         Some(&socket),
     )
     .await?;
-    let kept = keeper::start(&mut rt, &grpc.api, bundle_specs, &data_dir.join("bundles"));
+    let kept = keeper::start(
+        &mut rt,
+        &grpc.api,
+        plan.bundles.clone(),
+        &data_dir.join("bundles"),
+    );
     reload_on_sighup(&mut rt, hup, ca.rotator, data_dir.clone());
 
-    print_banner(&Banner {
-        data_dir: &data_dir,
-        created,
-        signer: &signer_name,
-        trust_domain: &trust_domain,
-        listen: grpc.addr,
-        socket: &socket,
-        identities: &identities,
-        bundles: &kept,
-    });
+    print_banner(&plan, &data_dir, created, grpc.addr, &socket, &kept);
     rt.run(async {
         signals.await;
         println!("podca dev: stopping");
     })
     .await?;
     Ok(())
-}
-
-/// Whether the gRPC signer's policy allows `key_type`.
-fn policy_allows(config: &Config, key_type: &KeyType) -> anyhow::Result<bool> {
-    Ok(config.grpc_signer()?.1.key_types.contains(key_type))
 }
 
 /// SIGHUP reloads the CA from the data directory at once (after `podca ca rotate`), so the
@@ -220,7 +166,8 @@ fn reload_on_sighup(rt: &mut Runtime, mut hup: Signal, rotator: Arc<Rotator>, di
                         dir.display()
                     ),
                     Err(e) => eprintln!(
-                        "podca dev: reloading the CA failed, keeping the current one: {e:#}"
+                        "podca dev: reloading the CA failed, keeping the current one: {}",
+                        podca_signer::report::error_chain(&e)
                     ),
                 },
             }
@@ -241,36 +188,28 @@ fn current_uid(data_dir: &Path) -> anyhow::Result<u32> {
     Ok(uid)
 }
 
-struct Banner<'a> {
-    data_dir: &'a Path,
+fn print_banner(
+    plan: &DevPlan,
+    data_dir: &Path,
     created: bool,
-    signer: &'a str,
-    trust_domain: &'a str,
     listen: SocketAddr,
-    socket: &'a Path,
-    identities: &'a [DevIdentity],
-    bundles: &'a [KeptBundle],
-}
-
-fn print_banner(b: &Banner<'_>) {
-    let Banner {
-        data_dir,
-        created,
+    socket: &Path,
+    bundles: &[KeptBundle],
+) {
+    let DevPlan {
         signer,
         trust_domain,
-        listen,
-        socket,
         identities,
-        bundles,
-    } = b;
-    let verb = if *created { "created" } else { "reusing" };
+        ..
+    } = plan;
+    let verb = if created { "created" } else { "reusing" };
     println!("podca dev: {verb} the CA in {}", data_dir.display());
     println!(
         "podca dev: trust anchors: {}",
         data_dir.join("root.pem").display()
     );
     println!("podca dev: signer {signer} (trust domain {trust_domain})");
-    for i in *identities {
+    for i in identities {
         println!(
             "podca dev: uid {} is {}/{} (spiffe://{trust_domain}/ns/{}/sa/{})",
             i.uid, i.namespace, i.service_account, i.namespace, i.service_account
@@ -290,7 +229,7 @@ fn print_banner(b: &Banner<'_>) {
          -H 'x-podca-namespace: default' -H 'x-podca-service-account: default' \
          {listen} podca.v1.PodCA/GetTrustBundle"
     );
-    for KeptBundle { identity, dir } in *bundles {
+    for KeptBundle { identity, dir } in bundles {
         println!(
             "podca dev: credential bundle for {identity}: {} (trust bundle {})",
             dir.join("credentialbundle.pem").display(),

@@ -704,10 +704,129 @@ impl std::str::FromStr for DevBundle {
     }
 }
 
+/// The signer `podca dev` uses when the config names none.
+pub const DEV_SIGNER: &str = "podca.dev/default";
+/// Its trust domain.
+pub const DEV_TRUST_DOMAIN: &str = "podca.dev.local";
+
+/// What `podca dev` runs, decided once from its config (or its absence) and its command line.
+#[derive(Debug, Clone)]
+pub struct DevPlan {
+    /// The gRPC signer and its trust domain.
+    pub signer: String,
+    pub trust_domain: String,
+    /// Unix-socket callers: `[dev] identities`, else the current user as default/default.
+    pub identities: Vec<DevIdentity>,
+    /// Credential bundles to keep: `[dev] bundles`, then the `--bundle` flags.
+    pub bundles: Vec<DevBundle>,
+}
+
+impl Config {
+    /// Completes a `podca dev` configuration: with no signer configured, a permissive one for
+    /// [`DEV_TRUST_DOMAIN`] that also allows the key types `--bundle` flags ask for (a config
+    /// file must list them itself); every bundle's key type must be one the signer allows.
+    /// `uid` is the caller identity's when `[dev] identities` names none.
+    pub fn plan_dev(
+        &mut self,
+        configured: bool,
+        flags: Vec<DevBundle>,
+        uid: u32,
+    ) -> Result<DevPlan, ConfigError> {
+        if self.signers.is_empty() {
+            let mut permissive = SignerPolicy::permissive(DEV_TRUST_DOMAIN);
+            for bundle in &flags {
+                if !permissive.key_types.contains(&bundle.key_type) {
+                    permissive.key_types.push(bundle.key_type);
+                }
+            }
+            self.signers.insert(DEV_SIGNER.into(), permissive);
+        }
+        let (signer, policy) = self.grpc_signer()?;
+        let mut bundles = self.dev.bundles.clone();
+        bundles.extend(flags);
+        if let Some(refused) = bundles
+            .iter()
+            .find(|b| !policy.key_types.contains(&b.key_type))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "credential bundle {}/{}: key type {} is not in signer {signer:?}'s key_types{}",
+                refused.namespace,
+                refused.service_account,
+                refused.key_type,
+                if configured {
+                    " (add it in the config file)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let identities = match self.dev.identities.as_slice() {
+            [] => vec![DevIdentity {
+                uid,
+                namespace: "default".into(),
+                service_account: "default".into(),
+            }],
+            configured => configured.to_vec(),
+        };
+        Ok(DevPlan {
+            signer: signer.to_owned(),
+            trust_domain: policy.trust_domain.clone(),
+            identities,
+            bundles,
+        })
+    }
+}
+
 #[cfg(test)]
 mod dev_bundle_tests {
-    use super::DevBundle;
+    use super::{Config, DEV_SIGNER, DEV_TRUST_DOMAIN, DevBundle};
     use podca_signer::KeyType;
+
+    #[test]
+    fn dev_plans_a_permissive_signer_unless_configured() {
+        let pq: DevBundle = "apps/web:MLDSA65".parse().unwrap();
+        let mut bare = Config::default();
+        let plan = bare.plan_dev(false, vec![pq.clone()], 1000).unwrap();
+        assert_eq!(
+            (plan.signer.as_str(), plan.trust_domain.as_str()),
+            (DEV_SIGNER, DEV_TRUST_DOMAIN)
+        );
+        assert_eq!(
+            (
+                plan.identities[0].uid,
+                plan.identities[0].namespace.as_str()
+            ),
+            (1000, "default")
+        );
+        assert!(
+            bare.signers[DEV_SIGNER]
+                .key_types
+                .contains(&KeyType::MlDsa65)
+        );
+
+        let mut file = Config::parse(
+            "[signers.\"example.com/a\"]\ntrust_domain = \"a.test\"\nkey_types = [\"ECDSAP256\"]\n\
+             [[dev.identities]]\nuid = 7\nnamespace = \"n\"\nservice_account = \"s\"",
+        )
+        .unwrap();
+        let refused = file.clone().plan_dev(true, vec![pq], 1000).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "credential bundle apps/web: key type MLDSA65 is not in signer \"example.com/a\"'s \
+             key_types (add it in the config file)"
+        );
+        let plan = file
+            .plan_dev(true, vec!["apps/web".parse().unwrap()], 1000)
+            .unwrap();
+        assert_eq!(
+            (
+                plan.identities[0].uid,
+                plan.bundles.len(),
+                plan.trust_domain.as_str()
+            ),
+            (7, 1, "a.test")
+        );
+    }
 
     #[test]
     fn bundle_flags_parse_or_say_what_is_wrong() {

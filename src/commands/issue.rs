@@ -161,11 +161,11 @@ impl IssueArgs {
             );
         }
         let key = self.key()?;
-        let subject = match &key {
-            Key::Csr(der) => {
-                SubjectKey::from_csr_verified(der).context("the CSR (--csr) is refused")?
-            }
-            Key::Generated(generated) => generated.public.clone(),
+        let subject = match (&key, &self.csr) {
+            (Key::Csr(der), Some(path)) => SubjectKey::from_csr_verified(der)
+                .with_context(|| format!("CSR {}", path.display()))?,
+            (Key::Csr(der), None) => SubjectKey::from_csr_verified(der)?,
+            (Key::Generated(generated), _) => generated.public.clone(),
         };
         let (cert, record) = podca_signer::issue::for_operator(
             &ca,

@@ -283,7 +283,7 @@ fn lint(path: &Path, output: OutputFormat) -> ExitCode {
         && errors.is_empty()
     {
         // Not a signer's: [grpc], [jwt] and the like.
-        errors.push(one_line(&format!("{e:#}")));
+        errors.push(one_line(&podca_signer::report::error_chain(e)));
     }
     match output {
         OutputFormat::Json => println!(

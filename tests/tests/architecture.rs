@@ -160,10 +160,9 @@ fn lines_under(dir: &Path) -> usize {
     lines
 }
 
-/// Issue #38 asks for at most 2,500 lines; the move stopped at 2,699 (what is left: the
-/// offline commands' flows in src/commands/{ca,issue,ledger}.rs and the banner of dev.rs). The
-/// bound is a ratchet: it may only come down, to 2,500.
-const BINARY_LINES_AT_MOST: usize = 2_700;
+/// Issue #38: the binary parses flags, composes components and prints; decisions live in the
+/// library crates. A new command that needs room moves logic out first.
+const BINARY_LINES_AT_MOST: usize = 2_500;
 
 #[test]
 fn the_binary_is_wiring_only() {
@@ -174,7 +173,7 @@ fn the_binary_is_wiring_only() {
     assert!(lines > 500, "counted the binary's source: {lines} lines");
     assert!(
         lines <= BINARY_LINES_AT_MOST,
-        "src/ has {lines} lines; at most {BINARY_LINES_AT_MOST}, on the way to 2,500 (move \
-         logic into signer, authority, grpc or controller)"
+        "src/ has {lines} lines; at most {BINARY_LINES_AT_MOST} (move logic into signer, \
+         authority, grpc or controller)"
     );
 }
