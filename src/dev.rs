@@ -211,8 +211,11 @@ fn print_banner(
     println!("podca dev: signer {signer} (trust domain {trust_domain})");
     for i in identities {
         println!(
-            "podca dev: uid {} is {}/{} (spiffe://{trust_domain}/ns/{}/sa/{})",
-            i.uid, i.namespace, i.service_account, i.namespace, i.service_account
+            "podca dev: uid {} is {}/{} ({})",
+            i.uid,
+            i.namespace,
+            i.service_account,
+            podca_signer::names::spiffe_id(trust_domain, &i.namespace, &i.service_account)
         );
     }
     println!("podca dev: gRPC API (podca.v1) on {listen}");

@@ -696,6 +696,16 @@ impl std::str::FromStr for DevBundle {
             .split_once('/')
             .filter(|(ns, sa)| !ns.is_empty() && !sa.is_empty() && !sa.contains('/'))
             .ok_or_else(|| refused("expected namespace/service-account[:KEY_TYPE]".into()))?;
+        for (what, name) in [
+            ("namespace", namespace),
+            ("service account", service_account),
+        ] {
+            if let Err(e) = name.parse::<podca_signer::names::ObjectName>() {
+                return Err(refused(format!(
+                    "the {what} {name:?} is not a Kubernetes name: it {e}"
+                )));
+            }
+        }
         Ok(DevBundle {
             namespace: namespace.into(),
             service_account: service_account.into(),
@@ -858,6 +868,12 @@ mod dev_bundle_tests {
             let refused = spec.parse::<DevBundle>().unwrap_err();
             assert_eq!(refused.to_string(), error);
         }
+        let refused = "Apps/web".parse::<DevBundle>().unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "\"Apps/web\": the namespace \"Apps\" is not a Kubernetes name: it must not \
+             contain 'A'"
+        );
         let refused = "apps/web:DSA".parse::<DevBundle>().unwrap_err();
         assert!(
             refused

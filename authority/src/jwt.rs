@@ -206,10 +206,11 @@ impl JwtConfig {
             )));
         }
         if self.key_algorithm == CaAlgorithm::Ed25519 {
-            return Err(ConfigError::Invalid(format!(
+            return Err(ConfigError::Invalid(
                 "[jwt] key_algorithm = \"ed25519\": EdDSA is not a JWT-SVID algorithm; use \
                  ecdsa-p256, ecdsa-p384 or rsa-sha256"
-            )));
+                    .into(),
+            ));
         }
         for (key, name) in [
             (

@@ -60,11 +60,6 @@ pub enum ServingCertError {
     Issue(String),
 }
 
-/// The SPIFFE ID podca's own service account has in `trust_domain`.
-pub fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> String {
-    format!("spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}")
-}
-
 /// The DNS names a Service `service` in `namespace` answers to inside the cluster.
 pub fn service_dns_names(service: &str, namespace: &str) -> Vec<String> {
     vec![
@@ -234,7 +229,7 @@ mod tests {
 
     fn identity(lifetime: Duration) -> ServingIdentity {
         ServingIdentity {
-            spiffe_id: spiffe_id("cluster.local", "podca-system", "podca"),
+            spiffe_id: podca_signer::names::spiffe_id("cluster.local", "podca-system", "podca"),
             dns_names: service_dns_names("podca", "podca-system"),
             lifetime,
         }

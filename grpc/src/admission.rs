@@ -139,7 +139,7 @@ pub fn admit_jwt(
         }
         Err(_) => None,
     };
-    let own = podca_signer::ledger::spiffe_id(
+    let own = podca_signer::names::spiffe_id(
         &policy.trust_domain,
         &subject.namespace,
         &subject.service_account,

@@ -13,6 +13,7 @@ use base64::Engine;
 use podca_authority::Clock;
 use podca_authority::config::DevIdentity;
 use podca_authority::metrics::{GrpcMetrics, ResultLabels};
+use podca_signer::names::ObjectName;
 use podca_signer::{PodMetadata, PodRead};
 
 /// The caller's Kubernetes identity.
@@ -183,12 +184,14 @@ impl Authenticator for DevAuthenticator {
             Peer::Tcp(addr) if addr.ip().is_loopback() => {
                 match (&credentials.dev_namespace, &credentials.dev_service_account) {
                     (Some(ns), Some(sa)) => {
-                        if !is_name(ns) || !is_name(sa) {
-                            return Err(AuthError::Invalid(
-                                "x-podca-namespace and x-podca-service-account must be \
-                                 Kubernetes names"
-                                    .into(),
-                            ));
+                        for (header, value) in
+                            [("x-podca-namespace", ns), ("x-podca-service-account", sa)]
+                        {
+                            if let Err(e) = value.parse::<ObjectName>() {
+                                return Err(AuthError::Invalid(format!(
+                                    "{header} {value:?} is not a Kubernetes name: it {e}"
+                                )));
+                            }
                         }
                         Ok(Identity::service_account(ns, sa))
                     }
@@ -205,16 +208,6 @@ impl Authenticator for DevAuthenticator {
             Peer::Unknown => Err(AuthError::UnknownCaller("unknown peer".into())),
         }
     }
-}
-
-/// A DNS-1123 label, as namespaces and service-account names are.
-fn is_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && !s.starts_with(['-', '.'])
-        && !s.ends_with(['-', '.'])
 }
 
 /// What a TokenReview said (`status` of authentication.k8s.io/v1 TokenReview).
@@ -1063,5 +1056,27 @@ mod tests {
         let remote: SocketAddr = "10.0.0.5:5000".parse().unwrap();
         let r = auth.authenticate(&Peer::Tcp(remote), &named).await;
         assert!(matches!(r, Err(AuthError::NotLoopback(_))));
+        // The headers are parsed as names (signer::names): "a..b" has an empty label, which
+        // the old copy of the rule here let through.
+        for (namespace, refusal) in [
+            (
+                "a..b",
+                "x-podca-namespace \"a..b\" is not a Kubernetes name: it must not contain an \
+                 empty label (no leading, trailing or doubled '.')",
+            ),
+            (
+                "Shop",
+                "x-podca-namespace \"Shop\" is not a Kubernetes name: it must not contain 'S'",
+            ),
+        ] {
+            let odd = Credentials {
+                dev_namespace: Some(namespace.into()),
+                ..named.clone()
+            };
+            match auth.authenticate(&Peer::Tcp(loopback), &odd).await {
+                Err(AuthError::Invalid(message)) => assert_eq!(message, refusal),
+                other => panic!("{namespace}: {other:?}"),
+            }
+        }
     }
 }

@@ -681,7 +681,7 @@ fn serving_identity(
         .or_else(|| pod.service_account.clone())
         .unwrap_or_else(|| "podca".into());
     ServingIdentity {
-        spiffe_id: serving_cert::spiffe_id(trust_domain, &namespace, &service_account),
+        spiffe_id: podca_signer::names::spiffe_id(trust_domain, &namespace, &service_account),
         dns_names: settings
             .dns_names
             .clone()

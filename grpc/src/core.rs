@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use podca_signer::jwt::SignedSvid;
 use podca_signer::ledger::{RecordOutcome, Source};
+use podca_signer::names::{ObjectName, SpiffeId};
 use podca_signer::rules::{NamespaceLabels, PodMetadata};
 use podca_signer::{
     CaKey, CertificateRequest, IssuedCertificate, LedgerRecord, Outcome, RequestContext,
@@ -86,42 +87,6 @@ pub struct IstioOptions {
     pub trust_domain_alias: Option<String>,
 }
 
-/// A SPIFFE ID as Istio clients send it: `spiffe://<trust domain>/ns/<ns>/sa/<sa>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IstioSpiffeId {
-    pub trust_domain: String,
-    pub namespace: String,
-    pub service_account: String,
-}
-
-impl IstioSpiffeId {
-    /// Parses `spiffe://<td>/ns/<ns>/sa/<sa>`; `None` when it is not of that form.
-    pub fn parse(uri: &str) -> Option<Self> {
-        let rest = uri.strip_prefix("spiffe://")?;
-        let parts: Vec<&str> = rest.split('/').collect();
-        match parts.as_slice() {
-            [td, "ns", ns, "sa", sa] if !td.is_empty() && !ns.is_empty() && !sa.is_empty() => {
-                Some(IstioSpiffeId {
-                    trust_domain: (*td).to_owned(),
-                    namespace: (*ns).to_owned(),
-                    service_account: (*sa).to_owned(),
-                })
-            }
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for IstioSpiffeId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "spiffe://{}/ns/{}/sa/{}",
-            self.trust_domain, self.namespace, self.service_account
-        )
-    }
-}
-
 /// A `CreateCertificate` request, decoded by the Istio adapter.
 #[derive(Debug, Clone, Default)]
 pub struct IstioInput {
@@ -134,7 +99,7 @@ pub struct IstioInput {
     /// `validity_duration`, seconds.
     pub validity_seconds: i64,
     /// `ImpersonatedIdentity` from `metadata` (node proxies only).
-    pub impersonated: Option<IstioSpiffeId>,
+    pub impersonated: Option<SpiffeId>,
 }
 
 /// What [`Api::node_proxy`] established of a node proxy's token.
@@ -554,9 +519,9 @@ impl Api {
         // Checked before anything reaches the Kubernetes API: an empty name would turn the GET
         // into a LIST, and a `/` would change the path.
         for (what, value) in [("pod_namespace", pod_namespace), ("pod_name", pod_name)] {
-            if !is_object_name(value) {
+            if let Err(e) = value.parse::<ObjectName>() {
                 return Err(ApiError::BadPodName(format!(
-                    "{what} {value:?} is not a Kubernetes object name"
+                    "{what} {value:?} is not a Kubernetes object name: it {e}"
                 )));
             }
         }
@@ -755,34 +720,24 @@ impl Api {
     async fn impersonated_subject(
         &self,
         caller: &Identity,
-        id: &IstioSpiffeId,
+        id: &SpiffeId,
         signer_trust_domain: &str,
     ) -> Result<(Identity, String), ApiError> {
         if self.pods.is_none() {
             return Err(ApiError::ImpersonationWithoutPods);
         }
         let proxy = self.node_proxy(caller)?;
-        if !self.istio_trust_domain_ok(&id.trust_domain, signer_trust_domain) {
+        if !self.istio_trust_domain_ok(id.trust_domain.as_str(), signer_trust_domain) {
             return Err(ApiError::BadImpersonation(format!(
                 "ImpersonatedIdentity {id} is not in the trust domain {}",
                 self.istio_trust_domains(signer_trust_domain)
             )));
         }
-        for (what, value) in [
-            ("namespace", &id.namespace),
-            ("service account", &id.service_account),
-        ] {
-            if !is_object_name(value) {
-                return Err(ApiError::BadImpersonation(format!(
-                    "ImpersonatedIdentity {id}: the {what} {value:?} is not a Kubernetes name"
-                )));
-            }
-        }
         self.check_caller_pod(&proxy, caller).await?;
         let node = proxy.node;
         let pods = proxy
             .pods
-            .pods_on_node(&id.namespace, node, &id.service_account)
+            .pods_on_node(id.namespace.as_str(), node, id.service_account.as_str())
             .await
             .map_err(|error| ApiError::PodListUnavailable {
                 what: format!(
@@ -793,7 +748,7 @@ impl Api {
             })?;
         let running = pods.into_iter().find(|p| {
             p.info.node_name.as_deref() == Some(node.as_str())
-                && p.info.service_account == id.service_account
+                && p.info.service_account == id.service_account.as_str()
                 && !p.info.terminating
                 && !p.info.finished()
         });
@@ -804,8 +759,8 @@ impl Api {
             )));
         };
         let subject = Identity {
-            namespace: id.namespace.clone(),
-            service_account: id.service_account.clone(),
+            namespace: id.namespace.to_string(),
+            service_account: id.service_account.to_string(),
             pod_name: None,
             pod_uid: None,
             node_name: Some(node.clone()),
@@ -821,9 +776,10 @@ impl Api {
         subject: &Identity,
         signer_trust_domain: &str,
     ) -> Result<(), ApiError> {
-        let derived = format!(
-            "spiffe://{signer_trust_domain}/ns/{}/sa/{}",
-            subject.namespace, subject.service_account
+        let derived = podca_signer::names::spiffe_id(
+            signer_trust_domain,
+            &subject.namespace,
+            &subject.service_account,
         );
         if let Some(other) = input.other_sans.first() {
             return Err(ApiError::CsrNameNotAllowed(format!(
@@ -837,10 +793,10 @@ impl Api {
             )));
         }
         for uri in &input.uri_sans {
-            let matches = IstioSpiffeId::parse(uri).is_some_and(|id| {
-                self.istio_trust_domain_ok(&id.trust_domain, signer_trust_domain)
-                    && id.namespace == subject.namespace
-                    && id.service_account == subject.service_account
+            let matches = uri.parse::<SpiffeId>().is_ok_and(|id| {
+                self.istio_trust_domain_ok(id.trust_domain.as_str(), signer_trust_domain)
+                    && id.namespace.as_str() == subject.namespace
+                    && id.service_account.as_str() == subject.service_account
             });
             if !matches {
                 return Err(ApiError::CsrNameNotAllowed(format!(
@@ -1062,16 +1018,6 @@ pub(crate) fn dns_name_count(
         })
         .unwrap_or_default();
     policy.dns_name_templates.len() + requested.len()
-}
-
-/// A DNS-1123 subdomain, as namespace and pod names are.
-fn is_object_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 /// Signs after policy; `rule_scope` is what only the edge knows for the rules: the source, the

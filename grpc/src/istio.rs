@@ -22,7 +22,9 @@ use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::FromDer;
 
 use super::auth::Identity;
-use super::core::{Api, Issued, IstioInput, IstioSpiffeId};
+use podca_signer::names::{NameError, SpiffeId};
+
+use super::core::{Api, Issued, IstioInput};
 use super::errors::ApiError;
 use super::observe::observed;
 use super::podca_service::{audit_refusal, credentials_of, peer_of, record_caller};
@@ -150,7 +152,7 @@ pub fn decode_csr(pem_text: &str) -> Result<DecodedCsr, ApiError> {
 /// `ImpersonatedIdentity` from the request's `metadata`, if it is there.
 pub fn impersonated_of(
     metadata: Option<&prost_types::Struct>,
-) -> Result<Option<IstioSpiffeId>, ApiError> {
+) -> Result<Option<SpiffeId>, ApiError> {
     let Some(value) = metadata.and_then(|m| m.fields.get(IMPERSONATED_IDENTITY)) else {
         return Ok(None);
     };
@@ -161,11 +163,13 @@ pub fn impersonated_of(
                 .into(),
         ));
     };
-    IstioSpiffeId::parse(text).map(Some).ok_or_else(|| {
-        ApiError::BadImpersonation(format!(
+    text.parse().map(Some).map_err(|e| match e {
+        NameError::SpiffeScheme | NameError::SpiffeShape => ApiError::BadImpersonation(format!(
             "ImpersonatedIdentity {text:?} is not a SPIFFE ID of the form \
              spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
-        ))
+        )),
+        // A part that is not a Kubernetes name (or trust domain) never reaches the API.
+        e => ApiError::BadImpersonation(format!("ImpersonatedIdentity {text:?}: {e}")),
     })
 }
 

@@ -5,7 +5,8 @@ use podca_authority::trust::CaSnapshot;
 use podca_proto::workload::{
     JwtBundlesRequest, JwtsvidRequest, ValidateJwtsvidRequest, X509BundlesRequest, X509svidRequest,
 };
-use podca_signer::ledger::{RecordContext, Source, spiffe_id};
+use podca_signer::ledger::{RecordContext, Source};
+use podca_signer::names::spiffe_id;
 use time::OffsetDateTime;
 use tonic::Request;
 

@@ -19,6 +19,7 @@ use std::sync::{Arc, RwLock};
 
 use podca_authority::trust::{CaSnapshot, Clock};
 use podca_signer::CaCertificate;
+use podca_signer::names::{NameError, SpiffeId};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
@@ -72,55 +73,35 @@ pub struct CertIdentity {
 
 impl CertIdentity {
     /// Reads the one SPIFFE URI SAN of `leaf` (DER).
-    pub fn of_leaf(leaf: &[u8]) -> Result<Self, String> {
+    pub fn of_leaf(leaf: &[u8]) -> Result<Self, CertRefusal> {
         let (_, cert) = x509_parser::parse_x509_certificate(leaf)
-            .map_err(|e| format!("the client certificate does not parse: {e}"))?;
+            .map_err(|e| CertRefusal::Malformed(e.to_string()))?;
         let sans = cert
             .subject_alternative_name()
-            .map_err(|e| format!("the client certificate's SAN extension is malformed: {e}"))?
-            .ok_or("the client certificate has no subjectAltName (no SPIFFE ID)")?;
+            .map_err(|e| CertRefusal::Malformed(format!("its SAN extension: {e}")))?
+            .ok_or(CertRefusal::UriSans)?;
         let mut uris = sans.value.general_names.iter().filter_map(|n| match n {
             x509_parser::extensions::GeneralName::URI(uri) => Some(*uri),
             _ => None,
         });
         let (Some(uri), None) = (uris.next(), uris.next()) else {
-            return Err(
-                "the client certificate must carry exactly one URI SAN (its SPIFFE ID)".into(),
-            );
+            return Err(CertRefusal::UriSans);
         };
         Self::parse(uri)
     }
 
-    /// Parses a podca SPIFFE ID.
-    pub fn parse(spiffe_id: &str) -> Result<Self, String> {
-        let not_podca = || {
-            format!(
-                "the client certificate's URI SAN {spiffe_id:?} is not a podca SPIFFE ID \
-                 (spiffe://<trust domain>/ns/<namespace>/sa/<service account>)"
-            )
-        };
-        let rest = spiffe_id.strip_prefix("spiffe://").ok_or_else(not_podca)?;
-        let mut parts = rest.split('/');
-        match (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) {
-            (Some(td), Some("ns"), Some(ns), Some("sa"), Some(sa), None)
-                if !td.is_empty() && !ns.is_empty() && !sa.is_empty() =>
-            {
-                Ok(CertIdentity {
-                    spiffe_id: spiffe_id.to_owned(),
-                    trust_domain: td.to_owned(),
-                    namespace: ns.to_owned(),
-                    service_account: sa.to_owned(),
-                })
-            }
-            _ => Err(not_podca()),
-        }
+    /// Parses a podca SPIFFE ID (`signer::names::SpiffeId`).
+    pub fn parse(spiffe_id: &str) -> Result<Self, CertRefusal> {
+        let id: SpiffeId = spiffe_id.parse().map_err(|reason| CertRefusal::NotPodca {
+            uri: spiffe_id.to_owned(),
+            reason,
+        })?;
+        Ok(CertIdentity {
+            spiffe_id: spiffe_id.to_owned(),
+            trust_domain: id.trust_domain.to_string(),
+            namespace: id.namespace.to_string(),
+            service_account: id.service_account.to_string(),
+        })
     }
 
     pub fn identity(&self) -> Identity {
@@ -153,13 +134,23 @@ pub fn accepted_anchors(snapshot: &CaSnapshot) -> Vec<CaCertificate> {
 #[non_exhaustive]
 pub enum CertRefusal {
     /// The chain does not verify against the anchors in force now (expired since the
-    /// handshake, or its CA was retired).
+    /// handshake, or its CA was retired); rustls' reason.
     #[error("the client certificate is not valid now: {0}")]
     NotValid(String),
-    /// It verifies but names no podca identity of an accepted trust domain.
-    #[error("{0}")]
-    NoIdentity(String),
+    #[error("the client certificate does not parse: {0}")]
+    Malformed(String),
+    #[error("the client certificate must carry exactly one URI SAN (its SPIFFE ID)")]
+    UriSans,
+    #[error("the client certificate's URI SAN {uri:?} is not a podca SPIFFE ID ({reason})")]
+    NotPodca { uri: String, reason: NameError },
+    #[error("the client certificate's trust domain {found:?} is not one of podca's ({accepted})")]
+    ForeignTrustDomain { found: String, accepted: String },
 }
+
+/// The client-certificate anchors could not be loaded into a verifier.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AnchorError(String);
 
 struct Verifier {
     verifier: Arc<dyn ClientCertVerifier>,
@@ -186,7 +177,10 @@ impl fmt::Debug for ClientTrust {
 
 impl ClientTrust {
     /// A verifier for the accepted anchors of `snapshot`.
-    pub fn new(snapshot: &CaSnapshot, trust_domains: Vec<String>) -> Result<Arc<Self>, String> {
+    pub fn new(
+        snapshot: &CaSnapshot,
+        trust_domains: Vec<String>,
+    ) -> Result<Arc<Self>, AnchorError> {
         Ok(Arc::new(ClientTrust {
             current: RwLock::new(Arc::new(build(snapshot)?)),
             trust_domains,
@@ -194,7 +188,7 @@ impl ClientTrust {
     }
 
     /// Rebuilds the verifier from `snapshot`; on failure the current one stays.
-    pub fn update(&self, snapshot: &CaSnapshot) -> Result<(), String> {
+    pub fn update(&self, snapshot: &CaSnapshot) -> Result<(), AnchorError> {
         let verifier = Arc::new(build(snapshot)?);
         match self.current.write() {
             Ok(mut current) => *current = verifier,
@@ -252,30 +246,29 @@ impl ClientTrust {
             .verifier
             .verify_client_cert(leaf, intermediates, now)
             .map_err(|e| CertRefusal::NotValid(e.to_string()))?;
-        let identity = CertIdentity::of_leaf(leaf).map_err(CertRefusal::NoIdentity)?;
+        let identity = CertIdentity::of_leaf(leaf)?;
         if !self.trust_domains.contains(&identity.trust_domain) {
-            return Err(CertRefusal::NoIdentity(format!(
-                "the client certificate's trust domain {:?} is not one of podca's ({})",
-                identity.trust_domain,
-                self.trust_domains.join(", ")
-            )));
+            return Err(CertRefusal::ForeignTrustDomain {
+                found: identity.trust_domain,
+                accepted: self.trust_domains.join(", "),
+            });
         }
         Ok(identity)
     }
 }
 
-fn build(snapshot: &CaSnapshot) -> Result<Verifier, String> {
+fn build(snapshot: &CaSnapshot) -> Result<Verifier, AnchorError> {
     let mut roots = RootCertStore::empty();
     for anchor in accepted_anchors(snapshot) {
         roots
             .add(CertificateDer::from(anchor.der().to_vec()))
-            .map_err(|e| format!("anchor {}: {e}", anchor.subject()))?;
+            .map_err(|e| AnchorError(format!("anchor {}: {e}", anchor.subject())))?;
     }
     let verifier =
         WebPkiClientVerifier::builder_with_provider(Arc::new(roots), super::tls::provider())
             .allow_unauthenticated()
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| AnchorError(e.to_string()))?;
     Ok(Verifier {
         verifier,
         generation: snapshot.generation,
@@ -446,7 +439,10 @@ mod tests {
             "spiffe://cluster.local/ns/shop/sa/",
         ] {
             let error = CertIdentity::parse(bad).unwrap_err();
-            assert!(error.contains("is not a podca SPIFFE ID"), "{bad}: {error}");
+            assert!(
+                matches!(&error, CertRefusal::NotPodca { uri, .. } if uri == bad),
+                "{bad}: {error}"
+            );
         }
     }
 

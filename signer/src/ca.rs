@@ -14,6 +14,7 @@ use x509_parser::extensions::ParsedExtension;
 use crate::backend::{BackendError, CaKey};
 use crate::der;
 use crate::leaf::{self, LeafTemplate};
+use crate::names::{DnsName, NameError, TrustDomain};
 use crate::x509::{self, CertError};
 
 /// Why a CA could not be built or loaded.
@@ -55,8 +56,11 @@ pub enum CaError {
         path_len: u32,
         below: usize,
     },
-    #[error("invalid name constraint {value:?}: {detail}")]
-    NameConstraint { value: String, detail: &'static str },
+    #[error("invalid name constraint {value:?}: it {reason}")]
+    NameConstraint {
+        value: String,
+        reason: crate::names::NameError,
+    },
     #[error("building a certificate failed: {0}")]
     Build(String),
 }
@@ -80,25 +84,34 @@ pub struct NameConstraints {
 }
 
 impl NameConstraints {
-    /// Constraints for SPIFFE trust domains (`cluster.local`, or `spiffe://cluster.local`) and
-    /// DNS subtrees, each checked to be a lowercase host name.
+    /// Constraints for SPIFFE trust domains (`cluster.local`, or `spiffe://cluster.local`),
+    /// each a [`TrustDomain`] with no empty label, and DNS subtrees (`example.com` or
+    /// `.example.com`), each a [`DnsName`].
     pub fn new(trust_domains: &[String], dns: &[String]) -> Result<Self, CaError> {
+        let refused = |value: &String| {
+            let value = value.clone();
+            move |reason| CaError::NameConstraint { value, reason }
+        };
         let uri = trust_domains
             .iter()
             .map(|td| {
                 let host = td.strip_prefix("spiffe://").unwrap_or(td);
-                check_host(td, host.strip_suffix('/').unwrap_or(host), |c| {
-                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-' | '_')
-                })
+                let host = host.strip_suffix('/').unwrap_or(host);
+                if host.split('.').any(str::is_empty) && !host.is_empty() {
+                    return Err(refused(td)(NameError::EmptyLabel));
+                }
+                host.parse::<TrustDomain>()
+                    .map(|h| h.to_string())
+                    .map_err(refused(td))
             })
             .collect::<Result<_, _>>()?;
         let dns = dns
             .iter()
             .map(|d| {
                 let name = d.strip_prefix('.').unwrap_or(d);
-                check_host(d, name, |c| {
-                    c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '-')
-                })
+                name.parse::<DnsName>()
+                    .map(|n| n.to_string())
+                    .map_err(refused(d))
             })
             .collect::<Result<_, _>>()?;
         Ok(NameConstraints {
@@ -132,25 +145,6 @@ impl NameConstraints {
         });
         out
     }
-}
-
-fn check_host(value: &str, host: &str, allowed: impl Fn(char) -> bool) -> Result<String, CaError> {
-    let error = |detail| CaError::NameConstraint {
-        value: value.to_owned(),
-        detail,
-    };
-    if host.is_empty() || host.len() > 253 {
-        return Err(error("must be a host name of 1 to 253 characters"));
-    }
-    if !host.chars().all(allowed) {
-        return Err(error(
-            "only lowercase letters, digits, '.' and '-' (and '_' in a trust domain)",
-        ));
-    }
-    if host.split('.').any(str::is_empty) {
-        return Err(error("empty label"));
-    }
-    Ok(host.to_owned())
 }
 
 /// A parsed CA (or any) certificate with the facts podca needs.

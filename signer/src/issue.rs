@@ -342,7 +342,7 @@ pub fn for_operator(
     let context = crate::RecordContext {
         source: crate::Source::Cli,
         signer: OPERATOR_SIGNER.into(),
-        identity: crate::ledger::spiffe_id(
+        identity: crate::names::spiffe_id(
             request.trust_domain,
             request.namespace,
             request.service_account,

@@ -359,11 +359,6 @@ impl LedgerRecord {
     }
 }
 
-/// The SPIFFE ID of a service account in a trust domain.
-pub fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> String {
-    format!("spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}")
-}
-
 /// Which process this is, for the `replica` field: `POD_NAME`, else `HOSTNAME`, else the
 /// kernel's host name.
 pub fn replica_identity() -> String {
@@ -889,7 +884,7 @@ mod tests {
         RecordContext {
             source: Source::Pcr,
             signer: "example.com/workload".into(),
-            identity: spiffe_id("cluster.local", "payments", "api"),
+            identity: crate::names::spiffe_id("cluster.local", "payments", "api"),
             requester: Some("system:node:node-1".into()),
             namespace: "payments".into(),
             service_account: "api".into(),

@@ -233,17 +233,19 @@ impl SpiffeId {
     }
 }
 
+/// podca's SPIFFE ID of a service account, from parts already checked (a PCR's, a verified
+/// token's): the one builder, which [`SpiffeId`]'s `Display` uses too.
+pub fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> String {
+    format!("spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}")
+}
+
 impl fmt::Display for SpiffeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let Self {
-            trust_domain,
-            namespace,
-            service_account,
-        } = self;
-        write!(
-            f,
-            "spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}"
-        )
+        f.write_str(&spiffe_id(
+            self.trust_domain.as_str(),
+            self.namespace.as_str(),
+            self.service_account.as_str(),
+        ))
     }
 }
 
@@ -268,6 +270,22 @@ impl FromStr for SpiffeId {
             service_account: sa.parse().map_err(NameError::in_part("service account"))?,
         })
     }
+}
+
+/// The trust domain of any SPIFFE ID, `spiffe://<trust domain>[/<segment>…]` (SPIFFE ID spec
+/// §2: segments of `[A-Za-z0-9-._]`, neither empty nor `.` or `..`); `None` when `id` is not
+/// one. podca's own IDs are [`SpiffeId`]s; this reads anyone's (a JWT-SVID's `sub`).
+pub fn trust_domain_of(id: &str) -> Option<TrustDomain> {
+    let rest = id.strip_prefix("spiffe://")?;
+    let (domain, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let path_ok = path.is_empty()
+        || path.split('/').all(|segment| {
+            !matches!(segment, "" | "." | "..")
+                && segment
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+        });
+    path_ok.then(|| domain.parse().ok()).flatten()
 }
 
 /// A SPIFFE trust domain: lowercase letters, digits, '-', '.' and '_' (SPIFFE ID spec §2.1).
@@ -456,6 +474,29 @@ mod tests {
                 input.parse::<SpiffeId>().map(|_| ()),
                 want,
                 "spiffe {input:?}"
+            );
+        }
+    }
+
+    /// Anyone's SPIFFE ID (a JWT-SVID `sub`): any path, but a well-formed one.
+    #[test]
+    fn trust_domains_of_any_spiffe_id() {
+        for (input, want) in [
+            ("spiffe://cluster.local/ns/a/sa/b", Some("cluster.local")),
+            ("spiffe://example.org", Some("example.org")),
+            ("spiffe://example.org/Billing/v1.2_x", Some("example.org")),
+            ("spiffe://example.org/a//b", None),
+            ("spiffe://example.org/a/../b", None),
+            ("spiffe://example.org/a/.", None),
+            ("spiffe://example.org/a b", None),
+            ("spiffe://Example.org/a", None),
+            ("spiffe:///a", None),
+            ("https://example.org/a", None),
+        ] {
+            assert_eq!(
+                trust_domain_of(input).as_ref().map(TrustDomain::as_str),
+                want,
+                "{input:?}"
             );
         }
     }

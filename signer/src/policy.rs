@@ -428,7 +428,7 @@ impl SignerPolicy {
             }
         }
         Decision::Issue(LeafPlan {
-            spiffe_id: format!("spiffe://{}/ns/{ns}/sa/{sa}", self.trust_domain),
+            spiffe_id: crate::names::spiffe_id(&self.trust_domain, ns, sa),
             dns_names,
             policy_default: Duration::seconds(self.default_lifetime_seconds.into()),
             policy_max: Duration::seconds(self.max_lifetime_seconds.into()),

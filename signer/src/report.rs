@@ -277,17 +277,13 @@ pub fn jwt_validity(
         .map(str::to_owned)
         .or_else(|| decoded.claims.aud.first().cloned())
         .unwrap_or_default();
-    let trust_domain = decoded
-        .claims
-        .sub
-        .strip_prefix("spiffe://")
-        .and_then(|rest| rest.split('/').next());
+    let trust_domain = crate::names::trust_domain_of(&decoded.claims.sub);
     crate::jwt::validate(
         token,
         bundle,
         &crate::jwt::Expectations {
             audience: &audience,
-            trust_domain,
+            trust_domain: trust_domain.as_ref().map(|td| td.as_str()),
             max_audiences: usize::MAX,
         },
         now,

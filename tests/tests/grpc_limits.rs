@@ -78,7 +78,7 @@ async fn serve() -> Listener {
     let anchors = ca.roots_pem();
     let handle = CaHandle::new(ca, vec![]);
     let identity = ServingIdentity {
-        spiffe_id: serving_cert::spiffe_id("cluster.local", "podca-system", "podca"),
+        spiffe_id: podca_signer::names::spiffe_id("cluster.local", "podca-system", "podca"),
         dns_names: serving_cert::service_dns_names("podca", "podca-system"),
         lifetime: serving_cert::DEFAULT_LIFETIME,
     };

@@ -212,7 +212,7 @@ fn issue_request(token: Option<&str>) -> Request<IssueCertificateRequest> {
 /// The TLS listener with client certificates verified against `handle`'s accepted anchors.
 async fn serve(handle: &CaHandle, stopped: watch::Receiver<bool>) -> SocketAddr {
     let identity = ServingIdentity {
-        spiffe_id: serving_cert::spiffe_id(TRUST_DOMAIN, "podca-system", "podca"),
+        spiffe_id: podca_signer::names::spiffe_id(TRUST_DOMAIN, "podca-system", "podca"),
         dns_names: serving_cert::service_dns_names("podca", "podca-system"),
         lifetime: serving_cert::DEFAULT_LIFETIME,
     };

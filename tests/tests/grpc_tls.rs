@@ -595,7 +595,7 @@ mod rotation {
         let handle = CaHandle::new(first, vec![]);
         let (stop, stopped) = watch::channel(false);
         let identity = ServingIdentity {
-            spiffe_id: serving_cert::spiffe_id("cluster.local", "podca-system", "podca"),
+            spiffe_id: podca_signer::names::spiffe_id("cluster.local", "podca-system", "podca"),
             dns_names: serving_cert::service_dns_names("podca", "podca-system"),
             lifetime: serving_cert::DEFAULT_LIFETIME,
         };

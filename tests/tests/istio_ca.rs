@@ -363,7 +363,8 @@ async fn every_bad_input_has_its_status_and_message() {
             ))
             .await,
         Code::InvalidArgument,
-        "the namespace \"Apps_1\" is not a Kubernetes name",
+        "ImpersonatedIdentity \"spiffe://cluster.local/ns/Apps_1/sa/web\": the namespace must \
+         not contain 'A'",
     );
     // The alias is accepted in the CSR and ImpersonatedIdentity; the certificate carries the
     // signer's trust domain.

@@ -561,26 +561,11 @@ pub fn check_claims(
     Ok(())
 }
 
-/// Whether `id` is `spiffe://<trust domain>/<path>` (of `trust_domain`, when given).
+/// Whether `id` is a SPIFFE ID (any path: a JWT-SVID's `sub` need not be podca's form) of
+/// `trust_domain`, when given.
 fn is_spiffe_id(id: &str, trust_domain: Option<&str>) -> bool {
-    let Some(rest) = id.strip_prefix("spiffe://") else {
-        return false;
-    };
-    let (domain, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let domain_ok = !domain.is_empty()
-        && domain
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b));
-    let path_ok = path.is_empty()
-        || path.split('/').all(|segment| {
-            !segment.is_empty()
-                && segment != "."
-                && segment != ".."
-                && segment
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
-        });
-    domain_ok && path_ok && trust_domain.is_none_or(|td| td == domain)
+    crate::names::trust_domain_of(id)
+        .is_some_and(|domain| trust_domain.is_none_or(|td| td == domain.as_str()))
 }
 
 /// Attacker-chosen strings go into errors (and from there into logs) at most 64 characters long.
