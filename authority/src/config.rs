@@ -1021,53 +1021,54 @@ impl Config {
                 })?;
         }
         config.grpc.tls(config.grpc.listen)?;
-        config.check_grpc_limits().map_err(ConfigError::Invalid)?;
+        config.check_grpc_limits()?;
         config.jwt.check()?;
         Ok(config)
     }
 
     /// The `[grpc]` authorization keys: signers that exist, bounds that make sense.
-    fn check_grpc_limits(&self) -> Result<(), String> {
+    fn check_grpc_limits(&self) -> Result<(), ConfigError> {
         let grpc = &self.grpc;
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
         if let Some(names) = &grpc.signers {
             if names.is_empty() {
-                return Err(
+                return invalid(
                     "[grpc] signers is empty; list at least the signer gRPC issues for".into(),
                 );
             }
             if let Some(unknown) = names.iter().find(|n| !self.signers.contains_key(*n)) {
-                return Err(format!(
+                return invalid(format!(
                     "[grpc] signers: {unknown:?} is not a configured signer"
                 ));
             }
             if let Some(default) = &grpc.signer
                 && !names.contains(default)
             {
-                return Err(format!(
+                return invalid(format!(
                     "[grpc] signers must include [grpc] signer {default:?}"
                 ));
             }
         }
         if grpc.max_token_reviews == 0 {
-            return Err("[grpc] max_token_reviews must be at least 1".into());
+            return invalid("[grpc] max_token_reviews must be at least 1".into());
         }
         if grpc.token_cache_seconds > MAX_TOKEN_CACHE_SECONDS {
-            return Err(format!(
+            return invalid(format!(
                 "[grpc] token_cache_seconds = {} is above the maximum of {MAX_TOKEN_CACHE_SECONDS}",
                 grpc.token_cache_seconds
             ));
         }
         if grpc.max_dns_names == 0 {
-            return Err("[grpc] max_dns_names must be at least 1".into());
+            return invalid("[grpc] max_dns_names must be at least 1".into());
         }
         if grpc.istio_token_audience.trim().is_empty() {
-            return Err(
+            return invalid(
                 "[grpc] istio_token_audience is empty; the Istio default is \"istio-ca\"".into(),
             );
         }
         let alias = &grpc.istio_trust_domain_alias;
         if !alias.is_empty() && !podca_signer::policy::is_dns_name(alias) {
-            return Err(format!(
+            return invalid(format!(
                 "[grpc] istio_trust_domain_alias {alias:?} is not a DNS name (a trust domain, \
                  such as \"cluster.local\"; \"\" for none)"
             ));

@@ -117,9 +117,9 @@ pub fn decide_pcr(
     }
     let decide = |signers: &BTreeMap<String, SignerPolicy>| match &pod {
         Ok(facts) => sample.decide(signers, &ca, ns_labels, *facts, now),
-        Err(message) => Ok(Outcome::Denied {
+        Err(other) => Ok(Outcome::Denied {
             reason: DenyReason::PodNotFound,
-            message: message.clone(),
+            message: other.to_string(),
         }),
     };
     let outcome = decide(&config.signers)?;
@@ -275,9 +275,9 @@ pub fn decide_description(
             ..Identity::service_account(&d.namespace, &d.service_account)
         };
         let decide = |p: &SignerPolicy| -> Result<JwtPlan, ApiError> {
-            let pod = pod.clone().map_err(|message| ApiError::Denied {
+            let pod = pod.clone().map_err(|other| ApiError::Denied {
                 reason: DenyReason::PodNotFound,
-                message,
+                message: other.to_string(),
             })?;
             let facts = JwtFacts {
                 signer,
@@ -367,10 +367,10 @@ pub fn decide_description(
     let decide = |p: &SignerPolicy| {
         let pod = match &pod {
             Ok(pod) => *pod,
-            Err(message) => {
+            Err(other) => {
                 return Outcome::Denied {
                     reason: DenyReason::PodNotFound,
-                    message: message.clone(),
+                    message: other.to_string(),
                 };
             }
         };

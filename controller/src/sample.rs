@@ -206,14 +206,27 @@ impl PodSample {
     }
 }
 
-/// What the rules would see of the request's pod: `Err` is the message of the
-/// PolicyPodNotFound denial podca would answer (the file shows another pod).
+/// The `--pod` file shows another pod than the request's: podca would find no such pod. Its
+/// Display is the message of the PolicyPodNotFound denial podca would answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--pod is pod {file_pod} (UID {file_uid}), not the request's pod {name} (UID {uid}): podca \
+     would find no such pod"
+)]
+pub struct OtherPod {
+    file_pod: String,
+    file_uid: String,
+    name: String,
+    uid: String,
+}
+
+/// What the rules would see of the request's pod.
 pub fn pod_for<'a>(
     pod: Option<&'a PodSample>,
     (name, uid): (Option<&str>, Option<&str>),
     policy: Option<&SignerPolicy>,
     notes: &mut Vec<String>,
-) -> Result<Option<&'a PodMetadata>, String> {
+) -> Result<Option<&'a PodMetadata>, OtherPod> {
     if !policy.is_some_and(SignerPolicy::rules_use_pod_facts) {
         if pod.is_some() {
             notes.push(
@@ -239,12 +252,12 @@ pub fn pod_for<'a>(
         return Ok(None);
     };
     if file.name != name || file.uid.as_deref().is_some_and(|u| u != uid) {
-        return Err(format!(
-            "--pod is pod {} (UID {}), not the request's pod {name} (UID {uid}): podca would \
-             find no such pod",
-            file.name,
-            file.uid.as_deref().unwrap_or("not given")
-        ));
+        return Err(OtherPod {
+            file_pod: file.name.clone(),
+            file_uid: file.uid.clone().unwrap_or_else(|| "not given".into()),
+            name: name.to_owned(),
+            uid: uid.to_owned(),
+        });
     }
     if file.uid.is_none() {
         notes.push("--pod has no metadata.uid: its UID was not compared with the request's".into());

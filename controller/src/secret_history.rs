@@ -75,7 +75,9 @@ pub async fn read_verified(
         return Ok((recorded, Some(SealStatus::Rejected(Rejection::Unsigned))));
     };
     let status = match secret_certificates(client, options).await {
-        Err(reason) => SealStatus::Unverified { reason },
+        Err(reason) => SealStatus::Unverified {
+            reason: reason.to_string(),
+        },
         Ok(known) => seal_status(history_json, seal_json, &secret_ref(options), &known, now),
     };
     Ok((recorded, Some(status)))
@@ -106,17 +108,23 @@ fn seal_status(
     }
 }
 
+/// The Secret's certificates could not be read, so no seal can be checked against them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+struct SecretUnreadable(String);
+
 /// Every certificate in the Secret's `tls.crt` and `ca.crt`: those that vouch for a seal.
 async fn secret_certificates(
     client: Client,
     options: &SecretCaOptions,
-) -> Result<Vec<CaCertificate>, String> {
+) -> Result<Vec<CaCertificate>, SecretUnreadable> {
+    let unreadable = SecretUnreadable;
     let api: Api<Secret> = Api::namespaced(client, &options.namespace);
     let secret = api
         .get_opt(&options.name)
         .await
-        .map_err(|e| format!("reading Secret {}: {e}", secret_ref(options)))?
-        .ok_or_else(|| format!("Secret {} not found", secret_ref(options)))?;
+        .map_err(|e| unreadable(format!("reading Secret {}: {e}", secret_ref(options))))?
+        .ok_or_else(|| unreadable(format!("Secret {} not found", secret_ref(options))))?;
     let data = secret.data.unwrap_or_default();
     let mut known = vec![];
     for field in [SecretField::TlsCrt, SecretField::CaCrt] {
@@ -124,9 +132,10 @@ async fn secret_certificates(
             continue;
         };
         let text = std::str::from_utf8(&bytes.0)
-            .map_err(|_| format!("{} is not PEM text", field.key()))?;
+            .map_err(|_| unreadable(format!("{} is not PEM text", field.key())))?;
         known.extend(
-            CaCertificate::all_from_pem(text).map_err(|e| format!("{}: {e}", field.key()))?,
+            CaCertificate::all_from_pem(text)
+                .map_err(|e| unreadable(format!("{}: {e}", field.key())))?,
         );
     }
     Ok(known)

@@ -847,8 +847,16 @@ fn value_type(v: &Value) -> String {
     v.type_of().to_string()
 }
 
+/// A collection too large for rules to be evaluated over.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} has {entries} entries; rules accept at most {MAX_COLLECTION_ENTRIES}")]
+struct TooManyEntries {
+    what: &'static str,
+    entries: usize,
+}
+
 /// Rules are not evaluated over collections larger than [`MAX_COLLECTION_ENTRIES`].
-fn check_collections(f: &RuleFacts<'_>) -> Result<(), String> {
+fn check_collections(f: &RuleFacts<'_>) -> Result<(), TooManyEntries> {
     for (what, n) in [
         ("request.annotations", f.annotations.len()),
         ("request.audiences", f.audiences.len()),
@@ -857,9 +865,7 @@ fn check_collections(f: &RuleFacts<'_>) -> Result<(), String> {
         ("pod.annotations", f.pod_annotations().len()),
     ] {
         if n > MAX_COLLECTION_ENTRIES {
-            return Err(format!(
-                "{what} has {n} entries; rules accept at most {MAX_COLLECTION_ENTRIES}"
-            ));
+            return Err(TooManyEntries { what, entries: n });
         }
     }
     Ok(())

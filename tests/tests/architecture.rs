@@ -177,3 +177,86 @@ fn the_binary_is_wiring_only() {
          authority, grpc or controller)"
     );
 }
+
+/// The library crates' errors are types: no `anyhow` among their dependencies, and no function
+/// outside a test module answers `Result<_, String>` (issue #38). The CLI may do either.
+#[test]
+fn library_errors_are_types() {
+    for package in [
+        "podca-signer",
+        "podca-authority",
+        "podca-grpc",
+        "podca-controller",
+    ] {
+        // Directly: a third-party crate may use anyhow inside; what matters is our API.
+        assert!(
+            !direct_dependencies(package).contains("anyhow"),
+            "{package} depends on anyhow: give its errors types"
+        );
+    }
+    let mut found = Vec::new();
+    for krate in ["signer", "authority", "grpc", "controller"] {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(krate)
+            .join("src");
+        string_results(&dir, &mut found);
+    }
+    assert!(
+        found.is_empty(),
+        "functions answering Result<_, String> (give the error a type): {found:#?}"
+    );
+    // The scan sees what it forbids.
+    let mut probe = Vec::new();
+    scan_text(
+        Path::new("probe.rs"),
+        "fn f() -> Result<(), String> {}\n#[cfg(test)]\nmod tests {}",
+        &mut probe,
+    );
+    assert_eq!(probe, ["probe.rs:1"]);
+}
+
+fn string_results(dir: &Path, found: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).expect("reading a source directory") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            string_results(&path, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).expect("reading a source file");
+            scan_text(&path, &text, found);
+        }
+    }
+}
+
+/// `path:line` of each `-> Result<…, String>` before the file's test module (one line or
+/// several: the signature is joined first).
+fn scan_text(path: &Path, text: &str, found: &mut Vec<String>) {
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    let mut line = 1;
+    let mut rest = code;
+    while let Some(at) = rest.find("-> Result<") {
+        line += rest[..at].matches('\n').count();
+        let after = &rest[at + "-> Result<".len()..];
+        // The type up to its closing '>', nested generics included.
+        let mut depth = 1;
+        let end = after
+            .char_indices()
+            .find(|&(_, c)| {
+                depth += match c {
+                    '<' => 1,
+                    '>' => -1,
+                    _ => 0,
+                };
+                depth == 0
+            })
+            .map_or(after.len(), |(i, _)| i);
+        let joined: String = after[..end]
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        if joined.ends_with(", String") {
+            found.push(format!("{}:{line}", path.display()));
+        }
+        rest = after;
+    }
+}

@@ -163,7 +163,11 @@ impl PgStore {
     /// Applies the migrations this binary has and the database lacks, under an advisory lock,
     /// so replicas starting together apply each once.
     async fn migrate(&self) -> Result<(), StoreError> {
-        let mut client = self.client().await.map_err(start_error)?;
+        let mut client = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| start_error(pool_error(&e)))?;
         let tx = client
             .transaction()
             .await
@@ -205,8 +209,11 @@ impl PgStore {
         tx.commit().await.map_err(|e| start_error(pg(&e)))
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, String> {
-        self.pool.get().await.map_err(|e| pool_error(&e))
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Unavailable(pool_error(&e)))
     }
 
     /// Inserts `records` in one statement (one transaction); says, per record, whether it was
@@ -223,7 +230,7 @@ impl PgStore {
             json.push_str(&r.to_json());
         }
         json.push(']');
-        let client = self.client().await.map_err(StoreError::Unavailable)?;
+        let client = self.client().await?;
         // Prepared once per connection (deadpool's statement cache): parsing and planning it
         // for every batch was about 4 % of the PostgreSQL backend's CPU under load, plus a
         // round trip.
@@ -239,7 +246,7 @@ impl PgStore {
 
     /// The records `filter` wants, newest first.
     pub async fn query(&self, filter: &Filter) -> Result<Vec<LedgerRecord>, StoreError> {
-        let client = self.client().await.map_err(StoreError::Unavailable)?;
+        let client = self.client().await?;
         let time = |t: Option<OffsetDateTime>| t.and_then(|t| t.format(&Rfc3339).ok());
         let serial = filter
             .serial
@@ -292,7 +299,7 @@ impl PgStore {
 
     /// Deletes the records made before `before`; says how many.
     pub async fn prune(&self, before: OffsetDateTime) -> Result<u64, StoreError> {
-        let client = self.client().await.map_err(StoreError::Unavailable)?;
+        let client = self.client().await?;
         let before = before
             .format(&Rfc3339)
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;

@@ -272,7 +272,7 @@ pub fn open_with(
             configured: secret.to_owned(),
         });
     }
-    let recorded = check_values(history, now).map_err(|detail| Rejection::Impossible { detail })?;
+    let recorded = check_values(history, now)?;
     if let Some(hold) = seal.hold_until
         && hold
             > now
@@ -320,7 +320,7 @@ fn signature_oid(algorithm: CaAlgorithm) -> &'static str {
 /// future, phases that contradict their times, a fingerprint or validity that is not the
 /// recorded certificate's, duplicate ids, more than one active or prepared generation. Every
 /// time the state machine later adds to is then bounded, so no arithmetic can overflow.
-fn check_values(history: History, now: OffsetDateTime) -> Result<Vec<Checked>, String> {
+fn check_values(history: History, now: OffsetDateTime) -> Result<Vec<Checked>, Rejection> {
     let latest_event = now.saturating_add(MAX_CLOCK_SKEW);
     let mut ids = std::collections::HashSet::new();
     let (mut active, mut prepared) = (0, 0);
@@ -328,7 +328,9 @@ fn check_values(history: History, now: OffsetDateTime) -> Result<Vec<Checked>, S
     for record in history.generations {
         let g = &record.generation;
         let id = g.id;
-        let bad = |what: String| format!("generation {id}: {what}");
+        let bad = |what: String| Rejection::Impossible {
+            detail: format!("generation {id}: {what}"),
+        };
         // A million rotations would take millennia; larger ids could only overflow.
         if id == 0 || id > 1_000_000 || !ids.insert(id) {
             return Err(bad("id zero, too large or recorded twice".into()));
@@ -374,14 +376,16 @@ fn check_values(history: History, now: OffsetDateTime) -> Result<Vec<Checked>, S
             return Err(bad(format!("{} contradicts its recorded times", g.phase)));
         }
         let generation = id;
-        checked.push(
-            Checked::new(record).map_err(|e| format!("generation {generation}: anchors: {e}"))?,
-        );
+        checked.push(Checked::new(record).map_err(|e| Rejection::Impossible {
+            detail: format!("generation {generation}: anchors: {e}"),
+        })?);
     }
     if active > 1 || prepared > 1 {
-        return Err(format!(
-            "{active} active and {prepared} prepared generations (at most one each)"
-        ));
+        return Err(Rejection::Impossible {
+            detail: format!(
+                "{active} active and {prepared} prepared generations (at most one each)"
+            ),
+        });
     }
     Ok(checked)
 }

@@ -6,7 +6,7 @@
 
 use kube::Client;
 
-use super::{Check, Status};
+use super::{Check, ProbeError, Status};
 use crate::discovery::{self, Certificates, Resource, Served};
 
 /// What discovery said: the minor version (when `/version` answered with one) and the
@@ -14,7 +14,7 @@ use crate::discovery::{self, Certificates, Resource, Served};
 #[derive(Debug)]
 pub(super) struct Discovered {
     pub minor: Option<u32>,
-    pub certificates: Result<Certificates, String>,
+    pub certificates: Result<Certificates, ProbeError>,
 }
 
 impl Discovered {
@@ -37,7 +37,7 @@ pub(super) async fn discover(client: &Client) -> Discovered {
         minor,
         certificates: discovery::certificates(client)
             .await
-            .map_err(|e| format!("discovery of certificates.k8s.io: {e}")),
+            .map_err(|e| format!("discovery of certificates.k8s.io: {e}").into()),
     }
 }
 
@@ -50,7 +50,7 @@ fn minor_version(text: &str) -> Option<u32> {
 pub(super) fn check(d: &Discovered) -> Check {
     const NAME: &str = "certificates-api";
     if let Err(e) = &d.certificates {
-        return Check::new(NAME, Status::Fail, e.clone());
+        return Check::new(NAME, Status::Fail, e.to_string());
     }
     Check::combined(
         NAME,
@@ -244,7 +244,7 @@ mod tests {
     fn a_failed_discovery_fails_the_check() {
         let d = Discovered {
             minor: Some(37),
-            certificates: Err("discovery of certificates.k8s.io: boom".into()),
+            certificates: Err(ProbeError::from("discovery of certificates.k8s.io: boom")),
         };
         let c = check(&d);
         assert_eq!(c.status, Status::Fail);

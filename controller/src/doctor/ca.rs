@@ -13,7 +13,7 @@ use podca_signer::CaCertificate;
 use time::{Duration, OffsetDateTime};
 
 use super::api::Discovered;
-use super::{Check, NO_CONFIG, Status};
+use super::{Check, NO_CONFIG, ProbeError, Status};
 use crate::discovery::Resource;
 use crate::publisher::{Publisher, PublisherOptions};
 use crate::secret_ca::parse_secret;
@@ -209,7 +209,7 @@ async fn bundle(
     api: &Api<DynamicObject>,
     publisher: Option<&Publisher>,
     signer: &str,
-) -> Result<(String, String), String> {
+) -> Result<(String, String), ProbeError> {
     let list = api
         .list(&ListParams::default().fields(&format!("spec.signerName={signer}")))
         .await

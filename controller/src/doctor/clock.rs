@@ -9,7 +9,7 @@ use time::format_description::StaticFormatDescription;
 use time::macros::format_description;
 use time::{Duration, OffsetDateTime, PrimitiveDateTime};
 
-use super::{Check, Status};
+use super::{Check, ProbeError, Status};
 
 /// The `Date` header's format (RFC 9110 IMF-fixdate), e.g. `Tue, 01 Dec 2026 15:25:48 GMT`.
 const IMF_FIXDATE: StaticFormatDescription = format_description!(
@@ -29,7 +29,7 @@ pub(super) struct Skew {
     pub skew: Duration,
 }
 
-pub(super) async fn measure(client: &Client, clock: &Clock) -> Result<Skew, String> {
+pub(super) async fn measure(client: &Client, clock: &Clock) -> Result<Skew, ProbeError> {
     let request = http::Request::get("/version")
         .body(Vec::new())
         .map_err(|e| e.to_string())?;
@@ -53,17 +53,17 @@ pub(super) async fn measure(client: &Client, clock: &Clock) -> Result<Skew, Stri
     })
 }
 
-fn parse_date(text: &str) -> Result<OffsetDateTime, String> {
+fn parse_date(text: &str) -> Result<OffsetDateTime, ProbeError> {
     PrimitiveDateTime::parse(text, IMF_FIXDATE)
         .map(PrimitiveDateTime::assume_utc)
-        .map_err(|e| format!("Date header {text:?}: {e}"))
+        .map_err(|e| ProbeError(format!("Date header {text:?}: {e}")))
 }
 
-pub(super) fn check(skew: &Result<Skew, String>) -> Check {
+pub(super) fn check(skew: &Result<Skew, ProbeError>) -> Check {
     const NAME: &str = "clock-skew";
     let skew = match skew {
         Ok(s) => s.skew,
-        Err(e) => return Check::new(NAME, Status::Fail, e.clone()),
+        Err(e) => return Check::new(NAME, Status::Fail, e.to_string()),
     };
     let (status, detail) = verdict(skew);
     Check::new(NAME, status, detail)

@@ -32,6 +32,23 @@ use podca_authority::config::{CaConfig, Config};
 use serde::Serialize;
 
 use crate::Error;
+
+/// What a probe could not find out, worded for its check's detail line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProbeError(String);
+
+impl From<String> for ProbeError {
+    fn from(detail: String) -> Self {
+        ProbeError(detail)
+    }
+}
+
+impl From<&str> for ProbeError {
+    fn from(detail: &str) -> Self {
+        ProbeError(detail.to_owned())
+    }
+}
 pub use permissions::{Needs, Permission};
 
 /// How a check came out.

@@ -73,23 +73,33 @@ pub struct JwtKeySchedule {
     pub max_lifetime: Duration,
 }
 
+/// Why a [`JwtKeySchedule`] cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("the JWT key rotation period and maximum lifetime must be positive")]
+    NotPositive,
+    #[error(
+        "the JWT key propagation window ({propagation} s) must be shorter than the rotation \
+         period ({rotation} s)"
+    )]
+    PropagationTooLong { propagation: i64, rotation: i64 },
+}
+
 impl JwtKeySchedule {
     /// Refuses schedules that cannot work: the propagation window must fit in the rotation
     /// period, and every duration must be positive.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), ScheduleError> {
         if self.rotation_period <= Duration::ZERO
             || self.propagation < Duration::ZERO
             || self.max_lifetime <= Duration::ZERO
         {
-            return Err("the JWT key rotation period and maximum lifetime must be positive".into());
+            return Err(ScheduleError::NotPositive);
         }
         if self.propagation >= self.rotation_period {
-            return Err(format!(
-                "the JWT key propagation window ({} s) must be shorter than the rotation period \
-                 ({} s)",
-                self.propagation.whole_seconds(),
-                self.rotation_period.whole_seconds()
-            ));
+            return Err(ScheduleError::PropagationTooLong {
+                propagation: self.propagation.whole_seconds(),
+                rotation: self.rotation_period.whole_seconds(),
+            });
         }
         Ok(())
     }
@@ -463,12 +473,15 @@ mod tests {
         let mut s = schedule();
         assert_eq!(s.check(), Ok(()));
         s.propagation = s.rotation_period;
-        assert!(
-            s.check()
-                .is_err_and(|e| e.contains("must be shorter than the rotation period"))
+        assert_eq!(
+            s.check(),
+            Err(ScheduleError::PropagationTooLong {
+                propagation: s.propagation.whole_seconds(),
+                rotation: s.rotation_period.whole_seconds()
+            })
         );
         let mut s = schedule();
         s.max_lifetime = Duration::ZERO;
-        assert!(s.check().is_err_and(|e| e.contains("must be positive")));
+        assert_eq!(s.check(), Err(ScheduleError::NotPositive));
     }
 }

@@ -139,7 +139,7 @@ impl JwtSecretKeys {
         algorithm: CaAlgorithm,
     ) -> Result<Vec<JwtKeyStep>, StoreError> {
         JwtAlgorithm::for_key(algorithm).map_err(|e| self.error(e.to_string()))?;
-        schedule.check().map_err(|detail| self.error(detail))?;
+        schedule.check().map_err(|e| self.error(e.to_string()))?;
         let mut steps = Vec::new();
         while let Some(step) = keyset::plan(&self.state.keys, now, schedule) {
             let new_key = match &step {

@@ -263,7 +263,7 @@ impl JwtStore {
         JwtAlgorithm::for_key(algorithm).map_err(|e| self.state_error(&e.to_string()))?;
         schedule
             .check()
-            .map_err(|detail| self.state_error(&detail))?;
+            .map_err(|e| self.state_error(&e.to_string()))?;
         let _lock = self.store.lock()?;
         let dir = self.dir();
         if !dir.is_dir() {

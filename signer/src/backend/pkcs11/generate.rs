@@ -65,7 +65,7 @@ impl Pkcs11Key {
                 .get_mechanism_list(slot)
                 .map_err(|e| start(ConnectError::Ck("listing mechanisms", e)))?;
             check_mechanisms(algorithm, &offered)
-                .map_err(|missing| start(ConnectError::Key(missing)))?;
+                .map_err(|missing| start(ConnectError::Key(missing.to_string())))?;
             login(&session, &pin).map_err(start)?;
             // Check with the URI as given: a generated id must not hide an existing label.
             if !find_private_keys(&session, &config.uri)
@@ -145,7 +145,7 @@ impl Pkcs11Key {
             .get_mechanism_list(slot)
             .map_err(|e| ConnectError::Ck("listing mechanisms", e).startup(uri))?;
         check_mechanisms(algorithm, &offered)
-            .map_err(|missing| ConnectError::Key(missing).startup(uri))
+            .map_err(|missing| ConnectError::Key(missing.to_string()).startup(uri))
     }
 
     /// Destroys the key pair `config.uri` names (its private and public objects, matched by
@@ -191,13 +191,25 @@ impl Pkcs11Key {
     }
 }
 
+/// Why a token cannot make `algorithm` keys.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum MechanismError {
+    #[error("{0} keys are not made in a PKCS#11 token")]
+    NotInTokens(CaAlgorithm),
+    #[error("the token does not offer {} needed for {algorithm} keys", missing.join(" and "))]
+    Missing {
+        algorithm: CaAlgorithm,
+        missing: Vec<&'static str>,
+    },
+}
+
 /// Whether a token offering `offered` can generate and sign with `algorithm` keys; the error
 /// names the algorithm and the missing mechanisms.
 pub(super) fn check_mechanisms(
     algorithm: CaAlgorithm,
     offered: &[MechanismType],
-) -> Result<(), String> {
-    let needed: &[(MechanismType, &str)] = match algorithm {
+) -> Result<(), MechanismError> {
+    let needed: &[(MechanismType, &'static str)] = match algorithm {
         CaAlgorithm::EcdsaP256 | CaAlgorithm::EcdsaP384 => &[
             (MechanismType::ECC_KEY_PAIR_GEN, "CKM_EC_KEY_PAIR_GEN"),
             (MechanismType::ECDSA, "CKM_ECDSA"),
@@ -218,10 +230,10 @@ pub(super) fn check_mechanisms(
         | CaAlgorithm::MlDsa44
         | CaAlgorithm::MlDsa65
         | CaAlgorithm::MlDsa87 => {
-            return Err(format!("{algorithm} keys are not made in a PKCS#11 token"));
+            return Err(MechanismError::NotInTokens(algorithm));
         }
     };
-    let missing: Vec<&str> = needed
+    let missing: Vec<&'static str> = needed
         .iter()
         .filter(|(m, _)| !offered.contains(m))
         .map(|(_, name)| *name)
@@ -229,10 +241,7 @@ pub(super) fn check_mechanisms(
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(format!(
-            "the token does not offer {} needed for {algorithm} keys",
-            missing.join(" and ")
-        ))
+        Err(MechanismError::Missing { algorithm, missing })
     }
 }
 
@@ -248,17 +257,19 @@ mod tests {
         ];
         assert_eq!(
             check_mechanisms(CaAlgorithm::EcdsaP256, &rsa_only),
-            Err(
-                "the token does not offer CKM_EC_KEY_PAIR_GEN and CKM_ECDSA needed for \
-                 ecdsa-p256 keys"
-                    .into()
-            )
+            Err(MechanismError::Missing {
+                algorithm: CaAlgorithm::EcdsaP256,
+                missing: vec!["CKM_EC_KEY_PAIR_GEN", "CKM_ECDSA"]
+            })
         );
         assert_eq!(check_mechanisms(CaAlgorithm::RsaSha256, &rsa_only), Ok(()));
         let no_sign = [MechanismType::ECC_KEY_PAIR_GEN];
         assert_eq!(
             check_mechanisms(CaAlgorithm::EcdsaP384, &no_sign),
-            Err("the token does not offer CKM_ECDSA needed for ecdsa-p384 keys".into())
+            Err(MechanismError::Missing {
+                algorithm: CaAlgorithm::EcdsaP384,
+                missing: vec!["CKM_ECDSA"]
+            })
         );
     }
 }
