@@ -97,6 +97,8 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         drain_timeout: DRAIN_TIMEOUT,
         clock: podca_authority::system_clock(),
     });
+    // The rule counters are the compiled policies' own; every component serves clones of them.
+    rt.metrics().export_policies(&config.signers);
     let CaPlan::Directory(ca) = ca::plan(&config, false)? else {
         anyhow::bail!("podca dev keeps its CA in the data directory");
     };

@@ -100,6 +100,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         drain_timeout,
         clock: podca_authority::system_clock(),
     });
+    // The rule counters are the compiled policies' own; every component serves clones of them.
+    rt.metrics().export_policies(&config.signers);
     rt.leadership().send_replace(!leader_elect);
 
     let client = podca_controller::connect(kubeconfig.as_deref()).await?;

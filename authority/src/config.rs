@@ -1013,12 +1013,10 @@ impl Config {
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text)?;
         for (name, policy) in &config.signers {
-            policy
-                .validate_for(name)
-                .map_err(|source| ConfigError::Signer {
-                    name: name.clone(),
-                    source,
-                })?;
+            policy.validate().map_err(|source| ConfigError::Signer {
+                name: name.clone(),
+                source,
+            })?;
         }
         config.grpc.tls(config.grpc.listen)?;
         config.check_grpc_limits()?;

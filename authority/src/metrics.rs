@@ -1,11 +1,14 @@
 //! Prometheus metrics (prefix `podca_`): one registry, seconds as the unit, low-cardinality labels.
 
+use podca_signer::SignerPolicy;
+use podca_signer::rules::{RuleCounts, RuleSet};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SettleLabels {
@@ -309,6 +312,8 @@ pub struct Metrics {
     /// The one registry. Components that own their metrics register them in a sub-registry
     /// of their own ([`Metrics::register_component`]), also after the `Metrics` is shared.
     registry: std::sync::Mutex<Registry>,
+    /// The signers' rule sets whose counters are exported ([`Metrics::export_policies`]).
+    exported_rules: ExportedRules,
     pub issued: Family<SettleLabels, Counter>,
     pub denied: Family<SettleLabels, Counter>,
     pub failed: Family<SettleLabels, Counter>,
@@ -544,9 +549,11 @@ impl Metrics {
             "Failed ClusterTrustBundle requests and trust anchors that could not be published",
             ctb_publish_errors.clone(),
         );
-        registry.register_collector(Box::new(PolicyRuleCollector));
+        let exported_rules = ExportedRules::default();
+        registry.register_collector(Box::new(PolicyRuleCollector(exported_rules.clone())));
         Metrics {
             registry: std::sync::Mutex::new(registry),
+            exported_rules,
             issued,
             denied,
             failed,
@@ -590,6 +597,28 @@ impl Metrics {
         register(registry.sub_registry_with_prefix(prefix))
     }
 
+    /// Exports the counters of the signers' compiled rules (`podca_policy_*`): the rule sets
+    /// are shared with every clone of the policies, so what serving them counts shows here. A
+    /// signer exported again replaces its earlier rule set.
+    pub fn export_policies<'a>(
+        &self,
+        signers: impl IntoIterator<Item = (&'a String, &'a SignerPolicy)>,
+    ) {
+        for (signer, policy) in signers {
+            if let Some(rules) = policy.compiled_rules() {
+                self.export_rules(signer, rules);
+            }
+        }
+    }
+
+    /// Exports one rule set's counters under `signer`.
+    pub fn export_rules(&self, signer: &str, rules: RuleSet) {
+        self.exported_rules
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(signer.to_owned(), rules);
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -626,11 +655,15 @@ struct PodReadLabels {
     result: String,
 }
 
+/// The rule sets whose counters the metrics export, by signer.
+type ExportedRules = std::sync::Arc<std::sync::Mutex<BTreeMap<String, RuleSet>>>;
+
 /// `podca_policy_rule_denials_total` and `podca_policy_rule_errors_total`, by signer and rule,
 /// `podca_policy_output_errors_total` by signer and output, and `podca_policy_pod_reads_total`
-/// by signer and result: read at each scrape from the counters the compiled rules keep (podca_signer::rules).
+/// by signer and result: read at each scrape from the counters of the rule sets registered
+/// with [`Metrics::export_policies`] (each rule set keeps its own; nothing is process-wide).
 #[derive(Debug)]
-struct PolicyRuleCollector;
+struct PolicyRuleCollector(ExportedRules);
 
 impl prometheus_client::collector::Collector for PolicyRuleCollector {
     fn encode(
@@ -638,73 +671,84 @@ impl prometheus_client::collector::Collector for PolicyRuleCollector {
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::MetricType;
         use prometheus_client::metrics::counter::ConstCounter;
-        let outputs = podca_signer::rules::output_counter_rows();
+        let counts: Vec<(String, RuleCounts)> = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(signer, rules)| (signer.clone(), rules.counts()))
+            .collect();
+        // One family per metric, its rows from every signer; a family with no row is left out.
+        let outputs: Vec<_> = counts
+            .iter()
+            .flat_map(|(signer, c)| c.outputs.iter().map(move |(o, n)| (signer, *o, *n)))
+            .collect();
         if !outputs.is_empty() {
             let mut family = encoder.encode_descriptor(
                 "policy_output_errors",
                 "Policy output evaluations that failed or gave an invalid value (and denied: \
                  outputs fail closed), by signer and output",
                 None,
-                prometheus_client::metrics::MetricType::Counter,
+                MetricType::Counter,
             )?;
-            for (signer, output, count) in &outputs {
+            for (signer, output, count) in outputs {
                 let labels = OutputLabels {
                     signer: signer.clone(),
-                    output: (*output).to_owned(),
+                    output: output.to_owned(),
                 };
-                let metric = family.encode_family(&labels)?;
-                ConstCounter::new(*count).encode(metric)?;
+                ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
             }
         }
-        let reads = podca_signer::rules::pod_read_rows();
+        let reads: Vec<_> = counts
+            .iter()
+            .flat_map(|(signer, c)| c.pod_reads.iter().map(move |(r, n)| (signer, *r, *n)))
+            .collect();
         if !reads.is_empty() {
             let mut family = encoder.encode_descriptor(
                 "policy_pod_reads",
                 "Reads of a request's pod for policy rules that read it (pod_facts), by signer \
                  and result (found, not_found, uid_mismatch, error): one API call each",
                 None,
-                prometheus_client::metrics::MetricType::Counter,
+                MetricType::Counter,
             )?;
-            for (signer, result, count) in &reads {
+            for (signer, result, count) in reads {
                 let labels = PodReadLabels {
                     signer: signer.clone(),
-                    result: (*result).to_owned(),
+                    result: result.to_owned(),
                 };
-                let metric = family.encode_family(&labels)?;
-                ConstCounter::new(*count).encode(metric)?;
+                ConstCounter::new(count).encode(family.encode_family(&labels)?)?;
             }
         }
-        let rows = podca_signer::rules::counter_rows();
-        if rows.is_empty() {
+        let rules: Vec<_> = counts
+            .iter()
+            .flat_map(|(signer, c)| c.rules.iter().map(move |r| (signer, r)))
+            .collect();
+        if rules.is_empty() {
             return Ok(());
         }
+        type Row<'a> = (&'a String, &'a (String, u64, u64));
         for (name, help, pick) in [
             (
                 "policy_rule_denials",
                 "Requests a policy rule denied, by signer and rule",
-                (|r: &podca_signer::rules::RuleCounterRow| r.2) as fn(&_) -> u64,
+                (|r: &Row<'_>| r.1.1) as fn(&Row<'_>) -> u64,
             ),
             (
                 "policy_rule_errors",
                 "Policy rule evaluations that failed (and denied: rules fail closed), by signer \
                  and rule",
-                |r| r.3,
+                |r| r.1.2,
             ),
         ] {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for row in &rows {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for row in &rules {
                 let labels = RuleLabels {
                     signer: row.0.clone(),
-                    rule: row.1.clone(),
+                    rule: row.1.0.clone(),
                 };
-                let metric = family.encode_family(&labels)?;
-                ConstCounter::new(pick(row)).encode(metric)?;
+                ConstCounter::new(pick(row)).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())
@@ -763,16 +807,13 @@ mod tests {
 
     #[test]
     fn policy_rule_counters_are_exported() {
-        let rules = podca_signer::rules::RuleSet::compile(
-            "example.com/metrics",
-            &[podca_signer::rules::RuleSpec {
-                name: "always".into(),
-                deny: Some("true".into()),
-                require: None,
-                reason: "Always".into(),
-                message: None,
-            }],
-        )
+        let rules = podca_signer::rules::RuleSet::compile(&[podca_signer::rules::RuleSpec {
+            name: "always".into(),
+            deny: Some("true".into()),
+            require: None,
+            reason: "Always".into(),
+            message: None,
+        }])
         .unwrap();
         let annotations = std::collections::BTreeMap::new();
         let facts = podca_signer::RuleFacts {
@@ -792,7 +833,10 @@ mod tests {
             now: 0,
         };
         assert!(rules.evaluate(&facts).is_err());
-        let text = Metrics::new().encode();
+        let metrics = Metrics::new();
+        assert!(!metrics.encode().contains("podca_policy_rule"));
+        metrics.export_rules("example.com/metrics", rules);
+        let text = metrics.encode();
         assert!(
             text.contains(
                 "podca_policy_rule_denials_total{signer=\"example.com/metrics\",rule=\"always\"} 1"
@@ -810,10 +854,21 @@ mod tests {
     #[test]
     fn policy_pod_reads_are_exported_by_signer_and_result() {
         use podca_signer::PodRead;
-        podca_signer::rules::count_pod_read("example.com/metrics-pods", PodRead::Found);
-        podca_signer::rules::count_pod_read("example.com/metrics-pods", PodRead::Found);
-        podca_signer::rules::count_pod_read("example.com/metrics-pods", PodRead::UidMismatch);
-        let text = Metrics::new().encode();
+        let policy: SignerPolicy = toml::from_str(
+            "trust_domain = \"a.test\"\npod_facts = true\n\
+             [[rules]]\nname = \"canary\"\nrequire = \"pod.labels['track'] == 'canary'\"\n\
+             reason = \"NotCanary\"",
+        )
+        .unwrap();
+        policy.validate().unwrap();
+        // A clone (as the controller and the gRPC API hold) counts into the same rule set.
+        let serving = policy.clone();
+        serving.count_pod_read(PodRead::Found);
+        serving.count_pod_read(PodRead::Found);
+        serving.count_pod_read(PodRead::UidMismatch);
+        let metrics = Metrics::new();
+        metrics.export_policies([(&"example.com/metrics-pods".to_string(), &policy)]);
+        let text = metrics.encode();
         for line in [
             "podca_policy_pod_reads_total{signer=\"example.com/metrics-pods\",result=\"found\"} 2",
             "podca_policy_pod_reads_total{signer=\"example.com/metrics-pods\",result=\"uid_mismatch\"} 1",
@@ -830,7 +885,6 @@ mod tests {
     #[test]
     fn policy_output_errors_are_exported() {
         let rules = podca_signer::rules::RuleSet::compile_with_outputs(
-            "example.com/metrics-outputs",
             &[],
             &podca_signer::rules::OutputSpec {
                 dns_names: None,
@@ -856,7 +910,9 @@ mod tests {
             now: 0,
         };
         assert!(rules.evaluate(&facts).is_err());
-        let text = Metrics::new().encode();
+        let metrics = Metrics::new();
+        metrics.export_rules("example.com/metrics-outputs", rules);
+        let text = metrics.encode();
         assert!(
             text.contains(
                 "podca_policy_output_errors_total{signer=\"example.com/metrics-outputs\",\

@@ -591,7 +591,7 @@ async fn sign(
         let pods = crate::grpc_auth::KubePodDirectory::new(ctx.client.clone());
         match read_pod_facts(
             &pods,
-            &source.signer_name,
+            (&source.signer_name, &policy),
             &source.namespace,
             &source.pod_name,
             &source.pod_uid,

@@ -14,7 +14,7 @@ use podca_authority::Clock;
 use podca_authority::config::DevIdentity;
 use podca_authority::metrics::{GrpcMetrics, ResultLabels};
 use podca_signer::names::ObjectName;
-use podca_signer::{PodMetadata, PodRead};
+use podca_signer::{PodMetadata, PodRead, SignerPolicy};
 
 /// The caller's Kubernetes identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -613,7 +613,7 @@ pub enum PodFactsError {
 /// request. Each read is counted (`podca_policy_pod_reads_total`).
 pub async fn read_pod_facts(
     pods: &dyn PodDirectory,
-    signer: &str,
+    (signer, policy): (&str, &SignerPolicy),
     namespace: &str,
     name: &str,
     uid: &str,
@@ -643,7 +643,7 @@ pub async fn read_pod_facts(
         ),
         Ok(Some(pod)) => (PodRead::Found, Ok(pod.metadata)),
     };
-    podca_signer::rules::count_pod_read(signer, result);
+    policy.count_pod_read(result);
     answer
 }
 

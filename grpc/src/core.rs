@@ -307,7 +307,15 @@ impl Api {
                 )),
             ));
         };
-        match read_pod_facts(pods.as_ref(), signer, &identity.namespace, name, uid).await {
+        match read_pod_facts(
+            pods.as_ref(),
+            (signer, policy),
+            &identity.namespace,
+            name,
+            uid,
+        )
+        .await
+        {
             Ok(pod) => Ok(Some(pod)),
             Err(PodFactsError::Gone(message)) => Err(ApiError::Denied {
                 reason: podca_signer::DenyReason::PodNotFound,

@@ -226,10 +226,10 @@ fn main() {
     let mut plain = SignerPolicy::permissive("cluster.local");
     plain.dns_name_templates = vec!["{pod}.{ns}.svc".into()];
     plain.allowed_dns_names = vec!["*.{ns}.svc".into()];
-    plain.validate_for(SIGNER).unwrap();
+    plain.validate().unwrap();
     let mut ruled = plain.clone();
     ruled.rules = ten_rules();
-    ruled.validate_for(SIGNER).unwrap();
+    ruled.validate().unwrap();
     let plain: &'static SignerPolicy = Box::leak(Box::new(plain));
     let ruled: &'static SignerPolicy = Box::leak(Box::new(ruled));
     let mut output = SignerPolicy::permissive("cluster.local");
@@ -238,7 +238,7 @@ fn main() {
         dns_names: Some(DNS_OUTPUT.into()),
         max_lifetime_seconds: None,
     };
-    output.validate_for(SIGNER).unwrap();
+    output.validate().unwrap();
     let output: &'static SignerPolicy = Box::leak(Box::new(output));
 
     let stub = GeneratedKey::generate(KeyType::EcdsaP256)

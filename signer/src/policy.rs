@@ -58,7 +58,7 @@ pub struct SignerPolicy {
     /// rules read them costs one GET of its pod (RBAC `pods get`). Off by default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pod_facts: bool,
-    /// `rules` and `outputs`, compiled once (at [`Self::validate_for`] or at first use) and shared by clones.
+    /// `rules` and `outputs`, compiled once (at [`Self::validate`] or at first use) and shared by clones.
     #[serde(skip)]
     compiled: CompiledRules,
 }
@@ -176,10 +176,11 @@ impl SignerPolicy {
         }
     }
 
-    /// [`Self::validate`] for the signer named `signer`, which names its rule metrics.
-    pub fn validate_for(&self, signer: &str) -> Result<(), PolicyError> {
+    /// Checks the policy for mistakes that would make every request fail, and compiles its
+    /// rules.
+    pub fn validate(&self) -> Result<(), PolicyError> {
         self.validate_fields()?;
-        let rules = self.rule_set_for(signer).map_err(PolicyError::Rule)?;
+        let rules = self.rule_set().map_err(PolicyError::Rule)?;
         match rules.pod_reader() {
             Some(reader) if !self.pod_facts => {
                 let what = if reader.starts_with("outputs.") {
@@ -193,23 +194,17 @@ impl SignerPolicy {
         }
     }
 
-    /// Checks the policy for mistakes that would make every request fail, and compiles its
-    /// rules.
-    pub fn validate(&self) -> Result<(), PolicyError> {
-        self.validate_for("")
-    }
-
     /// Whether the signer has CEL rules or outputs.
     pub fn has_rules(&self) -> bool {
         !self.rules.is_empty() || !self.outputs.is_empty()
     }
 
-    /// The compiled rules; compiled at the first call (for `signer`) and shared by clones.
-    fn rule_set_for(&self, signer: &str) -> Result<RuleSet, RuleError> {
+    /// The compiled rules; compiled at the first call and shared by clones.
+    fn rule_set(&self) -> Result<RuleSet, RuleError> {
         if !self.has_rules() {
             return Ok(RuleSet::default());
         }
-        let compile = || RuleSet::compile_with_outputs(signer, &self.rules, &self.outputs);
+        let compile = || RuleSet::compile_with_outputs(&self.rules, &self.outputs);
         let ((specs, outputs), compiled) = self
             .compiled
             .0
@@ -222,19 +217,32 @@ impl SignerPolicy {
         }
     }
 
+    /// Counts one read of a request's pod for these rules (`podca_policy_pod_reads_total`).
+    pub fn count_pod_read(&self, result: crate::rules::PodRead) {
+        if let Ok(rules) = self.rule_set() {
+            rules.count_pod_read(result);
+        }
+    }
+
+    /// The compiled rules and outputs (shared with every clone, counters included); `None`
+    /// without any, or when they do not compile.
+    pub fn compiled_rules(&self) -> Option<RuleSet> {
+        if !self.has_rules() {
+            return None;
+        }
+        self.rule_set().ok()
+    }
+
     /// Whether some rule reads `namespaceObject.metadata.labels`: podca then watches namespaces.
     pub fn rules_use_namespace_labels(&self) -> bool {
-        self.rule_set_for("")
+        self.rule_set()
             .is_ok_and(|rules| rules.uses_namespace_labels())
     }
 
     /// Whether requests need a read of their pod: `pod_facts` is on and some rule or output
     /// reads `pod.labels` or `pod.annotations`.
     pub fn rules_use_pod_facts(&self) -> bool {
-        self.pod_facts
-            && self
-                .rule_set_for("")
-                .is_ok_and(|rules| rules.uses_pod_facts())
+        self.pod_facts && self.rule_set().is_ok_and(|rules| rules.uses_pod_facts())
     }
 
     /// Whether a request of `ns`/`sa` needs a read of its pod: the rules read it
@@ -253,14 +261,12 @@ impl SignerPolicy {
 
     /// [`Self::apply_rules`], and what the outputs computed (DNS names, a lifetime cap).
     pub fn apply_rules_with_outputs(&self, facts: &RuleFacts<'_>) -> Result<RuleOutputs, Decision> {
-        let rules = self
-            .rule_set_for(facts.signer_name)
-            .map_err(|e| Decision::Deny {
-                reason: DenyReason::Rule(crate::rules::intern_reason("PolicyRulesInvalid")),
-                message: format!("this signer's policy rules do not compile: {e}"),
-            })?;
+        let rules = self.rule_set().map_err(|e| Decision::Deny {
+            reason: DenyReason::Rule(crate::rules::intern_reason("PolicyRulesInvalid")),
+            message: format!("this signer's policy rules do not compile: {e}"),
+        })?;
         if rules.uses_pod_facts() && !self.pod_facts {
-            // validate_for refuses this at load; a policy built in code is refused here.
+            // validate refuses this at load; a policy built in code is refused here.
             return Err(Decision::Deny {
                 reason: DenyReason::Rule(crate::rules::intern_reason("PolicyRulesInvalid")),
                 message: "this signer's rules read the pod, but pod_facts is off".into(),
@@ -780,7 +786,7 @@ mod tests {
         )
         .unwrap();
         assert!(!policy.pod_facts, "off by default");
-        let err = policy.validate_for("example.com/pods").unwrap_err();
+        let err = policy.validate().unwrap_err();
         assert_eq!(
             err,
             PolicyError::PodFactsNotEnabled("rule \"canary_only\"".into())
@@ -823,7 +829,7 @@ mod tests {
             pod_facts: true,
             ..policy.clone()
         };
-        assert_eq!(enabled.validate_for("example.com/pods"), Ok(()));
+        assert_eq!(enabled.validate(), Ok(()));
         assert!(enabled.rules_use_pod_facts());
         let canary = crate::PodMetadata {
             labels: BTreeMap::from([("track".to_string(), "canary".to_string())]),

@@ -35,7 +35,7 @@
 //! name that is not a lowercase RFC 1123 name, more than [`MAX_OUTPUT_DNS_NAMES`] names, a cap
 //! below [`MIN_CERTIFICATE_LIFETIME_SECONDS`] for certificates or below 1 s for JWT-SVIDs, a
 //! runtime error) denies with `PolicyOutputInvalid:<output>` and is counted
-//! ([`output_counter_rows`]).
+//! ([`RuleSet::counts`]).
 //!
 //! Besides CEL's standard functions, expressions may call the strings extension of the `cel`
 //! crate (cel-go's `ext.Strings()`): `split`, `join`, `lowerAscii`, `upperAscii`, `trim`,
@@ -218,34 +218,6 @@ impl PodRead {
     }
 }
 
-type PodReadRegistry = Mutex<BTreeMap<(String, &'static str), u64>>;
-
-fn pod_read_registry() -> &'static PodReadRegistry {
-    static REGISTRY: OnceLock<PodReadRegistry> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
-
-/// Counts one read of a pod for `signer`'s rules (every path counts here).
-pub fn count_pod_read(signer: &str, result: PodRead) {
-    let mut reads = pod_read_registry()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    *reads
-        .entry((signer.to_owned(), result.as_str()))
-        .or_default() += 1;
-}
-
-/// Every pod read for the rules in this process (`podca_policy_pod_reads_total`): signer,
-/// result, count.
-pub fn pod_read_rows() -> Vec<(String, &'static str, u64)> {
-    pod_read_registry()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .map(|((signer, result), n)| (signer.clone(), *result, *n))
-        .collect()
-}
-
 /// A rule set that cannot be loaded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}{}: {message}", if is_output_field(field) { String::from("outputs.") + field } else { format!("rule {rule:?}") }, position.map(|(l, c)| if is_output_field(field) { format!(" at {l}:{c}") } else { format!(" at {field} {l}:{c}") }).unwrap_or_else(|| if field.is_empty() || is_output_field(field) { String::new() } else { format!(" ({field})") }))]
@@ -282,72 +254,17 @@ pub struct RuleCounters {
     pub errors: AtomicU64,
 }
 
-/// One metrics row: signer, rule, denials, errors.
-pub type RuleCounterRow = (String, String, u64, u64);
-
-/// (signer, rule) → counters, for the whole process.
-type CounterRegistry = Mutex<BTreeMap<(String, String), Arc<RuleCounters>>>;
-
-fn counter_registry() -> &'static CounterRegistry {
-    static REGISTRY: OnceLock<CounterRegistry> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
-
-fn counters_for(signer: &str, rule: &str) -> Arc<RuleCounters> {
-    let mut registry = counter_registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    Arc::clone(
-        registry
-            .entry((signer.to_owned(), rule.to_owned()))
-            .or_default(),
-    )
-}
-
-/// Every rule's counters in this process: `podca_policy_rule_denials_total` and
-/// `podca_policy_rule_errors_total`, by signer and rule.
-pub fn counter_rows() -> Vec<RuleCounterRow> {
-    let registry = counter_registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    registry
-        .iter()
-        .map(|((signer, rule), c)| {
-            (
-                signer.clone(),
-                rule.clone(),
-                c.denials.load(Ordering::Relaxed),
-                c.errors.load(Ordering::Relaxed),
-            )
-        })
-        .collect()
-}
-
-/// (signer, output) → failed evaluations (errors and invalid values), for the whole process.
-type OutputCounterRegistry = Mutex<BTreeMap<(String, &'static str), Arc<AtomicU64>>>;
-
-fn output_counter_registry() -> &'static OutputCounterRegistry {
-    static REGISTRY: OnceLock<OutputCounterRegistry> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
-
-fn output_counter_for(signer: &str, output: &'static str) -> Arc<AtomicU64> {
-    let mut registry = output_counter_registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    Arc::clone(registry.entry((signer.to_owned(), output)).or_default())
-}
-
-/// Every output's failures in this process (`podca_policy_output_errors_total`): signer,
-/// output (`dns_names`, `max_lifetime_seconds`), count.
-pub fn output_counter_rows() -> Vec<(String, &'static str, u64)> {
-    let registry = output_counter_registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    registry
-        .iter()
-        .map(|((signer, output), c)| (signer.clone(), *output, c.load(Ordering::Relaxed)))
-        .collect()
+/// What a rule set counted, for the metrics the runtime exports (`authority::metrics`): each
+/// rule's denials and errors, each output's failures, and the reads of requests' pods. The
+/// counters live in the [`RuleSet`] (shared by every clone of its policy), not in the process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    /// Rule name, denials, errors.
+    pub rules: Vec<(String, u64, u64)>,
+    /// Output name (`dns_names`, `max_lifetime_seconds`), failed evaluations.
+    pub outputs: Vec<(&'static str, u64)>,
+    /// Pod read result ([`PodRead::as_str`]), reads.
+    pub pod_reads: Vec<(&'static str, u64)>,
 }
 
 /// Interns a condition reason: reasons come from the config and live as long as the process
@@ -423,6 +340,8 @@ pub struct RuleSet {
     uses_namespace_labels: bool,
     /// The first rule (or `outputs.<name>`) that reads `pod`, if any.
     pod_reader: Option<String>,
+    /// Reads of requests' pods, by [`PodRead`] (its discriminant).
+    pod_reads: Arc<[AtomicU64; PodRead::ALL.len()]>,
 }
 
 fn env() -> &'static Arc<Env> {
@@ -441,14 +360,13 @@ fn env() -> &'static Arc<Env> {
 }
 
 impl RuleSet {
-    /// Compiles `specs` for `signer` (the signer names the metrics).
-    pub fn compile(signer: &str, specs: &[RuleSpec]) -> Result<RuleSet, RuleError> {
-        Self::compile_with_outputs(signer, specs, &OutputSpec::default())
+    /// Compiles `specs`.
+    pub fn compile(specs: &[RuleSpec]) -> Result<RuleSet, RuleError> {
+        Self::compile_with_outputs(specs, &OutputSpec::default())
     }
 
-    /// Compiles `specs` and `outputs` for `signer`.
+    /// Compiles `specs` and `outputs`.
     pub fn compile_with_outputs(
-        signer: &str,
         specs: &[RuleSpec],
         outputs: &OutputSpec,
     ) -> Result<RuleSet, RuleError> {
@@ -526,7 +444,7 @@ impl RuleSet {
                 reason: intern_reason(&spec.reason),
                 error_reason: intern_reason(&format!("PolicyRuleFailed:{}", spec.name)),
                 message,
-                counters: counters_for(signer, &spec.name),
+                counters: Arc::default(),
                 memo: Memo::default(),
             });
         }
@@ -548,7 +466,7 @@ impl RuleSet {
                 name,
                 program: checked.program,
                 reason: intern_reason(&format!("PolicyOutputInvalid:{name}")),
-                errors: output_counter_for(signer, name),
+                errors: Arc::default(),
             }))
         };
         let compiled_outputs = CompiledOutputs {
@@ -568,7 +486,41 @@ impl RuleSet {
             outputs: Arc::new(compiled_outputs),
             uses_namespace_labels,
             pod_reader,
+            pod_reads: Arc::default(),
         })
+    }
+
+    /// Counts one read of a request's pod for these rules (`podca_policy_pod_reads_total`).
+    pub fn count_pod_read(&self, result: PodRead) {
+        self.pod_reads[result as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What these rules counted so far.
+    pub fn counts(&self) -> RuleCounts {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        RuleCounts {
+            rules: self
+                .rules
+                .iter()
+                .map(|r| {
+                    (
+                        r.name.clone(),
+                        load(&r.counters.denials),
+                        load(&r.counters.errors),
+                    )
+                })
+                .collect(),
+            outputs: [&self.outputs.dns_names, &self.outputs.max_lifetime_seconds]
+                .into_iter()
+                .flatten()
+                .map(|o| (o.name, load(&o.errors)))
+                .collect(),
+            pod_reads: PodRead::ALL
+                .iter()
+                .map(|&r| (r.as_str(), load(&self.pod_reads[r as usize])))
+                .filter(|&(_, n)| n > 0)
+                .collect(),
+        }
     }
 
     /// Whether there are neither rules nor outputs.
@@ -1569,7 +1521,7 @@ mod tests {
     }
 
     fn compile_err(specs: &[RuleSpec]) -> RuleError {
-        RuleSet::compile("example.com/s", specs).expect_err("must not compile")
+        RuleSet::compile(specs).expect_err("must not compile")
     }
 
     fn facts<'a>(
@@ -1678,13 +1630,13 @@ mod tests {
         // `request.annotations` values are strings, so `[...][0]` infers dyn: the sample decides.
         let e = compile_err(&[spec("dyn_int", "[1, 'a'][0]")]).to_string();
         assert!(e.contains("gives int, want bool"), "{e}");
-        assert!(RuleSet::compile("s", &[spec("dyn_bool", "[true, 'a'][0]")]).is_ok());
+        assert!(RuleSet::compile(&[spec("dyn_bool", "[true, 'a'][0]")]).is_ok());
     }
 
     #[test]
     fn cost_and_size_limits() {
         let one = "request.annotations.exists(k, k.startsWith('x'))";
-        assert!(RuleSet::compile("s", &[spec("one", one)]).is_ok());
+        assert!(RuleSet::compile(&[spec("one", one)]).is_ok());
         let nested = "request.annotations.exists(k, request.annotations.exists(j, \
                       request.annotations.exists(i, i == j && j == k)))";
         let e = compile_err(&[spec("nested", nested)]).to_string();
@@ -1714,13 +1666,9 @@ mod tests {
 
     #[test]
     fn runtime_errors_fail_closed_and_are_counted() {
-        let rules = RuleSet::compile(
-            "example.com/fail-closed",
-            &[spec("missing_key", "request.annotations['team'] == 'x'")],
-        )
-        .expect("compiles");
+        let rules = RuleSet::compile(&[spec("missing_key", "request.annotations['team'] == 'x'")])
+            .expect("compiles");
         let empty = BTreeMap::new();
-        let before = counter_rows();
         let denial = rules
             .evaluate(&facts(&empty, &[], None))
             .expect_err("an evaluation error denies");
@@ -1732,14 +1680,8 @@ mod tests {
             "{}",
             denial.message
         );
-        let row = |rows: &[RuleCounterRow]| {
-            rows.iter()
-                .find(|r| r.0 == "example.com/fail-closed" && r.1 == "missing_key")
-                .map(|r| (r.2, r.3))
-                .unwrap_or((0, 0))
-        };
-        let (d0, e0) = row(&before);
-        assert_eq!(row(&counter_rows()), (d0, e0 + 1));
+        // Counted by the rule set itself: one error, no denial.
+        assert_eq!(rules.counts().rules, [("missing_key".to_string(), 0, 1)]);
         // Too many entries: denied before any rule runs.
         let big: BTreeMap<String, String> = (0..=MAX_COLLECTION_ENTRIES)
             .map(|i| (format!("k{i}"), String::new()))
@@ -1758,18 +1700,15 @@ mod tests {
 
     #[test]
     fn decisions_are_remembered_by_the_facts_each_evaluation_read() {
-        let rules = RuleSet::compile(
-            "example.com/memo",
-            &[
-                spec("by_namespace", "request.namespace == 'kube-system'"),
-                // Reads the UID only for gRPC requests.
-                spec(
-                    "bound_tokens_only",
-                    "request.source == 'grpc' && request.pod.uid == ''",
-                ),
-                spec("by_clock", "now < 0"),
-            ],
-        )
+        let rules = RuleSet::compile(&[
+            spec("by_namespace", "request.namespace == 'kube-system'"),
+            // Reads the UID only for gRPC requests.
+            spec(
+                "bound_tokens_only",
+                "request.source == 'grpc' && request.pod.uid == ''",
+            ),
+            spec("by_clock", "now < 0"),
+        ])
         .expect("compiles");
         let empty = BTreeMap::new();
         let pod = |name: &'static str, uid: &'static str| RuleFacts {
@@ -1828,18 +1767,10 @@ mod tests {
 
     #[test]
     fn errors_are_not_remembered_and_are_counted_each_time() {
-        let rules = RuleSet::compile(
-            "example.com/memo-errors",
-            &[spec("missing_key", "request.annotations['team'] == 'x'")],
-        )
-        .expect("compiles");
+        let rules = RuleSet::compile(&[spec("missing_key", "request.annotations['team'] == 'x'")])
+            .expect("compiles");
         let empty = BTreeMap::new();
-        let errors = || {
-            counter_rows()
-                .into_iter()
-                .find(|r| r.0 == "example.com/memo-errors")
-                .map_or(0, |r| r.3)
-        };
+        let errors = || rules.counts().rules[0].2;
         let before = errors();
         for _ in 0..3 {
             let denial = rules
@@ -1853,13 +1784,10 @@ mod tests {
 
     #[test]
     fn remembered_decisions_are_bounded() {
-        let rules = RuleSet::compile(
-            "example.com/memo-bounds",
-            &[
-                spec("by_namespace", "request.namespace == 'kube-system'"),
-                spec("by_annotations", "size(request.annotations) > 8"),
-            ],
-        )
+        let rules = RuleSet::compile(&[
+            spec("by_namespace", "request.namespace == 'kube-system'"),
+            spec("by_annotations", "size(request.annotations) > 8"),
+        ])
         .expect("compiles");
         let empty = BTreeMap::new();
         let mut most = 0;
@@ -1938,7 +1866,7 @@ mod tests {
             ),
             spec("whole_pod", "pod == {'labels': {}, 'annotations': {}}"),
         ];
-        let shared = RuleSet::compile("example.com/memo-equal", &specs).expect("compiles");
+        let shared = RuleSet::compile(&specs).expect("compiles");
         let maps: Vec<BTreeMap<String, String>> = vec![
             BTreeMap::new(),
             [("tier".to_string(), "a".to_string())].into(),
@@ -1975,9 +1903,7 @@ mod tests {
                                             now,
                                             ..facts(annotations, audiences, None)
                                         };
-                                        let fresh =
-                                            RuleSet::compile("example.com/memo-equal", &specs)
-                                                .expect("compiles");
+                                        let fresh = RuleSet::compile(&specs).expect("compiles");
                                         let want = fresh.evaluate(&f).map_err(|d| d.rule);
                                         // Twice: once evaluated or remembered, once remembered.
                                         assert_eq!(shared.evaluate(&f).map_err(|d| d.rule), want);
@@ -2040,8 +1966,8 @@ mod tests {
                         reason: "TableDenied".into(),
                         message: Some("'no: ' + request.namespace".into()),
                     };
-                    let rules = RuleSet::compile("example.com/table", &[rule])
-                        .unwrap_or_else(|err| panic!("{e}: {err}"));
+                    let rules =
+                        RuleSet::compile(&[rule]).unwrap_or_else(|err| panic!("{e}: {err}"));
                     let got = rules.evaluate(&RuleFacts {
                         pod: Some(&pod),
                         ..facts(&annotations, &audiences, Some(&labels))
@@ -2068,9 +1994,7 @@ mod tests {
             requested_lifetime_seconds: None,
             ..facts(&empty, &audiences, None)
         };
-        let rules = RuleSet::compile(
-            "example.com/table",
-            &[spec(
+        let rules = RuleSet::compile(&[spec(
                 "jwt_facts",
                 "request.source == 'jwt' && request.pod.name == '' && request.key_type == '' \
                  && request.requested_lifetime_seconds == 0 && size(namespaceObject.metadata.labels) == 0 \
@@ -2149,8 +2073,7 @@ mod tests {
                 false,
             ),
         ] {
-            let rules = RuleSet::compile_with_outputs("example.com/pod-uses", &specs, &outputs)
-                .expect("compiles");
+            let rules = RuleSet::compile_with_outputs(&specs, &outputs).expect("compiles");
             assert_eq!(
                 (rules.uses_pod_facts(), rules.uses_namespace_labels()),
                 (pod, ns),
@@ -2158,7 +2081,6 @@ mod tests {
             );
         }
         let rules = RuleSet::compile_with_outputs(
-            "example.com/pod-uses",
             &[],
             &OutputSpec {
                 dns_names: Some("[pod.labels.app + '.svc']".into()),
@@ -2168,8 +2090,7 @@ mod tests {
         .expect("compiles");
         assert_eq!(rules.pod_reader(), Some("outputs.dns_names"));
         // More labels than rules accept: fail closed, whatever the rule says.
-        let rules =
-            RuleSet::compile("example.com/pod-big", &[spec("never", "false")]).expect("compiles");
+        let rules = RuleSet::compile(&[spec("never", "false")]).expect("compiles");
         let big = PodMetadata {
             labels: (0..=MAX_COLLECTION_ENTRIES)
                 .map(|i| (format!("k{i}"), String::new()))
@@ -2193,11 +2114,8 @@ mod tests {
 
     #[test]
     fn remembered_decisions_follow_the_pods_labels() {
-        let rules = RuleSet::compile(
-            "example.com/memo-pod",
-            &[spec("canary", "pod.labels['track'] == 'canary'")],
-        )
-        .expect("compiles");
+        let rules = RuleSet::compile(&[spec("canary", "pod.labels['track'] == 'canary'")])
+            .expect("compiles");
         let empty = BTreeMap::new();
         let with = |track: &str| PodMetadata {
             labels: BTreeMap::from([("track".to_string(), track.to_string())]),
@@ -2219,20 +2137,17 @@ mod tests {
     #[test]
     fn first_denying_rule_decides_and_default_message_names_it() {
         let empty = BTreeMap::new();
-        let rules = RuleSet::compile(
-            "example.com/order",
-            &[
-                spec("passes", "false"),
-                RuleSpec {
-                    reason: "FirstReason".into(),
-                    ..spec("first", "request.namespace == 'shop'")
-                },
-                RuleSpec {
-                    reason: "SecondReason".into(),
-                    ..spec("second", "true")
-                },
-            ],
-        )
+        let rules = RuleSet::compile(&[
+            spec("passes", "false"),
+            RuleSpec {
+                reason: "FirstReason".into(),
+                ..spec("first", "request.namespace == 'shop'")
+            },
+            RuleSpec {
+                reason: "SecondReason".into(),
+                ..spec("second", "true")
+            },
+        ])
         .expect("compiles");
         assert!(!rules.uses_namespace_labels());
         let d = rules
@@ -2262,7 +2177,7 @@ mod tests {
             "type(1) == int",
         ] {
             let rules =
-                RuleSet::compile("s", &[spec("f", expr)]).unwrap_or_else(|e| panic!("{expr}: {e}"));
+                RuleSet::compile(&[spec("f", expr)]).unwrap_or_else(|e| panic!("{expr}: {e}"));
             assert!(
                 rules
                     .evaluate(&facts(&empty, &[], None))
@@ -2272,9 +2187,8 @@ mod tests {
         }
     }
 
-    fn with_outputs(signer: &str, dns_names: Option<&str>, cap: Option<&str>) -> RuleSet {
+    fn with_outputs(dns_names: Option<&str>, cap: Option<&str>) -> RuleSet {
         RuleSet::compile_with_outputs(
-            signer,
             &[spec("ok", "false")],
             &OutputSpec {
                 dns_names: dns_names.map(Into::into),
@@ -2295,7 +2209,6 @@ mod tests {
     #[test]
     fn outputs_give_the_dns_names_and_cap_the_lifetime() {
         let rules = with_outputs(
-            "example.com/outputs",
             Some(DNS_OUTPUT),
             Some("request.namespace == 'shop' ? 7200 : 86400"),
         );
@@ -2317,12 +2230,12 @@ mod tests {
         // Without outputs nothing is computed; without the annotation only the pod's name.
         let empty = BTreeMap::new();
         assert_eq!(
-            RuleSet::compile("s", &[spec("ok", "false")])
+            RuleSet::compile(&[spec("ok", "false")])
                 .unwrap()
                 .decide(&facts(&empty, &[], None)),
             Ok(RuleOutputs::default())
         );
-        let only_cap = with_outputs("s", None, Some("3600"));
+        let only_cap = with_outputs(None, Some("3600"));
         assert_eq!(
             only_cap.decide(&facts(&empty, &[], None)),
             Ok(RuleOutputs {
@@ -2330,7 +2243,7 @@ mod tests {
                 max_lifetime_seconds: Some(3600)
             })
         );
-        let only_dns = with_outputs("s", Some(DNS_OUTPUT), None);
+        let only_dns = with_outputs(Some(DNS_OUTPUT), None);
         assert_eq!(
             only_dns
                 .decide(&facts(&empty, &[], None))
@@ -2339,7 +2252,6 @@ mod tests {
         );
         // A rule that denies decides before the outputs run.
         let denying = RuleSet::compile_with_outputs(
-            "s",
             &[spec("no", "true")],
             &OutputSpec {
                 // Would fail (no such annotation), but the denying rule decides first.
@@ -2355,7 +2267,7 @@ mod tests {
             Err("no".to_string())
         );
         // JWT-SVIDs take caps below an hour; certificates do not.
-        let short = with_outputs("s", None, Some("300"));
+        let short = with_outputs(None, Some("300"));
         let jwt = RuleFacts {
             source: RequestSource::Jwt,
             ..facts(&empty, &[], None)
@@ -2368,7 +2280,6 @@ mod tests {
 
     #[test]
     fn bad_outputs_deny_with_a_precise_reason_and_are_counted() {
-        let signer = "example.com/bad-outputs";
         let annotations =
             |v: &str| BTreeMap::from([("podca.dev/dns-names".to_string(), v.to_string())]);
         let from_annotation = "request.annotations['podca.dev/dns-names'].split(',')";
@@ -2382,11 +2293,13 @@ mod tests {
             .map(|i| format!("n{i}.shop,n{i}.shop"))
             .collect::<Vec<_>>()
             .join(",");
-        let errors = |output: &str| {
-            output_counter_rows()
+        let errors = |rules: &RuleSet, output: &str| {
+            rules
+                .counts()
+                .outputs
                 .into_iter()
-                .find(|r| r.0 == signer && r.1 == output)
-                .map_or(0, |r| r.2)
+                .find(|r| r.0 == output)
+                .map_or(0, |r| r.1)
         };
         for (dns_names, max_lifetime, annotation, source, reason, want) in [
             (
@@ -2502,13 +2415,13 @@ mod tests {
                 "gave string, not an int",
             ),
         ] {
-            let rules = with_outputs(signer, dns_names, max_lifetime);
+            let rules = with_outputs(dns_names, max_lifetime);
             let output = if dns_names.is_some() {
                 "dns_names"
             } else {
                 "max_lifetime_seconds"
             };
-            let before = errors(output);
+            let before = errors(&rules, output);
             let a = annotations(annotation);
             let d = rules
                 .decide(&RuleFacts {
@@ -2523,10 +2436,10 @@ mod tests {
                 "{:?} should contain {want:?}",
                 d.message
             );
-            assert_eq!(errors(output), before + 1, "{want}: counted");
+            assert_eq!(errors(&rules, output), before + 1, "{want}: counted");
         }
         // Duplicates are dropped before the count.
-        let rules = with_outputs(signer, Some(from_annotation), None);
+        let rules = with_outputs(Some(from_annotation), None);
         let a = annotations(&sixteen_twice);
         assert_eq!(
             rules
@@ -2539,7 +2452,6 @@ mod tests {
             .map(|i| (format!("k{i}"), String::new()))
             .collect();
         let only_cap = RuleSet::compile_with_outputs(
-            signer,
             &[],
             &OutputSpec {
                 dns_names: None,
@@ -2558,7 +2470,6 @@ mod tests {
     fn output_compile_errors_name_the_output_and_the_position() {
         let compile = |dns_names: Option<&str>, cap: Option<&str>| {
             RuleSet::compile_with_outputs(
-                "s",
                 &[],
                 &OutputSpec {
                     dns_names: dns_names.map(Into::into),
@@ -2619,7 +2530,6 @@ mod tests {
         // A list the inference cannot type is accepted and checked at evaluation.
         assert!(
             RuleSet::compile_with_outputs(
-                "s",
                 &[],
                 &OutputSpec {
                     dns_names: Some("[]".into()),
@@ -2650,7 +2560,7 @@ mod tests {
             "request.namespace.split('o').size() == 2",
         ] {
             let rules =
-                RuleSet::compile("s", &[spec("f", expr)]).unwrap_or_else(|e| panic!("{expr}: {e}"));
+                RuleSet::compile(&[spec("f", expr)]).unwrap_or_else(|e| panic!("{expr}: {e}"));
             assert!(
                 rules
                     .evaluate(&facts(&empty, &[], None))

@@ -297,7 +297,7 @@ fn cel_outputs_give_the_leafs_dns_names_and_cap_its_lifetime() {
         ),
         max_lifetime_seconds: Some("request.service_account == 'web' ? 7200 : 3599".into()),
     };
-    policy.validate_for("example.com/outputs").unwrap();
+    policy.validate().unwrap();
     let key = podca_signer::keys::GeneratedKey::generate(KeyType::EcdsaP256).unwrap();
     let request = |sa: &str, names: &str| CertificateRequest {
         key: Ok(key.public.clone()),
@@ -363,14 +363,14 @@ fn cel_outputs_give_the_leafs_dns_names_and_cap_its_lifetime() {
     let mut both = policy.clone();
     both.allowed_dns_names = vec!["*".into()];
     assert_eq!(
-        both.validate_for("example.com/outputs"),
+        both.validate(),
         Err(PolicyError::DnsNamesOutputWithAllowLists)
     );
     let toml_policy: SignerPolicy = toml::from_str(
         "trust_domain = \"t.example\"\n[outputs]\nmax_lifetime_seconds = \"'long'\"\n",
     )
     .unwrap();
-    let e = toml_policy.validate_for("s").unwrap_err().to_string();
+    let e = toml_policy.validate().unwrap_err().to_string();
     assert_eq!(
         e,
         "invalid signer policy: outputs.max_lifetime_seconds at 1:1: gives string, want int"

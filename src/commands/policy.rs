@@ -265,7 +265,7 @@ fn lint(path: &Path, output: OutputFormat) -> ExitCode {
                 signers += 1;
                 rules += policy.rules.len();
                 errors.extend(
-                    lint::signer_errors(name, policy)
+                    lint::signer_errors(policy)
                         .into_iter()
                         .map(|e| format!("signer {name:?}: {e}")),
                 );

@@ -163,7 +163,7 @@ async fn same_answer_as_the_controller(mode: ApiMode, version: &'static str) {
     let dir = tempfile::tempdir().unwrap();
     let config = write(dir.path(), "podca.toml", &config_text(SIGNER, POLICY));
     let policy: SignerPolicy = toml::from_str(POLICY).unwrap();
-    policy.validate_for(SIGNER).unwrap();
+    policy.validate().unwrap();
 
     let c = Cluster::start(mode, &[SIGNER]).await;
     let client = podca_controller::connect(Some(&c.kubeconfig))

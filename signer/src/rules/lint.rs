@@ -7,15 +7,15 @@ use cel::common::ast::{EntryExpr, Expr, IdedExpr};
 use super::{RuleSet, RuleSpec, line_column};
 use crate::SignerPolicy;
 
-/// Every error of one signer's policy: the loader's ([`SignerPolicy::validate_for`], which stops
+/// Every error of one signer's policy: the loader's ([`SignerPolicy::validate`], which stops
 /// at the first) and, each rule compiled on its own, every rule that does not compile.
-pub fn signer_errors(name: &str, policy: &SignerPolicy) -> Vec<String> {
+pub fn signer_errors(policy: &SignerPolicy) -> Vec<String> {
     let mut errors: Vec<String> = policy
         .rules
         .iter()
         .enumerate()
         .filter_map(|(i, rule)| {
-            RuleSet::compile(name, std::slice::from_ref(rule))
+            RuleSet::compile(std::slice::from_ref(rule))
                 .err()
                 .map(|mut e| {
                     if e.rule.starts_with('#') {
@@ -25,7 +25,7 @@ pub fn signer_errors(name: &str, policy: &SignerPolicy) -> Vec<String> {
                 })
         })
         .collect();
-    if let Err(e) = policy.validate_for(name) {
+    if let Err(e) = policy.validate() {
         let text = match e {
             crate::policy::PolicyError::Rule(r) => r.to_string(),
             other => other.to_string(),
@@ -192,7 +192,7 @@ mod tests {
             rule("a", "request.nope +"),
             rule("b", "request.namespace == 'x'"),
         ];
-        let errors = signer_errors("example.org/s", &policy);
+        let errors = signer_errors(&policy);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].contains("\"a\""), "{errors:?}");
     }
