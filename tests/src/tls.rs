@@ -177,3 +177,19 @@ pub fn handshake_in_memory(
     }
     Ok(())
 }
+
+/// Why a handshake's client refused the server's certificate: the rustls certificate error
+/// inside `result`'s I/O error. Panics when the handshake succeeded or failed otherwise (a
+/// refused connection is not a refused certificate).
+pub fn refused_certificate<T: std::fmt::Debug>(
+    result: std::io::Result<T>,
+) -> rustls::CertificateError {
+    let error = result.expect_err("the client must refuse the server's certificate");
+    match error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(why)) => why.clone(),
+        _ => panic!("not a certificate refusal: {error:?}"),
+    }
+}

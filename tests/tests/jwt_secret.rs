@@ -347,7 +347,11 @@ async fn a_secret_ca_serve_signs_jwt_svids_and_rotates_its_keys_in_their_secret(
     assert_eq!(&kid, a);
     let claims = verify(&token, &jwks, "sts.amazonaws.com").unwrap();
     assert_eq!(claims["sub"], "spiffe://cluster.local/ns/apps/sa/web");
-    assert!(verify(&token, &jwks, "vault").is_err(), "another audience");
+    assert_eq!(
+        verify(&token, &jwks, "vault").unwrap_err(),
+        "InvalidAudience",
+        "another audience"
+    );
     let cm = w
         .cluster
         .emu

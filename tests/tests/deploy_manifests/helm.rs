@@ -421,8 +421,14 @@ fn helm_renders_rules_and_grants_namespaces_only_when_a_rule_reads_their_labels(
         "the ClusterRole has the namespaces rule"
     );
     // The schema refuses a reason Kubernetes would refuse.
+    let refused = helm_with_values(&rules("true").replace("reason: Gated", "reason: not-a-reason"))
+        .expect_err("a reason Kubernetes refuses");
     assert!(
-        helm_with_values(&rules("true").replace("reason: Gated", "reason: not-a-reason")).is_err()
+        refused.contains(
+            "at '/config/signers/example.com~1workload/rules/0/reason': 'not-a-reason' does not \
+             match pattern"
+        ),
+        "{refused}"
     );
     // CEL outputs render as the signer's `outputs` table; the schema knows only their two keys.
     let outputs = |extra: &str| {
@@ -441,7 +447,15 @@ fn helm_renders_rules_and_grants_namespaces_only_when_a_rule_reads_their_labels(
         Some("[request.service_account + '.svc']")
     );
     assert_eq!(policy.outputs.max_lifetime_seconds.as_deref(), Some("7200"));
-    assert!(helm_with_values(&outputs("        lifetime: \"1\"\n")).is_err());
+    let refused =
+        helm_with_values(&outputs("        lifetime: \"1\"\n")).expect_err("an unknown key");
+    assert!(
+        refused.contains(
+            "at '/config/signers/example.com~1workload/outputs': additional properties \
+             'lifetime' not allowed"
+        ),
+        "{refused}"
+    );
 }
 
 #[test]
