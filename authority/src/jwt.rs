@@ -809,7 +809,12 @@ mod tests {
             mode: crate::config::Pkcs11Mode::HsmSignsLeaves,
             automatic_rotation: false,
         });
-        assert!(open_store(&pkcs11).is_err());
+        // Here the directory holds no CA at all, so it cannot name the key's token either.
+        let err = open_store(&pkcs11).expect_err("no token named");
+        assert!(
+            matches!(err, JwtStoreError::Store(StoreError::NotInitialised { .. })),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -926,7 +931,13 @@ mod tests {
         let c = parse("oidc_listen = \"0.0.0.0:8444\"\nissuer = \"https://oidc.example\"")
             .expect("valid");
         c.check_for_serve().expect("serve accepts it");
-        assert!(parse("issuer = \"http://oidc.example\"").is_err());
+        assert_eq!(
+            parse("issuer = \"http://oidc.example\"")
+                .unwrap_err()
+                .to_string(),
+            "[jwt] issuer \"http://oidc.example\" must be an https:// URL without a query, \
+             fragment or trailing slash (OIDC relying parties compare it exactly)"
+        );
         assert!(
             parse("jwks_configmap = \"\"").is_ok(),
             "empty: no ConfigMap"

@@ -345,7 +345,10 @@ mod tests {
             }
         })
         .await;
-        assert!(forbidden.is_err());
+        assert!(
+            matches!(&forbidden, Err(kube::Error::Api(s)) if s.code == 403),
+            "{forbidden:?}"
+        );
         assert_eq!(refused.load(Ordering::SeqCst), 1, "403 is not retried");
     }
 }

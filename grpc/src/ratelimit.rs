@@ -127,13 +127,17 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    /// Paused time: the 50 ms wait elapses at once, and only if nothing can run.
+    #[tokio::test(start_paused = true)]
     async fn a_share_admits_its_size_then_waits() {
         let share = SigningShare::new(2);
         let first = share.turn().await.unwrap();
         let _second = share.turn().await.unwrap();
         let third = tokio::time::timeout(Duration::from_millis(50), share.turn()).await;
-        assert!(third.is_err(), "a third turn must wait");
+        assert!(
+            third.is_err(),
+            "a third turn must wait (the timeout elapsed)"
+        );
         drop(first);
         let third = tokio::time::timeout(Duration::from_secs(5), share.turn()).await;
         assert!(third.unwrap().is_some());

@@ -343,7 +343,9 @@ mod tests {
                 "{text}"
             );
         }
-        assert!(parse("[ledger]\nbackend = \"sqlite\"\n").is_err());
-        assert!(parse("[ledger]\nurl = \"postgres://\"\n").is_err());
+        let unknown = parse("[ledger]\nbackend = \"sqlite\"\n").unwrap_err();
+        assert!(unknown.starts_with("unknown variant `sqlite`"), "{unknown}");
+        let stray = parse("[ledger]\nurl = \"postgres://\"\n").unwrap_err();
+        assert!(stray.starts_with("unknown field `url`"), "{stray}");
     }
 }

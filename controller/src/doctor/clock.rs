@@ -108,7 +108,12 @@ mod tests {
             parse_date("Tue, 01 Dec 2026 15:25:48 GMT"),
             Ok(datetime!(2026-12-01 15:25:48 UTC))
         );
-        assert!(parse_date("yesterday").is_err());
+        assert!(
+            parse_date("yesterday")
+                .unwrap_err()
+                .to_string()
+                .starts_with("Date header \"yesterday\": "),
+        );
     }
 
     #[test]
