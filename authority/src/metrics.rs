@@ -335,6 +335,10 @@ pub struct Metrics {
     pub ctb_drift_repairs: Counter,
     /// Failed ClusterTrustBundle reads or writes (retried).
     pub ctb_publish_errors: Counter,
+    /// Publisher passes completed (each reconciles every bundle, then collects garbage).
+    pub ctb_passes: Counter,
+    /// The CA snapshot generation the last completed pass published from.
+    pub ctb_pass_generation: Gauge,
     /// notAfter of each CA generation's issuing certificate, by generation and state.
     pub ca_generation_not_after: Family<crate::rotation::CaLabels, Gauge>,
     /// When the rotation schedule next has something to do (0: nothing planned).
@@ -395,6 +399,8 @@ impl Metrics {
         let ctb_writes = Family::<OpLabels, Counter>::default();
         let ctb_drift_repairs = Counter::default();
         let ctb_publish_errors = Counter::default();
+        let ctb_passes = Counter::default();
+        let ctb_pass_generation = Gauge::default();
         let ca_generation_not_after = Family::<crate::rotation::CaLabels, Gauge>::default();
         let ca_next_rotation = Gauge::default();
         let jwt_key_not_after = Family::<crate::jwt::JwtKeyLabels, Gauge>::default();
@@ -549,6 +555,18 @@ impl Metrics {
             "Failed ClusterTrustBundle requests and trust anchors that could not be published",
             ctb_publish_errors.clone(),
         );
+        registry.register(
+            "ctb_passes",
+            "ClusterTrustBundle publisher passes completed (every bundle reconciled, then \
+             garbage collected); a publisher that stops passing stops repairing drift",
+            ctb_passes.clone(),
+        );
+        registry.register(
+            "ctb_pass_generation",
+            "The CA snapshot the publisher's last completed pass published from: this process \
+             counts one more each time it loads a changed CA (rotation, reload)",
+            ctb_pass_generation.clone(),
+        );
         let exported_rules = ExportedRules::default();
         registry.register_collector(Box::new(PolicyRuleCollector(exported_rules.clone())));
         Metrics {
@@ -569,6 +587,8 @@ impl Metrics {
             ctb_writes,
             ctb_drift_repairs,
             ctb_publish_errors,
+            ctb_passes,
+            ctb_pass_generation,
             ca_generation_not_after,
             jwt_key_not_after,
             jwt_key_published,

@@ -110,6 +110,22 @@ impl Running {
         r.expect("controller ran without error");
     }
 
+    /// Waits until the publisher has completed `n` more passes (`podca_ctb_passes_total`):
+    /// whatever those passes would write, they have written. Two passes or more include
+    /// one that began after the call.
+    async fn passes(&self, n: u64) {
+        let start = self.metrics.ctb_passes.get();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.metrics.ctb_passes.get() < start + n {
+            assert!(
+                Instant::now() < deadline,
+                "the publisher completed {} of {n} passes",
+                self.metrics.ctb_passes.get() - start
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn writes(&self, op: &'static str) -> u64 {
         self.metrics
             .ctb_writes
@@ -249,7 +265,7 @@ async fn each_signer_gets_its_bundle(mode: ApiMode) {
     assert_eq!(items.len(), 1, "{items:?}");
     assert_eq!(items[0]["metadata"]["name"], WORKLOAD_CTB);
     // Two creates, nothing else, even after several resyncs.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    run.passes(5).await;
     assert_eq!(c.emu.counters().ctb_writes_accepted, 2);
     assert_eq!(run.writes("create"), 2);
     assert_eq!(run.writes("update") + run.writes("delete"), 0);
@@ -294,8 +310,8 @@ async fn rotation_updates_the_bundle_and_a_quiet_resync_writes_nothing() {
     let first = wait_published(&c, WORKLOAD_CTB, &c.anchors_pem(), "podca").await;
     wait_published(&c, STRICT_CTB, &c.anchors_pem(), "podca").await;
     let writes = c.emu.counters().ctb_writes_accepted;
-    // At least five resyncs: no request that writes, not even a no-op one.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Five resyncs: no request that writes, not even a no-op one.
+    run.passes(5).await;
     assert_eq!(c.emu.counters().ctb_writes_accepted, writes);
     assert_eq!(rv(&c.ctb(WORKLOAD_CTB).expect("bundle")), rv(&first));
 
@@ -325,7 +341,7 @@ async fn rotation_updates_the_bundle_and_a_quiet_resync_writes_nothing() {
     let pem = c.anchors_pem();
     wait_published(&c, WORKLOAD_CTB, &pem, "podca").await;
     wait_published(&c, STRICT_CTB, &pem, "podca").await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    run.passes(3).await;
     assert_eq!(c.emu.counters().ctb_writes_accepted, writes + 4);
     assert_eq!(run.writes("update"), 4);
     assert_eq!(run.metrics.ctb_drift_repairs.get(), 0);
@@ -373,14 +389,24 @@ async fn drift_is_repaired_through_the_watch() {
 
     // The publisher counts a repair once the API has answered its write, a moment after the
     // emulator holds the result (CI once read 2 here): wait for the count, then check that
-    // nothing more came.
+    // the passes after it repaired nothing more.
     wait_for(
         "three drift repairs counted",
         Duration::from_secs(10),
         || run.metrics.ctb_drift_repairs.get() >= 3,
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A pass that begins after now: the CA handle changes (same anchors, next generation),
+    // and that pass must find nothing to repair.
+    let current = c.ca.current();
+    let next =
+        c.ca.replace_arc(Arc::clone(&current.ca), current.anchors.clone());
+    wait_for(
+        "a pass over the next generation",
+        Duration::from_secs(10),
+        || run.metrics.ctb_pass_generation.get() == i64::try_from(next).unwrap_or(i64::MAX),
+    )
+    .await;
     assert_eq!(run.metrics.ctb_drift_repairs.get(), 3);
     assert_eq!(run.writes("update"), 2);
     assert_eq!(run.writes("create"), 2);
@@ -453,7 +479,7 @@ async fn a_foreign_bundle_on_podcas_name_is_left_alone() {
         run.metrics.ctb_publish_errors.get() >= 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    run.passes(3).await;
     assert_eq!(
         rv(&c.ctb(WORKLOAD_CTB).expect("still there")),
         rv(&squatter)
@@ -489,7 +515,9 @@ async fn instances_keep_to_their_own_bundles() {
     let pem = c.anchors_pem();
     let b = wait_published(&c, "example.com:workload:blue", &pem, "blue").await;
     let g = wait_published(&c, "example.com:workload:green", &pem, "green").await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Each has since seen the other's bundle and left it alone.
+    blue.passes(3).await;
+    green.passes(3).await;
     assert_eq!(
         rv(&c.ctb("example.com:workload:blue").expect("blue")),
         rv(&b)
@@ -527,17 +555,22 @@ async fn a_standby_replica_writes_nothing() {
     );
     // Another replica holds the Lease and keeps renewing it.
     let (stop_renewing, mut stopped) = oneshot::channel::<()>();
+    let renewals = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let renewer = {
         let admin = c.admin.clone();
+        let renewals = Arc::clone(&renewals);
         tokio::spawn(async move {
             loop {
                 let now = rfc3339(time::OffsetDateTime::now_utc());
-                let _ = admin
+                let renewed = admin
                     .merge_patch(
                         "/apis/coordination.k8s.io/v1/namespaces/default/leases/podca-controller",
                         &json!({"spec": {"renewTime": now}}),
                     )
                     .await;
+                if renewed.is_ok_and(|r| r.status == 200) {
+                    renewals.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
                 tokio::select! {
                     _ = &mut stopped => return,
                     () = tokio::time::sleep(Duration::from_millis(300)) => {}
@@ -554,7 +587,15 @@ async fn a_standby_replica_writes_nothing() {
         retry_period: Duration::from_millis(500),
     };
     let run = start(&c, &[WORKLOAD], fast(), |o| o.leader_election = Some(le)).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Past the lease duration (2 s) by far: ten renewals 300 ms apart, while the standby
+    // retried every 500 ms. It never led, so it never published.
+    wait_for(
+        "ten renewals by the holder",
+        Duration::from_secs(15),
+        || renewals.load(std::sync::atomic::Ordering::SeqCst) >= 10,
+    )
+    .await;
+    assert_eq!(run.metrics.leader.get(), 0, "the standby took the lease");
     let holder = c
         .emu
         .get_object(Res::Lease, "default", "podca-controller")

@@ -213,6 +213,10 @@ impl Publisher {
             let ok = self
                 .pass(&ctbs, &snapshot, &mut state, &metrics, &leading)
                 .await;
+            metrics.ctb_passes.inc();
+            metrics
+                .ctb_pass_generation
+                .set(i64::try_from(snapshot.generation).unwrap_or(i64::MAX));
             if ok {
                 attempt = 0;
                 retry_at = None;
