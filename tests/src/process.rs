@@ -131,6 +131,15 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// The value of one series (`name{labels}`, exactly as exposed) in a `/metrics` page; 0 when
+/// the page does not have it (a counter family with no event yet).
+pub fn metric_value(page: &str, series: &str) -> f64 {
+    page.lines()
+        .filter_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .filter_map(|value| value.trim().parse::<f64>().ok())
+        .sum()
+}
+
 /// `kill -name pid` with the `kill` utility (no libc in tests either).
 fn kill(name: &str, pid: u32) {
     let status = Command::new("kill")

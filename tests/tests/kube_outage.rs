@@ -261,7 +261,6 @@ async fn a_leader_that_cannot_renew_its_lease_steps_down_before_it_expires() {
     c.wait_issued("before", Duration::from_secs(20)).await;
 
     c.emu.set_outage(true);
-    let began = Instant::now();
     // Within one duration the renewal is due, times out after its bound, and the leader stops.
     wait_until("stepped down", duration + Duration::from_secs(2), || {
         metrics.leader.get() == 0
@@ -279,8 +278,19 @@ async fn a_leader_that_cannot_renew_its_lease_steps_down_before_it_expires() {
         .sum::<u64>();
     assert!(lease_timeouts > 0, "no Lease call counted as timed out");
     assert!(lease_call_bound(duration, renew) < duration - renew);
-    // It stays down while the API is gone.
-    tokio::time::sleep(duration.saturating_sub(began.elapsed())).await;
+    // It stays down while the API is gone: two more Lease attempts time out, and it still
+    // does not lead.
+    let all_lease_timeouts = || {
+        ["lease_get", "lease_create", "lease_update", "lease_patch"]
+            .into_iter()
+            .map(|call| timeouts(&metrics, call))
+            .sum::<u64>()
+    };
+    let attempts = all_lease_timeouts();
+    wait_until("two more Lease attempts", duration * 2, || {
+        all_lease_timeouts() >= attempts + 2
+    })
+    .await;
     assert_eq!(metrics.leader.get(), 0, "leading again during the outage");
 
     c.emu.set_outage(false);

@@ -381,9 +381,25 @@ async fn a_burst_with_postgres_restarted_midway_records_every_serial_once() {
     // While the ledger is down nothing more is answered: PCRs wait (pending, never Failed).
     let issued =
         |states: &[(Option<String>, ())]| states.iter().filter(|(c, _)| c.is_some()).count();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Requests that found the ledger down go back to the queue (`podca_retries_total{cause=
+    // "ledger"}`): once they have, nothing settles until it is back, however often they retry.
+    let ledger_retries = || {
+        podca_tests::process::metric_value(
+            &serve.metrics(),
+            "podca_retries_total{cause=\"ledger\"}",
+        )
+    };
+    let wait_retries = |at_least: f64| async move {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while ledger_retries() < at_least {
+            assert!(Instant::now() < deadline, "no retry for the ledger");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    // Five retries in: the status writes of records committed before the stop have landed.
+    wait_retries(ledger_retries() + 5.0).await;
     let settled_early = issued(&conditions(&s, "b", COUNT));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_retries(ledger_retries() + 20.0).await;
     let settled_late = issued(&conditions(&s, "b", COUNT));
     assert_eq!(
         settled_early, settled_late,
