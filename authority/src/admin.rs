@@ -447,10 +447,16 @@ mod tests {
         let (addr, _stop) = admin().await;
         let mut held = Vec::new();
         for _ in 0..LIMITS.max_connections {
-            held.push(TcpStream::connect(addr).await.unwrap());
+            // Answered, so accepted: each holds its slot, kept alive, until its timeout.
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut head = [0u8; 12];
+            tcp.read_exact(&mut head).await.unwrap();
+            assert_eq!(&head, b"HTTP/1.1 200");
+            held.push(tcp);
         }
-        // Let the server accept them all before the extra one.
-        tokio::time::sleep(Duration::from_millis(100)).await;
         let mut extra = TcpStream::connect(addr).await.unwrap();
         let waited = closed_after(&mut extra).await;
         assert!(
@@ -458,7 +464,11 @@ mod tests {
             "the extra connection must be closed at once, not at a timeout ({waited:?})"
         );
         drop(held);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(get(addr, "/metrics").await.starts_with("HTTP/1.1 200"));
+        // The slots come back as the server sees the closes (a closed-at-accept attempt
+        // answers nothing; the next one is served).
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !get(addr, "/metrics").await.starts_with("HTTP/1.1 200") {
+            assert!(std::time::Instant::now() < deadline, "no slot came back");
+        }
     }
 }

@@ -490,21 +490,46 @@ mod tests {
             elapsed < Duration::from_secs(2),
             "the slow head must be cut at the header timeout ({elapsed:?})"
         );
-        // Two silent connections fill the cap; a third is closed at once, unanswered.
-        let _a = TcpStream::connect(addr).await.unwrap();
-        let _b = TcpStream::connect(addr).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Two kept-alive connections, answered (so accepted), fill the cap; a third is closed
+        // at once, unanswered.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            tcp.write_all(b"GET /keys HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut head = [0u8; 12];
+            tcp.read_exact(&mut head).await.unwrap();
+            assert_eq!(&head, b"HTTP/1.1 200");
+            held.push(tcp);
+        }
         let refused = exchange(addr, b"GET /keys HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert_eq!(refused, "");
         assert_eq!(metrics.connections_refused.get(), 1);
-        // The silent ones are closed by the timeouts, and the slots come back.
-        tokio::time::sleep(Duration::from_millis(1000)).await;
-        let ok = exchange(
-            addr,
-            b"GET /keys HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        )
-        .await;
-        assert!(ok.starts_with("HTTP/1.1 200 "), "{ok}");
+        // The idle ones are closed by the timeouts, and the slots come back.
+        for tcp in &mut held {
+            let mut rest = Vec::new();
+            tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut rest))
+                .await
+                .expect("closed at the idle timeout")
+                .ok();
+        }
+        // The server frees a slot just after the close we saw: the next attempts get one.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let ok = exchange(
+                addr,
+                b"GET /keys HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            )
+            .await;
+            if ok.starts_with("HTTP/1.1 200 ") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no slot came back: {ok:?}"
+            );
+        }
     }
 
     #[tokio::test]

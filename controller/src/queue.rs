@@ -253,7 +253,9 @@ mod tests {
         assert_eq!(q.push(Item::new(pcr("b", "b2"))).await, Pushed::Queued);
     }
 
-    #[tokio::test]
+    /// Paused time: the sleep below ends only once every task is idle, so the other task
+    /// has run as far as it can.
+    #[tokio::test(start_paused = true)]
     async fn push_waits_for_room() {
         let q = Arc::new(WorkQueue::new(1));
         q.push(Item::new(pcr("a", "a"))).await;
@@ -272,7 +274,9 @@ mod tests {
         assert_eq!(q.len(), 2);
     }
 
-    #[tokio::test]
+    /// Paused time: the sleep below ends only once every task is idle, so the other task
+    /// has run as far as it can.
+    #[tokio::test(start_paused = true)]
     async fn close_releases_waiters_and_forget_removes() {
         let q = Arc::new(WorkQueue::new(4));
         q.push(Item::new(pcr("a", "a"))).await;

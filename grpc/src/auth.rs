@@ -6,7 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock (std's outside tests): the cache lifetimes are testable on paused time.
+use tokio::time::Instant;
 
 use base64::Engine;
 
@@ -950,7 +953,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    /// Paused time: the cache entries age by exactly what the test advances.
+    #[tokio::test(start_paused = true)]
     async fn cache_lifetimes_are_bounded() {
         let reviewer = SlowReviewer::new(Duration::ZERO);
         let auth = TokenReviewAuthenticator::with_limits(
@@ -970,7 +974,15 @@ mod tests {
             let _ = auth.authenticate(&Peer::Unknown, &bad).await;
         }
         assert_eq!(reviewer.calls.load(Ordering::SeqCst), 2);
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::advance(Duration::from_millis(99)).await;
+        auth.authenticate(&Peer::Unknown, &good).await.unwrap();
+        let _ = auth.authenticate(&Peer::Unknown, &bad).await;
+        assert_eq!(
+            reviewer.calls.load(Ordering::SeqCst),
+            2,
+            "still cached at 99 ms"
+        );
+        tokio::time::advance(Duration::from_millis(51)).await;
         auth.authenticate(&Peer::Unknown, &good).await.unwrap();
         let _ = auth.authenticate(&Peer::Unknown, &bad).await;
         assert_eq!(reviewer.calls.load(Ordering::SeqCst), 4);
