@@ -359,6 +359,8 @@ pub struct Metrics {
     pub rotation_steps: Family<crate::rotation::StepLabels, Counter>,
     /// Rotation checks that failed (the CA in force stays).
     pub rotation_errors: Counter,
+    /// Rotation checks made (failed ones included).
+    pub rotation_checks: Counter,
     /// CA histories ignored (seal or values), by reason; once per ConfigMap resourceVersion.
     pub ca_history_rejected: Family<ReasonLabels, Counter>,
     /// Kubernetes API calls that did not answer within their bound, by call.
@@ -438,6 +440,7 @@ impl Metrics {
         );
         let rotation_steps = Family::<crate::rotation::StepLabels, Counter>::default();
         let rotation_errors = Counter::default();
+        let rotation_checks = Counter::default();
         let ca_history_rejected = Family::<ReasonLabels, Counter>::default();
         let kube_request_timeouts = Family::<CallLabels, Counter>::default();
         registry.register(
@@ -479,6 +482,12 @@ impl Metrics {
             "ca_rotation_errors",
             "CA rotation checks that failed (the CA in force stays)",
             rotation_errors.clone(),
+        );
+        registry.register(
+            "ca_rotation_checks",
+            "CA rotation checks made, failed ones included: the rotation driver is alive while \
+             this rises",
+            rotation_checks.clone(),
         );
         registry.register(
             "pcr_issued",
@@ -598,6 +607,7 @@ impl Metrics {
             ca_next_rotation,
             rotation_steps,
             rotation_errors,
+            rotation_checks,
             ca_history_rejected,
             kube_request_timeouts,
             grpc_insecure_plaintext,

@@ -214,7 +214,9 @@ impl Rotator {
     /// Ticks until `shutdown` turns true: when the schedule is due, and at least every `poll`.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
-            let wait = match self.tick() {
+            let ticked = self.tick();
+            self.metrics.rotation_checks.inc();
+            let wait = match ticked {
                 Ok(t) => wait_for_next(t.next, (self.clock)(), self.options.poll),
                 Err(e) => {
                     self.metrics.rotation_errors.inc();

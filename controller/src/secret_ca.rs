@@ -412,7 +412,9 @@ impl SecretCaDriver {
                 _ = tokio::time::sleep_until(deadline) => {}
                 r = shutdown.wait_for(|s| *s) => { let _ = r; return; }
             }
-            let wait = match self.tick().await {
+            let ticked = self.tick().await;
+            self.metrics.rotation_checks.inc();
+            let wait = match ticked {
                 Ok(t) => podca_authority::rotation::wait_for_next(
                     t.next,
                     (self.clock)(),

@@ -399,6 +399,19 @@ impl Running {
         panic!("the handle did not switch to the new CA within 10 s");
     }
 
+    /// Waits until the driver has made `n` more checks (`podca_ca_rotation_checks_total`):
+    /// two or more include one that began, and read the clock, after the call.
+    async fn checks(&self, n: u64) {
+        let start = self.metrics.rotation_checks.get();
+        for _ in 0..800 {
+            if self.metrics.rotation_checks.get() >= start + n {
+                return;
+            }
+            tokio::time::sleep(StdDuration::from_millis(25)).await;
+        }
+        panic!("the driver made fewer than {n} checks in 20 s");
+    }
+
     fn steps(&self, step: &'static str) -> u64 {
         self.metrics
             .rotation_steps
@@ -515,14 +528,16 @@ async fn a_replaced_secret_ca_rotates_with_overlap_without_restart() {
 
     // The old anchor stays published until the old CA's last leaf expired …
     w.set_time(last_old_leaf);
-    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    run.checks(2).await;
+    assert_eq!(run.handle.current().anchors.len(), 2);
     assert_eq!(
         w.published().await,
         ders(&format!("{}{}", a.root_pem, b.root_pem)),
         "the old anchor left before the last old leaf expired"
     );
     w.set_time(drop_at - Duration::SECOND);
-    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    run.checks(2).await;
+    assert_eq!(run.handle.current().anchors.len(), 2);
     assert_eq!(w.published().await.len(), 2);
     // … and goes after it.
     w.set_time(drop_at + Duration::SECOND);
@@ -678,7 +693,12 @@ async fn a_restart_during_the_overlap_keeps_the_old_anchor_until_the_same_time()
     assert_eq!(drop_at, activated + Duration::seconds(LEAF_LIFETIME));
     assert!(drop_at >= old_leaf.not_after);
     w.set_time(drop_at - Duration::SECOND);
-    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    run.checks(2).await;
+    assert_eq!(
+        run.handle.current().anchors.len(),
+        2,
+        "the old anchor left early"
+    );
     assert_eq!(w.published().await.len(), 2, "the old anchor left early");
     w.set_time(drop_at + Duration::SECOND);
     w.wait_published(&[&b]).await;
@@ -921,7 +941,7 @@ async fn a_forged_history_changes_nothing_is_reported_and_podca_starts() {
     let leaf = w.obtain().await;
     assert_signed_by(&leaf, &a, &[&b, &mallory], changed);
     // Once per ConfigMap version: more checks of the restored history report nothing.
-    tokio::time::sleep(StdDuration::from_millis(500)).await;
+    run.checks(3).await;
     assert_eq!(rejected_total(&run.metrics), 6);
     for _ in 0..400 {
         if history_events(&w.emu).len() >= 6 {
