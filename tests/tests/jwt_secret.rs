@@ -427,9 +427,20 @@ async fn a_secret_ca_serve_signs_jwt_svids_and_rotates_its_keys_in_their_secret(
         k.iter().any(|(kid, p)| kid == &b && p == "active")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (_, kid) = issue(&w, &serve, "vault").await.unwrap();
-    assert_eq!(kid, b);
+    // podca serve follows the Secret within its poll: its tokens switch to the new key.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, kid) = issue(&w, &serve, "vault").await.unwrap();
+        if kid == *b {
+            break;
+        }
+        assert_eq!(kid, *a, "signed by neither key");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still signing with {a} after the Secret activated {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let now = bundle(&w, &serve).await;
     if kids(&now).contains(a) {
         verify(&old_token, &now, "vault").unwrap();
