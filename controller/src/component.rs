@@ -36,6 +36,8 @@ pub enum StartError {
     SecretCa(#[source] SecretCaError),
     #[error("the JWT signing keys ([jwt])")]
     JwtKeys(#[source] JwtSecretError),
+    #[error("the CA Secret")]
+    SignerOutsideCa(#[source] podca_authority::components::ca::CaStartError),
 }
 
 /// The PCR controller ([`crate::run`]) as a component of the [`Runtime`]: its `/readyz` say is registered now
@@ -86,6 +88,8 @@ pub async fn secret_ca(
     )
     .await
     .map_err(StartError::SecretCa)?;
+    podca_authority::components::ca::check_signers(&handle.current().ca, &config.signers)
+        .map_err(StartError::SignerOutsideCa)?;
     rt.spawn(Stage::Support, "secret CA driver", |stop| driver.run(stop));
     Ok(handle)
 }

@@ -207,7 +207,9 @@ fn deny_code(reason: DenyReason) -> Code {
         | DenyReason::ServiceAccountNotAllowed
         | DenyReason::InvalidUserAnnotations
         // The pod the token names is gone (or was replaced): that identity may not be certified.
-        | DenyReason::PodNotFound => Code::PermissionDenied,
+        | DenyReason::PodNotFound
+        // A DNS name the CA may not certify: the caller may not have it.
+        | DenyReason::NameNotPermittedByCa => Code::PermissionDenied,
         // A signer's CEL rule: the caller's identity or request is not allowed.
         DenyReason::Rule(_) => Code::PermissionDenied,
     }
@@ -220,7 +222,8 @@ fn fail_code(reason: FailReason) -> Code {
         | FailReason::LifetimeNotSatisfiable
         | FailReason::InvalidDnsNameTemplate
         | FailReason::CaKeyUnusable
-        | FailReason::LegacyRequestUnreadable => Code::FailedPrecondition,
+        | FailReason::LegacyRequestUnreadable
+        | FailReason::IdentityNotPermittedByCa => Code::FailedPrecondition,
         // A bug, not something the caller can change.
         FailReason::CertificateBuildFailed => Code::Internal,
         // As `ApiError::UnknownSigner` (the API checks the signer before the policy runs).

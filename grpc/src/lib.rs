@@ -21,12 +21,12 @@
 //! | dev mode: Unix-socket caller whose uid is not in `[dev] identities`; metadata identity from a non-loopback peer | `PERMISSION_DENIED` |
 //! | TLS client certificate no longer valid at a request (expired, or its CA retired since the handshake), or naming no podca SPIFFE ID (`invalid credentials: the client certificate …`); refused at the handshake instead: TLS alerts `certificate_expired`, `unknown_ca` ([`peer_identity`]) | `UNAUTHENTICATED` |
 //! | token and TLS client certificate of different identities (`the token is for … but the client certificate is for …`) | `PERMISSION_DENIED` |
-//! | policy denial (namespace, service account, DNS-name annotation, unknown annotation); message = `<Reason>: <detail>` | `PERMISSION_DENIED` |
+//! | policy denial (namespace, service account, DNS-name annotation, unknown annotation, a DNS name outside the CA's nameConstraints `NameNotPermittedByCA`); message = `<Reason>: <detail>` | `PERMISSION_DENIED` |
 //! | `pod_facts` rules: the identity's pod is gone or has another UID (`PolicyPodNotFound: …`) | `PERMISSION_DENIED` |
 //! | `pod_facts` rules: reading the identity's pod failed or took too long | `UNAVAILABLE` |
 //! | `requested_lifetime_seconds` ≤ 0 | `INVALID_ARGUMENT` |
 //! | `requested_lifetime_seconds` above the policy maximum | clamped, not an error: the answer's `not_after` tells the real lifetime (below 3600 s it is raised to 3600 s) |
-//! | policy cannot issue at all (CA expires too soon, lifetime not satisfiable, bad DNS template) | `FAILED_PRECONDITION` |
+//! | policy cannot issue at all (CA expires too soon, lifetime not satisfiable, bad DNS template, the signer's trust domain outside the CA's nameConstraints) | `FAILED_PRECONDITION` |
 //! | request larger than 64 KiB | `OUT_OF_RANGE` (tonic's decoder limit) |
 //! | CA key backend unavailable (`Outcome::Retry`): retry later | `UNAVAILABLE` |
 //! | the certificate was issued but the issuance ledger could not record it (`[ledger] on_unavailable = "retry"`): it is not handed out | `UNAVAILABLE` |

@@ -12,6 +12,7 @@ use time::{Duration, OffsetDateTime};
 use x509_parser::extensions::ParsedExtension;
 
 use crate::backend::{BackendError, CaKey};
+use crate::constraints::{NameViolation, Subtrees};
 use crate::der;
 use crate::leaf::{self, LeafTemplate};
 use crate::names::{DnsName, NameError, TrustDomain};
@@ -165,6 +166,8 @@ pub struct CaCertificate {
     key_cert_sign: Option<bool>,
     spki: Vec<u8>,
     subject_key_id: Option<Vec<u8>>,
+    /// The URI and DNS subtrees of its nameConstraints, when it has any.
+    name_constraints: Option<Subtrees>,
     signature_oid: String,
     tbs: Vec<u8>,
     signature: Vec<u8>,
@@ -199,6 +202,14 @@ impl CaCertificate {
                 ParsedExtension::SubjectKeyIdentifier(id) => Some(id.0.to_vec()),
                 _ => None,
             });
+        let name_constraints = cert
+            .extensions()
+            .iter()
+            .find_map(|e| match e.parsed_extension() {
+                ParsedExtension::NameConstraints(nc) => Some(Subtrees::from_extension(nc)),
+                _ => None,
+            })
+            .filter(|s| !s.is_empty());
         Ok(CaCertificate {
             der: der.to_vec(),
             subject: cert.subject().to_string(),
@@ -211,6 +222,7 @@ impl CaCertificate {
             key_cert_sign,
             spki: cert.public_key().raw.to_vec(),
             subject_key_id,
+            name_constraints,
             signature_oid: cert.signature_algorithm.algorithm.to_id_string(),
             tbs: cert.tbs_certificate.as_ref().to_vec(),
             signature: cert.signature_value.data.to_vec(),
@@ -322,6 +334,9 @@ pub struct IssuingCa {
     /// issuer's fingerprint.
     chain_suffix_pem: String,
     fingerprint: String,
+    /// The nameConstraints on the path from the issuing certificate to its anchor, with the
+    /// subject of the certificate that carries each: every leaf must pass all of them.
+    path_constraints: Vec<(String, Subtrees)>,
 }
 
 impl fmt::Debug for IssuingCa {
@@ -466,8 +481,8 @@ impl IssuingCa {
             pair[0].verify_signed_by(&pair[1])?;
         }
         let top = chain.last().unwrap_or(&certificate);
-        let anchored = roots.iter().any(|r| top.verify_signed_by(r).is_ok());
-        if !anchored {
+        let anchor = roots.iter().find(|r| top.verify_signed_by(r).is_ok());
+        if anchor.is_none() {
             return Err(CaError::BrokenChain {
                 subject: top.subject.clone(),
                 issuer: "any configured trust anchor".into(),
@@ -486,6 +501,12 @@ impl IssuingCa {
                 .map_err(|e| CaError::Build(e.to_string()))?;
         let chain_suffix_pem = x509::certificates_to_pem(chain.iter().map(|c| c.der.as_slice()));
         let fingerprint = certificate.fingerprint();
+        let path_constraints = [&certificate]
+            .into_iter()
+            .chain(chain.iter().filter(|c| **c != certificate))
+            .chain(anchor.filter(|a| **a != certificate))
+            .filter_map(|c| Some((c.subject.clone(), c.name_constraints.clone()?)))
+            .collect();
         Ok(IssuingCa {
             certificate,
             chain,
@@ -494,7 +515,30 @@ impl IssuingCa {
             leaf_template,
             chain_suffix_pem,
             fingerprint,
+            path_constraints,
         })
+    }
+
+    /// Whether a leaf for `spiffe_id` with `dns_names` passes the nameConstraints of every
+    /// certificate on the issuing path (see [`crate::constraints`]): a verifier would reject
+    /// it otherwise, so podca does not sign it.
+    pub fn check_names(&self, spiffe_id: &str, dns_names: &[String]) -> Result<(), NameViolation> {
+        let host = crate::constraints::uri_host(spiffe_id);
+        for (ca, subtrees) in &self.path_constraints {
+            subtrees.check(ca, (spiffe_id, host), dns_names)?;
+        }
+        Ok(())
+    }
+
+    /// Whether identities of `trust_domain` can be certified at all under this CA's
+    /// nameConstraints: a signer whose trust domain they exclude could issue nothing.
+    pub fn check_trust_domain(&self, trust_domain: &str) -> Result<(), NameViolation> {
+        self.check_names(&format!("spiffe://{trust_domain}"), &[])
+    }
+
+    /// Whether some certificate on the issuing path carries nameConstraints.
+    pub fn is_name_constrained(&self) -> bool {
+        !self.path_constraints.is_empty()
     }
 
     /// The checks an imported CA must pass before anything is written, beyond

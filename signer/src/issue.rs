@@ -7,6 +7,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::backend::BackendError;
 use crate::ca::{IssuingCa, leaf_serial};
+use crate::constraints::NameViolation;
 use crate::keys::{KeyError, KeyType, SubjectKey};
 use crate::leaf::LeafFields;
 use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy};
@@ -44,6 +45,10 @@ pub enum IssueError {
     /// The leaf cannot be encoded (a name that is not ASCII, a time no certificate can hold).
     #[error("building the certificate failed: {0}")]
     Build(String),
+    /// A name is outside the nameConstraints of the issuing path: no verifier would accept the
+    /// certificate, so it is not signed.
+    #[error(transparent)]
+    NotPermitted(#[from] NameViolation),
 }
 
 impl IssuingCa {
@@ -68,6 +73,9 @@ impl IssuingCa {
         dns_names: Vec<String>,
         validity: &Validity,
     ) -> Result<IssuedCertificate, IssueError> {
+        // Every leaf, whatever path asked for it (policy, the operator, the serving
+        // certificate), passes the issuing path's nameConstraints or is not signed.
+        self.check_names(&spiffe_id, &dns_names)?;
         let serial = leaf_serial(std::time::SystemTime::now());
         // One digest gives the ledger's key fingerprint and, as its first 20 bytes, the subject
         // key identifier (see `leaf::key_identifier`).
@@ -278,8 +286,24 @@ pub fn sign_request_with(
             reason: FailReason::CertificateBuildFailed,
             message: m,
         },
+        Err(IssueError::NotPermitted(violation)) => refusal_of(violation),
     }
 }
+/// The answer to names the CA may not certify: a DNS name the request chose is Denied; the
+/// signer's own identity outside the CA is a configuration error, Failed.
+fn refusal_of(violation: NameViolation) -> Outcome {
+    match violation {
+        NameViolation::DnsName { .. } => Outcome::Denied {
+            reason: DenyReason::NameNotPermittedByCa,
+            message: violation.to_string(),
+        },
+        NameViolation::UriHost { .. } => Outcome::Failed {
+            reason: FailReason::IdentityNotPermittedByCa,
+            message: violation.to_string(),
+        },
+    }
+}
+
 /// What the CA's operator asks `podca issue` for: any identity of `trust_domain`, any key type
 /// (ML-DSA too), any DNS name, up to a year.
 #[derive(Debug, Clone)]

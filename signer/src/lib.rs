@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod ca;
+pub mod constraints;
 mod der;
 pub mod issue;
 pub mod jwt;

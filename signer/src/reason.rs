@@ -69,6 +69,9 @@ condition_reasons! {
         /// The signer's rules read the pod (`pod_facts`), and the request's pod does not exist,
         /// or a pod of that name has another UID.
         PodNotFound => "PolicyPodNotFound",
+        /// A DNS name the request asks for is outside the issuing CA's nameConstraints: every
+        /// verifier would reject the certificate.
+        NameNotPermittedByCa => "NameNotPermittedByCA",
         @dynamic
         /// A signer's CEL rule denied the request (the rule's configured reason), or failed to
         /// evaluate (`PolicyRuleFailed:<rule>`), or a CEL output gave a bad value
@@ -95,6 +98,9 @@ condition_reasons! {
         /// A legacy (`pkixPublicKey`) request that only `certificates.k8s.io/v1beta1` shows, in a
         /// cluster that does not serve v1beta1 (the controller's answer).
         LegacyRequestUnreadable => "LegacyRequestUnreadable",
+        /// The signer's identities (its trust domain) are outside the issuing CA's
+        /// nameConstraints: a configuration error, no certificate of this signer could verify.
+        IdentityNotPermittedByCa => "IdentityNotPermittedByCA",
     }
 }
 
@@ -122,6 +128,7 @@ mod tests {
                 "ServiceAccountNotAllowed",
                 "InvalidUnverifiedUserAnnotations",
                 "PolicyPodNotFound",
+                "NameNotPermittedByCA",
                 "CAExpiresTooSoon",
                 "LifetimeNotSatisfiable",
                 "InvalidDNSNameTemplate",
@@ -129,6 +136,7 @@ mod tests {
                 "CertificateBuildFailed",
                 "UnknownSigner",
                 "LegacyRequestUnreadable",
+                "IdentityNotPermittedByCA",
             ]
         );
     }

@@ -172,6 +172,7 @@ pub fn verdict(
                 (DenyReason::PodNotFound, _) => {
                     "the pod read for the rules (pod_facts): no such pod with that UID".into()
                 }
+                (DenyReason::NameNotPermittedByCa, _) => "the CA's nameConstraints".into(),
             };
             v.message = message;
         }
@@ -192,6 +193,7 @@ pub fn verdict(
                 FailReason::CaExpiresTooSoon
                 | FailReason::CaKeyUnusable
                 | FailReason::CertificateBuildFailed => "the CA".into(),
+                FailReason::IdentityNotPermittedByCa => "the CA's nameConstraints".into(),
             };
             v.message = message;
         }

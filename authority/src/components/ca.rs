@@ -51,6 +51,29 @@ pub enum CaStartError {
     NotInDataDir(String),
     #[error("creating a CA in {}: {error}", .dir.display())]
     Create { dir: PathBuf, error: StoreError },
+    /// A signer's trust domain is outside the CA's nameConstraints: it could issue nothing.
+    #[error("signer {signer:?} cannot be served by this CA: {violation}")]
+    SignerOutsideCa {
+        signer: String,
+        violation: podca_signer::constraints::NameViolation,
+    },
+}
+
+/// Refuses to start a CA under whose nameConstraints some signer's trust domain falls outside:
+/// every certificate of that signer would be refused (`IdentityNotPermittedByCA`), so it is a
+/// start-up error instead.
+pub fn check_signers<'a>(
+    ca: &podca_signer::IssuingCa,
+    signers: impl IntoIterator<Item = (&'a String, &'a podca_signer::SignerPolicy)>,
+) -> Result<(), CaStartError> {
+    for (signer, policy) in signers {
+        ca.check_trust_domain(&policy.trust_domain)
+            .map_err(|violation| CaStartError::SignerOutsideCa {
+                signer: signer.clone(),
+                violation,
+            })?;
+    }
+    Ok(())
 }
 
 impl From<ScheduleError> for CaStartError {
@@ -115,6 +138,7 @@ pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlan, CaStartError>
             })?;
     }
     let (active, anchors) = source.load().map_err(CaStartError::Load)?;
+    check_signers(&active, &config.signers)?;
     let automatic = automatic_rotation(&source, leader_elect, writable);
     if automatic {
         config.rotation.validate()?;
@@ -269,5 +293,46 @@ pub fn dir_writable(dir: &Path) -> bool {
             true
         }
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podca_signer::{FileStore, InitOptions, NameConstraints, SignerPolicy};
+
+    /// A data directory whose CA permits only `spiffe://a.test` identities: a config with a
+    /// signer of another trust domain does not start, and says which signer and why.
+    #[test]
+    fn a_signer_outside_the_cas_name_constraints_is_a_start_up_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::new(dir.path());
+        let options = InitOptions {
+            name_constraints: NameConstraints::new(&["a.test".to_owned()], &[]).unwrap(),
+            ..InitOptions::default()
+        };
+        store
+            .init(&options, time::OffsetDateTime::now_utc())
+            .unwrap();
+        let mut config = Config::parse(&format!(
+            "[ca]\ndir = {:?}\nautomatic_rotation = false",
+            dir.path()
+        ))
+        .unwrap();
+        config
+            .signers
+            .insert("example.com/a".into(), SignerPolicy::permissive("a.test"));
+        assert!(matches!(plan(&config, false), Ok(CaPlan::Directory(_))));
+        config
+            .signers
+            .insert("example.com/b".into(), SignerPolicy::permissive("b.test"));
+        let refused = plan(&config, false).unwrap_err();
+        assert!(
+            refused.to_string().starts_with(
+                "signer \"example.com/b\" cannot be served by this CA: the identity \
+                 \"spiffe://b.test\" is outside the nameConstraints of the CA certificate"
+            ),
+            "{refused}"
+        );
     }
 }
