@@ -448,14 +448,8 @@ mod tests {
         let mut held = Vec::new();
         for _ in 0..LIMITS.max_connections {
             // Answered, so accepted: each holds its slot, kept alive, until its timeout.
-            let mut tcp = TcpStream::connect(addr).await.unwrap();
-            tcp.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
-                .await
-                .unwrap();
-            let mut head = [0u8; 12];
-            tcp.read_exact(&mut head).await.unwrap();
-            assert_eq!(&head, b"HTTP/1.1 200");
-            held.push(tcp);
+            let request = b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n";
+            held.push(crate::test_support::answered(addr, request).await);
         }
         let mut extra = TcpStream::connect(addr).await.unwrap();
         let waited = closed_after(&mut extra).await;

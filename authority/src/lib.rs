@@ -42,6 +42,8 @@ pub mod runtime;
 pub mod secret_rotation;
 pub mod serving_cert;
 pub mod shutdown;
+#[cfg(test)]
+mod test_support;
 pub mod trust;
 
 pub use runtime::{Runtime, RuntimeOptions, Stage};

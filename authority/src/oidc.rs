@@ -494,14 +494,8 @@ mod tests {
         // at once, unanswered.
         let mut held = Vec::new();
         for _ in 0..2 {
-            let mut tcp = TcpStream::connect(addr).await.unwrap();
-            tcp.write_all(b"GET /keys HTTP/1.1\r\nHost: x\r\n\r\n")
-                .await
-                .unwrap();
-            let mut head = [0u8; 12];
-            tcp.read_exact(&mut head).await.unwrap();
-            assert_eq!(&head, b"HTTP/1.1 200");
-            held.push(tcp);
+            let request = b"GET /keys HTTP/1.1\r\nHost: x\r\n\r\n";
+            held.push(crate::test_support::answered(addr, request).await);
         }
         let refused = exchange(addr, b"GET /keys HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert_eq!(refused, "");

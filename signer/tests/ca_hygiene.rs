@@ -17,7 +17,7 @@ use time::{Duration, OffsetDateTime};
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use common::openssl_verify;
+use common::{openssl_verify, webpki_verify};
 
 fn issue(ca: &IssuingCa, trust_domain: &str, dns: &[&str]) -> String {
     common::issue_in(ca, trust_domain, KeyType::EcdsaP256, dns)
@@ -77,39 +77,6 @@ fn forge(
     let leaf = params.signed_by(&key, forger).unwrap();
     let chain: String = ca.chain().iter().map(|c| c.pem()).collect();
     format!("{}{chain}", leaf.pem())
-}
-
-/// rustls-webpki's verdict on a PEM chain (leaf first) under `roots_pem`, as a client
-/// certificate now.
-fn webpki_verify(roots_pem: &str, chain_pem: &str) -> Result<(), webpki::Error> {
-    use rustls_pki_types::{CertificateDer, UnixTime};
-    let ders = |pem: &str| -> Vec<CertificateDer<'static>> {
-        ::pem::parse_many(pem)
-            .unwrap()
-            .into_iter()
-            .map(|p| CertificateDer::from(p.into_contents()))
-            .collect()
-    };
-    let roots = ders(roots_pem);
-    let anchors: Vec<_> = roots
-        .iter()
-        .map(|d| webpki::anchor_from_trusted_cert(d).unwrap().to_owned())
-        .collect();
-    let chain = ders(chain_pem);
-    let leaf = webpki::EndEntityCert::try_from(&chain[0]).unwrap();
-    let algorithms = rustls::crypto::aws_lc_rs::default_provider()
-        .signature_verification_algorithms
-        .all;
-    leaf.verify_for_usage(
-        algorithms,
-        &anchors,
-        &chain[1..],
-        UnixTime::now(),
-        webpki::KeyUsage::client_auth(),
-        None,
-        None,
-    )
-    .map(|_| ())
 }
 
 fn constraints() -> NameConstraints {

@@ -5,6 +5,8 @@
 // Test code: an unexpected error should fail the test where it happens.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -13,7 +15,7 @@ use podca_signer::{
     CaAlgorithm, CaKey, CertificateRequest, DenyReason, FileKey, IssuedCertificate, IssuingCa,
     KeyError, KeyType, MemoryKey, Outcome, SignerPolicy, SubjectKey,
 };
-use rustls_pki_types::{CertificateDer, UnixTime};
+use rustls_pki_types::CertificateDer;
 use time::{Duration, OffsetDateTime};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
@@ -286,17 +288,11 @@ fn the_legacy_pkix_fields_do_not_take_ml_dsa() {
 
 #[test]
 fn leaves_of_every_subject_under_every_ca_follow_the_profile_and_verify() {
-    let provider = rustls::crypto::aws_lc_rs::default_provider();
-    let algs = provider.signature_verification_algorithms.all;
     for ca_alg in [CaAlgorithm::EcdsaP256, CaAlgorithm::MlDsa65]
         .into_iter()
         .chain(ML_DSA_CAS)
     {
         let ca = two_level_ca(ca_alg);
-        let anchors: Vec<_> = ders(&ca.roots_pem())
-            .iter()
-            .map(|d| webpki::anchor_from_trusted_cert(d).unwrap().to_owned())
-            .collect();
         for kt in KeyType::ML_DSA.into_iter().chain([KeyType::EcdsaP256]) {
             let (key, cert) = issued(&ca, kt);
             let chain = ders(&cert.chain_pem);
@@ -319,17 +315,7 @@ fn leaves_of_every_subject_under_every_ca_follow_the_profile_and_verify() {
             let ku = leaf.key_usage().unwrap().unwrap().value;
             assert!(ku.digital_signature(), "{ca_alg}/{kt}");
             assert_eq!(ku.flags, 1, "{ca_alg}/{kt}: digitalSignature only");
-            webpki::EndEntityCert::try_from(&chain[0])
-                .unwrap()
-                .verify_for_usage(
-                    algs,
-                    &anchors,
-                    &chain[1..],
-                    UnixTime::now(),
-                    webpki::KeyUsage::client_auth(),
-                    None,
-                    None,
-                )
+            common::webpki_verify(&ca.roots_pem(), &cert.chain_pem)
                 .unwrap_or_else(|e| panic!("webpki rejected {ca_alg} CA / {kt} leaf: {e:?}"));
         }
         // The CA certificates themselves: id-ml-dsa-* signatures, parameters absent.

@@ -101,3 +101,38 @@ pub fn openssl_verify(dir: &Path, roots_pem: &str, chain_pem: &str) -> (bool, St
     );
     (out.status.success(), text)
 }
+
+/// The DER certificates of a PEM text, in order.
+pub fn ders(pem_text: &str) -> Vec<rustls_pki_types::CertificateDer<'static>> {
+    pem::parse_many(pem_text)
+        .unwrap()
+        .into_iter()
+        .map(|p| rustls_pki_types::CertificateDer::from(p.into_contents()))
+        .collect()
+}
+
+/// rustls-webpki's verdict (aws-lc-rs algorithms, ML-DSA included) on a PEM chain, leaf
+/// first, under the anchors of `roots_pem`, as a client certificate now: an implementation
+/// independent of podca's and of OpenSSL.
+pub fn webpki_verify(roots_pem: &str, chain_pem: &str) -> Result<(), webpki::Error> {
+    let roots = ders(roots_pem);
+    let anchors: Vec<_> = roots
+        .iter()
+        .map(|d| webpki::anchor_from_trusted_cert(d).unwrap().to_owned())
+        .collect();
+    let chain = ders(chain_pem);
+    let leaf = webpki::EndEntityCert::try_from(&chain[0]).unwrap();
+    let algorithms = rustls::crypto::aws_lc_rs::default_provider()
+        .signature_verification_algorithms
+        .all;
+    leaf.verify_for_usage(
+        algorithms,
+        &anchors,
+        &chain[1..],
+        rustls_pki_types::UnixTime::now(),
+        webpki::KeyUsage::client_auth(),
+        None,
+        None,
+    )
+    .map(|_| ())
+}
