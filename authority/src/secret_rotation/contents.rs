@@ -126,8 +126,9 @@ impl fmt::Debug for SecretCaContents {
 impl SecretCaContents {
     /// Parses the CA in a Secret and checks everything: the type, the key (PKCS#8, SEC1 or
     /// PKCS#1 PEM) matching the issuing certificate, every certificate a CA, the chain
-    /// verifying up to an anchor (`ca.crt`, or the self-signed top of `tls.crt`), and nothing
-    /// expired at `now`. The key is wrapped in a gate that is closed until the state machine
+    /// verifying up to an anchor (`ca.crt`, or the self-signed top of `tls.crt`), nothing
+    /// expired at `now`, and the path's keyUsage, pathLenConstraint and notBefore
+    /// ([`IssuingCa::check_importable`], as for a directory import). The key is wrapped in a gate that is closed until the state machine
     /// opens it.
     pub fn parse(
         data: SecretData<'_>,
@@ -183,6 +184,9 @@ impl SecretCaContents {
                 });
             }
         }
+        // What an imported directory CA must pass too: keyCertSign and pathLenConstraint along
+        // the path to the anchor, and a notBefore that has come (5 minutes of clock skew).
+        ca.check_importable(now).map_err(SecretError::Chain)?;
         let chain_pem = chain_pem(&ca);
         let anchors_pem = ca.roots_pem();
         Ok(SecretCaContents {
@@ -337,6 +341,25 @@ mod tests {
         let not_a_cert = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
         let i = a.intermediate("i");
         let late = T0 + Duration::days(31);
+        // A CA certificate whose keyUsage lacks keyCertSign (as a careless import might have).
+        let (no_sign_crt, no_sign_key) = {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+            let mut params = rcgen::CertificateParams::default();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "no-sign");
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+            params.not_before = T0 - Duration::days(1);
+            params.not_after = T0 + Duration::days(30);
+            (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+        };
+        let no_sign = SecretData {
+            tls_crt: Some(no_sign_crt.as_bytes()),
+            tls_key: Some(no_sign_key.as_bytes()),
+            ca_crt: None,
+            ..a.data()
+        };
         type Check = fn(&SecretError) -> bool;
         #[rustfmt::skip]
         let rows: Vec<(&str, SecretData<'_>, OffsetDateTime, Check, String)> = vec![
@@ -375,6 +398,13 @@ mod tests {
             ("expired", a.data(), late,
                 |e| matches!(e, SecretError::Expired { .. }),
                 format!("certificate {:?} has expired (notAfter ", a.subject())),
+            ("not yet valid", a.data(), T0 - Duration::hours(1),
+                |e| matches!(e, SecretError::Chain(CaError::NotYetValid { .. })),
+                format!("tls.crt/ca.crt: certificate {:?} is not valid yet (notBefore ", a.subject())),
+            ("no keyCertSign", no_sign, T0,
+                |e| matches!(e, SecretError::Chain(CaError::NoKeyCertSign { .. })),
+                "tls.crt/ca.crt: certificate \"CN=no-sign\" may not sign certificates (its keyUsage \
+                 lacks keyCertSign)".into()),
         ];
         for (name, data, now, check, text) in rows {
             let e = match parse(data, now) {
