@@ -793,6 +793,28 @@ mod dev_bundle_tests {
     use podca_signer::KeyType;
 
     #[test]
+    fn signers_sharing_the_one_ca_are_named() {
+        let mut config = Config::default();
+        assert_eq!(config.shared_ca_warnings(), Vec::<String>::new());
+        for name in ["example.com/a", "example.com/b", "example.com/c"] {
+            config.signers.insert(
+                name.into(),
+                podca_signer::SignerPolicy::permissive("a.test"),
+            );
+            if name == "example.com/a" {
+                assert_eq!(config.shared_ca_warnings(), Vec::<String>::new());
+            }
+        }
+        assert_eq!(
+            config.shared_ca_warnings(),
+            [
+                "signers \"example.com/a\", \"example.com/b\" and \"example.com/c\" share a CA \
+              (default): a certificate of one verifies under the others' ClusterTrustBundles"
+            ]
+        );
+    }
+
+    #[test]
     fn dev_plans_a_permissive_signer_unless_configured() {
         let pq: DevBundle = "apps/web:MLDSA65".parse().unwrap();
         let mut bare = Config::default();
@@ -1082,6 +1104,35 @@ impl Config {
         }
     }
 
+    /// The signers that sign with one CA, by CA, in name order. Today every signer signs with
+    /// the one `[ca]` (named `default` in metrics): more than one signer in a group means a
+    /// certificate of one verifies under another's ClusterTrustBundle (issue #39).
+    pub fn signers_by_ca(&self) -> Vec<(&'static str, Vec<&str>)> {
+        vec![(
+            DEFAULT_CA_NAME,
+            self.signers.keys().map(String::as_str).collect(),
+        )]
+    }
+
+    /// The groups of [`Self::signers_by_ca`] with more than one signer, as one line each:
+    /// `signers "a" and "b" share a CA: …`.
+    pub fn shared_ca_warnings(&self) -> Vec<String> {
+        self.signers_by_ca()
+            .into_iter()
+            .filter_map(|(ca, signers)| {
+                let names: Vec<String> = signers.iter().map(|s| format!("{s:?}")).collect();
+                let (last, rest) = names.split_last()?;
+                (!rest.is_empty()).then(|| {
+                    format!(
+                        "signers {} and {last} share a CA ({ca}): a certificate of one verifies \
+                         under the others' ClusterTrustBundles",
+                        rest.join(", ")
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// The longest leaf lifetime any signer issues: how long a retired CA's leaves can live.
     pub fn max_leaf_lifetime(&self) -> time::Duration {
         time::Duration::seconds(
@@ -1124,6 +1175,9 @@ impl Config {
             })
     }
 }
+
+/// The name metrics and warnings give the one `[ca]` table.
+pub const DEFAULT_CA_NAME: &str = "default";
 
 /// A Secret reference that is not `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

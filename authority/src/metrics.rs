@@ -117,6 +117,12 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// A CA, by its name in the configuration (`default`: the `[ca]` table).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CaNameLabels {
+    pub ca: &'static str,
+}
+
 /// A Kubernetes API call, by podca's name for it (`podca_kube_request_timeouts_total`).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CallLabels {
@@ -361,6 +367,8 @@ pub struct Metrics {
     pub rotation_errors: Counter,
     /// Rotation checks made (failed ones included).
     pub rotation_checks: Counter,
+    /// Signers each CA signs for (`podca_ca_signers{ca}`).
+    pub ca_signers: Family<CaNameLabels, Gauge>,
     /// CA histories ignored (seal or values), by reason; once per ConfigMap resourceVersion.
     pub ca_history_rejected: Family<ReasonLabels, Counter>,
     /// Kubernetes API calls that did not answer within their bound, by call.
@@ -441,6 +449,7 @@ impl Metrics {
         let rotation_steps = Family::<crate::rotation::StepLabels, Counter>::default();
         let rotation_errors = Counter::default();
         let rotation_checks = Counter::default();
+        let ca_signers = Family::<CaNameLabels, Gauge>::default();
         let ca_history_rejected = Family::<ReasonLabels, Counter>::default();
         let kube_request_timeouts = Family::<CallLabels, Counter>::default();
         registry.register(
@@ -488,6 +497,12 @@ impl Metrics {
             "CA rotation checks made, failed ones included: the rotation driver is alive while \
              this rises",
             rotation_checks.clone(),
+        );
+        registry.register(
+            "ca_signers",
+            "Signers a CA signs for; above 1, a certificate of one signer verifies under the \
+             others' ClusterTrustBundles (give each signer its own CA)",
+            ca_signers.clone(),
         );
         registry.register(
             "pcr_issued",
@@ -608,6 +623,7 @@ impl Metrics {
             rotation_steps,
             rotation_errors,
             rotation_checks,
+            ca_signers,
             ca_history_rejected,
             kube_request_timeouts,
             grpc_insecure_plaintext,

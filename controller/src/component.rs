@@ -90,6 +90,7 @@ pub async fn secret_ca(
     .map_err(StartError::SecretCa)?;
     podca_authority::components::ca::check_signers(&handle.current().ca, &config.signers)
         .map_err(StartError::SignerOutsideCa)?;
+    podca_authority::components::ca::Sharing::of(config).report(rt);
     rt.spawn(Stage::Support, "secret CA driver", |stop| driver.run(stop));
     Ok(handle)
 }

@@ -111,6 +111,11 @@ async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
         "{metrics}"
     );
     assert!(metrics.contains("podca_leader 1"), "{metrics}");
+    // One signer: its CA is its own.
+    assert!(
+        metrics.contains("podca_ca_signers{ca=\"default\"} 1"),
+        "{metrics}"
+    );
     let (_, standby) = http_get(b.admin, "/metrics").expect("standby metrics");
     assert!(standby.contains("podca_leader 0"), "{standby}");
     // A standby has no watches to sync and serves gRPC: it is ready too.

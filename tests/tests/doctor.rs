@@ -24,12 +24,13 @@ const NAMESPACE: &str = "podca-system";
 const SECRET: &str = "podca-ca";
 const BUNDLE: &str = "example.com:workload:podca";
 const USER: &str = "system:serviceaccount:podca-system:podca";
-const CHECKS: [&str; 7] = [
+const CHECKS: [&str; 8] = [
     "certificates-api",
     "rbac",
     "rbac-least-privilege",
     "ca-secret",
     "trust-bundle",
+    "shared-ca",
     "pending-requests",
     "clock-skew",
 ];
@@ -238,7 +239,7 @@ fn assert_only_failure(out: &Output, check: &str, texts: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(
         stderr.trim(),
-        "podca: 1 of 7 checks failed",
+        "podca: 1 of 8 checks failed",
         "{}",
         report(out)
     );
@@ -273,9 +274,10 @@ async fn a_cluster_set_up_as_deploy_says_is_all_green() {
         "example.com/workload: example.com:workload:podca holds the CA's 1 anchor(s) (1 \
          certificate(s) in all)"
     );
-    assert_eq!(got[5].2, "example.com/workload: no request waiting");
+    assert_eq!(got[5].2, "every signer has a CA of its own");
+    assert_eq!(got[6].2, "example.com/workload: no request waiting");
     assert_eq!(
-        got[6].2,
+        got[7].2,
         "the API server's clock is in step with the local clock"
     );
 }
@@ -452,7 +454,7 @@ async fn an_api_server_clock_five_minutes_ahead_fails() {
              minutes off its clock",
         ],
     );
-    let detail = &lines(&out)[6].2;
+    let detail = &lines(&out)[7].2;
     assert!(
         ["299s", "300s", "301s"].iter().any(|s| detail.contains(s)),
         "{detail}"

@@ -59,6 +59,42 @@ pub enum CaStartError {
     },
 }
 
+/// Which signers each CA signs for, from the configuration: exported as
+/// `podca_ca_signers{ca}`, with a warning at start for every CA that several signers share
+/// (their trust domains are not apart: a certificate of one verifies under the others'
+/// bundles). Kept working for compatibility; `podca doctor` reports it too.
+#[derive(Debug, Clone, Default)]
+pub struct Sharing {
+    counts: Vec<(&'static str, usize)>,
+    warnings: Vec<String>,
+}
+
+impl Sharing {
+    pub fn of(config: &Config) -> Self {
+        Sharing {
+            counts: config
+                .signers_by_ca()
+                .into_iter()
+                .map(|(ca, signers)| (ca, signers.len()))
+                .collect(),
+            warnings: config.shared_ca_warnings(),
+        }
+    }
+
+    /// Sets the gauge and logs the warnings.
+    pub fn report(&self, rt: &Runtime) {
+        for (ca, count) in &self.counts {
+            rt.metrics()
+                .ca_signers
+                .get_or_create(&crate::metrics::CaNameLabels { ca })
+                .set(i64::try_from(*count).unwrap_or(i64::MAX));
+        }
+        for warning in &self.warnings {
+            tracing::warn!("{warning}; give each signer its own CA");
+        }
+    }
+}
+
 /// Refuses to start a CA under whose nameConstraints some signer's trust domain falls outside:
 /// every certificate of that signer would be refused (`IdentityNotPermittedByCA`), so it is a
 /// start-up error instead.
@@ -96,6 +132,7 @@ pub struct DirectoryCa {
     handle: CaHandle,
     rotator: RotatorOptions,
     hsm: Option<crate::ca::HsmKeySlot>,
+    sharing: Sharing,
 }
 
 impl std::fmt::Debug for DirectoryCa {
@@ -162,6 +199,7 @@ pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlan, CaStartError>
             refresh_when: intermediate,
         },
         hsm,
+        sharing: Sharing::of(config),
     }))
 }
 
@@ -187,7 +225,9 @@ impl DirectoryCa {
             handle,
             rotator,
             hsm,
+            sharing,
         } = self;
+        sharing.report(rt);
         let rotator = Arc::new(Rotator::new(
             rotator,
             handle.clone(),

@@ -85,6 +85,26 @@ pub(super) async fn read_secret(
     }
 }
 
+/// `shared-ca`: whether signers share a CA, so that their trust domains are not apart (a
+/// certificate of one verifies under another's ClusterTrustBundle). From the configuration.
+pub(super) fn check_shared(config: Option<&Config>) -> Check {
+    const NAME: &str = "shared-ca";
+    let Some(config) = config else {
+        return Check::new(NAME, Status::Warn, NO_CONFIG);
+    };
+    let warnings = config.shared_ca_warnings();
+    if warnings.is_empty() {
+        return Check::new(NAME, Status::Ok, "every signer has a CA of its own");
+    }
+    Check::combined(
+        NAME,
+        warnings
+            .into_iter()
+            .map(|w| (Status::Warn, format!("{w}; give each signer its own CA")))
+            .collect(),
+    )
+}
+
 pub(super) fn check_secret(ca: &SecretCa, now: OffsetDateTime) -> Check {
     const NAME: &str = "ca-secret";
     match ca {
@@ -311,6 +331,32 @@ mod tests {
     use super::*;
     use podca_signer::{CaAlgorithm, FileKey, IssuingCa};
     use time::macros::datetime;
+
+    #[test]
+    fn signers_that_share_the_ca_are_reported() {
+        assert_eq!(check_shared(None).status, Status::Warn);
+        let one = Config::parse("[signers.\"example.com/a\"]\ntrust_domain = \"a.test\"").unwrap();
+        let check = check_shared(Some(&one));
+        assert_eq!(
+            (check.status, check.detail.as_str()),
+            (Status::Ok, "every signer has a CA of its own")
+        );
+        let two = Config::parse(
+            "[signers.\"example.com/a\"]\ntrust_domain = \"a.test\"\n\
+             [signers.\"example.com/b\"]\ntrust_domain = \"b.test\"",
+        )
+        .unwrap();
+        let check = check_shared(Some(&two));
+        assert_eq!(
+            (check.status, check.detail.as_str()),
+            (
+                Status::Warn,
+                "signers \"example.com/a\" and \"example.com/b\" share a CA (default): a \
+                 certificate of one verifies under the others' ClusterTrustBundles; give each \
+                 signer its own CA"
+            )
+        );
+    }
 
     const T0: OffsetDateTime = datetime!(2027-01-01 0:00 UTC);
 

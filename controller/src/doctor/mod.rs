@@ -12,6 +12,8 @@
 //!   `rbac-least-privilege`: a few dangerous ones it must not have.
 //! * `ca-secret`: the CA in the configured Secret parses and how many days it has left.
 //! * `trust-bundle`: the signer's ClusterTrustBundle exists and holds the CA's anchors.
+//! * `shared-ca`: signers that share a CA (a certificate of one verifies under the other's
+//!   bundle).
 //! * `pending-requests`: PodCertificateRequests of podca's signers still unanswered, and how old.
 //! * `clock-skew`: the API server's `Date` header against the local clock.
 //!
@@ -229,6 +231,7 @@ pub async fn run(client: &Client, options: &DoctorOptions) -> Report {
     };
     checks.push(ca::check_secret(&ca, now));
     checks.push(ca::check_bundles(client, options.config.as_ref(), &served, &ca).await);
+    checks.push(ca::check_shared(options.config.as_ref()));
     let server_now = skew.as_ref().ok().map_or(now, |s| now + s.skew);
     checks.push(pending::check(client, options.config.as_ref(), &served, server_now).await);
     checks.push(clock::check(&skew));
