@@ -29,11 +29,13 @@ pub enum KeepError {
     Key { key_type: KeyType, message: String },
     #[error(transparent)]
     Refused(#[from] ApiError),
-    #[error("writing {}: {error}", .path.display())]
-    Write {
+    #[error("creating {}: {error}", .path.display())]
+    Dir {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    Write(#[from] podca_signer::StoreError),
 }
 
 /// How long a failed bundle waits before the next try.
@@ -119,7 +121,7 @@ async fn write(
     let issued = api
         .issue_for_key(identity, key.public.clone(), snapshot, IssuedVia::DevBundle)
         .await?;
-    std::fs::create_dir_all(dir).map_err(|error| KeepError::Write {
+    std::fs::create_dir_all(dir).map_err(|error| KeepError::Dir {
         path: dir.to_owned(),
         error,
     })?;
@@ -132,21 +134,9 @@ async fn write(
 
 /// Writes `path` whole or not at all (a temporary file, synced, then renamed over it).
 fn write_atomic(path: &Path, contents: &str, mode: u32) -> Result<(), KeepError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let failed = |path: &Path| {
-        let path = path.to_owned();
-        move |error| KeepError::Write { path, error }
-    };
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(failed(&tmp))?;
-    file.write_all(contents.as_bytes()).map_err(failed(&tmp))?;
-    file.sync_all().map_err(failed(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(failed(path))
+    Ok(podca_signer::store::write_atomic(
+        path,
+        contents.as_bytes(),
+        mode,
+    )?)
 }

@@ -948,16 +948,30 @@ fn read(path: &Path) -> Result<String, StoreError> {
 /// Replaces `path` atomically and durably: a unique temporary file beside it (mode 0644),
 /// fsynced, renamed over it, and the directory fsynced.
 pub(crate) fn write_public(path: &Path, contents: &str) -> Result<(), StoreError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    write_atomic(path, contents.as_bytes(), 0o644)
+}
+
+/// Replaces `path` with `contents` atomically: a new file of its own (`create_new`, never
+/// one an attacker or an earlier run left there) is made in the same directory with `mode`
+/// from the start, written, synced, renamed over `path`, and the directory synced. So a
+/// private key is never readable by others, not even briefly, and not through an existing
+/// file's wider mode, and a crash leaves the old contents or the new, never half.
+pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), StoreError> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
     let mut builder = tempfile::Builder::new();
     builder.prefix(TEMP_PREFIX);
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        builder.permissions(fs::Permissions::from_mode(0o644));
+        builder.permissions(fs::Permissions::from_mode(mode));
     }
+    #[cfg(not(unix))]
+    let _ = mode;
     let mut tmp = builder.tempfile_in(dir).map_err(|e| io(path, &e))?;
-    tmp.write_all(contents.as_bytes())
+    tmp.write_all(contents)
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(|e| io(path, &e))?;
     tmp.persist(path).map_err(|e| io(path, &e.error))?;

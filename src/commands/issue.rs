@@ -308,18 +308,10 @@ fn rfc3339(seconds: Option<i64>) -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
+/// Replaces `path` atomically with a file of its own: 0600 when it holds a secret (a key, a
+/// JWT-SVID), whatever mode an existing file had; 0644 otherwise.
 fn write_output(path: &std::path::Path, text: &str, secret: bool) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    if secret {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.mode(0o600);
-    }
-    let mut file = options
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    file.write_all(text.as_bytes())
+    let mode = if secret { 0o600 } else { 0o644 };
+    podca_signer::store::write_atomic(path, text.as_bytes(), mode)
         .with_context(|| format!("cannot write {}", path.display()))
 }

@@ -226,6 +226,45 @@ fn issue_from_an_openssl_csr_and_refuse_a_tampered_one() {
     );
 }
 
+/// `-o` names a file someone else made first, world-readable, and keeps open: podca replaces
+/// it with a file of its own, mode 0600, so neither the old mode nor the held descriptor sees
+/// the private key.
+#[test]
+fn issue_out_never_writes_a_key_into_a_file_it_did_not_create() {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("ca");
+    let d = d.to_str().unwrap();
+    ok(&["ca", "init", "--dir", d]);
+    let out = tmp.path().join("web.pem");
+    std::fs::write(&out, "").unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut held = std::fs::File::open(&out).unwrap();
+    let o = out.to_str().unwrap();
+    ok(&[
+        "issue",
+        "--dir",
+        d,
+        "-n",
+        "apps",
+        "--service-account",
+        "web",
+        "-o",
+        o,
+    ]);
+    let written = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        written.starts_with("-----BEGIN PRIVATE KEY-----"),
+        "{written}"
+    );
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the credential is {mode:o}");
+    let mut seen = String::new();
+    held.read_to_string(&mut seen).unwrap();
+    assert_eq!(seen, "", "the descriptor held on the old file saw the key");
+}
+
 #[test]
 fn errors_are_one_clear_line() {
     let tmp = tempfile::tempdir().unwrap();
