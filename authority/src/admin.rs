@@ -3,8 +3,9 @@
 //! Its limits ([`AdminLimits`]): a connection must send a whole request head within
 //! `header_read_timeout` (also the longest a kept-alive connection waits for its next request),
 //! is closed after `idle_timeout` without a byte either way (a client that stops reading), and
-//! at most `max_connections` are open at once; more are closed at accept. So a slowloris peer
-//! holds a slot for seconds, and the kubelet's probes and Prometheus keep being answered.
+//! at most `max_connections` are open at once, `max_connections_per_peer` of them from one
+//! source address; more are closed at accept ([`crate::slots`]). So a slowloris peer holds a
+//! few slots for seconds, and the kubelet's probes and Prometheus keep being answered.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -23,10 +24,11 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::Metrics;
+use crate::slots::Slots;
 
 /// What `/readyz` answers: ready once every registered component says so (the controller's
 /// watches have synced, the gRPC API listens, …); until then 503 naming the ones still waited
@@ -124,16 +126,18 @@ pub struct AdminLimits {
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
 }
 
 impl Default for AdminLimits {
-    /// 10 s for a request head, 30 s without traffic, 64 connections: probes and scrapes send
-    /// one small GET each, and a handful of them run at once.
+    /// 10 s for a request head, 30 s without traffic, 64 connections and 8 from one address:
+    /// probes and scrapes send one small GET each, and a handful of them run at once.
     fn default() -> Self {
         AdminLimits {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
             max_connections: 64,
+            max_connections_per_peer: 8,
         }
     }
 }
@@ -156,7 +160,7 @@ pub async fn serve_with(
     limits: AdminLimits,
     mut stop: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Slots::new(limits.max_connections, limits.max_connections_per_peer);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -165,10 +169,13 @@ pub async fn serve_with(
         let Ok((stream, peer)) = accepted else {
             continue;
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::debug!(%peer, "admin: connection closed at accept (max_connections)");
-            drop(stream);
-            continue;
+        let slot = match slots.try_acquire(peer.ip()) {
+            Ok(slot) => slot,
+            Err(full) => {
+                tracing::debug!(%peer, ?full, "admin: connection closed at accept (no slot)");
+                drop(stream);
+                continue;
+            }
         };
         let metrics = Arc::clone(&metrics);
         let health = Arc::clone(&health);
@@ -347,6 +354,7 @@ mod tests {
         header_read_timeout: Duration::from_millis(500),
         idle_timeout: Duration::from_millis(800),
         max_connections: 3,
+        max_connections_per_peer: 3,
     };
 
     async fn admin() -> (SocketAddr, watch::Sender<bool>) {
@@ -440,6 +448,50 @@ mod tests {
             .unwrap();
         let waited = closed_after(&mut kept).await;
         assert!(waited < Duration::from_secs(2), "closed after {waited:?}");
+    }
+
+    /// The attack of issue #40: one local peer opens 200 connections and sends nothing. It
+    /// gets its 8 slots; a probe from another address is still answered, at once.
+    #[tokio::test]
+    async fn a_peer_holding_many_connections_does_not_starve_the_probes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_stop, stopped) = watch::channel(false);
+        tokio::spawn(serve_with(
+            listener,
+            Arc::new(Metrics::new()),
+            Readiness::new(),
+            AdminLimits::default(),
+            stopped,
+        ));
+        let mut held = Vec::new();
+        for _ in 0..200 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // The ninth and later are closed at accept: the peer holds exactly its share.
+        let mut closed = 0;
+        for tcp in &mut held[8..] {
+            let mut byte = [0u8; 1];
+            let read = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut byte)).await;
+            if matches!(read, Ok(Ok(0) | Err(_))) {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, 192, "connections beyond the peer's 8 stay open");
+        // The kubelet, from its own address.
+        let probe = tokio::net::TcpSocket::new_v4().unwrap();
+        probe.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut probe = probe.connect(addr).await.unwrap();
+        probe
+            .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(2), probe.read_to_string(&mut answer))
+            .await
+            .expect("the probe is answered within 2 s")
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
 
     #[tokio::test]

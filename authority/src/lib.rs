@@ -42,6 +42,7 @@ pub mod runtime;
 pub mod secret_rotation;
 pub mod serving_cert;
 pub mod shutdown;
+pub mod slots;
 #[cfg(test)]
 mod test_support;
 pub mod trust;

@@ -42,7 +42,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use podca_signer::jwt::{JwtAlgorithm, JwtKeySet};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tracing::debug;
 
 use crate::admin::IdleTimeout;
@@ -162,6 +162,7 @@ fn has_body(headers: &HeaderMap) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OidcLimits {
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
     pub handshake_timeout: Duration,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
@@ -173,6 +174,7 @@ impl Default for OidcLimits {
     fn default() -> Self {
         OidcLimits {
             max_connections: 64,
+            max_connections_per_peer: 16,
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
@@ -211,7 +213,7 @@ pub async fn serve_with(
     limits: OidcLimits,
     mut stop: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = crate::slots::Slots::new(limits.max_connections, limits.max_connections_per_peer);
     let discovery = Arc::new(discovery);
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
@@ -227,11 +229,14 @@ pub async fn serve_with(
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            debug!(%peer, "OIDC: connection closed at accept (64 connections open)");
-            metrics.connections_refused.inc();
-            drop(stream);
-            continue;
+        let slot = match slots.try_acquire(peer.ip()) {
+            Ok(slot) => slot,
+            Err(full) => {
+                debug!(%peer, ?full, "OIDC: connection closed at accept (no slot)");
+                metrics.connections_refused.inc();
+                drop(stream);
+                continue;
+            }
         };
         let discovery = Arc::clone(&discovery);
         let keys = keys.clone();
@@ -380,6 +385,7 @@ mod tests {
     fn limits() -> OidcLimits {
         OidcLimits {
             max_connections: 2,
+            max_connections_per_peer: 2,
             handshake_timeout: Duration::from_millis(500),
             header_read_timeout: Duration::from_millis(500),
             idle_timeout: Duration::from_millis(800),
