@@ -214,6 +214,11 @@ pub async fn start(
         istio_audience,
         istio_trust_domain_alias,
     } = settings;
+    // The uids the socket must let in: podca dev's identities (the owner's alone by default).
+    let socket_uids: Vec<u32> = match &callers {
+        Callers::Dev { identities } => identities.iter().map(|i| i.uid).collect(),
+        Callers::Kubernetes { .. } => vec![],
+    };
     let client_trust = match (&tls, mtls_renewal, &callers) {
         (GrpcTls::Off { .. }, _, _) | (_, false, _) | (_, _, Callers::Dev { .. }) => None,
         _ => Some(start_client_trust(rt, &api, ca)?),
@@ -319,7 +324,9 @@ pub async fn start(
         tls = tls.is_some(),
         "gRPC API (podca.v1, Istio CA API) listening"
     );
-    let unix = socket.map(bind_socket).transpose()?;
+    let unix = socket
+        .map(|path| bind_socket(path, &socket_uids))
+        .transpose()?;
     let ready = rt.init_handle("grpc");
     ready.set(true);
     let served = Arc::clone(&api);
@@ -356,9 +363,13 @@ pub async fn start(
     Ok(Running { api, addr })
 }
 
-/// Binds the Workload API socket, replacing a stale one left by a crash.
-fn bind_socket(path: &Path) -> Result<(UnixListener, PathBuf), StartError> {
+/// Binds the Workload API socket, replacing a stale one left by a crash. Its mode is 0600 when
+/// every identity in `uids` is the owner's (the default: the socket is the user's alone), 0666
+/// when `[dev] identities` maps other users, who must be able to connect; callers are then
+/// told apart by their uid (peer credentials) as before.
+fn bind_socket(path: &Path, uids: &[u32]) -> Result<(UnixListener, PathBuf), StartError> {
     use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let refused = |message: String| StartError::Socket(message);
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
@@ -382,6 +393,16 @@ fn bind_socket(path: &Path) -> Result<(UnixListener, PathBuf), StartError> {
     }
     let listener = UnixListener::bind(path)
         .map_err(|e| refused(format!("binding {}: {e}", path.display())))?;
+    let owner = std::fs::metadata(path)
+        .map_err(|e| refused(format!("reading {}: {e}", path.display())))?
+        .uid();
+    let mode = if uids.iter().all(|uid| *uid == owner) {
+        0o600
+    } else {
+        0o666
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| refused(format!("setting the mode of {}: {e}", path.display())))?;
     Ok((listener, path.to_owned()))
 }
 

@@ -7,6 +7,26 @@ use std::time::Duration;
 use podca_tests::process::{DevOptions, DevProcess, csr_for, podca_binary};
 use podca_tests::verify::{assert_verifies, pem_blocks};
 
+/// `[dev] identities` maps another user: the socket lets everyone connect (0666) and tells
+/// callers apart by uid, as before.
+#[test]
+fn a_socket_for_other_users_is_open_to_them() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let me = std::fs::metadata("/proc/self").unwrap().uid();
+    let config = format!(
+        "[[dev.identities]]\nuid = {me}\nnamespace = \"default\"\nservice_account = \"default\"\n\
+         [[dev.identities]]\nuid = {}\nnamespace = \"apps\"\nservice_account = \"web\"\n",
+        me + 1
+    );
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        ..Default::default()
+    });
+    let mode = std::fs::metadata(&dev.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666, "the Workload API socket is {mode:o}");
+    assert!(dev.stop().success());
+}
+
 #[test]
 fn creates_then_reuses_the_ca_and_removes_its_socket_on_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
@@ -23,6 +43,16 @@ fn creates_then_reuses_the_ca_and_removes_its_socket_on_sigterm() {
             .any(|l| l.starts_with("podca dev: created the CA in"))
     );
     assert_eq!(first.socket, data_dir.join("workload.sock"));
+    // The user's alone: no other local user can even connect.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&first.socket)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600, "the Workload API socket is {mode:o}");
+    }
     assert!(first.banner.iter().any(|l| l.contains("grpcurl")));
     let root = std::fs::read_to_string(data_dir.join("root.pem")).unwrap();
     let socket = first.socket.clone();
