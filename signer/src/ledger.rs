@@ -289,7 +289,8 @@ impl LedgerRecord {
         record
     }
 
-    /// The record of a refusal (`Denied` or `Failed`, with its condition reason).
+    /// The record of a refusal (`Denied` or `Failed`, with its condition reason); its message is
+    /// cut at [`MAX_MESSAGE_BYTES`].
     pub fn refused(
         context: &RecordContext,
         outcome: RecordOutcome,
@@ -302,7 +303,7 @@ impl LedgerRecord {
             Some(uid) => format!("{}:{uid}", context.source),
             None => format!("{}:{}", context.source, random_id()),
         };
-        record.message = Some(message.to_owned());
+        record.message = Some(bounded_message(message));
         record
     }
 
@@ -357,6 +358,24 @@ impl LedgerRecord {
             },
         }
     }
+}
+
+/// The longest refusal message a record keeps, in bytes. Messages carry request-chosen text
+/// (a DNS name, a CEL rule's message over annotations): the ledger and the audit log must not
+/// grow by what a caller chooses to send.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `message`, cut on a character boundary at [`MAX_MESSAGE_BYTES`] with a marker saying so.
+fn bounded_message(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message.to_owned();
+    }
+    const MARK: &str = "… (truncated)";
+    let mut end = MAX_MESSAGE_BYTES - MARK.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{MARK}", &message[..end])
 }
 
 /// Which process this is, for the `replica` field: `POD_NAME`, else `HOSTNAME`, else the
@@ -879,6 +898,26 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusal_messages_are_bounded_on_a_character_boundary() {
+        assert_eq!(bounded_message("short"), "short");
+        let exact = "a".repeat(MAX_MESSAGE_BYTES);
+        assert_eq!(bounded_message(&exact), exact);
+        // Multi-byte characters across the cut: never split, never over the bound.
+        let long = "é".repeat(MAX_MESSAGE_BYTES);
+        let cut = bounded_message(&long);
+        assert!(cut.len() <= MAX_MESSAGE_BYTES, "{}", cut.len());
+        assert!(cut.ends_with("… (truncated)"));
+        assert!(
+            cut.trim_end_matches("… (truncated)")
+                .chars()
+                .all(|c| c == 'é')
+        );
+        let record =
+            LedgerRecord::refused(&context(), RecordOutcome::Denied, "R", &"x".repeat(5000));
+        assert!(record.message.is_some_and(|m| m.len() <= MAX_MESSAGE_BYTES));
+    }
 
     fn context() -> RecordContext {
         RecordContext {
