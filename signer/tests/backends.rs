@@ -256,3 +256,30 @@ fn issuing_ca_with_less_than_an_hour_left_fails_cleanly() {
         other => panic!("expected Failed, got {other:?}"),
     }
 }
+
+/// A key file other users may read (or write) is refused at load, with the mode and what to
+/// do; group bits (what an fsGroup volume adds) are accepted.
+#[test]
+fn a_key_file_others_can_read_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("issuing.key");
+    FileKey::create(&path, CaAlgorithm::EcdsaP256).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    FileKey::load(&path).expect("group-readable, as on an fsGroup volume");
+    for mode in [0o644, 0o602] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        match FileKey::load(&path) {
+            Err(BackendError::Io { path: p, detail }) => {
+                assert_eq!(p, path.display().to_string());
+                assert_eq!(
+                    detail,
+                    format!(
+                        "mode {mode:o} lets other users read or write the private key; refusing \
+                         it (chmod o-rwx, and consider the key exposed)"
+                    )
+                );
+            }
+            other => panic!("mode {mode:o}: {other:?}"),
+        }
+    }
+}

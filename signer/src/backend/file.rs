@@ -24,8 +24,29 @@ impl fmt::Debug for FileKey {
 }
 
 impl FileKey {
-    /// Loads the key at `path` (PKCS#8, SEC1 or PKCS#1 PEM).
+    /// Loads the key at `path` (PKCS#8, SEC1 or PKCS#1 PEM). A file others may read or write
+    /// (any of the mode's "other" bits) is refused: podca writes 0600, so such a key has been
+    /// exposed or tampered with. Group bits are allowed: Kubernetes volumes with an `fsGroup`
+    /// (podca's manifests set one) give every file group read and write.
     pub fn load(path: &Path) -> Result<Self, BackendError> {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(path)
+                .map_err(|e| io_error(path, &e))?
+                .permissions()
+                .mode();
+            if mode & 0o007 != 0 {
+                return Err(BackendError::Io {
+                    path: path.display().to_string(),
+                    detail: format!(
+                        "mode {:o} lets other users read or write the private key; refusing it \
+                         (chmod o-rwx, and consider the key exposed)",
+                        mode & 0o777
+                    ),
+                });
+            }
+        }
         let pem = fs::read_to_string(path).map_err(|e| io_error(path, &e))?;
         let pair = super::key_pair_from_pem(&pem, &path.display().to_string())?;
         Ok(FileKey {
