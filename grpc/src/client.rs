@@ -88,6 +88,34 @@ impl Server {
         &self.url
     }
 
+    /// Refuses to send a bearer token in the clear anywhere but to this host: a plaintext
+    /// `http://` server off loopback would let anyone on the path read the token and use it.
+    pub fn may_send_token(&self, token: Option<&Token>) -> Result<(), ClientError> {
+        if token.is_none() || self.tls.is_some() || Scheme::of(&self.url)? != Scheme::Http {
+            return Ok(());
+        }
+        let authority = self.url["http://".len()..]
+            .split(['/', '?', '#'])
+            .next()
+            .unwrap_or_default();
+        let host = match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or_default(),
+            None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+        };
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if loopback {
+            return Ok(());
+        }
+        Err(fail(format!(
+            "--server {}: --token-file would send the token unencrypted to {host}; a plaintext \
+             http:// server may only be on loopback (use https:// and --ca-file)",
+            self.url
+        )))
+    }
+
     /// A channel to the server, over TLS when it is https.
     pub async fn connect(&self) -> Result<Channel, ClientError> {
         let server = &self.url;
@@ -341,6 +369,32 @@ mod tests {
                  unix:///path/to/socket"
             ))
         );
+    }
+
+    #[test]
+    fn a_token_goes_in_the_clear_to_loopback_only() {
+        let token = Token("t".into());
+        for url in [
+            "http://127.0.0.1:8443",
+            "http://localhost:1",
+            "http://[::1]:2",
+        ] {
+            let server = Server::new(url, None, None).unwrap();
+            assert!(server.may_send_token(Some(&token)).is_ok(), "{url}");
+        }
+        let remote = Server::new("http://10.0.0.5:8443", None, None).unwrap();
+        assert!(
+            remote.may_send_token(None).is_ok(),
+            "no token, nothing to leak"
+        );
+        assert_eq!(
+            remote.may_send_token(Some(&token)).unwrap_err().to_string(),
+            "--server http://10.0.0.5:8443: --token-file would send the token unencrypted to \
+             10.0.0.5; a plaintext http:// server may only be on loopback (use https:// and \
+             --ca-file)"
+        );
+        let unix = Server::new("unix:///run/podca.sock", None, None).unwrap();
+        assert!(unix.may_send_token(Some(&token)).is_ok());
     }
 
     #[test]

@@ -206,6 +206,7 @@ impl IssueArgs {
             self.server_name.as_deref(),
         )?;
         let token = self.token_file.as_deref().map(Token::read).transpose()?;
+        server.may_send_token(token.as_ref())?;
         let mut request = tonic::Request::new(message);
         caller_metadata(
             request.metadata_mut(),
