@@ -381,6 +381,9 @@ impl SignerPolicy {
             return deny;
         }
         let mut dns_names = Vec::new();
+        // Kept beside the list: a request may name thousands, and checking each against the
+        // list would be quadratic.
+        let mut seen = std::collections::HashSet::new();
         // With a `dns_names` output, CEL computes the names (after the rules): the annotation
         // is only checked for unknown keys here.
         let dns_from_output = self.outputs.dns_names.is_some();
@@ -394,7 +397,7 @@ impl SignerPolicy {
                     ),
                 };
             }
-            push_unique(&mut dns_names, name);
+            push_unique(&mut dns_names, &mut seen, name);
         }
         for (key, value) in facts.user_annotations {
             if key != DNS_NAMES_ANNOTATION {
@@ -430,7 +433,16 @@ impl SignerPolicy {
                         ),
                     };
                 }
-                push_unique(&mut dns_names, name);
+                push_unique(&mut dns_names, &mut seen, name);
+                if dns_names.len() > MAX_DNS_NAMES {
+                    return Decision::Deny {
+                        reason: DenyReason::InvalidUserAnnotations,
+                        message: format!(
+                            "{DNS_NAMES_ANNOTATION}: more than {MAX_DNS_NAMES} distinct DNS \
+                             names; a certificate carries at most {MAX_DNS_NAMES}"
+                        ),
+                    };
+                }
             }
         }
         Decision::Issue(LeafPlan {
@@ -464,8 +476,15 @@ impl SignerPolicy {
     }
 }
 
-fn push_unique(names: &mut Vec<String>, name: String) {
-    if !names.contains(&name) {
+/// The most distinct DNS names a certificate carries (templates and the annotation together).
+pub const MAX_DNS_NAMES: usize = 64;
+
+fn push_unique(
+    names: &mut Vec<String>,
+    seen: &mut std::collections::HashSet<String>,
+    name: String,
+) {
+    if seen.insert(name.clone()) {
         names.push(name);
     }
 }
@@ -518,6 +537,44 @@ mod tests {
             key_type: key,
             user_annotations: ann,
         }
+    }
+
+    /// Thousands of names in the annotation (as much as kube-apiserver lets through): refused
+    /// at the 65th distinct one, in linear time; duplicates count once.
+    #[test]
+    fn dns_names_are_capped_and_duplicates_count_once() {
+        let mut policy = SignerPolicy::permissive("cluster.local");
+        policy.allowed_dns_names = vec!["*.apps.svc".into()];
+        let names = |n: usize| {
+            (0..n)
+                .map(|i| format!("n{i}.apps.svc"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let ann = |value: String| BTreeMap::from([(DNS_NAMES_ANNOTATION.to_string(), value)]);
+        let decide = |value: String| {
+            let ann = ann(value);
+            policy.decide(&facts("apps", "web", Ok(KeyType::EcdsaP256), &ann))
+        };
+        match decide(names(MAX_DNS_NAMES)) {
+            Decision::Issue(plan) => assert_eq!(plan.dns_names.len(), MAX_DNS_NAMES),
+            other => panic!("{other:?}"),
+        }
+        let twice = format!("{},{}", names(MAX_DNS_NAMES), names(MAX_DNS_NAMES));
+        assert!(matches!(decide(twice), Decision::Issue(p) if p.dns_names.len() == MAX_DNS_NAMES));
+        let started = std::time::Instant::now();
+        match decide(names(20_000)) {
+            Decision::Deny { reason, message } => {
+                assert_eq!(reason, DenyReason::InvalidUserAnnotations);
+                assert_eq!(
+                    message,
+                    "podca.dev/dns-names: more than 64 distinct DNS names; a certificate \
+                     carries at most 64"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
     /// What a table row expects: the decision and a piece of its message, so that two rules
