@@ -87,7 +87,13 @@ impl KubePodDirectory {
 /// What the gRPC checks and policy rules read of a Pod.
 fn pod_info(p: k8s_openapi::api::core::v1::Pod) -> PodInfo {
     let spec = p.spec.unwrap_or_default();
+    let mirror = spec.service_account_name.is_none()
+        || p.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
     PodInfo {
+        mirror,
         service_account: spec
             .service_account_name
             .unwrap_or_else(|| "default".into()),

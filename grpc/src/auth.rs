@@ -580,6 +580,10 @@ pub struct PodInfo {
     pub terminating: bool,
     /// `status.phase` (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`).
     pub phase: Option<String>,
+    /// A static pod's mirror (annotation `kubernetes.io/config.mirror`, or no
+    /// `serviceAccountName`): the node's files made it, not the API server, so no service
+    /// account vouches for it.
+    pub mirror: bool,
     /// `metadata.labels` and `metadata.annotations`: what policy rules see as `pod.labels` and
     /// `pod.annotations` (`pod_facts`).
     pub metadata: PodMetadata,

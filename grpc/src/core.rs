@@ -544,6 +544,12 @@ impl Api {
                 "pod {pod_namespace}/{pod_name} does not run on the caller's node {caller_node}"
             )));
         }
+        if pod.mirror {
+            return Err(ApiError::MirrorPod(format!(
+                "pod {pod_namespace}/{pod_name} is a static pod's mirror: no service account \
+                 vouches for it, so podca certifies no identity for it"
+            )));
+        }
         if pod.terminating {
             return Err(ApiError::PodNotRunning(format!(
                 "pod {pod_namespace}/{pod_name} is terminating (it has a deletionTimestamp)"
@@ -757,6 +763,7 @@ impl Api {
         let running = pods.into_iter().find(|p| {
             p.info.node_name.as_deref() == Some(node.as_str())
                 && p.info.service_account == id.service_account.as_str()
+                && !p.info.mirror
                 && !p.info.terminating
                 && !p.info.finished()
         });

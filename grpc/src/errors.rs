@@ -71,6 +71,9 @@ pub enum ApiError {
     /// IssueForPod: the pod is terminating or has finished.
     #[error("{0}")]
     PodNotRunning(String),
+    /// IssueForPod: a static pod's mirror, which no service account vouches for.
+    #[error("{0}")]
+    MirrorPod(String),
     #[error("IssueForPod needs the Kubernetes API to check the pod's node; `podca dev` has none")]
     NoPodDirectory,
     #[error("missing the `workload.spiffe.io: true` metadata required by the SPIFFE Workload API")]
@@ -128,7 +131,7 @@ impl ApiError {
             ApiError::TooManyDnsNames { .. } => Code::InvalidArgument,
             ApiError::UnknownSigner(_) | ApiError::PodNotFound(_) => Code::NotFound,
             ApiError::SignerNotAllowed(_) | ApiError::CallerPodGone(_) => Code::PermissionDenied,
-            ApiError::PodNotRunning(_) => Code::FailedPrecondition,
+            ApiError::PodNotRunning(_) | ApiError::MirrorPod(_) => Code::FailedPrecondition,
             ApiError::Auth(a) => a.code(),
             ApiError::Denied { reason, .. } => deny_code(*reason),
             ApiError::Failed { reason, .. } => fail_code(*reason),
@@ -289,6 +292,7 @@ impl ApiError {
             ApiError::PodOnOtherNode(_) => "pod_on_other_node",
             ApiError::CallerPodGone(_) => "caller_pod_gone",
             ApiError::PodNotRunning(_) => "pod_not_running",
+            ApiError::MirrorPod(_) => "mirror_pod",
             ApiError::NoPodDirectory => "no_pod_directory",
             ApiError::MissingWorkloadHeader => "missing_workload_header",
             ApiError::BadIstioCsr(_) => "bad_csr",

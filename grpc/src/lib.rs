@@ -36,6 +36,7 @@
 //! | `IssueForPod`: caller not in `grpc.node_proxy_service_accounts`, its token names no node or no pod (not pod-bound), or the pod runs on another node | `PERMISSION_DENIED` |
 //! | `IssueForPod`: the caller's own pod (its token's pod name) no longer exists or has another UID than the token names (`the caller's pod …`) | `PERMISSION_DENIED` |
 //! | `IssueForPod`: the pod is terminating (deletionTimestamp set) or has finished (phase `Succeeded`/`Failed`) | `FAILED_PRECONDITION` |
+//! | `IssueForPod`: the pod is a static pod's mirror (annotation `kubernetes.io/config.mirror`, or no `serviceAccountName`): no service account vouches for it | `FAILED_PRECONDITION` |
 //! | `IssueForPod`: `pod_namespace` or `pod_name` is not a Kubernetes object name | `INVALID_ARGUMENT` |
 //! | `IssueForPod`: pod does not exist (`pod <ns>/<name> not found`; only a node proxy gets this far) | `NOT_FOUND` |
 //! | `IssueForPod`: a pod lookup (the caller's or the target's) failed or took over 5 s (`cannot check the pod now: …`) | `UNAVAILABLE` |

@@ -557,6 +557,14 @@ async fn issue_for_pod_refusals() {
             Code::FailedPrecondition,
             "pod shop/crashed has finished (phase Failed)",
         ),
+        (
+            "proxy",
+            "shop",
+            "static-web",
+            Code::FailedPrecondition,
+            "pod shop/static-web is a static pod's mirror: no service account vouches for it, \
+             so podca certifies no identity for it",
+        ),
     ] {
         let result = client
             .issue_for_pod(with_token(for_pod(namespace, name), token))

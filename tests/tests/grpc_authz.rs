@@ -90,9 +90,16 @@ async fn issue_for_pod_refuses_pods_that_are_not_running_and_callers_that_are_go
     let emu = &cluster.emu;
     let mut client = cluster.client().await;
     emu.add_node("node-1");
-    for name in ["web-1", "leaving", "done", "crashed"] {
+    for name in ["web-1", "leaving", "done", "crashed", "static-web"] {
         cluster.pod("apps", name, "node-1", "web");
     }
+    // A static pod's mirror, as the kubelet creates it.
+    assert!(emu.set_pod_metadata(
+        "apps",
+        "static-web",
+        &[],
+        &[("kubernetes.io/config.mirror", "0123abcd")]
+    ));
     assert!(emu.begin_pod_deletion("apps", "leaving"));
     assert!(emu.set_pod_phase("apps", "done", "Succeeded"));
     assert!(emu.set_pod_phase("apps", "crashed", "Failed"));
@@ -122,6 +129,11 @@ async fn issue_for_pod_refuses_pods_that_are_not_running_and_callers_that_are_go
         issue_for_pod(&mut client, &proxy, "apps", "crashed").await,
         Code::FailedPrecondition,
         "pod apps/crashed has finished (phase Failed)",
+    );
+    expect_code(
+        issue_for_pod(&mut client, &proxy, "apps", "static-web").await,
+        Code::FailedPrecondition,
+        "pod apps/static-web is a static pod's mirror: no service account vouches for it",
     );
 
     // A token bound to the node only (no pod name and UID) is not pod-bound.

@@ -440,6 +440,7 @@ fn pod_on(node: &str, sa: &str, uid: &str) -> PodInfo {
         terminating: false,
         phase: Some("Running".into()),
         metadata: Default::default(),
+        mirror: false,
     }
 }
 

@@ -116,6 +116,10 @@ impl PodDirectory for FakePods {
                 phase: Some("Failed".into()),
                 ..on("node-a")
             })),
+            ("shop", "static-web") => Ok(Some(PodInfo {
+                mirror: true,
+                ..on("node-a")
+            })),
             ("shop", "db-0") => Ok(Some(on("node-b"))),
             ("shop", "broken") => Err(LookupError::Failed("pods \"broken\" is forbidden".into())),
             ("shop", "slow") => Err(LookupError::Timeout(Duration::from_secs(5))),
