@@ -220,13 +220,24 @@ pub struct OtherPod {
     uid: String,
 }
 
+/// Why the rules could not see the request's pod: podca would deny `PolicyPodNotFound` with
+/// this as the message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodRefusal {
+    #[error(transparent)]
+    Other(#[from] OtherPod),
+    /// The request names no pod (a token bound to none, …): the rules fail closed.
+    #[error("{}", podca_signer::rules::NO_POD)]
+    NoPod,
+}
+
 /// What the rules would see of the request's pod.
 pub fn pod_for<'a>(
     pod: Option<&'a PodSample>,
     (name, uid): (Option<&str>, Option<&str>),
     policy: Option<&SignerPolicy>,
     notes: &mut Vec<String>,
-) -> Result<Option<&'a PodMetadata>, OtherPod> {
+) -> Result<Option<&'a PodMetadata>, PodRefusal> {
     if !policy.is_some_and(SignerPolicy::rules_use_pod_facts) {
         if pod.is_some() {
             notes.push(
@@ -236,12 +247,7 @@ pub fn pod_for<'a>(
         return Ok(None);
     }
     let (Some(name), Some(uid)) = (name, uid) else {
-        notes.push(
-            "the request names no pod (name and UID): the rules saw empty pod.labels and \
-             pod.annotations"
-                .into(),
-        );
-        return Ok(None);
+        return Err(PodRefusal::NoPod);
     };
     let Some(file) = pod else {
         notes.push(
@@ -252,12 +258,12 @@ pub fn pod_for<'a>(
         return Ok(None);
     };
     if file.name != name || file.uid.as_deref().is_some_and(|u| u != uid) {
-        return Err(OtherPod {
+        return Err(PodRefusal::Other(OtherPod {
             file_pod: file.name.clone(),
             file_uid: file.uid.clone().unwrap_or_else(|| "not given".into()),
             name: name.to_owned(),
             uid: uid.to_owned(),
-        });
+        }));
     }
     if file.uid.is_none() {
         notes.push("--pod has no metadata.uid: its UID was not compared with the request's".into());
@@ -345,4 +351,32 @@ pub fn throwaway_ca(now: OffsetDateTime) -> Result<IssuingCa, SampleError> {
             "cannot make the throwaway CA for --now (is it a time X.509 can hold?): {e}"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rules that read the pod and a request that names none: the same denial as the servers'
+    /// (`podca_signer::rules::NO_POD`), not a verdict over empty maps.
+    #[test]
+    fn a_request_without_a_pod_fails_closed_under_pod_rules() {
+        let config = podca_authority::config::Config::parse(
+            "[signers.\"example.com/a\"]\ntrust_domain = \"a.test\"\npod_facts = true\n\
+             [[signers.\"example.com/a\".rules]]\nname = \"canary\"\n\
+             require = \"pod.labels['track'] == 'canary'\"\nreason = \"NotCanary\"",
+        )
+        .unwrap();
+        let policy = &config.signers["example.com/a"];
+        let mut notes = Vec::new();
+        let refused = pod_for(None, (None, None), Some(policy), &mut notes).unwrap_err();
+        assert_eq!(refused, PodRefusal::NoPod);
+        assert_eq!(refused.to_string(), podca_signer::rules::NO_POD);
+        // A signer whose rules read no pod: nothing to refuse.
+        let plain = SignerPolicy::permissive("a.test");
+        assert_eq!(
+            pod_for(None, (None, None), Some(&plain), &mut notes),
+            Ok(None)
+        );
+    }
 }

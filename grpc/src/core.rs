@@ -287,7 +287,8 @@ impl Api {
 
     /// The labels and annotations of the identity's pod when `policy`'s rules read them: one
     /// GET, and the pod must have the identity's UID. An identity with no pod (a token not
-    /// bound to one, `ImpersonatedIdentity`, `podca dev`) gives `None`: rules see empty maps.
+    /// bound to one, `ImpersonatedIdentity`, `podca dev`) is denied `PolicyPodNotFound`: rules
+    /// that read the pod fail closed rather than judge empty maps.
     pub(crate) async fn pod_facts_for(
         &self,
         policy: &SignerPolicy,
@@ -298,7 +299,10 @@ impl Api {
             return Ok(None);
         }
         let (Some(name), Some(uid)) = (&identity.pod_name, &identity.pod_uid) else {
-            return Ok(None);
+            return Err(ApiError::Denied {
+                reason: podca_signer::DenyReason::PodNotFound,
+                message: podca_signer::rules::NO_POD.into(),
+            });
         };
         let Some(pods) = &self.pod_facts else {
             return Err(ApiError::Unavailable(

@@ -825,6 +825,13 @@ fn check_collections(f: &RuleFacts<'_>) -> Result<(), TooManyEntries> {
 
 // ---- namespace labels -----------------------------------------------------------------------
 
+/// The message of the `PolicyPodNotFound` denial for a request that names no pod (a token bound
+/// to none, an impersonated identity, `podca dev`) under rules that read `pod`: they fail closed
+/// rather than judge empty maps. One text for the servers and `podca policy test`.
+pub const NO_POD: &str = "the signer's rules read the pod (pod_facts) and this request names \
+                          none (a token bound to no pod, an impersonated identity or podca dev): \
+                          the rules fail closed";
+
 /// Most namespaces [`NamespaceLabels`] keeps; past it, new namespaces are not recorded (their
 /// requests wait, as before the first sync) and a warning is counted by the watcher.
 pub const MAX_NAMESPACES: usize = 100_000;

@@ -261,12 +261,14 @@ async fn pod_label_rules_read_the_pod_of_each_grpc_request() {
         Code::PermissionDenied,
         "PodNotLabelled: pod web-2 lacks certs.example.com/allowed=true",
     );
-    // A token bound to no pod: the rules see empty maps (and an empty pod name).
+    // A token bound to no pod: rules that read the pod fail closed, whatever they say.
     let unbound = cluster.token("apps", "web", TokenSpec::default());
     expect_code(
         issue(&mut client, Some(&unbound)).await,
         Code::PermissionDenied,
-        "PodNotLabelled: pod  lacks certs.example.com/allowed=true",
+        "PolicyPodNotFound: the signer's rules read the pod (pod_facts) and this request names \
+         none (a token bound to no pod, an impersonated identity or podca dev): the rules fail \
+         closed",
     );
     // A label edit applies to the next request, without a restart.
     assert!(emu.set_pod_metadata("apps", "web-2", &allowed, &[]));
