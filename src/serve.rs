@@ -81,7 +81,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         no_grpc,
     } = args;
     // Everything the configuration can get wrong is said before anything starts.
-    let config = load_config(config)?;
+    let mut config = load_config(config)?;
+    // No workload certificate may carry the names of podca's own gRPC API.
+    config.reserve_serving_names(PodEnvironment::read().namespace.as_deref());
     if config.jwt.enabled {
         config.jwt.check_for_serve()?;
     }

@@ -792,6 +792,60 @@ mod dev_bundle_tests {
     use super::{Config, DEV_SIGNER, DEV_TRUST_DOMAIN, DevBundle};
     use podca_signer::KeyType;
 
+    /// podca serve reserves its own serving names in every signer: a workload allowed any
+    /// DNS name still cannot get `podca.<ns>.svc`, through the annotation or a CEL output.
+    #[test]
+    fn podcas_serving_names_are_reserved_in_every_signer() {
+        let mut config = Config::parse(
+            "[signers.\"example.com/a\"]\ntrust_domain = \"a.test\"\nallowed_dns_names = [\"*\"]\n\
+             [grpc]\ntls_namespace = \"podca-system\"",
+        )
+        .unwrap();
+        assert_eq!(
+            config.serving_dns_names(Some("ignored")),
+            [
+                "podca",
+                "podca.podca-system",
+                "podca.podca-system.svc",
+                "podca.podca-system.svc.cluster.local"
+            ]
+        );
+        config.reserve_serving_names(None);
+        let policy = &config.signers["example.com/a"];
+        let ask = |names: &str| {
+            let annotations = std::collections::BTreeMap::from([(
+                podca_signer::policy::DNS_NAMES_ANNOTATION.to_string(),
+                names.to_string(),
+            )]);
+            policy.decide(&podca_signer::policy::RequestFacts {
+                namespace: "apps",
+                service_account: "web",
+                pod_name: None,
+                key_type: Ok(podca_signer::KeyType::EcdsaP256),
+                user_annotations: &annotations,
+            })
+        };
+        assert!(matches!(
+            ask("web.apps.svc"),
+            podca_signer::policy::Decision::Issue(_)
+        ));
+        match ask("web.apps.svc,PODCA.podca-system.svc") {
+            podca_signer::policy::Decision::Deny { reason, message } => {
+                assert_eq!(reason, podca_signer::DenyReason::ReservedDnsName);
+                assert_eq!(
+                    message,
+                    "DNS name \"podca.podca-system.svc\" is one of podca's own serving names; \
+                     no workload certificate may carry it"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Without the grpc table's namespace: the pod's, else `default`.
+        let bare = Config::default();
+        assert_eq!(bare.serving_dns_names(Some("ns"))[2], "podca.ns.svc");
+        assert_eq!(bare.serving_dns_names(None)[2], "podca.default.svc");
+    }
+
     #[test]
     fn signers_sharing_the_one_ca_are_named() {
         let mut config = Config::default();
@@ -1101,6 +1155,36 @@ impl Config {
         match &self.grpc.signers {
             Some(names) => Ok(names.clone()),
             None => Ok(vec![self.grpc_signer()?.0.to_owned()]),
+        }
+    }
+
+    /// The DNS names podca's gRPC API answers to: `[grpc] tls_dns_names`, else those of the
+    /// Service `tls_service` in `tls_namespace` (else `pod_namespace`, else `default`), as the
+    /// self-issued serving certificate carries them.
+    pub fn serving_dns_names(&self, pod_namespace: Option<&str>) -> Vec<String> {
+        if let Some(names) = &self.grpc.tls_dns_names {
+            return names.clone();
+        }
+        let namespace = self
+            .grpc
+            .tls_namespace
+            .as_deref()
+            .or(pod_namespace)
+            .unwrap_or("default");
+        let service = self
+            .grpc
+            .tls_service
+            .as_deref()
+            .unwrap_or(DEFAULT_TLS_SERVICE);
+        crate::serving_cert::service_dns_names(service, namespace)
+    }
+
+    /// Reserves [`Self::serving_dns_names`] in every signer's policy: no workload certificate
+    /// may carry them (`ReservedDNSName`), or it could pose as podca's gRPC API.
+    pub fn reserve_serving_names(&mut self, pod_namespace: Option<&str>) {
+        let reserved = self.serving_dns_names(pod_namespace);
+        for policy in self.signers.values_mut() {
+            policy.reserved_dns_names = reserved.clone();
         }
     }
 

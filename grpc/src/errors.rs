@@ -212,7 +212,9 @@ fn deny_code(reason: DenyReason) -> Code {
         // The pod the token names is gone (or was replaced): that identity may not be certified.
         | DenyReason::PodNotFound
         // A DNS name the CA may not certify: the caller may not have it.
-        | DenyReason::NameNotPermittedByCa => Code::PermissionDenied,
+        | DenyReason::NameNotPermittedByCa
+        // podca's own serving name: the caller may not have it.
+        | DenyReason::ReservedDnsName => Code::PermissionDenied,
         // A signer's CEL rule: the caller's identity or request is not allowed.
         DenyReason::Rule(_) => Code::PermissionDenied,
     }

@@ -232,6 +232,10 @@ pub fn sign_request_with(
             Ok(outputs) => {
                 // The outputs replace the allow-list DNS names and cap the lifetime.
                 if let Some(names) = outputs.dns_names {
+                    if let Some(Decision::Deny { reason, message }) = policy.reserved_among(&names)
+                    {
+                        return Outcome::Denied { reason, message };
+                    }
                     plan.dns_names = names;
                 }
                 if let Some(cap) = outputs.max_lifetime_seconds {

@@ -61,6 +61,11 @@ pub struct SignerPolicy {
     /// `rules` and `outputs`, compiled once (at [`Self::validate`] or at first use) and shared by clones.
     #[serde(skip)]
     compiled: CompiledRules,
+    /// DNS names no certificate of this signer may carry: podca's own serving names, set by
+    /// `podca serve` at start (never from the file), so that a workload allowed `*.svc` cannot
+    /// get a certificate clients would take for podca's gRPC API.
+    #[serde(skip)]
+    pub reserved_dns_names: Vec<String>,
 }
 
 /// The compiled form of a policy's `rules` and `outputs`, with the specs it was compiled from.
@@ -173,6 +178,7 @@ impl SignerPolicy {
             outputs: OutputSpec::default(),
             pod_facts: false,
             compiled: CompiledRules::default(),
+            reserved_dns_names: vec![],
         }
     }
 
@@ -445,6 +451,9 @@ impl SignerPolicy {
                 }
             }
         }
+        if let Some(denied) = self.reserved_among(&dns_names) {
+            return denied;
+        }
         Decision::Issue(LeafPlan {
             spiffe_id: crate::names::spiffe_id(&self.trust_domain, ns, sa),
             dns_names,
@@ -473,6 +482,24 @@ impl SignerPolicy {
             .map(|k| k.kubelet_name())
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+impl SignerPolicy {
+    /// The denial of a certificate that would carry one of [`Self::reserved_dns_names`].
+    pub fn reserved_among(&self, names: &[String]) -> Option<Decision> {
+        let name = names.iter().find(|n| {
+            self.reserved_dns_names
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(n))
+        })?;
+        Some(Decision::Deny {
+            reason: DenyReason::ReservedDnsName,
+            message: format!(
+                "DNS name {name:?} is one of podca's own serving names; no workload certificate \
+                 may carry it"
+            ),
+        })
     }
 }
 

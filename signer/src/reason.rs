@@ -72,6 +72,9 @@ condition_reasons! {
         /// A DNS name the request asks for is outside the issuing CA's nameConstraints: every
         /// verifier would reject the certificate.
         NameNotPermittedByCa => "NameNotPermittedByCA",
+        /// A DNS name of podca's own serving certificate (its gRPC Service names): a workload
+        /// holding it could pose as podca to clients.
+        ReservedDnsName => "ReservedDNSName",
         @dynamic
         /// A signer's CEL rule denied the request (the rule's configured reason), or failed to
         /// evaluate (`PolicyRuleFailed:<rule>`), or a CEL output gave a bad value
@@ -129,6 +132,7 @@ mod tests {
                 "InvalidUnverifiedUserAnnotations",
                 "PolicyPodNotFound",
                 "NameNotPermittedByCA",
+                "ReservedDNSName",
                 "CAExpiresTooSoon",
                 "LifetimeNotSatisfiable",
                 "InvalidDNSNameTemplate",

@@ -173,6 +173,7 @@ pub fn verdict(
                     "the pod read for the rules (pod_facts): no such pod with that UID".into()
                 }
                 (DenyReason::NameNotPermittedByCa, _) => "the CA's nameConstraints".into(),
+                (DenyReason::ReservedDnsName, _) => "podca's own serving names".into(),
             };
             v.message = message;
         }
