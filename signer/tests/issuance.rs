@@ -362,3 +362,39 @@ fn cel_outputs_give_the_leafs_dns_names_and_cap_its_lifetime() {
         "invalid signer policy: outputs.max_lifetime_seconds at 1:1: gives string, want int"
     );
 }
+
+/// podca's own serving names are refused when a CEL output computes them, as when the
+/// annotation asks for them (`SignerPolicy::reserved_dns_names`).
+#[test]
+fn a_cel_output_cannot_give_podcas_own_serving_name() {
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    let mut policy = podca_signer::SignerPolicy::permissive("cluster.local");
+    policy.outputs = podca_signer::rules::OutputSpec {
+        dns_names: Some("['web.apps.svc', 'podca.podca-system.svc']".into()),
+        max_lifetime_seconds: None,
+    };
+    policy.validate().unwrap();
+    let key = podca_signer::keys::GeneratedKey::generate(KeyType::EcdsaP256).unwrap();
+    let request = podca_signer::CertificateRequest {
+        key: Ok(key.public.clone()),
+        namespace: "apps".into(),
+        service_account: "web".into(),
+        pod_name: Some("web-0".into()),
+        max_expiration: None,
+        requested_lifetime: None,
+        user_annotations: Default::default(),
+    };
+    let now = time::OffsetDateTime::now_utc();
+    assert!(matches!(
+        podca_signer::sign_request(&policy, &ca, &request, now),
+        podca_signer::Outcome::Issued(_)
+    ));
+    policy.reserved_dns_names = vec!["podca.podca-system.svc".into()];
+    match podca_signer::sign_request(&policy, &ca, &request, now) {
+        podca_signer::Outcome::Denied { reason, message } => {
+            assert_eq!(reason, podca_signer::DenyReason::ReservedDnsName);
+            assert!(message.contains("\"podca.podca-system.svc\""), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
