@@ -368,8 +368,7 @@ pub async fn start(
 /// when `[dev] identities` maps other users, who must be able to connect; callers are then
 /// told apart by their uid (peer credentials) as before.
 fn bind_socket(path: &Path, uids: &[u32]) -> Result<(UnixListener, PathBuf), StartError> {
-    use std::os::unix::fs::FileTypeExt;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
     let refused = |message: String| StartError::Socket(message);
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {

@@ -523,6 +523,10 @@ impl IssuingCa {
     /// certificate on the issuing path (see [`crate::constraints`]): a verifier would reject
     /// it otherwise, so podca does not sign it.
     pub fn check_names(&self, spiffe_id: &str, dns_names: &[String]) -> Result<(), NameViolation> {
+        // The common case, on every issuance: nothing on the path is constrained.
+        if self.path_constraints.is_empty() {
+            return Ok(());
+        }
         let host = crate::constraints::uri_host(spiffe_id);
         for (ca, subtrees) in &self.path_constraints {
             subtrees.check(ca, (spiffe_id, host), dns_names)?;
@@ -534,11 +538,6 @@ impl IssuingCa {
     /// nameConstraints: a signer whose trust domain they exclude could issue nothing.
     pub fn check_trust_domain(&self, trust_domain: &str) -> Result<(), NameViolation> {
         self.check_names(&format!("spiffe://{trust_domain}"), &[])
-    }
-
-    /// Whether some certificate on the issuing path carries nameConstraints.
-    pub fn is_name_constrained(&self) -> bool {
-        !self.path_constraints.is_empty()
     }
 
     /// The checks an imported CA must pass before anything is written, beyond

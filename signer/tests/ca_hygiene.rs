@@ -31,18 +31,7 @@ fn refused(ca: &IssuingCa, trust_domain: &str, dns: &[&str]) -> String {
     let key = podca_signer::keys::GeneratedKey::generate(KeyType::EcdsaP256).unwrap();
     let mut policy = podca_signer::SignerPolicy::permissive(trust_domain);
     policy.allowed_dns_names = vec!["*".into()];
-    let request = podca_signer::CertificateRequest {
-        key: Ok(key.public.clone()),
-        namespace: "prod".into(),
-        service_account: "web".into(),
-        pod_name: Some("web-0".into()),
-        max_expiration: None,
-        requested_lifetime: None,
-        user_annotations: [("podca.dev/dns-names".to_string(), dns.join(","))]
-            .into_iter()
-            .filter(|(_, v)| !v.is_empty())
-            .collect(),
-    };
+    let request = common::request_for(&key, dns);
     match podca_signer::sign_request(&policy, ca, &request, OffsetDateTime::now_utc()) {
         podca_signer::Outcome::Denied { reason, message } => format!("Denied {reason}: {message}"),
         podca_signer::Outcome::Failed { reason, message } => format!("Failed {reason}: {message}"),

@@ -375,15 +375,7 @@ fn a_cel_output_cannot_give_podcas_own_serving_name() {
     };
     policy.validate().unwrap();
     let key = podca_signer::keys::GeneratedKey::generate(KeyType::EcdsaP256).unwrap();
-    let request = podca_signer::CertificateRequest {
-        key: Ok(key.public.clone()),
-        namespace: "apps".into(),
-        service_account: "web".into(),
-        pod_name: Some("web-0".into()),
-        max_expiration: None,
-        requested_lifetime: None,
-        user_annotations: Default::default(),
-    };
+    let request = common::request_for(&key, &[]);
     let now = time::OffsetDateTime::now_utc();
     assert!(matches!(
         podca_signer::sign_request(&policy, &ca, &request, now),

@@ -53,11 +53,21 @@ pub fn issue_in(
     let key = GeneratedKey::generate(key_type).unwrap();
     let mut policy = SignerPolicy::permissive(trust_domain);
     policy.allowed_dns_names = vec!["*".into()];
+    let request = request_for(&key, dns_names);
+    match podca_signer::sign_request(&policy, ca, &request, OffsetDateTime::now_utc()) {
+        Outcome::Issued(cert) => (key, *cert),
+        other => panic!("expected Issued for {key_type}, got {other:?}"),
+    }
+}
+
+/// A request of `prod/web` (pod `web-0`) for `key`, asking for `dns_names` through the
+/// `podca.dev/dns-names` annotation, for at most a day.
+pub fn request_for(key: &GeneratedKey, dns_names: &[&str]) -> CertificateRequest {
     let mut annotations = BTreeMap::new();
     if !dns_names.is_empty() {
         annotations.insert("podca.dev/dns-names".to_string(), dns_names.join(","));
     }
-    let request = CertificateRequest {
+    CertificateRequest {
         key: Ok(key.public.clone()),
         namespace: "prod".into(),
         service_account: "web".into(),
@@ -65,10 +75,6 @@ pub fn issue_in(
         max_expiration: Some(Duration::seconds(86400)),
         requested_lifetime: None,
         user_annotations: annotations,
-    };
-    match podca_signer::sign_request(&policy, ca, &request, OffsetDateTime::now_utc()) {
-        Outcome::Issued(cert) => (key, *cert),
-        other => panic!("expected Issued for {key_type}, got {other:?}"),
     }
 }
 
