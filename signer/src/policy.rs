@@ -386,10 +386,9 @@ impl SignerPolicy {
         if let Err(deny) = self.admits(ns, sa) {
             return deny;
         }
+        // At most MAX_DNS_NAMES + 1 distinct names are ever kept (the annotation is refused
+        // beyond), so the linear de-duplication below stays cheap for any input.
         let mut dns_names = Vec::new();
-        // Kept beside the list: a request may name thousands, and checking each against the
-        // list would be quadratic.
-        let mut seen = std::collections::HashSet::new();
         // With a `dns_names` output, CEL computes the names (after the rules): the annotation
         // is only checked for unknown keys here.
         let dns_from_output = self.outputs.dns_names.is_some();
@@ -403,7 +402,7 @@ impl SignerPolicy {
                     ),
                 };
             }
-            push_unique(&mut dns_names, &mut seen, name);
+            push_unique(&mut dns_names, name);
         }
         for (key, value) in facts.user_annotations {
             if key != DNS_NAMES_ANNOTATION {
@@ -439,7 +438,7 @@ impl SignerPolicy {
                         ),
                     };
                 }
-                push_unique(&mut dns_names, &mut seen, name);
+                push_unique(&mut dns_names, name);
                 if dns_names.len() > MAX_DNS_NAMES {
                     return Decision::Deny {
                         reason: DenyReason::InvalidUserAnnotations,
@@ -506,12 +505,8 @@ impl SignerPolicy {
 /// The most distinct DNS names a certificate carries (templates and the annotation together).
 pub const MAX_DNS_NAMES: usize = 64;
 
-fn push_unique(
-    names: &mut Vec<String>,
-    seen: &mut std::collections::HashSet<String>,
-    name: String,
-) {
-    if seen.insert(name.clone()) {
+fn push_unique(names: &mut Vec<String>, name: String) {
+    if !names.contains(&name) {
         names.push(name);
     }
 }
