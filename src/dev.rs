@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use podca_authority::components::ca::{self, CaPlan};
+use podca_authority::components::ca;
 use podca_authority::components::{jwt, ledger};
 use podca_authority::config::{Config, DevBundle, DevPlan};
 use podca_authority::rotation::Rotator;
@@ -81,8 +81,14 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     let plan = config.plan_dev(configured, bundles, current_uid(&data_dir)?)?;
-    config.ca = ca::in_data_dir(&config.ca, &data_dir)?;
-    let created = ca::create_if_missing(&config.ca, &data_dir, "podca dev")?;
+    let created = ca::place_in_data_dir(&mut config, &data_dir)?;
+    // The dev signer's CA: its anchors are the ones the banner points at.
+    let signer_ca_dir = config
+        .ca_of_signer(&plan.signer)
+        .and_then(|name| config.ca_named(name))
+        .and_then(|ca| ca.dir())
+        .unwrap_or(&data_dir)
+        .to_owned();
     let settings = Settings::from_config(&config, grpc_listen, Mode::Dev)?;
     let socket = socket
         .or_else(|| config.workload_api.socket.clone())
@@ -99,20 +105,19 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     });
     // The rule counters are the compiled policies' own; every component serves clones of them.
     rt.metrics().export_policies(&config.signers);
-    let CaPlan::Directory(ca) = ca::plan(&config, false)? else {
-        anyhow::bail!("podca dev keeps its CA in the data directory");
-    };
+    let cas = ca::plan(&config, false)?;
     // Every decision made here goes into the data directory's ledger (unless `[ledger]` says
     // otherwise), as `podca issue`'s do, before the answer leaves; `podca ledger list` reads a
     // redb ledger once podca dev has stopped (redb allows one process).
-    let ledger = ledger::start(&mut rt, &config.ledger, Some(&ca.ledger_path()))
+    let redb = podca_signer::FileStore::new(&data_dir).ledger_path();
+    let ledger = ledger::start(&mut rt, &config.ledger, Some(&redb))
         .await
         .context("opening the ledger")?;
     // JWT-SVIDs: keys in `<data dir>/jwt/`, made on the first start, rotated on `[jwt]`'s
     // schedule; other processes' changes are picked up within 5 s.
     let keys = jwt::start(&mut rt, &config.jwt, &config.ca, &data_dir, false)?;
     let oidc = Oidc::bind(&config.jwt, None, Mode::Dev).await?;
-    let ca = ca.start(&mut rt);
+    let (cas, running) = cas.start_directories(&mut rt)?;
     let jwt = keys.as_ref().map(|keys| {
         let mut jwt_config = config.jwt.clone();
         if let Some((_, issuer)) = &oidc {
@@ -132,7 +137,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         settings,
         callers,
         None,
-        &ca.handle,
+        &cas,
         ledger,
         jwt,
         Some(&socket),
@@ -144,9 +149,17 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         plan.bundles.clone(),
         &data_dir.join("bundles"),
     );
-    reload_on_sighup(&mut rt, hup, ca.rotator, data_dir.clone());
+    let rotators = running.into_values().map(|ca| ca.rotator).collect();
+    reload_on_sighup(&mut rt, hup, rotators);
 
-    print_banner(&plan, &data_dir, created, grpc.addr, &socket, &kept);
+    print_banner(
+        &plan,
+        &signer_ca_dir,
+        !created.is_empty(),
+        grpc.addr,
+        &socket,
+        &kept,
+    );
     rt.run(async {
         signals.await;
         println!("podca dev: stopping");
@@ -155,22 +168,25 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGHUP reloads the CA from the data directory at once (after `podca ca rotate`), so the
+/// SIGHUP reloads every CA from the data directory at once (after `podca ca rotate`), so the
 /// new bundle reaches every open stream without waiting for the driver's next look.
-fn reload_on_sighup(rt: &mut Runtime, mut hup: Signal, rotator: Arc<Rotator>, dir: PathBuf) {
+fn reload_on_sighup(rt: &mut Runtime, mut hup: Signal, rotators: Vec<Arc<Rotator>>) {
     rt.spawn(Stage::Serve, "SIGHUP reload", move |mut stop| async move {
         loop {
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
-                _ = hup.recv() => match rotator.reload_now() {
-                    Ok(generation) => println!(
-                        "podca dev: reloaded the CA from {} (generation {generation})",
-                        dir.display()
-                    ),
-                    Err(e) => eprintln!(
-                        "podca dev: reloading the CA failed, keeping the current one: {}",
-                        podca_signer::report::error_chain(&e)
-                    ),
+                _ = hup.recv() => for rotator in &rotators {
+                    let dir = rotator.dir().display();
+                    match rotator.reload_now() {
+                        Ok(generation) => println!(
+                            "podca dev: reloaded the CA from {dir} (generation {generation})"
+                        ),
+                        Err(e) => eprintln!(
+                            "podca dev: reloading the CA in {dir} failed, keeping the current \
+                             one: {}",
+                            podca_signer::report::error_chain(&e)
+                        ),
+                    }
                 },
             }
         }

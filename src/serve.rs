@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
-use podca_authority::components::ca::{self, CaPlan};
+use podca_authority::components::ca;
 use podca_authority::components::{jwt, ledger};
 use podca_authority::config::Config;
 use podca_authority::{Runtime, RuntimeOptions, shutdown};
@@ -90,7 +90,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if lease.lease_renew_deadline >= lease.lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
     }
-    let ca_plan = ca::plan(&config, leader_elect)?;
+    let ca_plans = ca::plan(&config, leader_elect)?;
     let grpc_settings = match no_grpc {
         true => None,
         false => Some(Settings::from_config(&config, grpc_listen, Mode::Serve)?),
@@ -107,19 +107,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     rt.leadership().send_replace(!leader_elect);
 
     let client = podca_controller::connect(kubeconfig.as_deref()).await?;
-    let (ca, keys) = match ca_plan {
-        CaPlan::Directory(dir) => {
-            let keys = jwt::start(&mut rt, &config.jwt, &config.ca, dir.dir(), leader_elect)?;
-            let ledger_file = dir.ledger_path();
-            (dir.start(&mut rt).handle, (keys, Some(ledger_file)))
+    // The JWT keys and the default ledger live with the primary CA (the gRPC signer's).
+    let jwt_keys = match (ca_plans.primary_dir(), ca_plans.primary_secret()) {
+        (Some(dir), _) => {
+            let primary = ca_plans.primary_config(&config);
+            jwt::start(&mut rt, &config.jwt, primary, dir.dir(), leader_elect)?
         }
-        CaPlan::Secret(secret) => {
-            let keys = kube_component::secret_jwt(&mut rt, &client, &config, &secret).await?;
-            let ca = kube_component::secret_ca(&mut rt, &client, &config, &secret).await?;
-            (ca, (keys, None))
+        (None, Some(secret)) => {
+            kube_component::secret_jwt(&mut rt, &client, &config, secret).await?
         }
+        (None, None) => None,
     };
-    let (jwt_keys, default_redb) = keys;
+    let default_redb = ca_plans.primary_dir().map(|dir| dir.ledger_path());
+    let ca = kube_component::start_cas(&mut rt, &client, &config, ca_plans).await?;
     let ledger = ledger::start(&mut rt, &config.ledger, default_redb.as_deref()).await?;
     // Only when a rule reads `namespaceObject.metadata.labels`: otherwise podca needs no
     // namespace access.
@@ -129,7 +129,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .any(|policy| policy.rules_use_namespace_labels())
         .then(NamespaceLabels::default);
     if let Some(settings) = grpc_settings {
-        let serving = grpc::serving_keys(&mut rt, &settings, &ca)?;
+        // The serving certificate comes from the gRPC signer's own CA.
+        let serving = grpc::serving_keys(
+            &mut rt,
+            &settings,
+            ca.for_signer(&settings.api.default_signer),
+        )?;
         match (&jwt_keys, oidc) {
             (Some(keys), Some((oidc, _issuer))) => oidc.serve(&mut rt, keys, serving.clone())?,
             (None, Some((oidc, _))) => warn!(

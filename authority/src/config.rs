@@ -33,6 +33,10 @@ use serde::Deserialize;
 pub struct Config {
     #[serde(default)]
     pub ca: CaConfig,
+    /// Named CAs (`[cas.<name>]`, each a table like `[ca]`): a signer signs with the one its
+    /// `ca` key names, or with `[ca]` (named `default`) when it names none.
+    #[serde(default)]
+    pub cas: BTreeMap<String, CaConfig>,
     /// Signer name → policy.
     #[serde(default)]
     pub signers: BTreeMap<String, SignerPolicy>,
@@ -1094,6 +1098,7 @@ impl Config {
                 source,
             })?;
         }
+        config.check_cas()?;
         config.grpc.tls(config.grpc.listen)?;
         config.check_grpc_limits()?;
         config.jwt.check()?;
@@ -1188,14 +1193,94 @@ impl Config {
         }
     }
 
-    /// The signers that sign with one CA, by CA, in name order. Today every signer signs with
-    /// the one `[ca]` (named `default` in metrics): more than one signer in a group means a
-    /// certificate of one verifies under another's ClusterTrustBundle (issue #39).
-    pub fn signers_by_ca(&self) -> Vec<(&'static str, Vec<&str>)> {
-        vec![(
-            DEFAULT_CA_NAME,
-            self.signers.keys().map(String::as_str).collect(),
-        )]
+    /// The signers that sign with one CA, by CA name, in name order: only CAs some signer
+    /// uses (the `[ca]` table is `default`). More than one signer in a group means a certificate
+    /// of one verifies under another's ClusterTrustBundle.
+    pub fn signers_by_ca(&self) -> Vec<(&str, Vec<&str>)> {
+        let mut groups: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (signer, policy) in &self.signers {
+            groups
+                .entry(ca_name_of(policy))
+                .or_default()
+                .push(signer.as_str());
+        }
+        groups.into_iter().collect()
+    }
+
+    /// The CA a signer signs with, by name (`default`: the `[ca]` table).
+    pub fn ca_of_signer(&self, signer: &str) -> Option<&str> {
+        self.signers.get(signer).map(ca_name_of)
+    }
+
+    /// The CA table named `name`: `default` is `[ca]`, any other a `[cas.<name>]`.
+    pub fn ca_named(&self, name: &str) -> Option<&CaConfig> {
+        match name {
+            DEFAULT_CA_NAME => Some(&self.ca),
+            other => self.cas.get(other),
+        }
+    }
+
+    /// Every CA some signer signs with (or `[ca]` alone when no signer is configured), by
+    /// name, in name order: the CAs `podca serve` and `podca dev` open.
+    pub fn cas_in_use(&self) -> Vec<(&str, &CaConfig)> {
+        let groups = self.signers_by_ca();
+        if groups.is_empty() {
+            return vec![(DEFAULT_CA_NAME, &self.ca)];
+        }
+        groups
+            .into_iter()
+            .filter_map(|(name, _)| Some((name, self.ca_named(name)?)))
+            .collect()
+    }
+
+    /// The `[cas]` tables and the signers' `ca` keys: names that can label metrics and name
+    /// directories, no signer naming a CA that is not configured, no two CAs on one place.
+    fn check_cas(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if self.cas.contains_key(DEFAULT_CA_NAME) {
+            return invalid(format!(
+                "[cas.{DEFAULT_CA_NAME}]: the CA named {DEFAULT_CA_NAME:?} is the [ca] table; \
+                 give this one another name"
+            ));
+        }
+        for name in self.cas.keys() {
+            if !is_ca_name(name) {
+                return invalid(format!(
+                    "[cas.{name:?}]: a CA name is 1 to 63 lowercase letters, digits and '-', \
+                     starting with a letter (it labels metrics and names directories)"
+                ));
+            }
+        }
+        for (signer, policy) in &self.signers {
+            let name = ca_name_of(policy);
+            if self.ca_named(name).is_none() {
+                let known: Vec<&str> = std::iter::once(DEFAULT_CA_NAME)
+                    .chain(self.cas.keys().map(String::as_str))
+                    .collect();
+                return invalid(format!(
+                    "[signers.{signer:?}] ca = {name:?}: no [cas.{name}] table is configured \
+                     (configured: {})",
+                    known.join(", ")
+                ));
+            }
+        }
+        let mut places: BTreeMap<String, &str> = BTreeMap::new();
+        for (name, ca) in self.cas_in_use() {
+            let place = match ca {
+                CaConfig::Secret(s) => format!("the Secret {}/{}", s.namespace, s.name),
+                other => match other.dir() {
+                    Some(dir) => format!("the directory {}", dir.display()),
+                    None => continue,
+                },
+            };
+            if let Some(first) = places.insert(place.clone(), name) {
+                return invalid(format!(
+                    "CAs {first:?} and {name:?} are both {place}: they would be one CA; give \
+                     each its own"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The groups of [`Self::signers_by_ca`] with more than one signer, as one line each:
@@ -1262,6 +1347,21 @@ impl Config {
 
 /// The name metrics and warnings give the one `[ca]` table.
 pub const DEFAULT_CA_NAME: &str = "default";
+
+/// The CA a signer policy names (`default` when none).
+pub fn ca_name_of(policy: &SignerPolicy) -> &str {
+    policy.ca.as_deref().unwrap_or(DEFAULT_CA_NAME)
+}
+
+/// A CA name: a DNS label starting with a letter (it is a metric label and a directory name).
+pub fn is_ca_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
 
 /// A Secret reference that is not `namespace/name`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -48,4 +48,4 @@ mod test_support;
 pub mod trust;
 
 pub use runtime::{Runtime, RuntimeOptions, Stage};
-pub use trust::{CaHandle, CaSnapshot, Clock, system_clock};
+pub use trust::{CaHandle, CaSet, CaSnapshot, Clock, system_clock};

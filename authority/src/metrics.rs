@@ -120,7 +120,7 @@ pub struct ReasonLabels {
 /// A CA, by its name in the configuration (`default`: the `[ca]` table).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CaNameLabels {
-    pub ca: &'static str,
+    pub ca: String,
 }
 
 /// A Kubernetes API call, by podca's name for it (`podca_kube_request_timeouts_total`).
@@ -326,7 +326,8 @@ pub struct Metrics {
     pub settle_seconds: Family<SignerLabels, Histogram, fn() -> Histogram>,
     pub queue_depth: Gauge,
     pub in_flight: Gauge,
-    pub ca_not_after: Gauge,
+    /// notAfter of the CA that signs now, by CA name.
+    pub ca_not_after: Family<CaNameLabels, Gauge>,
     pub leader: Gauge,
     /// Writes that found the PCR deleted (404) or already settled by someone else (409/422).
     pub late_writes: Family<LateLabels, Counter>,
@@ -347,8 +348,11 @@ pub struct Metrics {
     pub ctb_pass_generation: Gauge,
     /// notAfter of each CA generation's issuing certificate, by generation and state.
     pub ca_generation_not_after: Family<crate::rotation::CaLabels, Gauge>,
-    /// When the rotation schedule next has something to do (0: nothing planned).
-    pub ca_next_rotation: Gauge,
+    /// When the rotation schedule next has something to do (0: nothing planned), by CA.
+    pub ca_next_rotation: Family<CaNameLabels, Gauge>,
+    /// The `ca_generation_not_after` series each CA set last, so that a CA replaces its own
+    /// series and leaves the other CAs' alone.
+    ca_generation_series: std::sync::Mutex<BTreeMap<String, Vec<crate::rotation::CaLabels>>>,
     /// `not_after` of each active and retired JWT signing key, by kid and state (a prepared
     /// key has none yet: see `jwt_key_published`).
     pub jwt_key_not_after: Family<crate::jwt::JwtKeyLabels, Gauge>,
@@ -389,6 +393,46 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Replaces CA `ca`'s `podca_ca_generation_not_after_timestamp_seconds` series with
+    /// `generations` (generation, state, notAfter), leaving other CAs' series alone.
+    pub fn set_ca_generations(&self, ca: &str, generations: Vec<(String, String, i64)>) {
+        let Ok(mut series) = self.ca_generation_series.lock() else {
+            return;
+        };
+        let kept = series.entry(ca.to_owned()).or_default();
+        for labels in kept.drain(..) {
+            self.ca_generation_not_after.remove(&labels);
+        }
+        for (generation, state, not_after) in generations {
+            let labels = crate::rotation::CaLabels {
+                generation,
+                state,
+                ca: ca.to_owned(),
+            };
+            self.ca_generation_not_after
+                .get_or_create(&labels)
+                .set(not_after);
+            kept.push(labels);
+        }
+    }
+
+    /// `podca_ca_next_rotation_timestamp_seconds{ca}`.
+    pub fn set_ca_next_rotation(&self, ca: &str, at: Option<time::OffsetDateTime>) {
+        self.ca_next_rotation
+            .get_or_create(&CaNameLabels { ca: ca.to_owned() })
+            .set(at.map(|t| t.unix_timestamp()).unwrap_or(0));
+    }
+
+    /// `podca_ca_rotation_steps_total{step,ca}`.
+    pub fn count_rotation_step(&self, ca: &str, step: &'static str) {
+        self.rotation_steps
+            .get_or_create(&crate::rotation::StepLabels {
+                step,
+                ca: ca.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("podca");
         let issued = Family::<SettleLabels, Counter>::default();
@@ -400,7 +444,7 @@ impl Metrics {
             );
         let queue_depth = Gauge::default();
         let in_flight = Gauge::default();
-        let ca_not_after = Gauge::default();
+        let ca_not_after = Family::<CaNameLabels, Gauge>::default();
         let leader = Gauge::default();
         let late_writes = Family::<LateLabels, Counter>::default();
         let retries = Family::<RetryLabels, Counter>::default();
@@ -412,7 +456,7 @@ impl Metrics {
         let ctb_passes = Counter::default();
         let ctb_pass_generation = Gauge::default();
         let ca_generation_not_after = Family::<crate::rotation::CaLabels, Gauge>::default();
-        let ca_next_rotation = Gauge::default();
+        let ca_next_rotation = Family::<CaNameLabels, Gauge>::default();
         let jwt_key_not_after = Family::<crate::jwt::JwtKeyLabels, Gauge>::default();
         let jwt_key_published = Family::<crate::jwt::JwtKeyLabels, Gauge>::default();
         let jwt_key_propagation = Gauge::default();
@@ -620,6 +664,7 @@ impl Metrics {
             jwt_key_rotation_errors,
             jwt_key_secret_writes,
             ca_next_rotation,
+            ca_generation_series: std::sync::Mutex::default(),
             rotation_steps,
             rotation_errors,
             rotation_checks,
@@ -982,7 +1027,15 @@ mod tests {
                 signer: "example.com/s".into(),
             })
             .observe(0.2);
-        m.ca_not_after.set(1_900_000_000);
+        m.ca_not_after
+            .get_or_create(&CaNameLabels {
+                ca: "payments".into(),
+            })
+            .set(1_900_000_000);
+        m.set_ca_generations("payments", vec![("1".into(), "active".into(), 7)]);
+        m.set_ca_generations("batch", vec![("1".into(), "active".into(), 8)]);
+        // A CA replaces its own series and leaves the others' alone.
+        m.set_ca_generations("payments", vec![("2".into(), "active".into(), 9)]);
         m.ctb_writes.get_or_create(&OpLabels { op: "create" }).inc();
         m.grpc
             .requests
@@ -1008,7 +1061,9 @@ mod tests {
             "podca_pcr_issued_total{signer=\"example.com/s\",reason=\"Issued\"} 1",
             "podca_pcr_settle_seconds_bucket",
             "podca_queue_depth 0",
-            "podca_ca_not_after_timestamp_seconds 1900000000",
+            "podca_ca_not_after_timestamp_seconds{ca=\"payments\"} 1900000000",
+            "podca_ca_generation_not_after_timestamp_seconds{generation=\"2\",state=\"active\",ca=\"payments\"} 9",
+            "podca_ca_generation_not_after_timestamp_seconds{generation=\"1\",state=\"active\",ca=\"batch\"} 8",
             "podca_ctb_writes_total{op=\"create\"} 1",
             "podca_ctb_drift_repairs_total 0",
             "podca_ctb_publish_errors_total 0",
@@ -1019,5 +1074,9 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing in:\n{text}");
         }
+        assert!(
+            !text.contains("generation=\"1\",state=\"active\",ca=\"payments\""),
+            "{text}"
+        );
     }
 }

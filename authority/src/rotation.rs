@@ -40,17 +40,22 @@ pub enum RotationError {
 pub struct CaLabels {
     pub generation: String,
     pub state: String,
+    /// The CA's name in the configuration (`default`: `[ca]`).
+    pub ca: String,
 }
 
 /// Labels of the rotation-step counter.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StepLabels {
     pub step: &'static str,
+    pub ca: String,
 }
 
 /// What the driver needs.
 #[derive(Clone)]
 pub struct RotatorOptions {
+    /// The CA's name in the configuration (`default`: `[ca]`): labels its metrics.
+    pub name: String,
     pub store: FileStore,
     pub schedule: Schedule,
     /// Take scheduled steps (prepare, activate, retire, drop); false: only follow changes made
@@ -69,6 +74,8 @@ pub struct RotatorOptions {
 impl std::fmt::Debug for RotatorOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RotatorOptions")
+            .field("name", &self.name)
+            .field("name", &self.name)
             .field("dir", &self.store.dir())
             .field("schedule", &self.schedule)
             .field("automatic", &self.automatic)
@@ -158,11 +165,8 @@ impl Rotator {
             }
             for step in &out.steps {
                 let (name, generation) = (step.as_str(), step.generation());
-                self.metrics
-                    .rotation_steps
-                    .get_or_create(&StepLabels { step: name })
-                    .inc();
-                info!(step = name, generation, dir = %store.dir().display(), "CA rotation step");
+                self.metrics.count_rotation_step(&self.options.name, name);
+                info!(step = name, generation, ca = %self.options.name, dir = %store.dir().display(), "CA rotation step");
             }
         }
         let current = fingerprint(store).map_err(RotationError::State)?;
@@ -181,6 +185,11 @@ impl Rotator {
             Some(e) => Err(e),
             None => Ok(out),
         }
+    }
+
+    /// The CA data directory this driver follows.
+    pub fn dir(&self) -> &std::path::Path {
+        self.options.store.dir()
     }
 
     /// Loads the store's active CA and anchors into the handle now, changed or not (SIGHUP in
@@ -238,19 +247,18 @@ impl Rotator {
         let Ok(generations) = self.options.store.generations() else {
             return;
         };
-        self.metrics.ca_generation_not_after.clear();
-        for info in &generations {
-            if info.generation.phase == Phase::Dropped {
-                continue;
-            }
-            self.metrics
-                .ca_generation_not_after
-                .get_or_create(&CaLabels {
-                    generation: info.generation.id.to_string(),
-                    state: info.generation.phase.to_string(),
-                })
-                .set(info.issuing.not_after().unix_timestamp());
-        }
+        let series = generations
+            .iter()
+            .filter(|info| info.generation.phase != Phase::Dropped)
+            .map(|info| {
+                (
+                    info.generation.id.to_string(),
+                    info.generation.phase.to_string(),
+                    info.issuing.not_after().unix_timestamp(),
+                )
+            })
+            .collect();
+        self.metrics.set_ca_generations(&self.options.name, series);
     }
 
     /// When the schedule next has something to do, also as `podca_ca_next_rotation_…`.
@@ -261,9 +269,7 @@ impl Rotator {
             .next_rotation_event(&self.options.schedule, now)
             .ok()
             .flatten();
-        self.metrics
-            .ca_next_rotation
-            .set(next.map(|t| t.unix_timestamp()).unwrap_or(0));
+        self.metrics.set_ca_next_rotation(&self.options.name, next);
         next
     }
 }

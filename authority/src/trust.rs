@@ -5,6 +5,7 @@
 //! Also the [`Clock`] everything time-dependent reads, so tests can run a CA's whole life in
 //! simulated time.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use podca_signer::{CaCertificate, IssuingCa};
@@ -84,6 +85,116 @@ impl From<IssuingCa> for CaHandle {
 impl From<Arc<IssuingCa>> for CaHandle {
     fn from(ca: Arc<IssuingCa>) -> Self {
         CaHandle::from_arc(ca, vec![])
+    }
+}
+
+/// Every CA of the process, by name, and the CA each signer signs with: a signer's
+/// certificates, its ClusterTrustBundles and its gRPC bundles come from its own CA only, so
+/// signers with different CAs are separate trust domains. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CaSet {
+    /// CA name → handle.
+    cas: Arc<BTreeMap<String, CaHandle>>,
+    /// Signer name → CA name; a signer not listed signs with `fallback`.
+    signers: Arc<BTreeMap<String, String>>,
+    fallback: String,
+}
+
+/// A signer names a CA the set does not hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("signer {signer:?} signs with CA {ca:?}, which is not open")]
+pub struct UnknownCa {
+    pub signer: String,
+    pub ca: String,
+}
+
+impl CaSet {
+    /// One CA (named `default`) for every signer.
+    pub fn single(handle: CaHandle) -> Self {
+        CaSet {
+            cas: Arc::new(BTreeMap::from([(
+                crate::config::DEFAULT_CA_NAME.to_owned(),
+                handle,
+            )])),
+            signers: Arc::default(),
+            fallback: crate::config::DEFAULT_CA_NAME.to_owned(),
+        }
+    }
+
+    /// `cas` by name; `signers`: signer name → CA name, each of which `cas` must hold. A signer
+    /// not in `signers` signs with the first CA of `cas` (there is one CA).
+    pub fn new(
+        cas: BTreeMap<String, CaHandle>,
+        signers: BTreeMap<String, String>,
+    ) -> Result<Self, UnknownCa> {
+        if let Some((signer, ca)) = signers.iter().find(|(_, ca)| !cas.contains_key(*ca)) {
+            return Err(UnknownCa {
+                signer: signer.clone(),
+                ca: ca.clone(),
+            });
+        }
+        let fallback = match cas.keys().next() {
+            Some(first) => first.clone(),
+            None => {
+                return Err(UnknownCa {
+                    signer: signers.keys().next().cloned().unwrap_or_default(),
+                    ca: String::new(),
+                });
+            }
+        };
+        Ok(CaSet {
+            cas: Arc::new(cas),
+            signers: Arc::new(signers),
+            fallback,
+        })
+    }
+
+    /// The name of the CA `signer` signs with.
+    pub fn ca_name_of(&self, signer: &str) -> &str {
+        self.signers.get(signer).unwrap_or(&self.fallback)
+    }
+
+    /// The CA `signer` signs with.
+    pub fn for_signer(&self, signer: &str) -> &CaHandle {
+        &self.cas[self.ca_name_of(signer)]
+    }
+
+    /// The CA named `name`.
+    pub fn named(&self, name: &str) -> Option<&CaHandle> {
+        self.cas.get(name)
+    }
+
+    /// Every CA, by name, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &CaHandle)> {
+        self.cas.iter().map(|(name, ca)| (name.as_str(), ca))
+    }
+
+    /// How many CAs the set holds.
+    pub fn len(&self) -> usize {
+        self.cas.len()
+    }
+
+    /// Never true: a set holds at least one CA.
+    pub fn is_empty(&self) -> bool {
+        self.cas.is_empty()
+    }
+}
+
+impl From<CaHandle> for CaSet {
+    fn from(handle: CaHandle) -> Self {
+        CaSet::single(handle)
+    }
+}
+
+impl From<IssuingCa> for CaSet {
+    fn from(ca: IssuingCa) -> Self {
+        CaSet::single(ca.into())
+    }
+}
+
+impl From<Arc<IssuingCa>> for CaSet {
+    fn from(ca: Arc<IssuingCa>) -> Self {
+        CaSet::single(ca.into())
     }
 }
 

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
+use podca_authority::components::ca::{CaPlan, CaPlans};
 use podca_authority::config::{Config, SecretCa as SecretCaConfig};
 use podca_authority::jwt::JwtHandle;
 use podca_authority::ledger::LedgerHandle;
 use podca_authority::oidc::Discovery;
-use podca_authority::{CaHandle, Runtime, Stage};
+use podca_authority::{CaHandle, CaSet, Runtime, Stage};
 use podca_signer::rules::NamespaceLabels;
 use tracing::{info, warn};
 
@@ -36,6 +37,8 @@ pub enum StartError {
     SecretCa(#[source] SecretCaError),
     #[error("the JWT signing keys ([jwt])")]
     JwtKeys(#[source] JwtSecretError),
+    #[error("starting the CAs")]
+    Cas(#[source] podca_authority::components::ca::CaStartError),
     #[error("the CA Secret")]
     SignerOutsideCa(#[source] podca_authority::components::ca::CaStartError),
 }
@@ -61,21 +64,28 @@ pub fn controller(rt: &mut Runtime, client: kube::Client, options: Options) {
     });
 }
 
-/// Opens the CA `secret` names once the API is reachable and spawns its driver (it reloads on
-/// change and, as leader, takes the rotation's steps).
+/// Opens the CA `secret` names (the configuration's CA `name`) once the API is reachable and
+/// spawns its driver (it reloads on change and, as leader, takes the rotation's steps).
 pub async fn secret_ca(
     rt: &mut Runtime,
     client: &Client,
     config: &Config,
+    name: &str,
     secret: &SecretCaConfig,
 ) -> Result<CaHandle, StartError> {
     let mut options = SecretCaOptions::new(&secret.namespace, &secret.name);
+    options.ca_name = name.to_owned();
     options.schedule = config.rotation;
     options.max_leaf_lifetime = config.max_leaf_lifetime();
     options.leading = Some(rt.leadership().subscribe());
-    // podca's own bundles keep a copy of the sealed history (see secret_ca).
+    let signers: Vec<(&String, &podca_signer::SignerPolicy)> = config
+        .signers
+        .iter()
+        .filter(|(_, policy)| podca_authority::config::ca_name_of(policy) == name)
+        .collect();
+    // The bundles of this CA's signers keep a copy of its sealed history (see secret_ca).
     if let Some(publisher) = publisher_options(config) {
-        options.history_copies = Publisher::new(config.signers.keys(), &publisher)
+        options.history_copies = Publisher::new(signers.iter().map(|(s, _)| *s), &publisher)
             .map_err(StartError::Bundles)?
             .bundles()
             .to_vec();
@@ -88,11 +98,36 @@ pub async fn secret_ca(
     )
     .await
     .map_err(StartError::SecretCa)?;
-    podca_authority::components::ca::check_signers(&handle.current().ca, &config.signers)
+    podca_authority::components::ca::check_signers(&handle.current().ca, signers)
         .map_err(StartError::SignerOutsideCa)?;
-    podca_authority::components::ca::Sharing::of(config).report(rt);
     rt.spawn(Stage::Support, "secret CA driver", |stop| driver.run(stop));
     Ok(handle)
+}
+
+/// Starts every planned CA (data directories and Secrets) and gives the set every component
+/// reads.
+pub async fn start_cas(
+    rt: &mut Runtime,
+    client: &Client,
+    config: &Config,
+    plans: CaPlans,
+) -> Result<CaSet, StartError> {
+    let CaPlans {
+        cas,
+        signers,
+        sharing,
+        primary: _,
+    } = plans;
+    let mut handles = std::collections::BTreeMap::new();
+    for (name, plan) in cas {
+        let handle = match plan {
+            CaPlan::Directory(dir) => dir.start(rt).handle,
+            CaPlan::Secret(secret) => secret_ca(rt, client, config, &name, &secret).await?,
+        };
+        handles.insert(name, handle);
+    }
+    sharing.report(rt);
+    CaSet::new(handles, signers).map_err(|e| StartError::Cas(e.into()))
 }
 
 /// JWT-SVID signing keys (`[jwt] enabled`) of a Secret-held CA: in the Secret `[jwt]
@@ -186,7 +221,7 @@ pub struct ControllerFlags {
 pub fn options(
     config: &Config,
     flags: ControllerFlags,
-    ca: CaHandle,
+    ca: CaSet,
     ledger: LedgerHandle,
     namespace_labels: Option<NamespaceLabels>,
 ) -> Options {

@@ -37,14 +37,14 @@ use podca_authority::admin::{Readiness, ReadyFlag};
 use podca_authority::metrics::{
     LateCause, LateLabels, Metrics, RetryCause, RetryLabels, SettleLabels, SignerLabels,
 };
-use podca_authority::trust::{CaHandle, CaSnapshot, Clock};
+use podca_authority::trust::{CaSet, CaSnapshot, Clock};
 
 struct Ctx {
     client: Client,
     served: Served,
     version: ApiVersion,
     signers: BTreeMap<String, SignerPolicy>,
-    ca: CaHandle,
+    ca: CaSet,
     clock: Clock,
     metrics: Arc<Metrics>,
     recorder: Recorder,
@@ -99,10 +99,16 @@ pub async fn run(
         .transpose()
         .map_err(|e| Error::Config(e.to_string()))?;
     // The issuing CA's notAfter follows every swap (rotation, reload).
-    let ca_gauge = TaskGuard::new(tokio::spawn(track_ca_not_after(
-        ca.subscribe(),
-        Arc::clone(&metrics),
-    )));
+    let ca_gauges: Vec<TaskGuard> = ca
+        .iter()
+        .map(|(name, handle)| {
+            TaskGuard::new(tokio::spawn(track_ca_not_after(
+                name.to_owned(),
+                handle.subscribe(),
+                Arc::clone(&metrics),
+            )))
+        })
+        .collect();
     let ready = ready.unwrap_or_else(|| Readiness::new().component("controller"));
 
     let served = bounded::retrying("discover", &metrics, || discovery::certificates(&client))
@@ -214,7 +220,9 @@ pub async fn run(
     if let Some(task) = namespace_watch {
         task.abort_and_wait().await;
     }
-    ca_gauge.abort_and_wait().await;
+    for gauge in ca_gauges {
+        gauge.abort_and_wait().await;
+    }
     info!("stopped");
     Ok(())
 }
@@ -578,7 +586,8 @@ async fn sign(
     now: OffsetDateTime,
 ) -> Result<Write, RetryCause> {
     let policy = policy.clone();
-    let ca = Arc::clone(&ctx.ca.current().ca);
+    // The CA of the signer that decides: signers with their own CAs are separate trust domains.
+    let ca = Arc::clone(&ctx.ca.for_signer(&source.signer_name).current().ca);
     let labels = match (&ctx.namespace_labels, policy.rules_use_namespace_labels()) {
         (Some(store), true) => match store.get(&source.namespace) {
             Ok(labels) => Some(labels),
@@ -658,7 +667,7 @@ async fn record_decision(
     let Some(ledger) = &ctx.ledger else {
         return Ok(());
     };
-    let snapshot = ctx.ca.current();
+    let snapshot = ctx.ca.for_signer(&pcr.signer_name).current();
     let trust_domain = ctx
         .signers
         .get(&pcr.signer_name)
@@ -808,10 +817,18 @@ async fn publish_event(ctx: &Ctx, pcr: &Pcr, settlement: Settlement, reason: &st
 }
 
 /// Keeps `podca_ca_not_after_timestamp_seconds` on the CA in force.
-async fn track_ca_not_after(mut rx: watch::Receiver<Arc<CaSnapshot>>, metrics: Arc<Metrics>) {
+async fn track_ca_not_after(
+    ca: String,
+    mut rx: watch::Receiver<Arc<CaSnapshot>>,
+    metrics: Arc<Metrics>,
+) {
+    let gauge = metrics
+        .ca_not_after
+        .get_or_create(&podca_authority::metrics::CaNameLabels { ca })
+        .clone();
     loop {
         let not_after = rx.borrow_and_update().ca.not_after().unix_timestamp();
-        metrics.ca_not_after.set(not_after);
+        gauge.set(not_after);
         if rx.changed().await.is_err() {
             return;
         }

@@ -34,7 +34,7 @@ use std::time::Duration;
 use podca_signer::SignerPolicy;
 
 use podca_authority::metrics;
-use podca_authority::{CaHandle, Clock, system_clock};
+use podca_authority::{CaSet, Clock, system_clock};
 
 pub use controller::run;
 pub use error::Error;
@@ -45,8 +45,8 @@ pub use lease::LeaderElection;
 pub struct Options {
     /// Signer name → policy; one watch per name.
     pub signers: BTreeMap<String, SignerPolicy>,
-    /// The signing CA; swapped by rotations and reloads.
-    pub ca: CaHandle,
+    /// The signing CAs, and which signer signs with which; swapped by rotations and reloads.
+    pub ca: CaSet,
     /// The time used for certificates and latency figures.
     pub clock: Clock,
     /// Where the controller's metrics go (shared with the publisher and the rotation driver).
@@ -81,7 +81,10 @@ impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Options")
             .field("signers", &self.signers.keys().collect::<Vec<_>>())
-            .field("ca", &self.ca.current().ca.certificate().subject())
+            .field(
+                "cas",
+                &self.ca.iter().map(|(name, _)| name).collect::<Vec<_>>(),
+            )
             .field("workers", &self.workers)
             .field("queue_capacity", &self.queue_capacity)
             .field("leader_election", &self.leader_election)
@@ -92,7 +95,7 @@ impl std::fmt::Debug for Options {
 
 impl Options {
     /// Defaults for everything but the signers and the CA.
-    pub fn new(signers: BTreeMap<String, SignerPolicy>, ca: impl Into<CaHandle>) -> Self {
+    pub fn new(signers: BTreeMap<String, SignerPolicy>, ca: impl Into<CaSet>) -> Self {
         Options {
             signers,
             ca: ca.into(),

@@ -69,7 +69,6 @@ use crate::publisher::{DesiredBundle, MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::secret_history::{owned, secret_ref};
 use copy::Copies;
 use podca_authority::metrics::{Metrics, ReasonLabels};
-use podca_authority::rotation::{CaLabels, StepLabels};
 use podca_authority::secret_rotation::start::{self as starting, Source};
 use podca_authority::secret_rotation::{
     Install, Observation, Rejection, Sealed, SecretRotation, Settings, Stepped,
@@ -96,6 +95,8 @@ pub const MIN_PROPAGATION_SECONDS: i64 = 600;
 /// What the Secret backend needs.
 #[derive(Clone)]
 pub struct SecretCaOptions {
+    /// The CA's name in the configuration (`default`: `[ca]`): labels its metrics.
+    pub ca_name: String,
     /// The Secret's namespace (also the history ConfigMap's).
     pub namespace: String,
     /// The Secret's name.
@@ -136,6 +137,7 @@ impl SecretCaOptions {
     /// replica) for the Secret `namespace/name`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         SecretCaOptions {
+            ca_name: podca_authority::config::DEFAULT_CA_NAME.into(),
             namespace: namespace.into(),
             name: name.into(),
             schedule: Schedule::default(),
@@ -564,11 +566,7 @@ impl SecretCaDriver {
         let Stepped { steps, install } = stepped;
         for step in &steps {
             self.metrics
-                .rotation_steps
-                .get_or_create(&StepLabels {
-                    step: step.as_str(),
-                })
-                .inc();
+                .count_rotation_step(&self.options.ca_name, step.as_str());
         }
         let swapped = install.is_some();
         if let Some(install) = install {
@@ -616,22 +614,21 @@ impl SecretCaDriver {
 
     fn update_metrics(&self, now: OffsetDateTime) {
         let values = self.state.metric_values(now);
-        self.metrics.ca_generation_not_after.clear();
-        for g in values.generations {
-            self.metrics
-                .ca_generation_not_after
-                .get_or_create(&CaLabels {
-                    generation: g.generation.to_string(),
-                    state: g.phase.to_string(),
-                })
-                .set(g.not_after.unix_timestamp());
-        }
-        self.metrics.ca_next_rotation.set(
-            values
-                .next_rotation
-                .map(|t| t.unix_timestamp())
-                .unwrap_or(0),
-        );
+        let series = values
+            .generations
+            .into_iter()
+            .map(|g| {
+                (
+                    g.generation.to_string(),
+                    g.phase.to_string(),
+                    g.not_after.unix_timestamp(),
+                )
+            })
+            .collect();
+        self.metrics
+            .set_ca_generations(&self.options.ca_name, series);
+        self.metrics
+            .set_ca_next_rotation(&self.options.ca_name, values.next_rotation);
     }
 
     fn history_error(&self, reason: HistoryError) -> SecretCaError {

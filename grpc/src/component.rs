@@ -7,6 +7,7 @@
 //! its listeners ([`Listeners`]); [`Oidc`] binds and serves discovery. Every listener registers
 //! in `/readyz` while it listens and stops with the serving stage.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use podca_authority::jwt::{JwtConfig, JwtHandle, OidcTls, oidc_tls};
 use podca_authority::ledger::LedgerHandle;
 use podca_authority::oidc::{self, DISCOVERY_PATH, Discovery, OidcLimits};
 use podca_authority::serving_cert::{self, ServingIdentity};
-use podca_authority::{CaHandle, Runtime, Stage};
+use podca_authority::{CaHandle, CaSet, Runtime, Stage};
 use podca_signer::jwt::JwtAlgorithm;
 use podca_signer::rules::NamespaceLabels;
 use tokio::net::{TcpListener, UnixListener};
@@ -196,7 +197,7 @@ pub async fn start(
     settings: Settings,
     callers: Callers,
     keys: Option<Arc<ServingKeys>>,
-    ca: &CaHandle,
+    ca: &CaSet,
     ledger: LedgerHandle,
     jwt: Option<Arc<JwtService>>,
     socket: Option<&Path>,
@@ -405,26 +406,40 @@ fn bind_socket(path: &Path, uids: &[u32]) -> Result<(UnixListener, PathBuf), Sta
     Ok((listener, path.to_owned()))
 }
 
-/// The verifier of client certificates (mTLS renewal), with the task that rebuilds it on every
-/// CA change spawned. Certificates of every configured signer's trust domain are accepted.
+/// The verifier of client certificates (mTLS renewal), with the tasks that rebuild it on every
+/// CA change spawned. Certificates of every configured signer's trust domain are accepted, each
+/// only under the CA of the signers of that trust domain.
 fn start_client_trust(
     rt: &mut Runtime,
     api: &ApiOptions,
-    ca: &CaHandle,
+    cas: &CaSet,
 ) -> Result<Arc<ClientTrust>, StartError> {
-    let mut trust_domains: Vec<String> = api
-        .signers
-        .values()
-        .map(|policy| policy.trust_domain.clone())
-        .collect();
-    trust_domains.sort();
-    trust_domains.dedup();
-    let trust = ClientTrust::new(&ca.current(), trust_domains)
-        .map_err(|e| StartError::Refused(format!("gRPC: verifying client certificates: {e}")))?;
-    let (follower, updates) = (Arc::clone(&trust), ca.subscribe());
-    rt.spawn(Stage::Support, "gRPC client certificate anchors", |stop| {
-        follower.follow(updates, stop)
-    });
+    let mut by_ca: BTreeMap<&str, (CaHandle, Vec<String>)> = BTreeMap::new();
+    for (signer, policy) in &api.signers {
+        let (_, domains) = by_ca
+            .entry(cas.ca_name_of(signer))
+            .or_insert_with(|| (cas.for_signer(signer).clone(), vec![]));
+        if !domains.contains(&policy.trust_domain) {
+            domains.push(policy.trust_domain.clone());
+        }
+    }
+    let handles: Vec<(CaHandle, Vec<String>)> = by_ca.into_values().collect();
+    let snapshots: Vec<_> = handles.iter().map(|(h, _)| h.current()).collect();
+    let trust = ClientTrust::for_cas(
+        snapshots
+            .iter()
+            .zip(&handles)
+            .map(|(snapshot, (_, domains))| (snapshot.as_ref(), domains.clone())),
+    )
+    .map_err(|e| StartError::Refused(format!("gRPC: verifying client certificates: {e}")))?;
+    for (index, (handle, _)) in handles.iter().enumerate() {
+        let (follower, updates) = (Arc::clone(&trust), handle.subscribe());
+        rt.spawn(
+            Stage::Support,
+            "gRPC client certificate anchors",
+            move |stop| follower.follow_ca(index, updates, stop),
+        );
+    }
     Ok(trust)
 }
 

@@ -23,7 +23,7 @@ use super::jwt::{JwtAsk, JwtService};
 use super::ledger::{LedgerSink, RpcFacts};
 use super::ratelimit::{RateLimiter, SigningShare};
 use podca_authority::metrics::GrpcMetrics;
-use podca_authority::trust::{CaHandle, CaSnapshot, Clock, system_clock};
+use podca_authority::trust::{CaHandle, CaSet, CaSnapshot, Clock, system_clock};
 
 /// The ledger `reason` of a JWT-SVID refused because `spiffe_id` named another identity.
 pub const UNKNOWN_SPIFFE_ID_REASON: &str = "UnknownSpiffeId";
@@ -144,7 +144,8 @@ impl IssuedVia {
 /// The state every service shares.
 pub struct Api {
     options: ApiOptions,
-    ca: CaHandle,
+    /// Every CA, and which signer signs with which.
+    ca: CaSet,
     auth: Arc<dyn Authenticator>,
     pods: Option<Arc<dyn PodDirectory>>,
     limiter: RateLimiter,
@@ -199,7 +200,7 @@ pub struct UnknownSigner(pub String);
 impl Api {
     pub fn new(
         options: ApiOptions,
-        ca: CaHandle,
+        ca: impl Into<CaSet>,
         auth: Arc<dyn Authenticator>,
         pods: Option<Arc<dyn PodDirectory>>,
         shutdown: watch::Receiver<bool>,
@@ -220,7 +221,7 @@ impl Api {
             signing: SigningShare::for_this_machine(),
             streams: Arc::new(Semaphore::new(options.max_open_streams)),
             options,
-            ca,
+            ca: ca.into(),
             auth,
             pods,
             shutdown,
@@ -366,8 +367,14 @@ impl Api {
         self
     }
 
+    /// The CA of the default signer (the Workload API's, podca dev's bundles).
     pub fn ca(&self) -> &CaHandle {
-        &self.ca
+        self.ca.for_signer(&self.options.default_signer)
+    }
+
+    /// The CA `signer` signs with (a configured signer's name, as [`Api::signer`] resolved it).
+    pub fn ca_of(&self, signer: &str) -> &CaHandle {
+        self.ca.for_signer(signer)
     }
 
     /// Resolves when the server is shutting down (streams end then).
@@ -463,7 +470,8 @@ impl Api {
         )?;
         // After the cheap checks: a refused request costs no API call.
         let pod = self.pod_facts_for(&policy, &signer_name, identity).await?;
-        let snapshot = self.ca.current();
+        // The deciding signer's own CA: signers with their own CAs are separate trust domains.
+        let snapshot = self.ca_of(&signer_name).current();
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
         // An in-memory ECDSA/Ed25519 CA key signs in microseconds: inline is cheaper than a
@@ -963,7 +971,7 @@ impl Api {
         caller: &Identity,
         request_name: Option<String>,
     ) -> podca_signer::ledger::RecordContext {
-        let snapshot = self.ca.current();
+        let snapshot = self.ca_of(signer).current();
         let trust_domain = self
             .options
             .signers

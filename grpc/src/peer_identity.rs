@@ -160,37 +160,84 @@ struct Verifier {
 
 /// The gRPC listener's client-certificate verifier, swapped on every CA change (see the module
 /// docs). Client certificates are optional: a client without one authenticates with a token.
+///
+/// With several CAs, each has its own verifier and its own trust domains (those of the signers
+/// that sign with it): a certificate is accepted only under the CA of its own trust domain, so
+/// a certificate of one CA naming another CA's trust domain is refused.
 pub struct ClientTrust {
+    cas: Vec<TrustedCa>,
+}
+
+/// One CA's verifier and the trust domains its certificates may name.
+struct TrustedCa {
     current: RwLock<Arc<Verifier>>,
-    /// The trust domains of the configured signers: a SPIFFE ID of another one is refused.
     trust_domains: Vec<String>,
+}
+
+impl TrustedCa {
+    fn verifier(&self) -> Arc<Verifier> {
+        match self.current.read() {
+            Ok(current) => Arc::clone(&current),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
 }
 
 impl fmt::Debug for ClientTrust {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientTrust")
-            .field("generation", &self.verifier().generation)
-            .field("trust_domains", &self.trust_domains)
-            .finish()
+        let cas: Vec<(u64, &[String])> = self
+            .cas
+            .iter()
+            .map(|ca| (ca.verifier().generation, ca.trust_domains.as_slice()))
+            .collect();
+        f.debug_struct("ClientTrust").field("cas", &cas).finish()
     }
 }
 
 impl ClientTrust {
-    /// A verifier for the accepted anchors of `snapshot`.
+    /// A verifier for the accepted anchors of `snapshot`, for certificates of `trust_domains`.
     pub fn new(
         snapshot: &CaSnapshot,
         trust_domains: Vec<String>,
     ) -> Result<Arc<Self>, AnchorError> {
-        Ok(Arc::new(ClientTrust {
-            current: RwLock::new(Arc::new(build(snapshot)?)),
-            trust_domains,
-        }))
+        Self::for_cas([(snapshot, trust_domains)])
     }
 
-    /// Rebuilds the verifier from `snapshot`; on failure the current one stays.
+    /// One verifier per CA: the accepted anchors of its snapshot, for certificates of its
+    /// trust domains.
+    pub fn for_cas<'a>(
+        cas: impl IntoIterator<Item = (&'a CaSnapshot, Vec<String>)>,
+    ) -> Result<Arc<Self>, AnchorError> {
+        let cas = cas
+            .into_iter()
+            .map(|(snapshot, trust_domains)| {
+                Ok(TrustedCa {
+                    current: RwLock::new(Arc::new(build(snapshot)?)),
+                    trust_domains,
+                })
+            })
+            .collect::<Result<Vec<_>, AnchorError>>()?;
+        if cas.is_empty() {
+            return Err(AnchorError(
+                "no CA to verify client certificates with".into(),
+            ));
+        }
+        Ok(Arc::new(ClientTrust { cas }))
+    }
+
+    /// Rebuilds the first CA's verifier from `snapshot`; on failure the current one stays.
     pub fn update(&self, snapshot: &CaSnapshot) -> Result<(), AnchorError> {
+        self.update_ca(0, snapshot)
+    }
+
+    /// Rebuilds CA `index`'s verifier (in [`ClientTrust::for_cas`] order) from `snapshot`; on
+    /// failure the current one stays.
+    pub fn update_ca(&self, index: usize, snapshot: &CaSnapshot) -> Result<(), AnchorError> {
+        let Some(ca) = self.cas.get(index) else {
+            return Err(AnchorError(format!("no CA number {index}")));
+        };
         let verifier = Arc::new(build(snapshot)?);
-        match self.current.write() {
+        match ca.current.write() {
             Ok(mut current) => *current = verifier,
             // A writer panicked mid-assignment of an `Arc`: the value is still whole.
             Err(poisoned) => *poisoned.into_inner() = verifier,
@@ -198,10 +245,20 @@ impl ClientTrust {
         Ok(())
     }
 
-    /// Follows the CA handle until `stop` turns true or the handle is gone: every new snapshot
-    /// rebuilds the verifier.
+    /// Follows the (first) CA handle until `stop` turns true or the handle is gone.
     pub async fn follow(
         self: Arc<Self>,
+        snapshots: watch::Receiver<Arc<CaSnapshot>>,
+        stop: watch::Receiver<bool>,
+    ) {
+        self.follow_ca(0, snapshots, stop).await;
+    }
+
+    /// Follows CA `index`'s handle until `stop` turns true or the handle is gone: every new
+    /// snapshot rebuilds its verifier.
+    pub async fn follow_ca(
+        self: Arc<Self>,
+        index: usize,
         mut snapshots: watch::Receiver<Arc<CaSnapshot>>,
         mut stop: watch::Receiver<bool>,
     ) {
@@ -211,7 +268,7 @@ impl ClientTrust {
                 _ = stop.wait_for(|stopped| *stopped) => return,
             }
             let snapshot = Arc::clone(&snapshots.borrow_and_update());
-            match self.update(&snapshot) {
+            match self.update_ca(index, &snapshot) {
                 Ok(()) => info!(
                     generation = snapshot.generation,
                     "gRPC: client certificates now verified against the new CA anchors"
@@ -225,14 +282,8 @@ impl ClientTrust {
         }
     }
 
-    fn verifier(&self) -> Arc<Verifier> {
-        match self.current.read() {
-            Ok(current) => Arc::clone(&current),
-            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
-        }
-    }
-
-    /// Verifies `presented` against the anchors in force at `now` and reads its identity.
+    /// Verifies `presented` against the anchors in force at `now` of the CA of its trust
+    /// domain, and reads its identity.
     pub fn identify(
         &self,
         presented: &ClientCertificate,
@@ -242,18 +293,64 @@ impl ClientTrust {
             .chain
             .split_first()
             .ok_or_else(|| CertRefusal::NotValid("no certificate".into()))?;
-        self.verifier()
-            .verifier
-            .verify_client_cert(leaf, intermediates, now)
-            .map_err(|e| CertRefusal::NotValid(e.to_string()))?;
         let identity = CertIdentity::of_leaf(leaf)?;
-        if !self.trust_domains.contains(&identity.trust_domain) {
+        let mut refusal = None;
+        let mut known = false;
+        for ca in &self.cas {
+            if !ca.trust_domains.contains(&identity.trust_domain) {
+                continue;
+            }
+            known = true;
+            match ca
+                .verifier()
+                .verifier
+                .verify_client_cert(leaf, intermediates, now)
+            {
+                Ok(_) => return Ok(identity),
+                Err(e) => refusal = Some(e.to_string()),
+            }
+        }
+        if !known {
+            let mut accepted: Vec<&str> = self
+                .cas
+                .iter()
+                .flat_map(|ca| ca.trust_domains.iter().map(String::as_str))
+                .collect();
+            accepted.sort_unstable();
+            accepted.dedup();
             return Err(CertRefusal::ForeignTrustDomain {
                 found: identity.trust_domain,
-                accepted: self.trust_domains.join(", "),
+                accepted: accepted.join(", "),
             });
         }
-        Ok(identity)
+        Err(CertRefusal::NotValid(refusal.unwrap_or_default()))
+    }
+
+    /// The first verifier that accepts the chain, else the last refusal.
+    fn verify_any(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let mut last = rustls::Error::General("no CA accepts client certificates".into());
+        for ca in &self.cas {
+            match ca
+                .verifier()
+                .verifier
+                .verify_client_cert(end_entity, intermediates, now)
+            {
+                Ok(verified) => return Ok(verified),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// The signature algorithms handshake signatures are checked with (they do not depend on
+    /// the anchors).
+    fn algorithms() -> rustls::crypto::WebPkiSupportedAlgorithms {
+        super::tls::provider().signature_verification_algorithms
     }
 }
 
@@ -296,9 +393,7 @@ impl ClientCertVerifier for ClientTrust {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        self.verifier()
-            .verifier
-            .verify_client_cert(end_entity, intermediates, now)
+        self.verify_any(end_entity, intermediates, now)
     }
 
     fn verify_tls12_signature(
@@ -307,9 +402,7 @@ impl ClientCertVerifier for ClientTrust {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.verifier()
-            .verifier
-            .verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &Self::algorithms())
     }
 
     fn verify_tls13_signature(
@@ -318,13 +411,11 @@ impl ClientCertVerifier for ClientTrust {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.verifier()
-            .verifier
-            .verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &Self::algorithms())
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.verifier().verifier.supported_verify_schemes()
+        Self::algorithms().supported_schemes()
     }
 }
 

@@ -284,7 +284,7 @@ impl PodCa for PodCaService {
         observed(self.api.metrics(), GET_TRUST_BUNDLE, peer, async move {
             self.caller(&request, "GetTrustBundle").await?;
             let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
-            Ok(Response::new(bundle(name, &self.api.ca().current())))
+            Ok(Response::new(bundle(name, &self.api.ca_of(name).current())))
         })
         .await
     }
@@ -357,7 +357,7 @@ impl PodCa for PodCaService {
             let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
             let name = name.to_owned();
             let permit = self.api.open_stream()?;
-            let mut anchors = self.api.ca().subscribe();
+            let mut anchors = self.api.ca_of(&name).subscribe();
             let mut shutdown = self.api.shutdown_signal();
             let (tx, rx) = mpsc::channel(2);
             tokio::spawn(async move {

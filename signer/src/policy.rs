@@ -58,6 +58,11 @@ pub struct SignerPolicy {
     /// rules read them costs one GET of its pod (RBAC `pods get`). Off by default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pod_facts: bool,
+    /// The CA this signer signs with: a `[cas.<name>]` table of the configuration; `None`: the
+    /// `[ca]` table (named `default`). Signers with different CAs are separate trust domains:
+    /// a certificate of one never verifies under the other's bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
     /// `rules` and `outputs`, compiled once (at [`Self::validate`] or at first use) and shared by clones.
     #[serde(skip)]
     compiled: CompiledRules,
@@ -177,6 +182,7 @@ impl SignerPolicy {
             rules: vec![],
             outputs: OutputSpec::default(),
             pod_facts: false,
+            ca: None,
             compiled: CompiledRules::default(),
             reserved_dns_names: vec![],
         }

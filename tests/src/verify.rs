@@ -123,6 +123,63 @@ pub fn assert_no_anchor_signed(chain_pem: &str, anchors_pem: &str) {
     }
 }
 
+/// rustls-webpki's verdict (aws-lc-rs algorithms) on the first certificate of `chain_pem` as a
+/// client certificate now, under the certificates of `anchors_pem`, the rest of the chain as
+/// intermediates: the second implementation, independent of podca's and of OpenSSL.
+pub fn webpki_verify(chain_pem: &str, anchors_pem: &str) -> Result<(), webpki::Error> {
+    let ders = |text: &str| -> Vec<rustls::pki_types::CertificateDer<'static>> {
+        pem::parse_many(text)
+            .unwrap_or_else(|e| panic!("not PEM ({e}):\n{text}"))
+            .into_iter()
+            .filter(|p| p.tag() == "CERTIFICATE")
+            .map(|p| rustls::pki_types::CertificateDer::from(p.into_contents()))
+            .collect()
+    };
+    let roots = ders(anchors_pem);
+    let anchors: Vec<_> = roots
+        .iter()
+        .map(|d| {
+            webpki::anchor_from_trusted_cert(d)
+                .unwrap_or_else(|e| panic!("an anchor that is not a CA certificate: {e:?}"))
+                .to_owned()
+        })
+        .collect();
+    let chain = ders(chain_pem);
+    let (leaf, intermediates) = chain
+        .split_first()
+        .unwrap_or_else(|| panic!("no certificate in the chain:\n{chain_pem}"));
+    let leaf = webpki::EndEntityCert::try_from(leaf)?;
+    let algorithms = rustls::crypto::aws_lc_rs::default_provider()
+        .signature_verification_algorithms
+        .all;
+    leaf.verify_for_usage(
+        algorithms,
+        &anchors,
+        intermediates,
+        rustls::pki_types::UnixTime::now(),
+        webpki::KeyUsage::client_auth(),
+        None,
+        None,
+    )
+    .map(|_| ())
+}
+
+/// Panics unless `chain_pem` verifies under `anchors_pem` and fails under `foreign_pem`, by
+/// both openssl (no anchor signed it) and rustls-webpki (unknown issuer): a certificate of one
+/// trust domain must never verify under another's bundle.
+#[track_caller]
+pub fn assert_verifies_only_under(chain_pem: &str, anchors_pem: &str, foreign_pem: &str) {
+    assert_verifies(chain_pem, anchors_pem);
+    if let Err(e) = webpki_verify(chain_pem, anchors_pem) {
+        panic!("rustls-webpki refused the chain under its own anchors: {e:?}");
+    }
+    assert_no_anchor_signed(chain_pem, foreign_pem);
+    match webpki_verify(chain_pem, foreign_pem) {
+        Err(webpki::Error::UnknownIssuer) => {}
+        other => panic!("rustls-webpki under a foreign bundle: {other:?}, not UnknownIssuer"),
+    }
+}
+
 /// `error 20 at 0 depth lookup: …` → 20.
 fn error_code(output: &str) -> Option<u32> {
     output.lines().find_map(|l| {

@@ -581,6 +581,7 @@ async fn two_ztunnels_keep_mtls_through_a_full_rotation() {
     let handle = CaHandle::new(ca, anchors);
     let rotator = Rotator::new(
         RotatorOptions {
+            name: "default".into(),
             store: store.clone(),
             schedule,
             automatic: true,

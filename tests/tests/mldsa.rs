@@ -1622,6 +1622,7 @@ mod migration {
         let metrics = Arc::new(Metrics::new());
         let rotator = Rotator::new(
             RotatorOptions {
+                name: "default".into(),
                 store: store.clone(),
                 schedule,
                 automatic: true,

@@ -215,6 +215,7 @@ async fn full_rotation_under_continuous_mtls() {
     let metrics = Arc::new(Metrics::new());
     let rotator = Rotator::new(
         RotatorOptions {
+            name: "default".into(),
             store: store.clone(),
             schedule,
             automatic: true,

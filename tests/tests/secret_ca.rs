@@ -415,7 +415,10 @@ impl Running {
     fn steps(&self, step: &'static str) -> u64 {
         self.metrics
             .rotation_steps
-            .get_or_create(&podca_authority::rotation::StepLabels { step })
+            .get_or_create(&podca_authority::rotation::StepLabels {
+                step,
+                ca: "default".into(),
+            })
             .get()
     }
 }

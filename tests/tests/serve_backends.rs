@@ -116,7 +116,7 @@ async fn serve_publishes_bundles_follows_ca_rotate_and_serves_grpc() {
     let metrics = serve.metrics();
     assert!(
         metrics.contains(
-            "podca_ca_generation_not_after_timestamp_seconds{generation=\"2\",state=\"prepared\"}"
+            "podca_ca_generation_not_after_timestamp_seconds{generation=\"2\",state=\"prepared\",ca=\"default\"}"
         ),
         "{metrics}"
     );

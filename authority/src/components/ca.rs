@@ -8,6 +8,7 @@
 //! directory is writable, and replicas do not share it (`--leader-elect`); it always follows
 //! other writers' changes (`podca ca rotate`) within [`POLL`].
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,11 +19,11 @@ use time::OffsetDateTime;
 use tracing::info;
 
 use crate::ca::{self, CaSource, OpenError};
-use crate::config::{CaConfig, Config, FileCa, Pkcs11Ca, SecretCa};
+use crate::config::{CaConfig, Config, DEFAULT_CA_NAME, FileCa, Pkcs11Ca, SecretCa, ca_name_of};
 use crate::hsm_metrics::HsmMetrics;
 use crate::rotation::{Rotator, RotatorOptions};
 use crate::runtime::{Runtime, Stage};
-use crate::trust::CaHandle;
+use crate::trust::{CaHandle, CaSet};
 
 /// How often the rotation driver looks at the data directory (other writers' changes).
 pub const POLL: Duration = Duration::from_secs(5);
@@ -51,6 +52,14 @@ pub enum CaStartError {
     NotInDataDir(String),
     #[error("creating a CA in {}: {error}", .dir.display())]
     Create { dir: PathBuf, error: StoreError },
+    #[error(transparent)]
+    UnknownCa(#[from] crate::trust::UnknownCa),
+    /// One of several CAs could not be opened: which, and why.
+    #[error("[cas.{ca}]: {error}")]
+    InCa {
+        ca: String,
+        error: Box<CaStartError>,
+    },
     /// A signer's trust domain is outside the CA's nameConstraints: it could issue nothing.
     #[error("signer {signer:?} cannot be served by this CA: {violation}")]
     SignerOutsideCa {
@@ -65,7 +74,7 @@ pub enum CaStartError {
 /// bundles). Kept working for compatibility; `podca doctor` reports it too.
 #[derive(Debug, Clone, Default)]
 pub struct Sharing {
-    counts: Vec<(&'static str, usize)>,
+    counts: Vec<(String, usize)>,
     warnings: Vec<String>,
 }
 
@@ -75,7 +84,7 @@ impl Sharing {
             counts: config
                 .signers_by_ca()
                 .into_iter()
-                .map(|(ca, signers)| (ca, signers.len()))
+                .map(|(ca, signers)| (ca.to_owned(), signers.len()))
                 .collect(),
             warnings: config.shared_ca_warnings(),
         }
@@ -86,7 +95,7 @@ impl Sharing {
         for (ca, count) in &self.counts {
             rt.metrics()
                 .ca_signers
-                .get_or_create(&crate::metrics::CaNameLabels { ca })
+                .get_or_create(&crate::metrics::CaNameLabels { ca: ca.clone() })
                 .set(i64::try_from(*count).unwrap_or(i64::MAX));
         }
         for warning in &self.warnings {
@@ -132,7 +141,6 @@ pub struct DirectoryCa {
     handle: CaHandle,
     rotator: RotatorOptions,
     hsm: Option<crate::ca::HsmKeySlot>,
-    sharing: Sharing,
 }
 
 impl std::fmt::Debug for DirectoryCa {
@@ -153,15 +161,132 @@ pub struct RunningCa {
     pub rotator: Arc<Rotator>,
 }
 
-/// Decides where `config`'s CA comes from and opens a data directory. `leader_elect`: replicas
-/// share the CA, so this process never rotates it on its own.
-pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlan, CaStartError> {
-    if let CaConfig::Secret(secret) = &config.ca {
+/// Every CA the configuration uses ([`Config::cas_in_use`]), planned, and which signer signs
+/// with which.
+#[derive(Debug)]
+pub struct CaPlans {
+    /// CA name → where it comes from, in name order.
+    pub cas: Vec<(String, CaPlan)>,
+    /// Signer name → CA name.
+    pub signers: BTreeMap<String, String>,
+    /// The CA whose data directory also holds the JWT keys and the default ledger: that of the
+    /// `[grpc] signer` (JWT-SVIDs are signed for its trust domain), else the first.
+    pub primary: String,
+    /// Which CAs several signers share (reported once, at start).
+    pub sharing: Sharing,
+}
+
+impl CaPlans {
+    /// The primary CA when it is a data directory.
+    pub fn primary_dir(&self) -> Option<&DirectoryCa> {
+        self.cas.iter().find_map(|(name, plan)| match plan {
+            CaPlan::Directory(dir) if *name == self.primary => Some(dir),
+            _ => None,
+        })
+    }
+
+    /// The primary CA's table in `config`.
+    pub fn primary_config<'c>(&self, config: &'c Config) -> &'c CaConfig {
+        config.ca_named(&self.primary).unwrap_or(&config.ca)
+    }
+
+    /// Starts every CA, all data directories (`podca dev`: a Secret-held CA needs the
+    /// Kubernetes API), and gives the set every component reads, with each CA's driver.
+    pub fn start_directories(
+        self,
+        rt: &mut Runtime,
+    ) -> Result<(CaSet, BTreeMap<String, RunningCa>), CaStartError> {
+        let mut running = BTreeMap::new();
+        for (name, plan) in self.cas {
+            match plan {
+                CaPlan::Directory(dir) => {
+                    running.insert(name, dir.start(rt));
+                }
+                CaPlan::Secret(secret) => {
+                    return Err(CaStartError::NotInDataDir(format!(
+                        "CA {name:?} is held in the Secret {}/{}, read through the Kubernetes \
+                         API, which this command does not use",
+                        secret.namespace, secret.name
+                    )));
+                }
+            }
+        }
+        self.sharing.report(rt);
+        let handles = running
+            .iter()
+            .map(|(name, ca)| (name.clone(), ca.handle.clone()))
+            .collect();
+        let set = CaSet::new(handles, self.signers)?;
+        Ok((set, running))
+    }
+
+    /// The primary CA when it is held in a Secret.
+    pub fn primary_secret(&self) -> Option<&SecretCa> {
+        self.cas.iter().find_map(|(name, plan)| match plan {
+            CaPlan::Secret(secret) if *name == self.primary => Some(secret),
+            _ => None,
+        })
+    }
+}
+
+/// Decides where each CA of `config` comes from and opens the data directories. `leader_elect`:
+/// replicas share the CAs, so this process never rotates them on its own.
+pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlans, CaStartError> {
+    let in_use = config.cas_in_use();
+    let several = in_use.len() > 1 || in_use.iter().any(|(name, _)| *name != DEFAULT_CA_NAME);
+    let mut cas = Vec::with_capacity(in_use.len());
+    for (name, ca) in in_use {
+        let signers = config
+            .signers
+            .iter()
+            .filter(|(_, policy)| ca_name_of(policy) == name);
+        let planned =
+            plan_one(name, ca, signers, config, leader_elect).map_err(|error| match several {
+                true => CaStartError::InCa {
+                    ca: name.to_owned(),
+                    error: Box::new(error),
+                },
+                false => error,
+            })?;
+        cas.push((name.to_owned(), planned));
+    }
+    let signers = config
+        .signers
+        .iter()
+        .map(|(signer, policy)| (signer.clone(), ca_name_of(policy).to_owned()))
+        .collect();
+    Ok(CaPlans {
+        primary: primary_ca(config).to_owned(),
+        cas,
+        signers,
+        sharing: Sharing::of(config),
+    })
+}
+
+/// The CA of the `[grpc] signer` when there is one, else the first CA in use.
+pub fn primary_ca(config: &Config) -> &str {
+    config
+        .grpc_signer()
+        .ok()
+        .and_then(|(signer, _)| config.ca_of_signer(signer))
+        .or_else(|| config.cas_in_use().first().map(|(name, _)| *name))
+        .unwrap_or(DEFAULT_CA_NAME)
+}
+
+/// Plans the CA `name` for `signers`.
+fn plan_one<'a>(
+    name: &str,
+    ca: &CaConfig,
+    signers: impl IntoIterator<Item = (&'a String, &'a podca_signer::SignerPolicy)>,
+    config: &Config,
+    leader_elect: bool,
+) -> Result<CaPlan, CaStartError> {
+    if let CaConfig::Secret(secret) = ca {
         config.rotation.validate()?;
         return Ok(CaPlan::Secret(secret.clone()));
     }
     let max_leaf_lifetime = config.max_leaf_lifetime();
-    let source = ca::open(&config.ca, max_leaf_lifetime)?;
+    let source = ca::open(ca, max_leaf_lifetime)?;
     let writable = dir_writable(source.store.dir());
     if writable {
         // A writer killed mid-change left the directory half-way: finish or roll back first
@@ -175,7 +300,7 @@ pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlan, CaStartError>
             })?;
     }
     let (active, anchors) = source.load().map_err(CaStartError::Load)?;
-    check_signers(&active, &config.signers)?;
+    check_signers(&active, signers)?;
     let automatic = automatic_rotation(&source, leader_elect, writable);
     if automatic {
         config.rotation.validate()?;
@@ -190,6 +315,7 @@ pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlan, CaStartError>
     Ok(CaPlan::Directory(DirectoryCa {
         handle: CaHandle::new(active, anchors),
         rotator: RotatorOptions {
+            name: name.to_owned(),
             store: store.with_lock_wait(LOCK_WAIT),
             schedule: config.rotation,
             automatic,
@@ -199,7 +325,6 @@ pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlan, CaStartError>
             refresh_when: intermediate,
         },
         hsm,
-        sharing: Sharing::of(config),
     }))
 }
 
@@ -225,9 +350,7 @@ impl DirectoryCa {
             handle,
             rotator,
             hsm,
-            sharing,
         } = self;
-        sharing.report(rt);
         let rotator = Arc::new(Rotator::new(
             rotator,
             handle.clone(),
@@ -248,23 +371,52 @@ impl DirectoryCa {
     }
 }
 
-/// `[ca]` as `podca dev` uses it: the CA always lives in the data directory (file keys, or an
-/// HSM key recorded there); a Secret-held CA needs the Kubernetes API, which dev does not use.
-pub fn in_data_dir(ca: &CaConfig, data_dir: &Path) -> Result<CaConfig, CaStartError> {
+/// `podca dev`: every CA lives in the data directory: `[ca]` in it, `[cas.<name>]` in
+/// `<data dir>/cas/<name>`; a missing file CA in use is made. Returns the names of the CAs
+/// made.
+pub fn place_in_data_dir(
+    config: &mut Config,
+    data_dir: &Path,
+) -> Result<Vec<String>, CaStartError> {
+    config.ca = in_data_dir(&config.ca, "[ca]", data_dir)?;
+    for (name, ca) in config.cas.iter_mut() {
+        *ca = in_data_dir(
+            ca,
+            &format!("[cas.{name}]"),
+            &data_dir.join("cas").join(name),
+        )?;
+    }
+    let mut made = vec![];
+    for (name, ca) in config.cas_in_use() {
+        let dir = ca.dir().unwrap_or(data_dir);
+        let label = match name {
+            DEFAULT_CA_NAME => "podca dev".to_owned(),
+            other => format!("podca dev {other}"),
+        };
+        if create_if_missing(ca, dir, &label)? {
+            made.push(name.to_owned());
+        }
+    }
+    Ok(made)
+}
+
+/// A CA table as `podca dev` uses it: the CA always lives at `dir` in the data directory (file
+/// keys, or an HSM key recorded there); a Secret-held CA needs the Kubernetes API, which dev
+/// does not use.
+fn in_data_dir(ca: &CaConfig, table: &str, data_dir: &Path) -> Result<CaConfig, CaStartError> {
     let dir = |configured: &Option<PathBuf>| match configured {
         Some(d) if d != data_dir => Err(CaStartError::NotInDataDir(format!(
-            "[ca] dir = {} but podca dev keeps its CA in the data directory {}; drop [ca] dir or \
-             pass --data-dir {}",
+            "{table} dir = {} but podca dev keeps this CA in {}; drop {table} dir (or pass \
+             --data-dir)",
             d.display(),
             data_dir.display(),
-            d.display()
         ))),
         _ => Ok(Some(data_dir.to_owned())),
     };
     Ok(match ca {
         CaConfig::Secret(s) => {
             return Err(CaStartError::NotInDataDir(format!(
-                "[ca] backend = \"secret\" ({}/{}) is read through the Kubernetes API, which \
+                "{table} backend = \"secret\" ({}/{}) is read through the Kubernetes API, which \
                  podca dev does not use; use backend = \"file\" (the default) or \"pkcs11\"",
                 s.namespace, s.name
             )));
@@ -362,7 +514,10 @@ mod tests {
         config
             .signers
             .insert("example.com/a".into(), SignerPolicy::permissive("a.test"));
-        assert!(matches!(plan(&config, false), Ok(CaPlan::Directory(_))));
+        assert!(matches!(
+            plan(&config, false).map(|p| p.cas.into_iter().next()),
+            Ok(Some((_, CaPlan::Directory(_))))
+        ));
         config
             .signers
             .insert("example.com/b".into(), SignerPolicy::permissive("b.test"));

@@ -1,5 +1,5 @@
 //! The ClusterTrustBundle publisher (KEP-3257): one bundle per signer name, holding every trust
-//! anchor of the current [`CaSnapshot`], kept correct through rotations, repaired when someone
+//! anchor of the current [`CaSnapshot`] of that signer's CA (and no other CA's), kept correct through rotations, repaired when someone
 //! else edits or deletes it, and garbage-collected when podca no longer needs it.
 //!
 //! Ownership is by label: a bundle is podca's when it carries both
@@ -35,7 +35,7 @@ use ctb::Ctbs;
 use names::{MAX_NAME_LEN, bundle_name, label_value_problem};
 use plan::{Action, decide, owner_labels, trust_bundle};
 use podca_authority::metrics::{Metrics, OpLabels};
-use podca_authority::trust::{CaHandle, CaSnapshot};
+use podca_authority::trust::{CaSet, CaSnapshot};
 
 pub use plan::{DesiredBundle, TrustBundle};
 
@@ -157,12 +157,12 @@ impl Publisher {
         plan::label_selector(&self.labels)
     }
 
-    /// Publishes until the future is dropped (or the CA handle is gone). Writes only while
+    /// Publishes until the future is dropped (or every CA handle is gone). Writes only while
     /// `leading` is true; transient API errors are retried with backoff, never returned.
     pub async fn run(
         self,
         client: Client,
-        ca: CaHandle,
+        cas: CaSet,
         metrics: Arc<Metrics>,
         leading: watch::Receiver<bool>,
     ) {
@@ -189,8 +189,13 @@ impl Publisher {
                 ))
             })
             .collect();
-        let mut ca_rx = ca.subscribe();
-        drop(ca);
+        // Every CA swap (rotation, reload) of any CA wakes a pass.
+        let mut ca_changes = futures::stream::select_all(cas.iter().map(|(_, handle)| {
+            Box::pin(futures::stream::unfold(
+                handle.subscribe(),
+                |mut rx| async { rx.changed().await.ok().map(|()| ((), rx)) },
+            ))
+        }));
         let mut state = State::default();
         let mut resync = tokio::time::interval(self.resync);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -199,9 +204,9 @@ impl Publisher {
         loop {
             tokio::select! {
                 _ = resync.tick() => debug!("ClusterTrustBundle resync"),
-                changed = ca_rx.changed() => {
-                    if changed.is_err() {
-                        info!("the CA handle is gone: ClusterTrustBundle publisher stops");
+                changed = futures::StreamExt::next(&mut ca_changes) => {
+                    if changed.is_none() {
+                        info!("the CA handles are gone: ClusterTrustBundle publisher stops");
                         return;
                     }
                     debug!("CA snapshot changed");
@@ -209,14 +214,18 @@ impl Publisher {
                 () = poke.notified() => {}
                 () = sleep_until(retry_at) => {}
             }
-            let snapshot = Arc::clone(&ca_rx.borrow_and_update());
+            let snapshots: BTreeMap<String, Arc<CaSnapshot>> = cas
+                .iter()
+                .map(|(name, handle)| (name.to_owned(), handle.current()))
+                .collect();
             let ok = self
-                .pass(&ctbs, &snapshot, &mut state, &metrics, &leading)
+                .pass(&ctbs, &cas, &snapshots, &mut state, &metrics, &leading)
                 .await;
             metrics.ctb_passes.inc();
+            let generations: u64 = snapshots.values().map(|s| s.generation).sum();
             metrics
                 .ctb_pass_generation
-                .set(i64::try_from(snapshot.generation).unwrap_or(i64::MAX));
+                .set(i64::try_from(generations).unwrap_or(i64::MAX));
             if ok {
                 attempt = 0;
                 retry_at = None;
@@ -229,39 +238,51 @@ impl Publisher {
         }
     }
 
-    /// One reconcile of every desired bundle, then garbage collection. True when nothing needs
-    /// a retry.
-    #[tracing::instrument(name = "ctb_pass", skip_all, fields(generation = snapshot.generation))]
+    /// One reconcile of every desired bundle, each from its signer's CA, then garbage
+    /// collection. True when nothing needs a retry.
+    #[tracing::instrument(name = "ctb_pass", skip_all)]
     async fn pass(
         &self,
         ctbs: &Ctbs,
-        snapshot: &CaSnapshot,
+        cas: &CaSet,
+        snapshots: &BTreeMap<String, Arc<CaSnapshot>>,
         state: &mut State,
         metrics: &Metrics,
         leading: &watch::Receiver<bool>,
     ) -> bool {
         let mut ok = true;
+        // Each CA's bundle content, built once per pass.
+        let mut bundles: BTreeMap<&str, Option<TrustBundle>> = BTreeMap::new();
+        for (name, snapshot) in snapshots {
+            let built = match trust_bundle(&snapshot.anchors) {
+                Ok(bundle) => {
+                    if state.generations.get(name) != Some(&snapshot.generation) {
+                        state.generations.insert(name.clone(), snapshot.generation);
+                        for subject in &bundle.skipped {
+                            metrics.ctb_publish_errors.inc();
+                            error!(ca = %name, %subject, "not publishing a trust anchor that is not a CA certificate");
+                        }
+                    }
+                    Some(bundle)
+                }
+                Err(e) => {
+                    // Nothing is written for this CA's signers: their bundles keep the last
+                    // good anchors.
+                    metrics.ctb_publish_errors.inc();
+                    error!(ca = %name, error = %e, "cannot build the trust bundle");
+                    None
+                }
+            };
+            bundles.insert(name.as_str(), built);
+        }
         // Publish first, collect garbage second: when the suffix changes, the new bundle exists
         // before the old one goes, so a label-selecting projection never finds nothing.
-        match trust_bundle(&snapshot.anchors) {
-            Ok(bundle) => {
-                if state.generation != Some(snapshot.generation) {
-                    state.generation = Some(snapshot.generation);
-                    for subject in &bundle.skipped {
-                        metrics.ctb_publish_errors.inc();
-                        error!(%subject, "not publishing a trust anchor that is not a CA certificate");
-                    }
-                }
-                for desired in &self.bundles {
-                    ok &= self
-                        .reconcile(ctbs, desired, &bundle, state, metrics, leading)
-                        .await;
-                }
-            }
-            Err(e) => {
-                // Nothing is written: the bundles keep the last good anchors.
-                metrics.ctb_publish_errors.inc();
-                error!(error = %e, "cannot build the trust bundle");
+        for desired in &self.bundles {
+            let ca = cas.ca_name_of(&desired.signer_name);
+            if let Some(Some(bundle)) = bundles.get(ca) {
+                ok &= self
+                    .reconcile(ctbs, desired, bundle, state, metrics, leading)
+                    .await;
             }
         }
         ok &= gc::collect(ctbs, &self.bundles, &self.labels, metrics, leading).await;
@@ -370,8 +391,8 @@ struct State {
     published: HashMap<String, String>,
     /// Names held by a foreign bundle (reported once).
     blocked: HashSet<String>,
-    /// The CA generation whose anchors were last checked.
-    generation: Option<u64>,
+    /// CA name → the generation whose anchors were last checked.
+    generations: BTreeMap<String, u64>,
 }
 
 async fn discover_until_served(client: &Client, metrics: &Metrics) -> ApiVersion {
