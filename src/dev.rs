@@ -84,9 +84,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let created = ca::place_in_data_dir(&mut config, &data_dir)?;
     // The dev signer's CA: its anchors are the ones the banner points at.
     let signer_ca_dir = config
-        .ca_of_signer(&plan.signer)
-        .and_then(|name| config.ca_named(name))
-        .and_then(|ca| ca.dir())
+        .ca_dir_of_signer(&plan.signer)
         .unwrap_or(&data_dir)
         .to_owned();
     let settings = Settings::from_config(&config, grpc_listen, Mode::Dev)?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use podca_authority::components::ca;
-use podca_authority::components::{jwt, ledger};
+use podca_authority::components::ledger;
 use podca_authority::config::Config;
 use podca_authority::{Runtime, RuntimeOptions, shutdown};
 use podca_controller::LeaderElection;
@@ -108,16 +108,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let client = podca_controller::connect(kubeconfig.as_deref()).await?;
     // The JWT keys and the default ledger live with the primary CA (the gRPC signer's).
-    let jwt_keys = match (ca_plans.primary_dir(), ca_plans.primary_secret()) {
-        (Some(dir), _) => {
-            let primary = ca_plans.primary_config(&config);
-            jwt::start(&mut rt, &config.jwt, primary, dir.dir(), leader_elect)?
-        }
-        (None, Some(secret)) => {
-            kube_component::secret_jwt(&mut rt, &client, &config, secret).await?
-        }
-        (None, None) => None,
-    };
+    let jwt_keys =
+        kube_component::primary_jwt(&mut rt, &client, &config, &ca_plans, leader_elect).await?;
     let default_redb = ca_plans.primary_dir().map(|dir| dir.ledger_path());
     let ca = kube_component::start_cas(&mut rt, &client, &config, ca_plans).await?;
     let ledger = ledger::start(&mut rt, &config.ledger, default_redb.as_deref()).await?;

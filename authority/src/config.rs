@@ -1212,6 +1212,13 @@ impl Config {
         self.signers.get(signer).map(ca_name_of)
     }
 
+    /// The data directory of the CA a signer signs with (none: a Secret-held CA).
+    pub fn ca_dir_of_signer(&self, signer: &str) -> Option<&Path> {
+        self.ca_of_signer(signer)
+            .and_then(|name| self.ca_named(name))
+            .and_then(CaConfig::dir)
+    }
+
     /// The CA table named `name`: `default` is `[ca]`, any other a `[cas.<name>]`.
     pub fn ca_named(&self, name: &str) -> Option<&CaConfig> {
         match name {

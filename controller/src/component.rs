@@ -130,6 +130,40 @@ pub async fn start_cas(
     CaSet::new(handles, signers).map_err(|e| StartError::Cas(e.into()))
 }
 
+/// The JWT-SVID signing keys (`[jwt] enabled`) of the primary CA (the `[grpc] signer`'s): in
+/// its data directory, or in a Secret beside its CA Secret. `None` when disabled.
+pub async fn primary_jwt(
+    rt: &mut Runtime,
+    client: &Client,
+    config: &Config,
+    plans: &CaPlans,
+    leader_elect: bool,
+) -> Result<Option<JwtHandle>, PrimaryJwtError> {
+    Ok(match (plans.primary_dir(), plans.primary_secret()) {
+        (Some(dir), _) => {
+            let primary = plans.primary_config(config);
+            podca_authority::components::jwt::start(
+                rt,
+                &config.jwt,
+                primary,
+                dir.dir(),
+                leader_elect,
+            )?
+        }
+        (None, Some(secret)) => secret_jwt(rt, client, config, secret).await?,
+        (None, None) => None,
+    })
+}
+
+/// [`primary_jwt`] could not open the keys.
+#[derive(Debug, thiserror::Error)]
+pub enum PrimaryJwtError {
+    #[error(transparent)]
+    Directory(#[from] podca_authority::components::jwt::JwtStartError),
+    #[error(transparent)]
+    Secret(#[from] StartError),
+}
+
 /// JWT-SVID signing keys (`[jwt] enabled`) of a Secret-held CA: in the Secret `[jwt]
 /// keys_secret` (default `<CA Secret>-jwt`) beside the CA Secret, written by the leader and
 /// followed by standbys. `None` when `[jwt] enabled = false`.
