@@ -1219,6 +1219,33 @@ impl Config {
             .and_then(CaConfig::dir)
     }
 
+    /// The data directory of the CA named `name` (`podca ca … --ca NAME`).
+    pub fn ca_dir(&self, name: &str) -> Result<&Path, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid(message);
+        let ca = self.ca_named(name).ok_or_else(|| {
+            let known: Vec<&str> = std::iter::once(DEFAULT_CA_NAME)
+                .chain(self.cas.keys().map(String::as_str))
+                .collect();
+            invalid(format!(
+                "--ca {name:?}: no such CA (configured: {})",
+                known.join(", ")
+            ))
+        })?;
+        match ca {
+            CaConfig::Secret(s) => Err(invalid(format!(
+                "CA {name:?} is held in the Secret {}/{}: podca serve follows it (`podca ca \
+                 show --secret {}/{}`)",
+                s.namespace, s.name, s.namespace, s.name
+            ))),
+            other => other.dir().ok_or_else(|| {
+                invalid(format!(
+                    "CA {name:?} has no dir in the configuration (podca dev keeps it in \
+                     <data dir>/cas/{name}: pass --dir)"
+                ))
+            }),
+        }
+    }
+
     /// The CA table named `name`: `default` is `[ca]`, any other a `[cas.<name>]`.
     pub fn ca_named(&self, name: &str) -> Option<&CaConfig> {
         match name {

@@ -28,6 +28,7 @@
 
 pub mod admin;
 pub mod ca;
+pub mod ca_report;
 pub mod components;
 pub mod config;
 pub mod hsm_metrics;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use podca_authority::ca_report;
 use podca_signer::{CaAlgorithm, FileStore, InitOptions, NameConstraints, report};
 use time::{Duration, OffsetDateTime};
 
@@ -23,6 +24,8 @@ pub struct RotateArgs {
     /// CA data directory.
     #[arg(long, env = "PODCA_DATA_DIR")]
     pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub select: super::CaSelect,
     /// Only apply what the schedule has due; do not start a rotation.
     #[arg(long)]
     pub scheduled_only: bool,
@@ -46,6 +49,8 @@ pub struct InitArgs {
     /// CA data directory.
     #[arg(long, env = "PODCA_DATA_DIR")]
     pub dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub select: super::CaSelect,
     /// CA key algorithm: ecdsa-p256, ecdsa-p384, ed25519, or post-quantum ml-dsa-44,
     /// ml-dsa-65, ml-dsa-87 (file and Secret backends only).
     #[arg(long, default_value = "ecdsa-p256")]
@@ -104,6 +109,9 @@ pub struct ShowArgs {
     /// CA data directory.
     #[arg(long, env = "PODCA_DATA_DIR", conflicts_with = "secret")]
     pub dir: Option<PathBuf>,
+    /// Without --ca: every CA of --config, with the signers that sign with it.
+    #[command(flatten)]
+    pub select: super::CaSelect,
     /// A Secret-held CA (`[ca] backend = "secret"`): show the generations podca serve recorded
     /// for the Secret `namespace/name` (its history ConfigMap; read access is enough).
     #[arg(long)]
@@ -137,6 +145,7 @@ impl InitArgs {
     fn run(self) -> anyhow::Result<()> {
         let Self {
             dir,
+            select,
             algorithm,
             name,
             root_days,
@@ -150,7 +159,7 @@ impl InitArgs {
             pkcs11_generate,
             hsm,
         } = self;
-        let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        let store = FileStore::new(select.dir(dir)?);
         let name_constraints = NameConstraints::new(&permitted_trust_domains, &permitted_dns)
             .context("--permitted-trust-domain/--permitted-dns")?;
         let options = InitOptions {
@@ -230,6 +239,7 @@ impl ShowArgs {
     fn run(self) -> anyhow::Result<()> {
         let Self {
             dir,
+            select,
             secret,
             kubeconfig,
             check,
@@ -244,28 +254,17 @@ impl ShowArgs {
                 jwt_keys_secret.as_deref(),
             );
         }
-        let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
-        let ca = super::open_active_ca(&store, &hsm)?;
         let now = OffsetDateTime::now_utc();
-        println!("CA data directory: {}", store.dir().display());
-        println!(
-            "signing key: {} ({})",
-            ca.key().location(),
-            ca.key().algorithm()
-        );
-        println!(
-            "published trust anchors: {} in {}",
-            store.roots()?.len(),
-            store.root_cert_path().display()
-        );
-        for info in store.generations()? {
-            let issuing = Some(&info.issuing);
-            print!(
-                "{}",
-                report::generation(&info.generation, issuing, &info.roots, now)
-            );
+        if let (None, None, Some(config)) = (&dir, &select.ca, &select.config) {
+            let config = podca_authority::config::Config::load(config)?;
+            print!("{}", ca_report::configuration(&config, now));
+            return Ok(());
         }
-        super::jwt::show_keys(&store)
+        let store = FileStore::new(select.dir(dir)?);
+        let ca = super::open_active_ca(&store, &hsm)?;
+        let key = (ca.key().location(), ca.key().algorithm().to_string());
+        print!("{}", ca_report::directory(&store, Some(key), now)?);
+        Ok(())
     }
 }
 
@@ -299,13 +298,14 @@ impl RotateArgs {
     fn run(self) -> anyhow::Result<()> {
         let Self {
             dir,
+            select,
             scheduled_only,
             ca_lifetime_days,
             propagation_seconds,
             max_leaf_lifetime_seconds,
             algorithm,
         } = self;
-        let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
+        let store = FileStore::new(select.dir(dir)?);
         if let Some(algorithm) = algorithm {
             let previous = store.set_algorithm(algorithm, OffsetDateTime::now_utc())?;
             if previous != algorithm {

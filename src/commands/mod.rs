@@ -7,15 +7,37 @@ pub mod doctor;
 pub mod inspect;
 pub mod inspect_jwt;
 pub mod issue;
-pub mod jwt;
 pub mod ledger;
 pub mod policy;
 
 use std::path::PathBuf;
 
 use podca_authority::ca as authority_ca;
+use podca_authority::config::Config;
 use podca_signer::backend::{PinSource, Pkcs11Config, Pkcs11Uri};
 use podca_signer::{FileStore, IssuingCa};
+
+/// Which CA data directory a `podca ca` command works on: `--dir`, or the CA `--ca` names in
+/// `--config`, else the default data directory.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CaSelect {
+    /// The configuration file whose CA `--ca` names (and, for `show`, whose CAs to list).
+    #[arg(long, env = "PODCA_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// A CA of --config by name: `default` ([ca]) or a [cas.<name>] table.
+    #[arg(long, requires = "config", conflicts_with = "dir")]
+    pub ca: Option<String>,
+}
+
+impl CaSelect {
+    /// The directory: `dir`, the named CA's, or the default data directory.
+    pub fn dir(&self, dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+        match (&self.ca, &self.config) {
+            (Some(name), Some(path)) => Ok(Config::load(path)?.ca_dir(name)?.to_owned()),
+            _ => Ok(dir.unwrap_or_else(default_data_dir)),
+        }
+    }
+}
 
 /// How to unlock a CA key held in an HSM. The PIN itself is never a command-line value.
 #[derive(Debug, Clone, Default, clap::Args)]

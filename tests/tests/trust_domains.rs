@@ -208,3 +208,73 @@ async fn podca_v1_and_istio_sign_with_the_deciding_signers_ca() {
     assert_eq!(*anchors, payments_bundle);
     assert_verifies_only_under(&chain.concat(), &payments_bundle, &batch_bundle);
 }
+
+/// `podca ca init|rotate|show --config FILE --ca NAME` work on the named CA's directory, each
+/// CA on its own; `podca ca show --config FILE` lists every CA with its signers; an unknown or
+/// Secret-held name is a precise error.
+#[test]
+fn ca_commands_take_a_ca_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (payments, batch) = (dir.path().join("payments"), dir.path().join("batch"));
+    let config = dir.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n[cas.vault]\nbackend = \"secret\"\nsecret = \"podca-system/vault-ca\"\n",
+            two_signers(Some((&payments, &batch)))
+        ),
+    )
+    .unwrap();
+    let podca = |args: &[&str]| {
+        let out = Command::new(podca_binary())
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .env_remove("PODCA_DATA_DIR")
+            .output()
+            .expect("podca runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for ca in ["payments", "batch"] {
+        let (ok, _, err) = podca(&["ca", "init", "--ca", ca]);
+        assert!(ok, "{err}");
+    }
+    assert!(payments.join("root.pem").exists() && batch.join("root.pem").exists());
+
+    let (ok, out, err) = podca(&["ca", "rotate", "--ca", "batch"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("prepare"), "{out}");
+    let (ok, listing, err) = podca(&["ca", "show"]);
+    assert!(ok, "{err}");
+    let (pay_part, batch_part) = listing
+        .split_once("== CA \"payments\"")
+        .map(|(b, p)| (p.to_owned(), b.to_owned()))
+        .unwrap_or_else(|| panic!("{listing}"));
+    assert!(
+        batch_part.starts_with(
+            "== CA \"batch\" ([cas.batch], backend file): signs for example.com/batch\n"
+        ),
+        "{listing}"
+    );
+    // The rotation prepared a generation in batch's directory only.
+    assert!(batch_part.contains("generation 2 — prepared"), "{listing}");
+    assert!(!pay_part.contains("generation 2"), "{listing}");
+    assert!(!listing.contains("shared:"), "{listing}");
+
+    let (ok, _, err) = podca(&["ca", "show", "--ca", "nope"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--ca \"nope\": no such CA (configured: default, batch, payments, vault)"),
+        "{err}"
+    );
+    let (ok, _, err) = podca(&["ca", "rotate", "--ca", "vault"]);
+    assert!(!ok);
+    assert!(
+        err.contains("CA \"vault\" is held in the Secret podca-system/vault-ca"),
+        "{err}"
+    );
+}
