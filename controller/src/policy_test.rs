@@ -153,6 +153,7 @@ pub fn decide_pcr(
         v.reason = reason;
         v.message = message;
     }
+    v.ca = signing_ca(config, sample.signer_name());
     Ok(v)
 }
 
@@ -322,6 +323,8 @@ pub fn decide_description(
                     message: String::new(),
                     decided_by: passed(policy),
                     request,
+                    // Signed with the JWT keys, not a CA.
+                    ca: None,
                     issued: Some(IssuedFacts {
                         spiffe_id: plan.spiffe_id,
                         dns_names: vec![],
@@ -385,12 +388,54 @@ pub fn decide_description(
         sign_request_with(p, &ca, &certificate_request, &context, now)
     };
     let outcome = decide(policy);
-    Ok(verdict(
-        outcome,
-        Some(policy),
-        signer,
-        request,
-        notes,
-        &|p| Some(decide(p)),
-    ))
+    let mut v = verdict(outcome, Some(policy), signer, request, notes, &|p| {
+        Some(decide(p))
+    });
+    v.ca = signing_ca(config, signer);
+    Ok(v)
+}
+
+/// The CA that signs for `signer`: its name and table, and the signers it is shared with.
+fn signing_ca(config: &Config, signer: &str) -> Option<String> {
+    let name = config.ca_of_signer(signer)?;
+    let table = match name {
+        podca_authority::config::DEFAULT_CA_NAME => "[ca]".to_owned(),
+        other => format!("[cas.{other}]"),
+    };
+    let shared: Vec<&str> = config
+        .signers_by_ca()
+        .into_iter()
+        .find(|(ca, _)| *ca == name)
+        .map(|(_, signers)| signers.into_iter().filter(|s| *s != signer).collect())
+        .unwrap_or_default();
+    Some(match shared.is_empty() {
+        true => format!("{name} ({table})"),
+        false => format!("{name} ({table}; shared with {})", shared.join(", ")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CA line names the table, and the signers a shared CA also signs for.
+    #[test]
+    fn the_signing_ca_is_named_with_whom_it_is_shared() {
+        let config = Config::parse(
+            "[cas.own]\ndir = \"/tmp/own\"\n\
+             [signers.\"example.com/a\"]\ntrust_domain = \"a.test\"\n\
+             [signers.\"example.com/b\"]\ntrust_domain = \"b.test\"\n\
+             [signers.\"example.com/c\"]\ntrust_domain = \"c.test\"\nca = \"own\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            signing_ca(&config, "example.com/a").as_deref(),
+            Some("default ([ca]; shared with example.com/b)")
+        );
+        assert_eq!(
+            signing_ca(&config, "example.com/c").as_deref(),
+            Some("own ([cas.own])")
+        );
+        assert_eq!(signing_ca(&config, "example.com/none"), None);
+    }
 }

@@ -24,6 +24,8 @@ pub struct Verdict {
     pub decided_by: String,
     /// The request as decided, in one line.
     pub request: String,
+    /// The CA that signs for the request's signer, as the configuration names it.
+    pub ca: Option<String>,
     pub issued: Option<IssuedFacts>,
     pub notes: Vec<String>,
 }
@@ -58,6 +60,7 @@ impl Verdict {
                     "message": self.message,
                     "decided_by": self.decided_by,
                     "request": self.request,
+                    "ca": self.ca,
                     "issued": issued,
                     "notes": self.notes,
                 })
@@ -78,6 +81,9 @@ impl Verdict {
                 }
                 let _ = writeln!(out, "decided by: {}", self.decided_by);
                 let _ = writeln!(out, "request:    {}", self.request);
+                if let Some(ca) = &self.ca {
+                    let _ = writeln!(out, "ca:         {ca}");
+                }
                 if let Some(i) = &self.issued {
                     let _ = writeln!(out, "spiffe id:  {}", i.spiffe_id);
                     if i.dns_names.is_empty() {
@@ -134,6 +140,7 @@ pub fn verdict(
         message: String::new(),
         decided_by: String::new(),
         request,
+        ca: None,
         issued: None,
         notes,
     };

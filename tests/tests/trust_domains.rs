@@ -125,6 +125,47 @@ async fn signers_with_their_own_cas_are_separate_trust_domains() {
         );
     }
     assert!(!metrics.contains("ca=\"default\""), "{metrics}");
+
+    // podca doctor: each signer's bundle holds its own CA's anchor (the directories are
+    // readable here), no CA is shared.
+    let (config_path, kubeconfig) = (config.clone(), c.kubeconfig.clone());
+    let doctor = tokio::task::spawn_blocking(move || {
+        Command::new(podca_binary())
+            .args(["doctor", "--config"])
+            .arg(&config_path)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env("PODCA_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    let line = |name: &str| {
+        report
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no {name} line in\n{report}"))
+            .to_owned()
+    };
+    let bundles = line("trust-bundle");
+    assert!(bundles.starts_with("ok "), "{report}");
+    for signer in [PAYMENTS, BATCH] {
+        assert!(
+            bundles.contains(&format!("{signer}: "))
+                && bundles
+                    .matches("holds the CA's 1 anchor(s) (1 certificate(s) in all)")
+                    .count()
+                    == 2,
+            "{report}"
+        );
+    }
+    let shared = line("shared-ca");
+    assert!(
+        shared.starts_with("ok ") && shared.ends_with("every signer has a CA of its own"),
+        "{report}"
+    );
 }
 
 /// podca.v1 and the Istio CA API through `podca dev` with two CAs: IssueCertificate signs with
@@ -220,7 +261,8 @@ fn ca_commands_take_a_ca_by_name() {
     std::fs::write(
         &config,
         format!(
-            "{}\n[cas.vault]\nbackend = \"secret\"\nsecret = \"podca-system/vault-ca\"\n",
+            "{}\n[cas.vault]\nbackend = \"secret\"\nsecret = \"podca-system/vault-ca\"\n\n\
+             [grpc]\nsigner = \"{PAYMENTS}\"\nsigners = [\"{PAYMENTS}\", \"{BATCH}\"]\n",
             two_signers(Some((&payments, &batch)))
         ),
     )
@@ -271,6 +313,18 @@ fn ca_commands_take_a_ca_by_name() {
         err.contains("--ca \"nope\": no such CA (configured: default, batch, payments, vault)"),
         "{err}"
     );
+    // podca policy test names the CA that would sign.
+    let request = dir.path().join("request.yaml");
+    std::fs::write(
+        &request,
+        format!("source: grpc\nsigner: {BATCH}\nnamespace: shop\nservice_account: web\n"),
+    )
+    .unwrap();
+    let request = request.display().to_string();
+    let (ok, out, err) = podca(&["policy", "test", "--request", &request]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("\nca:         batch ([cas.batch])\n"), "{out}");
+
     let (ok, _, err) = podca(&["ca", "rotate", "--ca", "vault"]);
     assert!(!ok);
     assert!(

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Client};
 use podca_authority::Clock;
-use podca_authority::config::Config;
+use podca_authority::config::{CaConfig, Config};
 use podca_signer::CaCertificate;
 use time::{Duration, OffsetDateTime};
 
@@ -27,14 +27,14 @@ pub(super) const WARN_DAYS: i64 = 30;
 /// What the doctor learnt about the CA.
 #[derive(Debug)]
 pub(super) enum SecretCa {
-    NoConfig,
-    /// The CA is not in a Secret (`[ca] backend` names the backend).
-    NotSecret(&'static str),
-    /// The Secret could not be read or does not hold a CA podca accepts.
-    Unusable {
-        secret: String,
-        problem: String,
+    /// The CA is in a data directory (`backend` names the backend); its anchors when the
+    /// directory is readable here.
+    Directory {
+        backend: &'static str,
+        anchors: Option<Vec<CaCertificate>>,
     },
+    /// The Secret could not be read or does not hold a CA podca accepts.
+    Unusable { secret: String, problem: String },
     Valid {
         secret: String,
         /// The issuing certificate and the chain above it.
@@ -105,28 +105,88 @@ pub(super) fn check_shared(config: Option<&Config>) -> Check {
     )
 }
 
-pub(super) fn check_secret(ca: &SecretCa, now: OffsetDateTime) -> Check {
+/// What the doctor learnt about every CA the configuration uses, by CA name (empty: no
+/// configuration).
+pub(super) type Cas = Vec<(String, SecretCa)>;
+
+/// Reads every CA `config` uses: Secrets through the API, data directories when readable here.
+pub(super) async fn read_all(
+    client: &Client,
+    config: Option<&Config>,
+    now: OffsetDateTime,
+    clock: &Clock,
+) -> Cas {
+    let Some(config) = config else {
+        return vec![];
+    };
+    let mut cas = Vec::new();
+    for (name, ca) in config.cas_in_use() {
+        let facts = match ca {
+            CaConfig::Secret(s) => {
+                read_secret(client, &s.namespace, &s.name, now, clock.clone()).await
+            }
+            other => SecretCa::Directory {
+                backend: other.backend_name(),
+                anchors: other
+                    .dir()
+                    .and_then(|dir| podca_signer::FileStore::new(dir).roots().ok()),
+            },
+        };
+        cas.push((name.to_owned(), facts));
+    }
+    cas
+}
+
+/// `ca-secret`: every Secret-held CA, as `podca serve` checks it at start-up, with its days
+/// left. With several CAs each finding names its CA.
+pub(super) fn check_secret(cas: &Cas, now: OffsetDateTime) -> Check {
     const NAME: &str = "ca-secret";
-    match ca {
-        SecretCa::NoConfig => Check::new(NAME, Status::Warn, NO_CONFIG),
-        SecretCa::NotSecret(backend) => Check::new(
-            NAME,
-            Status::Ok,
-            format!(
-                "not applicable: [ca] backend = \"{backend}\" keeps the CA in a data directory \
-                 (check it with `podca ca show`)"
-            ),
-        ),
-        SecretCa::Unusable { secret, problem } => {
-            Check::new(NAME, Status::Fail, format!("Secret {secret} {problem}"))
-        }
-        SecretCa::Valid {
-            secret,
-            chain,
-            anchors,
-        } => {
-            let (status, detail) = validity(chain, anchors, now);
-            Check::new(NAME, status, format!("Secret {secret}: {detail}"))
+    if cas.is_empty() {
+        return Check::new(NAME, Status::Warn, NO_CONFIG);
+    }
+    let several = cas.len() > 1;
+    let findings = cas
+        .iter()
+        .map(|(name, ca)| {
+            let (status, detail) = match ca {
+                SecretCa::Directory { backend, .. } => (
+                    Status::Ok,
+                    format!(
+                        "not applicable: backend = \"{backend}\" keeps the CA in a data \
+                         directory (check it with `podca ca show`)"
+                    ),
+                ),
+                SecretCa::Unusable { secret, problem } => {
+                    (Status::Fail, format!("Secret {secret} {problem}"))
+                }
+                SecretCa::Valid {
+                    secret,
+                    chain,
+                    anchors,
+                } => {
+                    let (status, detail) = validity(chain, anchors, now);
+                    (status, format!("Secret {secret}: {detail}"))
+                }
+            };
+            match several {
+                true => (status, format!("CA {name}: {detail}")),
+                false => (status, detail),
+            }
+        })
+        .collect();
+    Check::combined(NAME, findings)
+}
+
+impl SecretCa {
+    /// The CA's anchors, when known.
+    fn anchors(&self) -> Option<&[CaCertificate]> {
+        match self {
+            SecretCa::Valid { anchors, .. } => Some(anchors),
+            SecretCa::Directory {
+                anchors: Some(anchors),
+                ..
+            } => Some(anchors),
+            _ => None,
         }
     }
 }
@@ -182,7 +242,7 @@ pub(super) async fn check_bundles(
     client: &Client,
     config: Option<&Config>,
     served: &Discovered,
-    ca: &SecretCa,
+    cas: &Cas,
 ) -> Check {
     const NAME: &str = "trust-bundle";
     let Some(config) = config else {
@@ -215,9 +275,23 @@ pub(super) async fn check_bundles(
     };
     let mut findings = Vec::new();
     for signer in config.signers.keys() {
+        let own = config.ca_of_signer(signer).unwrap_or_default();
+        let Some((_, ca)) = cas.iter().find(|(name, _)| name == own) else {
+            continue;
+        };
+        let others: Vec<(&str, &[CaCertificate])> = cas
+            .iter()
+            .filter(|(name, _)| name != own)
+            .filter_map(|(name, ca)| Some((name.as_str(), ca.anchors()?)))
+            .collect();
         findings.push(match bundle(&api, publisher.as_ref(), signer).await {
             Err(problem) => (Status::Fail, format!("{signer}: {problem}")),
-            Ok((name, pem)) => compare(signer, &name, &pem, ca),
+            Ok((name, pem)) => match compare(signer, &name, &pem, ca) {
+                (Status::Ok, detail) => {
+                    foreign(signer, &name, &pem, ca, &others).unwrap_or((Status::Ok, detail))
+                }
+                other => other,
+            },
         });
     }
     Check::combined(NAME, findings)
@@ -270,7 +344,51 @@ async fn bundle(
     Ok((name, pem))
 }
 
-/// Whether the bundle `name` holds every anchor of the Secret's CA.
+/// Whether the bundle `name` of `signer` holds an anchor of another CA (`others`: name and
+/// anchors) that is not also its own CA's: then a certificate of that CA's signers verifies
+/// under this signer's bundle. `None`: it holds none.
+fn foreign(
+    signer: &str,
+    name: &str,
+    pem: &str,
+    own: &SecretCa,
+    others: &[(&str, &[CaCertificate])],
+) -> Option<(Status, String)> {
+    let published = CaCertificate::all_from_pem(pem).ok()?;
+    let own: HashSet<&[u8]> = own
+        .anchors()
+        .unwrap_or_default()
+        .iter()
+        .map(CaCertificate::der)
+        .collect();
+    let found: Vec<String> = published
+        .iter()
+        .filter(|p| !own.contains(p.der()))
+        .filter_map(|p| {
+            let (ca, _) = others
+                .iter()
+                .find(|(_, anchors)| anchors.iter().any(|a| a.der() == p.der()))?;
+            Some(format!(
+                "{:?} of CA {ca} ({})",
+                p.subject(),
+                p.fingerprint()
+            ))
+        })
+        .collect();
+    (!found.is_empty()).then(|| {
+        (
+            Status::Fail,
+            format!(
+                "{signer}: {name} holds the anchor {}: certificates of that CA's signers \
+                 verify under this signer's bundle (remove it; podca publishes only the \
+                 signer's own CA)",
+                found.join(", ")
+            ),
+        )
+    })
+}
+
+/// Whether the bundle `name` holds every anchor of the signer's CA.
 fn compare(signer: &str, name: &str, pem: &str, ca: &SecretCa) -> (Status, String) {
     let published = match CaCertificate::all_from_pem(pem) {
         Ok(certs) if !certs.is_empty() => certs,
@@ -287,12 +405,12 @@ fn compare(signer: &str, name: &str, pem: &str, ca: &SecretCa) -> (Status, Strin
             );
         }
     };
-    let SecretCa::Valid { anchors, .. } = ca else {
+    let Some(anchors) = ca.anchors() else {
         return (
             Status::Ok,
             format!(
-                "{signer}: {name} holds {} certificate(s) (not compared: the CA is not in a \
-                 readable Secret)",
+                "{signer}: {name} holds {} certificate(s) (not compared: the CA is neither in a \
+                 readable Secret nor in a data directory readable here)",
                 published.len()
             ),
         );
@@ -394,6 +512,33 @@ mod tests {
         );
         assert_eq!(got, Status::Fail);
         assert!(detail.contains("is not valid before"), "{detail}");
+    }
+
+    /// A signer's bundle that holds another CA's anchor fails (that CA's certificates would
+    /// verify under it); an anchor both CAs hold (a CA split off a shared one, until the shared
+    /// generation is dropped) is the signer's own.
+    #[test]
+    fn a_bundle_holding_another_cas_anchor_fails() {
+        let (own, other, shared) = (root("own", 100), root("other", 100), root("shared", 100));
+        let ca = SecretCa::Directory {
+            backend: "file",
+            anchors: Some(vec![own.clone(), shared.clone()]),
+        };
+        let others_anchors = [other.clone(), shared.clone()];
+        let others = [("batch", &others_anchors[..])];
+        let clean = format!("{}{}", own.pem(), shared.pem());
+        assert_eq!(foreign("a/b", "a:b:podca", &clean, &ca, &others), None);
+        let polluted = format!("{clean}{}", other.pem());
+        let (status, detail) =
+            foreign("a/b", "a:b:podca", &polluted, &ca, &others).expect("a finding");
+        assert_eq!(status, Status::Fail);
+        assert!(
+            detail.starts_with(&format!(
+                "a/b: a:b:podca holds the anchor \"O=podca, CN=other\" of CA batch ({})",
+                other.fingerprint()
+            )),
+            "{detail}"
+        );
     }
 
     #[test]

@@ -10,8 +10,9 @@
 //!   on when they are missing ([`api`]).
 //! * `rbac`: a SelfSubjectAccessReview for every permission podca needs ([`permissions`]);
 //!   `rbac-least-privilege`: a few dangerous ones it must not have.
-//! * `ca-secret`: the CA in the configured Secret parses and how many days it has left.
-//! * `trust-bundle`: the signer's ClusterTrustBundle exists and holds the CA's anchors.
+//! * `ca-secret`: each CA in a Secret parses, and how many days it has left.
+//! * `trust-bundle`: each signer's ClusterTrustBundle exists, holds its own CA's anchors and
+//!   no anchor of another CA of the configuration.
 //! * `shared-ca`: signers that share a CA (a certificate of one verifies under the other's
 //!   bundle).
 //! * `pending-requests`: PodCertificateRequests of podca's signers still unanswered, and how old.
@@ -30,7 +31,7 @@ use std::path::PathBuf;
 
 use kube::Client;
 use podca_authority::Clock;
-use podca_authority::config::{CaConfig, Config};
+use podca_authority::config::Config;
 use serde::Serialize;
 
 use crate::Error;
@@ -222,15 +223,9 @@ pub async fn run(client: &Client, options: &DoctorOptions) -> Report {
     checks.push(permissions::check_required(client, needs.as_ref()).await);
     checks.push(permissions::check_beyond(client, needs.as_ref()).await);
     let now = options.clock.as_ref()();
-    let ca = match options.config.as_ref().map(|c| &c.ca) {
-        None => ca::SecretCa::NoConfig,
-        Some(CaConfig::Secret(s)) => {
-            ca::read_secret(client, &s.namespace, &s.name, now, options.clock.clone()).await
-        }
-        Some(other) => ca::SecretCa::NotSecret(other.backend_name()),
-    };
-    checks.push(ca::check_secret(&ca, now));
-    checks.push(ca::check_bundles(client, options.config.as_ref(), &served, &ca).await);
+    let cas = ca::read_all(client, options.config.as_ref(), now, &options.clock).await;
+    checks.push(ca::check_secret(&cas, now));
+    checks.push(ca::check_bundles(client, options.config.as_ref(), &served, &cas).await);
     checks.push(ca::check_shared(options.config.as_ref()));
     let server_now = skew.as_ref().ok().map_or(now, |s| now + s.skew);
     checks.push(pending::check(client, options.config.as_ref(), &served, server_now).await);
