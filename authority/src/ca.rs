@@ -162,6 +162,7 @@ pub fn directory_config(
         None => CaConfig::File(FileCa {
             dir: Some(dir.to_owned()),
             automatic_rotation: false,
+            split_from: None,
         }),
     })
 }

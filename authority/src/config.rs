@@ -133,6 +133,11 @@ pub struct FileCa {
     pub dir: Option<PathBuf>,
     /// Run the `[rotation]` schedule (single replica, writable directory).
     pub automatic_rotation: bool,
+    /// A new CA split off the CA of this name (`[cas.<name>] split_from`): while `dir` holds no
+    /// CA yet, podca serve and podca dev make it at start as a copy of that CA's generations and
+    /// rotate it to a key of its own at once (published first, signing after the propagation
+    /// window); ignored once `dir` holds a CA.
+    pub split_from: Option<String>,
 }
 
 /// `[ca] backend = "pkcs11"`.
@@ -178,6 +183,7 @@ impl Default for CaConfig {
         CaConfig::File(FileCa {
             dir: None,
             automatic_rotation: true,
+            split_from: None,
         })
     }
 }
@@ -254,6 +260,7 @@ struct RawCaConfig {
     pkcs11_mode: Option<RawPkcs11Mode>,
     intermediate_lifetime_seconds: Option<u32>,
     automatic_rotation: Option<bool>,
+    split_from: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
@@ -310,7 +317,11 @@ impl TryFrom<RawCaConfig> for CaConfig {
                 Ok(CaConfig::File(FileCa {
                     dir: raw.dir,
                     automatic_rotation: raw.automatic_rotation.unwrap_or(true),
+                    split_from: raw.split_from,
                 }))
+            }
+            RawBackend::Secret | RawBackend::Pkcs11 if raw.split_from.is_some() => {
+                Err(foreign("split_from", "file"))
             }
             RawBackend::Secret => {
                 if raw.dir.is_some() {
@@ -1298,6 +1309,34 @@ impl Config {
                 ));
             }
         }
+        for (name, ca) in &self.cas {
+            let CaConfig::File(FileCa {
+                split_from: Some(from),
+                ..
+            }) = ca
+            else {
+                continue;
+            };
+            match self.ca_named(from) {
+                _ if from == name => {
+                    return invalid(format!("[cas.{name}] split_from names the CA itself"));
+                }
+                Some(CaConfig::File(_)) => {}
+                Some(other) => {
+                    return invalid(format!(
+                        "[cas.{name}] split_from = {from:?}: a CA split off another is a copy of \
+                         its generations, so the source must be a file CA (it is backend = \
+                         \"{}\")",
+                        other.backend_name()
+                    ));
+                }
+                None => {
+                    return invalid(format!(
+                        "[cas.{name}] split_from = {from:?}: no such CA in this configuration"
+                    ));
+                }
+            }
+        }
         let mut places: BTreeMap<String, &str> = BTreeMap::new();
         for (name, ca) in self.cas_in_use() {
             let place = match ca {
@@ -1426,7 +1465,8 @@ mod tests {
             config.ca,
             CaConfig::File(FileCa {
                 dir: None,
-                automatic_rotation: true
+                automatic_rotation: true,
+                split_from: None,
             })
         );
     }
@@ -1437,7 +1477,8 @@ mod tests {
             ca("dir = \"/d\"\nautomatic_rotation = false"),
             Ok(CaConfig::File(FileCa {
                 dir: Some("/d".into()),
-                automatic_rotation: false
+                automatic_rotation: false,
+                split_from: None,
             }))
         );
         assert_eq!(

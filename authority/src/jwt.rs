@@ -773,11 +773,13 @@ mod tests {
         let file = CaConfig::File(FileCa {
             dir: Some(dir.path().to_owned()),
             automatic_rotation: false,
+            split_from: None,
         });
         assert_eq!(open_store(&file).expect("file").backend_kind(), "file");
         let no_dir = CaConfig::File(FileCa {
             dir: None,
             automatic_rotation: false,
+            split_from: None,
         });
         let err = open_store(&no_dir).expect_err("no dir");
         assert_eq!(

@@ -360,6 +360,60 @@ impl FileStore {
         self.load()
     }
 
+    /// Makes this (empty) directory a CA of its own, split off the CA in `source`: a copy of
+    /// `source`'s generations that are still in use (certificates, keys, phases), named `name`
+    /// from now on, then a rotation started at once. The copy signs exactly as `source` did
+    /// and its anchors stay published; the new generation's anchor is published beside them,
+    /// signs after the propagation window, and the copied ones leave once their last
+    /// certificate has expired: giving signers a CA of their own is a rotation with overlap,
+    /// never a swap. Only a CA podca makes its successors for (not imported, not HSM-held) can
+    /// be split this way. Returns the rotation's steps.
+    pub fn split_from(
+        &self,
+        source: &FileStore,
+        name: &str,
+        schedule: &Schedule,
+        max_leaf_lifetime: Duration,
+        now: OffsetDateTime,
+    ) -> Result<Vec<Step>, StoreError> {
+        schedule.validate()?;
+        {
+            self.prepare_dir()?;
+            let _lock = self.lock()?;
+            self.clear_interrupted_init()?;
+            self.refuse_existing()?;
+            let _source_lock = source.lock()?;
+            let mut state = source.read_state()?;
+            if !state.self_managed {
+                return Err(StoreError::CannotMakeSuccessor {
+                    ca: state.foreign_ca(),
+                });
+            }
+            state.generations.retain(|g| g.phase != Phase::Dropped);
+            for generation in &state.generations {
+                let staging = self.staging_dir()?;
+                let from = source.generation_dir(generation.id);
+                for file in read_dir_names(&from)? {
+                    if file.starts_with(TEMP_PREFIX) {
+                        continue;
+                    }
+                    let path = from.join(&file);
+                    let bytes = fs::read(&path).map_err(|e| io(&path, &e))?;
+                    // Keys stay owner-only; certificates are public.
+                    let mode = match file.ends_with(".key") {
+                        true => 0o600,
+                        false => 0o644,
+                    };
+                    write_atomic(&staging.join(&file), &bytes, mode)?;
+                }
+                self.install_generation(&staging, generation.id)?;
+            }
+            state.options.name = name.to_owned();
+            self.commit(None, &state, &["split"], now)?;
+        }
+        self.rotate(schedule, max_leaf_lifetime, true, now)
+    }
+
     /// Imports an existing CA (made by openssl, cfssl, …) as a new generation: `cert_pem` is the
     /// CA certificate that will sign leaves, optionally followed by intermediates and the root;
     /// `key_pem` is its private key; `roots_pem` names the trust anchors when `cert_pem` does

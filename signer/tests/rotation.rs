@@ -241,3 +241,61 @@ fn an_unworkable_schedule_is_refused_before_anything_changes() {
     );
     assert_eq!(store.generations().unwrap().len(), 1, "nothing prepared");
 }
+
+/// A CA split off a shared one: the copy signs with the shared key and publishes its anchor, a
+/// generation of its own is prepared at once (published beside it, signing after the window),
+/// then the shared generation is retired and dropped. The source directory is untouched.
+#[test]
+fn a_split_ca_starts_as_a_copy_and_rotates_to_a_key_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = FileStore::new(dir.path().join("shared"));
+    let own = FileStore::new(dir.path().join("own"));
+    let t0 = OffsetDateTime::now_utc();
+    let schedule = Schedule::default();
+    let max_leaf = Duration::hours(1);
+    let shared_ca = shared.init(&InitOptions::default(), t0).unwrap();
+    let shared_state = std::fs::read(shared.state_path()).unwrap();
+
+    let steps = own
+        .split_from(&shared, "payments", &schedule, max_leaf, t0)
+        .unwrap();
+    assert_eq!(steps, [Step::Prepare]);
+    assert_eq!(std::fs::read(shared.state_path()).unwrap(), shared_state);
+    // Until the window is over the copy signs, with the shared CA's very certificate.
+    assert_eq!(own.load().unwrap().certificate(), shared_ca.certificate());
+    let roots = own.roots().unwrap();
+    assert_eq!(roots.len(), 2, "the shared root and its own, both published");
+    assert_eq!(&roots[0], &shared.roots().unwrap()[0]);
+    let mode = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    };
+    assert_eq!(mode(&own.generation_dir(1).join("issuing.key")), 0o600);
+
+    // After the window its own key signs, under a root named for it; the shared one retires.
+    let t1 = t0 + schedule.propagation();
+    let steps = own.rotate(&schedule, max_leaf, false, t1).unwrap();
+    assert_eq!(steps, [Step::Activate(2), Step::Retire(1)]);
+    let signing = own.load().unwrap();
+    assert_ne!(signing.certificate(), shared_ca.certificate());
+    assert!(
+        signing.roots()[0].subject().contains("payments root 2"),
+        "{}",
+        signing.roots()[0].subject()
+    );
+    // Once the retired generation's leaves can no longer live, only its own root is left.
+    let t2 = t1 + max_leaf + Duration::seconds(1);
+    let steps = own.rotate(&schedule, max_leaf, false, t2).unwrap();
+    assert_eq!(steps, [Step::Drop(1)]);
+    assert_eq!(own.roots().unwrap(), signing.roots());
+    assert!(!own.generation_dir(1).join("issuing.key").exists());
+    // The shared CA never saw any of it.
+    assert_eq!(std::fs::read(shared.state_path()).unwrap(), shared_state);
+
+    // Only into an empty directory, and only from a CA podca makes successors for.
+    let again = own.split_from(&shared, "payments", &schedule, max_leaf, t2);
+    assert!(
+        matches!(again, Err(StoreError::AlreadyInitialised { .. })),
+        "{again:?}"
+    );
+}

@@ -57,6 +57,15 @@ pub fn der_to_pem(ders: &[&[u8]]) -> String {
 /// certificates of `anchors_pem`, with the rest of the chain as untrusted intermediates.
 /// `chain_pem` may also be a credential bundle (its key is skipped).
 pub fn openssl_verify(chain_pem: &str, anchors_pem: &str) -> Result<(), VerifyFailure> {
+    openssl_verify_at(chain_pem, anchors_pem, None)
+}
+
+/// [`openssl_verify`] at `at` (Unix seconds, openssl's `-attime`) instead of now.
+pub fn openssl_verify_at(
+    chain_pem: &str,
+    anchors_pem: &str,
+    at: Option<i64>,
+) -> Result<(), VerifyFailure> {
     let blocks = pem_blocks(chain_pem);
     assert!(
         !blocks.is_empty(),
@@ -79,6 +88,9 @@ pub fn openssl_verify(chain_pem: &str, anchors_pem: &str) -> Result<(), VerifyFa
     let mut cmd = Command::new("openssl");
     cmd.args(["verify", "-x509_strict", "-CAfile"])
         .arg(&anchors_file);
+    if let Some(at) = at {
+        cmd.arg("-attime").arg(at.to_string());
+    }
     if blocks.len() > 1 {
         cmd.arg("-untrusted").arg(&untrusted);
     }
@@ -127,6 +139,15 @@ pub fn assert_no_anchor_signed(chain_pem: &str, anchors_pem: &str) {
 /// client certificate now, under the certificates of `anchors_pem`, the rest of the chain as
 /// intermediates: the second implementation, independent of podca's and of OpenSSL.
 pub fn webpki_verify(chain_pem: &str, anchors_pem: &str) -> Result<(), webpki::Error> {
+    webpki_verify_at(chain_pem, anchors_pem, rustls::pki_types::UnixTime::now())
+}
+
+/// [`webpki_verify`] at `at`.
+pub fn webpki_verify_at(
+    chain_pem: &str,
+    anchors_pem: &str,
+    at: rustls::pki_types::UnixTime,
+) -> Result<(), webpki::Error> {
     let ders = |text: &str| -> Vec<rustls::pki_types::CertificateDer<'static>> {
         pem::parse_many(text)
             .unwrap_or_else(|e| panic!("not PEM ({e}):\n{text}"))
@@ -156,7 +177,7 @@ pub fn webpki_verify(chain_pem: &str, anchors_pem: &str) -> Result<(), webpki::E
         algorithms,
         &anchors,
         intermediates,
-        rustls::pki_types::UnixTime::now(),
+        at,
         webpki::KeyUsage::client_auth(),
         None,
         None,
@@ -169,12 +190,34 @@ pub fn webpki_verify(chain_pem: &str, anchors_pem: &str) -> Result<(), webpki::E
 /// trust domain must never verify under another's bundle.
 #[track_caller]
 pub fn assert_verifies_only_under(chain_pem: &str, anchors_pem: &str, foreign_pem: &str) {
-    assert_verifies(chain_pem, anchors_pem);
-    if let Err(e) = webpki_verify(chain_pem, anchors_pem) {
+    assert_verifies_only_under_at(chain_pem, anchors_pem, foreign_pem, None);
+}
+
+/// [`assert_verifies_only_under`] at `at` (Unix seconds; `None`: now), for simulated time.
+#[track_caller]
+pub fn assert_verifies_only_under_at(
+    chain_pem: &str,
+    anchors_pem: &str,
+    foreign_pem: &str,
+    at: Option<i64>,
+) {
+    let when = match at {
+        Some(seconds) => rustls::pki_types::UnixTime::since_unix_epoch(
+            std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or_default()),
+        ),
+        None => rustls::pki_types::UnixTime::now(),
+    };
+    if let Err(e) = openssl_verify_at(chain_pem, anchors_pem, at) {
+        panic!("{e}");
+    }
+    if let Err(e) = webpki_verify_at(chain_pem, anchors_pem, when) {
         panic!("rustls-webpki refused the chain under its own anchors: {e:?}");
     }
-    assert_no_anchor_signed(chain_pem, foreign_pem);
-    match webpki_verify(chain_pem, foreign_pem) {
+    match openssl_verify_at(chain_pem, foreign_pem, at) {
+        Ok(()) => panic!("the chain verified against anchors that did not sign it"),
+        Err(e) => assert_eq!(e.code, Some(UNABLE_TO_GET_LOCAL_ISSUER), "{e}"),
+    }
+    match webpki_verify_at(chain_pem, foreign_pem, when) {
         Err(webpki::Error::UnknownIssuer) => {}
         other => panic!("rustls-webpki under a foreign bundle: {other:?}, not UnknownIssuer"),
     }

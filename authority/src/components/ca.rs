@@ -54,6 +54,8 @@ pub enum CaStartError {
     Create { dir: PathBuf, error: StoreError },
     #[error(transparent)]
     UnknownCa(#[from] crate::trust::UnknownCa),
+    #[error("splitting it off CA {from:?}: {error}")]
+    Split { from: String, error: StoreError },
     /// One of several CAs could not be opened: which, and why.
     #[error("[cas.{ca}]: {error}")]
     InCa {
@@ -232,6 +234,15 @@ impl CaPlans {
 /// Decides where each CA of `config` comes from and opens the data directories. `leader_elect`:
 /// replicas share the CAs, so this process never rotates them on its own.
 pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlans, CaStartError> {
+    plan_at(config, leader_elect, OffsetDateTime::now_utc())
+}
+
+/// [`plan`] at `now` (a CA split off another is made and its rotation started at `now`).
+pub fn plan_at(
+    config: &Config,
+    leader_elect: bool,
+    now: OffsetDateTime,
+) -> Result<CaPlans, CaStartError> {
     let in_use = config.cas_in_use();
     let several = in_use.len() > 1 || in_use.iter().any(|(name, _)| *name != DEFAULT_CA_NAME);
     let mut cas = Vec::with_capacity(in_use.len());
@@ -241,7 +252,7 @@ pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlans, CaStartError
             .iter()
             .filter(|(_, policy)| ca_name_of(policy) == name);
         let planned =
-            plan_one(name, ca, signers, config, leader_elect).map_err(|error| match several {
+            plan_one(name, ca, signers, config, leader_elect, now).map_err(|error| match several {
                 true => CaStartError::InCa {
                     ca: name.to_owned(),
                     error: Box::new(error),
@@ -263,6 +274,47 @@ pub fn plan(config: &Config, leader_elect: bool) -> Result<CaPlans, CaStartError
     })
 }
 
+/// Makes the CA `name` in `dir` split off the CA `from` ([`FileStore::split_from`]) when `dir`
+/// holds no CA yet: its signers keep the shared CA's certificates and anchors until their own
+/// key takes over after the propagation window, with overlap, as every rotation.
+fn split_if_new(
+    name: &str,
+    dir: &Path,
+    from: &str,
+    config: &Config,
+    now: OffsetDateTime,
+) -> Result<(), CaStartError> {
+    let target = FileStore::new(dir);
+    if target.is_initialised() {
+        return Ok(());
+    }
+    let source_dir = config
+        .ca_dir(from)
+        .map_err(|e| CaStartError::NotInDataDir(e.to_string()))?;
+    let steps = target
+        .split_from(
+            &FileStore::new(source_dir),
+            name,
+            &config.rotation,
+            config.max_leaf_lifetime(),
+            now,
+        )
+        .map_err(|error| CaStartError::Split {
+            from: from.to_owned(),
+            error,
+        })?;
+    info!(
+        ca = name,
+        from,
+        dir = %dir.display(),
+        ?steps,
+        signs_from = %(now + config.rotation.propagation()),
+        "CA split off a shared one: it signs as before until its own key, published now, takes \
+         over after the propagation window"
+    );
+    Ok(())
+}
+
 /// The CA of the `[grpc] signer` when there is one, else the first CA in use.
 pub fn primary_ca(config: &Config) -> &str {
     config
@@ -280,12 +332,21 @@ fn plan_one<'a>(
     signers: impl IntoIterator<Item = (&'a String, &'a podca_signer::SignerPolicy)>,
     config: &Config,
     leader_elect: bool,
+    now: OffsetDateTime,
 ) -> Result<CaPlan, CaStartError> {
     if let CaConfig::Secret(secret) = ca {
         config.rotation.validate()?;
         return Ok(CaPlan::Secret(secret.clone()));
     }
     let max_leaf_lifetime = config.max_leaf_lifetime();
+    if let CaConfig::File(FileCa {
+        dir: Some(dir),
+        split_from: Some(from),
+        ..
+    }) = ca
+    {
+        split_if_new(name, dir, from, config, now)?;
+    }
     let source = ca::open(ca, max_leaf_lifetime)?;
     let writable = dir_writable(source.store.dir());
     if writable {
@@ -423,7 +484,7 @@ fn in_data_dir(ca: &CaConfig, table: &str, data_dir: &Path) -> Result<CaConfig, 
         }
         CaConfig::File(f) => CaConfig::File(FileCa {
             dir: dir(&f.dir)?,
-            automatic_rotation: f.automatic_rotation,
+            ..f.clone()
         }),
         CaConfig::Pkcs11(p) => CaConfig::Pkcs11(Pkcs11Ca {
             dir: dir(&p.dir)?,
@@ -436,7 +497,14 @@ fn in_data_dir(ca: &CaConfig, table: &str, data_dir: &Path) -> Result<CaConfig, 
 /// with `podca ca init --pkcs11-uri` first. Returns whether it made one.
 pub fn create_if_missing(ca: &CaConfig, dir: &Path, name: &str) -> Result<bool, CaStartError> {
     let store = FileStore::new(dir);
-    if store.is_initialised() || !matches!(ca, CaConfig::File(_)) {
+    let made_by_split = matches!(
+        ca,
+        CaConfig::File(FileCa {
+            split_from: Some(_),
+            ..
+        })
+    );
+    if store.is_initialised() || !matches!(ca, CaConfig::File(_)) || made_by_split {
         return Ok(false);
     }
     let options = InitOptions {
