@@ -1,8 +1,9 @@
 //! podca's permissions, listed once: [`Needs::required`] is what `podca serve` uses (the
 //! ClusterRole `podca` of `deploy/base/rbac.yaml`, the rules of the components the config asks
 //! for (`deploy/components/issue-for-pod`, `namespace-labels`, `pod-facts`), the Role on the CA
-//! Secret, and the leader Lease Role of `deploy/overlays/ha`); `tests/tests/doctor.rs` checks it
-//! against those manifests, so the two cannot drift apart. [`beyond`] lists a few permissions podca must not
+//! Secrets (one per Secret-held CA some signer uses: `[ca]` and `[cas.<name>]`), and the leader
+//! Lease Role of `deploy/overlays/ha`); `tests/tests/doctor.rs` checks it against those
+//! manifests, so the two cannot drift apart. [`beyond`] lists a few permissions podca must not
 //! have, each of which would turn a compromised podca into a cluster compromise.
 //!
 //! Each is asked with a SelfSubjectAccessReview (authorization.k8s.io/v1), which kube-apiserver
@@ -15,7 +16,8 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::PostParams;
 use kube::{Api, Client};
-use podca_authority::config::{CaConfig, Config};
+use podca_authority::components::ca::primary_ca;
+use podca_authority::config::{CaConfig, Config, SecretCa};
 
 use super::{Check, LeaseRef, NO_CONFIG, Status};
 use crate::secret_ca::HISTORY_SUFFIX;
@@ -106,8 +108,10 @@ impl fmt::Display for Permission {
 pub struct Needs {
     /// The configured signer names (`sign` and `attest` resourceNames).
     pub signers: Vec<String>,
-    /// The Secret of `[ca] backend = "secret"`: (namespace, name).
-    pub ca_secret: Option<(String, String)>,
+    /// The Secret of every Secret-held CA some signer uses (`[ca]` or `[cas.<name>]` with
+    /// `backend = "secret"`, in [`Config::cas_in_use`] order): (namespace, name). podca reads
+    /// and watches each and keeps its history ConfigMap `<name>-podca-history` beside it.
+    pub ca_secrets: Vec<(String, String)>,
     /// The leader Lease.
     pub lease: Option<LeaseRef>,
     /// gRPC IssueForPod is on (`[grpc] node_proxy_service_accounts` set): it reads pods.
@@ -121,27 +125,41 @@ pub struct Needs {
     /// The JWKS ConfigMap the leader writes (`[jwt] jwks_configmap`, JWT-SVIDs on):
     /// (namespace, name).
     pub jwks_configmap: Option<(String, String)>,
-    /// The Secret backend's JWT key Secret (`[jwt] keys_secret`, JWT-SVIDs on), in the CA
-    /// Secret's namespace: (namespace, name).
+    /// The JWT key Secret (`[jwt] keys_secret`, default `<CA Secret>-jwt`, JWT-SVIDs on) beside
+    /// the primary CA's Secret (`primary_ca`: the `[grpc] signer`'s CA), when that CA is
+    /// Secret-held; the keys live with the primary CA only: (namespace, name).
     pub jwt_keys_secret: Option<(String, String)>,
 }
 
 impl Needs {
     pub fn from_config(config: &Config, lease: Option<LeaseRef>) -> Self {
+        let secret_of = |ca: &CaConfig| match ca {
+            CaConfig::Secret(s) => Some(s.clone()),
+            CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
+        };
+        let secrets: Vec<SecretCa> = config
+            .cas_in_use()
+            .into_iter()
+            .filter_map(|(_, ca)| secret_of(ca))
+            .collect();
+        // The JWT keys live with the primary CA only (in a Secret beside it when it is one).
+        let primary_secret = config.ca_named(primary_ca(config)).and_then(secret_of);
         let jwks_configmap =
             (config.jwt.enabled && !config.jwt.jwks_configmap.is_empty()).then(|| {
                 // As `podca serve` resolves it; for its pod's namespace, which the doctor
-                // does not run in, POD_NAMESPACE or else the CA Secret's or Lease's
-                // namespace (podca's own in deploy/).
+                // does not run in, POD_NAMESPACE or else a CA Secret's (the primary CA's
+                // first) or the Lease's namespace (podca's own in deploy/).
                 let namespace = config
                     .jwt
                     .jwks_configmap_namespace
                     .clone()
                     .or_else(|| config.grpc.tls_namespace.clone())
                     .or_else(|| std::env::var("POD_NAMESPACE").ok())
-                    .or_else(|| match &config.ca {
-                        CaConfig::Secret(s) => Some(s.namespace.clone()),
-                        CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
+                    .or_else(|| {
+                        primary_secret
+                            .as_ref()
+                            .or(secrets.first())
+                            .map(|s| s.namespace.clone())
                     })
                     .or_else(|| lease.as_ref().map(|l| l.namespace.clone()))
                     .unwrap_or_else(|| "default".into());
@@ -149,10 +167,10 @@ impl Needs {
             });
         Needs {
             signers: config.signers.keys().cloned().collect(),
-            ca_secret: match &config.ca {
-                CaConfig::Secret(s) => Some((s.namespace.clone(), s.name.clone())),
-                CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
-            },
+            ca_secrets: secrets
+                .iter()
+                .map(|s| (s.namespace.clone(), s.name.clone()))
+                .collect(),
             lease,
             issue_for_pod: !config.grpc.node_proxy_service_accounts.is_empty(),
             namespace_labels: config
@@ -161,12 +179,9 @@ impl Needs {
                 .any(|policy| policy.rules_use_namespace_labels()),
             pod_facts: config.signers.values().any(|policy| policy.pod_facts),
             jwks_configmap,
-            jwt_keys_secret: match &config.ca {
-                CaConfig::Secret(s) if config.jwt.enabled => {
-                    Some((s.namespace.clone(), config.jwt.keys_secret_for(&s.name)))
-                }
-                _ => None,
-            },
+            jwt_keys_secret: primary_secret
+                .filter(|_| config.jwt.enabled)
+                .map(|s| (s.namespace.clone(), config.jwt.keys_secret_for(&s.name))),
         }
     }
 
@@ -233,7 +248,13 @@ impl Needs {
             // `get` covers it when that is on).
             all.push(Permission::new("get", "", "pods"));
         }
-        if let Some((namespace, name)) = &self.ca_secret {
+        // Kubernetes cannot limit `create` by name: one per namespace, whatever needs it.
+        let push_once = |all: &mut Vec<Permission>, p: Permission| {
+            if !all.contains(&p) {
+                all.push(p);
+            }
+        };
+        for (namespace, name) in &self.ca_secrets {
             let history = format!("{name}{HISTORY_SUFFIX}");
             all.extend(["get", "list", "watch"].map(|v| {
                 Permission::new(v, "", "secrets")
@@ -245,7 +266,10 @@ impl Needs {
                     .named(&history)
                     .in_namespace(namespace)
             }));
-            all.push(Permission::new("create", "", "configmaps").in_namespace(namespace));
+            push_once(
+                &mut all,
+                Permission::new("create", "", "configmaps").in_namespace(namespace),
+            );
         }
         if let Some((namespace, name)) = &self.jwt_keys_secret {
             all.extend(["get", "update"].map(|v| {
@@ -253,8 +277,10 @@ impl Needs {
                     .named(name)
                     .in_namespace(namespace)
             }));
-            // Kubernetes cannot limit `create` by name.
-            all.push(Permission::new("create", "", "secrets").in_namespace(namespace));
+            push_once(
+                &mut all,
+                Permission::new("create", "", "secrets").in_namespace(namespace),
+            );
         }
         if let Some((namespace, name)) = &self.jwks_configmap {
             all.extend(["get", "update"].map(|v| {
@@ -262,11 +288,11 @@ impl Needs {
                     .named(name)
                     .in_namespace(namespace)
             }));
-            // Kubernetes cannot limit `create` by name; the history ConfigMap may need it too.
-            let create = Permission::new("create", "", "configmaps").in_namespace(namespace);
-            if !all.contains(&create) {
-                all.push(create);
-            }
+            // The history ConfigMaps may need the same `create`.
+            push_once(
+                &mut all,
+                Permission::new("create", "", "configmaps").in_namespace(namespace),
+            );
         }
         if let Some(lease) = &self.lease {
             let group = "coordination.k8s.io";
@@ -301,18 +327,28 @@ fn component_of(needs: &Needs, p: &Permission) -> Option<&'static str> {
     }
 }
 
-/// Permissions podca must not have: every Secret of the cluster, any Secret of the CA's
-/// namespace besides its own, everything (`*`), and binding itself a ClusterRole.
+/// Permissions podca must not have: every Secret of the cluster, any Secret of a CA Secret's
+/// namespace besides its own (each such namespace once; `kube-system` without a Secret CA),
+/// everything (`*`), and binding itself a ClusterRole.
 pub fn beyond(needs: Option<&Needs>) -> Vec<Permission> {
-    let secret_namespace = needs
-        .and_then(|n| n.ca_secret.as_ref())
-        .map_or("kube-system", |(ns, _)| ns.as_str());
-    vec![
-        Permission::new("list", "", "secrets"),
-        Permission::new("get", "", "secrets").in_namespace(secret_namespace),
+    let mut namespaces: Vec<&str> = needs
+        .map(|n| n.ca_secrets.iter().map(|(ns, _)| ns.as_str()).collect())
+        .unwrap_or_default();
+    if namespaces.is_empty() {
+        namespaces.push("kube-system");
+    }
+    let mut all = vec![Permission::new("list", "", "secrets")];
+    for namespace in namespaces {
+        let any = Permission::new("get", "", "secrets").in_namespace(namespace);
+        if !all.contains(&any) {
+            all.push(any);
+        }
+    }
+    all.extend([
         Permission::new("*", "*", "*"),
         Permission::new("create", "rbac.authorization.k8s.io", "clusterrolebindings"),
-    ]
+    ]);
+    all
 }
 
 /// Asks whether the caller may do `permission`.
@@ -475,7 +511,7 @@ mod tests {
     fn needs() -> Needs {
         Needs {
             signers: vec!["a.example/x".into()],
-            ca_secret: None,
+            ca_secrets: vec![],
             lease: None,
             issue_for_pod: false,
             namespace_labels: false,
@@ -598,7 +634,7 @@ mod tests {
         let sign: Vec<_> = plain.iter().filter(|p| p.verb == "sign").collect();
         assert_eq!(sign.len(), 2);
         let full = Needs {
-            ca_secret: Some(("ca-ns".into(), "ca".into())),
+            ca_secrets: vec![("ca-ns".into(), "ca".into())],
             jwt_keys_secret: Some(("ca-ns".into(), "ca-jwt".into())),
             lease: Some(LeaseRef {
                 namespace: "podca-system".into(),
@@ -629,5 +665,244 @@ mod tests {
                 "patch leases.coordination.k8s.io podca-controller in podca-system",
             ]
         );
+    }
+
+    /// `[ca]` (Secret `podca-ca`, used by no signer), `[cas.payments]` and `[cas.batch]` (each
+    /// a Secret in podca-system), a signer on each, the `[grpc] signer` on `grpc_signer`, and
+    /// `extra` appended.
+    fn two_cas(grpc_signer: &str, extra: &str) -> Config {
+        Config::parse(&format!(
+            "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n\n\
+             [cas.payments]\nbackend = \"secret\"\nsecret = \"podca-system/ca-payments\"\n\n\
+             [cas.batch]\nbackend = \"secret\"\nsecret = \"podca-system/ca-batch\"\n\n\
+             [signers.\"example.com/payments\"]\ntrust_domain = \"payments.example.com\"\n\
+             ca = \"payments\"\n\n\
+             [signers.\"example.com/batch\"]\ntrust_domain = \"batch.example.com\"\n\
+             ca = \"batch\"\n\n\
+             [grpc]\nsigner = \"{grpc_signer}\"\n\n\
+             [jwt]\njwks_configmap_namespace = \"podca-system\"\n{extra}"
+        ))
+        .expect("a valid config")
+    }
+
+    /// The namespaced permissions of `needs`, as printed, in order.
+    fn namespaced(needs: &Needs) -> Vec<String> {
+        needs
+            .required()
+            .iter()
+            .filter(|p| p.namespace.is_some())
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn every_secret_ca_in_use_gets_its_secret_and_history_and_the_primary_its_jwt_keys() {
+        let needs = Needs::from_config(&two_cas("example.com/payments", ""), None);
+        assert_eq!(
+            needs.signers,
+            ["example.com/batch", "example.com/payments"],
+            "sign and attest for both signers"
+        );
+        // Both CAs' Secrets and history ConfigMaps; `[ca]` (podca-ca) is used by no signer, so
+        // podca never opens it and needs nothing on it.
+        assert_eq!(
+            needs.ca_secrets,
+            [
+                ("podca-system".to_string(), "ca-batch".to_string()),
+                ("podca-system".to_string(), "ca-payments".to_string()),
+            ]
+        );
+        assert_eq!(
+            needs.jwt_keys_secret,
+            Some(("podca-system".into(), "ca-payments-jwt".into()))
+        );
+        assert_eq!(
+            namespaced(&needs),
+            [
+                "get secrets ca-batch in podca-system",
+                "list secrets ca-batch in podca-system",
+                "watch secrets ca-batch in podca-system",
+                "get configmaps ca-batch-podca-history in podca-system",
+                "update configmaps ca-batch-podca-history in podca-system",
+                "create configmaps in podca-system",
+                "get secrets ca-payments in podca-system",
+                "list secrets ca-payments in podca-system",
+                "watch secrets ca-payments in podca-system",
+                "get configmaps ca-payments-podca-history in podca-system",
+                "update configmaps ca-payments-podca-history in podca-system",
+                "get secrets ca-payments-jwt in podca-system",
+                "update secrets ca-payments-jwt in podca-system",
+                "create secrets in podca-system",
+                "get configmaps podca-jwks in podca-system",
+                "update configmaps podca-jwks in podca-system",
+            ]
+        );
+        let all = needs.required();
+        for (i, p) in all.iter().enumerate() {
+            assert!(!all[..i].contains(p), "{p} is listed twice");
+        }
+        for verb in ["sign", "attest"] {
+            let named: Vec<_> = all
+                .iter()
+                .filter(|p| p.verb == verb)
+                .filter_map(|p| p.name.as_deref())
+                .collect();
+            assert_eq!(
+                named,
+                ["example.com/batch", "example.com/payments"],
+                "{verb}"
+            );
+        }
+        // The JWT keys follow the primary CA (the [grpc] signer's), and only it.
+        let batch = Needs::from_config(&two_cas("example.com/batch", ""), None);
+        assert_eq!(batch.ca_secrets, needs.ca_secrets);
+        assert_eq!(
+            batch.jwt_keys_secret,
+            Some(("podca-system".into(), "ca-batch-jwt".into()))
+        );
+        let named_keys = Needs::from_config(
+            &two_cas("example.com/batch", "keys_secret = \"jwt-keys\"\n"),
+            None,
+        );
+        assert_eq!(
+            named_keys.jwt_keys_secret,
+            Some(("podca-system".into(), "jwt-keys".into()))
+        );
+        let no_jwt =
+            Needs::from_config(&two_cas("example.com/payments", "enabled = false\n"), None);
+        assert_eq!(no_jwt.jwt_keys_secret, None);
+        assert_eq!(no_jwt.jwks_configmap, None);
+        assert_eq!(no_jwt.ca_secrets, needs.ca_secrets);
+        assert!(
+            !namespaced(&no_jwt).iter().any(|p| p.contains("jwt")),
+            "{:?}",
+            namespaced(&no_jwt)
+        );
+    }
+
+    #[test]
+    fn a_directory_primary_ca_keeps_its_jwt_keys_and_a_secret_ca_beside_it_gets_its_role() {
+        // [ca]: a data directory for a.example/x (the [grpc] signer); [cas.other]: a Secret in
+        // ns-b for b.example/y.
+        let text = |grpc: &str| {
+            format!(
+                "[ca]\nbackend = \"file\"\ndir = \"/var/lib/podca\"\n\n\
+                 [cas.other]\nbackend = \"secret\"\nsecret = \"ns-b/ca-other\"\n\n\
+                 [signers.\"a.example/x\"]\ntrust_domain = \"a.example\"\n\n\
+                 [signers.\"b.example/y\"]\ntrust_domain = \"b.example\"\nca = \"other\"\n\n\
+                 [grpc]\nsigner = \"{grpc}\"\n\n[jwt]\njwks_configmap = \"\"\n"
+            )
+        };
+        let dir_primary = Needs::from_config(&Config::parse(&text("a.example/x")).unwrap(), None);
+        assert_eq!(
+            dir_primary.ca_secrets,
+            [("ns-b".to_string(), "ca-other".to_string())]
+        );
+        assert_eq!(
+            dir_primary.jwt_keys_secret, None,
+            "the keys are in [ca] dir"
+        );
+        assert_eq!(
+            namespaced(&dir_primary),
+            [
+                "get secrets ca-other in ns-b",
+                "list secrets ca-other in ns-b",
+                "watch secrets ca-other in ns-b",
+                "get configmaps ca-other-podca-history in ns-b",
+                "update configmaps ca-other-podca-history in ns-b",
+                "create configmaps in ns-b",
+            ]
+        );
+        let secret_primary =
+            Needs::from_config(&Config::parse(&text("b.example/y")).unwrap(), None);
+        assert_eq!(
+            secret_primary.jwt_keys_secret,
+            Some(("ns-b".into(), "ca-other-jwt".into()))
+        );
+        // No Secret CA in use at all: nothing namespaced.
+        let files = Config::parse(
+            "[cas.other]\nbackend = \"secret\"\nsecret = \"ns-b/ca-other\"\n\n\
+             [signers.\"a.example/x\"]\ntrust_domain = \"a.example\"\n",
+        )
+        .unwrap();
+        let files = Needs::from_config(&files, None);
+        assert_eq!(files.ca_secrets, []);
+        assert_eq!(files.jwt_keys_secret, None);
+        assert_eq!(
+            beyond(Some(&files))[1].to_string(),
+            "get secrets in kube-system"
+        );
+    }
+
+    #[test]
+    fn a_config_with_only_the_ca_table_needs_what_it_always_did() {
+        let secret = "[ca]\nbackend = \"secret\"\nsecret = \"podca-system/podca-ca\"\n";
+        let signer = "[signers.\"example.com/workload\"]\ntrust_domain = \"cluster.local\"\n";
+        let jwt = "[jwt]\njwks_configmap_namespace = \"podca-system\"\n";
+        for text in [format!("{secret}{signer}{jwt}"), format!("{secret}{jwt}")] {
+            let needs = Needs::from_config(&Config::parse(&text).unwrap(), None);
+            assert_eq!(
+                needs.ca_secrets,
+                [("podca-system".to_string(), "podca-ca".to_string())],
+                "{text}"
+            );
+            assert_eq!(
+                needs.jwt_keys_secret,
+                Some(("podca-system".into(), "podca-ca-jwt".into()))
+            );
+            assert_eq!(
+                namespaced(&needs),
+                [
+                    "get secrets podca-ca in podca-system",
+                    "list secrets podca-ca in podca-system",
+                    "watch secrets podca-ca in podca-system",
+                    "get configmaps podca-ca-podca-history in podca-system",
+                    "update configmaps podca-ca-podca-history in podca-system",
+                    "create configmaps in podca-system",
+                    "get secrets podca-ca-jwt in podca-system",
+                    "update secrets podca-ca-jwt in podca-system",
+                    "create secrets in podca-system",
+                    "get configmaps podca-jwks in podca-system",
+                    "update configmaps podca-jwks in podca-system",
+                ]
+            );
+        }
+        // The file backend: nothing namespaced.
+        let file = Needs::from_config(&Config::parse(signer).unwrap(), None);
+        assert_eq!(file.ca_secrets, []);
+        assert_eq!(file.jwt_keys_secret, None);
+    }
+
+    #[test]
+    fn beyond_forbids_any_secret_of_every_ca_secret_namespace() {
+        let shown = |needs: Option<&Needs>| -> Vec<String> {
+            beyond(needs).iter().map(ToString::to_string).collect()
+        };
+        assert_eq!(
+            shown(None),
+            [
+                "list secrets cluster-wide",
+                "get secrets in kube-system",
+                "* *.* cluster-wide",
+                "create clusterrolebindings.rbac.authorization.k8s.io cluster-wide",
+            ]
+        );
+        let two = Needs {
+            ca_secrets: vec![
+                ("ns-a".into(), "one".into()),
+                ("ns-b".into(), "two".into()),
+                ("ns-a".into(), "three".into()),
+            ],
+            ..needs()
+        };
+        assert_eq!(
+            shown(Some(&two))[..3],
+            [
+                "list secrets cluster-wide",
+                "get secrets in ns-a",
+                "get secrets in ns-b"
+            ]
+        );
+        assert_eq!(beyond(Some(&two)).len(), 5, "each namespace once");
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Container;
-use podca_authority::config::{CaConfig, Config, Pkcs11Ca};
+use podca_authority::config::{CaConfig, Config, DEFAULT_CA_NAME, Pkcs11Ca};
 use podca_authority::ledger::config::{LedgerBackend, PostgresTls};
 use podca_signer::backend::PinSource;
 
@@ -97,8 +97,10 @@ fn the_config_map_holds_a_valid_podca_config() {
     }
 }
 
-/// The rendered config against the Deployment: `flavour` is default, ha or hsm (the overlay, or
-/// the Helm example values file of the same name).
+/// The rendered config against the Deployment: `flavour` is default, ha, hsm or two-signers (the
+/// overlay, or the Helm example values file of the same name). Every CA some signer uses is
+/// checked (`Config::cas_in_use`): a Secret CA is read through the API, in podca's namespace;
+/// a data directory is `[ca]`'s, the `ca` volume.
 pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
     let cfg = config(r);
     let raw: toml::Table = toml::from_str(&config_text(r)).unwrap();
@@ -106,18 +108,17 @@ pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
         raw.get("dev").is_none(),
         "{what}: [dev] is for `podca dev` only"
     );
-    let ca = &cfg.ca;
     let d = the_deployment(r);
     let c = podca_container(d);
     let ledger_volumes = check_ledger(what, &cfg, d);
+    let in_use = cfg.cas_in_use();
     // The file layout (file and pkcs11 backends): `[ca] dir` is the `ca` volume, a Secret
-    // holding the data directory's certificates.
-    let ca_dir = match ca {
-        CaConfig::File(f) => f.dir.as_deref(),
-        CaConfig::Pkcs11(p) => p.dir.as_deref(),
-        CaConfig::Secret(_) => None,
-    };
-    let ca_dir_items = || {
+    // holding the data directory's certificates. The manifests mount no other CA directory.
+    let ca_dir_items = |name: &str, ca_dir: Option<&Path>| {
+        assert_eq!(
+            name, DEFAULT_CA_NAME,
+            "{what}: the CA {name} is a data directory; the manifests mount [ca]'s only"
+        );
         let ca_mount = mount_path(c, "ca");
         assert_eq!(
             ca_dir,
@@ -141,62 +142,93 @@ pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
         assert!(items.contains(&"generations/1/root.pem".to_string()));
         items
     };
-    match ca {
-        CaConfig::Secret(secret) => {
-            assert_ne!(flavour, "hsm", "{what}");
-            // Read through the API (the Role podca-ca-secret): a Secret in podca's own
-            // namespace, and nothing of the file layout. (Config parsing already refuses a
-            // reference that is not namespace/name and a [ca] dir beside backend = secret.)
-            assert_eq!(
-                secret.namespace, NAMESPACE,
-                "{what}: the CA Secret is in podca's namespace"
-            );
-            for v in pod_spec(d).volumes.iter().flatten() {
+    // The hsm flavour's CA is in the HSM; no other flavour has one.
+    assert_eq!(
+        in_use
+            .iter()
+            .any(|(_, ca)| matches!(ca, CaConfig::Pkcs11(_))),
+        flavour == "hsm",
+        "{what}: a PKCS#11 CA in use"
+    );
+    let mut secret_names = Vec::new();
+    for (name, ca) in &in_use {
+        match ca {
+            CaConfig::Secret(secret) => {
+                // Read through the API (the Role podca-ca-secret): a Secret in podca's own
+                // namespace. (Config parsing already refuses a reference that is not
+                // namespace/name, a [ca] dir beside backend = secret, and two CAs on one
+                // Secret.)
+                assert_eq!(
+                    secret.namespace, NAMESPACE,
+                    "{what}: the CA {name}'s Secret is in podca's namespace"
+                );
+                secret_names.push(secret.name.clone());
+            }
+            CaConfig::File(f) => {
+                let items = ca_dir_items(name, f.dir.as_deref());
                 assert!(
-                    v.secret.is_none() || ledger_volumes.contains(&v.name),
-                    "{what}: Secret volume {} (the secret backend reads the CA through \
-                     the API; no Secret needs mounting)",
-                    v.name
+                    items.contains(&"generations/1/issuing.key".to_string()),
+                    "{what}: the file backend needs the issuing key"
+                );
+            }
+            CaConfig::Pkcs11(p11) => {
+                let items = ca_dir_items(name, p11.dir.as_deref());
+                assert!(
+                    !items.iter().any(|p| p.ends_with(".key")),
+                    "{what}: with an HSM no key file is mounted"
+                );
+                let module =
+                    pkcs11_module(p11).unwrap_or_else(|| panic!("{what}: no PKCS#11 module"));
+                assert_module_from_image(what, &module, c);
+                let PinSource::File(pin) = &p11.pin else {
+                    panic!("{what}: the PIN comes from a file, got {:?}", p11.pin)
+                };
+                let pin_mount = mount_path(c, "pkcs11-pin");
+                let rel = pin.strip_prefix(&pin_mount).expect("PIN under its mount");
+                let pin_items: Vec<String> = volume(d, "pkcs11-pin")
+                    .secret
+                    .as_ref()
+                    .expect("the PIN comes from a Secret")
+                    .items
+                    .iter()
+                    .flatten()
+                    .map(|i| i.path.clone())
+                    .collect();
+                assert_eq!(
+                    pin_items,
+                    [rel.to_str().unwrap()],
+                    "{what}: the PIN file is mounted"
                 );
             }
         }
-        CaConfig::File(_) => {
-            assert_ne!(flavour, "hsm", "{what}");
-            let items = ca_dir_items();
-            assert!(
-                items.contains(&"generations/1/issuing.key".to_string()),
-                "{what}: the file backend needs the issuing key"
-            );
-        }
-        CaConfig::Pkcs11(p11) => {
-            assert_eq!(flavour, "hsm", "{what}");
-            let items = ca_dir_items();
-            assert!(
-                !items.iter().any(|p| p.ends_with(".key")),
-                "{what}: with an HSM no key file is mounted"
-            );
-            let module = pkcs11_module(p11).unwrap_or_else(|| panic!("{what}: no PKCS#11 module"));
-            assert_module_from_image(what, &module, c);
-            let PinSource::File(pin) = &p11.pin else {
-                panic!("{what}: the PIN comes from a file, got {:?}", p11.pin)
-            };
-            let pin_mount = mount_path(c, "pkcs11-pin");
-            let rel = pin.strip_prefix(&pin_mount).expect("PIN under its mount");
-            let pin_items: Vec<String> = volume(d, "pkcs11-pin")
-                .secret
-                .as_ref()
-                .expect("the PIN comes from a Secret")
-                .items
-                .iter()
-                .flatten()
-                .map(|i| i.path.clone())
-                .collect();
-            assert_eq!(
-                pin_items,
-                [rel.to_str().unwrap()],
-                "{what}: the PIN file is mounted"
-            );
-        }
+    }
+    // A Secret-held CA is read through the API: no CA Secret is mounted. The only Secret
+    // volumes are the ledger's and, with a data-directory CA, its certificates and PIN.
+    let dir_ca = in_use.iter().any(|(_, ca)| ca.dir().is_some());
+    for v in pod_spec(d).volumes.iter().flatten() {
+        let Some(secret) = &v.secret else { continue };
+        let allowed = ledger_volumes.contains(&v.name)
+            || (dir_ca && matches!(v.name.as_str(), "ca" | "pkcs11-pin"));
+        assert!(
+            allowed,
+            "{what}: Secret volume {} (a Secret-held CA is read through the API; no Secret \
+             needs mounting)",
+            v.name
+        );
+        let mounted = secret.secret_name.clone().unwrap_or_default();
+        assert!(
+            !secret_names.contains(&mounted),
+            "{what}: the CA Secret {mounted} is mounted as volume {}",
+            v.name
+        );
+    }
+    // Only the CAs in use are written as [ca]: an unused [ca] from the defaults would read as
+    // a CA podca opens (and is granted nothing).
+    if raw.contains_key("ca") {
+        assert!(
+            in_use.iter().any(|(name, _)| *name == DEFAULT_CA_NAME),
+            "{what}: [ca] is written though no signer uses it"
+        );
     }
 
     // Config::parse has validated every signer policy.

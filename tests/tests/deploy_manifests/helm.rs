@@ -13,13 +13,16 @@ use podca_authority::config::Config;
 
 use crate::config::{check_config, config, config_text};
 use crate::network::check_network;
-use crate::rbac::{check_rbac, expected_for};
+use crate::objects::{pod_spec, the_deployment};
+use crate::rbac::{
+    ca_secrets, check_rbac, check_rbac_signers, check_two_signers, expected_for, jwt_keys_secret,
+};
 use crate::render::{
     CHART, documents, helm, helm_example, helm_template, kind_of, name_of, render_helm, repo_root,
 };
 use crate::strict::{Rendered, parse_all, parse_overlay};
 use crate::workload::{check_pod_locked_down, check_replicas};
-use crate::{HELM_EXAMPLES, NAMESPACE, OVERLAYS, SIGNER};
+use crate::{HELM_EXAMPLES, NAMESPACE, OVERLAYS, SIGNER, TWO_SIGNERS, signers_of};
 
 const HELM_UPDATE_HINT: &str =
     "PODCA_UPDATE_GOLDEN=1 cargo test -p podca-tests --test deploy_manifests helm";
@@ -98,14 +101,10 @@ fn every_helm_example_passes_the_kustomize_checks() {
         check_network(&what, &r);
         check_pod_locked_down(&what, &r);
         check_replicas(&what, example, &r);
-        check_rbac(&what, &r);
-        let cfg = config(&r);
-        let signers: Vec<&String> = cfg.signers.keys().collect();
-        assert_eq!(
-            signers,
-            [SIGNER],
-            "{what}: the documented placeholder signer"
-        );
+        check_rbac_signers(&what, &r, &signers_of(example));
+        if *example == "two-signers" {
+            check_two_signers(&what, &r);
+        }
     }
 }
 
@@ -201,6 +200,37 @@ fn the_values_schema_refuses_unknown_and_ill_typed_values() {
             "[ca] comes from the chart, not from config",
             "config:\n  ca:\n    backend: file\n",
             "at '/config': additional properties 'ca' not allowed",
+        ),
+        (
+            "[cas] come from the chart's cas, not from config",
+            "config:\n  cas:\n    payments:\n      backend: secret\n",
+            "at '/config': additional properties 'cas' not allowed",
+        ),
+        (
+            "a CA named default (that is `ca`)",
+            "cas:\n  default:\n    secretName: ca-default\n",
+            "invalid propertyName 'default'",
+        ),
+        (
+            "a CA name podca refuses",
+            "cas:\n  Payments:\n    secretName: ca-payments\n",
+            "invalid propertyName 'Payments'",
+        ),
+        (
+            "a CA without its Secret",
+            "cas:\n  payments: {}\n",
+            "at '/cas/payments': missing property 'secretName'",
+        ),
+        (
+            "a CA with another backend's key",
+            "cas:\n  payments:\n    secretName: ca-payments\n    dir: /var/lib/podca\n",
+            "at '/cas/payments': additional properties 'dir' not allowed",
+        ),
+        (
+            "a signer naming a CA by a name podca refuses",
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      \
+             ca: Payments\n",
+            "at '/config/signers/example.com~1workload/ca': 'Payments' does not match pattern",
         ),
         (
             "wrong type",
@@ -485,21 +515,37 @@ fn the_notes_say_what_to_do_next() {
             .split_once("NOTES:\n")
             .map(|(_, n)| n)
             .unwrap_or_default();
-        let secret = if *example == "hsm" {
-            "create secret generic podca-ca"
-        } else {
-            "create secret generic podca-ca --type=kubernetes.io/tls"
+        let secrets: Vec<String> = match *example {
+            "hsm" => vec!["create secret generic podca-ca".into()],
+            "two-signers" => TWO_SIGNERS
+                .iter()
+                .map(|(_, _, secret)| {
+                    format!("create secret generic {secret} --type=kubernetes.io/tls")
+                })
+                .collect(),
+            _ => vec!["create secret generic podca-ca --type=kubernetes.io/tls".into()],
         };
-        for expected in [
-            secret,
+        // The bundle a pod projects is its signer's: the first signer name.
+        let signer = format!(
+            "- podCertificate:\n                 signerName: {}",
+            signers_of(example)[0]
+        );
+        for expected in secrets.iter().map(String::as_str).chain([
             "pod-security.kubernetes.io/enforce=restricted",
-            "- podCertificate:\n                 signerName: example.com/workload",
+            signer.as_str(),
             "podca.dev/instance: podca",
             "rollout status deployment/podca",
-        ] {
+        ]) {
             assert!(
                 notes.contains(expected),
                 "helm {example}: NOTES lack {expected:?}:\n{notes}"
+            );
+        }
+        if *example == "two-signers" {
+            // No Secret for `ca`, which no signer uses.
+            assert!(
+                !notes.contains("podca-ca"),
+                "two-signers: NOTES name podca-ca:\n{notes}"
             );
         }
         let ledger = if *example == "ha-postgres" {
@@ -604,4 +650,138 @@ fn helm_grants_pods_get_when_a_signer_sets_pod_facts_by_the_flag_alone() {
         err.contains("pod_facts': got string, want boolean"),
         "{err}"
     );
+}
+
+/// The chart with `values`, parsed; its config, RBAC and pod checked as every example's.
+fn check_helm_values(what: &str, flavour: &str, values: &str) -> Rendered {
+    let yaml = helm_with_values(values).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let r = parse_helm_yaml(what, &yaml);
+    check_config(what, flavour, &r);
+    check_pod_locked_down(what, &r);
+    r
+}
+
+/// The Secret names of a rendering's CA Role rules on `secrets` with resourceNames, and of its
+/// rules on `configmaps` with resourceNames (the history ConfigMaps and the JWKS ConfigMap).
+fn named_in_roles(r: &Rendered, resource: &str) -> Vec<String> {
+    let mut names: Vec<String> = r
+        .roles
+        .iter()
+        .flat_map(|role| role.rules.iter().flatten())
+        .filter(|rule| rule.resources.as_deref() == Some(&[resource.to_string()][..]))
+        .flat_map(|rule| rule.resource_names.clone().unwrap_or_default())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn helm_gives_a_signer_its_named_ca_beside_the_default_one() {
+    // example.com/workload signs with `ca` (podca-ca), example.com/payments with cas.payments.
+    let both = "cas:\n  payments:\n    secretName: ca-payments\n  unused:\n    secretName: ca-unused\n\
+                config:\n  signers:\n    example.com/payments:\n      ca: payments\n      \
+                trust_domain: payments.example.com\n";
+    let r = check_helm_values("helm default + payments", "default", both);
+    let signers = ["example.com/payments", SIGNER];
+    check_rbac_signers("helm default + payments", &r, &signers);
+    let cfg = config(&r);
+    assert_eq!(cfg.ca_of_signer(SIGNER), Some("default"));
+    assert_eq!(cfg.ca_of_signer("example.com/payments"), Some("payments"));
+    // Both CAs in use are read and granted; cas.unused is written but neither opened nor granted.
+    assert_eq!(
+        ca_secrets(&cfg),
+        [
+            (NAMESPACE.to_string(), "podca-ca".to_string()),
+            (NAMESPACE.to_string(), "ca-payments".to_string()),
+        ]
+    );
+    assert!(cfg.cas.contains_key("unused"));
+    assert_eq!(
+        named_in_roles(&r, "secrets"),
+        ["ca-payments", "podca-ca", "podca-ca-jwt"],
+        "the JWT keys beside the primary CA's Secret only (the [grpc] signer's: podca-ca)"
+    );
+    assert_eq!(
+        named_in_roles(&r, "configmaps"),
+        [
+            "ca-payments-podca-history",
+            "podca-ca-podca-history",
+            "podca-jwks"
+        ]
+    );
+    // The [grpc] signer decides the primary CA, and so where the JWT keys are.
+    let payments_primary = format!("{both}  grpc:\n    signer: example.com/payments\n");
+    let r = check_helm_values("helm payments primary", "default", &payments_primary);
+    check_rbac_signers("helm payments primary", &r, &signers);
+    assert_eq!(
+        jwt_keys_secret(&config(&r)),
+        Some((NAMESPACE.to_string(), "ca-payments-jwt".to_string()))
+    );
+    assert_eq!(
+        named_in_roles(&r, "secrets"),
+        ["ca-payments", "ca-payments-jwt", "podca-ca"]
+    );
+    // With the HSM as `ca`: its volumes stay, and the named CA is read through the API.
+    let hsm = std::fs::read_to_string(helm_example("hsm")).unwrap();
+    let r = check_helm_values(
+        "helm hsm + payments",
+        "hsm",
+        &format!(
+            "{hsm}\n{}",
+            both.replace("  unused:\n    secretName: ca-unused\n", "")
+        ),
+    );
+    check_rbac_signers("helm hsm + payments", &r, &signers);
+    assert_eq!(named_in_roles(&r, "secrets"), ["ca-payments"]);
+    assert!(matches!(
+        config(&r).ca,
+        podca_authority::config::CaConfig::Pkcs11(_)
+    ));
+}
+
+#[test]
+fn helm_leaves_out_the_default_ca_when_no_signer_uses_it() {
+    // The two-signers example moved to the HSM backend for `ca`: nothing of the HSM is mounted,
+    // written or granted, as no signer signs with `ca`.
+    let two = std::fs::read_to_string(helm_example("two-signers")).unwrap();
+    let values = format!("{two}\nca:\n  backend: pkcs11\n  secretName: podca-ca\n");
+    let r = check_helm_values("helm two-signers, ca pkcs11", "two-signers", &values);
+    check_two_signers("helm two-signers, ca pkcs11", &r);
+    let volumes: Vec<&str> = pod_spec(the_deployment(&r))
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(volumes, ["config", "tmp"], "no HSM volume");
+}
+
+#[test]
+fn the_chart_refuses_cas_podca_would_refuse() {
+    let cases = [
+        (
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      \
+             ca: payments\n",
+            "config.signers.example.com/workload.ca = payments: no such CA; declare it under cas",
+        ),
+        (
+            "cas:\n  payments:\n    secretName: podca-ca\nconfig:\n  signers:\n    \
+             example.com/payments:\n      ca: payments\n      trust_domain: payments.example.com\n",
+            "CAs default and payments are both the Secret podca-ca",
+        ),
+    ];
+    for (values, expected) in cases {
+        let err = helm_with_values(values).expect_err(&format!("must refuse:\n{values}"));
+        assert!(err.contains(expected), "expected {expected:?}:\n{err}");
+    }
+    // podca refuses both as well (the chart only says so before the pod starts).
+    for text in [
+        "[signers.\"a.example/x\"]\ntrust_domain = \"a.example\"\nca = \"payments\"\n",
+        "[ca]\nbackend = \"secret\"\nsecret = \"ns/podca-ca\"\n\
+         [cas.payments]\nbackend = \"secret\"\nsecret = \"ns/podca-ca\"\n\
+         [signers.\"a.example/x\"]\ntrust_domain = \"a.example\"\n\
+         [signers.\"b.example/y\"]\ntrust_domain = \"b.example\"\nca = \"payments\"\n",
+    ] {
+        assert!(Config::parse(text).is_err(), "{text}");
+    }
 }

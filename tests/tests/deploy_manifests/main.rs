@@ -1,7 +1,9 @@
 //! The deployment manifests in deploy/: every overlay is rendered with the real kubectl
 //! (`kubectl kustomize`), every object must parse into its k8s-openapi type with no field lost,
-//! the RBAC must be exactly the spec §3 table plus the justified extras, the pod must be locked
-//! down, the config must be a valid podca config, and the renderings must match deploy/golden/.
+//! the RBAC must be exactly the spec §3 table plus the justified extras (for every CA a signer
+//! uses: its Secret and history ConfigMap; the JWT keys beside the primary CA only), the pod must
+//! be locked down, the config must be a valid podca config, and the renderings must match
+//! deploy/golden/.
 //!
 //! kubectl: `PODCA_KUBECTL`, else the cache of deploy/tools/install-kubectl.sh. Missing kubectl
 //! is a failure, never a skip.
@@ -28,15 +30,33 @@ mod render;
 mod strict;
 mod workload;
 
-const OVERLAYS: &[&str] = &["default", "ha", "hsm"];
+const OVERLAYS: &[&str] = &["default", "ha", "hsm", "two-signers"];
 /// The Helm chart's example values files: one per overlay, and ha with the ledger in PostgreSQL.
-const HELM_EXAMPLES: &[&str] = &["default", "ha", "hsm", "ha-postgres"];
+const HELM_EXAMPLES: &[&str] = &["default", "ha", "hsm", "ha-postgres", "two-signers"];
 /// The PostgreSQL port the ha-postgres example's NetworkPolicy opens.
 const POSTGRES_PORT: i32 = 5432;
 const NAMESPACE: &str = "podca-system";
 const SERVICE_ACCOUNT: &str = "podca";
 /// The documented placeholder signer name.
 const SIGNER: &str = "example.com/workload";
+/// The two-signers flavour (deploy/overlays/two-signers, the chart's examples/two-signers.yaml):
+/// each signer with its own CA, `[cas.<ca>]` a Secret: (signer, CA name, CA Secret), by signer.
+const TWO_SIGNERS: &[(&str, &str, &str)] = &[
+    ("example.com/batch", "batch", "ca-batch"),
+    ("example.com/payments", "payments", "ca-payments"),
+];
+/// The two-signers flavour's `[grpc] signer`: its CA is the primary one, beside which the JWT
+/// keys live.
+const TWO_SIGNERS_PRIMARY: &str = "example.com/payments";
+
+/// The signer names a flavour (an overlay, or the Helm example of the same name) configures, in
+/// name order.
+fn signers_of(flavour: &str) -> Vec<&'static str> {
+    match flavour {
+        "two-signers" => TWO_SIGNERS.iter().map(|(signer, _, _)| *signer).collect(),
+        _ => vec![SIGNER],
+    }
+}
 /// `podca serve --lease-name` default.
 const DEFAULT_LEASE: &str = "podca-controller";
 const GRPC_PORT: i32 = 8443;

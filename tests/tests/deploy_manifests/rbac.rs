@@ -4,13 +4,17 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use podca_authority::config::CaConfig;
+use podca_authority::components::ca::primary_ca;
+use podca_authority::config::{CaConfig, Config};
 
 use crate::config::config;
 use crate::objects::{args, flag, podca_container, the_deployment};
 use crate::render::{documents, render_default_with, repo_root};
 use crate::strict::{Rendered, parse_all, parse_overlay};
-use crate::{DEFAULT_LEASE, NAMESPACE, OVERLAYS, SERVICE_ACCOUNT, SIGNER};
+use crate::{
+    DEFAULT_LEASE, NAMESPACE, OVERLAYS, SERVICE_ACCOUNT, SIGNER, TWO_SIGNERS, TWO_SIGNERS_PRIMARY,
+    signers_of,
+};
 
 /// One permission: scope ("cluster" or a namespace), apiGroup, resource, verb, resourceName.
 pub type Grant = (String, String, String, String, Option<String>);
@@ -82,7 +86,7 @@ pub struct ClusterReads {
 /// What podca may do: spec §3's table, plus the justified extras.
 pub fn expected_grants(
     signers: &[String],
-    ca_secret: Option<(&str, &str)>,
+    ca_secrets: &[(&str, &str)],
     lease: Option<&str>,
     reads: ClusterReads,
     jwks_configmap: Option<(&str, &str)>,
@@ -170,18 +174,19 @@ pub fn expected_grants(
     if pod_facts {
         add("cluster", "", "pods", &["get"], None);
     }
-    // The `secret` CA backend, only when the config uses it, in the Secret's namespace: the
-    // Secret by name (get, and list/watch with a metadata.name field selector), the history
-    // ConfigMap `<secret>-podca-history` by name, and create for that ConfigMap (create cannot
-    // be limited by name).
-    if let Some((ns, secret)) = ca_secret {
+    // The `secret` CA backend, for each Secret-held CA some signer uses (`[ca]` and
+    // `[cas.<name>]`), in its Secret's namespace: the Secret by name (get, and list/watch with a
+    // metadata.name field selector), the history ConfigMap `<secret>-podca-history` by name, and
+    // create for that ConfigMap (create cannot be limited by name).
+    for &(ns, secret) in ca_secrets {
         add(ns, "", "secrets", &["get", "list", "watch"], Some(secret));
         let history = format!("{secret}-podca-history");
         add(ns, "", "configmaps", &["get", "update"], Some(&history));
         add(ns, "", "configmaps", &["create"], None);
     }
-    // The Secret backend's JWT key Secret (`[jwt] keys_secret`, with JWT-SVIDs on): get and
-    // update by name, create in its namespace (create cannot be limited by name).
+    // The JWT key Secret beside the primary CA's Secret (`[jwt] keys_secret`, with JWT-SVIDs on
+    // and a Secret-held primary CA): get and update by name, create in its namespace (create
+    // cannot be limited by name).
     if let Some((ns, name)) = jwt_keys_secret {
         add(ns, "", "secrets", &["get", "update"], Some(name));
         add(ns, "", "secrets", &["create"], None);
@@ -303,18 +308,40 @@ pub fn rbac_problems(r: &Rendered, expected: &BTreeSet<Grant>) -> Vec<String> {
     problems
 }
 
+/// The Secret of every Secret-held CA some signer uses (`Config::cas_in_use`): (namespace,
+/// name), in CA name order.
+pub fn ca_secrets(cfg: &Config) -> Vec<(String, String)> {
+    cfg.cas_in_use()
+        .into_iter()
+        .filter_map(|(_, ca)| match ca {
+            CaConfig::Secret(s) => Some((s.namespace.clone(), s.name.clone())),
+            CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
+        })
+        .collect()
+}
+
+/// The JWT key Secret podca opens (JWT-SVIDs on): `[jwt] keys_secret` (default
+/// `<secret>-jwt`) beside the primary CA's Secret (`primary_ca`: the `[grpc] signer`'s CA),
+/// when that CA is Secret-held; none beside any other CA.
+pub fn jwt_keys_secret(cfg: &Config) -> Option<(String, String)> {
+    match cfg.ca_named(primary_ca(cfg)) {
+        Some(CaConfig::Secret(s)) if cfg.jwt.enabled => {
+            Some((s.namespace.clone(), cfg.jwt.keys_secret_for(&s.name)))
+        }
+        _ => None,
+    }
+}
+
 /// The expected grants for a rendering, from its own config and Deployment: the signer names
-/// of the config, the CA Secret of `[ca] secret` (only with `backend = "secret"`), the Lease
-/// when --leader-elect is set, pods get when IssueForPod has callers or a signer sets pod_facts.
+/// of the config, the Secret of every Secret-held CA a signer uses (`[ca]` and `[cas.<name>]`),
+/// the JWT keys beside the primary CA's, the Lease when --leader-elect is set, pods get when
+/// IssueForPod has callers or a signer sets pod_facts.
 pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
     let cfg = config(r);
     let signers: Vec<String> = cfg.signers.keys().cloned().collect();
     let d = the_deployment(r);
     let a = args(podca_container(d));
-    let ca_secret = match &cfg.ca {
-        CaConfig::Secret(s) => Some((s.namespace.as_str(), s.name.as_str())),
-        CaConfig::File(_) | CaConfig::Pkcs11(_) => None,
-    };
+    let ca_secrets = ca_secrets(&cfg);
     let lease = a
         .iter()
         .any(|x| x == "--leader-elect")
@@ -335,15 +362,14 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         .any(|policy| policy.rules_use_namespace_labels());
     // By the flag, not by the rules: the RBAC follows `pod_facts`, as the chart does.
     let pod_facts = cfg.signers.values().any(|policy| policy.pod_facts);
-    let jwt_keys_secret = match &cfg.ca {
-        CaConfig::Secret(s) if cfg.jwt.enabled => {
-            Some((s.namespace.clone(), cfg.jwt.keys_secret_for(&s.name)))
-        }
-        _ => None,
-    };
+    let jwt_keys_secret = jwt_keys_secret(&cfg);
+    let ca_secrets: Vec<(&str, &str)> = ca_secrets
+        .iter()
+        .map(|(ns, name)| (ns.as_str(), name.as_str()))
+        .collect();
     expected_grants(
         &signers,
-        ca_secret,
+        &ca_secrets,
         lease.as_deref(),
         ClusterReads {
             issue_for_pod,
@@ -360,12 +386,23 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
 #[test]
 fn rbac_is_exactly_the_spec_table_plus_justified_extras() {
     for overlay in OVERLAYS {
-        check_rbac(&format!("overlay {overlay}"), &parse_overlay(overlay));
+        check_rbac_signers(
+            &format!("overlay {overlay}"),
+            &parse_overlay(overlay),
+            &signers_of(overlay),
+        );
     }
 }
 
-/// The RBAC of a rendering is exactly what its config and Deployment need.
+/// The RBAC of a rendering is exactly what its config and Deployment need, for the documented
+/// placeholder signer.
 pub fn check_rbac(what: &str, r: &Rendered) {
+    check_rbac_signers(what, r, &[SIGNER]);
+}
+
+/// The RBAC of a rendering is exactly what its config and Deployment need, and the config's
+/// signer names (those of the sign/attest rules) are `signers`.
+pub fn check_rbac_signers(what: &str, r: &Rendered, signers: &[&str]) {
     let expected = expected_for(r);
     let problems = rbac_problems(r, &expected);
     assert!(
@@ -373,14 +410,178 @@ pub fn check_rbac(what: &str, r: &Rendered) {
         "{what}: RBAC problems:\n  {}",
         problems.join("\n  ")
     );
-    // The signer name in the sign/attest rules is the one the config configures.
     let cfg = config(r);
-    let signers: Vec<&String> = cfg.signers.keys().collect();
-    assert_eq!(
-        signers,
-        [SIGNER],
-        "{what}: the documented placeholder signer"
+    let configured: Vec<&String> = cfg.signers.keys().collect();
+    assert_eq!(configured, signers, "{what}: the configured signer names");
+}
+
+/// The namespaced grants of a two-signers rendering, as podca needs them: both CAs' Secrets
+/// and history ConfigMaps, the JWT keys beside the primary CA's Secret only, the JWKS
+/// ConfigMap. Written out, not derived from the config: the expectation itself is checked.
+fn two_signers_namespaced_grants() -> BTreeSet<Grant> {
+    let mut want = BTreeSet::new();
+    let mut add = |res: &str, verbs: &[&str], name: Option<&str>| {
+        for v in verbs {
+            want.insert((
+                NAMESPACE.to_string(),
+                String::new(),
+                res.to_string(),
+                v.to_string(),
+                name.map(str::to_string),
+            ));
+        }
+    };
+    for (_, _, secret) in TWO_SIGNERS {
+        add("secrets", &["get", "list", "watch"], Some(secret));
+        add(
+            "configmaps",
+            &["get", "update"],
+            Some(&format!("{secret}-podca-history")),
+        );
+    }
+    add("configmaps", &["create"], None);
+    add("secrets", &["get", "update"], Some("ca-payments-jwt"));
+    add("secrets", &["create"], None);
+    add("configmaps", &["get", "update"], Some("podca-jwks"));
+    want
+}
+
+/// The two-signers rendering `r` (the overlay or the Helm example): each signer signs with its
+/// own Secret-held CA, the `[ca]` table is neither written nor granted (no signer uses it), and
+/// the RBAC names both Secrets, both history ConfigMaps, both signers, and the JWT keys of the
+/// primary CA only.
+pub fn check_two_signers(what: &str, r: &Rendered) {
+    let cfg = config(r);
+    let raw: toml::Table = toml::from_str(&crate::config::config_text(r)).unwrap();
+    assert!(
+        raw.get("ca").is_none(),
+        "{what}: [ca] is written though no signer uses it"
     );
+    for (signer, ca, secret) in TWO_SIGNERS {
+        assert_eq!(cfg.ca_of_signer(signer), Some(*ca), "{what}: {signer}'s CA");
+        match cfg.ca_named(ca) {
+            Some(CaConfig::Secret(s)) => {
+                assert_eq!(
+                    (s.namespace.as_str(), s.name.as_str()),
+                    (NAMESPACE, *secret),
+                    "{what}: [cas.{ca}]"
+                );
+            }
+            other => panic!("{what}: [cas.{ca}] is not a Secret CA: {other:?}"),
+        }
+    }
+    assert_eq!(cfg.grpc.signer.as_deref(), Some(TWO_SIGNERS_PRIMARY));
+    assert_eq!(primary_ca(&cfg), "payments", "{what}: the primary CA");
+    assert_eq!(
+        cfg.shared_ca_warnings(),
+        [] as [String; 0],
+        "{what}: no two signers share a CA"
+    );
+    let expected = expected_for(r);
+    let namespaced: BTreeSet<Grant> = expected
+        .iter()
+        .filter(|g| g.0 != "cluster")
+        .cloned()
+        .collect();
+    assert_eq!(
+        namespaced,
+        two_signers_namespaced_grants(),
+        "{what}: the namespaced grants podca needs"
+    );
+    for verb in ["sign", "attest"] {
+        let names: Vec<&str> = expected
+            .iter()
+            .filter(|g| g.2 == "signers" && g.3 == verb)
+            .filter_map(|g| g.4.as_deref())
+            .collect();
+        assert_eq!(names, signers_of("two-signers"), "{what}: {verb}");
+    }
+    check_rbac_signers(what, r, &signers_of("two-signers"));
+}
+
+#[test]
+fn the_two_signers_overlay_grants_each_ca_and_the_primary_s_jwt_keys() {
+    check_two_signers("overlay two-signers", &parse_overlay("two-signers"));
+}
+
+/// Every rule of every Role and ClusterRole that names `name` in its resourceNames.
+fn rules_naming<'a>(r: &'a mut Rendered, name: &str) -> Vec<&'a mut PolicyRule> {
+    let roles = r.roles.iter_mut().flat_map(|role| role.rules.iter_mut());
+    let cluster_roles = r
+        .cluster_roles
+        .iter_mut()
+        .flat_map(|cr| cr.rules.iter_mut());
+    roles
+        .chain(cluster_roles)
+        .flatten()
+        .filter(|rule| {
+            rule.resource_names
+                .as_ref()
+                .is_some_and(|names| names.iter().any(|n| n == name))
+        })
+        .collect()
+}
+
+/// Drops `name` from every rule's resourceNames.
+fn drop_name(r: &mut Rendered, name: &str) {
+    for rule in rules_naming(r, name) {
+        rule.resource_names.as_mut().unwrap().retain(|n| n != name);
+    }
+}
+
+/// Adds `extra` to the resourceNames of every rule that names `beside`.
+fn add_name(r: &mut Rendered, beside: &str, extra: &str) {
+    for rule in rules_naming(r, beside) {
+        rule.resource_names.as_mut().unwrap().push(extra.into());
+    }
+}
+
+#[test]
+fn the_rbac_check_holds_each_ca_to_its_own_grants() {
+    let base = parse_overlay("two-signers");
+    let expected = expected_for(&base);
+    assert!(rbac_problems(&base, &expected).is_empty());
+    type Mutation = (&'static str, fn(&mut Rendered), &'static str);
+    let mutations: &[Mutation] = &[
+        (
+            "one CA's Secret missing",
+            |r| drop_name(r, "ca-batch"),
+            "missing permission: (\"podca-system\", \"\", \"secrets\", \"get\", Some(\"ca-batch\"))",
+        ),
+        (
+            "one CA's history ConfigMap missing",
+            |r| drop_name(r, "ca-payments-podca-history"),
+            "missing permission: (\"podca-system\", \"\", \"configmaps\", \"get\", \
+             Some(\"ca-payments-podca-history\"))",
+        ),
+        (
+            "the CA no signer uses granted",
+            |r| add_name(r, "ca-batch", "podca-ca"),
+            "permission not in spec §3 or the justified extras: (\"podca-system\", \"\", \
+             \"secrets\", \"get\", Some(\"podca-ca\"))",
+        ),
+        (
+            "JWT keys beside the other CA too",
+            |r| add_name(r, "ca-payments-jwt", "ca-batch-jwt"),
+            "permission not in spec §3 or the justified extras: (\"podca-system\", \"\", \
+             \"secrets\", \"get\", Some(\"ca-batch-jwt\"))",
+        ),
+        (
+            "one signer without sign and attest",
+            |r| drop_name(r, "example.com/batch"),
+            "missing permission: (\"cluster\", \"certificates.k8s.io\", \"signers\", \
+             \"attest\", Some(\"example.com/batch\"))",
+        ),
+    ];
+    for (what, mutate, problem) in mutations {
+        let mut r = parse_overlay("two-signers");
+        mutate(&mut r);
+        let problems = rbac_problems(&r, &expected);
+        assert!(
+            problems.iter().any(|p| p == problem),
+            "the RBAC check missed: {what}; problems: {problems:#?}"
+        );
+    }
 }
 
 /// The CA Role's rule for the history ConfigMap (the ConfigMap rule with resourceNames).
@@ -737,4 +938,41 @@ fn pods_get_only_with_a_signer_that_sets_pod_facts() {
     // IssueForPod's component alone covers pod_facts' get.
     let r = parse_kustomization(&render_default_with(&[ISSUE_FOR_POD], Some(&both)));
     check_rbac("default + issue-for-pod, pod_facts on", &r);
+}
+
+#[test]
+fn the_doctor_asks_for_exactly_the_grants_of_every_overlay() {
+    use podca_controller::doctor::{LeaseRef, Needs};
+    for overlay in OVERLAYS {
+        let r = parse_overlay(overlay);
+        let mut cfg = config(&r);
+        // `podca serve` puts the JWKS ConfigMap in its pod's namespace; the doctor, which does
+        // not run there, is told it here rather than through POD_NAMESPACE.
+        cfg.jwt
+            .jwks_configmap_namespace
+            .get_or_insert_with(|| NAMESPACE.to_string());
+        let a = args(podca_container(the_deployment(&r)));
+        let lease = a.iter().any(|x| x == "--leader-elect").then(|| LeaseRef {
+            namespace: NAMESPACE.into(),
+            name: flag(&a, "--lease-name").unwrap_or_else(|| DEFAULT_LEASE.to_string()),
+        });
+        let doctor: BTreeSet<Grant> = Needs::from_config(&cfg, lease)
+            .required()
+            .into_iter()
+            .map(|p| {
+                (
+                    p.namespace.unwrap_or_else(|| "cluster".into()),
+                    p.group,
+                    p.resource,
+                    p.verb,
+                    p.name,
+                )
+            })
+            .collect();
+        assert_eq!(
+            doctor,
+            expected_for(&r),
+            "overlay {overlay}: `podca doctor` and the manifests disagree"
+        );
+    }
 }

@@ -45,10 +45,89 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if hasKey $jwt "jwks_configmap" -}}{{ $jwt.jwks_configmap }}{{- else -}}{{ printf "%s-jwks" (include "podca.fullname" .) }}{{- end -}}
 {{- end -}}
 
-{{/* The Secret backend's JWT key Secret: config.jwt.keys_secret, default <ca.secretName>-jwt. */}}
+{{/*
+The CAs. `ca` is the CA named `default` ([ca]); `cas.<name>` declares more ([cas.<name>], each a
+kubernetes.io/tls Secret in the release namespace). A signer signs with the CA its `ca` key
+names, else with `default`. Only the CAs some signer uses are opened by podca, so only they are
+rendered ([ca]), granted (RBAC) and mounted (the HSM's volumes).
+*/}}
+
+{{/* The CA a signer policy names: its `ca`, else "default". */}}
+{{- define "podca.caOf" -}}
+{{- if and (kindIs "map" .) (get . "ca") -}}{{ get . "ca" }}{{- else -}}default{{- end -}}
+{{- end -}}
+
+{{/* The names of the CAs some signer uses, sorted (as podca's Config::cas_in_use), as JSON. */}}
+{{- define "podca.casInUse" -}}
+{{- $names := list -}}
+{{- range $signer, $policy := .Values.config.signers -}}
+{{- $names = append $names (include "podca.caOf" $policy) -}}
+{{- end -}}
+{{- $names | uniq | sortAlpha | toJson -}}
+{{- end -}}
+
+{{/* "true" when some signer signs with the `ca` CA (named default). */}}
+{{- define "podca.defaultCaInUse" -}}
+{{- if has "default" (include "podca.casInUse" . | fromJsonArray) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the CA key is in an HSM: ca.backend pkcs11, used by some signer. */}}
+{{- define "podca.hsm" -}}
+{{- if and (eq .Values.ca.backend "pkcs11") (include "podca.defaultCaInUse" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The kubernetes.io/tls Secret of the CA `.name` ("" when it is not Secret-held, or unknown). */}}
+{{- define "podca.caSecretName" -}}
+{{- $v := .root.Values -}}
+{{- if eq .name "default" -}}
+{{- if eq $v.ca.backend "secret" -}}{{ $v.ca.secretName }}{{- end -}}
+{{- else -}}
+{{- (get ($v.cas | default dict) .name | default dict).secretName | default "" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secrets of the Secret-held CAs some signer uses, in CA name order, as JSON. */}}
+{{- define "podca.caSecrets" -}}
+{{- $root := . -}}
+{{- $secrets := list -}}
+{{- range include "podca.casInUse" . | fromJsonArray -}}
+{{- $secret := include "podca.caSecretName" (dict "root" $root "name" .) -}}
+{{- if $secret -}}{{- $secrets = append $secrets $secret -}}{{- end -}}
+{{- end -}}
+{{- toJson $secrets -}}
+{{- end -}}
+
+{{/*
+The primary CA, as podca's primary_ca: the CA of the gRPC signer (config.grpc.signer, else the
+only signer, else the only entry of config.grpc.signers), else the first CA in use. The JWT-SVID
+keys live with it only.
+*/}}
+{{- define "podca.primaryCa" -}}
+{{- $signers := .Values.config.signers -}}
+{{- $grpc := .Values.config.grpc | default dict -}}
+{{- $signer := "" -}}
+{{- if $grpc.signer -}}
+{{- $signer = $grpc.signer -}}
+{{- else if eq (len $signers) 1 -}}
+{{- $signer = keys $signers | first -}}
+{{- else if eq (len ($grpc.signers | default list)) 1 -}}
+{{- $signer = first $grpc.signers -}}
+{{- end -}}
+{{- if and $signer (hasKey $signers $signer) -}}
+{{- include "podca.caOf" (get $signers $signer) -}}
+{{- else -}}
+{{- include "podca.casInUse" . | fromJsonArray | first | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The JWT key Secret beside the primary CA's Secret: config.jwt.keys_secret, default
+<primary CA's secretName>-jwt; "" when the primary CA is not Secret-held. */}}
 {{- define "podca.jwtKeysSecret" -}}
 {{- $jwt := .Values.config.jwt | default dict -}}
-{{- if hasKey $jwt "keys_secret" -}}{{ $jwt.keys_secret }}{{- else -}}{{ printf "%s-jwt" .Values.ca.secretName }}{{- end -}}
+{{- $primary := include "podca.caSecretName" (dict "root" . "name" (include "podca.primaryCa" .)) -}}
+{{- if $primary -}}
+{{- if hasKey $jwt "keys_secret" -}}{{ $jwt.keys_secret }}{{- else -}}{{ printf "%s-jwt" $primary }}{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Mount points. */}}
@@ -91,15 +170,38 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if not .Values.config.signers -}}
 {{- fail "config.signers: configure at least one signer name" -}}
 {{- end -}}
+{{- $cas := .Values.cas | default dict -}}
+{{- range $signer, $policy := .Values.config.signers -}}
+{{- $ca := include "podca.caOf" $policy -}}
+{{- if and (ne $ca "default") (not (hasKey $cas $ca)) -}}
+{{- fail (printf "config.signers.%s.ca = %s: no such CA; declare it under cas (cas.%s.secretName), or leave ca out to sign with `ca`" $signer $ca $ca) -}}
+{{- end -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range include "podca.casInUse" . | fromJsonArray -}}
+{{- $secret := include "podca.caSecretName" (dict "root" $ "name" .) -}}
+{{- if and $secret (hasKey $seen $secret) -}}
+{{- fail (printf "CAs %s and %s are both the Secret %s: they would be one CA; give each its own secretName" (get $seen $secret) . $secret) -}}
+{{- end -}}
+{{- if $secret -}}{{- $_ := set $seen $secret . -}}{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
-The podca config file: .Values.config with [ca], [admin] and [grpc] listen filled in from the
-chart's own settings, written as TOML (Helm's toToml writes every number as a float, which
+The podca config file: .Values.config with [ca], [cas.<name>], [admin] and [grpc] listen filled
+in from the chart's own settings, written as TOML (Helm's toToml writes every number as a float, which
 podca's integer settings refuse).
 */}}
 {{- define "podca.config" -}}
+{{- $root := . -}}
 {{- $cfg := deepCopy .Values.config -}}
+{{- if .Values.cas -}}
+{{- $cas := dict -}}
+{{- range $name, $ca := .Values.cas -}}
+{{- $_ := set $cas $name (dict "backend" "secret" "secret" (printf "%s/%s" $root.Release.Namespace $ca.secretName)) -}}
+{{- end -}}
+{{- $_ := set $cfg "cas" $cas -}}
+{{- end -}}
 {{- $ca := dict "backend" .Values.ca.backend -}}
 {{- if eq .Values.ca.backend "secret" -}}
 {{- $_ := set $ca "secret" (printf "%s/%s" .Release.Namespace .Values.ca.secretName) -}}
@@ -114,7 +216,10 @@ podca's integer settings refuse).
 {{- $_ := set $ca "intermediate_lifetime_seconds" $p.intermediateLifetimeSeconds -}}
 {{- end -}}
 {{- end -}}
+{{- /* [ca] only when some signer signs with it: podca opens no other. */ -}}
+{{- if include "podca.defaultCaInUse" . -}}
 {{- $_ := set $cfg "ca" $ca -}}
+{{- end -}}
 {{- if eq (include "podca.ledgerBackend" .) "postgres" -}}
 {{- $ledger := $cfg.ledger -}}
 {{- $_ := set $ledger "url_file" (printf "%s/url" (include "podca.ledgerUrlDir" .)) -}}
