@@ -264,7 +264,11 @@ fn a_split_ca_starts_as_a_copy_and_rotates_to_a_key_of_its_own() {
     // Until the window is over the copy signs, with the shared CA's very certificate.
     assert_eq!(own.load().unwrap().certificate(), shared_ca.certificate());
     let roots = own.roots().unwrap();
-    assert_eq!(roots.len(), 2, "the shared root and its own, both published");
+    assert_eq!(
+        roots.len(),
+        2,
+        "the shared root and its own, both published"
+    );
     assert_eq!(&roots[0], &shared.roots().unwrap()[0]);
     let mode = |p: &std::path::Path| {
         use std::os::unix::fs::PermissionsExt;

@@ -252,13 +252,15 @@ pub fn plan_at(
             .iter()
             .filter(|(_, policy)| ca_name_of(policy) == name);
         let planned =
-            plan_one(name, ca, signers, config, leader_elect, now).map_err(|error| match several {
-                true => CaStartError::InCa {
-                    ca: name.to_owned(),
-                    error: Box::new(error),
+            plan_one(name, ca, signers, config, leader_elect, now).map_err(
+                |error| match several {
+                    true => CaStartError::InCa {
+                        ca: name.to_owned(),
+                        error: Box::new(error),
+                    },
+                    false => error,
                 },
-                false => error,
-            })?;
+            )?;
         cas.push((name.to_owned(), planned));
     }
     let signers = config
