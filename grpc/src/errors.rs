@@ -105,6 +105,18 @@ pub enum ApiError {
     /// A JWT-SVID request or token refused; the code depends on the error ([`jwt_code`]).
     #[error("{0}")]
     Jwt(JwtError),
+    /// A JWT-SVID for a signer of another trust domain than the JWT keys': signers in different
+    /// trust domains never share signing keys (a token of one would verify with the other's
+    /// JWKS).
+    #[error(
+        "JWT-SVIDs are signed here for trust domain {served:?} only (the [grpc] signer's); signer \
+         {signer:?} is in {trust_domain:?} and would need keys of its own"
+    )]
+    JwtTrustDomain {
+        signer: String,
+        trust_domain: String,
+        served: String,
+    },
     /// FetchJWTSVID: `spiffe_id` is not the caller's.
     #[error("spiffe_id {requested:?} is not this caller's identity ({own})")]
     UnknownSpiffeId { requested: String, own: String },
@@ -127,7 +139,9 @@ impl ApiError {
                 Code::InvalidArgument
             }
             ApiError::CsrNameNotAllowed(_) | ApiError::NoPodOnNode(_) => Code::PermissionDenied,
-            ApiError::ImpersonationWithoutPods => Code::FailedPrecondition,
+            ApiError::ImpersonationWithoutPods | ApiError::JwtTrustDomain { .. } => {
+                Code::FailedPrecondition
+            }
             ApiError::TooManyDnsNames { .. } => Code::InvalidArgument,
             ApiError::UnknownSigner(_) | ApiError::PodNotFound(_) => Code::NotFound,
             ApiError::SignerNotAllowed(_) | ApiError::CallerPodGone(_) => Code::PermissionDenied,
@@ -307,6 +321,7 @@ impl ApiError {
             ApiError::LedgerUnavailable(_) => "ledger_unavailable",
             ApiError::Jwt(e) => jwt_reason(e),
             ApiError::UnknownSpiffeId { .. } => "unknown_spiffe_id",
+            ApiError::JwtTrustDomain { .. } => "jwt_trust_domain",
             ApiError::EmptyField(_) => "empty_field",
             ApiError::Internal(_) => "internal",
         }

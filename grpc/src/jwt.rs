@@ -87,6 +87,15 @@ impl JwtService {
     ) -> Result<SignedSvid, ApiError> {
         let identity = ask.subject;
         let (_, policy) = api.signer(signer)?;
+        // One key set, for the [grpc] signer's trust domain: never shared with another.
+        let served = api.trust_domain()?;
+        if policy.trust_domain != served {
+            return Err(ApiError::JwtTrustDomain {
+                signer: signer.to_owned(),
+                trust_domain: policy.trust_domain.clone(),
+                served,
+            });
+        }
         // The allow-lists first: a refused request costs no API call for its facts.
         if let Err(Decision::Deny { reason, message }) =
             policy.admits(&identity.namespace, &identity.service_account)

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use podca_proto::istio::v1::auth::IstioCertificateRequest;
-use podca_proto::podca::v1::{GetTrustBundleRequest, IssueCertificateRequest};
+use podca_proto::podca::v1::{GetTrustBundleRequest, IssueCertificateRequest, IssueJwtSvidRequest};
 use podca_tests::cluster::{Cluster, NewPcr};
 use podca_tests::emulator::ApiMode;
 use podca_tests::istio::{Ztunnel, ztunnel_csr};
@@ -219,6 +219,35 @@ async fn podca_v1_and_istio_sign_with_the_deciding_signers_ca() {
     assert_eq!(batch_bundle, podca_bundle(&dev.data_dir.join("cas/batch")));
     assert_verifies_only_under(&pay_chain, &payments_bundle, &batch_bundle);
     assert_verifies_only_under(&batch_chain, &batch_bundle, &payments_bundle);
+
+    // JWT-SVIDs: one key set, for the [grpc] signer's trust domain; never shared with a
+    // signer of another trust domain (its tokens would verify with the other's JWKS).
+    let jwt = |signer: &str| IssueJwtSvidRequest {
+        audiences: vec!["vault".into()],
+        signer_name: signer.into(),
+        ..Default::default()
+    };
+    let token = client
+        .issue_jwt_svid(jwt(PAYMENTS))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        token.spiffe_id.starts_with("spiffe://payments.test/"),
+        "{}",
+        token.spiffe_id
+    );
+    let refused = client.issue_jwt_svid(jwt(BATCH)).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused.message(),
+        "JWT-SVIDs are signed here for trust domain \"payments.test\" only (the [grpc] signer's); \
+         signer \"example.com/batch\" is in \"batch.test\" and would need keys of its own"
+    );
 
     // The Istio CA API signs for the default ([grpc] signer) signer, with its CA.
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", dev.grpc))
