@@ -883,6 +883,72 @@ mod dev_bundle_tests {
         );
     }
 
+    /// Bad `[cas]` input is a precise start-up error, naming the table and what would work.
+    #[test]
+    fn ca_tables_and_signer_ca_keys_are_checked() {
+        let parse = |text: &str| {
+            Config::parse(text)
+                .map(|_| ())
+                .map_err(|e| podca_signer::report::error_chain(&e))
+        };
+        let signer = |ca: &str| {
+            format!("[signers.\"example.com/a\"]\ntrust_domain = \"a.test\"\nca = \"{ca}\"\n")
+        };
+        assert_eq!(
+            parse(&format!("[cas.pay]\ndir = \"/p\"\n{}", signer("pay"))),
+            Ok(())
+        );
+        assert_eq!(
+            parse(&signer("nope")),
+            Err(
+                "[signers.\"example.com/a\"] ca = \"nope\": no [cas.nope] table is configured \
+                 (configured: default)"
+                    .into()
+            )
+        );
+        assert_eq!(
+            parse("[cas.default]\ndir = \"/p\"\n"),
+            Err(
+                "[cas.default]: the CA named \"default\" is the [ca] table; give this one \
+                 another name"
+                    .into()
+            )
+        );
+        assert!(
+            parse("[cas.Pay_1]\ndir = \"/p\"\n")
+                .is_err_and(|e| e.starts_with("[cas.\"Pay_1\"]: a CA name is 1 to 63")),
+        );
+        assert_eq!(
+            parse(&format!(
+                "[ca]\ndir = \"/p\"\n[cas.pay]\ndir = \"/p\"\n{}\
+                 [signers.\"example.com/b\"]\ntrust_domain = \"b.test\"\n",
+                signer("pay")
+            )),
+            Err(
+                "CAs \"default\" and \"pay\" are both the directory /p: they would be one CA; \
+                 give each its own"
+                    .into()
+            )
+        );
+        assert_eq!(
+            parse("[cas.pay]\nsplit_from = \"pay\"\n"),
+            Err("[cas.pay] split_from names the CA itself".into())
+        );
+        assert_eq!(
+            parse("[cas.pay]\nsplit_from = \"gone\"\n"),
+            Err("[cas.pay] split_from = \"gone\": no such CA in this configuration".into())
+        );
+        assert!(
+            parse("[cas.vault]\nbackend = \"secret\"\nsecret = \"ns/v\"\n\
+                   [cas.pay]\nsplit_from = \"vault\"\n")
+                .is_err_and(|e| e.contains("the source must be a file CA (it is backend = \"secret\")")),
+        );
+        assert!(
+            parse("[cas.pay]\nbackend = \"secret\"\nsecret = \"ns/v\"\nsplit_from = \"default\"\n")
+                .is_err_and(|e| e.contains("split_from does not apply to backend = \"secret\"")),
+        );
+    }
+
     #[test]
     fn dev_plans_a_permissive_signer_unless_configured() {
         let pq: DevBundle = "apps/web:MLDSA65".parse().unwrap();

@@ -361,3 +361,80 @@ fn ca_commands_take_a_ca_by_name() {
         "{err}"
     );
 }
+
+/// `[cas.<name>] split_from` through `podca dev`: after a restart with it, the payments signer
+/// signs with a copy of the shared CA (so nothing its pods trust changes) and publishes its own
+/// next anchor beside the shared one, which the batch signer's bundle never holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_split_off_at_start_signs_as_before_and_publishes_its_own_anchor() {
+    let data = tempfile::tempdir().unwrap();
+    let data_dir = data.path().join("data");
+    let signers = format!(
+        "[signers.\"{PAYMENTS}\"]\ntrust_domain = \"payments.test\"\n{{ca}}\n\
+         [signers.\"{BATCH}\"]\ntrust_domain = \"batch.test\"\n\n\
+         [grpc]\nsigner = \"{PAYMENTS}\"\nsigners = [\"{PAYMENTS}\", \"{BATCH}\"]\n"
+    );
+    let bundle = async |dev: &DevProcess, signer: &str| {
+        dev.tcp_client()
+            .await
+            .get_trust_bundle(GetTrustBundleRequest {
+                signer_name: signer.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .trust_anchors_pem
+    };
+    // Before: one CA for both signers.
+    let shared = {
+        let config = signers.replace("{ca}", "");
+        let dev = DevProcess::start_with(DevOptions {
+            config: Some(&config),
+            data_dir: Some(data_dir.clone()),
+            ..Default::default()
+        });
+        let shared = bundle(&dev, PAYMENTS).await;
+        assert_eq!(shared, bundle(&dev, BATCH).await);
+        assert!(dev.stop().success());
+        shared
+    };
+    // After: payments names a CA split off the shared one.
+    let config = format!(
+        "[cas.payments]\nsplit_from = \"default\"\n\n{}",
+        signers.replace("{ca}", "ca = \"payments\"")
+    );
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        data_dir: Some(data_dir.clone()),
+        ..Default::default()
+    });
+    let payments = bundle(&dev, PAYMENTS).await;
+    assert_eq!(bundle(&dev, BATCH).await, shared);
+    let blocks = podca_tests::verify::pem_blocks(&payments);
+    assert_eq!(blocks.len(), 2, "{payments}");
+    let shared_blocks = podca_tests::verify::pem_blocks(&shared);
+    assert_eq!(shared_blocks.len(), 1, "{shared}");
+    assert_eq!(blocks[0], shared_blocks[0], "the shared anchor stays first");
+    let own_root = blocks[1].clone();
+    assert_ne!(own_root, shared_blocks[0]);
+    // Until the window is over the copy signs: the certificate still verifies under the shared
+    // anchor, as the pods' cached bundles expect.
+    let issued = dev
+        .tcp_client()
+        .await
+        .issue_certificate(IssueCertificateRequest {
+            csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+            signer_name: PAYMENTS.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    podca_tests::verify::assert_verifies(&issued.certificate_chain_pem, &shared);
+    podca_tests::verify::assert_no_anchor_signed(&issued.certificate_chain_pem, &own_root);
+    assert_eq!(
+        std::fs::read_to_string(data_dir.join("cas/payments/root.pem")).unwrap(),
+        payments
+    );
+    assert!(dev.stop().success());
+}
