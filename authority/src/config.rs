@@ -5,9 +5,14 @@
 //! backend = "file"              # file | secret | pkcs11
 //! dir = "/var/lib/podca"        # file backend: the CA data directory
 //!
+//! [cas.payments]                # more CAs by name, each a table like [ca]
+//! backend = "secret"
+//! secret = "podca-system/ca-payments"
+//!
 //! [signers."example.com/workload"]   # one table per signer name (a SignerPolicy)
 //! trust_domain = "cluster.local"
 //! key_types = ["ECDSAP256", "ED25519"]
+//! ca = "payments"                    # the CA it signs with; default: [ca]
 //!
 //! [grpc]
 //! listen = "127.0.0.1:8443"
