@@ -150,14 +150,8 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let rotators = running.into_values().map(|ca| ca.rotator).collect();
     reload_on_sighup(&mut rt, hup, rotators);
 
-    print_banner(
-        &plan,
-        &signer_ca_dir,
-        !created.is_empty(),
-        grpc.addr,
-        &socket,
-        &kept,
-    );
+    let made = !created.is_empty();
+    print_banner(&plan, &signer_ca_dir, made, grpc.addr, &socket, &kept);
     rt.run(async {
         signals.await;
         println!("podca dev: stopping");
@@ -174,16 +168,9 @@ fn reload_on_sighup(rt: &mut Runtime, mut hup: Signal, rotators: Vec<Arc<Rotator
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
                 _ = hup.recv() => for rotator in &rotators {
-                    let dir = rotator.dir().display();
-                    match rotator.reload_now() {
-                        Ok(generation) => println!(
-                            "podca dev: reloaded the CA from {dir} (generation {generation})"
-                        ),
-                        Err(e) => eprintln!(
-                            "podca dev: reloading the CA in {dir} failed, keeping the current \
-                             one: {}",
-                            podca_signer::report::error_chain(&e)
-                        ),
+                    match rotator.reload_described() {
+                        (true, line) => println!("podca dev: {line}"),
+                        (false, line) => eprintln!("podca dev: {line}"),
                     }
                 },
             }

@@ -1343,10 +1343,61 @@ impl Config {
         if groups.is_empty() {
             return vec![(DEFAULT_CA_NAME, &self.ca)];
         }
-        groups
+        let mut names: Vec<&str> = groups.into_iter().map(|(name, _)| name).collect();
+        names.extend(self.tenant_cas().into_iter().map(|(_, _, ca)| ca));
+        names.sort_unstable();
+        names.dedup();
+        names
             .into_iter()
-            .filter_map(|(name, _)| Some((name, self.ca_named(name)?)))
+            .filter_map(|name| Some((name, self.ca_named(name)?)))
             .collect()
+    }
+
+    /// Every tenant of every signer with the CA that signs for it: (signer, tenant, CA name).
+    pub fn tenant_cas(&self) -> Vec<(&str, &str, &str)> {
+        self.signers
+            .iter()
+            .flat_map(|(signer, policy)| {
+                policy
+                    .tenants()
+                    .map(move |tenant| (signer.as_str(), tenant.name, tenant.ca()))
+            })
+            .collect()
+    }
+
+    /// The nameConstraints podca gives the CA `name` when it makes it (`podca ca init --ca`,
+    /// `podca dev`): a tenant's CA permits only the tenant's names; `None` for other CAs.
+    pub fn init_constraints(
+        &self,
+        name: &str,
+    ) -> Option<Result<podca_signer::NameConstraints, podca_signer::CaError>> {
+        self.signers.values().find_map(|policy| {
+            let tenant = policy.tenants().find(|t| t.ca() == name)?;
+            Some(tenant.name_constraints(&policy.trust_domain))
+        })
+    }
+
+    /// Whether the CA `name` signs for a tenant.
+    pub fn is_tenant_ca(&self, name: &str) -> bool {
+        self.tenant_cas().iter().any(|(_, _, ca)| *ca == name)
+    }
+
+    /// The policies the CA `name` signs for, each with what it is (`signer "x"` or `tenant "t"
+    /// of signer "x"`): signers whose own CA it is, and tenants (in their trust domain).
+    pub fn policies_of_ca(&self, name: &str) -> Vec<(String, SignerPolicy)> {
+        let mut out = Vec::new();
+        for (signer, policy) in &self.signers {
+            if ca_name_of(policy) == name {
+                out.push((signer.clone(), policy.clone()));
+            }
+            for tenant in policy.tenants().filter(|t| t.ca() == name) {
+                out.push((
+                    format!("{signer} (tenant {})", tenant.name),
+                    policy.for_tenant(&tenant),
+                ));
+            }
+        }
+        out
     }
 
     /// The `[cas]` tables and the signers' `ca` keys: names that can label metrics and name
@@ -1406,6 +1457,32 @@ impl Config {
                         "[cas.{name}] split_from = {from:?}: no such CA in this configuration"
                     ));
                 }
+            }
+        }
+        let mut tenant_of_ca: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
+        for (signer, tenant, ca) in self.tenant_cas() {
+            if !self.cas.contains_key(ca) {
+                return invalid(format!(
+                    "[signers.{signer:?}.tenants.{tenant}] signs with CA {ca:?}: no [cas.{ca}] \
+                     table is configured (a tenant's CA is a [cas.<name>] of its own)"
+                ));
+            }
+            if let Some((own, _)) = self.signers_by_ca().into_iter().find(|(n, _)| *n == ca) {
+                return invalid(format!(
+                    "[signers.{signer:?}.tenants.{tenant}]: CA {ca:?} is also the own CA of \
+                     signer(s) {}; a tenant's CA signs for the tenant alone",
+                    self.signers_by_ca()
+                        .into_iter()
+                        .find(|(n, _)| *n == own)
+                        .map(|(_, s)| s.join(", "))
+                        .unwrap_or_default()
+                ));
+            }
+            if let Some((other_signer, other)) = tenant_of_ca.insert(ca, (signer, tenant)) {
+                return invalid(format!(
+                    "CA {ca:?} signs for tenant {other:?} of {other_signer:?} and tenant \
+                     {tenant:?} of {signer:?}; each tenant needs its own"
+                ));
             }
         }
         let mut places: BTreeMap<String, &str> = BTreeMap::new();

@@ -187,6 +187,25 @@ impl Rotator {
         }
     }
 
+    /// [`Self::reload_now`], described in one line for a person: whether it worked, and what
+    /// was reloaded or why it failed (the current CA then stays).
+    pub fn reload_described(&self) -> (bool, String) {
+        let dir = self.dir().display();
+        match self.reload_now() {
+            Ok(generation) => (
+                true,
+                format!("reloaded the CA from {dir} (generation {generation})"),
+            ),
+            Err(e) => (
+                false,
+                format!(
+                    "reloading the CA in {dir} failed, keeping the current one: {}",
+                    podca_signer::report::error_chain(&e)
+                ),
+            ),
+        }
+    }
+
     /// The CA data directory this driver follows.
     pub fn dir(&self) -> &std::path::Path {
         self.options.store.dir()

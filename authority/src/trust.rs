@@ -97,6 +97,8 @@ pub struct CaSet {
     cas: Arc<BTreeMap<String, CaHandle>>,
     /// Signer name → CA name; a signer not listed signs with `fallback`.
     signers: Arc<BTreeMap<String, String>>,
+    /// (signer, tenant) → CA name.
+    tenants: Arc<BTreeMap<(String, String), String>>,
     fallback: String,
 }
 
@@ -117,6 +119,7 @@ impl CaSet {
                 handle,
             )])),
             signers: Arc::default(),
+            tenants: Arc::default(),
             fallback: crate::config::DEFAULT_CA_NAME.to_owned(),
         }
     }
@@ -145,8 +148,39 @@ impl CaSet {
         Ok(CaSet {
             cas: Arc::new(cas),
             signers: Arc::new(signers),
+            tenants: Arc::default(),
             fallback,
         })
+    }
+
+    /// With the CAs of signers' tenants: (signer, tenant) → CA name, each of which the set
+    /// must hold.
+    pub fn with_tenants(
+        mut self,
+        tenants: BTreeMap<(String, String), String>,
+    ) -> Result<Self, UnknownCa> {
+        if let Some(((signer, tenant), ca)) =
+            tenants.iter().find(|(_, ca)| !self.cas.contains_key(*ca))
+        {
+            return Err(UnknownCa {
+                signer: format!("{signer} (tenant {tenant})"),
+                ca: ca.clone(),
+            });
+        }
+        self.tenants = Arc::new(tenants);
+        Ok(self)
+    }
+
+    /// The name of the CA that signs for `signer`'s `tenant` (`None`: the signer's own CA).
+    pub fn ca_name_for(&self, signer: &str, tenant: Option<&str>) -> &str {
+        tenant
+            .and_then(|t| self.tenants.get(&(signer.to_owned(), t.to_owned())))
+            .map_or_else(|| self.ca_name_of(signer), String::as_str)
+    }
+
+    /// The CA that signs for `signer`'s `tenant` (`None`: the signer's own CA).
+    pub fn for_request(&self, signer: &str, tenant: Option<&str>) -> &CaHandle {
+        &self.cas[self.ca_name_for(signer, tenant)]
     }
 
     /// The name of the CA `signer` signs with.

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 
 use crate::jwks::JwksPublisher;
 use crate::jwt_secret::{JwtSecretError, JwtSecretRotator, JwtSecretStore};
-use crate::publisher::{Publisher, PublisherError, PublisherOptions};
+use crate::publisher::{DesiredBundle, Publisher, PublisherError, PublisherOptions};
 use crate::secret_ca::{SecretCa, SecretCaError, SecretCaOptions};
 use crate::{LeaderElection, Options};
 
@@ -78,17 +78,20 @@ pub async fn secret_ca(
     options.schedule = config.rotation;
     options.max_leaf_lifetime = config.max_leaf_lifetime();
     options.leading = Some(rt.leadership().subscribe());
-    let signers: Vec<(&String, &podca_signer::SignerPolicy)> = config
-        .signers
+    let policies = config.policies_of_ca(name);
+    let signers: Vec<(&String, &podca_signer::SignerPolicy)> = policies
         .iter()
-        .filter(|(_, policy)| podca_authority::config::ca_name_of(policy) == name)
+        .map(|(what, policy)| (what, policy))
         .collect();
-    // The bundles of this CA's signers keep a copy of its sealed history (see secret_ca).
+    // The bundles this CA's anchors go into keep a copy of its sealed history (see secret_ca).
     if let Some(publisher) = publisher_options(config) {
-        options.history_copies = Publisher::new(signers.iter().map(|(s, _)| *s), &publisher)
+        options.history_copies = Publisher::for_policies(&config.signers, &publisher)
             .map_err(StartError::Bundles)?
             .bundles()
-            .to_vec();
+            .iter()
+            .filter(|b| bundle_ca(config, b) == Some(name))
+            .cloned()
+            .collect();
     }
     let (handle, driver) = SecretCa::start(
         client.clone(),
@@ -115,6 +118,7 @@ pub async fn start_cas(
     let CaPlans {
         cas,
         signers,
+        tenants,
         sharing,
         primary: _,
     } = plans;
@@ -127,7 +131,9 @@ pub async fn start_cas(
         handles.insert(name, handle);
     }
     sharing.report(rt);
-    CaSet::new(handles, signers).map_err(|e| StartError::Cas(e.into()))
+    CaSet::new(handles, signers)
+        .and_then(|set| set.with_tenants(tenants))
+        .map_err(|e| StartError::Cas(e.into()))
 }
 
 /// The JWT-SVID signing keys (`[jwt] enabled`) of the primary CA (the `[grpc] signer`'s): in
@@ -162,6 +168,15 @@ pub enum PrimaryJwtError {
     Directory(#[from] podca_authority::components::jwt::JwtStartError),
     #[error(transparent)]
     Secret(#[from] StartError),
+}
+
+/// The CA whose anchors `bundle` publishes: its tenant's, else its signer's.
+fn bundle_ca<'c>(config: &'c Config, bundle: &DesiredBundle) -> Option<&'c str> {
+    let policy = config.signers.get(&bundle.signer_name)?;
+    match &bundle.tenant {
+        Some(name) => policy.tenants().find(|t| t.name == name).map(|t| t.ca()),
+        None => Some(podca_authority::config::ca_name_of(policy)),
+    }
 }
 
 /// JWT-SVID signing keys (`[jwt] enabled`) of a Secret-held CA: in the Secret `[jwt]

@@ -95,7 +95,7 @@ pub async fn run(
     });
     // A bad bundle name or instance label is a configuration error: refuse to start.
     let publisher = publisher
-        .map(|o| Publisher::new(signers.keys(), &o))
+        .map(|o| Publisher::for_policies(&signers, &o))
         .transpose()
         .map_err(|e| Error::Config(e.to_string()))?;
     // The issuing CA's notAfter follows every swap (rotation, reload).
@@ -585,9 +585,18 @@ async fn sign(
     source: &Pcr,
     now: OffsetDateTime,
 ) -> Result<Write, RetryCause> {
-    let policy = policy.clone();
-    // The CA of the signer that decides: signers with their own CAs are separate trust domains.
-    let ca = Arc::clone(&ctx.ca.for_signer(&source.signer_name).current().ca);
+    // The tenant the namespace belongs to (its trust domain), and the CA of the signer or
+    // tenant that decides: each is a trust domain of its own.
+    let (policy, tenant) = match policy.resolve(&source.namespace) {
+        Ok(resolved) => resolved,
+        Err(decision) => return plan::after_signing(Outcome::of_refusal(decision), now),
+    };
+    let ca = Arc::clone(
+        &ctx.ca
+            .for_request(&source.signer_name, tenant.as_deref())
+            .current()
+            .ca,
+    );
     let labels = match (&ctx.namespace_labels, policy.rules_use_namespace_labels()) {
         (Some(store), true) => match store.get(&source.namespace) {
             Ok(labels) => Some(labels),
@@ -667,15 +676,24 @@ async fn record_decision(
     let Some(ledger) = &ctx.ledger else {
         return Ok(());
     };
-    let snapshot = ctx.ca.for_signer(&pcr.signer_name).current();
-    let trust_domain = ctx
-        .signers
-        .get(&pcr.signer_name)
-        .map_or("", |p| p.trust_domain.as_str());
+    let (trust_domain, tenant) = match ctx.signers.get(&pcr.signer_name) {
+        Some(policy) => match policy.tenant_of(&pcr.namespace) {
+            Ok(Some(tenant)) => (
+                tenant.trust_domain(&policy.trust_domain),
+                Some(tenant.name.to_owned()),
+            ),
+            _ => (policy.trust_domain.clone(), None),
+        },
+        None => (String::new(), None),
+    };
+    let snapshot = ctx
+        .ca
+        .for_request(&pcr.signer_name, tenant.as_deref())
+        .current();
     let context = RecordContext {
         source: Source::Pcr,
         signer: pcr.signer_name.clone(),
-        identity: spiffe_id(trust_domain, &pcr.namespace, &pcr.service_account),
+        identity: spiffe_id(&trust_domain, &pcr.namespace, &pcr.service_account),
         requester: Some(format!("system:node:{}", pcr.node_name)),
         namespace: pcr.namespace.clone(),
         service_account: pcr.service_account.clone(),

@@ -377,6 +377,58 @@ impl Api {
         self.ca.for_signer(signer)
     }
 
+    /// The tenant of `signer` that `namespace` belongs to, if any.
+    fn tenant_name(&self, signer: &str, namespace: &str) -> Option<String> {
+        let policy = self.options.signers.get(signer)?;
+        match policy.tenant_of(namespace) {
+            Ok(Some(tenant)) => Some(tenant.name.to_owned()),
+            _ => None,
+        }
+    }
+
+    /// The CA that signs `signer`'s certificates for a caller in `namespace`: its tenant's, else
+    /// the signer's (`signer` empty: the default signer). A namespace a signer with tenants
+    /// denies gets the signer's CA here (bundles), and a refusal when it asks for a certificate.
+    pub fn ca_for(&self, signer: &str, namespace: &str) -> &CaHandle {
+        let signer = match signer {
+            "" => self.options.default_signer.as_str(),
+            named => named,
+        };
+        let tenant = self.tenant_name(signer, namespace);
+        self.ca.for_request(signer, tenant.as_deref())
+    }
+
+    /// The trust domain of `signer`'s certificates for a caller in `namespace` (its tenant's,
+    /// else the signer's; `signer` empty: the default signer).
+    pub fn trust_domain_for(&self, signer: &str, namespace: &str) -> Result<String, ApiError> {
+        let (_, policy) = self.signer(signer)?;
+        Ok(match policy.tenant_of(namespace) {
+            Ok(Some(tenant)) => tenant.trust_domain(&policy.trust_domain),
+            _ => policy.trust_domain.clone(),
+        })
+    }
+
+    /// The policy a request of `signer` from `namespace` is decided by (its tenant's), and the
+    /// tenant; a namespace the signer's tenants refuse is denied.
+    pub(crate) fn resolve(
+        policy: &SignerPolicy,
+        namespace: &str,
+    ) -> Result<(SignerPolicy, Option<String>), ApiError> {
+        policy
+            .resolve(namespace)
+            .map_err(|decision| match decision {
+                podca_signer::Decision::Deny { reason, message } => {
+                    ApiError::Denied { reason, message }
+                }
+                podca_signer::Decision::Fail { reason, message } => {
+                    ApiError::Failed { reason, message }
+                }
+                podca_signer::Decision::Issue(_) => {
+                    ApiError::Internal("an issuing decision where a refusal was expected".into())
+                }
+            })
+    }
+
     /// Resolves when the server is shutting down (streams end then).
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.clone()
@@ -453,7 +505,7 @@ impl Api {
     ) -> Result<Issued, ApiError> {
         let (signer_name, policy) = self.signer(&input.signer_name)?;
         let signer_name = signer_name.to_owned();
-        let policy = policy.clone();
+        let (policy, tenant) = Self::resolve(policy, &identity.namespace)?;
         let labels = self.namespace_labels_for(&policy, &identity.namespace)?;
         let requested_lifetime =
             crate::admission::requested_lifetime(input.requested_lifetime_seconds)?;
@@ -470,8 +522,11 @@ impl Api {
         )?;
         // After the cheap checks: a refused request costs no API call.
         let pod = self.pod_facts_for(&policy, &signer_name, identity).await?;
-        // The deciding signer's own CA: signers with their own CAs are separate trust domains.
-        let snapshot = self.ca_of(&signer_name).current();
+        // The deciding signer's (or tenant's) own CA: each is a trust domain of its own.
+        let snapshot = self
+            .ca
+            .for_request(&signer_name, tenant.as_deref())
+            .current();
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
         // An in-memory ECDSA/Ed25519 CA key signs in microseconds: inline is cheaper than a
@@ -690,19 +745,21 @@ impl Api {
         caller: &Identity,
         input: IstioInput,
     ) -> Result<Issued, ApiError> {
-        let (signer, policy) = self.signer("")?;
+        let (signer, _) = self.signer("")?;
         let signer = signer.to_owned();
-        let trust_domain = policy.trust_domain.clone();
         if input.validity_seconds <= 0 {
             return Err(ApiError::BadValidity(input.validity_seconds));
         }
         let (subject, vouching_pod) = match &input.impersonated {
             None => (caller.clone(), None),
             Some(id) => {
+                // The trust domain of the namespace it names (its tenant's, else the signer's).
+                let trust_domain = self.trust_domain_for("", id.namespace.as_str())?;
                 let (subject, pod) = self.impersonated_subject(caller, id, &trust_domain).await?;
                 (subject, Some(pod))
             }
         };
+        let trust_domain = self.trust_domain_for("", &subject.namespace)?;
         self.check_csr_names(&input, &subject, &trust_domain)?;
         let result = self
             .issue_unrecorded(
@@ -847,7 +904,7 @@ impl Api {
         let (signer, policy) = self.signer("")?;
         let signer = signer.to_owned();
         let signer_name = signer.clone();
-        let policy = policy.clone();
+        let (policy, _tenant) = Self::resolve(policy, &identity.namespace)?;
         let labels = self.namespace_labels_for(&policy, &identity.namespace)?;
         let pod = self.pod_facts_for(&policy, &signer_name, identity).await?;
         let subject = identity.clone();
@@ -971,16 +1028,14 @@ impl Api {
         caller: &Identity,
         request_name: Option<String>,
     ) -> podca_signer::ledger::RecordContext {
-        let snapshot = self.ca_of(signer).current();
+        let snapshot = self.ca_for(signer, &subject.namespace).current();
         let trust_domain = self
-            .options
-            .signers
-            .get(signer)
-            .map_or("", |p| p.trust_domain.as_str());
+            .trust_domain_for(signer, &subject.namespace)
+            .unwrap_or_default();
         RpcFacts {
             source,
             signer,
-            trust_domain,
+            trust_domain: &trust_domain,
             subject,
             caller,
             request_name,

@@ -87,6 +87,9 @@ impl JwtService {
     ) -> Result<SignedSvid, ApiError> {
         let identity = ask.subject;
         let (_, policy) = api.signer(signer)?;
+        // A tenant's policy: its trust domain (a tenant's tokens would need keys of its own).
+        let (policy, _) = Api::resolve(policy, &identity.namespace)?;
+        let policy = &policy;
         // One key set, for the [grpc] signer's trust domain: never shared with another.
         let served = api.trust_domain()?;
         if policy.trust_domain != served {

@@ -75,7 +75,7 @@ pub fn start(
 /// Keeps one bundle fresh until `stop`.
 async fn keep(api: Arc<Api>, spec: DevBundle, dir: PathBuf, mut stop: watch::Receiver<bool>) {
     let identity = Identity::service_account(&spec.namespace, &spec.service_account);
-    let mut ca = api.ca().subscribe();
+    let mut ca = api.ca_for("", &spec.namespace).subscribe();
     loop {
         let snapshot = Arc::clone(&ca.borrow_and_update());
         let wait = match write(&api, &identity, spec.key_type, snapshot, &dir).await {

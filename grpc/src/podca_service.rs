@@ -282,9 +282,11 @@ impl PodCa for PodCaService {
     ) -> Result<Response<TrustBundle>, Status> {
         let peer = peer_of(&request);
         observed(self.api.metrics(), GET_TRUST_BUNDLE, peer, async move {
-            self.caller(&request, "GetTrustBundle").await?;
+            let caller = self.caller(&request, "GetTrustBundle").await?;
             let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
-            Ok(Response::new(bundle(name, &self.api.ca_of(name).current())))
+            // The caller's tenant's anchors, else the signer's.
+            let ca = self.api.ca_for(name, &caller.namespace);
+            Ok(Response::new(bundle(name, &ca.current())))
         })
         .await
     }
@@ -353,11 +355,11 @@ impl PodCa for PodCaService {
     ) -> Result<Response<Self::WatchTrustBundleStream>, Status> {
         let peer = peer_of(&request);
         observed(self.api.metrics(), WATCH_TRUST_BUNDLE, peer, async move {
-            self.caller(&request, "WatchTrustBundle").await?;
+            let caller = self.caller(&request, "WatchTrustBundle").await?;
             let (name, _) = self.api.signer(&request.get_ref().signer_name)?;
             let name = name.to_owned();
             let permit = self.api.open_stream()?;
-            let mut anchors = self.api.ca_of(&name).subscribe();
+            let mut anchors = self.api.ca_for(&name, &caller.namespace).subscribe();
             let mut shutdown = self.api.shutdown_signal();
             let (tx, rx) = mpsc::channel(2);
             tokio::spawn(async move {

@@ -253,7 +253,7 @@ impl SpiffeWorkloadApi for WorkloadService {
         observed(self.api.metrics(), FETCH_X509_SVID, peer, async move {
             let identity = self.caller(&request).await?;
             let permit = self.api.open_stream()?;
-            let mut ca = self.api.ca().subscribe();
+            let mut ca = self.api.ca_for("", &identity.namespace).subscribe();
             // The first SVID is issued before answering, so that a refusal is the call's status.
             let snapshot = Arc::clone(&ca.borrow_and_update());
             let (first, mut refresh_at) = svid_response(&self.api, &identity, snapshot).await?;
@@ -306,10 +306,11 @@ impl SpiffeWorkloadApi for WorkloadService {
     ) -> Result<Response<Self::FetchX509BundlesStream>, Status> {
         let peer = peer_of(&request);
         observed(self.api.metrics(), FETCH_X509_BUNDLES, peer, async move {
-            self.caller(&request).await?;
-            let trust_domain = self.api.trust_domain()?;
+            let caller = self.caller(&request).await?;
+            // The caller's tenant's bundle, else the default signer's.
+            let trust_domain = self.api.trust_domain_for("", &caller.namespace)?;
             let permit = self.api.open_stream()?;
-            let mut ca = self.api.ca().subscribe();
+            let mut ca = self.api.ca_for("", &caller.namespace).subscribe();
             let mut shutdown = self.api.shutdown_signal();
             let (tx, rx) = mpsc::channel(2);
             tokio::spawn(async move {

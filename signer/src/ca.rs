@@ -534,6 +534,11 @@ impl IssuingCa {
         Ok(())
     }
 
+    /// Whether some certificate on the issuing path carries nameConstraints.
+    pub fn is_name_constrained(&self) -> bool {
+        !self.path_constraints.is_empty()
+    }
+
     /// Whether identities of `trust_domain` can be certified at all under this CA's
     /// nameConstraints: a signer whose trust domain they exclude could issue nothing.
     pub fn check_trust_domain(&self, trust_domain: &str) -> Result<(), NameViolation> {

@@ -147,6 +147,21 @@ pub enum Outcome {
     Retry(BackendError),
 }
 
+impl Outcome {
+    /// The answer to a request policy refused before signing ([`crate::Decision::Deny`] or
+    /// `Fail`); an issuing decision has nothing to refuse and is answered as a failure.
+    pub fn of_refusal(decision: crate::Decision) -> Outcome {
+        match decision {
+            crate::Decision::Deny { reason, message } => Outcome::Denied { reason, message },
+            crate::Decision::Fail { reason, message } => Outcome::Failed { reason, message },
+            crate::Decision::Issue(_) => Outcome::Failed {
+                reason: FailReason::CertificateBuildFailed,
+                message: "internal: an issuing decision where a refusal was expected".into(),
+            },
+        }
+    }
+}
+
 /// What the policy rules see besides the [`CertificateRequest`]: where the request came from
 /// and the verified facts only the edge knows.
 #[derive(Debug, Clone, Copy)]

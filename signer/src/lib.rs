@@ -19,6 +19,7 @@ pub mod rotation;
 pub mod rules;
 pub mod schedule;
 pub mod store;
+pub mod tenants;
 pub mod verdict;
 pub mod x509;
 

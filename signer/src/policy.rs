@@ -63,6 +63,13 @@ pub struct SignerPolicy {
     /// a certificate of one never verifies under the other's bundle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<String>,
+    /// Tenants: named sets of namespaces, each its own trust domain and CA
+    /// ([`crate::tenants`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tenants: BTreeMap<String, crate::tenants::TenantSpec>,
+    /// With tenants: what a request from a namespace in none gets (default: denied).
+    #[serde(default, skip_serializing_if = "crate::tenants::Untenanted::is_deny")]
+    pub untenanted: crate::tenants::Untenanted,
     /// `rules` and `outputs`, compiled once (at [`Self::validate`] or at first use) and shared by clones.
     #[serde(skip)]
     compiled: CompiledRules,
@@ -164,6 +171,8 @@ pub enum PolicyError {
          entry under config.signers in helm)"
     )]
     PodFactsNotEnabled(String),
+    #[error("invalid signer policy: {0}")]
+    Tenant(crate::tenants::TenantError),
 }
 
 impl SignerPolicy {
@@ -183,6 +192,8 @@ impl SignerPolicy {
             outputs: OutputSpec::default(),
             pod_facts: false,
             ca: None,
+            tenants: BTreeMap::new(),
+            untenanted: crate::tenants::Untenanted::default(),
             compiled: CompiledRules::default(),
             reserved_dns_names: vec![],
         }
@@ -322,6 +333,7 @@ impl SignerPolicy {
         {
             return Err(PolicyError::DnsNamesOutputWithAllowLists);
         }
+        self.validate_tenants().map_err(PolicyError::Tenant)?;
         Ok(())
     }
 

@@ -160,8 +160,12 @@ impl InitArgs {
             hsm,
         } = self;
         let store = FileStore::new(select.dir(dir)?);
-        let name_constraints = NameConstraints::new(&permitted_trust_domains, &permitted_dns)
+        let mut name_constraints = NameConstraints::new(&permitted_trust_domains, &permitted_dns)
             .context("--permitted-trust-domain/--permitted-dns")?;
+        // A tenant's CA (--ca): constrained to the tenant's names unless given explicitly.
+        if let (true, Some(tenant)) = (name_constraints.is_empty(), select.tenant_constraints()?) {
+            name_constraints = tenant;
+        }
         let options = InitOptions {
             algorithm,
             name,

@@ -37,6 +37,14 @@ impl CaSelect {
             _ => Ok(dir.unwrap_or_else(default_data_dir)),
         }
     }
+
+    /// The nameConstraints of the CA `--ca` names when it is a tenant's.
+    pub fn tenant_constraints(&self) -> anyhow::Result<Option<podca_signer::NameConstraints>> {
+        let (Some(name), Some(path)) = (&self.ca, &self.config) else {
+            return Ok(None);
+        };
+        Ok(Config::load(path)?.init_constraints(name).transpose()?)
+    }
 }
 
 /// How to unlock a CA key held in an HSM. The PIN itself is never a command-line value.

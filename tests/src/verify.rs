@@ -223,6 +223,31 @@ pub fn assert_verifies_only_under_at(
     }
 }
 
+/// The URI SANs of the first certificate of `chain_pem`.
+pub fn leaf_uris(chain_pem: &str) -> Vec<String> {
+    let blocks = pem::parse_many(chain_pem).unwrap_or_else(|e| panic!("not PEM ({e})"));
+    let leaf = blocks
+        .iter()
+        .find(|p| p.tag() == "CERTIFICATE")
+        .unwrap_or_else(|| panic!("no certificate in:\n{chain_pem}"));
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.contents())
+        .unwrap_or_else(|e| panic!("the leaf does not parse: {e}"));
+    cert.subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|sans| {
+            sans.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::URI(u) => Some((*u).to_owned()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `error 20 at 0 depth lookup: …` → 20.
 fn error_code(output: &str) -> Option<u32> {
     output.lines().find_map(|l| {

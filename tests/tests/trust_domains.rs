@@ -4,6 +4,9 @@
 //! path that issues (PodCertificateRequests, podca.v1, the Istio CA API) and for the gRPC
 //! serving certificate.
 
+// Test helpers: a failure should stop the test where it happens.
+#![allow(clippy::unwrap_used)]
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -435,6 +438,325 @@ async fn a_ca_split_off_at_start_signs_as_before_and_publishes_its_own_anchor() 
     assert_eq!(
         std::fs::read_to_string(data_dir.join("cas/payments/root.pem")).unwrap(),
         payments
+    );
+    assert!(dev.stop().success());
+}
+
+const MESH: &str = "example.com/mesh";
+
+/// The anchors of `signer`'s ClusterTrustBundles that carry `podca.dev/tenant=<tenant>`, as a
+/// pod's `clusterTrustBundle` projection with that `labelSelector` sees them (`None`: those
+/// without the label, the signer's own).
+async fn tenant_bundle(
+    admin: &podca_tests::client::KubeClient,
+    signer: &str,
+    tenant: Option<&str>,
+) -> String {
+    let path = format!(
+        "/apis/certificates.k8s.io/v1/clustertrustbundles?fieldSelector=spec.signerName%3D{}",
+        signer.replace('/', "%2F")
+    );
+    let list = admin.get(&path).await.unwrap().json();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["metadata"]["labels"]["podca.dev/tenant"].as_str() == tenant)
+        .map(|b| b["spec"]["trustBundle"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Waits until `namespace/name` has a condition; returns its type, reason and chain.
+async fn settled(c: &Cluster, namespace: &str, name: &str) -> (String, String, String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = c
+            .emu
+            .get_object(podca_tests::emulator::Res::Pcr, namespace, name)
+            .unwrap();
+        if let Some(t) = o["status"]["conditions"][0]["type"].as_str() {
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            return (
+                t.to_owned(),
+                text(&o["status"]["conditions"][0]["reason"]),
+                text(&o["status"]["certificateChain"]),
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{namespace}/{name} not settled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A leaf for `spiffe_id` and `dns`, signed with the issuing key in the CA directory `dir` as
+/// an attacker holding that key would; with its chain.
+fn forge(dir: &std::path::Path, spiffe_id: &str, dns: &[&str]) -> String {
+    let store = podca_signer::FileStore::new(dir);
+    let chain = std::fs::read_to_string(store.issuing_cert_path()).unwrap();
+    let key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(store.issuing_key_path()).unwrap())
+        .unwrap();
+    let forger = rcgen::Issuer::from_ca_cert_pem(&chain, key).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = std::iter::once(rcgen::SanType::URI(spiffe_id.try_into().unwrap()))
+        .chain(
+            dns.iter()
+                .map(|d| rcgen::SanType::DnsName((*d).try_into().unwrap())),
+        )
+        .collect();
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    // As podca's own leaves: strict verifiers want the issuer's key identifier.
+    params.use_authority_key_identifier_extension = true;
+    let leaf_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let leaf = params.signed_by(&leaf_key, &forger).unwrap();
+    format!("{}{chain}", leaf.pem())
+}
+
+/// Issue #39, tenants: two tenants of one signer, each a trust domain with a CA of its own that
+/// `podca ca init --ca` constrains to the tenant's names. A tenant's certificate verifies under
+/// its tenant's bundle only; a certificate forged with tenant A's CA key for a DNS name of
+/// tenant B is refused by openssl and rustls-webpki under A's bundle (nameConstraints), one for
+/// B's SPIFFE ID under B's bundle; podca itself refuses to issue either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_of_one_signer_are_separate_trust_domains() {
+    let c = Cluster::start(ApiMode::V1Only, &[MESH]).await;
+    let dir = |name: &str| c.dir.path().join(name);
+    let config = dir("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndir = {:?}\n[cas.team-a]\ndir = {:?}\n[cas.team-b]\ndir = {:?}\n\
+             [cas.team-c]\ndir = {:?}\n\n\
+             [signers.\"{MESH}\"]\ntrust_domain = \"mesh.test\"\nallowed_dns_names = [\"*\"]\n\
+             [signers.\"{MESH}\".tenants.team-a]\nnamespaces = [\"team-a\"]\n\
+             [signers.\"{MESH}\".tenants.team-b]\nnamespaces = [\"team-b\"]\n\
+             [signers.\"{MESH}\".tenants.team-c]\nnamespaces = [\"team-c\"]\n\
+             uri_constraints = true\n\n\
+             [grpc]\n{}\n[ledger]\nbackend = \"none\"\n",
+            dir("ca").display().to_string(),
+            dir("team-a").display().to_string(),
+            dir("team-b").display().to_string(),
+            dir("team-c").display().to_string(),
+            podca_tests::tls::GRPC_TLS_CONFIG,
+        ),
+    )
+    .unwrap();
+    ca_init(&dir("ca"), "mesh");
+    for tenant in ["team-a", "team-b", "team-c"] {
+        let out = Command::new(podca_binary())
+            .args(["ca", "init", "--ca", tenant, "--name", tenant, "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _serve = ServeProcess::start(&config, &c.kubeconfig, &[], &[]);
+
+    let file = async |namespace: &'static str, name: &str, dns: &str| {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut pcr = NewPcr::stub(
+            "v1",
+            namespace,
+            name.to_owned(),
+            MESH,
+            podca_tests::cluster::stub_csr(&key),
+        );
+        pcr.annotations = Some(serde_json::json!({ "podca.dev/dns-names": dns }));
+        pcr.file(&c.admin).await;
+        settled(&c, namespace, name).await
+    };
+    let (kind, _, chain_a) = file("team-a", "a", "web.team-a.svc").await;
+    assert_eq!(kind, "Issued");
+    let (kind, _, chain_b) = file("team-b", "b", "web.team-b.svc").await;
+    assert_eq!(kind, "Issued");
+    // podca refuses what the tenant's CA does not permit, and a namespace in no tenant.
+    assert_eq!(
+        file("team-a", "a-as-b", "web.team-b.svc").await.1,
+        "NameNotPermittedByCA"
+    );
+    assert_eq!(
+        file("elsewhere", "none", "web.elsewhere.svc").await.1,
+        "NamespaceNotAllowed"
+    );
+
+    // Each tenant's bundle (label podca.dev/tenant) holds its own CA's anchors only.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (bundle_a, bundle_b) = loop {
+        let a = tenant_bundle(&c.admin, MESH, Some("team-a")).await;
+        let b = tenant_bundle(&c.admin, MESH, Some("team-b")).await;
+        if a == podca_bundle(&dir("team-a")) && b == podca_bundle(&dir("team-b")) {
+            break (a, b);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tenant bundles:\n{a}\n{b}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        tenant_bundle(&c.admin, MESH, None).await,
+        podca_bundle(&dir("ca"))
+    );
+    let uris = podca_tests::verify::leaf_uris(&chain_a);
+    assert_eq!(uris, ["spiffe://team-a.mesh.test/ns/team-a/sa/app"]);
+    assert_verifies_only_under(&chain_a, &bundle_a, &bundle_b);
+    assert_verifies_only_under(&chain_b, &bundle_b, &bundle_a);
+
+    // Forged with team A's CA key: a DNS name of team B is refused under A's own bundle, by
+    // both verifiers, because of the CA's nameConstraints.
+    let forged_dns = forge(
+        &dir("team-a"),
+        "spiffe://team-a.mesh.test/ns/team-a/sa/app",
+        &["web.team-b.svc"],
+    );
+    let refused = podca_tests::verify::openssl_verify(&forged_dns, &bundle_a).unwrap_err();
+    assert_eq!(
+        refused.code,
+        Some(47),
+        "permitted subtree violation: {refused}"
+    );
+    assert_eq!(
+        podca_tests::verify::webpki_verify(&forged_dns, &bundle_a),
+        Err(webpki::Error::NameConstraintViolation)
+    );
+    // Team B's SPIFFE ID: refused under B's bundle (another CA), which is the bundle a SPIFFE
+    // verifier uses for B's trust domain; A's CA carries DNS constraints only (rustls-webpki
+    // refuses every URI-constrained leaf), so under A's bundle it is the ID's trust domain
+    // that gives it away.
+    let forged_id = forge(
+        &dir("team-a"),
+        "spiffe://team-b.mesh.test/ns/team-b/sa/app",
+        &[],
+    );
+    podca_tests::verify::assert_no_anchor_signed(&forged_id, &bundle_b);
+    assert_eq!(
+        podca_tests::verify::webpki_verify(&forged_id, &bundle_b),
+        Err(webpki::Error::UnknownIssuer)
+    );
+    // With uri_constraints (tenant C), B's SPIFFE ID forged with C's key is refused under C's
+    // own bundle by both; C's genuine leaves verify with openssl, and rustls-webpki refuses
+    // them too (it does not implement URI constraints: fails closed).
+    let (kind, _, chain_c) = file("team-c", "c", "web.team-c.svc").await;
+    assert_eq!(kind, "Issued");
+    let bundle_c = podca_bundle(&dir("team-c"));
+    podca_tests::verify::assert_verifies(&chain_c, &bundle_c);
+    assert_eq!(
+        podca_tests::verify::webpki_verify(&chain_c, &bundle_c),
+        Err(webpki::Error::NameConstraintViolation)
+    );
+    let forged_c = forge(
+        &dir("team-c"),
+        "spiffe://team-b.mesh.test/ns/team-b/sa/app",
+        &[],
+    );
+    let refused = podca_tests::verify::openssl_verify(&forged_c, &bundle_c).unwrap_err();
+    assert!(
+        refused.output.contains("permitted subtree violation"),
+        "{refused}"
+    );
+    assert_eq!(
+        podca_tests::verify::webpki_verify(&forged_c, &bundle_c),
+        Err(webpki::Error::NameConstraintViolation)
+    );
+}
+
+/// A request with podca dev's loopback identity headers for `namespace/web`.
+fn as_caller<T>(namespace: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-podca-namespace", namespace.parse().unwrap());
+    request
+        .metadata_mut()
+        .insert("x-podca-service-account", "web".parse().unwrap());
+    request
+}
+
+/// Tenants over podca.v1 (`podca dev`): podca dev makes the tenant's CA constrained to its
+/// names; a caller in the tenant's namespace gets a certificate of the tenant's trust domain
+/// from the tenant's CA and the tenant's anchors as its bundle; a caller in no tenant
+/// (`untenanted = "signer"`) gets the signer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podca_v1_answers_a_tenants_caller_with_the_tenants_ca() {
+    let config = format!(
+        "[cas.shop]\n\n[signers.\"{MESH}\"]\ntrust_domain = \"mesh.test\"\nuntenanted = \"signer\"\n\
+         dns_name_templates = [\"{{sa}}.{{ns}}.svc\"]\n\
+         [signers.\"{MESH}\".tenants.shop]\nnamespaces = [\"shop\"]\n"
+    );
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        ..Default::default()
+    });
+    let tenant_anchors = podca_bundle(&dev.data_dir.join("cas/shop"));
+    let signer_anchors = podca_bundle(&dev.data_dir);
+    let mut client = dev.tcp_client().await;
+    let ask = async |client: &mut podca_proto::podca::v1::pod_ca_client::PodCaClient<_>,
+                     namespace: &str| {
+        let issued = client
+            .issue_certificate(as_caller(
+                namespace,
+                IssueCertificateRequest {
+                    csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let bundle = client
+            .get_trust_bundle(as_caller(namespace, GetTrustBundleRequest::default()))
+            .await
+            .unwrap()
+            .into_inner()
+            .trust_anchors_pem;
+        (issued, bundle)
+    };
+    let (shop, shop_bundle) = ask(&mut client, "shop").await;
+    assert_eq!(shop_bundle, tenant_anchors);
+    assert_eq!(shop.trust_anchors_pem, tenant_anchors);
+    assert_eq!(
+        podca_tests::verify::leaf_uris(&shop.certificate_chain_pem),
+        ["spiffe://shop.mesh.test/ns/shop/sa/web"]
+    );
+    assert_verifies_only_under(
+        &shop.certificate_chain_pem,
+        &tenant_anchors,
+        &signer_anchors,
+    );
+    let (other, other_bundle) = ask(&mut client, "other").await;
+    assert_eq!(other_bundle, signer_anchors);
+    assert_eq!(
+        podca_tests::verify::leaf_uris(&other.certificate_chain_pem),
+        ["spiffe://mesh.test/ns/other/sa/web"]
+    );
+    assert_verifies_only_under(
+        &other.certificate_chain_pem,
+        &signer_anchors,
+        &tenant_anchors,
+    );
+    // The tenant's CA podca dev made is constrained to the tenant's names: a DNS name of
+    // another namespace forged with its key is refused by both verifiers.
+    let forged = forge(
+        &dev.data_dir.join("cas/shop"),
+        "spiffe://shop.mesh.test/ns/shop/sa/web",
+        &["web.other.svc"],
+    );
+    let refused = podca_tests::verify::openssl_verify(&forged, &tenant_anchors).unwrap_err();
+    assert!(
+        refused.output.contains("permitted subtree violation"),
+        "{refused}"
+    );
+    assert_eq!(
+        podca_tests::verify::webpki_verify(&forged, &tenant_anchors),
+        Err(webpki::Error::NameConstraintViolation)
     );
     assert!(dev.stop().success());
 }

@@ -171,6 +171,8 @@ pub struct CaPlans {
     pub cas: Vec<(String, CaPlan)>,
     /// Signer name → CA name.
     pub signers: BTreeMap<String, String>,
+    /// (signer, tenant) → CA name.
+    pub tenants: BTreeMap<(String, String), String>,
     /// The CA whose data directory also holds the JWT keys and the default ledger: that of the
     /// `[grpc] signer` (JWT-SVIDs are signed for its trust domain), else the first.
     pub primary: String,
@@ -218,7 +220,7 @@ impl CaPlans {
             .iter()
             .map(|(name, ca)| (name.clone(), ca.handle.clone()))
             .collect();
-        let set = CaSet::new(handles, self.signers)?;
+        let set = CaSet::new(handles, self.signers)?.with_tenants(self.tenants)?;
         Ok((set, running))
     }
 
@@ -247,10 +249,8 @@ pub fn plan_at(
     let several = in_use.len() > 1 || in_use.iter().any(|(name, _)| *name != DEFAULT_CA_NAME);
     let mut cas = Vec::with_capacity(in_use.len());
     for (name, ca) in in_use {
-        let signers = config
-            .signers
-            .iter()
-            .filter(|(_, policy)| ca_name_of(policy) == name);
+        let policies = config.policies_of_ca(name);
+        let signers = policies.iter().map(|(what, policy)| (what, policy));
         let planned =
             plan_one(name, ca, signers, config, leader_elect, now).map_err(
                 |error| match several {
@@ -268,10 +268,16 @@ pub fn plan_at(
         .iter()
         .map(|(signer, policy)| (signer.clone(), ca_name_of(policy).to_owned()))
         .collect();
+    let tenants = config
+        .tenant_cas()
+        .into_iter()
+        .map(|(signer, tenant, ca)| ((signer.to_owned(), tenant.to_owned()), ca.to_owned()))
+        .collect();
     Ok(CaPlans {
         primary: primary_ca(config).to_owned(),
         cas,
         signers,
+        tenants,
         sharing: Sharing::of(config),
     })
 }
@@ -364,6 +370,14 @@ fn plan_one<'a>(
     }
     let (active, anchors) = source.load().map_err(CaStartError::Load)?;
     check_signers(&active, signers)?;
+    if config.is_tenant_ca(name) && !active.is_name_constrained() {
+        tracing::warn!(
+            ca = name,
+            "this tenant CA carries no nameConstraints: its key can sign names of other tenants \
+             that verifiers accept under its bundle (make it with `podca ca init --config … --ca \
+             {name}`, which constrains it to the tenant's names)"
+        );
+    }
     let automatic = automatic_rotation(&source, leader_elect, writable);
     if automatic {
         config.rotation.validate()?;
@@ -452,11 +466,19 @@ pub fn place_in_data_dir(
     let mut made = vec![];
     for (name, ca) in config.cas_in_use() {
         let dir = ca.dir().unwrap_or(data_dir);
-        let label = match name {
-            DEFAULT_CA_NAME => "podca dev".to_owned(),
-            other => format!("podca dev {other}"),
+        let mut options = InitOptions {
+            name: match name {
+                DEFAULT_CA_NAME => "podca dev".to_owned(),
+                other => format!("podca dev {other}"),
+            },
+            ..InitOptions::default()
         };
-        if create_if_missing(ca, dir, &label)? {
+        // A tenant's CA permits only the tenant's names.
+        if let Some(constraints) = config.init_constraints(name) {
+            options.name_constraints = constraints
+                .map_err(|e| CaStartError::NotInDataDir(format!("[cas.{name}]: {e}")))?;
+        }
+        if create_if_missing(ca, dir, &options)? {
             made.push(name.to_owned());
         }
     }
@@ -495,9 +517,13 @@ fn in_data_dir(ca: &CaConfig, table: &str, data_dir: &Path) -> Result<CaConfig, 
     })
 }
 
-/// Makes a file CA named `name` in `dir` on a first run; a CA whose key is in an HSM is made
+/// Makes a file CA with `options` in `dir` on a first run; a CA whose key is in an HSM is made
 /// with `podca ca init --pkcs11-uri` first. Returns whether it made one.
-pub fn create_if_missing(ca: &CaConfig, dir: &Path, name: &str) -> Result<bool, CaStartError> {
+pub fn create_if_missing(
+    ca: &CaConfig,
+    dir: &Path,
+    options: &InitOptions,
+) -> Result<bool, CaStartError> {
     let store = FileStore::new(dir);
     let made_by_split = matches!(
         ca,
@@ -509,12 +535,8 @@ pub fn create_if_missing(ca: &CaConfig, dir: &Path, name: &str) -> Result<bool, 
     if store.is_initialised() || !matches!(ca, CaConfig::File(_)) || made_by_split {
         return Ok(false);
     }
-    let options = InitOptions {
-        name: name.into(),
-        ..InitOptions::default()
-    };
     store
-        .init(&options, OffsetDateTime::now_utc())
+        .init(options, OffsetDateTime::now_utc())
         .map_err(|error| CaStartError::Create {
             dir: dir.to_owned(),
             error,

@@ -210,6 +210,7 @@ mod tests {
         DesiredBundle {
             name: "example.com:s:podca".into(),
             signer_name: "example.com/s".into(),
+            tenant: None,
         }
     }
 

@@ -44,6 +44,9 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "podca";
 /// The label that keeps two podca installations out of each other's bundles.
 pub const INSTANCE_LABEL: &str = "podca.dev/instance";
+/// The label of a tenant's bundle (value: the tenant's name): a pod of the tenant selects it
+/// with its `clusterTrustBundle` projection's `labelSelector`.
+pub const TENANT_LABEL: &str = "podca.dev/tenant";
 pub use podca_authority::config::{
     DEFAULT_BUNDLE_INSTANCE as DEFAULT_INSTANCE, DEFAULT_BUNDLE_RESYNC as DEFAULT_RESYNC,
     DEFAULT_BUNDLE_SUFFIX as DEFAULT_SUFFIX,
@@ -132,6 +135,7 @@ impl Publisher {
                 Ok(DesiredBundle {
                     name: bundle_name(&signer, suffix)?,
                     signer_name: signer,
+                    tenant: None,
                 })
             })
             .collect::<Result<Vec<_>, PublisherError>>()?;
@@ -140,6 +144,34 @@ impl Publisher {
             labels: owner_labels(instance),
             resync: (*resync).max(Duration::from_millis(100)),
         })
+    }
+
+    /// Every signer's bundle and one per tenant of a signer
+    /// (`<signer with / → :>:<suffix>.<tenant>`, labelled [`TENANT_LABEL`]).
+    pub fn for_policies(
+        signers: &BTreeMap<String, podca_signer::SignerPolicy>,
+        options: &PublisherOptions,
+    ) -> Result<Self, PublisherError> {
+        let mut publisher = Self::new(signers.keys(), options)?;
+        for (signer, policy) in signers {
+            for tenant in policy.tenants() {
+                publisher.bundles.push(DesiredBundle {
+                    name: bundle_name(signer, &format!("{}.{}", options.suffix, tenant.name))?,
+                    signer_name: signer.clone(),
+                    tenant: Some(tenant.name.to_owned()),
+                });
+            }
+        }
+        Ok(publisher)
+    }
+
+    /// The labels a bundle carries: the owner labels, and a tenant's name.
+    fn labels_of(&self, desired: &DesiredBundle) -> BTreeMap<String, String> {
+        let mut labels = self.labels.clone();
+        if let Some(tenant) = &desired.tenant {
+            labels.insert(TENANT_LABEL.into(), tenant.clone());
+        }
+        labels
     }
 
     /// The bundles this publisher keeps, one per signer name, sorted by signer name.
@@ -179,13 +211,12 @@ impl Publisher {
         // label-selected watch that object merely stops matching) and a foreign bundle that
         // sits on our name. It cannot show owned bundles of signers that are no longer
         // configured; those are found by the label-selected list of every pass.
-        let _watches: Vec<AbortOnDrop> = self
-            .bundles
-            .iter()
-            .map(|b| {
+        let signers: BTreeSet<&String> = self.bundles.iter().map(|b| &b.signer_name).collect();
+        let _watches: Vec<AbortOnDrop> = signers
+            .into_iter()
+            .map(|signer| {
                 AbortOnDrop(tokio::spawn(
-                    ctbs.clone()
-                        .watch_signer(b.signer_name.clone(), Arc::clone(&poke)),
+                    ctbs.clone().watch_signer(signer.clone(), Arc::clone(&poke)),
                 ))
             })
             .collect();
@@ -278,7 +309,7 @@ impl Publisher {
         // Publish first, collect garbage second: when the suffix changes, the new bundle exists
         // before the old one goes, so a label-selecting projection never finds nothing.
         for desired in &self.bundles {
-            let ca = cas.ca_name_of(&desired.signer_name);
+            let ca = cas.ca_name_for(&desired.signer_name, desired.tenant.as_deref());
             if let Some(Some(bundle)) = bundles.get(ca) {
                 ok &= self
                     .reconcile(ctbs, desired, bundle, state, metrics, leading)
@@ -305,6 +336,7 @@ impl Publisher {
         leading: &watch::Receiver<bool>,
     ) -> bool {
         let name = desired.name.as_str();
+        let labels = self.labels_of(desired);
         let current = match ctbs.get(name).await {
             Ok(current) => current,
             Err(e) => return ctb::api_failure(metrics, name, "read", &e),
@@ -313,13 +345,7 @@ impl Publisher {
         let adopted = observed
             .as_ref()
             .is_some_and(|o| state.adopted.get(name) == Some(&o.uid));
-        let action = decide(
-            desired,
-            &bundle.pem,
-            &self.labels,
-            observed.as_ref(),
-            adopted,
-        );
+        let action = decide(desired, &bundle.pem, &labels, observed.as_ref(), adopted);
         if let (Some(o), Action::Nothing | Action::Update) = (&observed, &action) {
             state.adopted.insert(name.to_owned(), o.uid.clone());
         }
@@ -354,8 +380,8 @@ impl Publisher {
         // else changed it.
         let drift = state.published.get(name) == Some(&bundle.pem);
         let result = match current {
-            None => ctbs.create(desired, &self.labels, &bundle.pem).await,
-            Some(object) => ctbs.replace(name, object, &self.labels, &bundle.pem).await,
+            None => ctbs.create(desired, &labels, &bundle.pem).await,
+            Some(object) => ctbs.replace(name, object, &labels, &bundle.pem).await,
         };
         match result {
             Ok(written) => {

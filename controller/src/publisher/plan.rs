@@ -15,6 +15,8 @@ use super::{
 pub struct DesiredBundle {
     pub name: String,
     pub signer_name: String,
+    /// A tenant's bundle (labelled [`super::TENANT_LABEL`]); `None`: the signer's own.
+    pub tenant: Option<String>,
 }
 
 /// The `spec.trustBundle` of every desired bundle, built from the anchors.
@@ -193,6 +195,7 @@ mod tests {
         let desired = DesiredBundle {
             name: "example.com:s:podca".into(),
             signer_name: "example.com/s".into(),
+            tenant: None,
         };
         let ours = owner_labels("podca");
         let mut extra = ours.clone();

@@ -209,6 +209,7 @@ mod tests {
         DesiredBundle {
             name: "example.com:mesh:podca".into(),
             signer_name: "example.com/mesh".into(),
+            tenant: None,
         }
     }
 
