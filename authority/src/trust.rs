@@ -97,8 +97,8 @@ pub struct CaSet {
     cas: Arc<BTreeMap<String, CaHandle>>,
     /// Signer name → CA name; a signer not listed signs with `fallback`.
     signers: Arc<BTreeMap<String, String>>,
-    /// (signer, tenant) → CA name.
-    tenants: Arc<BTreeMap<(String, String), String>>,
+    /// Signer → tenant → CA name.
+    tenants: Arc<BTreeMap<String, BTreeMap<String, String>>>,
     fallback: String,
 }
 
@@ -167,14 +167,18 @@ impl CaSet {
                 ca: ca.clone(),
             });
         }
-        self.tenants = Arc::new(tenants);
+        let mut by_signer: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for ((signer, tenant), ca) in tenants {
+            by_signer.entry(signer).or_default().insert(tenant, ca);
+        }
+        self.tenants = Arc::new(by_signer);
         Ok(self)
     }
 
     /// The name of the CA that signs for `signer`'s `tenant` (`None`: the signer's own CA).
     pub fn ca_name_for(&self, signer: &str, tenant: Option<&str>) -> &str {
         tenant
-            .and_then(|t| self.tenants.get(&(signer.to_owned(), t.to_owned())))
+            .and_then(|t| self.tenants.get(signer)?.get(t))
             .map_or_else(|| self.ca_name_of(signer), String::as_str)
     }
 
