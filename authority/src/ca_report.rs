@@ -67,6 +67,17 @@ pub fn configuration(config: &Config, now: OffsetDateTime) -> String {
             .find(|(group, _)| *group == name)
             .map(|(_, signers)| signers.clone())
             .unwrap_or_default();
+        let tenants: Vec<String> = config
+            .tenant_cas()
+            .into_iter()
+            .filter(|(_, _, ca)| *ca == name)
+            .map(|(signer, tenant, _)| format!("tenant {tenant} of {signer}"))
+            .collect();
+        let serves: Vec<String> = signers
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain(tenants)
+            .collect();
         let table = match name {
             crate::config::DEFAULT_CA_NAME => "[ca]".to_owned(),
             other => format!("[cas.{other}]"),
@@ -75,9 +86,9 @@ pub fn configuration(config: &Config, now: OffsetDateTime) -> String {
             out,
             "== CA {name:?} ({table}, backend {}): signs for {}",
             ca.backend_name(),
-            match signers.is_empty() {
+            match serves.is_empty() {
                 true => "no signer".to_owned(),
-                false => signers.join(", "),
+                false => serves.join(", "),
             }
         );
         if signers.len() > 1 {
@@ -152,5 +163,21 @@ mod tests {
         assert_eq!(text.matches("generation 1 — active").count(), 2, "{text}");
         // [ca] is used by no signer: not listed.
         assert!(!text.contains("[ca]"), "{text}");
+
+        let tenants = Config::parse(&format!(
+            "[cas.payments]\ndir = {:?}\n\
+             [signers.\"example.com/m\"]\ntrust_domain = \"m.test\"\n\
+             [signers.\"example.com/m\".tenants.payments]\nnamespaces = [\"shop\"]\n",
+            root.path().join("payments"),
+        ))
+        .unwrap();
+        let text = configuration(&tenants, now);
+        assert!(
+            text.contains(
+                "== CA \"payments\" ([cas.payments], backend file): signs for tenant payments \
+                 of example.com/m\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -153,7 +153,7 @@ pub fn decide_pcr(
         v.reason = reason;
         v.message = message;
     }
-    v.ca = signing_ca(config, sample.signer_name());
+    v.ca = signing_ca(config, sample.signer_name(), sample.namespace());
     Ok(v)
 }
 
@@ -280,6 +280,9 @@ pub fn decide_description(
                 reason: DenyReason::PodNotFound,
                 message: other.to_string(),
             })?;
+            // As the gRPC API: the policy of the namespace's tenant, if any.
+            let (p, _) = podca_grpc::Api::resolve(p, &d.namespace)?;
+            let p = &p;
             let facts = JwtFacts {
                 signer,
                 subject: &subject,
@@ -377,6 +380,11 @@ pub fn decide_description(
                 };
             }
         };
+        // As the gRPC API: the policy of the namespace's tenant, if any.
+        let p = &match p.resolve(&d.namespace) {
+            Ok((p, _)) => p,
+            Err(refusal) => return Outcome::of_refusal(refusal),
+        };
         let context = RequestContext {
             source,
             signer_name: signer,
@@ -391,12 +399,22 @@ pub fn decide_description(
     let mut v = verdict(outcome, Some(policy), signer, request, notes, &|p| {
         Some(decide(p))
     });
-    v.ca = signing_ca(config, signer);
+    v.ca = signing_ca(config, signer, &d.namespace);
     Ok(v)
 }
 
-/// The CA that signs for `signer`: its name and table, and the signers it is shared with.
-fn signing_ca(config: &Config, signer: &str) -> Option<String> {
+/// The CA that signs for `signer` in `namespace`: its tenant's (with the tenant and its trust
+/// domain), else the signer's own, with its table and the signers it is shared with.
+fn signing_ca(config: &Config, signer: &str, namespace: &str) -> Option<String> {
+    let policy = config.signers.get(signer)?;
+    if let Ok(Some(tenant)) = policy.tenant_of(namespace) {
+        return Some(format!(
+            "{ca} ([cas.{ca}]), tenant {} (trust domain {})",
+            tenant.name,
+            tenant.trust_domain(&policy.trust_domain),
+            ca = tenant.ca(),
+        ));
+    }
     let name = config.ca_of_signer(signer)?;
     let table = match name {
         podca_authority::config::DEFAULT_CA_NAME => "[ca]".to_owned(),
@@ -429,13 +447,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            signing_ca(&config, "example.com/a").as_deref(),
+            signing_ca(&config, "example.com/a", "ns").as_deref(),
             Some("default ([ca]; shared with example.com/b)")
         );
         assert_eq!(
-            signing_ca(&config, "example.com/c").as_deref(),
+            signing_ca(&config, "example.com/c", "ns").as_deref(),
             Some("own ([cas.own])")
         );
-        assert_eq!(signing_ca(&config, "example.com/none"), None);
+        assert_eq!(signing_ca(&config, "example.com/none", "ns"), None);
+        let tenants = Config::parse(
+            "[cas.team-a]\ndir = \"/tmp/a\"\n\
+             [signers.\"example.com/m\"]\ntrust_domain = \"m.test\"\nuntenanted = \"signer\"\n\
+             [signers.\"example.com/m\".tenants.team-a]\nnamespaces = [\"shop\"]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            signing_ca(&tenants, "example.com/m", "shop").as_deref(),
+            Some("team-a ([cas.team-a]), tenant team-a (trust domain team-a.m.test)")
+        );
+        assert_eq!(
+            signing_ca(&tenants, "example.com/m", "other").as_deref(),
+            Some("default ([ca])")
+        );
     }
 }

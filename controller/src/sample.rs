@@ -132,14 +132,11 @@ impl PcrSample {
             now,
         }) {
             Plan::Write(write) => Ok(write.outcome),
-            Plan::Sign(policy, pcr) => Ok(request::sign_pcr(
-                policy,
-                ca,
-                pcr,
-                namespace_labels,
-                pod,
-                now,
-            )),
+            // As the controller: the policy of the namespace's tenant, if any.
+            Plan::Sign(policy, pcr) => Ok(match policy.resolve(&pcr.namespace) {
+                Ok((policy, _)) => request::sign_pcr(&policy, ca, pcr, namespace_labels, pod, now),
+                Err(refusal) => Outcome::of_refusal(refusal),
+            }),
             Plan::ReadThroughV1beta1(_) => Err(SampleError(format!(
                 "spec.stubPKCS10Request is empty, and a {} object shows no other key: a \
                  legacy pkixPublicKey/proofOfPossession shows only through v1beta1 (`kubectl \

@@ -410,7 +410,7 @@ impl Api {
 
     /// The policy a request of `signer` from `namespace` is decided by (its tenant's), and the
     /// tenant; a namespace the signer's tenants refuse is denied.
-    pub(crate) fn resolve(
+    pub fn resolve(
         policy: &SignerPolicy,
         namespace: &str,
     ) -> Result<(SignerPolicy, Option<String>), ApiError> {

@@ -536,7 +536,7 @@ async fn tenants_of_one_signer_are_separate_trust_domains() {
              [signers.\"{MESH}\".tenants.team-b]\nnamespaces = [\"team-b\"]\n\
              [signers.\"{MESH}\".tenants.team-c]\nnamespaces = [\"team-c\"]\n\
              uri_constraints = true\n\n\
-             [grpc]\n{}\n[ledger]\nbackend = \"none\"\n",
+             [grpc]\n{}\n[ledger]\nbackend = \"none\"\n[jwt]\nenabled = false\n",
             dir("ca").display().to_string(),
             dir("team-a").display().to_string(),
             dir("team-b").display().to_string(),
@@ -641,6 +641,42 @@ async fn tenants_of_one_signer_are_separate_trust_domains() {
         podca_tests::verify::webpki_verify(&forged_id, &bundle_b),
         Err(webpki::Error::UnknownIssuer)
     );
+    // The emulator's ClusterTrustBundle rules (signer-linked names, attest on the signer)
+    // accepted every tenant bundle; podca doctor finds each holding its own CA's anchors.
+    let counters = c.emu.counters();
+    assert_eq!(
+        (counters.validation_rejections, counters.forbidden),
+        (0, 0),
+        "{:?}",
+        counters.rejections_by_cause
+    );
+    let (config_path, kubeconfig) = (config.clone(), c.kubeconfig.clone());
+    let doctor = tokio::task::spawn_blocking(move || {
+        Command::new(podca_binary())
+            .args(["doctor", "--config"])
+            .arg(&config_path)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env("PODCA_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    let bundles = report
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("trust-bundle"))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(bundles.starts_with("ok "), "{report}");
+    for tenant in ["team-a", "team-b", "team-c"] {
+        assert!(
+            bundles.contains(&format!(
+                "{MESH} (tenant {tenant}): example.com:mesh:podca.{tenant} holds the CA's 1 anchor(s)"
+            )),
+            "{report}"
+        );
+    }
     // With uri_constraints (tenant C), B's SPIFFE ID forged with C's key is refused under C's
     // own bundle by both; C's genuine leaves verify with openssl, and rustls-webpki refuses
     // them too (it does not implement URI constraints: fails closed).
@@ -741,6 +777,37 @@ async fn podca_v1_answers_a_tenants_caller_with_the_tenants_ca() {
         &other.certificate_chain_pem,
         &signer_anchors,
         &tenant_anchors,
+    );
+    // podca policy test decides as podca dev did, and names the tenant's CA.
+    let scratch = tempfile::tempdir().unwrap();
+    let (config_file, request) = (
+        scratch.path().join("podca.toml"),
+        scratch.path().join("r.yaml"),
+    );
+    std::fs::write(&config_file, &config).unwrap();
+    std::fs::write(
+        &request,
+        "source: grpc\nnamespace: shop\nservice_account: web\n",
+    )
+    .unwrap();
+    let out = Command::new(podca_binary())
+        .args(["policy", "test", "-o", "json", "--config"])
+        .arg(&config_file)
+        .arg("--request")
+        .arg(&request)
+        .output()
+        .unwrap();
+    let verdict: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            verdict["issued"]["spiffe_id"].as_str(),
+            verdict["ca"].as_str()
+        ),
+        (
+            Some("spiffe://shop.mesh.test/ns/shop/sa/web"),
+            Some("shop ([cas.shop]), tenant shop (trust domain shop.mesh.test)")
+        ),
+        "{verdict:#}"
     );
     // The tenant's CA podca dev made is constrained to the tenant's names: a DNS name of
     // another namespace forged with its key is refused by both verifiers.

@@ -266,7 +266,7 @@ pub(super) async fn check_bundles(
             instance: config.trust_bundles.instance.clone(),
             ..PublisherOptions::default()
         };
-        match Publisher::new(config.signers.keys(), &options) {
+        match Publisher::for_policies(&config.signers, &options) {
             Ok(p) => Some(p),
             Err(e) => return Check::new(NAME, Status::Fail, format!("[trust_bundles]: {e}")),
         }
@@ -274,8 +274,20 @@ pub(super) async fn check_bundles(
         None
     };
     let mut findings = Vec::new();
-    for signer in config.signers.keys() {
-        let own = config.ca_of_signer(signer).unwrap_or_default();
+    // Each signer's own bundle, then one per tenant: each from its own CA only.
+    let wanted = config.signers.iter().flat_map(|(signer, policy)| {
+        let own = (
+            signer,
+            None,
+            config.ca_of_signer(signer).unwrap_or_default(),
+        );
+        std::iter::once(own).chain(
+            policy
+                .tenants()
+                .map(move |t| (signer, Some(t.name), t.ca())),
+        )
+    });
+    for (signer, tenant, own) in wanted {
         let Some((_, ca)) = cas.iter().find(|(name, _)| name == own) else {
             continue;
         };
@@ -284,15 +296,21 @@ pub(super) async fn check_bundles(
             .filter(|(name, _)| name != own)
             .filter_map(|(name, ca)| Some((name.as_str(), ca.anchors()?)))
             .collect();
-        findings.push(match bundle(&api, publisher.as_ref(), signer).await {
-            Err(problem) => (Status::Fail, format!("{signer}: {problem}")),
-            Ok((name, pem)) => match compare(signer, &name, &pem, ca) {
-                (Status::Ok, detail) => {
-                    foreign(signer, &name, &pem, ca, &others).unwrap_or((Status::Ok, detail))
-                }
-                other => other,
+        let what = match tenant {
+            Some(t) => format!("{signer} (tenant {t})"),
+            None => signer.clone(),
+        };
+        findings.push(
+            match bundle(&api, publisher.as_ref(), signer, tenant).await {
+                Err(problem) => (Status::Fail, format!("{what}: {problem}")),
+                Ok((name, pem)) => match compare(&what, &name, &pem, ca) {
+                    (Status::Ok, detail) => {
+                        foreign(&what, &name, &pem, ca, &others).unwrap_or((Status::Ok, detail))
+                    }
+                    other => other,
+                },
             },
-        });
+        );
     }
     Check::combined(NAME, findings)
 }
@@ -303,6 +321,7 @@ async fn bundle(
     api: &Api<DynamicObject>,
     publisher: Option<&Publisher>,
     signer: &str,
+    tenant: Option<&str>,
 ) -> Result<(String, String), ProbeError> {
     let list = api
         .list(&ListParams::default().fields(&format!("spec.signerName={signer}")))
@@ -313,7 +332,7 @@ async fn bundle(
             let wanted = publisher
                 .bundles()
                 .iter()
-                .find(|b| b.signer_name == signer)
+                .find(|b| b.signer_name == signer && b.tenant.as_deref() == tenant)
                 .map(|b| b.name.clone())
                 .unwrap_or_default();
             let labels = publisher.labels();
