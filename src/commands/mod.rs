@@ -24,17 +24,18 @@ pub struct CaSelect {
     /// The configuration file whose CA `--ca` names (and, for `show`, whose CAs to list).
     #[arg(long, env = "PODCA_CONFIG")]
     pub config: Option<PathBuf>,
-    /// A CA of --config by name: `default` ([ca]) or a [cas.<name>] table.
-    #[arg(long, requires = "config", conflicts_with = "dir")]
+    /// A CA of --config by name: `default` ([ca]) or a [cas.<name>] table (with --dir: that
+    /// directory, e.g. podca dev's, for the CA's settings such as a tenant's constraints).
+    #[arg(long, requires = "config")]
     pub ca: Option<String>,
 }
 
 impl CaSelect {
     /// The directory: `dir`, the named CA's, or the default data directory.
     pub fn dir(&self, dir: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-        match (&self.ca, &self.config) {
-            (Some(name), Some(path)) => Ok(Config::load(path)?.ca_dir(name)?.to_owned()),
-            _ => Ok(dir.unwrap_or_else(default_data_dir)),
+        match (dir, &self.ca, &self.config) {
+            (None, Some(name), Some(path)) => Ok(Config::load(path)?.ca_dir(name)?.to_owned()),
+            (dir, _, _) => Ok(dir.unwrap_or_else(default_data_dir)),
         }
     }
 

@@ -308,6 +308,8 @@ pub struct DevOptions<'a> {
     pub release: bool,
     /// Put the socket outside the data dir (so the data dir can be replaced).
     pub socket_outside: bool,
+    /// Environment variables to set (e.g. `SOFTHSM2_CONF`).
+    pub env: Vec<(&'a str, PathBuf)>,
 }
 
 impl Default for DevOptions<'_> {
@@ -318,6 +320,7 @@ impl Default for DevOptions<'_> {
             data_dir: None,
             release: false,
             socket_outside: true,
+            env: vec![],
         }
     }
 }
@@ -354,6 +357,7 @@ impl DevProcess {
             .args(&options.args)
             .env("PODCA_LOG", "warn")
             .env_remove("PODCA_CONFIG")
+            .envs(options.env.iter().map(|(k, v)| (*k, v.as_os_str())))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(config) = options.config {

@@ -827,3 +827,104 @@ async fn podca_v1_answers_a_tenants_caller_with_the_tenants_ca() {
     );
     assert!(dev.stop().success());
 }
+
+/// HSM custody per CA: two tenant CAs whose keys podca generates in one SoftHSM2 token under
+/// labels of their own (non-extractable), constrained to their tenants; `podca dev` signs each
+/// tenant's certificates in the token with its own key, and neither verifies under the other's
+/// anchors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_cas_keep_their_keys_in_one_token_under_labels_of_their_own() {
+    use podca_tests::softhsm::{SOFTHSM2_MODULE, private_key_labels, softhsm_token};
+    let scratch = tempfile::tempdir().unwrap();
+    let conf = softhsm_token(scratch.path(), "podca", "87654321", "123456");
+    let pin = scratch.path().join("pin");
+    std::fs::write(&pin, "123456").unwrap();
+    let data = scratch.path().join("data");
+    let config_text = format!(
+        "[cas.team-a]\nbackend = \"pkcs11\"\npkcs11_pin_file = {pin:?}\n\
+         [cas.team-b]\nbackend = \"pkcs11\"\npkcs11_pin_file = {pin:?}\n\n\
+         [signers.\"{MESH}\"]\ntrust_domain = \"mesh.test\"\nuntenanted = \"signer\"\n\
+         [signers.\"{MESH}\".tenants.team-a]\nnamespaces = [\"team-a\"]\n\
+         [signers.\"{MESH}\".tenants.team-b]\nnamespaces = [\"team-b\"]\n"
+    );
+    let config = scratch.path().join("podca.toml");
+    std::fs::write(&config, &config_text).unwrap();
+    for tenant in ["team-a", "team-b"] {
+        let uri = format!("pkcs11:token=podca;object={tenant}?module-path={SOFTHSM2_MODULE}");
+        let out = Command::new(podca_binary())
+            .args([
+                "ca",
+                "init",
+                "--ca",
+                tenant,
+                "--pkcs11-uri",
+                &uri,
+                "--pkcs11-generate",
+            ])
+            .arg("--config")
+            .arg(&config)
+            .arg("--dir")
+            .arg(data.join("cas").join(tenant))
+            .arg("--pkcs11-pin-file")
+            .arg(&pin)
+            .env("SOFTHSM2_CONF", &conf)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut labels = private_key_labels(&conf, "podca", "123456");
+    labels.sort();
+    assert_eq!(labels, ["team-a", "team-b"]);
+
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config_text),
+        data_dir: Some(data.clone()),
+        env: vec![("SOFTHSM2_CONF", conf.clone())],
+        ..Default::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let mut chain_of = async |namespace: &str| {
+        client
+            .issue_certificate(as_caller(
+                namespace,
+                IssueCertificateRequest {
+                    csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+    };
+    let a = chain_of("team-a").await;
+    let b = chain_of("team-b").await;
+    assert_eq!(a.trust_anchors_pem, podca_bundle(&data.join("cas/team-a")));
+    assert_verifies_only_under(
+        &a.certificate_chain_pem,
+        &a.trust_anchors_pem,
+        &b.trust_anchors_pem,
+    );
+    assert_verifies_only_under(
+        &b.certificate_chain_pem,
+        &b.trust_anchors_pem,
+        &a.trust_anchors_pem,
+    );
+    // Made with --ca: constrained to the tenant's names, as the file CAs are.
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "nameConstraints", "-in"])
+        .arg(data.join("cas/team-a/root.pem"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("critical")
+            && text.contains("DNS:team-a.svc")
+            && text.contains("DNS:team-a.svc.cluster.local"),
+        "{text}"
+    );
+    assert!(dev.stop().success());
+}
