@@ -7,12 +7,14 @@
 //!   `jwks_configmap_namespace` (default: podca's own namespace).
 //! * Keys: [`JWKS_KEY`] (`jwks.json`, exactly what `GET /keys` answers) and
 //!   [`DISCOVERY_KEY`] (`openid-configuration.json`).
-//! * Labelled `app.kubernetes.io/managed-by: podca`. A ConfigMap of that name without the label
-//!   is someone else's: it is never overwritten; the refusal is logged (once per
-//!   resourceVersion) and counted in `podca_jwks_configmap_errors_total`.
+//! * Labelled `app.kubernetes.io/managed-by: podca`. The name is podca's: relying parties
+//!   trust the keys in it, so podca never stands down on it (issue #40). A ConfigMap of that
+//!   name without the label (put there first, or with the label stripped) or with other data
+//!   (a forged key) is taken back: overwritten with podca's JWKS and label, logged, and
+//!   counted in `podca_jwks_configmap_writes_total{op="take_back"}`.
 //! * Written by the leader only (a standby waits until it leads), at once on every change of
 //!   the key set (a key prepared, activated, retired or dropped), and checked again every
-//!   [`RESYNC`] so a deleted or edited ConfigMap is restored. A failed write is retried with
+//!   [`RESYNC`] so a deleted or edited ConfigMap is restored within seconds. A failed write is retried with
 //!   backoff (1 s doubling to 30 s). Writes are get → create, or replace with the
 //!   resourceVersion read (optimistic concurrency): the RBAC is `get`/`update` on that one
 //!   name and `create` in its namespace (Kubernetes cannot limit `create` by name).
@@ -39,8 +41,9 @@ use crate::publisher::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 pub const JWKS_KEY: &str = "jwks.json";
 /// The ConfigMap key of the discovery document.
 pub const DISCOVERY_KEY: &str = "openid-configuration.json";
-/// How often the ConfigMap is checked without a key change.
-pub const RESYNC: Duration = Duration::from_secs(60);
+/// How often the ConfigMap is checked without a key change: bounds how long a forged key can
+/// stay in it (one GET each time).
+pub const RESYNC: Duration = Duration::from_secs(5);
 /// The longest pause between two attempts after failures.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -51,9 +54,11 @@ pub enum Outcome {
     Updated,
     /// The ConfigMap already held exactly this.
     Unchanged,
-    /// A ConfigMap of that name without podca's label: left alone.
-    Foreign {
-        resource_version: Option<String>,
+    /// A ConfigMap of that name without podca's label (someone else's, or stripped), or with
+    /// data podca did not write (a forged key): overwritten with podca's.
+    TakenBack {
+        /// Why: `unlabelled` or `edited`.
+        why: &'static str,
     },
 }
 
@@ -65,8 +70,8 @@ pub struct JwksPublisher {
     discovery: Option<Discovery>,
     keys: JwtHandle,
     metrics: Arc<Metrics>,
-    /// The resourceVersion of the foreign ConfigMap last reported.
-    reported_foreign: Option<Option<String>>,
+    /// The data this process last wrote or confirmed (other data is an edit to take back).
+    written: Option<BTreeMap<String, String>>,
 }
 
 impl std::fmt::Debug for JwksPublisher {
@@ -112,7 +117,7 @@ impl JwksPublisher {
             discovery,
             keys,
             metrics,
-            reported_foreign: None,
+            written: None,
         }
     }
 
@@ -152,15 +157,23 @@ impl JwksPublisher {
                 .await?;
                 Outcome::Created
             }
-            Some(existing) if !owned(&existing) => {
-                return Ok(Outcome::Foreign {
-                    resource_version: existing.metadata.resource_version,
-                });
-            }
-            Some(existing) if existing.data == cm.data && existing.binary_data.is_none() => {
+            Some(existing)
+                if owned(&existing)
+                    && existing.data == cm.data
+                    && existing.binary_data.is_none() =>
+            {
                 return Ok(Outcome::Unchanged);
             }
             Some(existing) => {
+                // Not what podca wrote: edited by someone (a forged key), or someone else's
+                // object on podca's name. Relying parties trust what is here: take it back.
+                let taken_back = match (owned(&existing), self.written.as_ref()) {
+                    (false, _) => Some("unlabelled"),
+                    (true, Some(written)) if existing.data.as_ref() != Some(written) => {
+                        Some("edited")
+                    }
+                    _ => None,
+                };
                 // Keep what others put in the metadata (annotations, more labels).
                 let mut metadata = existing.metadata;
                 metadata
@@ -169,19 +182,25 @@ impl JwksPublisher {
                     .insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY_VALUE.to_owned());
                 metadata.managed_fields = None;
                 cm.metadata = metadata;
+                // Only podca's data: another writer's keys (binaryData too) do not stay.
+                cm.binary_data = None;
                 bounded::call(
                     "replace_jwks_configmap",
                     &self.metrics,
                     self.api.replace(&self.name, &pp, &cm),
                 )
                 .await?;
-                Outcome::Updated
+                match taken_back {
+                    Some(why) => Outcome::TakenBack { why },
+                    None => Outcome::Updated,
+                }
             }
         };
-        let label = if op == Outcome::Created {
-            "create"
-        } else {
-            "update"
+        self.written = cm.data.clone();
+        let label = match op {
+            Outcome::Created => "create",
+            Outcome::TakenBack { .. } => "take_back",
+            _ => "update",
         };
         self.metrics
             .oidc
@@ -241,18 +260,13 @@ impl JwksPublisher {
             Outcome::Created => info!(configmap = %at, "JWKS ConfigMap created"),
             Outcome::Updated => info!(configmap = %at, "JWKS ConfigMap updated"),
             Outcome::Unchanged => debug!(configmap = %at, "JWKS ConfigMap up to date"),
-            Outcome::Foreign { resource_version } => {
-                if self.reported_foreign.as_ref() != Some(&resource_version) {
-                    self.metrics.oidc.configmap_errors.inc();
-                    warn!(
-                        configmap = %at,
-                        "a ConfigMap of the JWKS ConfigMap's name exists without the label \
-                         app.kubernetes.io/managed-by=podca: it is not overwritten; delete it \
-                         or set [jwt] jwks_configmap to another name"
-                    );
-                    self.reported_foreign = Some(resource_version);
-                }
-            }
+            Outcome::TakenBack { why } => warn!(
+                configmap = %at,
+                why,
+                "the JWKS ConfigMap held what podca did not write (another writer's object on \
+                 its name, or an edit: possibly a forged key); overwritten with podca's JWKS. \
+                 Find who writes ConfigMaps in this namespace"
+            ),
         }
     }
 }

@@ -392,45 +392,57 @@ async fn the_configmap_holds_the_jwks_and_follows_a_key_rotation() {
     );
 }
 
+/// Issue #40 (High): the JWKS ConfigMap is a trust anchor for in-cluster verifiers, so podca
+/// never stands down on its name. An attacker who can write ConfigMaps there puts a forged key
+/// in first under another label, then (once podca took it back) edits podca's own object with
+/// the label kept: each time podca overwrites it with the served JWKS within seconds and
+/// counts a take-back.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_foreign_configmap_of_that_name_is_never_overwritten() {
+async fn a_forged_or_foreign_jwks_configmap_is_taken_back() {
+    let forged_jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"forged","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0","use":"sig","alg":"ES256"}]}"#;
     let foreign = serde_json::json!({
         "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "helm"}},
-        "data": {"jwks.json": "{\"keys\":[]}"},
+        "data": {"jwks.json": forged_jwks},
     });
     let o = start_after(|cluster| {
         cluster.emu.add_namespace(NAMESPACE);
         cluster.emu.seed_object(Res::ConfigMap, foreign.clone());
     })
     .await;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !o
-        .serve
-        .metrics()
-        .contains("podca_jwks_configmap_errors_total 1")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no refusal counted:\n{}",
-            o.serve.metrics()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let cm = o
-        .cluster
-        .emu
-        .get_object(Res::ConfigMap, NAMESPACE, CONFIGMAP)
-        .unwrap();
-    assert_eq!(cm["data"], foreign["data"], "{cm:#}");
-    assert_eq!(
-        cm["metadata"]["labels"], foreign["metadata"]["labels"],
-        "{cm:#}"
-    );
-    assert!(
-        !o.serve
-            .metrics()
-            .contains("podca_jwks_configmap_writes_total{")
-    );
+    let served: Value = serde_json::from_str(&get(&o, "/keys").await.body).unwrap();
+    let taken_back = |n: u32| format!("podca_jwks_configmap_writes_total{{op=\"take_back\"}} {n}");
+    let wait_restored = async |n: u32| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let cm = o
+                .cluster
+                .emu
+                .get_object(Res::ConfigMap, NAMESPACE, CONFIGMAP);
+            let restored = cm.as_ref().is_some_and(|cm| {
+                cm["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "podca"
+                    && serde_json::from_str::<Value>(cm["data"]["jwks.json"].as_str().unwrap_or(""))
+                        .is_ok_and(|jwks| jwks == served)
+            });
+            if restored && o.serve.metrics().contains(&taken_back(n)) {
+                return cm.unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not taken back ({n}): {cm:#?}\n{}",
+                o.serve.metrics()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let cm = wait_restored(1).await;
+    assert!(!cm["data"]["jwks.json"].as_str().unwrap().contains("forged"));
+
+    // The attacker edits podca's own object, label kept: restored again.
+    let mut edited = cm.clone();
+    edited["data"]["jwks.json"] = Value::String(forged_jwks.into());
+    o.cluster.emu.seed_object(Res::ConfigMap, edited);
+    let cm = wait_restored(2).await;
+    assert!(!cm["data"]["jwks.json"].as_str().unwrap().contains("forged"));
 }
 
 /// `podca serve` refuses to start with `config` (written next to a fresh CA), with `message`.
