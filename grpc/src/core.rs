@@ -251,8 +251,7 @@ impl Api {
     /// The JWT-SVID service, or UNIMPLEMENTED when this process serves none.
     pub fn jwt(&self) -> Result<&Arc<JwtService>, ApiError> {
         self.jwt.as_ref().ok_or(ApiError::Unimplemented(
-            "JWT-SVIDs are not served here ([jwt] enabled = false, or a CA backend without JWT \
-             keys: [ca] backend = \"secret\")",
+            "JWT-SVIDs are not served here ([jwt] enabled = false)",
         ))
     }
 

@@ -51,7 +51,8 @@
 //! | Istio: `ImpersonatedIdentity` in `podca dev` | `FAILED_PRECONDITION` |
 //! | Workload API call without the `workload.spiffe.io: true` metadata | `INVALID_ARGUMENT` |
 //! | Workload API JWT RPCs with `[jwt] enabled = false` | `UNIMPLEMENTED` |
-//! | podca.v1 `IssueJwtSvid`/`GetJwtBundle` with `[jwt] enabled = false`, or in a `podca serve` whose CA backend has no JWT keys (`[ca] backend = "secret"`) | `UNIMPLEMENTED` |
+//! | podca.v1 `IssueJwtSvid`/`GetJwtBundle` with `[jwt] enabled = false` | `UNIMPLEMENTED` |
+//! | `IssueJwtSvid` for a signer or tenant of another trust domain than the `[grpc] signer`'s (the one JWT key set; `jwt_trust_domain`) | `FAILED_PRECONDITION` |
 //! | `IssueJwtSvid`: no audience, more than `[jwt] max_audiences`, an empty or over-long audience; `requested_lifetime_seconds` ≤ 0 (above the maximum: clamped) | `INVALID_ARGUMENT` |
 //! | `IssueJwtSvid`: unknown / not-offered `signer_name` | `NOT_FOUND` / `PERMISSION_DENIED` (as IssueCertificate) |
 //! | `IssueJwtSvid` with `pod_namespace`/`pod_name`: every refusal of IssueForPod (not a node proxy, pod on another node, gone, terminating, bad name, lookup failing) with IssueForPod's code | as IssueForPod |
