@@ -110,6 +110,13 @@ pub enum AuthError {
     /// Every TokenReview slot stayed busy for the whole queue wait.
     #[error("too many credential checks in flight (at most {0} TokenReviews at once); retry later")]
     Busy(usize),
+    /// This source address already has its share of uncached TokenReviews under way: refused
+    /// at once, so that one peer cannot hold every slot (issue #40).
+    #[error(
+        "too many credential checks in flight from this address (at most {0} uncached \
+         TokenReviews at once per source); retry later"
+    )]
+    SourceBusy(usize),
 }
 
 /// Why a question to the Kubernetes API (a TokenReview, a pod read) got no answer. The edge
@@ -277,6 +284,25 @@ impl Default for TokenReviewLimits {
     }
 }
 
+/// One uncached review of a source address under way; gives the address its turn back when
+/// dropped.
+struct SourceTurn {
+    counts: Arc<Mutex<HashMap<std::net::IpAddr, usize>>>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for SourceTurn {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = counts.get_mut(&self.ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// SHA-256 of a token: the only form in which a token is remembered.
 type TokenKey = [u8; 32];
 
@@ -285,8 +311,6 @@ type SharedReview = Arc<tokio::sync::OnceCell<Result<Identity, AuthError>>>;
 
 #[derive(Debug, Default)]
 struct Caches {
-    /// Token hash → identity, and until when it holds.
-    positive: HashMap<TokenKey, (Identity, Instant)>,
     /// Token hash → why it was refused, and until when that holds.
     negative: HashMap<TokenKey, (String, Instant)>,
     /// Reviews under way: requests with the same token wait for the same answer.
@@ -304,7 +328,12 @@ pub struct TokenReviewAuthenticator {
     audience: String,
     limits: TokenReviewLimits,
     slots: Arc<tokio::sync::Semaphore>,
+    /// Token hash → identity, and until when it holds: a lock of its own, so that a flood of
+    /// new tokens (negative cache, reviews under way) never delays an authenticated caller.
+    positive: std::sync::RwLock<HashMap<TokenKey, (Identity, Instant)>>,
     caches: Mutex<Caches>,
+    /// Uncached reviews each source address has under way (waiting for a slot, or asking).
+    per_source: Arc<Mutex<HashMap<std::net::IpAddr, usize>>>,
     metrics: GrpcMetrics,
     /// The time a token's `exp` is compared with.
     clock: Clock,
@@ -342,7 +371,9 @@ impl TokenReviewAuthenticator {
             audience: audience.into(),
             slots: Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1))),
             limits,
+            positive: std::sync::RwLock::default(),
             caches: Mutex::new(Caches::default()),
+            per_source: Arc::default(),
             metrics: GrpcMetrics::default(),
             clock: podca_authority::system_clock(),
         }
@@ -354,6 +385,7 @@ impl TokenReviewAuthenticator {
     /// one audience.
     pub fn sharing_slots_with(mut self, other: &TokenReviewAuthenticator) -> Self {
         self.slots = Arc::clone(&other.slots);
+        self.per_source = Arc::clone(&other.per_source);
         self.limits.max_concurrent = other.limits.max_concurrent;
         self
     }
@@ -383,14 +415,41 @@ impl TokenReviewAuthenticator {
             .inc();
     }
 
+    /// The share of the TokenReview slots one source address may hold or wait for.
+    pub fn per_source_cap(&self) -> usize {
+        (self.limits.max_concurrent / 4).max(1)
+    }
+
+    /// A turn for one uncached review from `peer`'s address, or `SourceBusy` at once when the
+    /// address has its share under way. Peers without an address (tests) are not capped.
+    fn source_turn(&self, peer: &Peer) -> Result<Option<SourceTurn>, AuthError> {
+        let Peer::Tcp(addr) = peer else {
+            return Ok(None);
+        };
+        let ip = addr.ip();
+        let cap = self.per_source_cap();
+        let mut counts = self.per_source.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(ip).or_default();
+        if *count >= cap {
+            return Err(AuthError::SourceBusy(cap));
+        }
+        *count += 1;
+        Ok(Some(SourceTurn {
+            counts: Arc::clone(&self.per_source),
+            ip,
+        }))
+    }
+
     /// What the caches already say of a token.
     fn remembered(&self, key: &TokenKey, now: Instant) -> Option<Result<Identity, AuthError>> {
-        let caches = self.caches();
-        if let Some((identity, until)) = caches.positive.get(key)
+        let positive = self.positive.read().unwrap_or_else(|p| p.into_inner());
+        if let Some((identity, until)) = positive.get(key)
             && *until > now
         {
             return Some(Ok(identity.clone()));
         }
+        drop(positive);
+        let caches = self.caches();
         if let Some((why, until)) = caches.negative.get(key)
             && *until > now
         {
@@ -443,19 +502,21 @@ impl TokenReviewAuthenticator {
             .get_or_create(&ResultLabels { result })
             .inc();
         let now = Instant::now();
-        let mut caches = self.caches();
-        match &verdict {
-            Ok(identity) => {
-                let ttl = lifetime.min(self.limits.cache_ttl);
-                if !ttl.is_zero() {
-                    if caches.positive.len() >= MAX_CACHE_ENTRIES {
-                        caches.positive.retain(|_, (_, until)| *until > now);
-                    }
-                    if caches.positive.len() < MAX_CACHE_ENTRIES {
-                        caches.positive.insert(key, (identity.clone(), now + ttl));
-                    }
+        if let Ok(identity) = &verdict {
+            let ttl = lifetime.min(self.limits.cache_ttl);
+            if !ttl.is_zero() {
+                let mut positive = self.positive.write().unwrap_or_else(|p| p.into_inner());
+                if positive.len() >= MAX_CACHE_ENTRIES {
+                    positive.retain(|_, (_, until)| *until > now);
+                }
+                if positive.len() < MAX_CACHE_ENTRIES {
+                    positive.insert(key, (identity.clone(), now + ttl));
                 }
             }
+            return verdict;
+        }
+        let mut caches = self.caches();
+        match &verdict {
             Err(AuthError::Invalid(why)) if !self.limits.negative_ttl.is_zero() => {
                 if caches.negative.len() >= MAX_NEGATIVE_ENTRIES {
                     caches.negative.retain(|_, (_, until)| *until > now);
@@ -467,7 +528,7 @@ impl TokenReviewAuthenticator {
                 }
             }
             // Outages are never remembered: the next request asks again.
-            Err(_) => {}
+            _ => {}
         }
         verdict
     }
@@ -477,7 +538,7 @@ impl TokenReviewAuthenticator {
 impl Authenticator for TokenReviewAuthenticator {
     async fn authenticate(
         &self,
-        _peer: &Peer,
+        peer: &Peer,
         credentials: &Credentials,
     ) -> Result<Identity, AuthError> {
         let token = credentials.bearer.as_ref().ok_or(AuthError::Missing)?;
@@ -486,6 +547,7 @@ impl Authenticator for TokenReviewAuthenticator {
             self.count_cache(if known.is_ok() { "hit" } else { "negative_hit" });
             return known;
         }
+
         // Expired tokens are refused here too, so a cached review never outlives the token.
         let lifetime = match token_expiry(token) {
             Some(exp) => {
@@ -497,6 +559,8 @@ impl Authenticator for TokenReviewAuthenticator {
             }
             None => self.limits.cache_ttl,
         };
+        // One address may hold only its share of the reviews: beyond it, refused at once.
+        let _turn = self.source_turn(peer)?;
         self.count_cache("miss");
         let shared = self.shared_review(key);
         let verdict = shared
@@ -954,6 +1018,59 @@ mod tests {
         assert_eq!(
             AuthError::Busy(3).to_string(),
             "too many credential checks in flight (at most 3 TokenReviews at once); retry later"
+        );
+    }
+
+    /// Issue #40: one pod floods podca with random tokens over many connections while another
+    /// pod authenticates. The flooder gets its share of the TokenReview slots and is refused at
+    /// once beyond it (`SourceBusy`); the other caller's review gets a slot at once and answers
+    /// within its normal latency.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_from_one_address_leaves_the_others_their_reviews() {
+        let review = Duration::from_millis(100);
+        let reviewer = SlowReviewer::new(review);
+        let auth = Arc::new(TokenReviewAuthenticator::with_limits(
+            reviewer.clone(),
+            "podca",
+            limits(8, Duration::from_secs(1)),
+        ));
+        assert_eq!(auth.per_source_cap(), 2);
+        let attacker = Peer::Tcp("10.0.0.66:40000".parse().unwrap());
+        let flood: Vec<_> = (0..2000)
+            .map(|i| {
+                let (auth, attacker) = (Arc::clone(&auth), attacker.clone());
+                tokio::spawn(async move {
+                    auth.authenticate(&attacker, &creds(BearerToken::new(format!("rnd-{i}"))))
+                        .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = Instant::now();
+        let legit = auth
+            .authenticate(
+                &Peer::Tcp("10.0.0.7:50000".parse().unwrap()),
+                &creds(jwt("good", now() + 3600)),
+            )
+            .await;
+        let took = started.elapsed();
+        assert_eq!(legit.map(|i| i.key()), Ok("shop/web".to_owned()));
+        assert!(took < review * 3, "the other caller waited {took:?}");
+        let mut source_busy = 0;
+        for call in flood {
+            match call.await.unwrap() {
+                Err(AuthError::SourceBusy(2)) => source_busy += 1,
+                Err(AuthError::Invalid(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        // The flooder never held more than its share: 2 reviews at once, plus the other caller.
+        assert!(reviewer.max_in_flight.load(Ordering::SeqCst) <= 3);
+        assert!(source_busy >= 1900, "{source_busy} refused at once");
+        assert_eq!(
+            AuthError::SourceBusy(2).to_string(),
+            "too many credential checks in flight from this address (at most 2 uncached \
+             TokenReviews at once per source); retry later"
         );
     }
 

@@ -264,7 +264,7 @@ impl AuthError {
                 Code::PermissionDenied
             }
             AuthError::Unavailable(_) => Code::Unavailable,
-            AuthError::Busy(_) => Code::ResourceExhausted,
+            AuthError::Busy(_) | AuthError::SourceBusy(_) => Code::ResourceExhausted,
         }
     }
 
@@ -277,6 +277,7 @@ impl AuthError {
             AuthError::NotLoopback(_) => "not_loopback",
             AuthError::Unavailable(_) => "tokenreview_unavailable",
             AuthError::Busy(_) => "tokenreview_busy",
+            AuthError::SourceBusy(_) => "tokenreview_source_busy",
             AuthError::Mismatch(_) => "token_certificate_mismatch",
         }
     }
