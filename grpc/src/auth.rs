@@ -1038,7 +1038,7 @@ mod tests {
         let attacker = Peer::Tcp("10.0.0.66:40000".parse().unwrap());
         let flood: Vec<_> = (0..2000)
             .map(|i| {
-                let (auth, attacker) = (Arc::clone(&auth), attacker.clone());
+                let (auth, attacker) = (Arc::clone(&auth), attacker);
                 tokio::spawn(async move {
                     auth.authenticate(&attacker, &creds(BearerToken::new(format!("rnd-{i}"))))
                         .await
