@@ -153,7 +153,13 @@ pub enum CertRefusal {
 pub struct AnchorError(String);
 
 struct Verifier {
+    /// Every accepted anchor (active and prepared generations): the handshake's check.
     verifier: Arc<dyn ClientCertVerifier>,
+    /// The anchors of prepared generations only (newer than the active CA's root).
+    prepared: Option<Arc<dyn ClientCertVerifier>>,
+    /// The key of the active issuing certificate (SPKI DER): a certificate of the active
+    /// generation must be signed by exactly it, not by a sibling CA under the same root.
+    active_issuer_spki: Vec<u8>,
     /// Of the snapshot the verifier was built from.
     generation: u64,
 }
@@ -301,13 +307,9 @@ impl ClientTrust {
                 continue;
             }
             known = true;
-            match ca
-                .verifier()
-                .verifier
-                .verify_client_cert(leaf, intermediates, now)
-            {
-                Ok(_) => return Ok(identity),
-                Err(e) => refusal = Some(e.to_string()),
+            match ca.verifier().live_issuer(leaf, intermediates, now) {
+                Ok(()) => return Ok(identity),
+                Err(e) => refusal = Some(e),
             }
         }
         if !known {
@@ -354,20 +356,75 @@ impl ClientTrust {
     }
 }
 
-fn build(snapshot: &CaSnapshot) -> Result<Verifier, AnchorError> {
+impl Verifier {
+    /// Whether the chain verifies and was issued by a live CA generation: signed by the active
+    /// issuing certificate's key, or chaining to a prepared generation's anchor. A retired
+    /// generation, a sibling CA under the same root, or a re-issued CA certificate with another
+    /// key does not renew (issue #40).
+    fn live_issuer(
+        &self,
+        leaf: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<(), String> {
+        self.verifier
+            .verify_client_cert(leaf, intermediates, now)
+            .map_err(|e| e.to_string())?;
+        if podca_signer::x509::certificate_signed_by(leaf, &self.active_issuer_spki).is_ok() {
+            return Ok(());
+        }
+        match &self.prepared {
+            Some(prepared)
+                if prepared
+                    .verify_client_cert(leaf, intermediates, now)
+                    .is_ok() =>
+            {
+                Ok(())
+            }
+            _ => Err(
+                "it was not issued by a live CA generation of podca (the active issuing CA, or \
+                 a prepared one): a retired generation or another CA under the same root does \
+                 not renew; authenticate with a token"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// A client verifier over `anchors`; `None` when there are none.
+fn verifier_for(
+    anchors: &[CaCertificate],
+) -> Result<Option<Arc<dyn ClientCertVerifier>>, AnchorError> {
+    if anchors.is_empty() {
+        return Ok(None);
+    }
     let mut roots = RootCertStore::empty();
-    for anchor in accepted_anchors(snapshot) {
+    for anchor in anchors {
         roots
             .add(CertificateDer::from(anchor.der().to_vec()))
             .map_err(|e| AnchorError(format!("anchor {}: {e}", anchor.subject())))?;
     }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), super::tls::provider())
+        .allow_unauthenticated()
+        .build()
+        .map(Some)
+        .map_err(|e| AnchorError(e.to_string()))
+}
+
+fn build(snapshot: &CaSnapshot) -> Result<Verifier, AnchorError> {
+    let accepted = accepted_anchors(snapshot);
+    let active = snapshot.ca.roots();
+    let prepared: Vec<CaCertificate> = accepted
+        .iter()
+        .filter(|a| !active.contains(a))
+        .cloned()
+        .collect();
     let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), super::tls::provider())
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| AnchorError(e.to_string()))?;
+        verifier_for(&accepted)?.ok_or_else(|| AnchorError("no anchor to accept".into()))?;
     Ok(Verifier {
         verifier,
+        prepared: verifier_for(&prepared)?,
+        active_issuer_spki: snapshot.ca.certificate().spki_der().to_vec(),
         generation: snapshot.generation,
     })
 }
@@ -500,6 +557,10 @@ mod tests {
     use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey};
     use time::{Duration, OffsetDateTime};
 
+    fn root_at(name: &str, not_before: OffsetDateTime) -> Arc<IssuingCa> {
+        root(name, not_before)
+    }
+
     fn root(name: &str, not_before: OffsetDateTime) -> Arc<IssuingCa> {
         let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
         Arc::new(
@@ -570,6 +631,83 @@ mod tests {
         assert_eq!(
             fingerprints(accepted_anchors(&handle.current())),
             [subject(&prepared)]
+        );
+    }
+
+    /// A leaf for `shop/web` of `cluster.local`, issued by `ca`, as the chain a client sends.
+    fn client_chain(ca: &IssuingCa) -> ClientCertificate {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let subject = podca_signer::SubjectKey::from_spki_der(
+            &rcgen::PublicKeyData::subject_public_key_info(&key),
+        )
+        .unwrap();
+        let now = OffsetDateTime::now_utc();
+        let validity = podca_signer::Validity {
+            not_before: now - Duration::minutes(1),
+            not_after: now + Duration::hours(1),
+            begin_refresh_at: now + Duration::minutes(30),
+        };
+        let issued = ca
+            .issue(
+                &subject,
+                "spiffe://cluster.local/ns/shop/sa/web",
+                &[],
+                &validity,
+            )
+            .unwrap();
+        let chain = podca_signer::x509::certificates_from_pem(&issued.chain_pem).unwrap();
+        ClientCertificate::new(Arc::new(
+            chain.into_iter().map(CertificateDer::from).collect(),
+        ))
+        .unwrap()
+    }
+
+    /// Issue #40: mTLS renewal trusts the live issuing CA, not every chain to the root. A
+    /// sibling CA under the same root (another intermediate, or the issuing certificate
+    /// re-issued with another key) does not renew; the active issuing CA and a prepared
+    /// generation do.
+    #[test]
+    fn only_a_live_issuing_ca_renews() {
+        let now = OffsetDateTime::now_utc();
+        let root = root("root", now - Duration::days(2));
+        let intermediate = |name: &str| {
+            let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
+            Arc::new(
+                root.sign_intermediate(
+                    Arc::new(key),
+                    name,
+                    now - Duration::days(1),
+                    Duration::days(10),
+                )
+                .unwrap(),
+            )
+        };
+        let (active, sibling) = (intermediate("issuing"), intermediate("issuing"));
+        let prepared = root_at("prepared", now - Duration::hours(1));
+        let mut anchors = root.roots().to_vec();
+        anchors.extend(prepared.roots().iter().cloned());
+        let handle = podca_authority::CaHandle::from_arc(Arc::clone(&active), anchors);
+        let trust = ClientTrust::new(&handle.current(), vec!["cluster.local".into()]).unwrap();
+        let at = UnixTime::now();
+        assert_eq!(
+            trust
+                .identify(&client_chain(&active), at)
+                .map(|i| i.spiffe_id),
+            Ok("spiffe://cluster.local/ns/shop/sa/web".to_owned())
+        );
+        assert!(trust.identify(&client_chain(&prepared), at).is_ok());
+        match trust.identify(&client_chain(&sibling), at) {
+            Err(CertRefusal::NotValid(why)) => {
+                assert!(why.contains("not issued by a live CA generation"), "{why}")
+            }
+            other => panic!("a sibling CA's certificate renewed: {other:?}"),
+        }
+        // The handshake itself still lets it in: it may authenticate with a token instead.
+        let chain = client_chain(&sibling);
+        assert!(
+            trust
+                .verify_client_cert(&chain.chain[0], &chain.chain[1..], at)
+                .is_ok()
         );
     }
 

@@ -123,6 +123,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex_lower(digest::digest(&digest::SHA256, bytes).as_ref())
 }
 
+/// Checks that the certificate `cert_der` was signed by the key in `issuer_spki_der`.
+pub fn certificate_signed_by(cert_der: &[u8], issuer_spki_der: &[u8]) -> Result<(), CertError> {
+    let (_, cert) = X509Certificate::from_der(cert_der).map_err(|e| CertError::Parse {
+        index: 0,
+        detail: e.to_string(),
+    })?;
+    verify_signature(
+        issuer_spki_der,
+        &cert.signature_algorithm.algorithm.to_id_string(),
+        cert.tbs_certificate.as_ref(),
+        &cert.signature_value.data,
+    )
+}
+
 /// Checks that `signed` carries a valid signature by the key in `issuer_spki_der`.
 pub fn verify_signature(
     issuer_spki_der: &[u8],
