@@ -97,9 +97,9 @@ fn the_config_map_holds_a_valid_podca_config() {
     }
 }
 
-/// The rendered config against the Deployment: `flavour` is default, ha, hsm or two-signers (the
-/// overlay, or the Helm example values file of the same name). Every CA some signer uses is
-/// checked (`Config::cas_in_use`): a Secret CA is read through the API, in podca's namespace;
+/// The rendered config against the Deployment: `flavour` is default, ha, hsm, two-signers or
+/// tenants (the overlay, or the Helm example values file of the same name). Every CA some signer
+/// or tenant uses is checked (`Config::cas_in_use`): a Secret CA is read through the API, in podca's namespace;
 /// a data directory is `[ca]`'s, the `ca` volume.
 pub fn check_config(what: &str, flavour: &str, r: &Rendered) {
     let cfg = config(r);

@@ -15,14 +15,17 @@ use crate::config::{check_config, config, config_text};
 use crate::network::check_network;
 use crate::objects::{pod_spec, the_deployment};
 use crate::rbac::{
-    ca_secrets, check_rbac, check_rbac_signers, check_two_signers, expected_for, jwt_keys_secret,
+    ca_secrets, check_rbac, check_rbac_signers, check_tenants, check_two_signers, expected_for,
+    jwt_keys_secret,
 };
 use crate::render::{
     CHART, documents, helm, helm_example, helm_template, kind_of, name_of, render_helm, repo_root,
 };
 use crate::strict::{Rendered, parse_all, parse_overlay};
 use crate::workload::{check_pod_locked_down, check_replicas};
-use crate::{HELM_EXAMPLES, NAMESPACE, OVERLAYS, SIGNER, TWO_SIGNERS, signers_of};
+use crate::{
+    HELM_EXAMPLES, NAMESPACE, OVERLAYS, SIGNER, TENANT_SIGNERS, TENANTS, TWO_SIGNERS, signers_of,
+};
 
 const HELM_UPDATE_HINT: &str =
     "PODCA_UPDATE_GOLDEN=1 cargo test -p podca-tests --test deploy_manifests helm";
@@ -44,7 +47,7 @@ fn parse_helm_yaml(what: &str, yaml: &str) -> Rendered {
     })
 }
 
-fn parse_helm(example: &str) -> Rendered {
+pub fn parse_helm(example: &str) -> Rendered {
     parse_helm_yaml(&format!("helm {example}"), &render_helm(example))
 }
 
@@ -104,6 +107,9 @@ fn every_helm_example_passes_the_kustomize_checks() {
         check_rbac_signers(&what, &r, &signers_of(example));
         if *example == "two-signers" {
             check_two_signers(&what, &r);
+        }
+        if *example == "tenants" {
+            check_tenants(&what, &r);
         }
     }
 }
@@ -488,33 +494,37 @@ fn helm_renders_rules_and_grants_namespaces_only_when_a_rule_reads_their_labels(
     );
 }
 
+/// The NOTES of `helm install --dry-run` with the values file `values`.
+fn helm_notes(values: &std::path::Path) -> String {
+    let out = Command::new(helm())
+        .current_dir(repo_root())
+        .args([
+            "install",
+            crate::render::RELEASE,
+            CHART,
+            "--namespace",
+            NAMESPACE,
+        ])
+        .args(["--dry-run=client", "--values"])
+        .arg(values)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "helm install --dry-run {}: {}",
+        values.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text.split_once("NOTES:\n")
+        .map(|(_, n)| n.to_string())
+        .unwrap_or_default()
+}
+
 #[test]
 fn the_notes_say_what_to_do_next() {
     for example in HELM_EXAMPLES {
-        let values = helm_example(example);
-        let out = Command::new(helm())
-            .current_dir(repo_root())
-            .args([
-                "install",
-                crate::render::RELEASE,
-                CHART,
-                "--namespace",
-                NAMESPACE,
-            ])
-            .args(["--dry-run=client", "--values"])
-            .arg(&values)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "helm install --dry-run {example}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let notes = text
-            .split_once("NOTES:\n")
-            .map(|(_, n)| n)
-            .unwrap_or_default();
+        let notes = helm_notes(&helm_example(example));
         let secrets: Vec<String> = match *example {
             "hsm" => vec!["create secret generic podca-ca".into()],
             "two-signers" => TWO_SIGNERS
@@ -522,6 +532,12 @@ fn the_notes_say_what_to_do_next() {
                 .map(|(_, _, secret)| {
                     format!("create secret generic {secret} --type=kubernetes.io/tls")
                 })
+                .collect(),
+            "tenants" => TENANT_SIGNERS
+                .iter()
+                .map(|(_, _, secret)| *secret)
+                .chain(TENANTS.iter().map(|t| t.secret))
+                .map(|secret| format!("create secret generic {secret} --type=kubernetes.io/tls"))
                 .collect(),
             _ => vec!["create secret generic podca-ca --type=kubernetes.io/tls".into()],
         };
@@ -541,13 +557,25 @@ fn the_notes_say_what_to_do_next() {
                 "helm {example}: NOTES lack {expected:?}:\n{notes}"
             );
         }
-        if *example == "two-signers" {
+        if matches!(*example, "two-signers" | "tenants") {
             // No Secret for `ca`, which no signer uses.
             assert!(
                 !notes.contains("podca-ca"),
-                "two-signers: NOTES name podca-ca:\n{notes}"
+                "{example}: NOTES name podca-ca:\n{notes}"
             );
         }
+        // With tenants: a tenant's pod selects its tenant's bundle; without, no word of it.
+        let tenant_selector = format!(
+            "signerName: {}\n                 labelSelector:\n                   \
+             matchLabels:\n                     app.kubernetes.io/managed-by: podca\n                     \
+             podca.dev/instance: podca\n                     podca.dev/tenant: {}\n",
+            TENANTS[0].signer, TENANTS[0].name
+        );
+        assert_eq!(
+            notes.contains(&tenant_selector),
+            *example == "tenants",
+            "helm {example}: the tenant's selector in the NOTES:\n{notes}"
+        );
         let ledger = if *example == "ha-postgres" {
             "create secret generic podca-ledger-postgres \\\n       \
              --from-literal=url='postgres://podca:PASSWORD@HOST:5432/podca' \\\n       \
@@ -784,4 +812,404 @@ fn the_chart_refuses_cas_podca_would_refuse() {
     ] {
         assert!(Config::parse(text).is_err(), "{text}");
     }
+}
+
+/// The shell commands in `text` that start with `prefix` (after indentation, or after `#` in a
+/// config file's comment), each with its `\` continuation lines joined, as words.
+fn commands(text: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let line = line.trim_start().trim_start_matches('#').trim();
+        let cmd = match current.as_mut() {
+            Some(cmd) => {
+                cmd.push_str(line);
+                cmd
+            }
+            None if line.starts_with(prefix) => current.insert(line.to_string()),
+            None => continue,
+        };
+        if let Some(rest) = cmd.strip_suffix('\\') {
+            *cmd = format!("{rest} ");
+        } else {
+            out.push(cmd.split_whitespace().map(String::from).collect());
+            current = None;
+        }
+    }
+    out
+}
+
+/// The value after `flag` in `words`.
+fn value_of(words: &[String], flag: &str) -> String {
+    let i = words
+        .iter()
+        .position(|w| w == flag)
+        .unwrap_or_else(|| panic!("{flag} missing from {words:?}"));
+    words[i + 1].clone()
+}
+
+/// The nameConstraints subtrees of the certificate in the PEM file `path`.
+fn subtrees_of(path: &std::path::Path) -> podca_signer::constraints::Subtrees {
+    let text = std::fs::read(path).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&text).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    cert.extensions()
+        .iter()
+        .find_map(|e| match e.parsed_extension() {
+            x509_parser::extensions::ParsedExtension::NameConstraints(nc) => {
+                Some(podca_signer::constraints::Subtrees::from_extension(nc))
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{}: no nameConstraints", path.display()))
+}
+
+/// Runs every `podca ca init` of the NOTES `notes` with the real podca, in a fresh directory,
+/// and checks each CA it makes: it is a tenant CA of `cfg`, its root and issuing certificates
+/// carry exactly the nameConstraints podca gives that tenant's CA (`Config::init_constraints`),
+/// podca signs the tenant's names with it and refuses every other tenant's, and the files the
+/// NOTES then put into the CA's Secret exist. The CA names, in NOTES order.
+fn run_tenant_ca_inits(what: &str, notes: &str, cfg: &Config) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let tenants: Vec<(String, String, Vec<String>)> = cfg
+        .signers
+        .values()
+        .flat_map(|policy| {
+            policy.tenants().map(|t| {
+                (
+                    t.ca().to_string(),
+                    t.trust_domain(&policy.trust_domain),
+                    t.spec.namespaces.clone(),
+                )
+            })
+        })
+        .collect();
+    let secrets = commands(notes, "kubectl");
+    let mut made = Vec::new();
+    for words in commands(notes, "podca ca init") {
+        let out = Command::new(podca_tests::process::podca_binary())
+            .args(&words[1..])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: {}: {}",
+            words.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ca = value_of(&words, "--name");
+        let ca_dir = dir.path().join(value_of(&words, "--dir"));
+        let (_, td, namespaces) = tenants
+            .iter()
+            .find(|(name, _, _)| *name == ca)
+            .unwrap_or_else(|| panic!("{what}: the NOTES constrain {ca}, no tenant's CA"));
+        let want = cfg.init_constraints(&ca).unwrap().unwrap();
+        let want_uris = Some(want.permitted_uri_hosts.clone()).filter(|u| !u.is_empty());
+        for pem in ["generations/1/root.pem", "generations/1/issuing.pem"] {
+            let got = subtrees_of(&ca_dir.join(pem));
+            assert_eq!(
+                got.permitted_dns,
+                Some(want.permitted_dns.clone()),
+                "{what}: {ca} {pem}"
+            );
+            assert_eq!(got.permitted_uri_hosts, want_uris, "{what}: {ca} {pem}");
+        }
+        let issuing = podca_signer::FileStore::new(&ca_dir).load().unwrap();
+        assert!(issuing.is_name_constrained(), "{what}: {ca}");
+        for ns in namespaces {
+            let id = format!("spiffe://{td}/ns/{ns}/sa/web");
+            let names = [
+                format!("web.{ns}.svc"),
+                format!("web.{ns}.svc.cluster.local"),
+            ];
+            let names = if want
+                .permitted_dns
+                .iter()
+                .any(|d| d.ends_with(".cluster.local"))
+            {
+                names.to_vec()
+            } else {
+                names[..1].to_vec()
+            };
+            issuing
+                .check_names(&id, &names)
+                .unwrap_or_else(|e| panic!("{what}: {ca} refuses its own tenant's names: {e}"));
+        }
+        for (other, other_td, other_namespaces) in &tenants {
+            if *other == ca {
+                continue;
+            }
+            let own_id = format!("spiffe://{td}/ns/{}/sa/web", namespaces[0]);
+            for ns in other_namespaces {
+                let name = [format!("web.{ns}.svc")];
+                assert!(
+                    issuing.check_names(&own_id, &name).is_err(),
+                    "{what}: {ca} signs {ns}'s name (of {other})"
+                );
+            }
+            if !want.permitted_uri_hosts.is_empty() {
+                let id = format!("spiffe://{other_td}/ns/{}/sa/web", other_namespaces[0]);
+                assert!(issuing.check_names(&id, &[]).is_err(), "{what}: {ca} {id}");
+            }
+        }
+        // The Secret of that CA, from the files the init made.
+        let secret = cfg.ca_named(&ca).map(|c| match c {
+            podca_authority::config::CaConfig::Secret(s) => s.name.clone(),
+            other => panic!("{what}: {ca} is not Secret-held: {other:?}"),
+        });
+        let secret = secret.unwrap();
+        let create = secrets
+            .iter()
+            .find(|w| w.contains(&secret) && w.iter().any(|x| x == "create"))
+            .unwrap_or_else(|| panic!("{what}: no command creates the Secret {secret}"));
+        let files: Vec<&str> = create
+            .iter()
+            .filter_map(|w| w.strip_prefix("--from-file="))
+            .map(|kv| kv.split_once('=').unwrap().1)
+            .collect();
+        assert_eq!(files.len(), 3, "{what}: {create:?}");
+        for file in files {
+            assert!(dir.path().join(file).is_file(), "{what}: {file} missing");
+        }
+        made.push(ca);
+    }
+    made
+}
+
+#[test]
+fn the_notes_make_each_tenant_ca_with_its_tenants_name_constraints() {
+    let notes = helm_notes(&helm_example("tenants"));
+    let cfg = config(&parse_helm("tenants"));
+    let made = run_tenant_ca_inits("helm tenants", &notes, &cfg);
+    let tenant_cas: Vec<&str> = TENANTS.iter().map(|t| t.ca).collect();
+    assert_eq!(made, tenant_cas, "one constrained CA per tenant");
+    // The signers' own CAs carry no constraints: made without them.
+    for (_, ca, secret) in TENANT_SIGNERS {
+        let line = format!("from `podca ca init --name {ca} --dir ./{secret}`:");
+        assert!(notes.contains(&line), "{line}\n{notes}");
+    }
+    // The overlay's config.toml shows the same command for team-a.
+    let overlay =
+        std::fs::read_to_string(repo_root().join("deploy/overlays/tenants/config.toml")).unwrap();
+    let team_a: Vec<Vec<String>> = commands(&notes, "podca ca init")
+        .into_iter()
+        .filter(|w| value_of(w, "--name") == TENANTS[0].ca)
+        .collect();
+    assert_eq!(commands(&overlay, "podca ca init"), team_a);
+    // The command parser sees what a shell sees.
+    assert_eq!(
+        commands("  a b \\\n    c\n# a d\nx\n", "a"),
+        [vec!["a", "b", "c"], vec!["a", "d"]]
+    );
+}
+
+/// Tenants with every key, and `untenanted = "signer"`, on the chart's placeholder signer.
+const TENANT_KEYS: &str = "cas:\n  team-x:\n    secretName: ca-team-x\n  ca-y:\n    \
+    secretName: ca-y\nconfig:\n  signers:\n    example.com/workload:\n      untenanted: signer\n      \
+    tenants:\n        team-x:\n          namespaces: [x1, x2]\n        team-y:\n          \
+    namespaces: [y1]\n          ca: ca-y\n          trust_domain: y.example\n          \
+    cluster_domain: c.example\n          uri_constraints: true\n";
+
+#[test]
+fn helm_renders_tenants_and_untenanted_as_podca_reads_them() {
+    use podca_signer::tenants::{TenantSpec, Untenanted};
+    let r = check_helm_values("helm tenant keys", "default", TENANT_KEYS);
+    check_rbac_signers("helm tenant keys", &r, &[SIGNER]);
+    let cfg = config(&r);
+    let policy = &cfg.signers[SIGNER];
+    assert_eq!(policy.untenanted, Untenanted::Signer);
+    assert_eq!(
+        policy.tenants["team-x"],
+        TenantSpec {
+            namespaces: vec!["x1".into(), "x2".into()],
+            trust_domain: None,
+            ca: None,
+            cluster_domain: None,
+            uri_constraints: false,
+        }
+    );
+    assert_eq!(
+        policy.tenants["team-y"],
+        TenantSpec {
+            namespaces: vec!["y1".into()],
+            trust_domain: Some("y.example".into()),
+            ca: Some("ca-y".into()),
+            cluster_domain: Some("c.example".into()),
+            uri_constraints: true,
+        }
+    );
+    // untenanted = "signer": a namespace in no tenant gets the signer's own CA.
+    assert_eq!(policy.tenant_of("default").map(|t| t.is_none()), Ok(true));
+    assert_eq!(
+        cfg.tenant_cas(),
+        [(SIGNER, "team-x", "team-x"), (SIGNER, "team-y", "ca-y")]
+    );
+    // Each tenant CA is opened and granted beside `ca`, whose Secret keeps the JWT keys.
+    assert_eq!(
+        ca_secrets(&cfg),
+        [
+            (NAMESPACE.to_string(), "ca-y".to_string()),
+            (NAMESPACE.to_string(), "podca-ca".to_string()),
+            (NAMESPACE.to_string(), "ca-team-x".to_string()),
+        ]
+    );
+    assert_eq!(
+        named_in_roles(&r, "secrets"),
+        ["ca-team-x", "ca-y", "podca-ca", "podca-ca-jwt"]
+    );
+    assert_eq!(
+        named_in_roles(&r, "configmaps"),
+        [
+            "ca-team-x-podca-history",
+            "ca-y-podca-history",
+            "podca-ca-podca-history",
+            "podca-jwks"
+        ]
+    );
+    // The NOTES' init commands make both tenant CAs with their constraints (team-y's with its
+    // cluster domain and its trust domain as a URI constraint).
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, TENANT_KEYS).unwrap();
+    let notes = helm_notes(&values);
+    assert!(
+        notes.contains(
+            "--permitted-dns y1.svc --permitted-dns y1.svc.c.example \\\n       \
+                        --permitted-trust-domain y.example\n"
+        ),
+        "{notes}"
+    );
+    // The first signer has tenants: its generic example selects its own bundle only.
+    assert!(
+        notes.contains("- {key: podca.dev/tenant, operator: DoesNotExist}"),
+        "{notes}"
+    );
+    assert_eq!(
+        run_tenant_ca_inits("helm tenant keys", &notes, &cfg),
+        ["ca-y", "team-x"]
+    );
+}
+
+#[test]
+fn the_values_schema_refuses_tenants_podca_would_refuse() {
+    let tenant = |body: &str| {
+        format!(
+            "config:\n  signers:\n    example.com/workload:\n      tenants:\n        team-a:\n{body}"
+        )
+    };
+    let cases = [
+        (
+            "a namespace glob (the CA's constraints are fixed when it is made)",
+            tenant("          namespaces: [\"team-*\"]\n"),
+            "at '/config/signers/example.com~1workload/tenants/team-a/namespaces/0': 'team-*' \
+             does not match pattern",
+        ),
+        (
+            "a tenant without namespaces",
+            tenant("          trust_domain: a.example\n"),
+            "at '/config/signers/example.com~1workload/tenants/team-a': missing property \
+             'namespaces'",
+        ),
+        (
+            "an unknown tenant key",
+            tenant("          namespaces: [a]\n          namespace_selector: {}\n"),
+            "at '/config/signers/example.com~1workload/tenants/team-a': additional properties \
+             'namespace_selector' not allowed",
+        ),
+        (
+            "uri_constraints not a boolean",
+            tenant("          namespaces: [a]\n          uri_constraints: \"yes\"\n"),
+            "uri_constraints': got string, want boolean",
+        ),
+        (
+            "a tenant on the CA named default (`ca`)",
+            tenant("          namespaces: [a]\n          ca: default\n"),
+            "at '/config/signers/example.com~1workload/tenants/team-a/ca'",
+        ),
+        (
+            "a tenant name podca refuses",
+            "config:\n  signers:\n    example.com/workload:\n      tenants:\n        Team-A:\n          \
+             namespaces: [a]\n"
+                .to_string(),
+            "invalid propertyName 'Team-A'",
+        ),
+        (
+            "an untenanted value podca does not know",
+            "config:\n  signers:\n    example.com/workload:\n      untenanted: allow\n"
+                .to_string(),
+            "at '/config/signers/example.com~1workload/untenanted': value must be one of \
+             'deny', 'signer'",
+        ),
+    ];
+    for (what, values, expected) in &cases {
+        let err = helm_with_values(values)
+            .map(|_| ())
+            .expect_err(&format!("{what}: the schema must refuse:\n{values}"));
+        assert!(
+            err.contains("values don't meet the specifications of the schema(s)")
+                && err.contains(expected),
+            "{what}: expected {expected:?} in helm's error:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn the_chart_refuses_tenant_cas_podca_would_refuse() {
+    let tenants = "config:\n  signers:\n    example.com/workload:\n      tenants:\n        \
+                   team-a:\n          namespaces: [a]\n";
+    let cases = [
+        (
+            tenants.to_string(),
+            "config.signers.example.com/workload.tenants.team-a signs with CA team-a: no such CA; \
+             declare it under cas (cas.team-a.secretName)",
+        ),
+        (
+            format!(
+                "cas:\n  payments:\n    secretName: ca-payments\n{tenants}          ca: payments\n    \
+                 example.com/payments:\n      trust_domain: payments.example\n      ca: payments\n"
+            ),
+            "config.signers.example.com/workload.tenants.team-a signs with CA payments, which is \
+             also the CA of signer example.com/payments",
+        ),
+        (
+            format!(
+                "cas:\n  shared:\n    secretName: ca-shared\n{tenants}          ca: shared\n        \
+                 team-b:\n          namespaces: [b]\n          ca: shared\n"
+            ),
+            "config.signers.example.com/workload.tenants.team-b signs with CA shared, as \
+             config.signers.example.com/workload.tenants.team-a does: each tenant needs its own CA",
+        ),
+    ];
+    for (values, expected) in &cases {
+        let err = helm_with_values(values).expect_err(&format!("must refuse:\n{values}"));
+        assert!(err.contains(expected), "expected {expected:?}:\n{err}");
+    }
+    // podca refuses each as well (the chart only says so before the pod starts).
+    let signer = "[signers.\"a.example/x\"]\ntrust_domain = \"a.example\"\n";
+    let secret =
+        |name: &str| format!("[cas.{name}]\nbackend = \"secret\"\nsecret = \"ns/ca-{name}\"\n");
+    for text in [
+        format!("{signer}[signers.\"a.example/x\".tenants.team-a]\nnamespaces = [\"a\"]\n"),
+        format!(
+            "{}{signer}ca = \"payments\"\n[signers.\"a.example/x\".tenants.team-a]\n\
+             namespaces = [\"a\"]\nca = \"payments\"\n",
+            secret("payments")
+        ),
+        format!(
+            "{}{signer}[signers.\"a.example/x\".tenants.team-a]\nnamespaces = [\"a\"]\n\
+             ca = \"shared\"\n[signers.\"a.example/x\".tenants.team-b]\nnamespaces = [\"b\"]\n\
+             ca = \"shared\"\n",
+            secret("shared")
+        ),
+    ] {
+        assert!(Config::parse(&text).is_err(), "{text}");
+    }
+    // And accepts the tenant with its CA declared.
+    let ok = format!(
+        "[ca]\nbackend = \"secret\"\nsecret = \"ns/podca-ca\"\n{}{signer}\
+         [signers.\"a.example/x\".tenants.team-a]\nnamespaces = [\"a\"]\n",
+        secret("team-a")
+    );
+    Config::parse(&ok).unwrap_or_else(|e| panic!("{e:#}\n{ok}"));
 }

@@ -12,8 +12,8 @@ use crate::objects::{args, flag, podca_container, the_deployment};
 use crate::render::{documents, render_default_with, repo_root};
 use crate::strict::{Rendered, parse_all, parse_overlay};
 use crate::{
-    DEFAULT_LEASE, NAMESPACE, OVERLAYS, SERVICE_ACCOUNT, SIGNER, TWO_SIGNERS, TWO_SIGNERS_PRIMARY,
-    signers_of,
+    DEFAULT_LEASE, NAMESPACE, OVERLAYS, SERVICE_ACCOUNT, SIGNER, TENANT_SIGNERS, TENANTS,
+    TENANTS_PRIMARY, TWO_SIGNERS, TWO_SIGNERS_PRIMARY, signers_of,
 };
 
 /// One permission: scope ("cluster" or a namespace), apiGroup, resource, verb, resourceName.
@@ -174,7 +174,7 @@ pub fn expected_grants(
     if pod_facts {
         add("cluster", "", "pods", &["get"], None);
     }
-    // The `secret` CA backend, for each Secret-held CA some signer uses (`[ca]` and
+    // The `secret` CA backend, for each Secret-held CA some signer or tenant uses (`[ca]` and
     // `[cas.<name>]`), in its Secret's namespace: the Secret by name (get, and list/watch with a
     // metadata.name field selector), the history ConfigMap `<secret>-podca-history` by name, and
     // create for that ConfigMap (create cannot be limited by name).
@@ -308,8 +308,8 @@ pub fn rbac_problems(r: &Rendered, expected: &BTreeSet<Grant>) -> Vec<String> {
     problems
 }
 
-/// The Secret of every Secret-held CA some signer uses (`Config::cas_in_use`): (namespace,
-/// name), in CA name order.
+/// The Secret of every Secret-held CA some signer or tenant uses (`Config::cas_in_use`):
+/// (namespace, name), in CA name order.
 pub fn ca_secrets(cfg: &Config) -> Vec<(String, String)> {
     cfg.cas_in_use()
         .into_iter()
@@ -502,6 +502,234 @@ pub fn check_two_signers(what: &str, r: &Rendered) {
 #[test]
 fn the_two_signers_overlay_grants_each_ca_and_the_primary_s_jwt_keys() {
     check_two_signers("overlay two-signers", &parse_overlay("two-signers"));
+}
+
+/// The namespaced grants of a tenants rendering, as podca needs them: the Secret and history
+/// ConfigMap of both signers' own CAs and of both tenants' CAs (each a CA podca opens), the JWT
+/// keys beside the primary CA's Secret only (mesh's, never a tenant's), the JWKS ConfigMap.
+/// Written out, not derived from the config: the expectation itself is checked.
+fn tenants_namespaced_grants() -> BTreeSet<Grant> {
+    let mut want = BTreeSet::new();
+    let mut add = |res: &str, verbs: &[&str], name: Option<&str>| {
+        for v in verbs {
+            want.insert((
+                NAMESPACE.to_string(),
+                String::new(),
+                res.to_string(),
+                v.to_string(),
+                name.map(str::to_string),
+            ));
+        }
+    };
+    for secret in ["ca-batch", "ca-mesh", "ca-team-a", "ca-team-b"] {
+        add("secrets", &["get", "list", "watch"], Some(secret));
+        add(
+            "configmaps",
+            &["get", "update"],
+            Some(&format!("{secret}-podca-history")),
+        );
+    }
+    add("configmaps", &["create"], None);
+    add("secrets", &["get", "update"], Some("ca-mesh-jwt"));
+    add("secrets", &["create"], None);
+    add("configmaps", &["get", "update"], Some("podca-jwks"));
+    want
+}
+
+/// The tenants rendering `r` (the overlay or the Helm example): each signer signs with its own
+/// Secret-held CA; example.com/mesh has the tenants team-a and team-b, each with its namespaces,
+/// its own trust domain and its own Secret CA, constrained to its namespaces' DNS names; a
+/// namespace in no tenant is denied; `[ca]` is neither written nor granted; the RBAC names all
+/// four CA Secrets and history ConfigMaps, both signers, and the JWT keys of the primary CA only;
+/// every ClusterTrustBundle podca publishes (the tenants' included) is of a signer it may attest.
+pub fn check_tenants(what: &str, r: &Rendered) {
+    let cfg = config(r);
+    let raw: toml::Table = toml::from_str(&crate::config::config_text(r)).unwrap();
+    assert!(
+        raw.get("ca").is_none(),
+        "{what}: [ca] is written though no signer uses it"
+    );
+    let secret_ca = |ca: &str| match cfg.ca_named(ca) {
+        Some(CaConfig::Secret(s)) => (s.namespace.clone(), s.name.clone()),
+        other => panic!("{what}: [cas.{ca}] is not a Secret CA: {other:?}"),
+    };
+    for (signer, ca, secret) in TENANT_SIGNERS {
+        assert_eq!(cfg.ca_of_signer(signer), Some(*ca), "{what}: {signer}'s CA");
+        assert_eq!(
+            secret_ca(ca),
+            (NAMESPACE.to_string(), secret.to_string()),
+            "{what}: [cas.{ca}]"
+        );
+    }
+    // The tenants, as podca reads them: (signer, tenant, CA).
+    let want: Vec<(&str, &str, &str)> = TENANTS.iter().map(|t| (t.signer, t.name, t.ca)).collect();
+    assert_eq!(cfg.tenant_cas(), want, "{what}: the tenants and their CAs");
+    for t in TENANTS {
+        let policy = &cfg.signers[t.signer];
+        let tenant = policy
+            .tenants()
+            .find(|x| x.name == t.name)
+            .unwrap_or_else(|| panic!("{what}: no tenant {}", t.name));
+        assert_eq!(tenant.spec.namespaces, t.namespaces, "{what}: {}", t.name);
+        assert_eq!(
+            tenant.trust_domain(&policy.trust_domain),
+            format!("{}.{}", t.name, policy.trust_domain),
+            "{what}: {}'s trust domain",
+            t.name
+        );
+        assert_eq!(
+            secret_ca(t.ca),
+            (NAMESPACE.to_string(), t.secret.to_string()),
+            "{what}: [cas.{}]",
+            t.ca
+        );
+        // What the tenant's CA is made with: its namespaces' DNS subtrees, no URI constraint
+        // (rustls would refuse every leaf under it).
+        let constraints = cfg
+            .init_constraints(t.ca)
+            .unwrap_or_else(|| panic!("{what}: {} is not a tenant CA", t.ca))
+            .unwrap();
+        let dns: Vec<String> = t
+            .namespaces
+            .iter()
+            .flat_map(|ns| [format!("{ns}.svc"), format!("{ns}.svc.cluster.local")])
+            .collect();
+        assert_eq!(constraints.permitted_dns, dns, "{what}: {}'s CA", t.name);
+        assert!(constraints.permitted_uri_hosts.is_empty(), "{what}");
+        for ns in t.namespaces {
+            let of = policy.tenant_of(ns).unwrap().map(|x| x.name);
+            assert_eq!(of, Some(t.name), "{what}: namespace {ns}'s tenant");
+        }
+    }
+    // A namespace in no tenant is denied: no certificate of the signer's own CA for it.
+    let mesh = &cfg.signers[TENANTS_PRIMARY];
+    assert_eq!(mesh.untenanted, podca_signer::tenants::Untenanted::Deny);
+    assert!(mesh.tenant_of("batch").is_err(), "{what}: untenanted");
+    let in_use: Vec<&str> = cfg.cas_in_use().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(in_use, ["batch", "mesh", "team-a", "team-b"], "{what}");
+    assert_eq!(cfg.grpc.signer.as_deref(), Some(TENANTS_PRIMARY));
+    assert_eq!(primary_ca(&cfg), "mesh", "{what}: the primary CA");
+    assert_eq!(
+        cfg.shared_ca_warnings(),
+        [] as [String; 0],
+        "{what}: no two signers share a CA"
+    );
+    let expected = expected_for(r);
+    let namespaced: BTreeSet<Grant> = expected
+        .iter()
+        .filter(|g| g.0 != "cluster")
+        .cloned()
+        .collect();
+    assert_eq!(
+        namespaced,
+        tenants_namespaced_grants(),
+        "{what}: the namespaced grants podca needs"
+    );
+    for verb in ["sign", "attest"] {
+        let names: Vec<&str> = expected
+            .iter()
+            .filter(|g| g.2 == "signers" && g.3 == verb)
+            .filter_map(|g| g.4.as_deref())
+            .collect();
+        assert_eq!(names, signers_of("tenants"), "{what}: {verb}");
+    }
+    // The bundles podca publishes, from the publisher itself: each signer's, and one per tenant
+    // linked to its signer, so `attest` on the signer names covers them all.
+    let bundles = crate::examples::bundles_of(&cfg);
+    let names: Vec<&str> = bundles.iter().map(|(b, _)| b.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "example.com:batch:podca",
+            "example.com:mesh:podca",
+            "example.com:mesh:podca.team-a",
+            "example.com:mesh:podca.team-b"
+        ],
+        "{what}: the ClusterTrustBundles"
+    );
+    for (bundle, _) in &bundles {
+        assert!(
+            signers_of("tenants").contains(&bundle.signer_name.as_str()),
+            "{what}: {} is of {}, which podca may not attest",
+            bundle.name,
+            bundle.signer_name
+        );
+    }
+    check_rbac_signers(what, r, &signers_of("tenants"));
+}
+
+#[test]
+fn the_tenants_overlay_grants_each_tenant_ca_and_the_primary_s_jwt_keys() {
+    check_tenants("overlay tenants", &parse_overlay("tenants"));
+}
+
+#[test]
+fn the_rbac_check_holds_each_tenant_ca_to_its_own_grants() {
+    let base = parse_overlay("tenants");
+    let expected = expected_for(&base);
+    assert!(rbac_problems(&base, &expected).is_empty());
+    type Mutation = (&'static str, fn(&mut Rendered), &'static str);
+    let mutations: &[Mutation] = &[
+        (
+            "a tenant CA's Secret missing",
+            |r| drop_name(r, "ca-team-b"),
+            "missing permission: (\"podca-system\", \"\", \"secrets\", \"watch\", Some(\"ca-team-b\"))",
+        ),
+        (
+            "a tenant CA's history ConfigMap missing",
+            |r| drop_name(r, "ca-team-a-podca-history"),
+            "missing permission: (\"podca-system\", \"\", \"configmaps\", \"update\", \
+             Some(\"ca-team-a-podca-history\"))",
+        ),
+        (
+            "JWT keys beside a tenant's CA",
+            |r| add_name(r, "ca-mesh-jwt", "ca-team-a-jwt"),
+            "permission not in spec §3 or the justified extras: (\"podca-system\", \"\", \
+             \"secrets\", \"update\", Some(\"ca-team-a-jwt\"))",
+        ),
+        (
+            "the signer with tenants without attest (its tenants' bundles)",
+            |r| drop_name(r, "example.com/mesh"),
+            "missing permission: (\"cluster\", \"certificates.k8s.io\", \"signers\", \
+             \"attest\", Some(\"example.com/mesh\"))",
+        ),
+    ];
+    for (what, mutate, problem) in mutations {
+        let mut r = parse_overlay("tenants");
+        mutate(&mut r);
+        let problems = rbac_problems(&r, &expected);
+        assert!(
+            problems.iter().any(|p| p == problem),
+            "the RBAC check missed: {what}; problems: {problems:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_doctor_asks_for_every_tenant_ca_secret() {
+    use podca_controller::doctor::Needs;
+    let mut cfg = config(&parse_overlay("tenants"));
+    cfg.jwt
+        .jwks_configmap_namespace
+        .get_or_insert_with(|| NAMESPACE.to_string());
+    let mut secrets: Vec<(String, String)> = Needs::from_config(&cfg, None)
+        .required()
+        .into_iter()
+        .filter(|p| p.resource == "secrets" && p.verb == "get")
+        .filter_map(|p| Some((p.namespace?, p.name?)))
+        .collect();
+    secrets.sort();
+    let want: Vec<(String, String)> = [
+        "ca-batch",
+        "ca-mesh",
+        "ca-mesh-jwt",
+        "ca-team-a",
+        "ca-team-b",
+    ]
+    .iter()
+    .map(|s| (NAMESPACE.to_string(), s.to_string()))
+    .collect();
+    assert_eq!(secrets, want, "`podca doctor`: the Secrets podca reads");
 }
 
 /// Every rule of every Role and ClusterRole that names `name` in its resourceNames.

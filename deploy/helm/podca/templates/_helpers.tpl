@@ -48,8 +48,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/*
 The CAs. `ca` is the CA named `default` ([ca]); `cas.<name>` declares more ([cas.<name>], each a
 kubernetes.io/tls Secret in the release namespace). A signer signs with the CA its `ca` key
-names, else with `default`. Only the CAs some signer uses are opened by podca, so only they are
-rendered ([ca]), granted (RBAC) and mounted (the HSM's volumes).
+names, else with `default`; a signer's tenant (config.signers.<signer>.tenants.<tenant>) with
+the CA its own `ca` names, else with the CA named like the tenant, which must be under `cas`.
+Only the CAs some signer or tenant uses are opened by podca, so only they are rendered ([ca]),
+granted (RBAC) and mounted (the HSM's volumes).
 */}}
 
 {{/* The CA a signer policy names: its `ca`, else "default". */}}
@@ -57,11 +59,37 @@ rendered ([ca]), granted (RBAC) and mounted (the HSM's volumes).
 {{- if and (kindIs "map" .) (get . "ca") -}}{{ get . "ca" }}{{- else -}}default{{- end -}}
 {{- end -}}
 
-{{/* The names of the CAs some signer uses, sorted (as podca's Config::cas_in_use), as JSON. */}}
+{{/*
+Every tenant of every signer (config.signers.<signer>.tenants.<tenant>), in signer then tenant
+order, as a JSON list of {signer, tenant, ca, spec}: `ca` is the CA that signs for the tenant,
+its `ca` key, else the CA named like the tenant (as podca's Config::tenant_cas).
+*/}}
+{{- define "podca.tenants" -}}
+{{- $out := list -}}
+{{- range $signer, $policy := .Values.config.signers -}}
+{{- if kindIs "map" $policy -}}
+{{- range $tenant, $spec := (get $policy "tenants" | default dict) -}}
+{{- if kindIs "map" $spec -}}
+{{- $ca := get $spec "ca" | default $tenant -}}
+{{- $out = append $out (dict "signer" $signer "tenant" $tenant "ca" $ca "spec" $spec) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
+The names of the CAs podca opens, sorted (as podca's Config::cas_in_use), as JSON: the CA of
+every signer, and the CA of every tenant.
+*/}}
 {{- define "podca.casInUse" -}}
 {{- $names := list -}}
 {{- range $signer, $policy := .Values.config.signers -}}
 {{- $names = append $names (include "podca.caOf" $policy) -}}
+{{- end -}}
+{{- range include "podca.tenants" . | fromJsonArray -}}
+{{- $names = append $names .ca -}}
 {{- end -}}
 {{- $names | uniq | sortAlpha | toJson -}}
 {{- end -}}
@@ -176,6 +204,26 @@ keys live with it only.
 {{- if and (ne $ca "default") (not (hasKey $cas $ca)) -}}
 {{- fail (printf "config.signers.%s.ca = %s: no such CA; declare it under cas (cas.%s.secretName), or leave ca out to sign with `ca`" $signer $ca $ca) -}}
 {{- end -}}
+{{- end -}}
+{{- /* A tenant's CA is a CA of its own (as podca's config check): declared under cas, the
+CA of no signer and of no other tenant. */ -}}
+{{- $signerCas := dict -}}
+{{- range $signer, $policy := .Values.config.signers -}}
+{{- $_ := set $signerCas (include "podca.caOf" $policy) $signer -}}
+{{- end -}}
+{{- $tenantCas := dict -}}
+{{- range include "podca.tenants" . | fromJsonArray -}}
+{{- $where := printf "config.signers.%s.tenants.%s" .signer .tenant -}}
+{{- if not (hasKey $cas .ca) -}}
+{{- fail (printf "%s signs with CA %s: no such CA; declare it under cas (cas.%s.secretName): each tenant's CA is a CA of its own" $where .ca .ca) -}}
+{{- end -}}
+{{- if hasKey $signerCas .ca -}}
+{{- fail (printf "%s signs with CA %s, which is also the CA of signer %s: a tenant's CA signs for the tenant alone" $where .ca (get $signerCas .ca)) -}}
+{{- end -}}
+{{- if hasKey $tenantCas .ca -}}
+{{- fail (printf "%s signs with CA %s, as %s does: each tenant needs its own CA" $where .ca (get $tenantCas .ca)) -}}
+{{- end -}}
+{{- $_ := set $tenantCas .ca $where -}}
 {{- end -}}
 {{- $seen := dict -}}
 {{- range include "podca.casInUse" . | fromJsonArray -}}
