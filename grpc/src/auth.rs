@@ -559,8 +559,13 @@ impl Authenticator for TokenReviewAuthenticator {
             }
             None => self.limits.cache_ttl,
         };
-        // One address may hold only its share of the reviews: beyond it, refused at once.
-        let _turn = self.source_turn(peer)?;
+        // One address may start only its share of the reviews: beyond it, refused at once. A
+        // request whose token is already being reviewed joins that review instead.
+        let joining = self.caches().in_flight.contains_key(&key);
+        let _turn = match joining {
+            true => None,
+            false => self.source_turn(peer)?,
+        };
         self.count_cache("miss");
         let shared = self.shared_review(key);
         let verdict = shared

@@ -325,7 +325,7 @@ impl ClientTrust {
                 accepted: accepted.join(", "),
             });
         }
-        Err(CertRefusal::NotValid(refusal.unwrap_or_default()))
+        Err(refusal.unwrap_or_else(|| CertRefusal::NotValid(String::new())))
     }
 
     /// The first verifier that accepts the chain, else the last refusal.
@@ -366,10 +366,10 @@ impl Verifier {
         leaf: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
-    ) -> Result<(), String> {
+    ) -> Result<(), CertRefusal> {
         self.verifier
             .verify_client_cert(leaf, intermediates, now)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| CertRefusal::NotValid(e.to_string()))?;
         if podca_signer::x509::certificate_signed_by(leaf, &self.active_issuer_spki).is_ok() {
             return Ok(());
         }
@@ -381,12 +381,12 @@ impl Verifier {
             {
                 Ok(())
             }
-            _ => Err(
+            _ => Err(CertRefusal::NotValid(
                 "it was not issued by a live CA generation of podca (the active issuing CA, or \
                  a prepared one): a retired generation or another CA under the same root does \
                  not renew; authenticate with a token"
                     .into(),
-            ),
+            )),
         }
     }
 }

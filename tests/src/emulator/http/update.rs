@@ -298,7 +298,8 @@ pub(super) fn update(
     } else {
         st.put(res, &ns, &name, new_obj)
     };
-    drop(st);
+    // Counted before the store lock goes: a reader that sees the settled object also sees it
+    // counted (tests poll the objects, then read the counters).
     if let Some(s) = status_outcome {
         shared.count(|c| {
             c.status_writes_accepted += 1;
@@ -311,6 +312,7 @@ pub(super) fn update(
             }
         });
     }
+    drop(st);
     if res == Res::Ctb {
         shared.count(|c| c.ctb_writes_accepted += 1);
     }
