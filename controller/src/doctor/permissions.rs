@@ -202,11 +202,7 @@ impl Needs {
             "podcertificaterequests",
         ));
         // The one /status write per request.
-        all.extend(each(
-            &["update", "patch"],
-            cert,
-            "podcertificaterequests/status",
-        ));
+        all.extend(each(&["patch"], cert, "podcertificaterequests/status"));
         // kube-apiserver's signer check on every status write.
         all.extend(
             self.signers
@@ -215,9 +211,7 @@ impl Needs {
         );
         // The ClusterTrustBundle publisher.
         all.extend(each(
-            &[
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ],
+            &["get", "list", "watch", "create", "update", "delete"],
             cert,
             "clustertrustbundles",
         ));

@@ -505,20 +505,14 @@ impl Emulator {
         );
         self.grant(
             u(),
-            PolicyRule::new(
-                &[cert],
-                &["podcertificaterequests/status"],
-                &["update", "patch"],
-            ),
+            PolicyRule::new(&[cert], &["podcertificaterequests/status"], &["patch"]),
         );
         self.grant(
             u(),
             PolicyRule::new(
                 &[cert],
                 &["clustertrustbundles"],
-                &[
-                    "get", "list", "watch", "create", "update", "patch", "delete",
-                ],
+                &["get", "list", "watch", "create", "update", "delete"],
             ),
         );
         self.grant_signer(user, &["sign", "attest"], &[signer_name]);

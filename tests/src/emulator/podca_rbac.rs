@@ -76,18 +76,12 @@ impl PodcaRbac {
                 &["podcertificaterequests"],
                 &["get", "list", "watch"],
             ),
-            PolicyRule::new(
-                &[cert],
-                &["podcertificaterequests/status"],
-                &["update", "patch"],
-            ),
+            PolicyRule::new(&[cert], &["podcertificaterequests/status"], &["patch"]),
             PolicyRule::new(&[cert], &["signers"], &["sign"]).with_names(&signers),
             PolicyRule::new(
                 &[cert],
                 &["clustertrustbundles"],
-                &[
-                    "get", "list", "watch", "create", "update", "patch", "delete",
-                ],
+                &["get", "list", "watch", "create", "update", "delete"],
             ),
             PolicyRule::new(&[cert], &["signers"], &["attest"]).with_names(&signers),
             PolicyRule::new(&["events.k8s.io"], &["events"], &["create", "patch"]),

@@ -122,7 +122,7 @@ pub fn expected_grants(
         "cluster",
         certs,
         "podcertificaterequests/status",
-        &["update", "patch"],
+        &["patch"],
         None,
     );
     for s in signers {
@@ -133,9 +133,7 @@ pub fn expected_grants(
         "cluster",
         certs,
         "clustertrustbundles",
-        &[
-            "get", "list", "watch", "create", "update", "patch", "delete",
-        ],
+        &["get", "list", "watch", "create", "update", "delete"],
         None,
     );
     // Extras (each justified in deploy/base/rbac.yaml): Events (the kube-runtime Recorder
