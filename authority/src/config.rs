@@ -1574,14 +1574,10 @@ pub fn ca_name_of(policy: &SignerPolicy) -> &str {
     policy.ca.as_deref().unwrap_or(DEFAULT_CA_NAME)
 }
 
-/// A CA name: a DNS label starting with a letter (it is a metric label and a directory name).
+/// A CA name: a DNS label starting with a letter (it is a metric label and a directory name),
+/// as tenant names are.
 pub fn is_ca_name(name: &str) -> bool {
-    (1..=63).contains(&name.len())
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && !name.ends_with('-')
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    podca_signer::tenants::is_tenant_name(name)
 }
 
 /// A Secret reference that is not `namespace/name`.

@@ -268,8 +268,9 @@ impl SignerPolicy {
     }
 }
 
-/// A DNS label starting with a letter: a tenant name, a namespace name.
-fn is_tenant_name(name: &str) -> bool {
+/// A DNS label starting with a letter: a tenant name, a namespace name, a CA name (also a
+/// metric label and a directory name).
+pub fn is_tenant_name(name: &str) -> bool {
     (1..=63).contains(&name.len())
         && name.starts_with(|c: char| c.is_ascii_lowercase())
         && !name.ends_with('-')

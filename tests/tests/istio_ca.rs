@@ -56,20 +56,7 @@ fn der_set(pem_text: &str) -> BTreeSet<Vec<u8>> {
     ders(pem_text).into_iter().map(|d| d.to_vec()).collect()
 }
 
-/// The leaf's URI SANs, and whether its SAN extension is there at all.
-fn leaf_uris(chain_pem: &str) -> Vec<String> {
-    let leaf = ders(chain_pem).into_iter().next().expect("a leaf");
-    let (_, cert) = x509_parser::parse_x509_certificate(&leaf).unwrap();
-    let sans = cert.subject_alternative_name().unwrap().expect("a SAN");
-    sans.value
-        .general_names
-        .iter()
-        .filter_map(|n| match n {
-            x509_parser::extensions::GeneralName::URI(u) => Some((*u).to_owned()),
-            _ => None,
-        })
-        .collect()
-}
+use podca_tests::verify::leaf_uris;
 
 fn leaf_lifetime(chain_pem: &str) -> i64 {
     let leaf = ders(chain_pem).into_iter().next().expect("a leaf");

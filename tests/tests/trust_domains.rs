@@ -40,6 +40,24 @@ fn two_signers(dirs: Option<(&std::path::Path, &std::path::Path)>) -> String {
     )
 }
 
+/// `podca doctor --config config --kubeconfig kubeconfig`'s report, off the async runtime.
+async fn doctor_report(config: &std::path::Path, kubeconfig: &std::path::Path) -> String {
+    let (config, kubeconfig) = (config.to_owned(), kubeconfig.to_owned());
+    let doctor = tokio::task::spawn_blocking(move || {
+        Command::new(podca_binary())
+            .args(["doctor", "--config"])
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env("PODCA_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    String::from_utf8_lossy(&doctor.stdout).into_owned()
+}
+
 fn ca_init(dir: &std::path::Path, name: &str) {
     let status = Command::new(podca_binary())
         .args(["ca", "init", "--name", name, "--dir"])
@@ -131,20 +149,7 @@ async fn signers_with_their_own_cas_are_separate_trust_domains() {
 
     // podca doctor: each signer's bundle holds its own CA's anchor (the directories are
     // readable here), no CA is shared.
-    let (config_path, kubeconfig) = (config.clone(), c.kubeconfig.clone());
-    let doctor = tokio::task::spawn_blocking(move || {
-        Command::new(podca_binary())
-            .args(["doctor", "--config"])
-            .arg(&config_path)
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .env("PODCA_LOG", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let report = String::from_utf8_lossy(&doctor.stdout);
+    let report = doctor_report(&config, &c.kubeconfig).await;
     let line = |name: &str| {
         report
             .lines()
@@ -650,20 +655,7 @@ async fn tenants_of_one_signer_are_separate_trust_domains() {
         "{:?}",
         counters.rejections_by_cause
     );
-    let (config_path, kubeconfig) = (config.clone(), c.kubeconfig.clone());
-    let doctor = tokio::task::spawn_blocking(move || {
-        Command::new(podca_binary())
-            .args(["doctor", "--config"])
-            .arg(&config_path)
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .env("PODCA_LOG", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let report = String::from_utf8_lossy(&doctor.stdout);
+    let report = doctor_report(&config, &c.kubeconfig).await;
     let bundles = report
         .lines()
         .find(|l| l.split_whitespace().nth(1) == Some("trust-bundle"))
