@@ -1272,6 +1272,8 @@ impl Config {
         let reserved = self.serving_dns_names(pod_namespace);
         for policy in self.signers.values_mut() {
             policy.reserved_dns_names = reserved.clone();
+            // The tenants' policies copy it: build them again.
+            policy.reset_tenant_policies();
         }
     }
 

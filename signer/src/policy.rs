@@ -70,6 +70,10 @@ pub struct SignerPolicy {
     /// With tenants: what a request from a namespace in none gets (default: denied).
     #[serde(default, skip_serializing_if = "crate::tenants::Untenanted::is_deny")]
     pub untenanted: crate::tenants::Untenanted,
+    /// The policies of the tenants, built at first use and shared by clones
+    /// ([`Self::for_tenant`]).
+    #[serde(skip)]
+    pub(crate) tenant_policies: TenantPolicies,
     /// `rules` and `outputs`, compiled once (at [`Self::validate`] or at first use) and shared by clones.
     #[serde(skip)]
     compiled: CompiledRules,
@@ -78,6 +82,26 @@ pub struct SignerPolicy {
     /// get a certificate clients would take for podca's gRPC API.
     #[serde(skip)]
     pub reserved_dns_names: Vec<String>,
+}
+
+/// The tenants' derived policies, built once (see [`SignerPolicy::for_tenant`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TenantPolicies(Arc<OnceLock<BTreeMap<String, SignerPolicy>>>);
+
+impl TenantPolicies {
+    pub(crate) fn get_or_init(
+        &self,
+        build: impl FnOnce() -> BTreeMap<String, SignerPolicy>,
+    ) -> &BTreeMap<String, SignerPolicy> {
+        self.0.get_or_init(build)
+    }
+}
+
+impl PartialEq for TenantPolicies {
+    /// A cache of `tenants`: policies compare by their fields.
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// The compiled form of a policy's `rules` and `outputs`, with the specs it was compiled from.
@@ -194,14 +218,43 @@ impl SignerPolicy {
             ca: None,
             tenants: BTreeMap::new(),
             untenanted: crate::tenants::Untenanted::default(),
+            tenant_policies: TenantPolicies::default(),
             compiled: CompiledRules::default(),
             reserved_dns_names: vec![],
         }
     }
 
+    /// Forgets the tenants' derived policies: call after changing a field they copy (podca
+    /// serve sets `reserved_dns_names` after the config was validated).
+    pub fn reset_tenant_policies(&mut self) {
+        self.tenant_policies = TenantPolicies::default();
+    }
+
+    /// Forgets the compiled rules (a derived policy whose rules differ from its origin's).
+    pub(crate) fn reset_compiled(&mut self) {
+        self.compiled = CompiledRules::default();
+    }
+
     /// Checks the policy for mistakes that would make every request fail, and compiles its
-    /// rules.
+    /// rules (and each tenant's: the signer's plus its own).
     pub fn validate(&self) -> Result<(), PolicyError> {
+        for tenant in self.tenants() {
+            self.for_tenant(&tenant)
+                .validate_own()
+                .map_err(|e| match e {
+                    PolicyError::Rule(rule) => {
+                        PolicyError::Tenant(crate::tenants::TenantError::Rules {
+                            tenant: tenant.name.to_owned(),
+                            error: rule.to_string(),
+                        })
+                    }
+                    other => other,
+                })?;
+        }
+        self.validate_own()
+    }
+
+    fn validate_own(&self) -> Result<(), PolicyError> {
         self.validate_fields()?;
         let rules = self.rule_set().map_err(PolicyError::Rule)?;
         match rules.pod_reader() {
@@ -260,12 +313,23 @@ impl SignerPolicy {
     pub fn rules_use_namespace_labels(&self) -> bool {
         self.rule_set()
             .is_ok_and(|rules| rules.uses_namespace_labels())
+            || self.tenants().any(|t| {
+                self.for_tenant(&t)
+                    .rule_set()
+                    .is_ok_and(|rules| rules.uses_namespace_labels())
+            })
     }
 
     /// Whether requests need a read of their pod: `pod_facts` is on and some rule or output
     /// reads `pod.labels` or `pod.annotations`.
     pub fn rules_use_pod_facts(&self) -> bool {
-        self.pod_facts && self.rule_set().is_ok_and(|rules| rules.uses_pod_facts())
+        self.pod_facts
+            && (self.rule_set().is_ok_and(|rules| rules.uses_pod_facts())
+                || self.tenants().any(|t| {
+                    self.for_tenant(&t)
+                        .rule_set()
+                        .is_ok_and(|rules| rules.uses_pod_facts())
+                }))
     }
 
     /// Whether a request of `ns`/`sa` needs a read of its pod: the rules read it

@@ -41,6 +41,10 @@ pub struct TenantSpec {
     /// guide, "Name constraints"); OpenSSL, Go and BoringSSL peers check it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub uri_constraints: bool,
+    /// CEL rules of the tenant, run after the signer's (`[[signers."x".tenants.<t>.rules]]`,
+    /// the same form): a tenant's policy is the signer's plus these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<crate::rules::RuleSpec>,
 }
 
 /// What happens to a request from a namespace in no tenant, when the signer has tenants.
@@ -114,6 +118,8 @@ pub enum TenantError {
     },
     #[error("tenant {tenant:?}: cluster_domain {domain:?} is not a DNS name")]
     ClusterDomain { tenant: String, domain: String },
+    #[error("tenant {tenant:?}: its rules: {error}")]
+    Rules { tenant: String, error: String },
 }
 
 impl<'a> Tenant<'a> {
@@ -186,12 +192,33 @@ impl SignerPolicy {
         }
     }
 
-    /// The policy a tenant's requests are decided by: this one, in the tenant's trust domain.
+    /// The policy a tenant's requests are decided by: this one, in the tenant's trust domain,
+    /// with the tenant's rules after the signer's. Built once per tenant and shared by clones
+    /// (its rules are compiled once).
     pub fn for_tenant(&self, tenant: &Tenant<'_>) -> SignerPolicy {
+        let built = self.tenant_policies.get_or_init(|| {
+            self.tenants()
+                .map(|t| (t.name.to_owned(), self.derive_for(&t)))
+                .collect()
+        });
+        match built.get(tenant.name) {
+            Some(policy) => policy.clone(),
+            // A tenant of another policy value (tenants changed after a clone built these).
+            None => self.derive_for(tenant),
+        }
+    }
+
+    fn derive_for(&self, tenant: &Tenant<'_>) -> SignerPolicy {
         let mut policy = self.clone();
         policy.trust_domain = tenant.trust_domain(&self.trust_domain);
         policy.ca = Some(tenant.ca().to_owned());
         policy.tenants = BTreeMap::new();
+        policy.tenant_policies = Default::default();
+        if !tenant.spec.rules.is_empty() {
+            policy.rules.extend(tenant.spec.rules.iter().cloned());
+            // Its own compiled rules: the signer's cache holds the signer's rules only.
+            policy.reset_compiled();
+        }
         policy
     }
 
@@ -346,6 +373,62 @@ mod tests {
         let c = b.name_constraints("mesh.test").unwrap();
         assert_eq!(c.permitted_uri_hosts, ["team-b.mesh.test"]);
         assert_eq!(c.permitted_dns, ["b1.svc", "b1.svc.cluster.local"]);
+    }
+
+    /// A tenant's policy is the signer's plus the tenant's rules, compiled once and shared; a
+    /// rule that does not compile is a start-up error naming the tenant.
+    #[test]
+    fn a_tenants_rules_run_after_the_signers() {
+        let p = policy(
+            "[[rules]]\nname = \"no_default\"\ndeny = \"request.service_account == 'default'\"\n\
+             reason = \"NoDefault\"\n\
+             [tenants.team-a]\nnamespaces = [\"a1\"]\n\
+             [[tenants.team-a.rules]]\nname = \"web_only\"\n\
+             require = \"request.service_account == 'web'\"\nreason = \"WebOnly\"\n",
+        );
+        assert_eq!(p.validate(), Ok(()));
+        let a = p.tenant_of("a1").unwrap().unwrap();
+        let tenant = p.for_tenant(&a);
+        let names: Vec<&str> = tenant.rules.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["no_default", "web_only"]);
+        assert_eq!(p.rules.len(), 1, "the signer's own rules are unchanged");
+        let annotations = BTreeMap::new();
+        let verdict = |policy: &SignerPolicy, service_account: &str| match policy.apply_rules(
+            &crate::RuleFacts {
+                source: crate::RequestSource::Pcr,
+                signer_name: "example.com/mesh",
+                namespace: "a1",
+                service_account,
+                pod_name: None,
+                pod_uid: None,
+                node_name: None,
+                key_type: None,
+                requested_lifetime_seconds: None,
+                annotations: &annotations,
+                audiences: &[],
+                namespace_labels: None,
+                pod: None,
+                now: 0,
+            },
+        ) {
+            Ok(()) => "issued".to_owned(),
+            Err(Decision::Deny { reason, .. }) => reason.condition_reason().to_owned(),
+            Err(other) => format!("{other:?}"),
+        };
+        assert_eq!(verdict(&tenant, "web"), "issued");
+        assert_eq!(verdict(&tenant, "api"), "WebOnly");
+        assert_eq!(verdict(&tenant, "default"), "NoDefault");
+        // The signer's own policy (another namespace) does not run the tenant's rules.
+        assert_eq!(verdict(&p, "api"), "issued");
+        let bad = policy(
+            "[tenants.team-a]\nnamespaces = [\"a1\"]\n\
+             [[tenants.team-a.rules]]\nname = \"broken\"\ndeny = \"request.nope(\"\nreason = \"X\"\n",
+        );
+        let refused = bad.validate().unwrap_err().to_string();
+        assert!(
+            refused.starts_with("invalid signer policy: tenant \"team-a\": its rules: "),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -717,12 +717,43 @@ async fn podca_v1_answers_a_tenants_caller_with_the_tenants_ca() {
     let config = format!(
         "[cas.shop]\n\n[signers.\"{MESH}\"]\ntrust_domain = \"mesh.test\"\nuntenanted = \"signer\"\n\
          dns_name_templates = [\"{{sa}}.{{ns}}.svc\"]\n\
-         [signers.\"{MESH}\".tenants.shop]\nnamespaces = [\"shop\"]\n"
+         [signers.\"{MESH}\".tenants.shop]\nnamespaces = [\"shop\"]\n\
+         [[signers.\"{MESH}\".tenants.shop.rules]]\nname = \"no_jobs\"\n\
+         deny = \"request.service_account == 'jobs'\"\nreason = \"NoJobsInShop\"\n"
     );
     let dev = DevProcess::start_with(DevOptions {
         config: Some(&config),
         ..Default::default()
     });
+    // The tenant's own rules run after the signer's, for the tenant's namespaces only.
+    let as_jobs = |namespace: &str| {
+        let mut request = tonic::Request::new(IssueCertificateRequest {
+            csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("x-podca-namespace", namespace.parse().unwrap());
+        request
+            .metadata_mut()
+            .insert("x-podca-service-account", "jobs".parse().unwrap());
+        request
+    };
+    let refused = dev
+        .tcp_client()
+        .await
+        .issue_certificate(as_jobs("shop"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().starts_with("NoJobsInShop"), "{refused:?}");
+    assert!(
+        dev.tcp_client()
+            .await
+            .issue_certificate(as_jobs("other"))
+            .await
+            .is_ok()
+    );
     let tenant_anchors = podca_bundle(&dev.data_dir.join("cas/shop"));
     let signer_anchors = podca_bundle(&dev.data_dir);
     let mut client = dev.tcp_client().await;

@@ -1027,6 +1027,7 @@ fn helm_renders_tenants_and_untenanted_as_podca_reads_them() {
             ca: None,
             cluster_domain: None,
             uri_constraints: false,
+            rules: vec![],
         }
     );
     assert_eq!(
@@ -1037,6 +1038,7 @@ fn helm_renders_tenants_and_untenanted_as_podca_reads_them() {
             ca: Some("ca-y".into()),
             cluster_domain: Some("c.example".into()),
             uri_constraints: true,
+            rules: vec![],
         }
     );
     // untenanted = "signer": a namespace in no tenant gets the signer's own CA.
