@@ -1009,7 +1009,9 @@ const TENANT_KEYS: &str = "cas:\n  team-x:\n    secretName: ca-team-x\n  ca-y:\n
     secretName: ca-y\nconfig:\n  signers:\n    example.com/workload:\n      untenanted: signer\n      \
     tenants:\n        team-x:\n          namespaces: [x1, x2]\n        team-y:\n          \
     namespaces: [y1]\n          ca: ca-y\n          trust_domain: y.example\n          \
-    cluster_domain: c.example\n          uri_constraints: true\n";
+    cluster_domain: c.example\n          uri_constraints: true\n          rules:\n          \
+    - name: web_only\n            require: \"request.service_account == 'web'\"\n            \
+    reason: WebOnly\n";
 
 #[test]
 fn helm_renders_tenants_and_untenanted_as_podca_reads_them() {
@@ -1038,7 +1040,13 @@ fn helm_renders_tenants_and_untenanted_as_podca_reads_them() {
             ca: Some("ca-y".into()),
             cluster_domain: Some("c.example".into()),
             uri_constraints: true,
-            rules: vec![],
+            rules: vec![podca_signer::rules::RuleSpec {
+                name: "web_only".into(),
+                require: Some("request.service_account == 'web'".into()),
+                reason: "WebOnly".into(),
+                deny: None,
+                message: None,
+            }],
         }
     );
     // untenanted = "signer": a namespace in no tenant gets the signer's own CA.
