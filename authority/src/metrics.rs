@@ -699,6 +699,13 @@ impl Metrics {
             if let Some(rules) = policy.compiled_rules() {
                 self.export_rules(signer, rules);
             }
+            // A tenant's requests run its own rule set (the signer's rules, then the tenant's):
+            // counted under `<signer> (tenant <name>)`.
+            for tenant in policy.tenants() {
+                if let Some(rules) = policy.for_tenant(&tenant).compiled_rules() {
+                    self.export_rules(&format!("{signer} (tenant {})", tenant.name), rules);
+                }
+            }
         }
     }
 
@@ -937,6 +944,51 @@ mod tests {
         assert!(
             text.contains(
                 "podca_policy_rule_errors_total{signer=\"example.com/metrics\",rule=\"always\"} 0"
+            ),
+            "{text}"
+        );
+    }
+
+    /// A tenant's requests count in its own rule set, exported under `<signer> (tenant <t>)`,
+    /// and the counts of every clone of the policy land there.
+    #[test]
+    fn a_tenants_rule_counters_are_exported_under_the_tenant() {
+        let config = crate::config::Config::parse(
+            "[cas.team-a]\ndir = \"/tmp/a\"\n\
+             [signers.\"example.com/m\"]\ntrust_domain = \"m.test\"\n\
+             [signers.\"example.com/m\".tenants.team-a]\nnamespaces = [\"a1\"]\n\
+             [[signers.\"example.com/m\".tenants.team-a.rules]]\nname = \"web_only\"\n\
+             require = \"request.service_account == 'web'\"\nreason = \"WebOnly\"\n",
+        )
+        .unwrap();
+        let metrics = Metrics::new();
+        metrics.export_policies(&config.signers);
+        // A request as a clone of the config (as the components hold) decides it.
+        let signers = config.signers.clone();
+        let (tenant, _) = signers["example.com/m"].resolve("a1").unwrap();
+        let annotations = std::collections::BTreeMap::new();
+        let denied = tenant.apply_rules(&podca_signer::RuleFacts {
+            source: podca_signer::RequestSource::Pcr,
+            signer_name: "example.com/m",
+            namespace: "a1",
+            service_account: "api",
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            key_type: None,
+            requested_lifetime_seconds: None,
+            annotations: &annotations,
+            audiences: &[],
+            namespace_labels: None,
+            pod: None,
+            now: 0,
+        });
+        assert!(denied.is_err());
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "podca_policy_rule_denials_total{signer=\"example.com/m (tenant team-a)\",\
+                 rule=\"web_only\"} 1"
             ),
             "{text}"
         );
