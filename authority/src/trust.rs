@@ -197,24 +197,9 @@ impl CaSet {
         &self.cas[self.ca_name_of(signer)]
     }
 
-    /// The CA named `name`.
-    pub fn named(&self, name: &str) -> Option<&CaHandle> {
-        self.cas.get(name)
-    }
-
     /// Every CA, by name, in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &CaHandle)> {
         self.cas.iter().map(|(name, ca)| (name.as_str(), ca))
-    }
-
-    /// How many CAs the set holds.
-    pub fn len(&self) -> usize {
-        self.cas.len()
-    }
-
-    /// Never true: a set holds at least one CA.
-    pub fn is_empty(&self) -> bool {
-        self.cas.is_empty()
     }
 }
 

@@ -366,16 +366,6 @@ impl Api {
         self
     }
 
-    /// The CA of the default signer (the Workload API's, podca dev's bundles).
-    pub fn ca(&self) -> &CaHandle {
-        self.ca.for_signer(&self.options.default_signer)
-    }
-
-    /// The CA `signer` signs with (a configured signer's name, as [`Api::signer`] resolved it).
-    pub fn ca_of(&self, signer: &str) -> &CaHandle {
-        self.ca.for_signer(signer)
-    }
-
     /// The tenant of `signer` that `namespace` belongs to, if any.
     fn tenant_name(&self, signer: &str, namespace: &str) -> Option<String> {
         let policy = self.options.signers.get(signer)?;

@@ -698,13 +698,18 @@ async fn tenants_of_one_signer_are_separate_trust_domains() {
 
 /// A request with podca dev's loopback identity headers for `namespace/web`.
 fn as_caller<T>(namespace: &str, message: T) -> tonic::Request<T> {
+    as_account(namespace, "web", message)
+}
+
+/// A request with podca dev's loopback identity headers for `namespace/service_account`.
+fn as_account<T>(namespace: &str, service_account: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request
         .metadata_mut()
         .insert("x-podca-namespace", namespace.parse().unwrap());
     request
         .metadata_mut()
-        .insert("x-podca-service-account", "web".parse().unwrap());
+        .insert("x-podca-service-account", service_account.parse().unwrap());
     request
 }
 
@@ -727,17 +732,15 @@ async fn podca_v1_answers_a_tenants_caller_with_the_tenants_ca() {
     });
     // The tenant's own rules run after the signer's, for the tenant's namespaces only.
     let as_jobs = |namespace: &str| {
-        let mut request = tonic::Request::new(IssueCertificateRequest {
-            csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
-            ..Default::default()
-        });
-        request
-            .metadata_mut()
-            .insert("x-podca-namespace", namespace.parse().unwrap());
-        request
-            .metadata_mut()
-            .insert("x-podca-service-account", "jobs".parse().unwrap());
-        request
+        let csr = csr_for(&rcgen::KeyPair::generate().unwrap());
+        as_account(
+            namespace,
+            "jobs",
+            IssueCertificateRequest {
+                csr,
+                ..Default::default()
+            },
+        )
     };
     let refused = dev
         .tcp_client()
