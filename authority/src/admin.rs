@@ -4,8 +4,15 @@
 //! `header_read_timeout` (also the longest a kept-alive connection waits for its next request),
 //! is closed after `idle_timeout` without a byte either way (a client that stops reading), and
 //! at most `max_connections` are open at once, `max_connections_per_peer` of them from one
-//! source address; more are closed at accept ([`crate::slots`]). So a slowloris peer holds a
-//! few slots for seconds, and the kubelet's probes and Prometheus keep being answered.
+//! source address ([`crate::slots`]). So a slowloris peer holds a few slots for seconds, and
+//! the kubelet's probes and Prometheus keep being answered.
+//!
+//! When several peers together hold every one of those slots, a new connection gets one of the
+//! `probe_reserve` slots instead (at most `probe_reserve_per_peer` from one address): it is
+//! served one request, `/livez` or `/readyz` only (anything else: 503), must send its head
+//! within `probe_header_timeout`, and is closed after the answer. So a reserve connection is
+//! held for at most a second or two, and the kubelet's probes are answered while the other
+//! slots are held. Beyond the reserve too, connections are closed at accept.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -127,17 +134,28 @@ pub struct AdminLimits {
     pub idle_timeout: Duration,
     pub max_connections: usize,
     pub max_connections_per_peer: usize,
+    /// Probe-only connections beyond `max_connections` (see the module docs).
+    pub probe_reserve: usize,
+    pub probe_reserve_per_peer: usize,
+    /// A reserve connection's whole life before its answer.
+    pub probe_header_timeout: Duration,
 }
 
 impl Default for AdminLimits {
     /// 10 s for a request head, 30 s without traffic, 64 connections and 8 from one address:
-    /// probes and scrapes send one small GET each, and a handful of them run at once.
+    /// probes and scrapes send one small GET each, and a handful of them run at once. The
+    /// reserve: 16 probe connections, 4 from one address (the kubelet runs a pod's startup,
+    /// liveness and readiness probes at once, from the node's address), 2 s for the head
+    /// (the kubelet sends it at once; its probes time out after 1 s by default).
     fn default() -> Self {
         AdminLimits {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(30),
             max_connections: 64,
             max_connections_per_peer: 8,
+            probe_reserve: 16,
+            probe_reserve_per_peer: 4,
+            probe_header_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -161,6 +179,7 @@ pub async fn serve_with(
     mut stop: watch::Receiver<bool>,
 ) {
     let slots = Slots::new(limits.max_connections, limits.max_connections_per_peer);
+    let reserve = Slots::new(limits.probe_reserve, limits.probe_reserve_per_peer);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -169,30 +188,54 @@ pub async fn serve_with(
         let Ok((stream, peer)) = accepted else {
             continue;
         };
-        let slot = match slots.try_acquire(peer.ip()) {
-            Ok(slot) => slot,
-            Err(full) => {
-                tracing::debug!(%peer, ?full, "admin: connection closed at accept (no slot)");
-                drop(stream);
-                continue;
-            }
+        let (slot, kind) = match slots.try_acquire(peer.ip()) {
+            Ok(slot) => (slot, Connection::Full),
+            Err(full) => match (limits.probe_reserve > 0).then(|| reserve.try_acquire(peer.ip())) {
+                Some(Ok(slot)) => (slot, Connection::ProbeOnly),
+                _ => {
+                    tracing::debug!(%peer, ?full, "admin: connection closed at accept (no slot)");
+                    drop(stream);
+                    continue;
+                }
+            },
         };
         let metrics = Arc::clone(&metrics);
         let health = Arc::clone(&health);
         tokio::spawn(async move {
             let _slot = slot;
             let service = service_fn(move |req| {
-                let response = respond(&req, &metrics, &health);
+                let response = match kind {
+                    Connection::Full => respond(&req, &metrics, &health),
+                    Connection::ProbeOnly => respond_to_probe(&req, &metrics, &health),
+                };
                 async move { Ok::<_, Infallible>(response) }
             });
-            let io = IdleTimeout::new(stream, limits.idle_timeout);
+            // A reserve connection's whole life is bounded by its short timeout: the head
+            // within it, then no wait longer than it for the answer to be read.
+            let (header_timeout, idle, keep_alive) = match kind {
+                Connection::Full => (limits.header_read_timeout, limits.idle_timeout, true),
+                Connection::ProbeOnly => (
+                    limits.probe_header_timeout,
+                    limits.probe_header_timeout,
+                    false,
+                ),
+            };
+            let io = IdleTimeout::new(stream, idle);
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
+                .header_read_timeout(header_timeout)
+                .keep_alive(keep_alive)
                 .serve_connection(TokioIo::new(io), service)
                 .await;
         });
     }
+}
+
+/// What a connection may ask for: everything, or (on a reserve slot) the probes only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Connection {
+    Full,
+    ProbeOnly,
 }
 
 /// A stream that fails with `TimedOut` once no byte has moved either way for `idle` (also the
@@ -272,6 +315,33 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// The answer on a reserve connection: the probes as always, anything else 503 (the listener
+/// is full; try again later).
+fn respond_to_probe(
+    req: &Request<Incoming>,
+    metrics: &Metrics,
+    health: &Readiness,
+) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/livez" | "/readyz" => respond(req, metrics, health),
+        _ => {
+            let mut r = Response::new(Full::new(Bytes::from_static(
+                b"admin listener busy: only /livez and /readyz are answered now\n",
+            )));
+            *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain"),
+            );
+            r.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
+            r
+        }
     }
 }
 
@@ -355,6 +425,10 @@ mod tests {
         idle_timeout: Duration::from_millis(800),
         max_connections: 3,
         max_connections_per_peer: 3,
+        // No reserve: these tests see the main slots' bounds alone.
+        probe_reserve: 0,
+        probe_reserve_per_peer: 0,
+        probe_header_timeout: Duration::from_millis(500),
     };
 
     async fn admin() -> (SocketAddr, watch::Sender<bool>) {
@@ -468,7 +542,8 @@ mod tests {
         for _ in 0..200 {
             held.push(TcpStream::connect(addr).await.unwrap());
         }
-        // The ninth and later are closed at accept: the peer holds exactly its share.
+        // The ninth and later are closed: at accept, or (the 4 the reserve takes from one
+        // address) at its 2 s timeout. The peer holds exactly its share.
         let mut closed = 0;
         for tcp in &mut held[8..] {
             let mut byte = [0u8; 1];
@@ -492,6 +567,89 @@ mod tests {
             .expect("the probe is answered within 2 s")
             .unwrap();
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+
+    /// A connection from `source` (a loopback address: Linux routes all of 127/8 to lo).
+    async fn connect_from(source: &str, addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    /// `GET path` from `source` on a fresh connection, answered within 2 s: the whole answer.
+    async fn get_from(source: &str, addr: SocketAddr, path: &str) -> String {
+        let mut tcp = connect_from(source, addr).await;
+        tcp.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(2), async {
+            let mut buf = [0u8; 1024];
+            // Up to the end of the (short, fixed-length) body, or the server's close.
+            loop {
+                match tcp.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
+                let text = String::from_utf8_lossy(&answer);
+                if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|n| n.trim().parse::<usize>().ok());
+                    if length.is_some_and(|n| body.len() >= n) {
+                        break;
+                    }
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{path} from {source} is not answered within 2 s"));
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    /// The attack of issue #40 with several peers: 8 addresses each hold their 8 idle
+    /// connections, so every one of the 64 slots is held. The kubelet's probes, from another
+    /// address, are still answered within 2 s, on the reserve; nothing else is served there,
+    /// and a reserve connection cannot be held.
+    #[tokio::test]
+    async fn probes_answer_while_several_peers_hold_every_slot() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_stop, stopped) = watch::channel(false);
+        let readiness = Readiness::new();
+        readiness.component("everything").set(true);
+        tokio::spawn(serve_with(
+            listener,
+            Arc::new(Metrics::new()),
+            readiness,
+            AdminLimits::default(),
+            stopped,
+        ));
+        let mut held = Vec::new();
+        for peer in 2..10 {
+            for _ in 0..8 {
+                held.push(connect_from(&format!("127.0.0.{peer}"), addr).await);
+            }
+        }
+        // Every slot is held: one more connection from a holder gets none of them, only a
+        // reserve slot, which serves no /metrics.
+        let answer = get_from("127.0.0.2", addr, "/metrics").await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+        assert!(answer.contains("only /livez and /readyz"), "{answer}");
+        for path in ["/readyz", "/livez"] {
+            let answer = get_from("127.0.0.10", addr, path).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+            assert!(answer.ends_with("ok\n"), "{path}: {answer}");
+        }
+        // A reserve connection that sends nothing is closed at the short timeout.
+        let mut idle = connect_from("127.0.0.10", addr).await;
+        let waited = closed_after(&mut idle).await;
+        assert!(waited < Duration::from_secs(3), "held for {waited:?}");
+        // Held connections are still open: the probes did not evict anyone.
+        let mut byte = [0u8; 1];
+        let still = tokio::time::timeout(Duration::from_millis(100), held[0].read(&mut byte));
+        assert!(still.await.is_err(), "a held connection was closed");
     }
 
     #[tokio::test]
