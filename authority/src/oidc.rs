@@ -27,9 +27,10 @@
 //!
 //! Its limits ([`OidcLimits`]): at most 64 connections at once, 16 of them from one source
 //! address (more are closed at accept; no reserve as on the admin listener: nothing probes
-//! this one, and relying parties cache its answers for `max-age`), a TLS handshake within 10 s, a whole request head within 10 s (also the longest a kept-alive
-//! connection waits for its next request), and a connection is closed after 30 s without a
-//! byte either way. Requests are counted in `podca_oidc_requests_total{path,status}`.
+//! this one, and relying parties cache its answers for `max-age`), a TLS handshake within
+//! 10 s, a whole request head within 10 s (also the longest a kept-alive connection waits for
+//! its next request), and a connection is closed after 30 s without a byte either way.
+//! Requests are counted in `podca_oidc_requests_total{path,status}`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
