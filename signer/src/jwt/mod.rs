@@ -24,6 +24,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::backend::{BackendError, CaAlgorithm, CaKey};
 
+pub mod detached;
 pub mod jwks;
 pub mod keyset;
 pub mod pkcs11;
