@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::Metrics;
+use crate::metrics_auth::{MetricsAuth, ScrapeToken, Verdict};
 use crate::slots::Slots;
 
 /// What `/readyz` answers: ready once every registered component says so (the controller's
@@ -160,14 +161,17 @@ impl Default for AdminLimits {
     }
 }
 
-/// Serves until `stop` turns true, with the default [`AdminLimits`].
+/// Serves until `stop` turns true, with the default [`AdminLimits`]. With `metrics_auth`,
+/// `/metrics` answers only the tokens it allows ([`crate::metrics_auth`]).
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Readiness>,
+    metrics_auth: Option<Arc<dyn MetricsAuth>>,
     stop: watch::Receiver<bool>,
 ) {
-    serve_with(listener, metrics, health, AdminLimits::default(), stop).await;
+    let limits = AdminLimits::default();
+    serve_with(listener, metrics, health, metrics_auth, limits, stop).await;
 }
 
 /// Serves until `stop` turns true, within `limits`.
@@ -175,6 +179,7 @@ pub async fn serve_with(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     health: Arc<Readiness>,
+    metrics_auth: Option<Arc<dyn MetricsAuth>>,
     limits: AdminLimits,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -201,14 +206,22 @@ pub async fn serve_with(
         };
         let metrics = Arc::clone(&metrics);
         let health = Arc::clone(&health);
+        let metrics_auth = metrics_auth.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let service = service_fn(move |req| {
-                let response = match kind {
-                    Connection::Full => respond(&req, &metrics, &health),
-                    Connection::ProbeOnly => respond_to_probe(&req, &metrics, &health),
-                };
-                async move { Ok::<_, Infallible>(response) }
+            let service = service_fn(move |req: Request<Incoming>| {
+                let (metrics, health) = (Arc::clone(&metrics), Arc::clone(&health));
+                let metrics_auth = metrics_auth.clone();
+                async move {
+                    let response = match kind {
+                        Connection::ProbeOnly => respond_to_probe(&req, &metrics, &health),
+                        Connection::Full => match refusal(&req, metrics_auth.as_deref()).await {
+                            Some(refused) => refused,
+                            None => respond(&req, &metrics, &health),
+                        },
+                    };
+                    Ok::<_, Infallible>(response)
+                }
             });
             // A reserve connection's whole life is bounded by its short timeout: the head
             // within it, then no wait longer than it for the answer to be read.
@@ -316,6 +329,56 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
+}
+
+/// The refusal of a `GET /metrics` that `auth` does not allow; `None` for every other request
+/// and without `auth`. See the table in [`crate::metrics_auth`].
+async fn refusal(
+    req: &Request<Incoming>,
+    auth: Option<&dyn MetricsAuth>,
+) -> Option<Response<Full<Bytes>>> {
+    let auth = auth?;
+    if req.method() != Method::GET || req.uri().path() != "/metrics" {
+        return None;
+    }
+    let token = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(ScrapeToken::from_authorization);
+    let verdict = match &token {
+        None => Verdict::Unauthenticated,
+        Some(token) => auth.authorize(token).await,
+    };
+    let (code, body) = match verdict {
+        Verdict::Allowed => return None,
+        Verdict::Unauthenticated => (
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized: /metrics needs a bearer token the API server authenticates\n",
+        ),
+        Verdict::Forbidden => (
+            StatusCode::FORBIDDEN,
+            "Forbidden: the token's user may not get the non-resource URL /metrics\n",
+        ),
+        Verdict::Unavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Service Unavailable: the API server could not be asked about the token\n",
+        ),
+    };
+    tracing::debug!(status = code.as_u16(), "admin: /metrics refused");
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain"),
+    );
+    if code == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer"),
+        );
+    }
+    Some(r)
 }
 
 /// The answer on a reserve connection: the probes as always, anything else 503 (the listener
@@ -439,6 +502,7 @@ mod tests {
             listener,
             Arc::new(Metrics::new()),
             Readiness::new(),
+            None,
             LIMITS,
             stopped,
         ));
@@ -535,6 +599,7 @@ mod tests {
             listener,
             Arc::new(Metrics::new()),
             Readiness::new(),
+            None,
             AdminLimits::default(),
             stopped,
         ));
@@ -623,6 +688,7 @@ mod tests {
             listener,
             Arc::new(Metrics::new()),
             readiness,
+            None,
             AdminLimits::default(),
             stopped,
         ));
@@ -650,6 +716,84 @@ mod tests {
         let mut byte = [0u8; 1];
         let still = tokio::time::timeout(Duration::from_millis(100), held[0].read(&mut byte));
         assert!(still.await.is_err(), "a held connection was closed");
+    }
+
+    /// Allows the token `granted`, forbids `denied`, cannot ask about `down`.
+    #[derive(Debug)]
+    struct ByToken;
+
+    impl MetricsAuth for ByToken {
+        fn authorize<'a>(
+            &'a self,
+            token: &'a ScrapeToken,
+        ) -> Pin<Box<dyn Future<Output = Verdict> + Send + 'a>> {
+            let verdict = match token.expose() {
+                "granted" => Verdict::Allowed,
+                "denied" => Verdict::Forbidden,
+                "down" => Verdict::Unavailable,
+                _ => Verdict::Unauthenticated,
+            };
+            Box::pin(async move { verdict })
+        }
+    }
+
+    #[tokio::test]
+    async fn protected_metrics_answer_each_verdict_with_its_status_and_probes_stay_open() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_stop, stopped) = watch::channel(false);
+        let readiness = Readiness::new();
+        readiness.component("everything").set(true);
+        let auth: Arc<dyn MetricsAuth> = Arc::new(ByToken);
+        tokio::spawn(serve_with(
+            listener,
+            Arc::new(Metrics::new()),
+            readiness,
+            Some(auth),
+            LIMITS,
+            stopped,
+        ));
+        let ask = |authorization: Option<&'static str>, path: &'static str| async move {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            let header = authorization
+                .map(|a| format!("authorization: {a}\r\n"))
+                .unwrap_or_default();
+            tcp.write_all(
+                format!("GET {path} HTTP/1.1\r\nhost: x\r\n{header}connection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut answer = String::new();
+            tokio::time::timeout(Duration::from_secs(5), tcp.read_to_string(&mut answer))
+                .await
+                .expect("answered in time")
+                .unwrap();
+            answer
+        };
+        let none = ask(None, "/metrics").await;
+        assert!(none.starts_with("HTTP/1.1 401"), "{none}");
+        assert!(none.contains("www-authenticate: Bearer"), "{none}");
+        let cases = [
+            (Some("Basic Z3JhbnRlZA=="), "HTTP/1.1 401"),
+            (Some("Bearer forged"), "HTTP/1.1 401"),
+            (Some("Bearer denied"), "HTTP/1.1 403"),
+            (Some("Bearer down"), "HTTP/1.1 503"),
+            (Some("Bearer granted"), "HTTP/1.1 200"),
+        ];
+        for (authorization, status) in cases {
+            let answer = ask(authorization, "/metrics").await;
+            assert!(answer.starts_with(status), "{authorization:?}: {answer}");
+        }
+        assert!(
+            ask(Some("Bearer granted"), "/metrics")
+                .await
+                .contains("# EOF")
+        );
+        for path in ["/livez", "/readyz"] {
+            let answer = ask(None, path).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        }
     }
 
     #[tokio::test]

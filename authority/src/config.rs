@@ -1082,16 +1082,32 @@ impl Default for AdminConfig {
 fn default_grpc_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8443))
 }
+    /// Who may read `/metrics` (`/livez` and `/readyz` are always open).
+    #[serde(default)]
+    pub metrics_auth: MetricsAuthMode,
 fn default_admin_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9090))
 }
 fn default_audience() -> String {
     "podca".into()
 }
+            metrics_auth: MetricsAuthMode::default(),
 
 fn default_istio_audience() -> String {
     "istio-ca".into()
 }
+/// `[admin] metrics_auth`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricsAuthMode {
+    /// Anyone who can connect (the NetworkPolicy says who can).
+    #[default]
+    None,
+    /// A bearer token the API server authenticates (TokenReview) whose user may `get` the
+    /// non-resource URL `/metrics` (SubjectAccessReview), as kube-rbac-proxy checks.
+    Kubernetes,
+}
+
 
 fn default_istio_trust_domain_alias() -> String {
     "cluster.local".into()
@@ -1629,6 +1645,25 @@ mod tests {
         );
         assert_eq!(
             ca("backend = \"secret\"\nsecret = \"podca-system/podca-ca\""),
+    #[test]
+    fn metrics_are_open_unless_admin_says_kubernetes() {
+        let mode = |text: &str| Config::parse(text).map(|c| c.admin.metrics_auth);
+        assert_eq!(mode("").unwrap(), MetricsAuthMode::None);
+        assert_eq!(
+            mode("[admin]\nmetrics_auth = \"none\"").unwrap(),
+            MetricsAuthMode::None
+        );
+        assert_eq!(
+            mode("[admin]\nmetrics_auth = \"kubernetes\"").unwrap(),
+            MetricsAuthMode::Kubernetes
+        );
+        let error = format!(
+            "{:#}",
+            mode("[admin]\nmetrics_auth = \"token\"").unwrap_err()
+        );
+        assert!(error.contains("unknown variant `token`"), "{error}");
+    }
+
             Ok(CaConfig::Secret(SecretCa {
                 namespace: "podca-system".into(),
                 name: "podca-ca".into()

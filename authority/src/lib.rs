@@ -13,7 +13,7 @@
 //! * [`secret_rotation`]: the pure state machine of a CA held in a Kubernetes Secret (the
 //!   controller does its Kubernetes I/O);
 //! * [`metrics`], [`hsm_metrics`] and [`admin`]: the Prometheus registry and the
-//!   `/metrics` `/livez` `/readyz` listener;
+//!   `/metrics` `/livez` `/readyz` listener; [`metrics_auth`]: who may read `/metrics`;
 //! * [`serving_cert`]: the gRPC listener's self-issued TLS certificate, its renewal rule and
 //!   the task that renews it;
 //! * [`ledger`]: the ledger service (redb, PostgreSQL or none): group commit, the durability
@@ -37,6 +37,7 @@ pub mod jwt;
 pub mod key_driver;
 pub mod ledger;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod oidc;
 pub mod rotation;
 pub mod runtime;

@@ -24,6 +24,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, Readiness, ReadyFlag};
 use crate::metrics::Metrics;
+use crate::metrics_auth::MetricsAuth;
 use crate::shutdown::Shutdown;
 use crate::trust::Clock;
 
@@ -67,6 +68,8 @@ pub struct Runtime {
     /// Bound by [`Runtime::run`], the last listener to open: once it answers, every other
     /// listener of the command is up.
     admin_listen: Option<SocketAddr>,
+    /// Who may read `/metrics` ([`Runtime::protect_metrics`]); `None`: everyone who connects.
+    metrics_auth: Option<Arc<dyn MetricsAuth>>,
     drain_timeout: Duration,
     /// Whether this replica leads (true unless a leader election says otherwise): the
     /// components that act only as leader follow it, the leader election sets it.
@@ -111,6 +114,7 @@ impl Runtime {
             serve: Shutdown::new(),
             support: Shutdown::new(),
             admin_listen,
+            metrics_auth: None,
             drain_timeout,
             leadership: watch::Sender::new(true),
             failed_tx,
@@ -203,6 +207,12 @@ impl Runtime {
         });
     }
 
+    /// From now on the admin listener's `/metrics` answers only the tokens `auth` allows
+    /// (`/livez` and `/readyz` stay open); call before [`Runtime::run`].
+    pub fn protect_metrics(&mut self, auth: Arc<dyn MetricsAuth>) {
+        self.metrics_auth = Some(auth);
+    }
+
     /// Binds and serves the admin listener, then waits for `signal` (or a critical
     /// component's failure), and stops: readiness turns false at once, the [`Stage::Serve`]
     /// tasks drain, then the [`Stage::Support`] tasks, all within the drain deadline.
@@ -244,10 +254,12 @@ impl Runtime {
             return Ok(());
         };
         let listener = admin::bind(addr).await?;
-        info!(%addr, "admin listener: /metrics /livez /readyz");
+        let protected = self.metrics_auth.is_some();
+        info!(%addr, metrics_auth = protected, "admin listener: /metrics /livez /readyz");
         let (metrics, readiness) = (Arc::clone(&self.metrics), Arc::clone(&self.readiness));
+        let auth = self.metrics_auth.clone();
         self.spawn(Stage::Support, "admin listener", |stop| {
-            admin::serve(listener, metrics, readiness, stop)
+            admin::serve(listener, metrics, readiness, auth, stop)
         });
         Ok(())
     }
