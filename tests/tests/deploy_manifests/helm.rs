@@ -395,6 +395,51 @@ fn the_grpc_limits_and_authorization_keys_reach_podca() {
 }
 
 #[test]
+fn the_admin_and_oidc_ports_admit_the_peers_the_values_name() {
+    let yaml = helm_with_values(
+        "networkPolicy:\n  metricsFrom:\n    - namespaceSelector:\n        matchLabels:\n          \
+         team: observability\n      podSelector:\n        matchLabels:\n          \
+         app: prometheus\n  oidcFrom: []\n",
+    )
+    .expect("the schema accepts NetworkPolicy peers");
+    let r = parse_helm_yaml("helm peers", &yaml);
+    let ingress = r.network_policies[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress.clone())
+        .expect("ingress rules");
+    let from_of = |port: i32| {
+        let rule = ingress
+            .iter()
+            .find(|r| {
+                r.ports.iter().flatten().any(|p| {
+                    p.port
+                        == Some(
+                            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port),
+                        )
+                })
+            })
+            .unwrap_or_else(|| panic!("a rule for port {port}"));
+        serde_json::to_value(&rule.from).expect("peers serialize")
+    };
+    assert_eq!(
+        from_of(crate::ADMIN_PORT),
+        serde_json::json!([{
+            "namespaceSelector": {"matchLabels": {"team": "observability"}},
+            "podSelector": {"matchLabels": {"app": "prometheus"}},
+        }])
+    );
+    assert_eq!(
+        from_of(crate::OIDC_PORT),
+        serde_json::Value::Null,
+        "an empty oidcFrom admits every pod: no `from`"
+    );
+    let refused = helm_with_values("networkPolicy:\n  metricsFrom:\n    - {}\n")
+        .expect_err("an empty peer would admit everyone");
+    assert!(refused.contains("metricsFrom"), "{refused}");
+}
+
+#[test]
 fn helm_grants_pods_get_only_with_issue_for_pod_callers() {
     let grants_pods = |r: &Rendered| {
         expected_for(r)

@@ -128,6 +128,48 @@ pub fn check_network(what: &str, r: &Rendered) {
         ]),
         "{what}: ingress only to gRPC, OIDC discovery and metrics"
     );
+    // gRPC from every pod; OIDC discovery and the admin port only from their named peers
+    // (issue #40: one pod must not reach, and starve, the probes' port).
+    let from_of = |port: i32| -> Vec<serde_json::Value> {
+        let rules: Vec<_> = ingress
+            .iter()
+            .filter(|r| {
+                r.ports
+                    .iter()
+                    .flatten()
+                    .any(|p| p.port == Some(IntOrString::Int(port)))
+            })
+            .collect();
+        assert_eq!(rules.len(), 1, "{what}: one ingress rule for port {port}");
+        assert_eq!(
+            rules[0].ports.as_ref().map(Vec::len),
+            Some(1),
+            "{what}: port {port}'s rule opens that port only"
+        );
+        rules[0]
+            .from
+            .iter()
+            .flatten()
+            .map(|peer| serde_json::to_value(peer).expect("a peer serializes"))
+            .collect()
+    };
+    assert_eq!(
+        from_of(GRPC_PORT),
+        Vec::<serde_json::Value>::new(),
+        "{what}"
+    );
+    assert_eq!(
+        from_of(ADMIN_PORT),
+        [serde_json::json!({"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}})],
+        "{what}: the admin port from the monitoring namespace only"
+    );
+    assert_eq!(
+        from_of(OIDC_PORT),
+        [serde_json::json!({"namespaceSelector": {"matchLabels": {
+            "podca.dev/oidc-client": "true"}}})],
+        "{what}: OIDC discovery from labelled namespaces only"
+    );
     let mut egress = np.egress.clone().unwrap();
     let postgres = matches!(cfg.ledger.backend, LedgerBackend::Postgres(_));
     let postgres_rule = |r: &k8s_openapi::api::networking::v1::NetworkPolicyEgressRule| {
