@@ -21,7 +21,7 @@ use podca_grpc::jwt::JwtService;
 use podca_signer::rules::NamespaceLabels;
 use tracing::warn;
 
-use crate::cli::parse_duration;
+use podca_authority::duration::parse_duration;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -107,6 +107,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     rt.leadership().send_replace(!leader_elect);
 
     let client = podca_controller::connect(kubeconfig.as_deref()).await?;
+    podca_controller::metrics_auth::protect_metrics(&mut rt, &client, &config.admin);
     // The JWT keys and the default ledger live with the primary CA (the gRPC signer's).
     let jwt_keys =
         kube_component::primary_jwt(&mut rt, &client, &config, &ca_plans, leader_elect).await?;
@@ -162,7 +163,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             Some(issuer) => Some(grpc::discovery(&config.jwt, issuer)?),
             None => None,
         };
-        kube_component::jwks_configmap(&mut rt, &client, &config, &namespace, discovery, keys);
+        kube_component::jwks(&mut rt, &client, &config, &namespace, discovery, keys, &ca);
     }
     let flags = ControllerFlags {
         workers,

@@ -226,29 +226,43 @@ pub async fn secret_jwt(
 }
 
 /// Publishes `keys` as a JWKS in the ConfigMap `[jwt] jwks_configmap` (in `namespace`) while
-/// this replica leads; nothing when no ConfigMap is configured.
-pub fn jwks_configmap(
+/// this replica leads, with a detached JWS by the issuing key of the primary CA (the one that
+/// holds the JWT keys) in `ca`; nothing when no ConfigMap is configured. Its `/readyz` say
+/// (`jwks-configmap`) fails while the ConfigMap is foreign.
+pub fn jwks(
     rt: &mut Runtime,
     client: &Client,
     config: &Config,
     namespace: &str,
     discovery: Option<Discovery>,
     keys: &JwtHandle,
+    ca: &CaSet,
 ) {
     if config.jwt.jwks_configmap.is_empty() {
         return;
     }
-    let publisher = JwksPublisher::new(
+    let mut publisher = JwksPublisher::new(
         client.clone(),
         namespace,
         &config.jwt.jwks_configmap,
         discovery,
         keys.clone(),
         Arc::clone(rt.metrics()),
-    );
+    )
+    .readiness(rt.init_handle(crate::jwks::READINESS_COMPONENT));
+    let primary = podca_authority::components::ca::primary_ca(config);
+    match ca.iter().find(|(name, _)| *name == primary) {
+        Some((_, handle)) => {
+            publisher = publisher.signed_by(handle.clone(), Arc::clone(rt.clock()));
+        }
+        None => warn!(
+            ca = primary,
+            "the CA of the JWT keys is not running: the JWKS ConfigMap has no signature"
+        ),
+    }
     info!(
         configmap = %format!("{namespace}/{}", config.jwt.jwks_configmap),
-        "the leader publishes the JWKS in a ConfigMap"
+        "the leader publishes the JWKS, signed by the CA, in a ConfigMap"
     );
     let leading = rt.leadership().subscribe();
     rt.spawn(Stage::Support, "JWKS ConfigMap", |stop| {

@@ -20,7 +20,7 @@ use podca_proto::podca::v1::IssueJwtSvidRequest;
 use podca_tests::EmulatorConfig;
 use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
 use podca_tests::emulator::podca_rbac::PodcaRbac;
-use podca_tests::emulator::{ApiMode, Res, ServiceAccountToken, Subject, new_uid};
+use podca_tests::emulator::{ApiMode, FaultScope, Res, ServiceAccountToken, Subject, new_uid};
 use podca_tests::process::{ServeProcess, free_port, podca_binary, podca_bundle, podca_ca_init};
 use podca_tests::tls::{NAMESPACE, SERVER_NAME};
 use rustls::pki_types::ServerName;
@@ -31,6 +31,8 @@ use tokio::net::TcpStream;
 const JWT: &str = "key_rotation_seconds = 20\npropagation_seconds = 6\n\
                    max_lifetime_seconds = 8\ndefault_lifetime_seconds = 8\n";
 const CONFIGMAP: &str = "podca-jwks";
+/// A JWKS with an attacker's key.
+const FORGED_JWKS: &str = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"forged","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0","use":"sig","alg":"ES256"}]}"#;
 
 struct Oidc {
     serve: ServeProcess,
@@ -383,8 +385,16 @@ async fn the_configmap_holds_the_jwks_and_follows_a_key_rotation() {
     let (both, _) = configmap_jwks(&o, 2, Duration::from_secs(30)).await;
     assert_eq!(kids(&both)[0], kids(&first)[0]);
     // Once the old key's last token has expired (~28 s), it is gone from the ConfigMap.
-    let (after, _) = configmap_jwks(&o, 1, Duration::from_secs(30)).await;
+    let (after, after_cm) = configmap_jwks(&o, 1, Duration::from_secs(30)).await;
     assert_eq!(kids(&after), vec![kids(&both)[1].clone()]);
+    // Each set podca published was signed again: its JWS verifies over it, not over the first.
+    let anchors = podca_signer::CaCertificate::all_from_pem(&o.anchors).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let jws = after_cm["data"]["jwks.json.jws"].as_str().unwrap();
+    let raw = after_cm["data"]["jwks.json"].as_str().unwrap();
+    podca_signer::jwt::detached::verify(jws, raw.as_bytes(), &anchors, now).unwrap();
+    let first_raw = cm["data"]["jwks.json"].as_str().unwrap();
+    assert!(podca_signer::jwt::detached::verify(jws, first_raw.as_bytes(), &anchors, now).is_err());
     let metrics = o.serve.metrics();
     assert!(
         metrics.contains("podca_jwks_configmap_writes_total{op=\"create\"} 1"),
@@ -399,7 +409,7 @@ async fn the_configmap_holds_the_jwks_and_follows_a_key_rotation() {
 /// counts a take-back.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forged_or_foreign_jwks_configmap_is_taken_back() {
-    let forged_jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"forged","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0","use":"sig","alg":"ES256"}]}"#;
+    let forged_jwks = FORGED_JWKS;
     let foreign = serde_json::json!({
         "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE, "labels": {"app.kubernetes.io/managed-by": "helm"}},
         "data": {"jwks.json": forged_jwks},
@@ -443,6 +453,249 @@ async fn a_forged_or_foreign_jwks_configmap_is_taken_back() {
     o.cluster.emu.seed_object(Res::ConfigMap, edited);
     let cm = wait_restored(2).await;
     assert!(!cm["data"]["jwks.json"].as_str().unwrap().contains("forged"));
+}
+
+/// Issue #40: while the ConfigMap on podca's name is not podca's, `/readyz` fails and a
+/// Warning Event names it, for as long as the take-back is impossible (here the API server
+/// refuses podca's PUT, as a missing RBAC grant or an admission webhook would); once the
+/// take-back succeeds podca is ready again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_jwks_configmap_fails_readyz_and_raises_an_event_until_taken_back() {
+    let foreign = serde_json::json!({
+        "metadata": {"name": CONFIGMAP, "namespace": NAMESPACE},
+        "data": {"jwks.json": FORGED_JWKS},
+    });
+    let o = start_after(|cluster| {
+        cluster.emu.add_namespace(NAMESPACE);
+        cluster.emu.seed_object(Res::ConfigMap, foreign.clone());
+        cluster.emu.inject_errors(
+            403,
+            u64::MAX,
+            FaultScope::MethodPath("PUT".into(), format!("/configmaps/{CONFIGMAP}")),
+        );
+    })
+    .await;
+    let readyz = || podca_tests::process::http_get(o.serve.admin, "/readyz");
+    // Not ready, for this reason (not the controller's start).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some((503, body)) = readyz()
+            && body.contains("jwks-configmap")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never named the JWKS ConfigMap: {:?}",
+            readyz()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let event = loop {
+        let events = o.cluster.emu.list_objects(Res::Event, Some(NAMESPACE));
+        if let Some(e) = events
+            .into_iter()
+            .find(|e| e["reason"] == "JwksConfigMapTakenBack")
+        {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no Warning Event");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(event["type"], "Warning", "{event:#}");
+    assert_eq!(event["regarding"]["kind"], "ConfigMap", "{event:#}");
+    assert_eq!(event["regarding"]["name"], CONFIGMAP, "{event:#}");
+    let note = event["note"].as_str().unwrap();
+    assert!(note.contains("another writer's object"), "{note}");
+    assert!(
+        !note.contains("f83OJ3D2"),
+        "no key material in the note: {note}"
+    );
+    // Still unready after more refused attempts (backoff 1 s, 2 s): the forged key is still
+    // there, so podca does not say it is fine.
+    let errors =
+        |m: &str| podca_tests::process::metric_value(m, "podca_jwks_configmap_errors_total");
+    while errors(&o.serve.metrics()) < 3.0 {
+        assert!(Instant::now() < deadline, "{}", o.serve.metrics());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, body) = readyz().unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("jwks-configmap"), "{body}");
+    let cm = o
+        .cluster
+        .emu
+        .get_object(Res::ConfigMap, NAMESPACE, CONFIGMAP)
+        .unwrap();
+    assert!(cm["data"]["jwks.json"].as_str().unwrap().contains("forged"));
+    // One Event for the one foreign object, however many attempts.
+    let events = o.cluster.emu.list_objects(Res::Event, Some(NAMESPACE));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["reason"] == "JwksConfigMapTakenBack")
+            .map(|e| e["series"]["count"].as_i64().unwrap_or(1))
+            .sum::<i64>(),
+        1,
+        "{events:#?}"
+    );
+
+    // The API accepts the write again: taken back, ready.
+    o.cluster.emu.clear_faults();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let restored = o
+            .cluster
+            .emu
+            .get_object(Res::ConfigMap, NAMESPACE, CONFIGMAP)
+            .is_some_and(|cm| {
+                cm["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "podca"
+                    && !cm["data"]["jwks.json"].as_str().unwrap().contains("forged")
+            });
+        if restored && readyz().is_some_and(|(status, _)| status == 200) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not ready again: {:?}\n{}",
+            readyz(),
+            o.serve.metrics()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        o.serve
+            .metrics()
+            .contains("podca_jwks_configmap_writes_total{op=\"take_back\"} 1")
+    );
+}
+
+/// The verification recipe of docs/operator-guide.md ("The JWKS ConfigMap"), after its
+/// `kubectl get` lines (the test writes `cm.json` and `ctbs.json` from the API emulator):
+/// the x5c chain against the signer's ClusterTrustBundle, then the ES256 signature over the
+/// exact `jwks.json` bytes, with openssl, jq and coreutils only.
+const VERIFY_RECIPE: &str = r#"set -eu
+signer=example.com/workload
+jq -j '.data["jwks.json"]' cm.json > jwks.json
+jq -j '.data["jwks.json.jws"]' cm.json > jwks.json.jws
+jq -r --arg s "$signer" '.items[] | select(.spec.signerName == $s) | .spec.trustBundle' ctbs.json > bundle.pem
+b64url_decode() { tr '_-' '/+' | awk '{ while (length($0) % 4) $0 = $0 "="; print }' | base64 -d; }
+cut -d. -f1 jwks.json.jws | b64url_decode > header.json
+jq -r '.alg, .typ' header.json
+jq -r '.x5c[0]' header.json | base64 -d | openssl x509 -inform DER -out signer.pem
+jq -r '.x5c[1:][]' header.json | while read -r c; do
+  printf '%s' "$c" | base64 -d | openssl x509 -inform DER
+done > intermediates.pem
+if [ -s intermediates.pem ]; then
+  openssl verify -CAfile bundle.pem -untrusted intermediates.pem signer.pem
+else
+  openssl verify -CAfile bundle.pem signer.pem
+fi
+printf '%s.%s' "$(cut -d. -f1 jwks.json.jws)" \
+  "$(base64 -w0 < jwks.json | tr '+/' '-_' | tr -d '=')" > signing-input
+cut -d. -f3 jwks.json.jws | b64url_decode > sig.raw
+n=$(( $(wc -c < sig.raw) / 2 ))
+printf 'asn1=SEQUENCE:sig\n[sig]\nr=INTEGER:0x%s\ns=INTEGER:0x%s\n' \
+  "$(head -c "$n" sig.raw | xxd -p -c 256)" "$(tail -c "$n" sig.raw | xxd -p -c 256)" > sig.cnf
+openssl asn1parse -genconf sig.cnf -out sig.der -noout
+openssl x509 -in signer.pem -pubkey -noout > pub.pem
+openssl dgst -sha256 -verify pub.pem -signature sig.der signing-input
+"#;
+
+/// Runs [`VERIFY_RECIPE`] in `dir` (holding `cm.json` and `ctbs.json`): success and output.
+fn run_recipe(dir: &Path) -> (bool, String) {
+    let out = std::process::Command::new("sh")
+        .args(["-c", VERIFY_RECIPE])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// Issue #40: what podca publishes in the ConfigMap verifies, with openssl and the signer's
+/// ClusterTrustBundle alone, as podca's: the detached JWS chains to the bundle's anchors and
+/// signs the exact `jwks.json`. A forged key added to `jwks.json` (what a consumer would mount
+/// before podca takes the object back) no longer verifies, nor does a JWS made with the
+/// forger's own CA.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_published_jwks_verifies_with_openssl_under_the_clustertrustbundle() {
+    let o = start().await;
+    let (jwks, cm) = configmap_jwks(&o, 1, Duration::from_secs(15)).await;
+    let served: Value = serde_json::from_str(&get(&o, "/keys").await.body).unwrap();
+    assert_eq!(jwks, served);
+    let jws = cm["data"]["jwks.json.jws"]
+        .as_str()
+        .expect("a JWS")
+        .to_owned();
+    let ctbs = serde_json::json!({"items": o.cluster.emu.list_objects(Res::Ctb, None)});
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cm.json"), cm.to_string()).unwrap();
+    std::fs::write(dir.path().join("ctbs.json"), ctbs.to_string()).unwrap();
+    let (ok, out) = run_recipe(dir.path());
+    assert!(ok, "{out}");
+    assert!(out.contains("ES256\njwk-set+jws\n"), "{out}");
+    assert!(out.contains("signer.pem: OK"), "{out}");
+    assert!(out.contains("Verified OK"), "{out}");
+    // The bundle is the signer's: podca's anchors are what the chain ends at.
+    assert_eq!(
+        podca_tests::verify::pem_blocks(
+            &std::fs::read_to_string(dir.path().join("bundle.pem")).unwrap()
+        ),
+        podca_tests::verify::pem_blocks(&o.anchors)
+    );
+
+    // A key added to jwks.json, the signature kept.
+    let mut forged_cm = cm.clone();
+    let mut forged: Value =
+        serde_json::from_str(cm["data"]["jwks.json"].as_str().unwrap()).unwrap();
+    let extra: Value = serde_json::from_str::<Value>(FORGED_JWKS).unwrap()["keys"][0].clone();
+    forged["keys"].as_array_mut().unwrap().push(extra);
+    forged_cm["data"]["jwks.json"] = Value::String(forged.to_string());
+    std::fs::write(dir.path().join("cm.json"), forged_cm.to_string()).unwrap();
+    let (ok, out) = run_recipe(dir.path());
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("signer.pem: OK"),
+        "the chain is still podca's: {out}"
+    );
+    assert!(out.contains("Verification failure"), "{out}");
+
+    // The forger's own CA signing the forged set: its chain ends at no anchor of the bundle.
+    let forger = podca_signer::IssuingCa::self_signed_root(
+        Arc::new(podca_signer::MemoryKey::generate(podca_signer::CaAlgorithm::EcdsaP256).unwrap()),
+        "podca",
+        time::OffsetDateTime::now_utc() - time::Duration::minutes(1),
+        time::Duration::days(1),
+    )
+    .unwrap();
+    let theirs = podca_signer::jwt::detached::sign(
+        &forger,
+        forged.to_string().as_bytes(),
+        time::OffsetDateTime::now_utc(),
+    )
+    .unwrap();
+    forged_cm["data"]["jwks.json.jws"] = Value::String(theirs);
+    std::fs::write(dir.path().join("cm.json"), forged_cm.to_string()).unwrap();
+    let (ok, out) = run_recipe(dir.path());
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("unable to get local issuer certificate")
+            || out.contains("self-signed certificate")
+            || out.contains("self signed certificate"),
+        "{out}"
+    );
+    // podca's own verifier agrees on all three.
+    let anchors = podca_signer::CaCertificate::all_from_pem(&o.anchors).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let raw = cm["data"]["jwks.json"].as_str().unwrap();
+    podca_signer::jwt::detached::verify(&jws, raw.as_bytes(), &anchors, now).unwrap();
+    assert_eq!(
+        podca_signer::jwt::detached::verify(&jws, forged.to_string().as_bytes(), &anchors, now),
+        Err(podca_signer::jwt::detached::DetachedJwsError::BadSignature)
+    );
 }
 
 /// `podca serve` refuses to start with `config` (written next to a fresh CA), with `message`.
