@@ -15,6 +15,7 @@ pub mod grpc_auth;
 pub mod jwks;
 pub mod jwt_secret;
 mod lease;
+pub mod metrics_auth;
 pub mod namespaces;
 mod plan;
 pub mod policy_test;

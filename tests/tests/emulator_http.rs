@@ -1016,6 +1016,89 @@ async fn token_review_outcomes() {
     assert_eq!(r.status, 403);
 }
 
+/// SubjectAccessReview as kube-rbac-proxy and podca's `/metrics` send it: the reviewer needs
+/// `create` on `subjectaccessreviews`; the subject's non-resource grant decides.
+#[tokio::test]
+async fn subject_access_review_outcomes() {
+    use podca_tests::emulator::{PolicyRule, Subject};
+    let e = env(ApiMode::V1Beta1).await;
+    let path = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    let review = |user: &str, groups: &[&str], verb: &str, url: &str| {
+        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": groups,
+                "nonResourceAttributes": {"path": url, "verb": verb}}})
+    };
+    let prometheus = (
+        "system:serviceaccount:monitoring:prometheus",
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:monitoring",
+        ],
+    );
+    let ask = |body: Value| {
+        let signer = &e.signer;
+        async move { signer.post(path, &body).await.unwrap() }
+    };
+    let r = ask(review(prometheus.0, &prometheus.1, "get", "/metrics")).await;
+    assert_eq!(r.status, 403, "no create on subjectaccessreviews yet");
+    e.emu.grant(
+        Subject::User("system:serviceaccount:podca:podca".into()),
+        PolicyRule::new(
+            &["authorization.k8s.io"],
+            &["subjectaccessreviews"],
+            &["create"],
+        ),
+    );
+    let allowed = |body: Value| async move {
+        let r = ask(body).await;
+        assert_eq!(r.status, 201, "{:?}", r.json());
+        r.json()["status"]["allowed"].as_bool().expect("allowed")
+    };
+    assert!(!allowed(review(prometheus.0, &prometheus.1, "get", "/metrics")).await);
+    e.emu.grant(
+        Subject::Group("system:serviceaccounts:monitoring".into()),
+        PolicyRule::non_resource(&["/metrics"], &["get"]),
+    );
+    e.emu.grant(
+        Subject::User("debugger".into()),
+        PolicyRule::non_resource(&["/debug/*"], &["*"]),
+    );
+    assert!(allowed(review(prometheus.0, &prometheus.1, "get", "/metrics")).await);
+    let cases = [
+        (prometheus.0, &prometheus.1[..], "post", "/metrics", false),
+        (prometheus.0, &prometheus.1[..], "get", "/metricsz", false),
+        // The grant is the group's: the user name alone is not in it.
+        (prometheus.0, &[][..], "get", "/metrics", false),
+        (
+            "system:serviceaccount:app:app",
+            &["system:serviceaccounts"][..],
+            "get",
+            "/metrics",
+            false,
+        ),
+        ("debugger", &[][..], "get", "/debug/pprof", true),
+        ("debugger", &[][..], "get", "/metrics", false),
+    ];
+    for (user, groups, verb, url, want) in cases {
+        assert_eq!(
+            allowed(review(user, groups, verb, url)).await,
+            want,
+            "{user} {groups:?} {verb} {url}"
+        );
+    }
+    // Resource attributes go through the same RBAC rules.
+    let resource = json!({"spec": {"user": "system:serviceaccount:podca:podca",
+        "resourceAttributes": {"verb": "create", "group": "authorization.k8s.io",
+            "resource": "subjectaccessreviews"}}});
+    assert!(allowed(resource).await);
+    // Invalid reviews, as kube-apiserver refuses them.
+    let neither = json!({"spec": {"user": "x"}});
+    let nobody = json!({"spec": {"nonResourceAttributes": {"path": "/metrics", "verb": "get"}}});
+    for body in [neither, nobody] {
+        assert_eq!(ask(body.clone()).await.status, 422, "{body}");
+    }
+}
+
 #[tokio::test]
 async fn secrets_events_and_unauthenticated_requests() {
     let e = env(ApiMode::V1Beta1).await;

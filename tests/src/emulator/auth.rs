@@ -66,6 +66,8 @@ pub struct PolicyRule {
     pub resource_names: Vec<String>,
     pub verbs: Vec<String>,
     pub namespaces: Vec<String>,
+    /// `nonResourceURLs` (a ClusterRole's only): `/metrics`, or a prefix ending in `*`.
+    pub non_resource_urls: Vec<String>,
 }
 
 fn strs(v: &[&str]) -> Vec<String> {
@@ -77,6 +79,14 @@ impl PolicyRule {
         Self {
             api_groups: strs(api_groups),
             resources: strs(resources),
+            verbs: strs(verbs),
+            ..Default::default()
+        }
+    }
+    /// A rule on non-resource URLs (`nonResourceURLs`), as a ClusterRole grants them.
+    pub fn non_resource(urls: &[&str], verbs: &[&str]) -> Self {
+        Self {
+            non_resource_urls: strs(urls),
             verbs: strs(verbs),
             ..Default::default()
         }
@@ -107,7 +117,20 @@ impl PolicyRule {
             resource_names: list("resourceNames"),
             verbs: list("verbs"),
             namespaces: Vec::new(),
+            non_resource_urls: list("nonResourceURLs"),
         }
+    }
+
+    /// RBAC's non-resource match: the verb, and the path exactly, or a URL ending in `*` as a
+    /// prefix. Cluster-wide rules only (a RoleBinding grants no non-resource URL).
+    fn matches_non_resource(&self, verb: &str, path: &str) -> bool {
+        let verb_ok = self.verbs.iter().any(|v| v == "*" || v == verb);
+        let path_ok = self.non_resource_urls.iter().any(|u| {
+            u == path
+                || u.strip_suffix('*')
+                    .is_some_and(|prefix| path.starts_with(prefix))
+        });
+        self.namespaces.is_empty() && verb_ok && path_ok
     }
 
     fn matches(&self, a: &Attrs<'_>) -> bool {
@@ -263,6 +286,25 @@ impl AuthState {
         // Built-in: authenticated users may create TokenReviews of their own?
         // No: TokenReview needs RBAC like upstream (system:auth-delegator).
         Decision::Deny(reason)
+    }
+
+    /// Authorize a request for a non-resource URL (`/metrics`, `/healthz`): `system:masters`,
+    /// then the RBAC rules with `nonResourceURLs`. The Node authorizer has no opinion.
+    pub fn authorize_non_resource(&self, user: &UserInfo, verb: &str, path: &str) -> Decision {
+        if user.is_admin() {
+            return Decision::Allow;
+        }
+        let granted = self.rules.iter().any(|(s, r)| {
+            let bound = match s {
+                Subject::User(u) => *u == user.name,
+                Subject::Group(g) => user.groups.iter().any(|x| x == g),
+            };
+            bound && r.matches_non_resource(verb, path)
+        });
+        match granted {
+            true => Decision::Allow,
+            false => Decision::Deny(String::new()),
+        }
     }
 
     /// `IsAuthorizedForSignerName`: `<signer>`, then `<domain>/*`.

@@ -117,6 +117,7 @@ pub(super) fn resource_list(group: &str, version: &str, mode: ApiMode) -> Value 
     }
     if group == "authorization.k8s.io" {
         rs.push(json!({"name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview", "namespaced": false, "kind": "SelfSubjectAccessReview", "verbs": ["create"]}));
+        rs.push(json!({"name": "subjectaccessreviews", "singularName": "subjectaccessreview", "namespaced": false, "kind": "SubjectAccessReview", "verbs": ["create"]}));
     }
     let gv = if group.is_empty() {
         version.to_string()

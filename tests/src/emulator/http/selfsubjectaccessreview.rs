@@ -1,14 +1,20 @@
-//! `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`: may the caller do this? The
-//! answer comes from the same authorizer chain as every other request (admin group, Node
-//! authorizer, the RBAC rules, the built-in ClusterTrustBundle readers), as kube-apiserver's
-//! comes from its union authorizer.
+//! Access reviews of authorization.k8s.io/v1, answered by the same authorizer chain as every
+//! other request (admin group, Node authorizer, the RBAC rules with their `nonResourceURLs`,
+//! the built-in ClusterTrustBundle readers), as kube-apiserver's come from its union
+//! authorizer:
 //!
-//! As kube-apiserver: any authenticated user may ask (the `system:basic-user` ClusterRole);
-//! exactly one of `resourceAttributes` and `nonResourceAttributes` must be given (422
-//! otherwise); the answer is `201 Created` with the spec as sent and `status.allowed`. Two
-//! simplifications: no non-resource rules are modelled (only `system:masters` is allowed a
-//! non-resource URL), and `status.reason` is given only for a denial with a reason (the
-//! emulator's rules carry no binding names to quote in an RBAC "allowed by" reason).
+//! * `POST …/selfsubjectaccessreviews`: may the caller do this? Any authenticated user may ask
+//!   (the `system:basic-user` ClusterRole).
+//! * `POST …/subjectaccessreviews`: may this user (`spec.user`, `groups`, `uid`, `extra`, taken
+//!   as given, as kube-rbac-proxy and podca's `/metrics` send them after a TokenReview) do
+//!   this? The caller needs `create` on `subjectaccessreviews`; `spec.user` or `spec.groups`
+//!   must be given (422 otherwise).
+//!
+//! As kube-apiserver: exactly one of `resourceAttributes` and `nonResourceAttributes` must be
+//! given (422 otherwise); the answer is `201 Created` with the spec as sent and
+//! `status.allowed`. One simplification: `status.reason` is given only for a denial with a
+//! reason (the emulator's rules carry no binding names to quote in an RBAC "allowed by"
+//! reason).
 
 use super::create::parse_body;
 use super::routing::authorize_create;
@@ -45,13 +51,81 @@ pub(super) fn self_subject_access_review(
     }
     let body = parse_body(r)?;
     let spec = body.get("spec").cloned().unwrap_or_else(|| json!({}));
+    review(shared, "SelfSubjectAccessReview", user, spec)
+}
+
+pub(super) fn subject_access_review(
+    shared: &Shared,
+    r: &Req,
+    user: &UserInfo,
+) -> Result<Response<RespBody>, ApiError> {
+    authorize_create(
+        shared,
+        r,
+        user,
+        Attrs {
+            verb: "create",
+            group: GROUP,
+            resource: "subjectaccessreviews",
+            subresource: "",
+            namespace: "",
+            name: "",
+        },
+    )?;
+    let body = parse_body(r)?;
+    let spec = body.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let strings = |v: Option<&Value>| -> Vec<String> {
+        v.and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Taken as given: no group is added, as kube-apiserver adds none to a review's subject.
+    let subject = UserInfo {
+        name: spec["user"].as_str().unwrap_or("").to_owned(),
+        uid: spec["uid"].as_str().unwrap_or("").to_owned(),
+        groups: strings(spec.get("groups")),
+        extra: spec["extra"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), strings(Some(v))))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    if subject.name.is_empty() && subject.groups.is_empty() {
+        return Err(ApiError::invalid(
+            "SubjectAccessReview",
+            GROUP,
+            "",
+            vec![FieldError::invalid_str(
+                "spec.user",
+                "",
+                "at least one of user or group must be specified",
+            )],
+        ));
+    }
+    review(shared, "SubjectAccessReview", &subject, spec)
+}
+
+/// The answer to one access review of `subject`: 201 with `status.allowed`, or 422.
+fn review(
+    shared: &Shared,
+    kind: &str,
+    subject: &UserInfo,
+    spec: Value,
+) -> Result<Response<RespBody>, ApiError> {
     let resource = spec.get("resourceAttributes").filter(|v| !v.is_null());
     let non_resource = spec.get("nonResourceAttributes").filter(|v| !v.is_null());
     let decision = match (resource, non_resource) {
         (Some(a), None) => {
             let s = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("");
             read(&shared.auth).authorize(
-                user,
+                subject,
                 &Attrs {
                     verb: s("verb"),
                     group: s("group"),
@@ -62,8 +136,10 @@ pub(super) fn self_subject_access_review(
                 },
             )
         }
-        (None, Some(_)) if user.is_admin() => Decision::Allow,
-        (None, Some(_)) => Decision::Deny(String::new()),
+        (None, Some(a)) => {
+            let s = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("");
+            read(&shared.auth).authorize_non_resource(subject, s("verb"), s("path"))
+        }
         (Some(_), Some(_)) | (None, None) => {
             let shown = if resource.is_some() {
                 "{...}".to_owned()
@@ -71,7 +147,7 @@ pub(super) fn self_subject_access_review(
                 "null".to_owned()
             };
             return Err(ApiError::invalid(
-                "SelfSubjectAccessReview",
+                kind,
                 GROUP,
                 "",
                 vec![FieldError::invalid_str(
@@ -90,7 +166,7 @@ pub(super) fn self_subject_access_review(
     Ok(json_response(
         201,
         &json!({
-            "kind": "SelfSubjectAccessReview",
+            "kind": kind,
             "apiVersion": "authorization.k8s.io/v1",
             "metadata": {"creationTimestamp": null},
             "spec": spec,
