@@ -17,7 +17,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::PostParams;
 use kube::{Api, Client};
 use podca_authority::components::ca::primary_ca;
-use podca_authority::config::{CaConfig, Config, SecretCa};
+use podca_authority::config::{CaConfig, Config, MetricsAuthMode, SecretCa};
 
 use super::{Check, LeaseRef, NO_CONFIG, Status};
 use crate::secret_ca::HISTORY_SUFFIX;
@@ -122,6 +122,9 @@ pub struct Needs {
     /// Some signer sets `pod_facts = true`: podca reads the request's pod for its rules
     /// (deploy/components/pod-facts). By the flag, as the manifests grant it.
     pub pod_facts: bool,
+    /// `[admin] metrics_auth = "kubernetes"`: a SubjectAccessReview per scraper token
+    /// (deploy/components/metrics-auth).
+    pub metrics_auth: bool,
     /// The JWKS ConfigMap the leader writes (`[jwt] jwks_configmap`, JWT-SVIDs on):
     /// (namespace, name).
     pub jwks_configmap: Option<(String, String)>,
@@ -178,6 +181,7 @@ impl Needs {
                 .values()
                 .any(|policy| policy.rules_use_namespace_labels()),
             pod_facts: config.signers.values().any(|policy| policy.pod_facts),
+            metrics_auth: config.admin.metrics_auth == MetricsAuthMode::Kubernetes,
             jwks_configmap,
             jwt_keys_secret: primary_secret
                 .filter(|_| config.jwt.enabled)
@@ -242,6 +246,14 @@ impl Needs {
             // `get` covers it when that is on).
             all.push(Permission::new("get", "", "pods"));
         }
+        if self.metrics_auth {
+            // May this scraper's user get /metrics? (Its TokenReview is the gRPC API's grant.)
+            all.push(Permission::new(
+                "create",
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+            ));
+        }
         // Kubernetes cannot limit `create` by name: one per namespace, whatever needs it.
         let push_once = |all: &mut Vec<Permission>, p: Permission| {
             if !all.contains(&p) {
@@ -304,6 +316,9 @@ impl Needs {
 /// Where an operator finds the grant of a permission that `needs` requires and that is not in
 /// deploy/base/rbac.yaml (`None`: it is there, or in the Roles the config asks for).
 fn component_of(needs: &Needs, p: &Permission) -> Option<&'static str> {
+    if needs.metrics_auth && p.resource == "subjectaccessreviews" {
+        return Some("[admin] metrics_auth = \"kubernetes\": deploy/components/metrics-auth");
+    }
     if !p.group.is_empty() || p.namespace.is_some() {
         return None;
     }
@@ -491,6 +506,7 @@ mod tests {
             issue_for_pod: false,
             namespace_labels: false,
             pod_facts: false,
+            metrics_auth: false,
             ..needs.clone()
         }
         .required();
@@ -510,9 +526,31 @@ mod tests {
             issue_for_pod: false,
             namespace_labels: false,
             pod_facts: false,
+            metrics_auth: false,
             jwks_configmap: None,
             jwt_keys_secret: None,
         }
+    }
+
+    #[test]
+    fn metrics_auth_adds_subjectaccessreviews_and_names_its_component() {
+        let with = Needs {
+            metrics_auth: true,
+            ..needs()
+        };
+        assert_eq!(
+            added(&with),
+            ["create subjectaccessreviews.authorization.k8s.io cluster-wide"]
+        );
+        let sar = Permission::new("create", "authorization.k8s.io", "subjectaccessreviews");
+        assert_eq!(
+            component_of(&with, &sar),
+            Some("[admin] metrics_auth = \"kubernetes\": deploy/components/metrics-auth")
+        );
+        assert_eq!(component_of(&needs(), &sar), None);
+        let config = Config::parse("[admin]\nmetrics_auth = \"kubernetes\"\n").unwrap();
+        assert!(Needs::from_config(&config, None).metrics_auth);
+        assert!(!Needs::from_config(&Config::parse("").unwrap(), None).metrics_auth);
     }
 
     #[test]

@@ -395,6 +395,35 @@ fn the_grpc_limits_and_authorization_keys_reach_podca() {
 }
 
 #[test]
+fn helm_grants_subjectaccessreviews_only_with_metrics_auth_kubernetes() {
+    let yaml = helm_with_values("config:\n  admin:\n    metrics_auth: kubernetes\n")
+        .expect("the schema accepts config.admin.metrics_auth");
+    let r = parse_helm_yaml("helm metrics_auth", &yaml);
+    assert_eq!(
+        config(&r).admin.metrics_auth,
+        podca_authority::config::MetricsAuthMode::Kubernetes
+    );
+    // Exactly the expected grants: the base ones plus `create` on subjectaccessreviews.
+    check_rbac("helm metrics_auth", &r);
+    assert!(
+        yaml.contains("resources: [\"subjectaccessreviews\"]"),
+        "{yaml}"
+    );
+    for example in OVERLAYS {
+        assert!(
+            !render_helm(example).contains("subjectaccessreviews"),
+            "helm {example}"
+        );
+    }
+    let err =
+        helm_with_values("config:\n  admin:\n    metrics_auth: token\n").expect_err("not a mode");
+    assert!(err.contains("metrics_auth"), "{err}");
+    let err = helm_with_values("config:\n  admin:\n    listen: 0.0.0.0:1\n")
+        .expect_err("the chart sets listen from its port");
+    assert!(err.contains("listen"), "{err}");
+}
+
+#[test]
 fn the_admin_and_oidc_ports_admit_the_peers_the_values_name() {
     let yaml = helm_with_values(
         "networkPolicy:\n  metricsFrom:\n    - namespaceSelector:\n        matchLabels:\n          \

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use podca_authority::components::ca::primary_ca;
-use podca_authority::config::{CaConfig, Config};
+use podca_authority::config::{CaConfig, Config, MetricsAuthMode};
 
 use crate::config::config;
 use crate::objects::{args, flag, podca_container, the_deployment};
@@ -81,6 +81,8 @@ pub struct ClusterReads {
     pub namespace_labels: bool,
     /// A signer sets `pod_facts = true` (deploy/components/pod-facts).
     pub pod_facts: bool,
+    /// `[admin] metrics_auth = "kubernetes"` (deploy/components/metrics-auth).
+    pub metrics_auth: bool,
 }
 
 /// What podca may do: spec §3's table, plus the justified extras.
@@ -96,6 +98,7 @@ pub fn expected_grants(
         issue_for_pod,
         namespace_labels,
         pod_facts,
+        metrics_auth,
     } = reads;
     let mut g = BTreeSet::new();
     let mut add = |scope: &str, group: &str, res: &str, verbs: &[&str], name: Option<&str>| {
@@ -171,6 +174,18 @@ pub fn expected_grants(
     // with IssueForPod on too, the two grants are one set.
     if pod_facts {
         add("cluster", "", "pods", &["get"], None);
+    }
+    // subjectaccessreviews create, only with `[admin] metrics_auth = "kubernetes"`
+    // (deploy/components/metrics-auth, or the Helm chart's config.admin.metrics_auth): may the
+    // scraper's user get /metrics?
+    if metrics_auth {
+        add(
+            "cluster",
+            "authorization.k8s.io",
+            "subjectaccessreviews",
+            &["create"],
+            None,
+        );
     }
     // The `secret` CA backend, for each Secret-held CA some signer or tenant uses (`[ca]` and
     // `[cas.<name>]`), in its Secret's namespace: the Secret by name (get, and list/watch with a
@@ -373,6 +388,7 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
             issue_for_pod,
             namespace_labels,
             pod_facts,
+            metrics_auth: cfg.admin.metrics_auth == MetricsAuthMode::Kubernetes,
         },
         jwks,
         jwt_keys_secret
@@ -1201,4 +1217,50 @@ fn the_doctor_asks_for_exactly_the_grants_of_every_overlay() {
             "overlay {overlay}: `podca doctor` and the manifests disagree"
         );
     }
+}
+
+const METRICS_AUTH: &str = "deploy/components/metrics-auth";
+
+/// The ClusterRole rules on `subjectaccessreviews`, as rendered.
+fn access_review_rules(r: &Rendered) -> Vec<PolicyRule> {
+    r.cluster_roles
+        .iter()
+        .flat_map(|cr| cr.rules.clone().unwrap_or_default())
+        .filter(|rule| {
+            rule.resources
+                .as_deref()
+                .is_some_and(|res| res.iter().any(|x| x == "subjectaccessreviews"))
+        })
+        .collect()
+}
+
+#[test]
+fn subjectaccessreviews_only_with_metrics_auth_kubernetes() {
+    for overlay in OVERLAYS {
+        let r = parse_overlay(overlay);
+        assert_eq!(access_review_rules(&r), [], "overlay {overlay}");
+        assert_eq!(config(&r).admin.metrics_auth, MetricsAuthMode::None);
+    }
+    let base = std::fs::read_to_string(repo_root().join("deploy/base/config.toml")).unwrap();
+    let with = base.replace("[admin]\n", "[admin]\nmetrics_auth = \"kubernetes\"\n");
+    assert_ne!(with, base, "the base config has an [admin] table");
+    let r = parse_kustomization(&render_default_with(&[METRICS_AUTH], Some(&with)));
+    assert_eq!(config(&r).admin.metrics_auth, MetricsAuthMode::Kubernetes);
+    check_rbac("default + metrics-auth", &r);
+    assert_eq!(
+        access_review_rules(&r),
+        [PolicyRule {
+            api_groups: Some(vec!["authorization.k8s.io".into()]),
+            resources: Some(vec!["subjectaccessreviews".into()]),
+            verbs: vec!["create".into()],
+            ..Default::default()
+        }]
+    );
+    // The setting without the component: podca could not ask, so the check says so.
+    let r = parse_kustomization(&render_default_with(&[], Some(&with)));
+    let problems = rbac_problems(&r, &expected_for(&r));
+    assert!(
+        problems.iter().any(|p| p.contains("subjectaccessreviews")),
+        "{problems:?}"
+    );
 }

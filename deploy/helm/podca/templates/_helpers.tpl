@@ -281,7 +281,9 @@ podca's integer settings refuse).
 {{- $_ := set $grpc "tls_service" (include "podca.fullname" .) -}}
 {{- end -}}
 {{- $_ := set $cfg "grpc" $grpc -}}
-{{- $_ := set $cfg "admin" (dict "listen" (printf "0.0.0.0:%s" (include "podca.metricsPort" .))) -}}
+{{- $admin := $cfg.admin | default dict -}}
+{{- $_ := set $admin "listen" (printf "0.0.0.0:%s" (include "podca.metricsPort" .)) -}}
+{{- $_ := set $cfg "admin" $admin -}}
 {{- $jwt := $cfg.jwt | default dict -}}
 {{- $_ := set $jwt "oidc_listen" (printf "0.0.0.0:%s" (include "podca.oidcPort" .)) -}}
 {{- if not $jwt.issuer -}}
