@@ -622,6 +622,15 @@ fn run_recipe(dir: &Path) -> (bool, String) {
 /// forger's own CA.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_published_jwks_verifies_with_openssl_under_the_clustertrustbundle() {
+    // The operator guide shows this very recipe.
+    let guide = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operator-guide.md"),
+    )
+    .unwrap();
+    assert!(
+        guide.contains(VERIFY_RECIPE),
+        "docs/operator-guide.md's recipe differs from VERIFY_RECIPE"
+    );
     let o = start().await;
     let (jwks, cm) = configmap_jwks(&o, 1, Duration::from_secs(15)).await;
     let served: Value = serde_json::from_str(&get(&o, "/keys").await.body).unwrap();
