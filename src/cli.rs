@@ -3,7 +3,6 @@
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -55,6 +54,8 @@ pub enum Command {
     /// Test and lint issuance policy offline: decide a sample request, check every rule.
     #[command(subcommand)]
     Policy(commands::policy::PolicyCommand),
+    /// Show or edit the mTLS renewal denylist (`[grpc] renewal_denylist`).
+    Renewal(commands::renewal::RenewalArgs),
     /// Print shell completions (bash, zsh, fish) or, with --man, the man page.
     Completions(commands::completions::CompletionsArgs),
 }
@@ -72,6 +73,7 @@ pub fn main() -> ExitCode {
         Command::Dev(a) => dev::run(a),
         Command::Doctor(a) => a.run(),
         Command::Completions(a) => a.run(),
+        Command::Renewal(a) => a.run(),
         // Its own exit codes: 1 is a refusal (denied, or lint errors), 2 bad input.
         Command::Policy(c) => return c.run(),
     };
@@ -87,24 +89,6 @@ pub fn main() -> ExitCode {
 
 /// A `--log` / `PODCA_LOG` value that tracing accepts: a typo (`podca=verbose`) is a usage
 /// error at start, not a silent fall-back to `info` that hides the debug lines asked for.
-/// `15s`, `2m`, `500ms` or plain seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => text.split_at(i),
-        None => (text, "s"),
-    };
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 15s, 2m or 500ms"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{text:?}: unknown unit {unit:?} (use ms, s or m)")),
-    }
-}
-
 fn log_filter(value: &str) -> Result<String, String> {
     tracing_subscriber::EnvFilter::try_new(value)
         .map(|_| value.to_owned())
@@ -137,22 +121,6 @@ fn colour(stderr_is_terminal: bool, no_color: Option<OsString>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert_eq!(
-            parse_duration("soon"),
-            Err("\"soon\" is not a duration like 15s, 2m or 500ms".into())
-        );
-        assert_eq!(
-            parse_duration("5h"),
-            Err("\"5h\": unknown unit \"h\" (use ms, s or m)".into())
-        );
-    }
 
     #[test]
     fn a_log_filter_tracing_cannot_read_is_a_usage_error() {

@@ -440,6 +440,14 @@ pub struct GrpcConfig {
     /// for its identity without a token.
     #[serde(default = "yes")]
     pub mtls_renewal: bool,
+    /// How long after a token last authenticated it a certificate chain may keep renewing
+    /// over mTLS; a renewal never outlives it (issue #40). 10 minutes to 30 days.
+    #[serde(default = "default_max_renewal_seconds")]
+    pub max_renewal_seconds: u64,
+    /// A file of `serial <hex>` / `identity <SPIFFE ID>` lines that may not renew over mTLS,
+    /// re-read on change (`podca renewal deny`); `""` = none.
+    #[serde(default)]
+    pub renewal_denylist: String,
     // Authorization and TokenReview bounds (see the operator guide, "Authorization").
     /// The signer names gRPC callers may use; default: `signer` only. Must include `signer`.
     pub signers: Option<Vec<String>>,
@@ -461,6 +469,9 @@ pub struct GrpcConfig {
     #[serde(default = "default_istio_trust_domain_alias")]
     pub istio_trust_domain_alias: String,
 }
+
+/// The bounds of `[grpc] max_renewal_seconds`: 10 minutes to 30 days.
+pub const MAX_RENEWAL_SECONDS_RANGE: std::ops::RangeInclusive<u64> = 600..=30 * 24 * 3600;
 
 /// The largest `[grpc] token_cache_seconds` accepted.
 pub const MAX_TOKEN_CACHE_SECONDS: u64 = 600;
@@ -633,6 +644,8 @@ impl Default for GrpcConfig {
             max_connections_per_peer: default_max_connections_per_peer(),
             max_connections: default_max_connections(),
             mtls_renewal: true,
+            max_renewal_seconds: default_max_renewal_seconds(),
+            renewal_denylist: String::new(),
             signers: None,
             max_token_reviews: default_max_token_reviews(),
             token_cache_seconds: default_token_cache_seconds(),
@@ -1069,33 +1082,20 @@ impl Default for ControllerConfig {
 pub struct AdminConfig {
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
+    /// Who may read `/metrics` (`/livez` and `/readyz` are always open).
+    #[serde(default)]
+    pub metrics_auth: MetricsAuthMode,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: default_admin_listen(),
+            metrics_auth: MetricsAuthMode::default(),
         }
     }
 }
 
-fn default_grpc_listen() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 8443))
-}
-    /// Who may read `/metrics` (`/livez` and `/readyz` are always open).
-    #[serde(default)]
-    pub metrics_auth: MetricsAuthMode,
-fn default_admin_listen() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 9090))
-}
-fn default_audience() -> String {
-    "podca".into()
-}
-            metrics_auth: MetricsAuthMode::default(),
-
-fn default_istio_audience() -> String {
-    "istio-ca".into()
-}
 /// `[admin] metrics_auth`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -1108,6 +1108,19 @@ pub enum MetricsAuthMode {
     Kubernetes,
 }
 
+fn default_grpc_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8443))
+}
+fn default_admin_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9090))
+}
+fn default_audience() -> String {
+    "podca".into()
+}
+
+fn default_istio_audience() -> String {
+    "istio-ca".into()
+}
 
 fn default_istio_trust_domain_alias() -> String {
     "cluster.local".into()
@@ -1129,6 +1142,10 @@ fn default_max_open_streams() -> usize {
 fn default_max_token_reviews() -> usize {
     8
 }
+fn default_max_renewal_seconds() -> u64 {
+    24 * 3600
+}
+
 fn default_token_cache_seconds() -> u64 {
     60
 }
@@ -1225,6 +1242,14 @@ impl Config {
                     "[grpc] signers must include [grpc] signer {default:?}"
                 ));
             }
+        }
+        if !MAX_RENEWAL_SECONDS_RANGE.contains(&grpc.max_renewal_seconds) {
+            return invalid(format!(
+                "[grpc] max_renewal_seconds = {} is outside {}..={} (10 minutes to 30 days)",
+                grpc.max_renewal_seconds,
+                MAX_RENEWAL_SECONDS_RANGE.start(),
+                MAX_RENEWAL_SECONDS_RANGE.end()
+            ));
         }
         if grpc.max_token_reviews == 0 {
             return invalid("[grpc] max_token_reviews must be at least 1".into());
@@ -1621,6 +1646,25 @@ mod tests {
     }
 
     #[test]
+    fn metrics_are_open_unless_admin_says_kubernetes() {
+        let mode = |text: &str| Config::parse(text).map(|c| c.admin.metrics_auth);
+        assert_eq!(mode("").unwrap(), MetricsAuthMode::None);
+        assert_eq!(
+            mode("[admin]\nmetrics_auth = \"none\"").unwrap(),
+            MetricsAuthMode::None
+        );
+        assert_eq!(
+            mode("[admin]\nmetrics_auth = \"kubernetes\"").unwrap(),
+            MetricsAuthMode::Kubernetes
+        );
+        let error = format!(
+            "{:#}",
+            mode("[admin]\nmetrics_auth = \"token\"").unwrap_err()
+        );
+        assert!(error.contains("unknown variant `token`"), "{error}");
+    }
+
+    #[test]
     fn no_ca_table_is_a_file_ca_with_rotation() {
         let config = Config::parse("").expect("empty config");
         assert_eq!(
@@ -1645,25 +1689,6 @@ mod tests {
         );
         assert_eq!(
             ca("backend = \"secret\"\nsecret = \"podca-system/podca-ca\""),
-    #[test]
-    fn metrics_are_open_unless_admin_says_kubernetes() {
-        let mode = |text: &str| Config::parse(text).map(|c| c.admin.metrics_auth);
-        assert_eq!(mode("").unwrap(), MetricsAuthMode::None);
-        assert_eq!(
-            mode("[admin]\nmetrics_auth = \"none\"").unwrap(),
-            MetricsAuthMode::None
-        );
-        assert_eq!(
-            mode("[admin]\nmetrics_auth = \"kubernetes\"").unwrap(),
-            MetricsAuthMode::Kubernetes
-        );
-        let error = format!(
-            "{:#}",
-            mode("[admin]\nmetrics_auth = \"token\"").unwrap_err()
-        );
-        assert!(error.contains("unknown variant `token`"), "{error}");
-    }
-
             Ok(CaConfig::Secret(SecretCa {
                 namespace: "podca-system".into(),
                 name: "podca-ca".into()
@@ -1877,6 +1902,8 @@ mod tests {
         assert_eq!(c.grpc.max_token_reviews, 8);
         assert_eq!(c.grpc.token_cache_seconds, 60);
         assert_eq!(c.grpc.max_dns_names, 16);
+        assert_eq!(c.grpc.max_renewal_seconds, 86_400);
+        assert_eq!(c.grpc.renewal_denylist, "");
         assert_eq!(c.grpc.istio_token_audience, "istio-ca");
         assert_eq!(c.grpc.istio_trust_domain_alias, "cluster.local");
         let c = Config::parse(&format!("{two}[grpc]\nsigners = [\"a.example/y\"]")).unwrap();
@@ -1897,6 +1924,8 @@ mod tests {
                 "max_token_reviews must be at least 1",
             ),
             ("token_cache_seconds = 601", "above the maximum of 600"),
+            ("max_renewal_seconds = 599", "outside 600..=2592000"),
+            ("max_renewal_seconds = 2592001", "outside 600..=2592000"),
             ("max_dns_names = 0", "max_dns_names must be at least 1"),
             (
                 "istio_token_audience = \"\"",

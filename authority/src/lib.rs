@@ -31,6 +31,7 @@ pub mod ca;
 pub mod ca_report;
 pub mod components;
 pub mod config;
+pub mod duration;
 pub mod hsm_metrics;
 pub mod intermediate;
 pub mod jwt;

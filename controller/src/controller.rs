@@ -704,6 +704,7 @@ async fn record_decision(
         request_name: Some(format!("{}/{}", pcr.namespace, pcr.name)),
         ca_generation: Some(snapshot.generation),
         issuer_fingerprint: Some(snapshot.ca.fingerprint().to_owned()),
+        auth: Some(podca_signer::ledger::AuthFacts::kubelet()),
         replica: ctx.replica.clone(),
         time: now,
     };

@@ -62,6 +62,7 @@ impl TokenReviewer for KubeTokenReviewer {
             audiences: status.audiences.unwrap_or_default(),
             extra: user.extra.unwrap_or_default(),
             error: status.error.filter(|e| !e.is_empty()),
+            uid: user.uid.filter(|u| !u.is_empty()),
         })
     }
 }
@@ -152,5 +153,21 @@ impl PodDirectory for KubePodDirectory {
                     && p.info.service_account == service_account
             })
             .collect())
+    }
+
+    /// One GET of the ServiceAccount (needs `serviceaccounts get`; mTLS renewal only).
+    #[tracing::instrument(name = "service_account_lookup", skip_all, fields(namespace = %namespace, service_account = %name))]
+    async fn service_account_uid(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<String>, LookupError> {
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let api: kube::Api<ServiceAccount> = kube::Api::namespaced(self.client.clone(), namespace);
+        let account = tokio::time::timeout(KUBE_API_TIMEOUT, api.get_opt(name))
+            .await
+            .map_err(|_| LookupError::Timeout(KUBE_API_TIMEOUT))?
+            .map_err(|e| LookupError::Failed(e.to_string()))?;
+        Ok(account.map(|a| a.metadata.uid.unwrap_or_default()))
     }
 }

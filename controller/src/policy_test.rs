@@ -392,6 +392,7 @@ pub fn decide_description(
             node_name: node_name.as_deref(),
             namespace_labels: ns_labels,
             pod,
+            renewal: None,
         };
         sign_request_with(p, &ca, &certificate_request, &context, now)
     };

@@ -183,6 +183,7 @@ pub(crate) fn sign_pcr(
         node_name: Some(&pcr.node_name),
         namespace_labels,
         pod,
+        renewal: None,
     };
     sign_request_with(policy, ca, &request, &context, now)
 }

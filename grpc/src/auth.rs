@@ -29,6 +29,74 @@ pub struct Identity {
     pub pod_uid: Option<String>,
     /// From a bound service-account token: the node the pod runs on.
     pub node_name: Option<String>,
+    /// How the caller proved it (the ledger records it; certificates carry its chain).
+    pub authentication: Authentication,
+}
+
+/// How a caller proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum AuthMethod {
+    /// A service-account token (TokenReview).
+    #[default]
+    Token,
+    /// A podca client certificate alone (mTLS renewal).
+    Certificate,
+    /// A token and a client certificate naming the same identity.
+    TokenAndCertificate,
+    /// `podca dev`'s mapping of uids (or loopback metadata) to identities.
+    Dev,
+}
+
+impl AuthMethod {
+    /// The ledger's name of the method.
+    pub fn name(self) -> &'static str {
+        match self {
+            AuthMethod::Token => "token",
+            AuthMethod::Certificate => "certificate",
+            AuthMethod::TokenAndCertificate => "token+certificate",
+            AuthMethod::Dev => "dev",
+        }
+    }
+}
+
+/// The facts of an authentication that outlive it: what the ledger records and where the
+/// renewal chain of a certificate issued to the caller begins ([`crate::renewal`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Authentication {
+    pub method: AuthMethod,
+    /// The serial (lowercase hex) of the client certificate presented, if any.
+    pub presented_serial: Option<String>,
+    /// The service account's UID (the TokenReview's `user.uid`, or the certificate's chain).
+    pub service_account_uid: Option<String>,
+    /// Certificate-only callers: the presented certificate's renewal chain, with its cap.
+    pub renewal: Option<podca_signer::renewal::RenewalChain>,
+}
+
+impl Authentication {
+    /// What a subject a caller vouches for (IssueForPod, the Istio API's impersonation) is
+    /// authenticated by: the caller's method and chain, not its service account's UID.
+    pub fn on_behalf(&self) -> Authentication {
+        Authentication {
+            method: self.method,
+            presented_serial: self.presented_serial.clone(),
+            service_account_uid: None,
+            renewal: self
+                .renewal
+                .clone()
+                .map(|chain| podca_signer::renewal::RenewalChain {
+                    service_account_uid: None,
+                    ..chain
+                }),
+        }
+    }
+
+    /// The renewal chain a certificate issued at `now` to this caller belongs to: the
+    /// presented certificate's (a renewal), else one that starts now.
+    pub fn chain_at(&self, now: time::OffsetDateTime) -> podca_signer::renewal::RenewalChain {
+        self.renewal.clone().unwrap_or_else(|| {
+            podca_signer::renewal::RenewalChain::starting(now, self.service_account_uid.clone())
+        })
+    }
 }
 
 impl Identity {
@@ -39,7 +107,15 @@ impl Identity {
             pod_name: None,
             pod_uid: None,
             node_name: None,
+            authentication: Authentication::default(),
         }
+    }
+
+    /// A `podca dev` caller: mapped, not proven.
+    pub fn dev(namespace: &str, service_account: &str) -> Self {
+        let mut identity = Self::service_account(namespace, service_account);
+        identity.authentication.method = AuthMethod::Dev;
+        identity
     }
 
     /// `namespace/service-account`, the key of rate limits and `node_proxy_service_accounts`.
@@ -117,6 +193,13 @@ pub enum AuthError {
          TokenReviews at once per source); retry later"
     )]
     SourceBusy(usize),
+    /// A client certificate that may not renew (chain too old, account gone or re-created,
+    /// denylisted: [`crate::renewal`]); a token still works.
+    #[error("{0}")]
+    RenewalRefused(crate::renewal::RenewalRefusal),
+    /// The service account of a renewing certificate could not be read.
+    #[error("cannot check the client certificate's service account now: {0}")]
+    AccountUnavailable(LookupError),
 }
 
 /// Why a question to the Kubernetes API (a TokenReview, a pod read) got no answer. The edge
@@ -161,16 +244,11 @@ impl DevAuthenticator {
     pub fn new(identities: &[DevIdentity]) -> Self {
         let by_uid = identities
             .iter()
-            .map(|i| {
-                (
-                    i.uid,
-                    Identity::service_account(&i.namespace, &i.service_account),
-                )
-            })
+            .map(|i| (i.uid, Identity::dev(&i.namespace, &i.service_account)))
             .collect();
         let default = identities
             .first()
-            .map(|i| Identity::service_account(&i.namespace, &i.service_account));
+            .map(|i| Identity::dev(&i.namespace, &i.service_account));
         DevAuthenticator { by_uid, default }
     }
 }
@@ -203,7 +281,7 @@ impl Authenticator for DevAuthenticator {
                                 )));
                             }
                         }
-                        Ok(Identity::service_account(ns, sa))
+                        Ok(Identity::dev(ns, sa))
                     }
                     (None, None) => self.default.clone().ok_or(AuthError::Missing),
                     _ => Err(AuthError::Invalid(
@@ -229,6 +307,8 @@ pub struct ReviewStatus {
     pub extra: BTreeMap<String, Vec<String>>,
     /// Why the token was not authenticated (from the API server; contains no token).
     pub error: Option<String>,
+    /// The user's UID: for a service account, the ServiceAccount object's UID.
+    pub uid: Option<String>,
 }
 
 /// Asks the Kubernetes API about a token.
@@ -620,6 +700,11 @@ pub fn identity_from_review(status: &ReviewStatus, audience: &str) -> Result<Ide
         pod_name: first(EXTRA_POD_NAME),
         pod_uid: first(EXTRA_POD_UID),
         node_name: first(EXTRA_NODE_NAME),
+        authentication: Authentication {
+            method: AuthMethod::Token,
+            service_account_uid: status.uid.clone(),
+            ..Authentication::default()
+        },
     })
 }
 
@@ -736,6 +821,14 @@ pub trait PodDirectory: Send + Sync + fmt::Debug {
         node: &str,
         service_account: &str,
     ) -> Result<Vec<NamedPod>, LookupError>;
+
+    /// The UID of the service account `namespace/name`; `None` when it does not exist
+    /// (mTLS renewal, [`crate::renewal`]). Bounded by [`KUBE_API_TIMEOUT`].
+    async fn service_account_uid(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<String>, LookupError>;
 }
 
 #[cfg(test)]
@@ -768,6 +861,7 @@ mod tests {
                     audiences: vec![audience.into()],
                     extra,
                     error: None,
+                    uid: Some("uid-of-shop-web".into()),
                 }),
                 "otheraud" => Ok(ReviewStatus {
                     authenticated: true,

@@ -33,6 +33,7 @@ use crate::connections::ConnectionLimits;
 use crate::core::IstioOptions;
 use crate::jwt::JwtService;
 use crate::peer_identity::{CertificateAuthenticator, ClientTrust};
+use crate::renewal::{Denylist, RenewalRules};
 use crate::tls::{self, ServingFiles, ServingKeys};
 use crate::{Api, ApiOptions, server};
 
@@ -89,6 +90,10 @@ pub struct Settings {
     pub limits: ConnectionLimits,
     /// With TLS: accept podca client certificates for renewal without a token.
     pub mtls_renewal: bool,
+    /// `[grpc] max_renewal_seconds`.
+    pub max_renewal: Duration,
+    /// `[grpc] renewal_denylist` (`None` when empty).
+    pub renewal_denylist: Option<std::path::PathBuf>,
     /// `[grpc] istio_token_audience`.
     pub istio_audience: String,
     /// `[grpc] istio_trust_domain_alias` (`None` when empty).
@@ -143,6 +148,10 @@ impl Settings {
                 total: grpc.max_connections.get(),
             },
             mtls_renewal: grpc.mtls_renewal,
+            max_renewal: Duration::from_secs(grpc.max_renewal_seconds),
+            renewal_denylist: Some(&grpc.renewal_denylist)
+                .filter(|path| !path.is_empty())
+                .map(std::path::PathBuf::from),
             istio_audience: grpc.istio_token_audience.clone(),
             istio_trust_domain_alias: Some(grpc.istio_trust_domain_alias.clone())
                 .filter(|alias| !alias.is_empty()),
@@ -212,6 +221,8 @@ pub async fn start(
         trust_domain: _,
         limits,
         mtls_renewal,
+        max_renewal,
+        renewal_denylist,
         istio_audience,
         istio_trust_domain_alias,
     } = settings;
@@ -254,15 +265,28 @@ pub async fn start(
             // One pool of TokenReview slots for both audiences: max_token_reviews bounds them all.
             let istio_tokens =
                 reviewer_for(istio_audience.clone()).sharing_slots_with(&podca_tokens);
+            // What a certificate must pass to renew: one set for both APIs.
+            let renewal = match &client_trust {
+                Some(_) => Some(renewal_rules(
+                    rt,
+                    max_renewal,
+                    renewal_denylist.as_deref(),
+                    Arc::clone(&pods),
+                )?),
+                None => None,
+            };
             // podca.v1 and the Istio CA API: the same checks, each its own token audience.
             let with_certificates = |tokens: Arc<dyn Authenticator>| -> Arc<dyn Authenticator> {
-                match &client_trust {
-                    Some(trust) => Arc::new(CertificateAuthenticator::new(
-                        tokens,
-                        Arc::clone(trust),
-                        Arc::clone(&clock),
-                    )),
-                    None => tokens,
+                match (&client_trust, &renewal) {
+                    (Some(trust), Some(renewal)) => Arc::new(
+                        CertificateAuthenticator::new(
+                            tokens,
+                            Arc::clone(trust),
+                            Arc::clone(&clock),
+                        )
+                        .with_renewal(Arc::clone(renewal)),
+                    ),
+                    _ => tokens,
                 }
             };
             (
@@ -404,6 +428,33 @@ fn bind_socket(path: &Path, uids: &[u32]) -> Result<(UnixListener, PathBuf), Sta
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(|e| refused(format!("setting the mode of {}: {e}", path.display())))?;
     Ok((listener, path.to_owned()))
+}
+
+/// The rules a renewing certificate must pass, with the task that follows the denylist file
+/// spawned ([`crate::renewal`]).
+fn renewal_rules(
+    rt: &mut Runtime,
+    max_renewal: Duration,
+    denylist: Option<&Path>,
+    accounts: Arc<dyn PodDirectory>,
+) -> Result<Arc<RenewalRules>, StartError> {
+    let denylist = match denylist {
+        Some(path) => {
+            let list = Denylist::load(path)
+                .map_err(|e| StartError::Refused(format!("[grpc] renewal_denylist: {e}")))?;
+            let follower = Arc::clone(&list);
+            rt.spawn(Stage::Support, "gRPC renewal denylist", move |stop| {
+                follower.follow(stop)
+            });
+            list
+        }
+        None => Denylist::empty(),
+    };
+    Ok(Arc::new(RenewalRules::new(
+        max_renewal,
+        denylist,
+        Some(accounts),
+    )))
 }
 
 /// The verifier of client certificates (mTLS renewal), with the tasks that rebuild it on every

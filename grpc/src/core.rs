@@ -623,6 +623,7 @@ impl Api {
             pod_name: Some(pod_name.to_owned()),
             pod_uid: pod.uid,
             node_name: pod.node_name,
+            authentication: caller.authentication.on_behalf(),
         })
     }
 
@@ -837,6 +838,7 @@ impl Api {
             pod_name: None,
             pod_uid: None,
             node_name: Some(node.clone()),
+            authentication: caller.authentication.on_behalf(),
         };
         Ok((subject, format!("{}/{}", id.namespace, pod.name)))
     }
@@ -1120,6 +1122,8 @@ fn issue_blocking(
         user_annotations,
     };
     let (source, signer_name, namespace_labels, pod) = rule_scope;
+    // Where the caller's renewal chain began: a renewal keeps its predecessor's (issue #40).
+    let chain = identity.authentication.chain_at(now);
     // The identity is what the TokenReview (or the client certificate) verified.
     let context = RequestContext {
         source,
@@ -1128,6 +1132,7 @@ fn issue_blocking(
         node_name: identity.node_name.as_deref(),
         namespace_labels,
         pod,
+        renewal: Some(&chain),
     };
     match sign_request_with(policy, &snapshot.ca, &request, &context, now) {
         Outcome::Issued(certificate) => Ok(Issued {

@@ -259,11 +259,13 @@ impl From<ApiError> for Status {
 impl AuthError {
     fn code(&self) -> Code {
         match self {
-            AuthError::Missing | AuthError::Invalid(_) => Code::Unauthenticated,
+            AuthError::Missing | AuthError::Invalid(_) | AuthError::RenewalRefused(_) => {
+                Code::Unauthenticated
+            }
             AuthError::UnknownCaller(_) | AuthError::NotLoopback(_) | AuthError::Mismatch(_) => {
                 Code::PermissionDenied
             }
-            AuthError::Unavailable(_) => Code::Unavailable,
+            AuthError::Unavailable(_) | AuthError::AccountUnavailable(_) => Code::Unavailable,
             AuthError::Busy(_) | AuthError::SourceBusy(_) => Code::ResourceExhausted,
         }
     }
@@ -279,6 +281,8 @@ impl AuthError {
             AuthError::Busy(_) => "tokenreview_busy",
             AuthError::SourceBusy(_) => "tokenreview_source_busy",
             AuthError::Mismatch(_) => "token_certificate_mismatch",
+            AuthError::RenewalRefused(_) => "renewal_refused",
+            AuthError::AccountUnavailable(_) => "service_account_unavailable",
         }
     }
 }

@@ -5,7 +5,7 @@ use podca_authority::trust::CaSnapshot;
 use podca_proto::workload::{
     JwtBundlesRequest, JwtsvidRequest, ValidateJwtsvidRequest, X509BundlesRequest, X509svidRequest,
 };
-use podca_signer::ledger::{RecordContext, Source};
+use podca_signer::ledger::{AuthFacts, RecordContext, Source};
 use podca_signer::names::spiffe_id;
 use time::OffsetDateTime;
 use tonic::Request;
@@ -55,9 +55,22 @@ impl RpcFacts<'_> {
             request_name: self.request_name.clone(),
             ca_generation: Some(self.snapshot.generation),
             issuer_fingerprint: Some(self.snapshot.ca.fingerprint().to_owned()),
+            auth: Some(auth_facts(self.caller, self.subject, self.time)),
             replica: self.replica.to_owned(),
             time: self.time,
         }
+    }
+}
+
+/// How `caller` was authenticated, and where the renewal chain of a certificate issued to
+/// `subject` at `time` begins.
+fn auth_facts(caller: &Identity, subject: &Identity, time: OffsetDateTime) -> AuthFacts {
+    let auth = &caller.authentication;
+    AuthFacts {
+        method: auth.method.name().to_owned(),
+        verified: true,
+        presented_serial: auth.presented_serial.clone(),
+        chain_origin: Some(subject.authentication.chain_at(time).origin),
     }
 }
 

@@ -94,6 +94,7 @@ pub mod observe;
 pub mod peer_identity;
 pub mod podca_service;
 pub mod ratelimit;
+pub mod renewal;
 pub mod server;
 pub mod tls;
 pub mod uds_authority;

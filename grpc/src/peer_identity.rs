@@ -28,7 +28,11 @@ use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureS
 use tokio::sync::watch;
 use tracing::{error, info};
 
-use super::auth::{AuthError, Authenticator, Credentials, Identity, Peer};
+use super::auth::{
+    AuthError, AuthMethod, Authentication, Authenticator, Credentials, Identity, Peer,
+};
+use crate::renewal::{CheckError, DEFAULT_MAX_RENEWAL, Denylist, RenewalRules};
+use podca_signer::renewal::RenewalChain;
 
 /// The certificate chain a TLS client presented (leaf first), as rustls verified it at the
 /// handshake. Only [`ClientTrust::identify`] turns it into an identity.
@@ -41,6 +45,20 @@ impl ClientCertificate {
     /// `None` for an empty chain (no client certificate).
     pub fn new(chain: Arc<Vec<CertificateDer<'static>>>) -> Option<Self> {
         (!chain.is_empty()).then_some(ClientCertificate { chain })
+    }
+
+    /// The leaf's serial (lowercase hex) and renewal chain ([`podca_signer::renewal`]).
+    pub fn renewal_facts(&self) -> Result<(String, RenewalChain), MalformedLeaf> {
+        let leaf = self.chain.first().ok_or(MalformedLeaf)?;
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|_| MalformedLeaf)?;
+        // The INTEGER's content without its sign octet: the ledger's form of the serial.
+        let raw = cert.raw_serial();
+        let serial = podca_signer::x509::hex_lower(match raw {
+            [0, rest @ ..] if !rest.is_empty() => rest,
+            _ => raw,
+        });
+        let chain = RenewalChain::of_leaf(leaf).map_err(|_| MalformedLeaf)?;
+        Ok((serial, chain))
     }
 
     /// The certificate a request's connection presented, if any (TLS connections only).
@@ -61,6 +79,14 @@ impl fmt::Debug for ClientCertificate {
             .finish()
     }
 }
+
+/// A verified leaf whose serial or renewal-chain extension does not parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the client certificate's renewal-chain extension ({}) is malformed",
+    podca_signer::renewal::OID_DOTTED
+)]
+pub struct MalformedLeaf;
 
 /// The identity a verified leaf names: `spiffe://<trust domain>/ns/<namespace>/sa/<name>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -499,6 +525,8 @@ pub fn same_identity(certificate: &CertIdentity, token: Identity) -> Result<Iden
 pub struct CertificateAuthenticator {
     tokens: Arc<dyn Authenticator>,
     trust: Arc<ClientTrust>,
+    /// What a certificate-only caller must pass to renew ([`crate::renewal`]).
+    renewal: Arc<RenewalRules>,
     /// The time a chain is verified at: the process clock.
     clock: Clock,
 }
@@ -508,17 +536,30 @@ impl fmt::Debug for CertificateAuthenticator {
         f.debug_struct("CertificateAuthenticator")
             .field("tokens", &self.tokens)
             .field("trust", &self.trust)
+            .field("renewal", &self.renewal)
             .finish_non_exhaustive()
     }
 }
 
 impl CertificateAuthenticator {
+    /// With the default renewal rules: chains end after a day, nothing denied, service
+    /// accounts not read (see [`Self::with_renewal`]).
     pub fn new(tokens: Arc<dyn Authenticator>, trust: Arc<ClientTrust>, clock: Clock) -> Self {
         CertificateAuthenticator {
             tokens,
             trust,
+            renewal: Arc::new(RenewalRules::new(
+                DEFAULT_MAX_RENEWAL,
+                Denylist::empty(),
+                None,
+            )),
             clock,
         }
+    }
+
+    pub fn with_renewal(mut self, renewal: Arc<RenewalRules>) -> Self {
+        self.renewal = renewal;
+        self
     }
 
     fn now(&self) -> UnixTime {
@@ -541,11 +582,39 @@ impl Authenticator for CertificateAuthenticator {
             .trust
             .identify(presented, self.now())
             .map_err(|e| AuthError::Invalid(e.to_string()))?;
-        if credentials.bearer.is_none() {
-            return Ok(certificate.identity());
+        let (serial, chain) = presented
+            .renewal_facts()
+            .map_err(|e| AuthError::Invalid(e.to_string()))?;
+        if credentials.bearer.is_some() {
+            // A fresh token: the chain of what is issued now starts again.
+            let token = self.tokens.authenticate(peer, credentials).await?;
+            let mut identity = same_identity(&certificate, token)?;
+            identity.authentication.method = AuthMethod::TokenAndCertificate;
+            identity.authentication.presented_serial = Some(serial);
+            return Ok(identity);
         }
-        let token = self.tokens.authenticate(peer, credentials).await?;
-        same_identity(&certificate, token)
+        let chain = self
+            .renewal
+            .check(
+                &serial,
+                &certificate.spiffe_id,
+                (&certificate.namespace, &certificate.service_account),
+                chain,
+                (self.clock)(),
+            )
+            .await
+            .map_err(|e| match e {
+                CheckError::Refused(refusal) => AuthError::RenewalRefused(refusal),
+                CheckError::Unavailable(lookup) => AuthError::AccountUnavailable(lookup),
+            })?;
+        let mut identity = certificate.identity();
+        identity.authentication = Authentication {
+            method: AuthMethod::Certificate,
+            presented_serial: Some(serial),
+            service_account_uid: chain.service_account_uid.clone(),
+            renewal: Some(chain),
+        };
+        Ok(identity)
     }
 }
 

@@ -263,6 +263,7 @@ fn main() {
             node_name: Some(&pod.node),
             namespace_labels: Some(&pod.labels),
             pod: None,
+            renewal: None,
         };
         match podca_signer::sign_request_with(policy, &ca, &request, &context, now) {
             Outcome::Issued(cert) => cert,

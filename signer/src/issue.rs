@@ -12,6 +12,7 @@ use crate::keys::{KeyError, KeyType, SubjectKey};
 use crate::leaf::LeafFields;
 use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy};
 use crate::reason::{DenyReason, FailReason};
+use crate::renewal::RenewalChain;
 use crate::rules::{PodMetadata, RequestSource, RuleFacts};
 use crate::schedule::{Validity, ValidityError, ValidityInput, plan_validity};
 use crate::x509;
@@ -62,7 +63,25 @@ impl IssuingCa {
         dns_names: &[String],
         validity: &Validity,
     ) -> Result<IssuedCertificate, IssueError> {
-        self.issue_owned(subject, spiffe_id.to_owned(), dns_names.to_vec(), validity)
+        self.issue_owned(
+            subject,
+            spiffe_id.to_owned(),
+            dns_names.to_vec(),
+            validity,
+            None,
+        )
+    }
+
+    /// [`IssuingCa::issue`] for a leaf of the renewal chain `chain` (its extension,
+    /// [`crate::renewal`]); the validity is taken as given.
+    pub fn issue_in_chain(
+        &self,
+        subject: &SubjectKey,
+        spiffe_id: &str,
+        validity: &Validity,
+        chain: &RenewalChain,
+    ) -> Result<IssuedCertificate, IssueError> {
+        self.issue_owned(subject, spiffe_id.to_owned(), vec![], validity, Some(chain))
     }
 
     /// [`IssuingCa::issue`] with the names handed over, not copied.
@@ -72,6 +91,7 @@ impl IssuingCa {
         spiffe_id: String,
         dns_names: Vec<String>,
         validity: &Validity,
+        renewal: Option<&RenewalChain>,
     ) -> Result<IssuedCertificate, IssueError> {
         // Every leaf, whatever path asked for it (policy, the operator, the serving
         // certificate), passes the issuing path's nameConstraints or is not signed.
@@ -91,6 +111,7 @@ impl IssuingCa {
                 key_encipherment: subject.key_type().is_rsa(),
                 spiffe_id: &spiffe_id,
                 dns_names: &dns_names,
+                renewal,
             },
             |tbs| self.key().sign(tbs),
         )?;
@@ -174,6 +195,9 @@ pub struct RequestContext<'a> {
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
     /// The pod's labels and annotations, when the signer's rules read them (`pod_facts`).
     pub pod: Option<&'a PodMetadata>,
+    /// The gRPC paths: where the caller's renewal chain began, written into the leaf; its
+    /// `cap` bounds the notAfter ([`crate::renewal`]).
+    pub renewal: Option<&'a RenewalChain>,
 }
 
 impl RequestContext<'_> {
@@ -185,6 +209,7 @@ impl RequestContext<'_> {
         node_name: None,
         namespace_labels: None,
         pod: None,
+        renewal: None,
     };
 }
 
@@ -271,7 +296,7 @@ pub fn sign_request_with(
             message: "the request carries no usable public key".into(),
         };
     };
-    let validity = match plan_validity(&ValidityInput {
+    let mut validity = match plan_validity(&ValidityInput {
         now,
         requested: request.requested_lifetime,
         policy_default: plan.policy_default,
@@ -294,7 +319,22 @@ pub fn sign_request_with(
             };
         }
     };
-    match ca.issue_owned(subject, plan.spiffe_id, plan.dns_names, &validity) {
+    if let Some(cap) = context.renewal.and_then(|chain| chain.cap) {
+        // A renewal never outlives its chain's bound (the authenticator refused a chain
+        // already past it, so `cap` is ahead of now).
+        if cap < validity.not_after {
+            validity.not_after = cap.max(validity.not_before + Duration::seconds(1));
+            let half = Duration::seconds(validity.lifetime().whole_seconds() / 2);
+            validity.begin_refresh_at = validity.begin_refresh_at.min(validity.not_before + half);
+        }
+    }
+    match ca.issue_owned(
+        subject,
+        plan.spiffe_id,
+        plan.dns_names,
+        &validity,
+        context.renewal,
+    ) {
         Ok(cert) => Outcome::Issued(Box::new(cert)),
         Err(IssueError::Backend(b)) if b.is_transient() => Outcome::Retry(b),
         Err(IssueError::Backend(b)) => Outcome::Failed {
@@ -400,6 +440,7 @@ pub fn for_operator(
         request_name: None,
         ca_generation: None,
         issuer_fingerprint: None,
+        auth: None,
         replica: crate::ledger::replica_identity(),
         time: now,
     };

@@ -52,6 +52,8 @@ pub(crate) struct LeafFields<'a> {
     /// The only URI SAN.
     pub spiffe_id: &'a str,
     pub dns_names: &'a [String],
+    /// Where its renewal chain began (gRPC paths): a private extension, last.
+    pub renewal: Option<&'a crate::renewal::RenewalChain>,
 }
 
 /// The parts of every leaf an issuing CA signs that are the same for all of them, as DER.
@@ -192,6 +194,7 @@ impl LeafTemplate {
             + leaf.spki.len()
             + leaf.spiffe_id.len()
             + names_len
+            + if leaf.renewal.is_some() { 200 } else { 0 }
     }
 
     /// Appends the DER TBSCertificate of `leaf`, whose content is about `expected` bytes.
@@ -256,6 +259,9 @@ impl LeafTemplate {
             der::push(v, der::OCTET_STRING, leaf.subject_key_id);
         });
         exts.extend_from_slice(&self.basic_constraints);
+        if let Some(chain) = leaf.renewal {
+            push_extension(exts, crate::renewal::OID, false, |v| chain.push_value(v));
+        }
     }
 }
 
@@ -355,6 +361,7 @@ mod tests {
             key_encipherment: rsa,
             spiffe_id: "spiffe://td.example/ns/prod/sa/web",
             dns_names,
+            renewal: None,
         }
     }
 

@@ -195,6 +195,9 @@ pub struct LedgerRecord {
     /// are `not_before` and `not_after`. Absent from every other record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt: Option<JwtFacts>,
+    /// How the requester was authenticated ([`AuthFacts`]); absent from older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthFacts>,
 }
 
 /// What a ledger record says of an issued JWT-SVID: enough to recognise the token (its SHA-256)
@@ -207,6 +210,41 @@ pub struct JwtFacts {
     pub audiences: Vec<String>,
     /// SHA-256 of the compact token (its ASCII bytes), lowercase hex.
     pub token_sha256: String,
+}
+
+/// How the requester of a decision was authenticated (issue #40): the gRPC paths say how the
+/// caller proved itself and which certificate it presented; a PodCertificateRequest's
+/// requester is the node its spec names, which the API server checked and podca did not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthFacts {
+    /// `token`, `certificate` (mTLS renewal), `token+certificate`, `dev`, or `kubelet` (a
+    /// PodCertificateRequest).
+    pub method: String,
+    /// Whether podca itself verified the requester (false for a PodCertificateRequest, whose
+    /// requester is what its spec says).
+    pub verified: bool,
+    /// The serial (lowercase hex) of the client certificate presented.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presented_serial: Option<String>,
+    /// When the renewal chain of the issued certificate began (gRPC paths).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "time::serde::rfc3339::option"
+    )]
+    pub chain_origin: Option<OffsetDateTime>,
+}
+
+impl AuthFacts {
+    /// A PodCertificateRequest's: its requester is unverified by podca.
+    pub fn kubelet() -> Self {
+        AuthFacts {
+            method: "kubelet".into(),
+            verified: false,
+            presented_serial: None,
+            chain_origin: None,
+        }
+    }
 }
 
 /// Everything about a decision but its outcome: who asked, for whom, where, when.
@@ -229,6 +267,8 @@ pub struct RecordContext {
     pub issuer_fingerprint: Option<String>,
     pub replica: String,
     pub time: OffsetDateTime,
+    /// How the requester was authenticated (absent: not said, e.g. `podca issue`).
+    pub auth: Option<AuthFacts>,
 }
 
 impl LedgerRecord {
@@ -338,6 +378,7 @@ impl LedgerRecord {
             issuer_fingerprint: c.issuer_fingerprint,
             replica: c.replica,
             jwt: None,
+            auth: c.auth,
         }
     }
 
@@ -474,6 +515,7 @@ impl From<LegacyRecord> for LedgerRecord {
             issuer_fingerprint: Some(l.issuer_fingerprint),
             replica: String::new(),
             jwt: None,
+            auth: None,
         }
     }
 }
@@ -934,6 +976,7 @@ mod tests {
             request_name: Some("payments/api-0-pcr".into()),
             ca_generation: Some(3),
             issuer_fingerprint: Some("ab".repeat(32)),
+            auth: None,
             replica: "podca-0".into(),
             time: time::macros::datetime!(2026-11-24 10:00:00.5 UTC),
         }

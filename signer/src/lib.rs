@@ -12,6 +12,7 @@ mod leaf;
 pub mod ledger;
 pub mod names;
 pub mod policy;
+pub mod renewal;
 mod random;
 pub mod reason;
 pub mod report;

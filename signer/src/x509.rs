@@ -87,7 +87,7 @@ pub(crate) fn push_certificate_pem(out: &mut String, der: &[u8]) {
 
 /// Lower-case hex, as `hex::encode` writes it but without its per-character iterator (the
 /// ledger's serial and key fingerprint of every issuance).
-pub(crate) fn hex_lower(bytes: &[u8]) -> String {
+pub fn hex_lower(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {

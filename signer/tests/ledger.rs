@@ -40,6 +40,7 @@ fn record(i: u64, identity: &str, issued_at: OffsetDateTime) -> LedgerRecord {
         issuer_fingerprint: Some("ab".repeat(32)),
         replica: "test".into(),
         jwt: None,
+        auth: None,
     }
 }
 

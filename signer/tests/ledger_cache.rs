@@ -38,6 +38,7 @@ fn fill(path: &std::path::Path, cache_bytes: usize) -> (isize, u64) {
         request_name: None,
         ca_generation: Some(1),
         issuer_fingerprint: Some("ab".repeat(32)),
+        auth: None,
         replica: "test".into(),
         time: time::OffsetDateTime::now_utc(),
     };

@@ -9,6 +9,7 @@ pub mod inspect_jwt;
 pub mod issue;
 pub mod ledger;
 pub mod policy;
+pub mod renewal;
 
 use std::path::PathBuf;
 

@@ -411,6 +411,7 @@ impl Authenticator for NodeTokens {
             pod_name: Some(format!("ztunnel-{node}")),
             pod_uid: Some(format!("uid-ztunnel-{node}")),
             node_name: Some(node.into()),
+            authentication: Default::default(),
         })
     }
 }
@@ -460,6 +461,14 @@ impl PodDirectory for TwoNodes {
                 info: pod_on(n, sa, &format!("uid-{name}")),
             })
             .collect())
+    }
+
+    async fn service_account_uid(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<String>, LookupError> {
+        Ok(Some(format!("uid-sa-{namespace}-{name}")))
     }
 }
 

@@ -57,6 +57,7 @@ fn record(i: u32, namespace: &str, node: &str, time: OffsetDateTime) -> LedgerRe
         request_name: Some(format!("{namespace}/pcr-{i}")),
         ca_generation: Some(2),
         issuer_fingerprint: Some("ab".repeat(32)),
+        auth: None,
         replica: "podca-0".into(),
         time,
     };

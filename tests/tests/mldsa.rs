@@ -1000,6 +1000,7 @@ async fn the_largest_case_fits_every_limit() {
         request_name: None,
         ca_generation: None,
         issuer_fingerprint: None,
+        auth: None,
         replica: "test".into(),
         time: now,
     };

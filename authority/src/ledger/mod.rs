@@ -544,6 +544,7 @@ mod tests {
                 request_name: None,
                 ca_generation: None,
                 issuer_fingerprint: None,
+                auth: None,
                 replica: "r".into(),
                 time: OffsetDateTime::now_utc(),
             },

@@ -45,6 +45,7 @@ impl TokenReviewer for FakeReviewer {
                 })
                 .unwrap_or_default(),
             error: None,
+            uid: None,
         };
         // Bound to the pod `kube-system/<pod>` with the UID `uid-<pod>`, on node-a.
         let bound_proxy = |pod: &str| {
@@ -146,6 +147,15 @@ impl PodDirectory for FakePods {
             }
         }
         Ok(found)
+    }
+
+    /// Every service account exists, with the UID `uid-sa-<namespace>-<name>`.
+    async fn service_account_uid(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<String>, LookupError> {
+        Ok(Some(format!("uid-sa-{namespace}-{name}")))
     }
 }
 

@@ -2,8 +2,8 @@
 //! the API emulator, a CA, and the real `podca serve` binary whose gRPC API uses the
 //! emulator's TokenReview and pods (`KubeTokenReviewer`, `KubePodDirectory`).
 //!
-//! podca's identity has exactly the RBAC the gRPC API needs: `tokenreviews create` and
-//! `pods get`. (Its PodCertificateRequest controller is refused and retries in the background;
+//! podca's identity has exactly the RBAC the gRPC API needs: `tokenreviews create`, `pods
+//! get` and `serviceaccounts get`. (Its PodCertificateRequest controller is refused and retries in the background;
 //! the gRPC API does not depend on it.)
 
 #![allow(dead_code)] // each test binary uses part of the harness
@@ -103,6 +103,11 @@ impl Cluster {
             PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
         );
         emu.grant(podca(), PolicyRule::new(&[""], &["pods"], &["get"]));
+        // mTLS renewal reads the renewing certificate's service account.
+        emu.grant(
+            podca(),
+            PolicyRule::new(&[""], &["serviceaccounts"], &["get"]),
+        );
 
         let ca_dir = dir.path().join("ca");
         let mut init = Command::new(podca_binary());
