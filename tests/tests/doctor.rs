@@ -257,7 +257,7 @@ async fn a_cluster_set_up_as_deploy_says_is_all_green() {
     );
     assert_eq!(
         got[1].2,
-        "all 26 permissions podca needs are granted",
+        "all 27 permissions podca needs are granted",
         "{}",
         report(&out)
     );
@@ -329,7 +329,7 @@ async fn a_missing_permission_is_named() {
         &out,
         "rbac",
         &[
-            "1 of 26 permissions missing (see deploy/base/rbac.yaml): sign \
+            "1 of 27 permissions missing (see deploy/base/rbac.yaml): sign \
            signers.certificates.k8s.io example.com/workload cluster-wide",
         ],
     );
@@ -605,7 +605,7 @@ async fn pod_facts_without_pods_get_is_named_and_with_it_all_is_green() {
         &out,
         "rbac",
         &[
-            "1 of 27 permissions missing (see deploy/base/rbac.yaml): get pods cluster-wide (a \
+            "1 of 28 permissions missing (see deploy/base/rbac.yaml): get pods cluster-wide (a \
            signer sets pod_facts = true: deploy/components/pod-facts)",
         ],
     );
@@ -619,7 +619,7 @@ async fn pod_facts_without_pods_get_is_named_and_with_it_all_is_green() {
     assert_all_green(&out);
     assert_eq!(
         lines(&out)[1].2,
-        "all 27 permissions podca needs are granted",
+        "all 28 permissions podca needs are granted",
         "{}",
         report(&out)
     );
@@ -636,7 +636,7 @@ async fn pod_facts_without_pods_get_is_named_and_with_it_all_is_green() {
     assert_all_green(&out);
     assert_eq!(
         lines(&out)[1].2,
-        "all 26 permissions podca needs are granted"
+        "all 27 permissions podca needs are granted"
     );
 }
 
@@ -653,7 +653,7 @@ async fn a_namespace_label_rule_without_the_namespace_watch_is_named() {
         &out,
         "rbac",
         &[&format!(
-            "2 of 28 permissions missing (see deploy/base/rbac.yaml): list namespaces \
+            "2 of 29 permissions missing (see deploy/base/rbac.yaml): list namespaces \
              cluster-wide {why}, watch namespaces cluster-wide {why}"
         )],
     );
@@ -667,7 +667,7 @@ async fn a_namespace_label_rule_without_the_namespace_watch_is_named() {
     assert_all_green(&out);
     assert_eq!(
         lines(&out)[1].2,
-        "all 28 permissions podca needs are granted",
+        "all 29 permissions podca needs are granted",
         "{}",
         report(&out)
     );

@@ -17,7 +17,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::PostParams;
 use kube::{Api, Client};
 use podca_authority::components::ca::primary_ca;
-use podca_authority::config::{CaConfig, Config, MetricsAuthMode, SecretCa};
+use podca_authority::config::{CaConfig, Config, MetricsAuthMode, SecretCa, TlsSetting};
 
 use super::{Check, LeaseRef, NO_CONFIG, Status};
 use crate::secret_ca::HISTORY_SUFFIX;
@@ -122,6 +122,9 @@ pub struct Needs {
     /// Some signer sets `pod_facts = true`: podca reads the request's pod for its rules
     /// (deploy/components/pod-facts). By the flag, as the manifests grant it.
     pub pod_facts: bool,
+    /// mTLS renewal is on (`[grpc] mtls_renewal`, TLS not off): podca reads the renewing
+    /// certificate's service account (issue #40).
+    pub mtls_renewal: bool,
     /// `[admin] metrics_auth = "kubernetes"`: a SubjectAccessReview per scraper token
     /// (deploy/components/metrics-auth).
     pub metrics_auth: bool,
@@ -181,6 +184,7 @@ impl Needs {
                 .values()
                 .any(|policy| policy.rules_use_namespace_labels()),
             pod_facts: config.signers.values().any(|policy| policy.pod_facts),
+            mtls_renewal: config.grpc.mtls_renewal && config.grpc.tls != TlsSetting::Off,
             metrics_auth: config.admin.metrics_auth == MetricsAuthMode::Kubernetes,
             jwks_configmap,
             jwt_keys_secret: primary_secret
@@ -233,6 +237,11 @@ impl Needs {
             "authentication.k8s.io",
             "tokenreviews",
         ));
+        if self.mtls_renewal {
+            // mTLS renewal: the renewing certificate's service account still exists, with the
+            // UID its chain began with.
+            all.push(Permission::new("get", "", "serviceaccounts"));
+        }
         if self.issue_for_pod {
             // get: IssueForPod; list: the Istio CA API's ImpersonatedIdentity (pods on a node).
             all.extend(each(&["get", "list"], "", "pods"));
@@ -526,6 +535,7 @@ mod tests {
             issue_for_pod: false,
             namespace_labels: false,
             pod_facts: false,
+            mtls_renewal: true,
             metrics_auth: false,
             jwks_configmap: None,
             jwt_keys_secret: None,

@@ -86,6 +86,7 @@ impl PodcaRbac {
             PolicyRule::new(&[cert], &["signers"], &["attest"]).with_names(&signers),
             PolicyRule::new(&["events.k8s.io"], &["events"], &["create", "patch"]),
             PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+            PolicyRule::new(&[""], &["serviceaccounts"], &["get"]),
         ];
         if self.issue_for_pod {
             rules.push(PolicyRule::new(&[""], &["pods"], &["get", "list"]));

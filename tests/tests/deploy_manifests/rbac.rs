@@ -155,6 +155,9 @@ pub fn expected_grants(
         &["create"],
         None,
     );
+    // serviceaccounts get, cluster-wide: mTLS renewal (on by default) checks that a renewing
+    // certificate's service account still exists with its chain's UID (issue #40).
+    add("cluster", "", "serviceaccounts", &["get"], None);
     // pods get, cluster-wide, only when IssueForPod can succeed: with
     // `[grpc] node_proxy_service_accounts` set (deploy/components/issue-for-pod, or the Helm
     // chart's config.grpc.node_proxy_service_accounts). Without it every IssueForPod is refused
