@@ -8,12 +8,14 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use podca_authority::metrics::{GrpcMetrics, ReasonLabels};
+
+use crate::preauth::PreAuth;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
 
@@ -69,6 +71,8 @@ pub struct ConnectionCounter {
     limits: ConnectionLimits,
     open: Mutex<Open>,
     metrics: GrpcMetrics,
+    /// The listener's pre-authentication gates: a closed connection's is forgotten.
+    pre_auth: Option<Arc<PreAuth>>,
 }
 
 impl ConnectionCounter {
@@ -79,7 +83,30 @@ impl ConnectionCounter {
             limits,
             open: Mutex::new(Open::default()),
             metrics,
+            pre_auth: None,
         })
+    }
+
+    /// [`ConnectionCounter::new`] whose slots also forget their connection's
+    /// pre-authentication gate ([`crate::preauth`]) when it closes.
+    pub fn with_pre_auth(
+        limits: ConnectionLimits,
+        metrics: GrpcMetrics,
+        pre_auth: Arc<PreAuth>,
+    ) -> Arc<Self> {
+        Arc::new(ConnectionCounter {
+            limits,
+            open: Mutex::new(Open::default()),
+            metrics,
+            pre_auth: Some(pre_auth),
+        })
+    }
+
+    /// [`ConnectionCounter::admit`] for the connection from `conn`.
+    pub fn admit_connection(self: &Arc<Self>, conn: SocketAddr) -> Result<ConnectionSlot, Refused> {
+        let mut slot = self.admit(conn.ip())?;
+        slot.conn = Some(conn);
+        Ok(slot)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
@@ -118,6 +145,7 @@ impl ConnectionCounter {
         Ok(ConnectionSlot {
             counter: Arc::clone(self),
             peer,
+            conn: None,
         })
     }
 
@@ -153,11 +181,16 @@ fn gauge_value(n: usize) -> i64 {
 pub struct ConnectionSlot {
     counter: Arc<ConnectionCounter>,
     peer: IpAddr,
+    /// The connection's full remote address, when known ([`ConnectionCounter::admit_connection`]).
+    conn: Option<SocketAddr>,
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         self.counter.release(self.peer);
+        if let (Some(gates), Some(conn)) = (&self.counter.pre_auth, self.conn) {
+            gates.closed(conn);
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use super::auth::{
 use super::errors::ApiError;
 use super::jwt::{JwtAsk, JwtService};
 use super::ledger::{LedgerSink, RpcFacts};
+use super::preauth::PreAuth;
 use super::ratelimit::{RateLimiter, SigningShare};
 use podca_authority::metrics::GrpcMetrics;
 use podca_authority::trust::{CaHandle, CaSet, CaSnapshot, Clock, system_clock};
@@ -171,6 +172,8 @@ pub struct Api {
     namespace_labels: Option<NamespaceLabels>,
     /// Where policy rules that read `pod` (`pod_facts`) get the pod from.
     pod_facts: Option<Arc<dyn PodDirectory>>,
+    /// The TCP listeners' gates before authentication ([`crate::preauth`]).
+    pre_auth: Arc<PreAuth>,
 }
 
 impl std::fmt::Debug for Api {
@@ -232,6 +235,7 @@ impl Api {
             jwt: None,
             namespace_labels: None,
             pod_facts: None,
+            pre_auth: PreAuth::new(),
         })
     }
 
@@ -358,6 +362,18 @@ impl Api {
         &self.metrics
     }
 
+    /// The gates before authentication of the TCP listeners serving this API.
+    pub fn pre_auth(&self) -> Arc<PreAuth> {
+        Arc::clone(&self.pre_auth)
+    }
+
+    /// A request from `peer` authenticated: its connection is past the gate.
+    fn passed(&self, peer: &Peer) {
+        if let Peer::Tcp(conn) = peer {
+            self.pre_auth.authenticated(*conn);
+        }
+    }
+
     /// Records every decision this API makes in the ledger behind `sink`, durably before the
     /// answer leaves: when the ledger cannot record a certificate, the caller gets UNAVAILABLE
     /// instead of it.
@@ -428,7 +444,9 @@ impl Api {
         peer: &Peer,
         credentials: &Credentials,
     ) -> Result<Identity, ApiError> {
-        Ok(self.auth.authenticate(peer, credentials).await?)
+        let identity = self.auth.authenticate(peer, credentials).await?;
+        self.passed(peer);
+        Ok(identity)
     }
 
     /// Who is calling the Istio CA API: its own authenticator (token audience), else podca.v1's.
@@ -438,7 +456,9 @@ impl Api {
         credentials: &Credentials,
     ) -> Result<Identity, ApiError> {
         let auth = self.istio.authenticator.as_ref().unwrap_or(&self.auth);
-        Ok(auth.authenticate(peer, credentials).await?)
+        let identity = auth.authenticate(peer, credentials).await?;
+        self.passed(peer);
+        Ok(identity)
     }
 
     /// Spends one token of the caller's bucket.

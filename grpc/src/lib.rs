@@ -93,6 +93,7 @@ pub mod ledger;
 pub mod observe;
 pub mod peer_identity;
 pub mod podca_service;
+pub mod preauth;
 pub mod ratelimit;
 pub mod renewal;
 pub mod server;

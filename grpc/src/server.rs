@@ -22,6 +22,7 @@ use super::istio::IstioService;
 use super::jwt::MaybeJwt;
 use super::observe;
 use super::podca_service::PodCaService;
+use super::preauth::PreAuthLayer;
 use super::tls;
 use super::uds_authority::AuthorityFix;
 use super::workload::WorkloadService;
@@ -90,9 +91,10 @@ pub async fn serve_tls(
         listener,
         config,
         tls::HANDSHAKE_TIMEOUT,
-        ConnectionCounter::new(limits, api.metrics().clone()),
+        ConnectionCounter::with_pre_auth(limits, api.metrics().clone(), api.pre_auth()),
     );
     tcp_builder()
+        .layer(PreAuthLayer(api.pre_auth()))
         .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
         .add_service(istio(&api))
@@ -108,7 +110,7 @@ pub async fn serve_tcp(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let counter = ConnectionCounter::new(limits, api.metrics().clone());
+    let counter = ConnectionCounter::with_pre_auth(limits, api.metrics().clone(), api.pre_auth());
     let incoming = TcpListenerStream::new(listener).filter_map(move |conn| {
         let stream = match conn {
             Ok(stream) => stream,
@@ -118,7 +120,7 @@ pub async fn serve_tcp(
             Ok(peer) => peer,
             Err(e) => return Some(Err(e)),
         };
-        let slot = match counter.admit(peer.ip()) {
+        let slot = match counter.admit_connection(peer) {
             Ok(slot) => slot,
             Err(refused) => {
                 tracing::debug!(%peer, reason = %refused, "gRPC: connection closed at accept");
@@ -133,6 +135,7 @@ pub async fn serve_tcp(
         )
     });
     tcp_builder()
+        .layer(PreAuthLayer(api.pre_auth()))
         .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
         .add_service(istio(&api))

@@ -225,7 +225,7 @@ pub fn incoming(
                     continue;
                 }
             };
-            let slot = match counter.admit(peer.ip()) {
+            let slot = match counter.admit_connection(peer) {
                 Ok(slot) => slot,
                 Err(refused) => {
                     debug!(%peer, reason = %refused, "gRPC: connection closed before TLS");

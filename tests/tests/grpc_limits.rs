@@ -6,7 +6,9 @@
 //!   served; slots come back when connections close;
 //! * over `max_connections` in total, every peer's new connection is closed the same way;
 //! * a request whose headers exceed the header-list limit is refused, the connection's others
-//!   are not.
+//!   are not;
+//! * a connection on which nothing has authenticated gets 16 requests in flight at once, not
+//!   1,024 (issue #40); once one authenticates, the connection is not held back.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
@@ -19,8 +21,9 @@ use podca_authority::CaHandle;
 use podca_authority::config::DevIdentity;
 use podca_authority::metrics::{GrpcMetrics, ReasonLabels};
 use podca_authority::serving_cert::{self, ServingIdentity};
-use podca_grpc::auth::DevAuthenticator;
+use podca_grpc::auth::{AuthError, Authenticator, Credentials, DevAuthenticator, Identity, Peer};
 use podca_grpc::connections::ConnectionLimits;
+use podca_grpc::preauth::MAX_STREAMS_BEFORE_AUTH;
 use podca_grpc::tls::{ServingKeys, certified_key, server_config};
 use podca_grpc::{Api, ApiOptions, server};
 use podca_proto::podca::v1::IssueCertificateRequest;
@@ -67,6 +70,15 @@ impl Listener {
 }
 
 async fn serve() -> Listener {
+    serve_with(Arc::new(DevAuthenticator::new(&[DevIdentity {
+        uid: 0,
+        namespace: "default".into(),
+        service_account: "app".into(),
+    }])))
+    .await
+}
+
+async fn serve_with(auth: Arc<dyn Authenticator>) -> Listener {
     let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
     let ca = IssuingCa::self_signed_root(
         Arc::new(key),
@@ -102,11 +114,7 @@ async fn serve() -> Listener {
             max_dns_names: podca_grpc::core::DEFAULT_MAX_DNS_NAMES,
         },
         handle,
-        Arc::new(DevAuthenticator::new(&[DevIdentity {
-            uid: 0,
-            namespace: "default".into(),
-            service_account: "app".into(),
-        }])),
+        auth,
         None,
         stopped.clone(),
     )
@@ -283,4 +291,132 @@ async fn headers_over_the_list_limit_are_refused_and_the_connection_serves_on() 
         .issue_certificate(request())
         .await
         .expect("a normal request after the refused one");
+}
+
+/// An authenticator that holds every call until `open` is true, and counts each
+/// connection's calls in flight (now, and the most at once). The token `good` is
+/// `default/app`; every other token is refused.
+#[derive(Debug)]
+struct HeldAuthenticator {
+    open: watch::Sender<bool>,
+    in_flight: std::sync::Mutex<BTreeMap<SocketAddr, (usize, usize)>>,
+}
+
+impl HeldAuthenticator {
+    fn new() -> Arc<Self> {
+        Arc::new(HeldAuthenticator {
+            open: watch::channel(false).0,
+            in_flight: std::sync::Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    fn count(&self, peer: &Peer, delta: isize) {
+        let Peer::Tcp(conn) = peer else { return };
+        let mut all = self.in_flight.lock().unwrap();
+        let (now, most) = all.entry(*conn).or_default();
+        *now = now.checked_add_signed(delta).unwrap();
+        *most = (*most).max(*now);
+    }
+
+    /// (in flight now, most at once) of every connection with a call, by connection.
+    fn connections(&self) -> Vec<(usize, usize)> {
+        self.in_flight.lock().unwrap().values().copied().collect()
+    }
+}
+
+#[tonic::async_trait]
+impl Authenticator for HeldAuthenticator {
+    async fn authenticate(
+        &self,
+        peer: &Peer,
+        credentials: &Credentials,
+    ) -> Result<Identity, AuthError> {
+        self.count(peer, 1);
+        let _ = self.open.subscribe().wait_for(|open| *open).await;
+        self.count(peer, -1);
+        match credentials.bearer.as_ref().map(|t| t.expose()) {
+            Some("good") => Ok(Identity::service_account("default", "app")),
+            _ => Err(AuthError::Invalid("unknown token".into())),
+        }
+    }
+}
+
+fn with_token(token: &str) -> Request<IssueCertificateRequest> {
+    let mut request = request();
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+/// Polls `check` every 20 ms for up to 10 s.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what} within 10 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthenticated_connection_gets_sixteen_streams_not_a_thousand() {
+    let auth = HeldAuthenticator::new();
+    let listener = serve_with(Arc::clone(&auth) as Arc<dyn Authenticator>).await;
+
+    // The attacker: one connection, 40 streams of junk tokens, none of which authenticates.
+    let junk = client_from("127.0.0.1", &listener).await;
+    let flood: Vec<_> = (0..40)
+        .map(|_| {
+            let mut junk = junk.clone();
+            tokio::spawn(async move { junk.issue_certificate(with_token("junk")).await })
+        })
+        .collect();
+    until("16 junk calls reach authentication", || {
+        auth.connections()
+            .iter()
+            .any(|(now, _)| *now == MAX_STREAMS_BEFORE_AUTH)
+    })
+    .await;
+
+    // Another client is not held behind them: its call reaches authentication at once.
+    let mut other = client_from("127.0.0.2", &listener).await;
+    let good = tokio::spawn(async move { other.issue_certificate(with_token("good")).await });
+    until("the other connection's call is in authentication", || {
+        auth.connections().len() == 2
+    })
+    .await;
+    auth.open.send_replace(true);
+    good.await.unwrap().expect("the other client is served");
+    for call in flood {
+        let status = call.await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    }
+    let most: Vec<usize> = auth.connections().iter().map(|(_, most)| *most).collect();
+    assert!(
+        most.contains(&MAX_STREAMS_BEFORE_AUTH)
+            && most.iter().all(|m| *m <= MAX_STREAMS_BEFORE_AUTH),
+        "junk streams in authentication at once, by connection: {most:?}"
+    );
+
+    // A connection whose first call authenticated is not held back: 40 calls at once.
+    auth.open.send_replace(false);
+    let mut proxy = client_from("127.0.0.3", &listener).await;
+    auth.open.send_replace(true);
+    proxy.issue_certificate(with_token("good")).await.unwrap();
+    auth.open.send_replace(false);
+    let renewals: Vec<_> = (0..40)
+        .map(|_| {
+            let mut proxy = proxy.clone();
+            tokio::spawn(async move { proxy.issue_certificate(with_token("good")).await })
+        })
+        .collect();
+    until(
+        "all 40 of the authenticated connection's calls are in authentication",
+        || auth.connections().iter().any(|(now, _)| *now == 40),
+    )
+    .await;
+    auth.open.send_replace(true);
+    for call in renewals {
+        call.await.unwrap().expect("issued");
+    }
 }
