@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use podca_authority::log_format::EscapedFields;
 
 use crate::{commands, dev, serve};
 
@@ -97,16 +98,15 @@ fn log_filter(value: &str) -> Result<String, String> {
 
 fn init_logging(format: LogFormat, filter: &str) {
     // `log_filter` has accepted it when the command line was parsed.
-    let filter = tracing_subscriber::EnvFilter::new(filter);
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_ansi(colour(
             std::io::stderr().is_terminal(),
             std::env::var_os("NO_COLOR"),
         ))
         .with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.fmt_fields(EscapedFields).try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
 }

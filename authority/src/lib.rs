@@ -37,6 +37,7 @@ pub mod intermediate;
 pub mod jwt;
 pub mod key_driver;
 pub mod ledger;
+pub mod log_format;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod oidc;
