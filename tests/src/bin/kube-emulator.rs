@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use podca_tests::emulator::names;
 use podca_tests::emulator::podca_rbac::{PODCA_NAMESPACE, PODCA_SERVICE_ACCOUNT, PodcaRbac};
-use podca_tests::emulator::{ApiMode, Subject, UserInfo};
+use podca_tests::emulator::{ApiMode, LatencyModel, Subject, UserInfo};
 use podca_tests::{Emulator, EmulatorConfig};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,6 +60,17 @@ struct Args {
     /// rules read the request's pod (`pod.labels`, `pod.annotations`): deploy/components/pod-facts.
     #[arg(long)]
     pod_facts: bool,
+    /// Service times and concurrency per class of request: `off`, `real-apiserver` (calibrated
+    /// to a kube-apiserver 1.36.3 with etcd on 2 cores), or a spec such as
+    /// `update=3.75ms+2.22ms/3,create=2.56ms+1.9ms/3,list=39ms/3,watch=5ms`
+    /// (`<class>=<base>[+<exponential tail mean>][/<servers>]`; see the emulator's `latency` module).
+    #[arg(
+        long,
+        value_name = "SPEC",
+        env = "PODCA_EMULATOR_LATENCY",
+        default_value = "off"
+    )]
+    latency: String,
 }
 
 /// `--api-mode`, after the releases that serve each set of versions.
@@ -84,6 +95,7 @@ struct Setup {
     nodes: Vec<String>,
     api_mode: ApiMode,
     rbac: PodcaRbac,
+    latency: LatencyModel,
 }
 
 fn main() -> ExitCode {
@@ -147,6 +159,7 @@ impl Args {
             issue_for_pod,
             namespace_labels,
             pod_facts,
+            latency,
         } = self;
         if signers.is_empty() {
             signers.push(DEFAULT_SIGNER.to_string());
@@ -183,6 +196,9 @@ impl Args {
                 )));
             }
         };
+        let latency: LatencyModel = latency
+            .parse()
+            .map_err(|e| usage(&format!("--latency: {e}")))?;
         if let Some(lease) = &lease_name
             && let Some(p) = names::is_dns1123_subdomain(lease).first()
         {
@@ -212,6 +228,7 @@ impl Args {
                 namespace_labels,
                 pod_facts,
             },
+            latency,
         })
     }
 }
@@ -224,11 +241,13 @@ async fn run(setup: Setup) -> anyhow::Result<()> {
         nodes,
         api_mode,
         rbac,
+        latency,
     } = setup;
     let emu = Emulator::start_on(
         listen,
         EmulatorConfig {
             api_mode,
+            latency: latency.clone(),
             ..Default::default()
         },
     )
@@ -269,6 +288,7 @@ async fn run(setup: Setup) -> anyhow::Result<()> {
         "kube-emulator: serving the Kubernetes API on {} (certificates.k8s.io {versions})",
         emu.base_url()
     );
+    println!("  latency model: {latency}");
     println!("  {}  cluster-admin (system:masters)", admin.display());
     println!(
         "  {}  {podca_user}, the RBAC of deploy/ for {}",
@@ -353,5 +373,35 @@ mod tests {
         let help = Args::command().render_long_help().to_string();
         assert!(help.contains("--pod-facts"), "{help}");
         assert!(help.contains("deploy/components/pod-facts"), "{help}");
+    }
+
+    #[test]
+    fn latency_takes_the_preset_or_a_spec_and_refuses_a_bad_one() {
+        let latency = |flags: &[&str]| {
+            let argv = ["kube-emulator", "--kubeconfig-dir", "kube"]
+                .iter()
+                .chain(flags);
+            Args::try_parse_from(argv)
+                .expect("the flags parse")
+                .check()
+                .map(|setup| setup.latency)
+        };
+        // The default is off, unless PODCA_EMULATOR_LATENCY says otherwise.
+        if std::env::var_os("PODCA_EMULATOR_LATENCY").is_none() {
+            assert_eq!(latency(&[]).ok(), Some(LatencyModel::default()));
+        }
+        assert_eq!(
+            latency(&["--latency", "real-apiserver"]).ok(),
+            Some(LatencyModel::real_apiserver())
+        );
+        assert_eq!(
+            latency(&["--latency", "update=2ms/4"])
+                .ok()
+                .map(|l| l.to_string()),
+            Some("update=2ms/4".into())
+        );
+        assert!(latency(&["--latency", "update=2ms/0"]).is_err());
+        let help = Args::command().render_long_help().to_string();
+        assert!(help.contains("PODCA_EMULATOR_LATENCY"), "{help}");
     }
 }

@@ -6,6 +6,7 @@ pub mod configmaps;
 pub mod errors;
 mod http;
 pub mod keys;
+pub mod latency;
 mod managed;
 pub mod mldsa;
 pub mod names;
@@ -20,6 +21,7 @@ pub mod store;
 
 pub use auth::{PolicyRule, ServiceAccountToken, Subject, UserInfo};
 pub use errors::{ApiError, FieldError};
+pub use latency::{LatencyModel, RequestClass, ServiceTime};
 pub use resources::{ApiMode, Res};
 
 use serde_json::{Value, json};
@@ -95,6 +97,9 @@ pub struct EmulatorConfig {
     /// The `PodCertificateMLDSA` feature gate (kubernetes#142108, after 1.37; default off):
     /// stub CSRs may carry ML-DSA keys (spec rules 8.8–8.11).
     pub pod_certificate_mldsa: bool,
+    /// Service times and concurrency per class of request, and a watch event delay ([`latency`]);
+    /// off by default.
+    pub latency: LatencyModel,
 }
 
 impl Default for EmulatorConfig {
@@ -110,6 +115,7 @@ impl Default for EmulatorConfig {
             auto_create_namespaces: false,
             kubernetes_minor: None,
             pod_certificate_mldsa: false,
+            latency: LatencyModel::default(),
         }
     }
 }
@@ -214,6 +220,8 @@ pub(crate) struct Shared {
     shutdown: Notify,
     pub(crate) outage: http::Outage,
     pub(crate) token_review: pod_state::TokenReviewState,
+    /// The latency model at work; `None` when it is off.
+    pub(crate) latency: Option<latency::Latency>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -401,6 +409,7 @@ impl Emulator {
             shutdown: Notify::new(),
             outage: http::Outage::default(),
             token_review: pod_state::TokenReviewState::default(),
+            latency: latency::Latency::new(&config.latency),
         });
         let emu = Emulator {
             shared: shared.clone(),

@@ -15,6 +15,7 @@ use super::{RespBody, json_response};
 use crate::emulator::Shared;
 use crate::emulator::auth::{Attrs, Decision, UserInfo, forbidden_message};
 use crate::emulator::errors::ApiError;
+use crate::emulator::latency::RequestClass;
 use crate::emulator::read;
 use crate::emulator::resources::{ApiMode, Res};
 use crate::emulator::selectors::FieldSelector;
@@ -234,25 +235,40 @@ async fn dispatch(
     if t.res.namespaced() && ns.is_empty() && !matches!(verb, "list" | "watch") {
         return Err(not_found_path(&r.path));
     }
-    authorize(
-        shared,
-        user,
-        Attrs {
-            verb,
-            group: t.res.group(),
-            resource: t.res.plural(),
-            subresource: t.sub.as_deref().unwrap_or(""),
-            namespace: &ns,
-            name: &name,
-        },
-    )?;
-    match verb {
-        "get" => get(shared, t),
-        "list" => list(shared, r, t),
-        "watch" => watch(shared, r, t),
-        "create" => create(shared, r, user, t),
-        "update" | "patch" => update(shared, r, user, t, verb),
-        "delete" => delete(shared, r, t),
-        _ => delete_collection(shared, r, t),
+    let handle = || {
+        authorize(
+            shared,
+            user,
+            Attrs {
+                verb,
+                group: t.res.group(),
+                resource: t.res.plural(),
+                subresource: t.sub.as_deref().unwrap_or(""),
+                namespace: &ns,
+                name: &name,
+            },
+        )?;
+        match verb {
+            "get" => get(shared, t),
+            "list" => list(shared, r, t),
+            "watch" => watch(shared, r, t),
+            "create" => create(shared, r, user, t),
+            "update" | "patch" => update(shared, r, user, t, verb),
+            "delete" => delete(shared, r, t),
+            _ => delete_collection(shared, r, t),
+        }
+    };
+    // The latency model times the request around its authorization and handler: when the
+    // answer leaves changes, never what it is. A watch's live events are delayed in the stream.
+    let class = match verb {
+        "get" => Some(RequestClass::Get),
+        "list" => Some(RequestClass::List),
+        "create" => Some(RequestClass::Create),
+        "update" | "patch" | "delete" | "deletecollection" => Some(RequestClass::Update),
+        _ => None,
+    };
+    match (&shared.latency, class) {
+        (Some(latency), Some(class)) => latency.serve(class, handle).await,
+        _ => handle(),
     }
 }

@@ -15,15 +15,30 @@ use hyper::Response;
 use hyper::body::{Body, Frame};
 use serde_json::{Value, json};
 use std::convert::Infallible;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 
-/// A streaming body fed by a channel (watch responses).
+/// A streaming body fed by a channel (watch responses). A line due later (the latency model's
+/// watch event delay) is held until then, and the lines after it with it: order is kept.
 struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
+    rx: mpsc::Receiver<Line>,
+    held: Option<(Pin<Box<tokio::time::Sleep>>, Bytes)>,
+}
+
+/// One line of a watch stream, and when it may leave (`None`: at once).
+struct Line {
+    due: Option<tokio::time::Instant>,
+    bytes: Bytes,
+}
+
+impl From<Bytes> for Line {
+    fn from(bytes: Bytes) -> Line {
+        Line { due: None, bytes }
+    }
 }
 
 impl Body for ChannelBody {
@@ -33,10 +48,25 @@ impl Body for ChannelBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.get_mut()
-            .rx
-            .poll_recv(cx)
-            .map(|o| o.map(|b| Ok(Frame::data(b))))
+        let me = self.get_mut();
+        loop {
+            if let Some((sleep, _)) = &mut me.held {
+                ready!(sleep.as_mut().poll(cx));
+                if let Some((_, bytes)) = me.held.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(bytes))));
+                }
+            }
+            match ready!(me.rx.poll_recv(cx)) {
+                Some(Line {
+                    due: Some(due),
+                    bytes,
+                }) if due > tokio::time::Instant::now() => {
+                    me.held = Some((Box::pin(tokio::time::sleep_until(due)), bytes));
+                }
+                Some(line) => return Poll::Ready(Some(Ok(Frame::data(line.bytes)))),
+                None => return Poll::Ready(None),
+            }
+        }
     }
 }
 
@@ -84,9 +114,9 @@ pub(super) fn watch(
     };
     let kind_av = (t.res.kind().to_string(), t.res.api_version(&t.version));
 
-    let (tx, rx) = mpsc::channel::<Bytes>(1024);
+    let (tx, rx) = mpsc::channel::<Line>(1024);
     let resp = {
-        let mut resp = Response::new(BoxBody::new(ChannelBody { rx }));
+        let mut resp = Response::new(BoxBody::new(ChannelBody { rx, held: None }));
         resp.headers_mut().insert(
             hyper::header::CONTENT_TYPE,
             hyper::header::HeaderValue::from_static("application/json"),
@@ -120,7 +150,7 @@ pub(super) fn watch(
                     "too old resource version: {rv} ({})",
                     st.compacted_rv()
                 ));
-                let _ = tx.try_send(line("ERROR", &e.to_status()));
+                let _ = tx.try_send(line("ERROR", &e.to_status()).into());
                 return Ok(resp);
             }
         }
@@ -130,12 +160,14 @@ pub(super) fn watch(
     drop(st);
     shared.count(|c| c.watches_opened += 1);
     let bookmark_every = shared.config.bookmark_interval;
+    // The latency model's delay of a live event: from when the write was broadcast.
+    let event_delay = shared.latency.as_ref().and_then(|l| l.watch_event);
     let shared_weak = Arc::downgrade(shared);
 
     tokio::spawn(async move {
         let mut last = start_rv;
         for o in &initial {
-            if tx.send(line("ADDED", &render(o))).await.is_err() {
+            if tx.send(line("ADDED", &render(o)).into()).await.is_err() {
                 return;
             }
         }
@@ -149,13 +181,13 @@ pub(super) fn watch(
                 &json!({"kind": kind_av.0, "apiVersion": kind_av.1, "metadata": meta}),
             )
         };
-        if send_initial && bookmarks && tx.send(bookmark(last, true)).await.is_err() {
+        if send_initial && bookmarks && tx.send(bookmark(last, true).into()).await.is_err() {
             return;
         }
         for e in &backlog {
             if matches(e.res, &e.object)
                 && tx
-                    .send(line(e.typ.as_str(), &render(&e.object)))
+                    .send(line(e.typ.as_str(), &render(&e.object)).into())
                     .await
                     .is_err()
             {
@@ -174,7 +206,13 @@ pub(super) fn watch(
                         }
                         last = e.rv;
                         if matches(e.res, &e.object)
-                            && tx.send(line(e.typ.as_str(), &render(&e.object))).await.is_err()
+                            && tx
+                                .send(Line {
+                                    due: event_delay.map(|d| tokio::time::Instant::now() + d),
+                                    bytes: line(e.typ.as_str(), &render(&e.object)),
+                                })
+                                .await
+                                .is_err()
                         {
                             return;
                         }
@@ -184,7 +222,7 @@ pub(super) fn watch(
                 _ = kill.changed() => return,
                 () = tokio::time::sleep_until(deadline) => return,
                 _ = tick.tick(), if bookmarks => {
-                    if tx.send(bookmark(last, false)).await.is_err() {
+                    if tx.send(bookmark(last, false).into()).await.is_err() {
                         return;
                     }
                 }
