@@ -10,6 +10,8 @@
 //!   `count` more PCRs settled by the bench itself with raw `/status` PATCHes of pre-built
 //!   certificate chains, at the same concurrency as podca's workers (`PODCA_BENCH_WORKERS`,
 //!   default 32), and podca's rate as a share of it.
+//!   `PODCA_EMULATOR_LATENCY=real-apiserver` (or any spec of `podca_tests::emulator::latency`)
+//!   gives the emulator the real server's service times and concurrency.
 //!   `PODCA_BENCH_LEDGER=postgres` records into a throwaway PostgreSQL server (tests/src/postgres.rs)
 //!   instead of the default redb file; `none` records nothing durable.
 //! `cargo bench -p podca-tests --bench controller_bench -- rate [per_second] [seconds]`
@@ -27,7 +29,7 @@ use podca_signer::{
 };
 use podca_tests::client::KubeClient;
 use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_IDENTITY};
-use podca_tests::emulator::{ApiMode, Res};
+use podca_tests::emulator::{ApiMode, LatencyModel, Res};
 use podca_tests::process::{free_port, http_get, podca_binary_release};
 use podca_tests::{Emulator, EmulatorConfig};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
@@ -119,6 +121,9 @@ fn workers() -> usize {
 }
 
 async fn setup() -> (Emulator, tempfile::TempDir, Controller) {
+    // PODCA_EMULATOR_LATENCY=real-apiserver: the emulator answers as the real server's figures.
+    let latency = LatencyModel::from_env().unwrap_or_else(|e| panic!("{e}"));
+    println!("emulator latency model: {latency}");
     let Cluster {
         emu,
         dir,
@@ -128,6 +133,7 @@ async fn setup() -> (Emulator, tempfile::TempDir, Controller) {
         emulator: EmulatorConfig {
             api_mode: ApiMode::V1Only,
             auto_create_namespaces: true,
+            latency,
             ..Default::default()
         },
         podca_groups: &["system:authenticated"],

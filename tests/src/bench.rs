@@ -1,14 +1,27 @@
-//! Set-up the gRPC benchmarks share: a release `podca serve` over TLS on the API emulator, with
-//! a service-account token it accepts, and the CPU time a process has used so far.
+//! Set-up the benchmarks share: a release `podca serve` over TLS on the API emulator, with a
+//! service-account token it accepts; the CPU time a process has used so far; and the emulator's
+//! raw `/status` PATCH ceiling ([`raw_patch_ceiling`]), what a signer that costs nothing could
+//! reach.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::EmulatorConfig;
-use crate::cluster::{Cluster, ClusterConfig, PODCA_USER};
-use crate::emulator::{ApiMode, PolicyRule, ServiceAccountToken, Subject};
+use base64::Engine as _;
+use podca_signer::{
+    CaAlgorithm, CertificateRequest, IssuingCa, MemoryKey, Outcome, SignerPolicy, SubjectKey,
+    sign_request,
+};
+use serde_json::{Value, json};
+
+use crate::client::KubeClient;
+use crate::cluster::{Cluster, ClusterConfig, PODCA_IDENTITY, PODCA_USER};
+use crate::emulator::{ApiMode, PolicyRule, Res, ServiceAccountToken, Subject};
 use crate::process::{ServeProcess, podca_binary_release, podca_bundle};
+use crate::{Emulator, EmulatorConfig};
 
 /// A release `podca serve` over TLS, its cluster, and what a client needs to call it.
 pub struct TlsServe {
@@ -152,6 +165,196 @@ fn cpu_from_stat(stat: &str) -> Duration {
     let ticks: u64 =
         fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     Duration::from_millis(ticks * 10)
+}
+
+/// The signer the burst benchmark's PCRs name.
+pub const BENCH_SIGNER: &str = "example.com/workload";
+
+/// The namespace the burst benchmark files its PCRs in.
+pub const BENCH_NAMESPACE: &str = "bench";
+
+/// A subject key's stub CSR, as DER and as the base64 of `spec.stubPKCS10Request`.
+#[derive(Debug)]
+pub struct Stub {
+    pub der: Vec<u8>,
+    pub csr: String,
+}
+
+/// Sixteen P-256 subject keys' stub CSRs, which the benchmark's PCRs take in turn.
+pub fn stubs() -> Vec<Stub> {
+    (0..16)
+        .map(|_| {
+            let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+                .expect("P-256 key generation does not fail");
+            let mut p = rcgen::CertificateParams::default();
+            p.distinguished_name = rcgen::DistinguishedName::new();
+            let der = p
+                .serialize_request(&key)
+                .expect("an empty-subject CSR serializes")
+                .der()
+                .to_vec();
+            let csr = base64::engine::general_purpose::STANDARD.encode(&der);
+            Stub { der, csr }
+        })
+        .collect()
+}
+
+/// A PCR `name` in [`BENCH_NAMESPACE`] for [`BENCH_SIGNER`], with the stub CSR `csr` (base64).
+pub fn bench_pcr(name: &str, csr: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": BENCH_NAMESPACE},
+        "spec": {
+            "signerName": BENCH_SIGNER, "podName": format!("pod-{name}"),
+            "podUID": crate::emulator::new_uid(),
+            "serviceAccountName": "app", "serviceAccountUID": "sa-uid",
+            "nodeName": "node-1", "nodeUID": "node-uid", "maxExpirationSeconds": 86400,
+            "stubPKCS10Request": csr,
+        },
+        "status": {},
+    })
+}
+
+/// The emulator's raw `/status` PATCH ceiling, measured by [`raw_patch_ceiling`].
+#[derive(Debug, Clone, Copy)]
+pub struct Ceiling {
+    /// PCRs filed and settled.
+    pub count: usize,
+    pub concurrency: usize,
+    /// From the first filing to the last PCR filed (into the store: no HTTP).
+    pub filed: Duration,
+    /// From the first filing to the last PATCH answered.
+    pub took: Duration,
+    /// PATCHes answered with anything but 200.
+    pub rejected: u64,
+    /// The emulator's count of writes its validation rejected during the run.
+    pub validation_rejections: u64,
+}
+
+impl Ceiling {
+    /// PCRs settled per second, timed like podca's burst: from the first filing.
+    pub fn rate(&self) -> f64 {
+        self.count as f64 / self.took.as_secs_f64()
+    }
+
+    /// PATCHes answered per second, from the first PATCH sent.
+    pub fn patch_rate(&self) -> f64 {
+        self.count as f64 / (self.took - self.filed).as_secs_f64()
+    }
+}
+
+/// Files `count` PCRs named `<prefix>-<i>` into [`BENCH_NAMESPACE`] and settles each with one
+/// merge PATCH of `/status` carrying a certificate chain built before the clock starts: what a
+/// signer that costs nothing could do. `concurrency` workers each send on one kept-alive HTTP/1.1
+/// connection (like kube-rs's pool) with podca's identity ([`PODCA_IDENTITY`], which must be allowed to
+/// sign for [`BENCH_SIGNER`], as [`Cluster`] allows).
+pub async fn raw_patch_ceiling(
+    emu: &Emulator,
+    stubs: &[Stub],
+    prefix: &str,
+    count: usize,
+    concurrency: usize,
+) -> Ceiling {
+    let patches = Arc::new(issued_patches(stubs));
+    let token = emu.token_for(PODCA_IDENTITY).expect("podca's token");
+    let client = KubeClient::new(emu.base_url(), &token);
+    let rejections_before = emu.counters().validation_rejections;
+    let next = Arc::new(AtomicUsize::new(0));
+    let rejected = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    for i in 0..count {
+        emu.seed_object(
+            Res::Pcr,
+            bench_pcr(&format!("{prefix}-{i}"), &stubs[i % stubs.len()].csr),
+        );
+    }
+    let filed = start.elapsed();
+    let tasks: Vec<_> = (0..concurrency.max(1))
+        .map(|_| {
+            let mut conn = client.keep_alive();
+            let (patches, next, rejected) =
+                (Arc::clone(&patches), Arc::clone(&next), Arc::clone(&rejected));
+            let prefix = prefix.to_string();
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= count {
+                        break;
+                    }
+                    let path = format!(
+                        "/apis/certificates.k8s.io/v1/namespaces/{BENCH_NAMESPACE}/podcertificaterequests/{prefix}-{i}/status"
+                    );
+                    let answer = conn
+                        .merge_patch(&path, &patches[i % patches.len()])
+                        .await
+                        .expect("PATCH /status");
+                    if answer.status != 200 && rejected.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!(
+                            "ceiling: {prefix}-{i} rejected: {} {}",
+                            answer.status,
+                            String::from_utf8_lossy(&answer.body)
+                        );
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("ceiling worker");
+    }
+    let took = start.elapsed();
+    Ceiling {
+        count,
+        concurrency,
+        filed,
+        took,
+        rejected: rejected.load(Ordering::Relaxed),
+        validation_rejections: emu.counters().validation_rejections - rejections_before,
+    }
+}
+
+/// One Issued `/status` merge patch per stub key, as podca writes it (chain, notBefore,
+/// notAfter, beginRefreshAt, one Issued condition), signed by one issuing CA.
+fn issued_patches(stubs: &[Stub]) -> Vec<Value> {
+    let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).expect("P-256 key generation");
+    let now = time::OffsetDateTime::now_utc();
+    let ca =
+        IssuingCa::self_signed_root(Arc::new(key), "ceiling CA", now, time::Duration::days(30))
+            .expect("a 30-day root from a fresh key");
+    let policy = SignerPolicy::permissive("cluster.local");
+    let rfc3339 = |t: time::OffsetDateTime| {
+        t.replace_nanosecond(0)
+            .expect("0 is a valid nanosecond")
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("a time in 0..=9999")
+    };
+    stubs
+        .iter()
+        .map(|stub| {
+            let request = CertificateRequest {
+                key: SubjectKey::from_stub_csr(&stub.der),
+                namespace: BENCH_NAMESPACE.into(),
+                service_account: "app".into(),
+                pod_name: Some("pod".into()),
+                max_expiration: Some(time::Duration::seconds(86400)),
+                requested_lifetime: None,
+                user_annotations: BTreeMap::new(),
+            };
+            let Outcome::Issued(cert) = sign_request(&policy, &ca, &request, now) else {
+                panic!("the ceiling's certificate is not issued");
+            };
+            json!({"status": {
+                "certificateChain": cert.chain_pem,
+                "notBefore": rfc3339(cert.validity.not_before),
+                "notAfter": rfc3339(cert.validity.not_after),
+                "beginRefreshAt": rfc3339(cert.validity.begin_refresh_at),
+                "conditions": [{
+                    "type": "Issued", "status": "True", "reason": "Issued",
+                    "message": format!("issued {} (serial {})", cert.spiffe_id, cert.serial),
+                    "lastTransitionTime": rfc3339(now),
+                }],
+            }})
+        })
+        .collect()
 }
 
 #[cfg(test)]
