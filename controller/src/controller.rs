@@ -611,8 +611,8 @@ async fn sign(
             &pods,
             (&source.signer_name, &policy),
             &source.namespace,
-            &source.pod_name,
-            &source.pod_uid,
+            (&source.pod_name, &source.pod_uid),
+            &source.service_account,
         )
         .await
         {

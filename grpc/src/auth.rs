@@ -776,8 +776,8 @@ pub async fn read_pod_facts(
     pods: &dyn PodDirectory,
     (signer, policy): (&str, &SignerPolicy),
     namespace: &str,
-    name: &str,
-    uid: &str,
+    (name, uid): (&str, &str),
+    service_account: &str,
 ) -> Result<PodMetadata, PodFactsError> {
     let (result, answer) = match pods.pod(namespace, name).await {
         Err(error) => (
@@ -800,6 +800,16 @@ pub async fn read_pod_facts(
                 "pod {namespace}/{name} is not the pod of this request (UID {}, the request \
                  names {uid}): the policy rules of signer {signer} read the pod (pod_facts)",
                 pod.uid.as_deref().unwrap_or("none")
+            ))),
+        ),
+        // A PodCertificateRequest from a creator that is not a node is not cross-checked by the
+        // API server (spec §2.1.9): its serviceAccountName must be the pod's too (issue #40).
+        Ok(Some(pod)) if pod.service_account != service_account => (
+            PodRead::UidMismatch,
+            Err(PodFactsError::Gone(format!(
+                "pod {namespace}/{name} runs as service account {:?}, but the request names \
+                 {service_account:?}: it speaks for no pod of that identity",
+                pod.service_account
             ))),
         ),
         Ok(Some(pod)) => (PodRead::Found, Ok(pod.metadata)),

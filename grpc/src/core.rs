@@ -319,8 +319,8 @@ impl Api {
             pods.as_ref(),
             (signer, policy),
             &identity.namespace,
-            name,
-            uid,
+            (name, uid),
+            &identity.service_account,
         )
         .await
         {

@@ -652,6 +652,24 @@ async fn pod_label_rules_read_each_requests_pod_and_check_its_uid() {
         &[("certs.example.com/allowed", "true")],
     );
     let gone = NewPcr::p256("req-gone", SIGNER);
+    // Its pod runs as another service account than the request names: a creator that is not a
+    // node is not cross-checked by the API server (spec §2.1.9), so podca checks (issue #40).
+    let other_account = NewPcr::p256("req-other-account", SIGNER);
+    c.emu.add_pod(&PodFixture {
+        namespace: "apps".into(),
+        name: "pod-req-other-account".into(),
+        node_name: "node-1".into(),
+        service_account: "db".into(),
+        pod_certificates: vec![],
+        uid: Some(other_account.pod_uid.clone()),
+        mirror: false,
+    });
+    assert!(c.emu.set_pod_metadata(
+        "apps",
+        "pod-req-other-account",
+        &[("certs.example.com/allowed", "true")],
+        &[],
+    ));
     // An excluded namespace: the allow-list denies it, and its pod (there is none) is never read.
     c.emu.add_namespace("blocked");
     let blocked = NewPcr {
@@ -667,6 +685,7 @@ async fn pod_label_rules_read_each_requests_pod_and_check_its_uid() {
         &relabelled,
         &replaced,
         &gone,
+        &other_account,
         &blocked,
     ] {
         pcr.file(&c.admin).await;
@@ -708,12 +727,25 @@ async fn pod_label_rules_read_each_requests_pod_and_check_its_uid() {
         message.starts_with("pod apps/pod-req-gone does not exist"),
         "{message}"
     );
+    let (ty, reason, message) = settled(&c.emu, "apps", "req-other-account").await;
+    assert_eq!(
+        (ty.as_str(), reason.as_str()),
+        ("Denied", "PolicyPodNotFound")
+    );
+    assert!(
+        message.contains(
+            "pod apps/pod-req-other-account runs as service account \"db\", but the request \
+             names \"app\""
+        ),
+        "{message}"
+    );
     let reads: Vec<u64> = ["found", "not_found", "uid_mismatch"]
         .iter()
         .map(|r| pod_reads(&watched, r))
         .collect();
-    // One GET per admitted request: three found, one missing, one replaced; none for blocked.
-    assert_eq!(reads, [3, 1, 1]);
+    // One GET per admitted request: three found, one missing, one replaced, one of another
+    // account; none for blocked.
+    assert_eq!(reads, [3, 1, 2]);
     assert_eq!(c.emu.counters().validation_rejections, 0);
     ctl.stop().await;
 }
