@@ -23,6 +23,14 @@
 //! The HPACK decoder is `loona-hpack`'s: the unmaintained `hpack` crate it replaces panicked on
 //! malformed blocks such as the single byte `0x3f` (RUSTSEC-2023-0085). A block that does not
 //! decode is handed to h2 as it came, and h2 ends the connection with COMPRESSION_ERROR.
+//!
+//! The shim decodes before h2 does, so it keeps h2's HPACK budgets itself (issue #40): its
+//! dynamic table is h2's ([`HEADER_TABLE_SIZE`]; a client's size update above it is an error,
+//! as in h2), and it never holds more of a decoded block than the server's header-list limit
+//! ([`MAX_HEADER_LIST_BYTES`]). A compression bomb (one large table entry referenced thousands
+//! of times by one-byte indexes) would otherwise make a few kilobytes decode, and be
+//! re-encoded, into hundreds of megabytes. A block over the budget goes to h2 as it came,
+//! which refuses it within its own limits.
 
 use std::io;
 use std::pin::Pin;
@@ -30,6 +38,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::transport::server::Connected;
+
+use super::server::MAX_HEADER_LIST_BYTES;
 
 const PREFACE_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 9;
@@ -42,8 +52,15 @@ const FLAG_PRIORITY: u8 = 0x20;
 /// h2's default SETTINGS_MAX_FRAME_SIZE, which tonic's server keeps: frames we write stay
 /// below it.
 const MAX_FRAME_PAYLOAD: usize = 16_384;
-/// Header blocks larger than this are passed through as they are (h2 refuses them anyway).
-const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// Header blocks larger than this are passed through as they are, undecoded (h2 refuses them
+/// anyway): an encoded block is no larger than the header list it decodes to, give or take a
+/// few bytes a field, and that is at most [`MAX_HEADER_LIST_BYTES`].
+const MAX_HEADER_BLOCK: usize = 2 * MAX_HEADER_LIST_BYTES as usize;
+/// SETTINGS_HEADER_TABLE_SIZE of tonic's h2 server: the protocol's default, which tonic does
+/// not change (nor let us change). h2 refuses a size update above it; so does the shim.
+const HEADER_TABLE_SIZE: usize = 4096;
+/// What a header field costs in a header list (RFC 7541 §4.1, as h2 counts it).
+const FIELD_OVERHEAD: usize = 32;
 const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 
 /// A stream whose client-to-server HTTP/2 header blocks get a valid `:authority`.
@@ -86,9 +103,11 @@ impl<S> std::fmt::Debug for AuthorityFix<S> {
 
 impl<S> AuthorityFix<S> {
     pub fn new(inner: S) -> Self {
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(HEADER_TABLE_SIZE);
         AuthorityFix {
             inner,
-            decoder: loona_hpack::Decoder::new(),
+            decoder,
             input: Vec::new(),
             output: Vec::new(),
             output_pos: 0,
@@ -186,7 +205,7 @@ impl<S> AuthorityFix<S> {
             pending.block.extend_from_slice(payload);
             pending.raw.extend_from_slice(frame);
             if pending.block.len() > MAX_HEADER_BLOCK {
-                self.fail(frame);
+                self.give_up(&pending.raw);
             } else if flags & FLAG_END_HEADERS != 0 {
                 self.emit(pending, frame);
             } else {
@@ -201,14 +220,31 @@ impl<S> AuthorityFix<S> {
         self.output.extend_from_slice(frame);
     }
 
+    /// A block too large for the server: h2 gets it as the client sent it (all its frames),
+    /// and refuses it within its own limits.
+    fn give_up(&mut self, raw: &[u8]) {
+        self.broken = true;
+        self.output.extend_from_slice(raw);
+    }
+
     fn emit(&mut self, pending: PendingBlock, last_frame: &[u8]) {
-        let headers = match self.decoder.decode(&pending.block) {
-            Ok(h) => h,
-            Err(_) => {
-                self.fail(last_frame);
-                return;
+        let mut headers = Vec::new();
+        let mut list_bytes = 0usize;
+        let decoded = self.decoder.decode_with_cb(&pending.block, |name, value| {
+            // Counted for every field; kept only within the budget.
+            list_bytes = list_bytes.saturating_add(name.len() + value.len() + FIELD_OVERHEAD);
+            if list_bytes <= MAX_HEADER_LIST_BYTES as usize {
+                headers.push((name.into_owned(), value.into_owned()));
             }
-        };
+        });
+        if decoded.is_err() {
+            self.fail(last_frame);
+            return;
+        }
+        if list_bytes > MAX_HEADER_LIST_BYTES as usize {
+            self.give_up(&pending.raw);
+            return;
+        }
         let invalid = |name: &[u8], value: &[u8]| {
             name == b":authority" && http::uri::Authority::try_from(value).is_err()
         };
@@ -608,6 +644,71 @@ mod tests {
         input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, &[0x3f]));
         let out = frames(&through_shim(input).await);
         assert_eq!(out.last().map(|f| f.2.clone()), Some(vec![0x3f]));
+    }
+
+    /// Request headers with a socket-path `:authority` (so the shim re-encodes the block),
+    /// as literals that leave no trace in the table, and `extra` after them.
+    fn block_to_rewrite(prefix: &[u8], extra: &[u8]) -> Vec<u8> {
+        let mut block = prefix.to_vec();
+        for (name, value) in request_headers(b"/run/podca/workload.sock") {
+            block.push(0x00);
+            encode_string(&mut block, &name);
+            encode_string(&mut block, &value);
+        }
+        block.extend_from_slice(extra);
+        block
+    }
+
+    /// The attack (issue #40): one 4 KB header in the dynamic table, then 12,000 one-byte
+    /// references to it: a 16 KB block that decodes to 48 MB. The shim must not expand it (it
+    /// used to decode and re-encode all of it); h2 gets the block as sent and refuses it.
+    #[tokio::test]
+    async fn a_compression_bomb_is_not_expanded() {
+        let mut bomb = vec![0x40]; // literal with incremental indexing, new name
+        encode_string(&mut bomb, b"x-pad");
+        encode_string(&mut bomb, &[b'a'; 4000]);
+        bomb.extend(std::iter::repeat_n(0x80 | 62, 12_000)); // indexed: the newest entry
+        let block = block_to_rewrite(&[], &bomb);
+        assert!(block.len() <= MAX_FRAME_PAYLOAD, "{}", block.len());
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(0x4, 0, 0, &[])); // SETTINGS
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block));
+        let ping = frame(0x6, 0, 0, &[0; 8]);
+        input.extend(&ping);
+        assert_eq!(through_shim(input.clone()).await, input);
+        // The same over HEADERS + CONTINUATION.
+        let (a, b) = block.split_at(block.len() / 2);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, 0, 1, a));
+        input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, b));
+        assert_eq!(through_shim(input.clone()).await, input);
+        // An ordinary block is still fixed.
+        let fits = block_to_rewrite(&[], &[]);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &fits));
+        assert_ne!(through_shim(input.clone()).await, input);
+    }
+
+    /// A dynamic table size update above h2's 4096 bytes (here 1 GiB, so that the shim's table
+    /// would hold whatever the client indexes) is an error, as in h2: the block goes to h2 as
+    /// it came, which ends the connection with COMPRESSION_ERROR.
+    #[tokio::test]
+    async fn a_table_size_above_h2s_is_refused() {
+        let mut update = vec![];
+        encode_integer(&mut update, 1 << 30, 5, 0x20);
+        let block = block_to_rewrite(&update, &[]);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block));
+        assert_eq!(through_shim(input.clone()).await, input);
+        // h2's own size is allowed.
+        let mut update = vec![];
+        encode_integer(&mut update, HEADER_TABLE_SIZE, 5, 0x20);
+        let block = block_to_rewrite(&update, &[]);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block));
+        let out = frames(&through_shim(input).await);
+        let headers = loona_hpack::Decoder::new().decode(&out[0].2).unwrap();
+        assert_eq!(headers, request_headers(b"localhost"));
     }
 
     #[test]
