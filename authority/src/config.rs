@@ -461,6 +461,10 @@ pub struct GrpcConfig {
     #[serde(default = "default_max_dns_names")]
     pub max_dns_names: usize,
     // The Istio CA API (issue #16; operator guide, "Istio ambient and sidecars").
+    /// Serve the Istio CA API (`istio.v1.auth.IstioCertificateService`) beside podca.v1. Off by
+    /// default (issue #40): a second way in, for meshes that chose podca as their CA.
+    #[serde(default)]
+    pub istio: bool,
     /// Audience the tokens of Istio CA API callers (ztunnel, istio-agent) must carry.
     #[serde(default = "default_istio_audience")]
     pub istio_token_audience: String,
@@ -650,6 +654,7 @@ impl Default for GrpcConfig {
             max_token_reviews: default_max_token_reviews(),
             token_cache_seconds: default_token_cache_seconds(),
             max_dns_names: default_max_dns_names(),
+            istio: false,
             istio_token_audience: default_istio_audience(),
             istio_trust_domain_alias: default_istio_trust_domain_alias(),
         }
@@ -1119,7 +1124,7 @@ fn default_audience() -> String {
 }
 
 fn default_istio_audience() -> String {
-    "istio-ca".into()
+    "podca-istio".into()
 }
 
 fn default_istio_trust_domain_alias() -> String {
@@ -1265,7 +1270,7 @@ impl Config {
         }
         if grpc.istio_token_audience.trim().is_empty() {
             return invalid(
-                "[grpc] istio_token_audience is empty; the Istio default is \"istio-ca\"".into(),
+                "[grpc] istio_token_audience is empty; podca's default is \"podca-istio\"".into(),
             );
         }
         let alias = &grpc.istio_trust_domain_alias;
@@ -1904,7 +1909,8 @@ mod tests {
         assert_eq!(c.grpc.max_dns_names, 16);
         assert_eq!(c.grpc.max_renewal_seconds, 86_400);
         assert_eq!(c.grpc.renewal_denylist, "");
-        assert_eq!(c.grpc.istio_token_audience, "istio-ca");
+        assert!(!c.grpc.istio, "the Istio CA API is opt-in");
+        assert_eq!(c.grpc.istio_token_audience, "podca-istio");
         assert_eq!(c.grpc.istio_trust_domain_alias, "cluster.local");
         let c = Config::parse(&format!("{two}[grpc]\nsigners = [\"a.example/y\"]")).unwrap();
         assert_eq!(c.grpc_signer().unwrap().0, "a.example/y");

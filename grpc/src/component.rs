@@ -94,6 +94,8 @@ pub struct Settings {
     pub max_renewal: Duration,
     /// `[grpc] renewal_denylist` (`None` when empty).
     pub renewal_denylist: Option<std::path::PathBuf>,
+    /// `[grpc] istio`: serve the Istio CA API.
+    pub istio: bool,
     /// `[grpc] istio_token_audience`.
     pub istio_audience: String,
     /// `[grpc] istio_trust_domain_alias` (`None` when empty).
@@ -152,6 +154,7 @@ impl Settings {
             renewal_denylist: Some(&grpc.renewal_denylist)
                 .filter(|path| !path.is_empty())
                 .map(std::path::PathBuf::from),
+            istio: grpc.istio,
             istio_audience: grpc.istio_token_audience.clone(),
             istio_trust_domain_alias: Some(grpc.istio_trust_domain_alias.clone())
                 .filter(|alias| !alias.is_empty()),
@@ -223,6 +226,7 @@ pub async fn start(
         mtls_renewal,
         max_renewal,
         renewal_denylist,
+        istio,
         istio_audience,
         istio_trust_domain_alias,
     } = settings;
@@ -317,6 +321,7 @@ pub async fn start(
     .with_ledger(ledger)
     .with_metrics(metrics)
     .with_istio(IstioOptions {
+        off: !istio,
         authenticator: istio_authenticator,
         trust_domain_alias: istio_trust_domain_alias,
     });

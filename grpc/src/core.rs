@@ -79,6 +79,9 @@ pub struct IssueInput {
 /// The Istio CA API's knobs ([`Api::with_istio`]).
 #[derive(Debug, Clone, Default)]
 pub struct IstioOptions {
+    /// `[grpc] istio = false` (podca serve and dev's default): every call is answered
+    /// `UNIMPLEMENTED` naming the key. A library [`Api`] serves it unless told so.
+    pub off: bool,
     /// Who its callers are: tokens for `[grpc] istio_token_audience` (and podca client
     /// certificates, as for podca.v1). None: the podca.v1 authenticator.
     pub authenticator: Option<Arc<dyn Authenticator>>,
@@ -244,6 +247,11 @@ impl Api {
     pub fn with_istio(mut self, istio: IstioOptions) -> Self {
         self.istio = istio;
         self
+    }
+
+    /// Whether the Istio CA API is turned off (`[grpc] istio = false`).
+    pub fn istio_off(&self) -> bool {
+        self.istio.off
     }
 
     /// Serves JWT-SVIDs on podca.v1 (`IssueJwtSvid`, `GetJwtBundle`) with `jwt`.

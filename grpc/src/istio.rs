@@ -232,6 +232,11 @@ impl IstioCertificateService for IstioService {
         &self,
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
+        if self.api.istio_off() {
+            return Err(Status::unimplemented(
+                "the Istio CA API is off in this podca: set [grpc] istio = true to serve it",
+            ));
+        }
         let peer = peer_of(&request);
         observed(self.api.metrics(), CREATE_CERTIFICATE, peer, async move {
             let caller = self.caller(&request).await?;

@@ -66,7 +66,7 @@ fn main() {
     // per-identity rate limit (100/s by default).
     let dev = DevProcess::start_with(DevOptions {
         release: true,
-        config: Some("[grpc]\nrate_limit_per_identity = 0\n"),
+        config: Some("[grpc]\nrate_limit_per_identity = 0\nistio = true\n"),
         ..Default::default()
     });
     // PODCA_BENCH_ONLY=jwt: FetchJWTSVID throughput alone (three windows), for A/B runs.
@@ -385,7 +385,7 @@ async fn tls_target(
         addr: serve.addr,
         anchors: serve.anchors.clone(),
         token: serve.token.clone(),
-        istio_token: serve.token_for("istio-ca"),
+        istio_token: serve.token_for("podca-istio"),
     };
     (target, serve, pg, dir)
 }

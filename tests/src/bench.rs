@@ -97,7 +97,7 @@ impl TlsServe {
             format!(
                 "[ca]\ndir = {:?}\n\n[signers.\"example.com/workload\"]\ntrust_domain = \
                  \"cluster.local\"\n\n[grpc]\n{}\
-                 rate_limit_per_identity = 0\nmax_connections_per_peer = 4096\n{ledger}",
+                 rate_limit_per_identity = 0\nmax_connections_per_peer = 4096\nistio = true\n{ledger}",
                 ca_dir.display().to_string(),
                 crate::tls::GRPC_TLS_CONFIG
             ),
@@ -124,7 +124,7 @@ impl TlsServe {
         served
     }
 
-    /// A new token for `default/default` with `audience` (the Istio API's is `istio-ca`).
+    /// A new token for `default/default` with `audience` (the Istio API's is `podca-istio`).
     pub fn token_for(&self, audience: &str) -> String {
         self.cluster
             .emu

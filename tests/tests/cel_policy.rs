@@ -52,7 +52,7 @@ max_lifetime_seconds = "request.namespace == 'quarantine' ? 0 : 7200"
 /// The config of `podca dev` with `rules` (and `outputs`) for [`SIGNER`].
 fn dev_config(rules: &str) -> String {
     format!(
-        "[signers.\"{SIGNER}\"]\ntrust_domain = \"podca.dev.local\"\n{}",
+        "[grpc]\nistio = true\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"podca.dev.local\"\n{}",
         rules
             .replace("[[rules]]", &format!("[[signers.\"{SIGNER}\".rules]]"))
             .replace("[outputs]", &format!("[signers.\"{SIGNER}\".outputs]"))

@@ -297,7 +297,7 @@ async fn pod_label_rules_read_the_pod_of_each_grpc_request() {
             "apps",
             "web",
             TokenSpec {
-                audience: "istio-ca",
+                audience: "podca-istio",
                 ..TokenSpec::bound(pod, "node-1")
             },
         )

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
-use grpc_serve::{Cluster, NODE_PROXY, TokenSpec, expect_code};
+use grpc_serve::{Cluster, NODE_PROXY, TokenSpec, expect_code, issue};
 use podca_authority::CaHandle;
 use podca_authority::metrics::Metrics;
 use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
@@ -41,7 +41,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use time::{Duration, OffsetDateTime, macros::datetime};
 use tonic::Code;
 
-const ISTIO_AUDIENCE: &str = "istio-ca";
+const ISTIO_AUDIENCE: &str = "podca-istio";
 
 fn ders(pem_text: &str) -> Vec<CertificateDer<'static>> {
     pem::parse_many(pem_text)
@@ -762,7 +762,11 @@ async fn two_ztunnels_keep_mtls_through_a_full_rotation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn podca_dev_serves_it_on_its_loopback_listener() {
-    let dev = podca_tests::process::DevProcess::start();
+    // Opt-in there too (`[grpc] istio = true`).
+    let dev = podca_tests::process::DevProcess::start_with(podca_tests::process::DevOptions {
+        config: Some("[grpc]\nistio = true\n"),
+        ..Default::default()
+    });
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", dev.grpc))
         .unwrap()
         .connect()
@@ -807,4 +811,26 @@ async fn podca_dev_serves_it_on_its_loopback_listener() {
         Code::FailedPrecondition,
         "ImpersonatedIdentity needs the Kubernetes API",
     );
+}
+
+/// The Istio CA API is opt-in (issue #40): with `[grpc] istio = false` (the default) a call
+/// is answered UNIMPLEMENTED naming the key, before any token is reviewed; podca.v1 still
+/// serves on the same listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_istio_api_answers_only_when_turned_on() {
+    let cluster = Cluster::start_with("istio = false\n").await;
+    let (proxy_ns, proxy_sa) = NODE_PROXY.split_once('/').unwrap();
+    cluster.pod(proxy_ns, "ztunnel-a", "node-1", proxy_sa);
+    let token = istio_token(&cluster, proxy_ns, proxy_sa, "ztunnel-a", "node-1");
+    let mut ztunnel = Ztunnel::new(cluster.channel().await, Some(token), "cluster.local");
+    expect_code(
+        ztunnel.obtain(proxy_ns, proxy_sa, false).await,
+        Code::Unimplemented,
+        "the Istio CA API is off in this podca: set [grpc] istio = true to serve it",
+    );
+    assert_eq!(cluster.token_reviews(), 0, "no token was reviewed");
+    let podca_token = cluster.token(proxy_ns, proxy_sa, TokenSpec::bound("ztunnel-a", "node-1"));
+    issue(&mut cluster.client().await, Some(&podca_token))
+        .await
+        .expect("podca.v1 serves");
 }

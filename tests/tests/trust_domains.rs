@@ -182,7 +182,8 @@ async fn signers_with_their_own_cas_are_separate_trust_domains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn podca_v1_and_istio_sign_with_the_deciding_signers_ca() {
     let config = format!(
-        "{}\n[grpc]\nsigner = \"{PAYMENTS}\"\nsigners = [\"{PAYMENTS}\", \"{BATCH}\"]\n",
+        "{}\n[grpc]\nsigner = \"{PAYMENTS}\"\nsigners = [\"{PAYMENTS}\", \"{BATCH}\"]\n\
+         istio = true\n",
         two_signers(None)
     );
     let dev = DevProcess::start_with(DevOptions {

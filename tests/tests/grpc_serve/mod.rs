@@ -127,6 +127,12 @@ impl Cluster {
         assert!(init.success());
         let grpc = free_port();
         let admin = free_port();
+        // The Istio CA API is opt-in; the harness serves it unless a test says otherwise.
+        let istio = if grpc_lines.contains("istio =") {
+            ""
+        } else {
+            "istio = true\n"
+        };
         let config = dir.path().join("podca.toml");
         std::fs::write(
             &config,
@@ -135,7 +141,7 @@ impl Cluster {
                  {signer_lines}\n\n\
                  [signers.\"{PCR_ONLY_SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
                  [grpc]\nlisten = \"127.0.0.1:{grpc}\"\nsigner = \"{SIGNER}\"\n\
-                 node_proxy_service_accounts = [\"{NODE_PROXY}\"]\n{}{grpc_lines}\n",
+                 node_proxy_service_accounts = [\"{NODE_PROXY}\"]\n{}{istio}{grpc_lines}\n",
                 podca_tests::tls::GRPC_TLS_CONFIG,
             ),
         )
