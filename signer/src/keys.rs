@@ -712,7 +712,8 @@ impl GeneratedKey {
     /// The private key as a PKCS#8 v1 `PRIVATE KEY` PEM block (kubelet's credential-bundle
     /// form; see [`pkcs8_v1_der`]).
     pub fn private_key_pem(&self) -> String {
-        pkcs8_v1_pem(&self.pair)
+        // The caller writes it out and owns this copy.
+        String::clone(&pkcs8_v1_pem(&self.pair))
     }
 
     /// A DER PKCS#10 CSR with an empty subject, signed by this key (a kubelet stub CSR).
@@ -747,10 +748,19 @@ pub(crate) fn pkcs8_v1_der(pair: &rcgen::KeyPair) -> Vec<u8> {
     der.to_vec()
 }
 
-/// [`pkcs8_v1_der`] as a `PRIVATE KEY` PEM block, LF line endings.
-pub(crate) fn pkcs8_v1_pem(pair: &rcgen::KeyPair) -> String {
+/// [`pkcs8_v1_der`] as a `PRIVATE KEY` PEM block, LF line endings; wiped when dropped.
+pub(crate) fn pkcs8_v1_pem(pair: &rcgen::KeyPair) -> zeroize::Zeroizing<String> {
+    pkcs8_pem_block(zeroize::Zeroizing::new(pkcs8_v1_der(pair)))
+}
+
+/// PKCS#8 DER as a `PRIVATE KEY` PEM block, LF line endings. Neither the DER nor the text
+/// outlives its use unwiped.
+pub(crate) fn pkcs8_pem_block(der: zeroize::Zeroizing<Vec<u8>>) -> zeroize::Zeroizing<String> {
     let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
-    pem::encode_config(&pem::Pem::new("PRIVATE KEY", pkcs8_v1_der(pair)), config)
+    let block = pem::Pem::new("PRIVATE KEY", der.to_vec());
+    let text = zeroize::Zeroizing::new(pem::encode_config(&block, config));
+    drop(zeroize::Zeroizing::new(block.into_contents()));
+    text
 }
 
 #[cfg(test)]

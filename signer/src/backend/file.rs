@@ -47,7 +47,8 @@ impl FileKey {
                 });
             }
         }
-        let pem = fs::read_to_string(path).map_err(|e| io_error(path, &e))?;
+        let pem =
+            zeroize::Zeroizing::new(fs::read_to_string(path).map_err(|e| io_error(path, &e))?);
         let pair = super::key_pair_from_pem(&pem, &path.display().to_string())?;
         Ok(FileKey {
             path: path.to_owned(),

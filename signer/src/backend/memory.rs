@@ -4,10 +4,16 @@ use std::fmt;
 
 use aws_lc_rs::signature::KeyPair as _;
 use rcgen::{PublicKeyData, SigningKey};
+use zeroize::Zeroizing;
 
 use super::{BackendError, CaAlgorithm, CaKey, KeyPair, key_pair_from_pem};
 
 /// A CA key held in process memory.
+///
+/// The key itself is aws-lc's (which cleanses it when freed); rcgen keeps a PKCS#8 copy of a
+/// classical key that is not wiped on drop: its `zeroize` feature would do it, at the cost of
+/// rebuilding everything that depends on rcgen. What podca makes of the key (PEM text, DER) is
+/// wiped when dropped.
 pub struct MemoryKey {
     pair: KeyPair,
     algorithm: CaAlgorithm,
@@ -64,19 +70,18 @@ impl MemoryKey {
 
     /// The private key as PKCS#8 v1 PEM (every TLS stack reads it; Ed25519 included; ML-DSA
     /// in RFC 9881's seed form, which OpenSSL 3.5 reads), for writing a key file. Handle with
-    /// care.
-    pub(crate) fn pkcs8_pem(&self) -> Result<String, BackendError> {
+    /// care: it is wiped when dropped.
+    pub(crate) fn pkcs8_pem(&self) -> Result<Zeroizing<String>, BackendError> {
         match &self.pair {
             KeyPair::Rcgen(pair) => Ok(crate::keys::pkcs8_v1_pem(pair)),
             KeyPair::MlDsa(pair, _) => {
+                // aws-lc-rs wipes its own buffer when `der` is dropped.
                 let der = pair.to_pkcs8v1().map_err(|_| {
                     BackendError::InvalidKey("the ML-DSA key has no seed to write".into())
                 })?;
-                let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
-                Ok(pem::encode_config(
-                    &pem::Pem::new("PRIVATE KEY", der.as_ref().to_vec()),
-                    config,
-                ))
+                Ok(crate::keys::pkcs8_pem_block(Zeroizing::new(
+                    der.as_ref().to_vec(),
+                )))
             }
         }
     }
@@ -118,5 +123,22 @@ impl CaKey for MemoryKey {
         // An ML-DSA signature is a few hundred microseconds (and RSA more): too long to hold
         // an async worker, so those go to the blocking pool.
         !(self.algorithm() == CaAlgorithm::RsaSha256 || self.algorithm().is_ml_dsa())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The PEM text of a key, which podca writes to key files and Secrets, is wiped when
+    /// dropped (the type says so), and holds the key.
+    #[test]
+    fn a_keys_pem_text_is_wiped_when_dropped() {
+        for algorithm in [CaAlgorithm::EcdsaP256, CaAlgorithm::MlDsa44] {
+            let key = MemoryKey::generate(algorithm).unwrap_or_else(|e| panic!("{e}"));
+            let pem: Zeroizing<String> = key.pkcs8_pem().unwrap_or_else(|e| panic!("{e}"));
+            let again = MemoryKey::from_pem(&pem).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(again.public_key_raw(), key.public_key_raw(), "{algorithm}");
+        }
     }
 }

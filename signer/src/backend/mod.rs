@@ -255,10 +255,12 @@ pub(crate) fn key_pair_from_pem(pem: &str, origin: &str) -> Result<KeyPair, Back
         Ok(pair) => pair,
         Err(_) => {
             let block = ::pem::parse(pem).map_err(|_| unusable())?;
-            if block.tag() != "PRIVATE KEY" {
+            let tag_is_pkcs8 = block.tag() == "PRIVATE KEY";
+            let der = zeroize::Zeroizing::new(block.into_contents());
+            if !tag_is_pkcs8 {
                 return Err(unusable());
             }
-            return ml_dsa_from_pkcs8(block.contents()).ok_or_else(unusable);
+            return ml_dsa_from_pkcs8(&der).ok_or_else(unusable);
         }
     };
     if CaAlgorithm::from_rcgen(pair.algorithm()).is_none() {

@@ -120,7 +120,8 @@ impl JwtSecretKeys {
             let pem = key
                 .pkcs8_pem()
                 .map_err(|_| self.error(format!("key {} cannot be written", info.kid)))?;
-            data.insert(key_data_key(&info.kid), pem.into_bytes());
+            // The Secret's data is the caller's to handle (and the API client's to send).
+            data.insert(key_data_key(&info.kid), pem.as_bytes().to_vec());
         }
         Ok(data)
     }
@@ -320,7 +321,10 @@ mod tests {
         );
         let mut swapped = good.clone();
         let other = MemoryKey::generate(CaAlgorithm::EcdsaP256).expect("key");
-        swapped.insert(entry.clone(), other.pkcs8_pem().expect("pem").into_bytes());
+        swapped.insert(
+            entry.clone(),
+            other.pkcs8_pem().expect("pem").as_bytes().to_vec(),
+        );
         assert_eq!(
             refused(swapped),
             format!("JWT signing keys in {AT}: {entry} does not hold the key of kid {kid}")
@@ -339,8 +343,12 @@ mod tests {
         extra.insert("left-over.key".into(), b"x".to_vec());
         let read = JwtSecretKeys::parse(AT, &extra).expect("parse");
         assert_eq!(read.data().expect("data"), good);
-        // Debug shows no private key.
-        assert!(!format!("{read:?}").contains("PRIVATE KEY"));
+        // Debug shows no private key, in any encoding of its DER.
+        let der = ::pem::parse(&good[&entry]).expect("PEM").into_contents();
+        crate::backend::contract::assert_debug_hides(
+            &format!("{read:?} {:?}", read.key_set().expect("key set")),
+            crate::backend::contract::Secret::Pkcs8Der(&der),
+        );
     }
 
     #[test]

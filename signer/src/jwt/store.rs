@@ -633,6 +633,28 @@ mod tests {
         );
     }
 
+    /// The store, its key set and the files backend print no JWT private key, in any encoding
+    /// of the key file's DER.
+    #[test]
+    fn debug_shows_no_jwt_private_key() {
+        let (_dir, store) = store();
+        let advanced = store
+            .advance(
+                OffsetDateTime::now_utc(),
+                &schedule(),
+                CaAlgorithm::EcdsaP256,
+            )
+            .expect("the first key");
+        let kid = advanced.keys.infos().next().expect("a key").kid.clone();
+        let pem = fs::read_to_string(store.key_path(&kid)).expect("the key file");
+        let der = pem::parse(&pem).expect("PEM").into_contents();
+        let loaded = store.load().expect("load");
+        crate::backend::contract::assert_debug_hides(
+            &format!("{store:?} {advanced:?} {loaded:?}"),
+            crate::backend::contract::Secret::Pkcs8Der(&der),
+        );
+    }
+
     #[test]
     fn an_ed25519_jwt_key_is_refused() {
         let (_dir, store) = store();
