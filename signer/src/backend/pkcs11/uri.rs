@@ -246,6 +246,14 @@ pub enum PinSource {
     /// A file holding the PIN (for example a mounted Kubernetes Secret).
     File(PathBuf),
     /// The name of an environment variable holding the PIN.
+    ///
+    /// The variable stays in podca's environment after it is read. Removing it needs
+    /// `std::env::remove_var`, which is `unsafe` in edition 2024 (another thread may read the
+    /// environment at the same time; the PKCS#11 module runs in this process and may), and the
+    /// workspace forbids unsafe code. Removing it would not hide it either: the kernel shows
+    /// the environment a process started with in `/proc/<pid>/environ`, to its own user and
+    /// root, whatever the process unsets later. podca starts no child processes that could
+    /// inherit it. Prefer [`PinSource::File`] (a mounted Secret), which the `hsm` overlay uses.
     Env(String),
 }
 
