@@ -82,12 +82,11 @@ fn request(block: &[u8]) -> Vec<u8> {
     let chunks: Vec<&[u8]> = block.chunks(MAX_FRAME).collect();
     for (i, chunk) in chunks.iter().enumerate() {
         let kind = if i == 0 { HEADERS } else { CONTINUATION };
-        let last = if i + 1 == chunks.len() {
-            END_HEADERS
-        } else {
-            0
-        };
-        out.extend(frame(kind, last | END_STREAM * u8::from(i == 0), 1, chunk));
+        let mut flags = if i == 0 { END_STREAM } else { 0 };
+        if i + 1 == chunks.len() {
+            flags |= END_HEADERS;
+        }
+        out.extend(frame(kind, flags, 1, chunk));
     }
     out
 }
