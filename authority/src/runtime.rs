@@ -74,6 +74,9 @@ pub struct Runtime {
     /// Whether this replica leads (true unless a leader election says otherwise): the
     /// components that act only as leader follow it, the leader election sets it.
     leadership: watch::Sender<bool>,
+    /// Where decisions are recorded ([`crate::components::ledger::start`] sets it); until
+    /// then, nowhere but the audit log.
+    ledger: crate::ledger::LedgerHandle,
     /// Failures of critical components ([`Runtime::spawn_critical`]).
     failed_tx: mpsc::UnboundedSender<RuntimeError>,
     failed: mpsc::UnboundedReceiver<RuntimeError>,
@@ -117,6 +120,7 @@ impl Runtime {
             metrics_auth: None,
             drain_timeout,
             leadership: watch::Sender::new(true),
+            ledger: crate::ledger::LedgerHandle::none(),
             failed_tx,
             failed,
         }
@@ -126,6 +130,16 @@ impl Runtime {
     /// [`Metrics::register_component`].
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The ledger components record into (none until the ledger component started).
+    pub fn ledger(&self) -> crate::ledger::LedgerHandle {
+        self.ledger.clone()
+    }
+
+    /// Makes `ledger` the one [`Runtime::ledger`] hands out.
+    pub fn use_ledger(&mut self, ledger: crate::ledger::LedgerHandle) {
+        self.ledger = ledger;
     }
 
     /// What `/readyz` answers.

@@ -16,11 +16,14 @@
 use std::sync::Arc;
 
 use podca_signer::keys::GeneratedKey;
-use podca_signer::{IssuingCa, KeyType, Validity};
+use podca_signer::ledger::{LedgerRecord, RecordContext, Source};
+use podca_signer::names::SpiffeId;
+use podca_signer::{IssuedCertificate, IssuingCa, KeyType, Validity};
 use time::{Duration, OffsetDateTime};
 use tokio::sync::watch;
 use tracing::{error, info};
 
+use crate::ledger::{LedgerHandle, LedgerUnavailable};
 use crate::trust::{CaHandle, CaSnapshot, Clock};
 
 /// How far notBefore is moved into the past, for clients whose clock runs a little behind.
@@ -123,8 +126,9 @@ impl ServingIdentity {
             chain_der,
             key_pkcs8_der,
             validity,
-            serial: issued.serial,
+            serial: issued.serial.clone(),
             issuer_fingerprint: ca.fingerprint().to_owned(),
+            issued: Some(Box::new(issued)),
         })
     }
 }
@@ -141,6 +145,57 @@ pub struct ServingCert {
     pub serial: String,
     /// SHA-256 fingerprint of the CA certificate that issued it.
     pub issuer_fingerprint: String,
+    /// What the ledger records of it (no key); `None` for one built by hand (tests).
+    pub issued: Option<Box<IssuedCertificate>>,
+}
+
+/// Where serving certificates are recorded (issue #40): the ledger, like every certificate
+/// podca signs, under the name of the signer whose CA issued it.
+#[derive(Debug, Clone)]
+pub struct ServingLedger {
+    pub ledger: LedgerHandle,
+    pub signer: String,
+}
+
+impl ServingLedger {
+    /// Records `cert`, issued at `now` by CA generation `generation` (source `serving`,
+    /// requester `podca`).
+    pub async fn record(
+        &self,
+        cert: &ServingCert,
+        generation: u64,
+        now: OffsetDateTime,
+    ) -> Result<(), LedgerUnavailable> {
+        let Some(issued) = &cert.issued else {
+            return Ok(());
+        };
+        let (namespace, service_account) = issued
+            .spiffe_id
+            .parse::<SpiffeId>()
+            .map(|id| (id.namespace.to_string(), id.service_account.to_string()))
+            .unwrap_or_default();
+        let context = RecordContext {
+            source: Source::Serving,
+            signer: self.signer.clone(),
+            identity: issued.spiffe_id.clone(),
+            requester: Some("podca".into()),
+            namespace,
+            service_account,
+            pod_name: None,
+            pod_uid: None,
+            node_name: None,
+            request_uid: None,
+            request_name: None,
+            ca_generation: Some(generation),
+            issuer_fingerprint: Some(cert.issuer_fingerprint.clone()),
+            auth: None,
+            replica: podca_signer::ledger::replica_identity(),
+            time: now,
+        };
+        self.ledger
+            .record(LedgerRecord::issued(&context, issued))
+            .await
+    }
 }
 
 impl std::fmt::Debug for ServingCert {
@@ -154,7 +209,7 @@ impl std::fmt::Debug for ServingCert {
             .field("validity", &self.validity)
             .field("serial", &self.serial)
             .field("issuer_fingerprint", &self.issuer_fingerprint)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -179,25 +234,54 @@ pub async fn run(
     ca: CaHandle,
     clock: Clock,
     current: watch::Sender<Arc<ServingCert>>,
+    ledger: Option<ServingLedger>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut snapshots = ca.subscribe();
+    // The serial of the last certificate the ledger took: the first one is recorded here, at
+    // once; a renewal is recorded before it is served.
+    let mut recorded: Option<String> = None;
     loop {
         let snapshot: Arc<CaSnapshot> = Arc::clone(&snapshots.borrow_and_update());
         let now = clock();
         let cert = Arc::clone(&current.borrow());
         let mut wait = cert.validity.begin_refresh_at - now;
+        if let Some(ledger) = &ledger
+            && recorded.as_deref() != Some(cert.serial.as_str())
+        {
+            match ledger.record(&cert, snapshot.generation, now).await {
+                Ok(()) => recorded = Some(cert.serial.clone()),
+                Err(e) => {
+                    error!(error = %e, serial = %cert.serial, "the ledger cannot record the gRPC serving certificate; retrying");
+                    wait = wait.min(RETRY_AFTER);
+                }
+            }
+        }
         if cert.renewal_due(snapshot.ca.fingerprint(), now) {
             match identity.issue(&snapshot.ca, now) {
                 Ok(new) => {
-                    info!(
-                        serial = %new.serial,
-                        not_after = %new.validity.not_after,
-                        issuer = %new.issuer_fingerprint,
-                        "gRPC serving certificate renewed"
-                    );
-                    wait = new.validity.begin_refresh_at - now;
-                    current.send_replace(Arc::new(new));
+                    let taken = match &ledger {
+                        Some(ledger) => ledger.record(&new, snapshot.generation, now).await,
+                        None => Ok(()),
+                    };
+                    match taken {
+                        Ok(()) => {
+                            info!(
+                                serial = %new.serial,
+                                not_after = %new.validity.not_after,
+                                issuer = %new.issuer_fingerprint,
+                                "gRPC serving certificate renewed"
+                            );
+                            wait = new.validity.begin_refresh_at - now;
+                            recorded = Some(new.serial.clone());
+                            current.send_replace(Arc::new(new));
+                        }
+                        // Never served unrecorded: the current one stays.
+                        Err(e) => {
+                            error!(error = %e, "the ledger cannot record the renewed gRPC serving certificate; the current one stays");
+                            wait = RETRY_AFTER;
+                        }
+                    }
                 }
                 Err(e) => {
                     error!(error = %e, "renewing the gRPC serving certificate failed; the current one stays");
@@ -308,6 +392,7 @@ mod tests {
             },
             serial: "01".into(),
             issuer_fingerprint: issuer.into(),
+            issued: None,
         }
     }
 

@@ -526,8 +526,13 @@ pub fn serving_keys(
             );
             let (current, follow) = watch::channel(Arc::new(cert));
             let ca = ca.clone();
+            // Recorded in the ledger like every certificate podca signs (issue #40).
+            let ledger = Some(serving_cert::ServingLedger {
+                ledger: rt.ledger(),
+                signer: settings.api.default_signer.clone(),
+            });
             rt.spawn(Stage::Support, "gRPC serving certificate", |stop| {
-                serving_cert::run(identity, ca, clock, current, stop)
+                serving_cert::run(identity, ca, clock, current, ledger, stop)
             });
             // Ends with the renewal task (its sender).
             let swapped = Arc::clone(&keys);

@@ -71,6 +71,9 @@ pub enum Source {
     /// node) or the Workload API's `FetchJWTSVID`. Its record carries [`JwtFacts`], never the
     /// token.
     Jwt,
+    /// podca's own gRPC/OIDC serving certificate (`[grpc] tls = "self-issued"`), issued from
+    /// the gRPC signer's CA at start and at each renewal.
+    Serving,
     /// A source this podca does not know (a record written by a newer one).
     #[serde(other)]
     Unknown,
@@ -87,6 +90,7 @@ impl Source {
             Source::DevBundle => "dev",
             Source::Cli => "cli",
             Source::Jwt => "jwt",
+            Source::Serving => "serving",
             Source::Unknown => "unknown",
         }
     }

@@ -8,6 +8,7 @@
 //! * A service account deleted, or deleted and re-created under the same name, stops renewing.
 //! * `podca renewal --deny-serial/--deny-identity` stops renewal within seconds, `--allow-*`
 //!   restores it; the ledger records the method and the presented serial.
+//! * podca's own serving certificate is a ledger record too.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
@@ -345,4 +346,56 @@ fn openssl_text(chain_pem: &str) -> String {
         .unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// podca's own serving certificate is a ledger record like every certificate podca signs
+/// (issue #40): source `serving`, requester `podca`, the serial the listener serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_certificate_is_in_the_ledger() {
+    let mut cluster = Cluster::start().await;
+    let chain = podca_tests::tls::served_chain(
+        SocketAddr::from(([127, 0, 0, 1], cluster.grpc)),
+        &cluster.anchors,
+        podca_tests::tls::SERVER_NAME,
+    )
+    .await
+    .unwrap();
+    let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).unwrap();
+    let serial = podca_signer::x509::hex_lower(leaf.raw_serial());
+    // Recorded as the renewal task starts, a moment after the listener opens: wait for the
+    // ledger's first commit (nothing else is issued here), then read it.
+    let deadline = Instant::now() + StdDuration::from_secs(10);
+    let series = r#"podca_ledger_records_total{backend="redb",outcome="issued"}"#;
+    while podca_tests::process::metric_value(&cluster.metrics(), series) < 1.0 {
+        assert!(Instant::now() < deadline, "a ledger commit within 10 s");
+        tokio::time::sleep(StdDuration::from_millis(50)).await;
+    }
+    // redb allows one process: read it once podca serve has stopped.
+    cluster.kill_serve();
+    let out = Command::new(podca_binary())
+        .args(["ledger", "list", "--json", "--dir"])
+        .arg(cluster.ca_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let record = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["source"] == "serving")
+        .expect("a record of source serving");
+    assert_eq!(
+        record["serial"].as_str().map(|s| s.trim_start_matches('0')),
+        Some(serial.trim_start_matches('0')),
+        "{record}"
+    );
+    assert_eq!(record["requester"], "podca", "{record}");
+    assert_eq!(
+        record["identity"], "spiffe://cluster.local/ns/podca-system/sa/podca",
+        "{record}"
+    );
 }

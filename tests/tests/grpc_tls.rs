@@ -619,6 +619,7 @@ mod rotation {
             handle.clone(),
             clock,
             current,
+            None,
             stopped.clone(),
         ));
         tokio::spawn(follow_serving_cert(follow, Arc::clone(&keys)));

@@ -34,5 +34,6 @@ pub async fn start(
         .register_component("ledger", LedgerMetrics::register);
     let (handle, writer) = ledger::start(store, config, metrics);
     rt.spawn(Stage::Support, "ledger writer", |stop| writer.run(stop));
+    rt.use_ledger(handle.clone());
     Ok(handle)
 }
