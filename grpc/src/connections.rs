@@ -7,6 +7,7 @@
 //! is gone, handshake included.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -196,17 +197,38 @@ impl Drop for ConnectionSlot {
 
 /// A connection that holds its slot for as long as it lives; otherwise the stream it wraps
 /// (tonic's connect info included, so the peer address and TLS certificates are unchanged).
+/// With the listener's pre-authentication gates ([`crate::preauth`]), reading fails with
+/// `TimedOut` (and the connection closes) once their deadline has passed since accept while no
+/// request of the connection has authenticated.
 #[derive(Debug)]
 pub struct Admitted<S> {
     stream: S,
     _slot: ConnectionSlot,
+    unauthenticated: Option<Unauthenticated>,
+}
+
+/// The deadline of a connection that has not authenticated yet.
+#[derive(Debug)]
+struct Unauthenticated {
+    gates: Arc<PreAuth>,
+    conn: SocketAddr,
+    deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl<S> Admitted<S> {
     pub fn new(stream: S, slot: ConnectionSlot) -> Self {
+        let unauthenticated = match (&slot.counter.pre_auth, slot.conn) {
+            (Some(gates), Some(conn)) => Some(Unauthenticated {
+                gates: Arc::clone(gates),
+                conn,
+                deadline: Box::pin(tokio::time::sleep(gates.deadline())),
+            }),
+            _ => None,
+        };
         Admitted {
             stream,
             _slot: slot,
+            unauthenticated,
         }
     }
 }
@@ -225,6 +247,18 @@ impl<S: AsyncRead + Unpin> AsyncRead for Admitted<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(pending) = &mut self.unauthenticated
+            && pending.deadline.as_mut().poll(cx).is_ready()
+        {
+            if !pending.gates.is_authenticated(pending.conn) {
+                tracing::debug!(peer = %pending.conn, "gRPC: connection closed: nothing authenticated on it in time");
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no request on this connection authenticated in time",
+                )));
+            }
+            self.unauthenticated = None;
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }

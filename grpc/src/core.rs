@@ -370,6 +370,13 @@ impl Api {
         &self.metrics
     }
 
+    /// Closes connections that have not authenticated within `deadline` of accept (default
+    /// [`crate::preauth::DEFAULT_PRE_AUTH_DEADLINE`]).
+    pub fn with_pre_auth_deadline(mut self, deadline: std::time::Duration) -> Self {
+        self.pre_auth = PreAuth::with_deadline(deadline);
+        self
+    }
+
     /// The gates before authentication of the TCP listeners serving this API.
     pub fn pre_auth(&self) -> Arc<PreAuth> {
         Arc::clone(&self.pre_auth)

@@ -9,6 +9,10 @@
 //! requests' headers, decoded messages and tasks before podca has learnt that none of them is
 //! anyone; with it, 64 × 16.
 //!
+//! A connection none of whose requests has authenticated within [`DEFAULT_PRE_AUTH_DEADLINE`]
+//! of its accept is closed ([`crate::connections::Admitted`]): holding connections, or filling
+//! them with junk tokens, buys a peer 30 s at a time.
+//!
 //! Connections are keyed by their remote address (IP and port, unique while the connection
 //! lives); the listener's connection slot forgets the key when the connection ends. Unix-socket
 //! requests (podca dev) carry no TCP address and pass.
@@ -30,12 +34,26 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 pub const MAX_STREAMS_BEFORE_AUTH: usize = 16;
 /// How long a request beyond that waits for a turn before `RESOURCE_EXHAUSTED`.
 pub const PRE_AUTH_WAIT: Duration = Duration::from_secs(5);
+/// How long a TCP connection may stay open without any of its requests authenticating; then it
+/// is closed (a peer that only holds connections, or only sends junk).
+pub const DEFAULT_PRE_AUTH_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The gates of the listener's connections (see the module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PreAuth {
     /// A closed semaphore: the connection has authenticated (no limit).
     gates: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
+    /// [`DEFAULT_PRE_AUTH_DEADLINE`] unless set.
+    deadline: Duration,
+}
+
+impl Default for PreAuth {
+    fn default() -> Self {
+        PreAuth {
+            gates: Mutex::default(),
+            deadline: DEFAULT_PRE_AUTH_DEADLINE,
+        }
+    }
 }
 
 /// A request that may not go on: the connection's pre-authentication turns stayed taken.
@@ -49,6 +67,25 @@ pub struct NotYet;
 impl PreAuth {
     pub fn new() -> Arc<Self> {
         Arc::new(PreAuth::default())
+    }
+
+    /// Gates whose connections are closed `deadline` after accept unless one of their requests
+    /// authenticated by then.
+    pub fn with_deadline(deadline: Duration) -> Arc<Self> {
+        Arc::new(PreAuth {
+            deadline,
+            ..PreAuth::default()
+        })
+    }
+
+    /// How long a connection may stay unauthenticated.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Whether a request on `conn` has authenticated.
+    pub fn is_authenticated(&self, conn: SocketAddr) -> bool {
+        self.lock().get(&conn).is_some_and(|gate| gate.is_closed())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Arc<Semaphore>>> {

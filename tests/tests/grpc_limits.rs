@@ -8,7 +8,9 @@
 //! * a request whose headers exceed the header-list limit is refused, the connection's others
 //!   are not;
 //! * a connection on which nothing has authenticated gets 16 requests in flight at once, not
-//!   1,024 (issue #40); once one authenticates, the connection is not held back.
+//!   1,024 (issue #40); once one authenticates, the connection is not held back;
+//! * a connection on which nothing authenticates (idle, or only junk tokens) is closed at the
+//!   pre-authentication deadline; an authenticated one outlives it.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
@@ -79,6 +81,11 @@ async fn serve() -> Listener {
 }
 
 async fn serve_with(auth: Arc<dyn Authenticator>) -> Listener {
+    serve_full(auth, podca_grpc::preauth::DEFAULT_PRE_AUTH_DEADLINE).await
+}
+
+/// With connections closed `deadline` after accept unless a request on them authenticated.
+async fn serve_full(auth: Arc<dyn Authenticator>, deadline: Duration) -> Listener {
     let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap();
     let ca = IssuingCa::self_signed_root(
         Arc::new(key),
@@ -119,7 +126,8 @@ async fn serve_with(auth: Arc<dyn Authenticator>) -> Listener {
         stopped.clone(),
     )
     .unwrap()
-    .with_metrics(metrics.clone());
+    .with_metrics(metrics.clone())
+    .with_pre_auth_deadline(deadline);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut shutdown = stopped;
@@ -419,4 +427,81 @@ async fn an_unauthenticated_connection_gets_sixteen_streams_not_a_thousand() {
     for call in renewals {
         call.await.unwrap().expect("issued");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_on_which_nothing_authenticates_is_closed_at_the_deadline() {
+    let auth = HeldAuthenticator::new();
+    auth.open.send_replace(true);
+    let deadline = Duration::from_secs(1);
+    let listener = serve_full(Arc::clone(&auth) as Arc<dyn Authenticator>, deadline).await;
+
+    // Held after the TLS handshake without a request: closed at the deadline.
+    let started = Instant::now();
+    let tcp = connect_from("127.0.0.1", listener.addr).await;
+    let mut tls = tokio_rustls::TlsConnector::from(client_config(&listener.anchors))
+        .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            // The server's HTTP/2 preface arrives first; then the close.
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "an idle unauthenticated connection is closed"
+    );
+    assert!(
+        started.elapsed() >= deadline,
+        "closed after the deadline, not before: {:?}",
+        started.elapsed()
+    );
+
+    // Only junk tokens: every call refused, and the connection closed at the deadline (the
+    // channel has to connect again).
+    let junk = podca_tests::tls::TlsChannel::connect(listener.addr, &listener.anchors, SERVER_NAME)
+        .await
+        .unwrap();
+    let until_closed = Instant::now() + Duration::from_secs(10);
+    while junk.connection_count() < 2 {
+        assert!(
+            Instant::now() < until_closed,
+            "the junk connection is closed within 10 s"
+        );
+        let status = junk
+            .client()
+            .issue_certificate(with_token("junk"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                status.code(),
+                tonic::Code::Unauthenticated | tonic::Code::Unavailable
+            ),
+            "{status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Authenticated on its first request: the same connection serves past the deadline.
+    let good = podca_tests::tls::TlsChannel::connect(listener.addr, &listener.anchors, SERVER_NAME)
+        .await
+        .unwrap();
+    good.client()
+        .issue_certificate(with_token("good"))
+        .await
+        .unwrap();
+    tokio::time::sleep(deadline + Duration::from_millis(500)).await;
+    good.client()
+        .issue_certificate(with_token("good"))
+        .await
+        .unwrap();
+    assert_eq!(good.connection_count(), 1, "one connection throughout");
 }
