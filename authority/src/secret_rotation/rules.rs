@@ -52,6 +52,63 @@ pub(super) fn signer<'a>(
     })
 }
 
+/// How long after a handover was due another podca process may still have signed with the CA it
+/// replaced: every process retires that CA at its first step from the end of the successor's
+/// window, on a clock up to [`super::seal::MAX_CLOCK_SKEW`] off this one's. Twice the skew
+/// covers the skew and a late timer.
+pub(super) const HANDOVER_SLACK: Duration = Duration::minutes(10);
+
+/// A handover the recorded generations show was due long before `now`, to be taken with the
+/// times it was due at rather than `now` (see [`overdue_handover`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Handover {
+    /// The prepared generation that takes over, activated at `due`.
+    pub(super) activate: u32,
+    /// The active generation it replaces, retired at `retired_at`.
+    pub(super) retire: u32,
+    /// The end of the prepared generation's window.
+    pub(super) due: OffsetDateTime,
+    /// `due` plus [`HANDOVER_SLACK`]: no process signed with `retire` after this instant.
+    pub(super) retired_at: OffsetDateTime,
+}
+
+/// An active generation whose key this process does not hold, and the newest prepared one,
+/// whose window ended more than [`HANDOVER_SLACK`] before `now`: a history that a restarted
+/// replica reads late, or an older genuine history replayed. Whoever held the active CA's key
+/// retired it when the window ended (a genuine history never records a prepared generation whose
+/// window had ended when it was recorded: the same step activates it), or was not running and
+/// signed nothing since. So its last certificate expires the longest leaf lifetime after the
+/// slack, not after `now`: retiring it at `now` would publish again, for a whole leaf lifetime,
+/// an anchor that was dropped long ago. `None`: the planner retires it at `now`, as before (a
+/// key this process holds may have signed until now). Each item is a generation and whether
+/// this process holds its key.
+pub(super) fn overdue_handover<'a>(
+    generations: impl IntoIterator<Item = (&'a Generation, bool)> + Clone,
+    propagation: Duration,
+    now: OffsetDateTime,
+) -> Option<Handover> {
+    let (active, keyed) = generations
+        .clone()
+        .into_iter()
+        .find(|(g, _)| g.phase == Phase::Active)?;
+    let prepared = generations
+        .into_iter()
+        .map(|(g, _)| g)
+        .filter(|g| g.phase == Phase::Prepared)
+        .max_by_key(|g| g.id)?;
+    let due = window_end(prepared, propagation);
+    let retired_at = due.saturating_add(HANDOVER_SLACK);
+    let active_since = active.activated_at.unwrap_or(active.prepared_at);
+    (!keyed && prepared.activate_asap && retired_at <= now && active_since <= due).then_some(
+        Handover {
+            activate: prepared.id,
+            retire: active.id,
+            due,
+            retired_at,
+        },
+    )
+}
+
 /// The id of a new generation: one more than any recorded.
 pub(super) fn next_id<'a>(generations: impl IntoIterator<Item = &'a Generation>) -> u32 {
     // Saturating: a recorded id this large is refused as impossible before it gets here.
@@ -148,6 +205,48 @@ mod tests {
         let end_of_time = time::PrimitiveDateTime::MAX.assume_utc();
         assert_eq!(gate(&g, WINDOW * 48), Gate::OpenFrom(end_of_time));
         assert_eq!(next_event(&[g], WINDOW * 48, T0), Some(end_of_time));
+    }
+
+    /// Each row trips one condition of an overdue handover; `generation(id, _)` is prepared at
+    /// T0 + id hours, so prepared generation 3's window ends at T0 + 4 h.
+    #[test]
+    fn overdue_handover_table() {
+        use Phase::{Active, Prepared, Retired};
+        let due = T0 + Duration::hours(4);
+        let past_slack = due + HANDOVER_SLACK;
+        let taken = Some(Handover {
+            activate: 3,
+            retire: 2,
+            due,
+            retired_at: past_slack,
+        });
+        let mut not_asap = generation(3, Prepared);
+        not_asap.activate_asap = false;
+        let mut active_later = generation(2, Active);
+        active_later.activated_at = Some(due + Duration::SECOND);
+        let g = generation;
+        type Row = (
+            &'static str,
+            Vec<(Generation, bool)>,
+            OffsetDateTime,
+            Option<Handover>,
+        );
+        #[rustfmt::skip]
+        let rows: Vec<Row> = vec![
+            ("unkeyed active, window over plus the slack", vec![(g(2, Active), false), (g(3, Prepared), true)], past_slack, taken),
+            ("also when nobody holds the prepared key", vec![(g(2, Active), false), (g(3, Prepared), false)], past_slack, taken),
+            ("the newest prepared one", vec![(g(1, Retired), false), (g(2, Active), false), (g(3, Prepared), true)], past_slack, taken),
+            ("within the slack: the planner's now", vec![(g(2, Active), false), (g(3, Prepared), true)], past_slack - Duration::SECOND, None),
+            ("this process holds the active key", vec![(g(2, Active), true), (g(3, Prepared), true)], past_slack, None),
+            ("no prepared generation", vec![(g(2, Active), false)], past_slack, None),
+            ("no active generation", vec![(g(3, Prepared), true)], past_slack, None),
+            ("a scheduled, not an as-soon-as-possible, handover", vec![(g(2, Active), false), (not_asap, true)], past_slack, None),
+            ("active only after the window ended", vec![(active_later, false), (g(3, Prepared), true)], past_slack, None),
+        ];
+        for (name, generations, now, want) in rows {
+            let got = overdue_handover(generations.iter().map(|(g, k)| (g, *k)), WINDOW, now);
+            assert_eq!(got, want, "{name}");
+        }
     }
 
     #[test]

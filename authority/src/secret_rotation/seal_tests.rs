@@ -520,3 +520,223 @@ fn at_start_a_forged_or_older_copy_never_wins_over_the_genuine_configmap() {
     );
     assert!(from_copy.state.needs_writing());
 }
+
+/// The fingerprints of the generations a sealed history lists.
+fn listed(sealed: &Sealed) -> Vec<String> {
+    let history: History = serde_json::from_str(&sealed.history_json).expect("json");
+    history
+        .generations
+        .iter()
+        .map(|r| r.fingerprint.clone())
+        .collect()
+}
+
+/// The scene carried on by its leader: B active when its window ended, A retired then and
+/// dropped once its last leaf expired. The history sealed just after the handover (A retired,
+/// B active), the one sealed after the drop, and when A was dropped.
+fn carried_on(s: &Scene) -> (Sealed, Sealed, OffsetDateTime) {
+    let handover = s.changed + WINDOW;
+    s.sim.set(handover);
+    let opened = seal::open(
+        &s.genuine.history_json,
+        Some(&s.genuine.seal_json),
+        SECRET,
+        s.b.parse(&s.sim).ca(),
+        None,
+        WINDOW,
+        handover,
+    );
+    let mut leader =
+        SecretRotation::from_opened(settings(), opened.expect("genuine"), s.b.parse(&s.sim));
+    leader.step(handover);
+    let retired = leader.seal(handover).expect("sealed");
+    leader.written();
+    let dropped_at = handover + settings().max_leaf_lifetime;
+    s.sim.set(dropped_at);
+    let stepped = leader.step(dropped_at);
+    assert_eq!(stepped.steps, [podca_signer::rotation::Step::Drop(1)]);
+    let after_drop = leader.seal(dropped_at).expect("sealed");
+    (retired, after_drop, dropped_at)
+}
+
+#[test]
+fn after_the_drop_the_sealed_history_no_longer_lists_the_dropped_generation() {
+    let s = scene();
+    let (retired, after_drop, _) = carried_on(&s);
+    assert_eq!(listed(&retired), [s.a.fingerprint(), s.b.fingerprint()]);
+    assert_eq!(
+        listed(&after_drop),
+        [s.b.fingerprint()],
+        "the seal vouches for a generation that was dropped"
+    );
+    assert!(!after_drop.history_json.contains(&s.a.tls_crt));
+}
+
+/// The attack: a ConfigMap writer (or, for the copy, a holder of `attest`) puts back a genuine
+/// history sealed before A's drop, one that still lists A as the active CA, and waits for a
+/// restart. The Secret's key sealed it (B was the Secret then as now), so it verifies.
+#[test]
+fn a_replayed_seal_from_before_the_drop_never_publishes_the_dropped_root_again() {
+    use super::start::Source;
+    let s = scene();
+    let (retired, after_drop, dropped_at) = carried_on(&s);
+    let restarted = dropped_at + Duration::hours(1);
+    // What the genuine history gives: B alone, signing.
+    let genuine = (s.b.fingerprint(), vec![s.b.anchor()], None);
+    assert_eq!(start(&s, &after_drop, restarted), (None, genuine.clone()));
+    #[rustfmt::skip]
+    let rows: [(&str, &Sealed); 2] = [
+        ("A active, B prepared (sealed in B's window)", &s.genuine),
+        ("A retired, B active (sealed at the handover)", &retired),
+    ];
+    for (name, old) in rows {
+        let (rejection, got) = start(&s, old, restarted);
+        assert_eq!(rejection, None, "{name}: a genuine seal verifies");
+        assert_eq!(got, genuine, "{name}: the dropped root is published again");
+        // Put back as podca's copy too (no newer witness anywhere): the same.
+        assert_eq!(
+            choose_at(&s, text(old), std::slice::from_ref(old), restarted),
+            (Source::ConfigMap, None, genuine.clone()),
+            "{name}: replayed as ConfigMap and copy"
+        );
+        // Beside the newer copy, the replay is refused as such.
+        assert_eq!(
+            choose_at(&s, text(old), std::slice::from_ref(&after_drop), restarted),
+            (Source::Copy, Some("replayed"), genuine.clone()),
+            "{name}: replayed beside the newer copy"
+        );
+    }
+    // Restarted from the old history, the next seal does not list A either: the replay is not
+    // carried forward.
+    s.sim.set(restarted);
+    let opened = seal::open(
+        &s.genuine.history_json,
+        Some(&s.genuine.seal_json),
+        SECRET,
+        s.b.parse(&s.sim).ca(),
+        None,
+        WINDOW,
+        restarted,
+    );
+    let mut state =
+        SecretRotation::from_opened(settings(), opened.expect("genuine"), s.b.parse(&s.sim));
+    state.step(restarted);
+    assert_eq!(
+        listed(&state.seal(restarted).expect("sealed")),
+        [s.b.fingerprint()]
+    );
+}
+
+/// A restart soon after the handover was due (its slack not yet over): A may have signed until
+/// a moment ago in another replica, so it is retired now and its anchor kept a leaf lifetime.
+#[test]
+fn a_restart_just_after_the_window_keeps_the_replaced_root() {
+    let s = scene();
+    let restarted = s.changed + WINDOW + Duration::minutes(9);
+    let (rejection, got) = start(&s, &s.genuine, restarted);
+    assert_eq!(rejection, None);
+    assert_eq!(
+        got,
+        (s.b.fingerprint(), vec![s.a.anchor(), s.b.anchor()], None)
+    );
+    // Past the slack, but within a leaf lifetime of the handover: still kept.
+    let later = s.changed + WINDOW + Duration::hours(23);
+    let (_, got) = start(&s, &s.genuine, later);
+    assert_eq!(
+        got,
+        (s.b.fingerprint(), vec![s.a.anchor(), s.b.anchor()], None)
+    );
+}
+
+#[test]
+fn the_sealed_history_stays_bounded_through_many_rotations() {
+    let sim = Sim::at(T0);
+    let max_leaf = Duration::minutes(30);
+    let settings = Settings {
+        max_leaf_lifetime: max_leaf,
+        ..settings()
+    };
+    let mut leader = SecretRotation::new(settings, vec![], Ca::root("ca-0").parse(&sim));
+    let mut now = T0;
+    leader.step(now);
+    let mut largest = 0;
+    // About 1.5 KiB a generation: kept, 150 would be more than the 192 KiB podca's copy on a
+    // ClusterTrustBundle may hold, and the copy would no longer be kept.
+    for rotation in 1..=150 {
+        now += Duration::minutes(1);
+        sim.set(now);
+        let contents = Ca::root(&format!("ca-{rotation}")).parse(&sim);
+        leader.observe(Some(&rotation.to_string()), || Ok(contents));
+        leader.step(now);
+        now += WINDOW;
+        sim.set(now);
+        leader.step(now);
+        let during = leader.seal(now).expect("sealed");
+        now += max_leaf;
+        sim.set(now);
+        leader.step(now);
+        let after = leader.seal(now).expect("sealed");
+        leader.written();
+        assert_eq!(listed(&during).len(), 2, "rotation {rotation}: old and new");
+        assert_eq!(listed(&after).len(), 1, "rotation {rotation}: the new one");
+        largest = largest.max(during.history_json.len() + during.seal_json.len());
+    }
+    assert!(largest < 8 * 1024, "{largest} bytes");
+    let opened = leader.open(
+        &leader.seal(now).expect("sealed").history_json,
+        Some(&leader.seal(now).expect("sealed").seal_json),
+        now,
+    );
+    assert_eq!(
+        opened.map(|o| o.recorded[0].record.generation.id),
+        Ok(151),
+        "ids keep counting up"
+    );
+}
+
+/// Backward compatibility: a history sealed by the previous version, which kept dropped
+/// generations, verifies and starts as before; the dropped one is left out from then on.
+#[test]
+fn a_history_of_the_previous_version_with_dropped_generations_still_starts() {
+    let s = scene();
+    let restarted = s.changed + Duration::minutes(5);
+    let (_, genuine) = start(&s, &s.genuine, restarted);
+    let x = Ca::root("x");
+    let mut old: History = serde_json::from_str(&s.genuine.history_json).expect("json");
+    let mut dropped = record_of(&x, 9, &s.sim);
+    dropped.generation.phase = Phase::Dropped;
+    old.generations.insert(0, dropped);
+    // The seal format is unchanged: this is what the previous version wrote.
+    let stored = seal::seal(&old, 5, None, &s.b.parse(&s.sim)).expect("sealed");
+    assert_eq!(listed(&stored).len(), 3);
+    let (rejection, got) = start(&s, &stored, restarted);
+    assert_eq!((rejection, got), (None, genuine));
+    s.sim.set(restarted);
+    let opened = seal::open(
+        &stored.history_json,
+        Some(&stored.seal_json),
+        SECRET,
+        s.b.parse(&s.sim).ca(),
+        None,
+        WINDOW,
+        restarted,
+    );
+    let mut state =
+        SecretRotation::from_opened(settings(), opened.expect("verifies"), s.b.parse(&s.sim));
+    state.step(restarted);
+    let next = state.seal(restarted).expect("sealed");
+    assert_eq!(listed(&next), [s.a.fingerprint(), s.b.fingerprint()]);
+    // Its sequence continues the old one's (a replay of the old one stays refused).
+    let mut standby = SecretRotation::new(settings(), vec![], s.b.parse(&s.sim));
+    standby.adopt_opened(
+        standby
+            .open(&next.history_json, Some(&next.seal_json), restarted)
+            .expect("verifies"),
+    );
+    assert_eq!(
+        standby
+            .open(&stored.history_json, Some(&stored.seal_json), restarted)
+            .map(|_| ()),
+        Err(Rejection::Replayed { found: 5, seen: 6 })
+    );
+}

@@ -106,6 +106,11 @@ impl Entry {
             Phase::Prepared | Phase::Active
         )
     }
+
+    /// Its anchor left the bundle for good: it is not kept, nor sealed.
+    fn is_dropped(&self) -> bool {
+        self.record.generation.phase == Phase::Dropped
+    }
 }
 
 /// The Secret CA's generations and keys.
@@ -152,10 +157,15 @@ impl fmt::Debug for SecretRotation {
 impl SecretRotation {
     /// The state at start: the generations recorded in the history (none without one) and the
     /// CA the Secret holds now. Nothing is installed before the first [`SecretRotation::step`].
+    /// Dropped generations, which histories of earlier versions kept, are left out.
     pub fn new(settings: Settings, recorded: Vec<Checked>, contents: SecretCaContents) -> Self {
         SecretRotation {
             settings,
-            entries: recorded.into_iter().map(Entry::recorded).collect(),
+            entries: recorded
+                .into_iter()
+                .map(Entry::recorded)
+                .filter(|e| !e.is_dropped())
+                .collect(),
             latest: Arc::new(contents),
             rejected_version: None,
             installed: None,
@@ -254,6 +264,7 @@ impl SecretRotation {
                 }
                 e
             })
+            .filter(|e| !e.is_dropped())
             .collect();
     }
 
@@ -304,11 +315,19 @@ impl SecretRotation {
         Stepped { steps, install }
     }
 
-    /// The generations as recorded (public data only), to persist.
+    /// The generations as recorded (public data only), to persist: the live ones (prepared,
+    /// active, retired), never a dropped one, so the sealed history stays as small as the
+    /// rotations a leaf lifetime spans, and vouches for no generation that may not sign or be
+    /// published again.
     pub fn history(&self) -> History {
         History {
             secret: self.settings.secret.clone(),
-            generations: self.entries.iter().map(|e| e.record.clone()).collect(),
+            generations: self
+                .entries
+                .iter()
+                .filter(|e| !e.is_dropped())
+                .map(|e| e.record.clone())
+                .collect(),
         }
     }
 
@@ -477,6 +496,7 @@ impl SecretRotation {
     }
 
     fn plan_to_fixed_point(&mut self, now: OffsetDateTime, steps: &mut Vec<Step>) {
+        self.take_overdue_handover(now, steps);
         let advanced = rotation::advance(
             &self.generations(),
             &self.settings.schedule,
@@ -491,6 +511,41 @@ impl SecretRotation {
         for step in advanced.steps {
             self.took(step, steps);
         }
+        // Logged and counted above; a dropped generation is not kept (see `history`).
+        self.entries.retain(|e| !e.is_dropped());
+    }
+
+    /// Takes a handover the history shows was due long ago with the times it was due at
+    /// ([`rules::overdue_handover`]), so that the planner drops the replaced CA's anchor when it
+    /// was due instead of publishing it again for a leaf lifetime.
+    fn take_overdue_handover(&mut self, now: OffsetDateTime, steps: &mut Vec<Step>) {
+        let Some(handover) = rules::overdue_handover(
+            self.entries
+                .iter()
+                .map(|e| (&e.record.generation, e.keyed.is_some())),
+            self.settings.schedule.propagation(),
+            now,
+        ) else {
+            return;
+        };
+        let max_leaf = self.settings.max_leaf_lifetime;
+        for e in &mut self.entries {
+            let g = &mut e.record.generation;
+            if g.id == handover.activate {
+                g.activate(handover.due);
+            } else if g.id == handover.retire {
+                g.retire(max_leaf, handover.retired_at);
+            }
+        }
+        info!(
+            secret = %self.settings.secret,
+            activated = handover.activate,
+            retired = handover.retire,
+            due = %handover.due,
+            "a handover the CA history shows was due is taken with the times it was due at"
+        );
+        self.took(Step::Activate(handover.activate), steps);
+        self.took(Step::Retire(handover.retire), steps);
     }
 
     /// Logs and records a step whose bookkeeping is done; a retired CA's key is let go.
