@@ -62,8 +62,9 @@ struct Args {
     pod_facts: bool,
     /// Service times and concurrency per class of request: `off`, `real-apiserver` (calibrated
     /// to a kube-apiserver 1.36.3 with etcd on 2 cores), or a spec such as
-    /// `update=3.75ms+2.22ms/3,create=2.56ms+1.9ms/3,list=39ms/3,watch=5ms`
-    /// (`<class>=<base>[+<exponential tail mean>][/<servers>]`; see the emulator's `latency` module).
+    /// `servers=3,update=3.75ms+2.22ms,create=2.56ms+1.9ms,list=39ms,watch=5ms`
+    /// (`<class>=<base>[+<exponential tail mean>][/<servers of its own>]`, `servers=<shared>`;
+    /// see the emulator's `latency` module).
     #[arg(
         long,
         value_name = "SPEC",
