@@ -545,7 +545,9 @@ async fn a_replaced_secret_ca_rotates_with_overlap_without_restart() {
     // … and goes after it.
     w.set_time(drop_at + Duration::SECOND);
     w.wait_published(&[&b]).await;
-    wait_history(&w.emu, |h| phases(h) == [Phase::Dropped, Phase::Active]).await;
+    // The dropped generation is no longer recorded, nor vouched for by the seal.
+    let h = wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    assert_eq!(h.generations[0].chain_pem, b.cert_pem);
     for (step, want) in [("prepare", 2), ("activate", 2), ("retire", 1), ("drop", 1)] {
         assert_eq!(run.steps(step), want, "{step} steps");
     }
@@ -705,6 +707,71 @@ async fn a_restart_during_the_overlap_keeps_the_old_anchor_until_the_same_time()
     assert_eq!(w.published().await.len(), 2, "the old anchor left early");
     w.set_time(drop_at + Duration::SECOND);
     w.wait_published(&[&b]).await;
+    run.stop().await;
+}
+
+/// The attack on the seal's past: the genuine history sealed in B's window (A active, B
+/// prepared) is put back into the ConfigMap after A was dropped, and podca restarts with no
+/// newer witness (no copy on a ClusterTrustBundle). It verifies, but A's root stays out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_replayed_after_a_drop_does_not_bring_the_dropped_root_back() {
+    let w = World::new().await;
+    let a = root_ca("podca secret CA A");
+    let b = root_ca("podca secret CA B");
+    w.put_secret(&a, false);
+    let run = w.start().await;
+    w.wait_published(&[&a]).await;
+    let changed = T0 + Duration::minutes(1);
+    w.set_time(changed);
+    w.put_secret(&b, false);
+    w.wait_published(&[&a, &b]).await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    let cm = w
+        .emu
+        .get_object(Res::ConfigMap, CA_NS, HISTORY)
+        .expect("the history ConfigMap exists");
+    let old_json = cm["data"]["history.json"]
+        .as_str()
+        .expect("json")
+        .to_owned();
+    let old_seal = cm["data"]["history.seal"]
+        .as_str()
+        .expect("seal")
+        .to_owned();
+
+    let activated = changed + Duration::seconds(WINDOW + 1);
+    w.set_time(activated);
+    run.wait_signer(&b).await;
+    let h = wait_history(&w.emu, |h| phases(h) == [Phase::Retired, Phase::Active]).await;
+    let drop_at = h.generations[0].generation.anchor_needed_until();
+    w.set_time(drop_at + Duration::SECOND);
+    w.wait_published(&[&b]).await;
+    wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    run.stop().await;
+
+    forge_history(&w.emu, &old_json, Some(&old_seal));
+    let restarted = drop_at + Duration::hours(1);
+    w.set_time(restarted);
+    let run = w.start().await;
+    assert_eq!(
+        run.handle
+            .current()
+            .anchors
+            .iter()
+            .map(|c| c.der().to_vec())
+            .collect::<BTreeSet<_>>(),
+        ders(&b.root_pem),
+        "the dropped root is published again"
+    );
+    run.checks(2).await;
+    assert_eq!(w.published().await, ders(&b.root_pem));
+    let h = wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
+    assert_eq!(h.generations[0].chain_pem, b.cert_pem, "{h:?}");
+    assert_eq!(
+        rejected_total(&run.metrics),
+        0,
+        "a genuine seal: nothing rejected"
+    );
     run.stop().await;
 }
 
