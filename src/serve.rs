@@ -112,8 +112,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let jwt_keys =
         kube_component::primary_jwt(&mut rt, &client, &config, &ca_plans, leader_elect).await?;
     let default_redb = ca_plans.primary_dir().map(|dir| dir.ledger_path());
-    let ca = kube_component::start_cas(&mut rt, &client, &config, ca_plans).await?;
     let ledger = ledger::start(&mut rt, &config.ledger, default_redb.as_deref()).await?;
+    let ca = kube_component::start_cas(&mut rt, &client, &config, ca_plans).await?;
     // Only when a rule reads `namespaceObject.metadata.labels`: otherwise podca needs no
     // namespace access.
     let namespace_labels = config

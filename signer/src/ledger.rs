@@ -71,6 +71,9 @@ pub enum Source {
     /// node) or the Workload API's `FetchJWTSVID`. Its record carries [`JwtFacts`], never the
     /// token.
     Jwt,
+    /// A CA certificate podca signed itself and keeps only in memory: the short-lived
+    /// intermediate of `pkcs11_mode = "intermediate"` (its HSM-held CA signs it).
+    Intermediate,
     /// podca's own gRPC/OIDC serving certificate (`[grpc] tls = "self-issued"`), issued from
     /// the gRPC signer's CA at start and at each renewal.
     Serving,
@@ -90,6 +93,7 @@ impl Source {
             Source::DevBundle => "dev",
             Source::Cli => "cli",
             Source::Jwt => "jwt",
+            Source::Intermediate => "intermediate",
             Source::Serving => "serving",
             Source::Unknown => "unknown",
         }
@@ -309,6 +313,35 @@ impl LedgerRecord {
         record.not_before = Some(cert.validity.not_before);
         record.not_after = Some(cert.validity.not_after);
         record.issuer_fingerprint = Some(cert.issuer_fingerprint.clone());
+        record
+    }
+
+    /// The record of a CA certificate podca signed (`source` `intermediate`): its serial, DER
+    /// digest, key digest and validity; `identity` is its subject, `issuer_fingerprint` the
+    /// signing CA's.
+    pub fn ca_certificate(
+        context: &RecordContext,
+        cert: &crate::CaCertificate,
+        issuer_fingerprint: &str,
+    ) -> Self {
+        let mut record = Self::base(context, RecordOutcome::Issued, crate::reason::ISSUED);
+        let serial = x509_parser::parse_x509_certificate(cert.der())
+            .map(|(_, c)| {
+                let raw = c.raw_serial();
+                crate::x509::hex_lower(match raw {
+                    [0, rest @ ..] if !rest.is_empty() => rest,
+                    _ => raw,
+                })
+            })
+            .unwrap_or_default();
+        record.id = format!("{}:{serial}", context.source);
+        record.identity = cert.subject().to_owned();
+        record.serial = Some(serial);
+        record.cert_sha256 = Some(cert.fingerprint());
+        record.spki_sha256 = Some(crate::x509::sha256_hex(cert.spki_der()));
+        record.not_before = Some(cert.not_before());
+        record.not_after = Some(cert.not_after());
+        record.issuer_fingerprint = Some(issuer_fingerprint.to_owned());
         record
     }
 

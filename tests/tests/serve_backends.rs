@@ -211,6 +211,32 @@ async fn serve_signs_with_a_ca_key_in_softhsm2_in_both_modes() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         drop(serve);
+        if mode == "intermediate" {
+            // The in-memory intermediate is a certificate podca signed: a ledger record
+            // (issue #40), the one in the chain.
+            let intermediate = pem::parse_many(&chain).expect("PEM")[1].contents().to_vec();
+            let (_, parsed) = x509_parser::parse_x509_certificate(&intermediate).expect("DER");
+            let serial = podca_signer::x509::hex_lower(parsed.raw_serial());
+            let out = podca(&["ledger", "list", "--json", "--dir", ca], &env);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let records: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("JSON"))
+                .collect();
+            let record = records
+                .iter()
+                .find(|r| r["source"] == "intermediate")
+                .unwrap_or_else(|| panic!("no intermediate record in {records:?}"));
+            assert_eq!(
+                record["serial"].as_str().map(|s| s.trim_start_matches('0')),
+                Some(serial.trim_start_matches('0')),
+                "{record}"
+            );
+        }
     }
 
     // A wrong PIN is a start-up error that names the problem and not the PIN.

@@ -428,6 +428,7 @@ impl DirectoryCa {
             rotator,
             hsm,
         } = self;
+        let in_memory_intermediate = rotator.refresh_when.is_some();
         let rotator = Arc::new(Rotator::new(
             rotator,
             handle.clone(),
@@ -438,6 +439,13 @@ impl DirectoryCa {
         rt.spawn(Stage::Support, "CA rotation driver", |stop| {
             driver.run(stop)
         });
+        if in_memory_intermediate {
+            // Each in-memory intermediate is a certificate podca signed: a ledger record.
+            let (handle, ledger) = (handle.clone(), rt.ledger());
+            rt.spawn(Stage::Support, "intermediate records", |stop| {
+                record_intermediates(handle, ledger, stop)
+            });
+        }
         if let Some(slot) = hsm {
             let metrics = rt.metrics().register_component("hsm", HsmMetrics::register);
             rt.spawn(Stage::Support, "HSM metrics", |stop| {
@@ -445,6 +453,63 @@ impl DirectoryCa {
             });
         }
         RunningCa { handle, rotator }
+    }
+}
+
+/// Records every in-memory intermediate `handle` serves (source `intermediate`) until `stop`:
+/// the one in force at start, then each re-issue. A record the ledger cannot take is retried
+/// with the next change or after a minute.
+async fn record_intermediates(
+    handle: CaHandle,
+    ledger: crate::ledger::LedgerHandle,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut snapshots = handle.subscribe();
+    let mut recorded: Option<String> = None;
+    loop {
+        let snapshot = Arc::clone(&snapshots.borrow_and_update());
+        let ca = &snapshot.ca;
+        let fingerprint = ca.fingerprint().to_owned();
+        let signer = ca.chain().get(1).or_else(|| ca.roots().first());
+        if recorded.as_deref() != Some(fingerprint.as_str())
+            && let Some(signer) = signer
+        {
+            let context = podca_signer::ledger::RecordContext {
+                source: podca_signer::ledger::Source::Intermediate,
+                signer: String::new(),
+                identity: String::new(),
+                requester: Some("podca".into()),
+                namespace: String::new(),
+                service_account: String::new(),
+                pod_name: None,
+                pod_uid: None,
+                node_name: None,
+                request_uid: None,
+                request_name: None,
+                ca_generation: Some(snapshot.generation),
+                issuer_fingerprint: None,
+                auth: None,
+                replica: podca_signer::ledger::replica_identity(),
+                time: OffsetDateTime::now_utc(),
+            };
+            let record = podca_signer::ledger::LedgerRecord::ca_certificate(
+                &context,
+                ca.certificate(),
+                &signer.fingerprint(),
+            );
+            match ledger.record(record).await {
+                Ok(()) => recorded = Some(fingerprint.clone()),
+                Err(e) => {
+                    tracing::error!(error = %e, "the ledger cannot record the in-memory intermediate; retrying")
+                }
+            }
+        }
+        let retry = recorded.as_deref() != Some(fingerprint.as_str());
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            changed = snapshots.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(std::time::Duration::from_secs(60)), if retry => {}
+        }
     }
 }
 
