@@ -10,10 +10,9 @@ use super::{BackendError, CaAlgorithm, CaKey, KeyPair, key_pair_from_pem};
 
 /// A CA key held in process memory.
 ///
-/// The key itself is aws-lc's (which cleanses it when freed); rcgen keeps a PKCS#8 copy of a
-/// classical key that is not wiped on drop: its `zeroize` feature would do it, at the cost of
-/// rebuilding everything that depends on rcgen. What podca makes of the key (PEM text, DER) is
-/// wiped when dropped.
+/// The key itself is aws-lc's (which cleanses it when freed); rcgen's PKCS#8 copy of a
+/// classical key is wiped when the key is dropped (`KeyPair`'s `Drop`, rcgen's `zeroize`
+/// feature). What podca makes of the key (PEM text, DER) is wiped when dropped too.
 pub struct MemoryKey {
     pair: KeyPair,
     algorithm: CaAlgorithm,
@@ -140,5 +139,16 @@ mod tests {
             let again = MemoryKey::from_pem(&pem).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(again.public_key_raw(), key.public_key_raw(), "{algorithm}");
         }
+    }
+
+    /// rcgen's PKCS#8 copy of a classical key is what `KeyPair`'s `Drop` wipes: zeroizing
+    /// leaves none of it (rcgen's `zeroize` feature is on).
+    #[test]
+    fn rcgens_copy_of_the_key_is_wiped() {
+        let mut pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!pair.serialize_der().is_empty());
+        zeroize::Zeroize::zeroize(&mut pair);
+        assert!(pair.serialize_der().is_empty(), "nothing of the key is left");
     }
 }

@@ -241,6 +241,16 @@ pub(crate) enum KeyPair {
     MlDsa(aws_lc_rs::signature::PqdsaKeyPair, CaAlgorithm),
 }
 
+impl Drop for KeyPair {
+    /// rcgen keeps a PKCS#8 DER copy of a classical key: wiped here (its `zeroize` feature).
+    /// aws-lc cleanses its own copies (and ML-DSA's) when it frees them.
+    fn drop(&mut self) {
+        if let KeyPair::Rcgen(pair) = self {
+            zeroize::Zeroize::zeroize(pair);
+        }
+    }
+}
+
 /// Builds a key pair from PEM (PKCS#8, SEC1 `EC PRIVATE KEY` or PKCS#1 `RSA PRIVATE KEY`), as
 /// written by podca, openssl or cfssl; ML-DSA keys as RFC 9881 PKCS#8 (seed, expanded key or
 /// both, as OpenSSL 3.5 writes them).
