@@ -25,6 +25,11 @@
 //! but it can only hold podca's own past values: the planner then takes again the steps taken
 //! since (with the recorded times, so activation and dropping happen when they were due), or
 //! records the Secret's CA as new — never earlier signing nor an anchor podca did not publish.
+//! A handover such a history shows was due long ago is taken with the times it was due at, so a
+//! dropped root is not published again (`rules::overdue_handover`). What is sealed lists
+//! only live generations (prepared, active, retired): a dropped one leaves the history, which
+//! stays as small as the rotations one leaf lifetime spans; one in a history of an earlier
+//! version verifies as before and is left out from then on.
 
 use podca_signer::rotation::Phase;
 use podca_signer::{BackendError, CaAlgorithm, CaCertificate, IssuingCa};
