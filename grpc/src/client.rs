@@ -2,8 +2,14 @@
 //! `http://` or `unix:///path`), TLS that trusts only the anchors given and verifies one name,
 //! the caller's credentials, and one-line answers for refusals and TLS failures. Messages name
 //! the `podca issue` flags a user would change.
+//!
+//! The name is a DNS name or IP address (webpki's own check), or podca's SPIFFE ID: with
+//! `--server-name spiffe://…` the client pins it, and the server's leaf must carry exactly that
+//! URI SAN ([`PinnedSpiffeId`]). A DNS name says only that some holder of the name answered;
+//! the SPIFFE ID says it is podca's service account, whatever DNS or a port-forward says.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use podca_proto::podca::v1::pod_ca_client::PodCaClient;
@@ -68,6 +74,9 @@ struct ClientTls {
     config: ClientTlsConfig,
     /// The name its certificate must carry.
     name: String,
+    /// When `name` is a SPIFFE ID: the verifier that pins it (tonic's default verifier checks
+    /// DNS names and IP addresses only).
+    pinned: Option<Arc<PinnedSpiffeId>>,
 }
 
 impl Server {
@@ -124,7 +133,13 @@ impl Server {
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60));
         if let Some(tls) = &self.tls {
-            endpoint = endpoint.tls_config(tls.config.clone()).map_err(|e| {
+            endpoint = match &tls.pinned {
+                None => endpoint.tls_config(tls.config.clone()),
+                Some(pinned) => {
+                    endpoint.tls_config_with_verifier(tls.config.clone(), Arc::clone(pinned) as _)
+                }
+            }
+            .map_err(|e| {
                 fail(format!(
                     "--server: the TLS settings: {}",
                     podca_signer::report::error_chain(&e)
@@ -193,20 +208,20 @@ fn client_tls(
     })?;
     let roots = std::fs::read(ca_file)
         .map_err(|e| fail(format!("cannot read --ca-file {}: {e}", ca_file.display())))?;
-    {
+    let anchors = {
         use rustls::pki_types::CertificateDer;
         use rustls::pki_types::pem::PemObject;
-        let count = CertificateDer::pem_slice_iter(&roots)
+        let anchors = CertificateDer::pem_slice_iter(&roots)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| fail(format!("--ca-file {}: {e}", ca_file.display())))?
-            .len();
-        if count == 0 {
+            .map_err(|e| fail(format!("--ca-file {}: {e}", ca_file.display())))?;
+        if anchors.is_empty() {
             return Err(fail(format!(
                 "--ca-file {}: no PEM CERTIFICATE block",
                 ca_file.display()
             )));
         }
-    }
+        anchors
+    };
     let uri: Uri = server
         .parse()
         .map_err(|e| fail(format!("--server {server:?} is not a URL: {e}")))?;
@@ -217,10 +232,173 @@ fn client_tls(
             .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
             .ok_or_else(|| fail(format!("--server {server:?} names no host")))?,
     };
+    if name.starts_with("spiffe://") {
+        let pinned = PinnedSpiffeId::new(&name, anchors)?;
+        // The anchors are the verifier's; the URL's host is only the SNI.
+        return Ok(Some(ClientTls {
+            config: ClientTlsConfig::new(),
+            name,
+            pinned: Some(Arc::new(pinned)),
+        }));
+    }
     let config = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(roots))
         .domain_name(name.clone());
-    Ok(Some(ClientTls { config, name }))
+    Ok(Some(ClientTls {
+        config,
+        name,
+        pinned: None,
+    }))
+}
+
+/// A server certificate verifier that pins a SPIFFE ID: webpki verifies the chain to the
+/// anchors (signatures, validity, serverAuth) as for a DNS name, then the leaf must carry
+/// exactly one URI SAN, the pinned ID. The DNS names and IP addresses it carries are not
+/// looked at.
+///
+/// The chain check is rustls' `verify_server_cert_signed_by_trust_anchor`, the one
+/// `WebPkiServerVerifier` runs before its name check, called directly: no error of a fuller
+/// verifier is excused here, so a reordering in rustls cannot turn a name failure we would
+/// excuse into a skipped chain check.
+#[derive(Debug)]
+pub struct PinnedSpiffeId {
+    pinned: String,
+    roots: Arc<rustls::RootCertStore>,
+    /// podca's crypto provider's ([`crate::tls::provider`]).
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl PinnedSpiffeId {
+    /// Pins `spiffe_id` for chains to `anchors` (DER).
+    pub fn new(
+        spiffe_id: &str,
+        anchors: Vec<rustls::pki_types::CertificateDer<'static>>,
+    ) -> Result<Self, ClientError> {
+        if podca_signer::names::trust_domain_of(spiffe_id).is_none() {
+            return Err(fail(format!(
+                "--server-name {spiffe_id}: not a SPIFFE ID (spiffe://<trust domain>/<path>, \
+                 e.g. spiffe://cluster.local/ns/podca-system/sa/podca)"
+            )));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        let (_, unusable) = roots.add_parsable_certificates(anchors);
+        if roots.is_empty() {
+            return Err(fail(format!(
+                "--ca-file: none of its {unusable} certificates is a usable trust anchor"
+            )));
+        }
+        Ok(PinnedSpiffeId {
+            pinned: spiffe_id.to_owned(),
+            roots: Arc::new(roots),
+            algorithms: crate::tls::provider().signature_verification_algorithms,
+        })
+    }
+}
+
+impl rustls::client::danger::ServerCertVerifier for PinnedSpiffeId {
+    fn verify_server_cert(
+        &self,
+        end_entity: &rustls::pki_types::CertificateDer<'_>,
+        intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use rustls::{CertificateError, OtherError};
+        let leaf = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &leaf,
+            &self.roots,
+            intermediates,
+            now,
+            self.algorithms.all,
+        )?;
+        let uris = uri_sans(end_entity).ok_or(CertificateError::BadEncoding)?;
+        check_pin(&self.pinned, &uris)
+            .map_err(|refusal| CertificateError::Other(OtherError(Arc::new(refusal) as Arc<_>)))?;
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// Why a server's certificate, chained to the anchors, is not the pinned SPIFFE ID's. Its
+/// names are the server's, escaped: a terminal shows them, not runs them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PinRefusal {
+    #[error("the server's certificate is for {presented}, not the pinned {pinned}")]
+    Other { presented: String, pinned: String },
+    #[error("the server's certificate carries no URI SAN, not the pinned {pinned}")]
+    NoUri { pinned: String },
+    #[error(
+        "the server's certificate carries {} URI SANs ({}), not one: the pinned {pinned}",
+        presented.len(),
+        presented.join(", ")
+    )]
+    SeveralUris {
+        presented: Vec<String>,
+        pinned: String,
+    },
+}
+
+/// The leaf must carry exactly one URI SAN, and it must be `pinned`, byte for byte.
+fn check_pin(pinned: &str, uris: &[&str]) -> Result<(), PinRefusal> {
+    let shown = |uri: &&str| uri.escape_debug().to_string();
+    match uris {
+        [uri] if *uri == pinned => Ok(()),
+        [uri] => Err(PinRefusal::Other {
+            presented: shown(uri),
+            pinned: pinned.to_owned(),
+        }),
+        [] => Err(PinRefusal::NoUri {
+            pinned: pinned.to_owned(),
+        }),
+        several => Err(PinRefusal::SeveralUris {
+            presented: several.iter().map(shown).collect(),
+            pinned: pinned.to_owned(),
+        }),
+    }
+}
+
+/// The URI SANs of a DER certificate (none without a SAN extension); `None` when it does not
+/// parse.
+fn uri_sans(der: &[u8]) -> Option<Vec<&str>> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let Some(sans) = cert.subject_alternative_name().ok()? else {
+        return Some(vec![]);
+    };
+    Some(
+        sans.value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::URI(uri) => Some(*uri),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 /// A connection failure, saying in one line what was wrong with TLS when it was TLS.
@@ -250,6 +428,12 @@ pub fn tls_failure(error: &(dyn std::error::Error + 'static), name: &str) -> Str
                 Error::InvalidCertificate(CertificateError::Expired)
                 | Error::InvalidCertificate(CertificateError::ExpiredContext { .. }) => {
                     "TLS: the server's certificate has expired".to_string()
+                }
+                Error::InvalidCertificate(CertificateError::Other(other)) => {
+                    match other.0.downcast_ref::<PinRefusal>() {
+                        Some(refusal) => format!("TLS: {refusal}"),
+                        None => format!("TLS: {tls}"),
+                    }
                 }
                 other => format!("TLS: {other}"),
             };
@@ -337,6 +521,7 @@ pub fn refusal(status: &tonic::Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::{CertificateDer, UnixTime};
 
     #[test]
     fn refusals_are_one_line_with_the_code_name() {
@@ -432,6 +617,272 @@ mod tests {
         );
         let direct = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
         assert!(tls_failure(&direct, "wrong.name").contains("not valid for \"wrong.name\""));
+    }
+
+    const PODCA_ID: &str = "spiffe://cluster.local/ns/podca-system/sa/podca";
+
+    /// A podca CA (`podca_signer`), as `podca ca init` makes one.
+    fn podca_ca(name: &str) -> podca_signer::IssuingCa {
+        let key = podca_signer::MemoryKey::generate(podca_signer::CaAlgorithm::EcdsaP256).unwrap();
+        podca_signer::IssuingCa::self_signed_root(
+            Arc::new(key),
+            name,
+            time::OffsetDateTime::now_utc() - time::Duration::hours(1),
+            time::Duration::days(30),
+        )
+        .unwrap()
+    }
+
+    fn anchors_of(ca: &podca_signer::IssuingCa) -> Vec<CertificateDer<'static>> {
+        ca.roots()
+            .iter()
+            .map(|root| CertificateDer::from(root.der().to_vec()))
+            .collect()
+    }
+
+    /// A leaf `ca` issues for `spiffe_id` with podca's serving DNS names, valid from
+    /// `not_before` for an hour.
+    fn podca_leaf(
+        ca: &podca_signer::IssuingCa,
+        spiffe_id: &str,
+        not_before: time::OffsetDateTime,
+    ) -> CertificateDer<'static> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let subject = podca_signer::SubjectKey::from_spki_der(
+            &rcgen::PublicKeyData::subject_public_key_info(&key),
+        )
+        .unwrap();
+        let validity = podca_signer::Validity {
+            not_before,
+            not_after: not_before + time::Duration::hours(1),
+            begin_refresh_at: not_before + time::Duration::minutes(30),
+        };
+        let issued = ca
+            .issue(
+                &subject,
+                spiffe_id,
+                &["podca.podca-system.svc".to_owned()],
+                &validity,
+            )
+            .unwrap();
+        CertificateDer::from(issued.leaf_der)
+    }
+
+    /// What `PinnedSpiffeId` says of `leaf` (no intermediates: the CAs here are roots), as
+    /// rustls would ask it for a connection to 127.0.0.1.
+    fn verify(verifier: &PinnedSpiffeId, leaf: &CertificateDer<'_>) -> Result<(), rustls::Error> {
+        use rustls::client::danger::ServerCertVerifier;
+        let server_name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        verifier
+            .verify_server_cert(leaf, &[], &server_name, &[], UnixTime::now())
+            .map(|_| ())
+    }
+
+    /// The pin refusal inside a verifier error, and the line the CLI prints for it.
+    fn pin_refusal(error: &rustls::Error) -> (PinRefusal, String) {
+        let rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other)) = error
+        else {
+            panic!("not a pin refusal: {error:?}");
+        };
+        let refusal = other.0.downcast_ref::<PinRefusal>().unwrap().clone();
+        (refusal, tls_failure(error, PODCA_ID))
+    }
+
+    /// Issue #40 (Low): a client pins podca's SPIFFE ID. With podca's own certificates: the
+    /// leaf for the pinned ID passes (its DNS names and the connection's IP address play no
+    /// part); a leaf of the same CA for another service account, one of another CA for the
+    /// pinned ID, and an expired one are refused, each for its own reason.
+    #[test]
+    fn a_pinned_spiffe_id_accepts_only_that_leaf_of_the_anchors() {
+        let ca = podca_ca("podca");
+        let verifier = PinnedSpiffeId::new(PODCA_ID, anchors_of(&ca)).unwrap();
+        let now = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
+
+        verify(&verifier, &podca_leaf(&ca, PODCA_ID, now)).expect("the pinned ID's leaf");
+
+        let impostor = "spiffe://cluster.local/ns/podca-system/sa/impostor";
+        let error = verify(&verifier, &podca_leaf(&ca, impostor, now)).unwrap_err();
+        assert_eq!(
+            pin_refusal(&error),
+            (
+                PinRefusal::Other {
+                    presented: impostor.to_owned(),
+                    pinned: PODCA_ID.to_owned(),
+                },
+                format!(
+                    "TLS: the server's certificate is for {impostor}, not the pinned {PODCA_ID}"
+                )
+            )
+        );
+        // A prefix or a case change is another ID.
+        for near in [
+            "spiffe://cluster.local/ns/podca-system/sa/podca2",
+            "spiffe://Cluster.local/ns/podca-system/sa/podca",
+        ] {
+            let error = verify(&verifier, &podca_leaf(&ca, near, now)).unwrap_err();
+            assert!(
+                matches!(pin_refusal(&error).0, PinRefusal::Other { .. }),
+                "{near}: {error:?}"
+            );
+        }
+
+        // Another CA (another installation's default name) vouches for the same ID in vain.
+        let other_ca = podca_ca("podca");
+        let error = verify(&verifier, &podca_leaf(&other_ca, PODCA_ID, now)).unwrap_err();
+        assert_eq!(
+            error,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::BadSignature)
+        );
+        let foreign = podca_ca("foreign");
+        let error = verify(&verifier, &podca_leaf(&foreign, PODCA_ID, now)).unwrap_err();
+        assert_eq!(
+            error,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+        );
+
+        let expired = podca_leaf(&ca, PODCA_ID, now - time::Duration::hours(2));
+        let error = verify(&verifier, &expired).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                rustls::Error::InvalidCertificate(rustls::CertificateError::ExpiredContext { .. })
+            ),
+            "{error:?}"
+        );
+    }
+
+    /// An rcgen CA with a leaf of its own making: podca never issues a leaf without its one
+    /// URI SAN, or without serverAuth, but a server might present one.
+    struct RcgenCa {
+        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+        anchor: CertificateDer<'static>,
+    }
+
+    impl RcgenCa {
+        fn new() -> Self {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+            let anchor = params.self_signed(&key).unwrap().der().clone();
+            RcgenCa {
+                issuer: rcgen::Issuer::new(params, key),
+                anchor,
+            }
+        }
+
+        fn leaf(
+            &self,
+            uris: &[&str],
+            purpose: rcgen::ExtendedKeyUsagePurpose,
+        ) -> CertificateDer<'static> {
+            let mut params = rcgen::CertificateParams::new(vec!["podca".to_owned()]).unwrap();
+            for uri in uris {
+                params
+                    .subject_alt_names
+                    .push(rcgen::SanType::URI((*uri).try_into().unwrap()));
+            }
+            params.extended_key_usages = vec![purpose];
+            let key = rcgen::KeyPair::generate().unwrap();
+            params.signed_by(&key, &self.issuer).unwrap().der().clone()
+        }
+    }
+
+    /// The leaf must carry exactly one URI SAN: none, or the pinned ID beside another, is
+    /// refused; and the chain is checked for serverAuth as for a DNS name.
+    #[test]
+    fn a_pinned_spiffe_id_is_the_one_uri_san_of_a_server_leaf() {
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let ca = RcgenCa::new();
+        let verifier = PinnedSpiffeId::new(PODCA_ID, vec![ca.anchor.clone()]).unwrap();
+        verify(&verifier, &ca.leaf(&[PODCA_ID], ServerAuth)).expect("the fixture is sound");
+
+        let error = verify(&verifier, &ca.leaf(&[], ServerAuth)).unwrap_err();
+        assert_eq!(
+            pin_refusal(&error),
+            (
+                PinRefusal::NoUri {
+                    pinned: PODCA_ID.to_owned()
+                },
+                format!(
+                    "TLS: the server's certificate carries no URI SAN, not the pinned {PODCA_ID}"
+                )
+            )
+        );
+        let other = "spiffe://cluster.local/ns/podca-system/sa/impostor";
+        for uris in [[PODCA_ID, other], [other, PODCA_ID]] {
+            let error = verify(&verifier, &ca.leaf(&uris, ServerAuth)).unwrap_err();
+            assert_eq!(
+                pin_refusal(&error).1,
+                format!(
+                    "TLS: the server's certificate carries 2 URI SANs ({}, {}), not one: the \
+                     pinned {PODCA_ID}",
+                    uris[0], uris[1]
+                )
+            );
+        }
+        // A server's URI is the server's text: control characters are shown escaped.
+        let error = verify(&verifier, &ca.leaf(&["spiffe://x/\u{1b}[2J"], ServerAuth)).unwrap_err();
+        assert!(
+            pin_refusal(&error).1.contains("spiffe://x/\\u{1b}[2J,"),
+            "{error:?}"
+        );
+
+        let error = verify(&verifier, &ca.leaf(&[PODCA_ID], ClientAuth)).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                rustls::Error::InvalidCertificate(
+                    rustls::CertificateError::InvalidPurpose
+                        | rustls::CertificateError::InvalidPurposeContext { .. }
+                )
+            ),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn a_pin_is_a_spiffe_id_and_is_used_for_an_https_server() {
+        let ca = podca_ca("podca");
+        for bad in [
+            "spiffe://",
+            "spiffe://Cluster.local/x",
+            "spiffe://cluster.local/a//b",
+        ] {
+            let error = PinnedSpiffeId::new(bad, anchors_of(&ca)).unwrap_err();
+            assert!(
+                error
+                    .to_string()
+                    .starts_with(&format!("--server-name {bad}: not a SPIFFE ID")),
+                "{bad}: {error}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let roots = dir.path().join("roots.pem");
+        std::fs::write(&roots, ca.roots_pem()).unwrap();
+        let tls = client_tls("https://127.0.0.1:8443", Some(&roots), Some(PODCA_ID))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            tls.pinned.as_ref().map(|p| p.pinned.as_str()),
+            Some(PODCA_ID)
+        );
+        let tls = client_tls("https://127.0.0.1:8443", Some(&roots), Some("podca"))
+            .unwrap()
+            .unwrap();
+        assert!(tls.pinned.is_none(), "a DNS name is webpki's own check");
+        let error = client_tls(
+            "https://127.0.0.1:8443",
+            Some(&roots),
+            Some("spiffe://bad//id"),
+        )
+        .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("--server-name spiffe://bad//id: not a SPIFFE ID"),
+            "{error}"
+        );
     }
 
     #[test]

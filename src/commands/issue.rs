@@ -38,8 +38,8 @@ pub struct IssueArgs {
     /// server by default.
     #[arg(long, value_name = "ROOTS.pem", requires = "server")]
     pub ca_file: Option<PathBuf>,
-    /// With an https:// --server: the name the server's certificate must carry (default: the
-    /// URL's host), e.g. `podca.podca-system.svc` when connecting through a port-forward.
+    /// With an https:// --server: the DNS name its certificate must carry (default: the URL's
+    /// host), e.g. `podca.podca-system.svc`, or a `spiffe://` ID pinned as its only URI SAN.
     #[arg(long, value_name = "NAME", requires = "server")]
     pub server_name: Option<String>,
     /// File holding the bearer token sent to --server (a service-account token for the

@@ -5,6 +5,8 @@
 //!   plaintext client, a client verifying another name and a client trusting a foreign root are
 //!   refused; openssl (independent of aws-lc and rustls) verifies the served chain and name;
 //!   `podca issue --server https://…` works with `--ca-file` and names a wrong `--server-name`.
+//! * `podca issue --server-name spiffe://…` pins podca's SPIFFE ID: podca's own issues, any
+//!   other ID fails in the handshake before a token is sent (issue #40).
 //! * `tls = "off"`: refused on a non-loopback address unless `insecure_plaintext = true`, which
 //!   the `podca_grpc_insecure_plaintext` gauge shows.
 //! * A WatchTrustBundle stream over TLS gets its first bundle, then a rotated one, beside unary
@@ -442,6 +444,88 @@ async fn a_watch_stream_over_tls_gets_every_bundle_beside_unary_calls() {
         2
     );
     assert!(second.generation > first.generation);
+}
+
+/// Issue #40 (Low): a client pins podca's SPIFFE ID. `podca issue --server-name spiffe://…`
+/// issues from podca, over an address its certificate carries no name for; pinning another
+/// service account's ID (an impostor's, as a hijacked DNS name or port-forward would serve it)
+/// fails in the handshake, before the token is sent: the emulator answers no TokenReview. A
+/// certificate from another installation's CA with podca's ID is refused for its chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podca_issue_pins_podcas_spiffe_id_and_refuses_any_other() {
+    const PODCA_ID: &str = "spiffe://cluster.local/ns/podca-system/sa/podca";
+    let serve = Serve::start(podca_tests::tls::GRPC_TLS_CONFIG, "127.0.0.1").await;
+    let anchors_file = serve.dir.path().join("anchors.pem");
+    std::fs::write(&anchors_file, serve.anchors()).unwrap();
+    let url = format!("https://127.0.0.1:{}", serve.grpc);
+    // Each attempt sends a token TokenReview has never seen, so one sent is one reviewed.
+    let issue = |anchors: &Path, server_name: &str, out: &Path| {
+        let token_file = out.with_extension("token");
+        std::fs::write(&token_file, serve.token()).unwrap();
+        Command::new(podca_binary())
+            .args(["issue", "--server", &url, "--ca-file"])
+            .arg(anchors)
+            .args(["--server-name", server_name, "--token-file"])
+            .arg(&token_file)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .unwrap()
+    };
+    let reviews = || serve.emu.counters().token_reviews;
+
+    let before = reviews();
+    let out_file = serve.dir.path().join("pinned.pem");
+    let o = issue(&anchors_file, PODCA_ID, &out_file);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bundle = std::fs::read_to_string(&out_file).unwrap();
+    let chain_start = bundle.find("-----BEGIN CERTIFICATE-----").unwrap();
+    assert_verifies(&bundle[chain_start..], &serve.anchors());
+    assert_eq!(
+        reviews(),
+        before + 1,
+        "the pinned call's token was reviewed"
+    );
+
+    for pinned in [
+        "spiffe://cluster.local/ns/podca-system/sa/impostor",
+        "spiffe://example.org/ns/podca-system/sa/podca",
+    ] {
+        let before = reviews();
+        let never = serve.dir.path().join("never.pem");
+        let o = issue(&anchors_file, pinned, &never);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{pinned}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "cannot connect to {url}: TLS: the server's certificate is for {PODCA_ID}, not \
+                 the pinned {pinned}"
+            )),
+            "{pinned}: {stderr}"
+        );
+        assert_eq!(reviews(), before, "{pinned}: a token left the client");
+        assert!(!never.exists());
+    }
+
+    // Another installation's CA: podca's ID under it is no podca's.
+    let foreign_dir = serve.dir.path().join("foreign");
+    ca_init_named(&foreign_dir, "foreign");
+    let foreign_anchors = serve.dir.path().join("foreign.pem");
+    std::fs::write(&foreign_anchors, podca_bundle(&foreign_dir)).unwrap();
+    let before = reviews();
+    let o = issue(
+        &foreign_anchors,
+        PODCA_ID,
+        &serve.dir.path().join("never.pem"),
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && stderr
+                .contains("TLS: the server's certificate does not chain to an anchor in --ca-file"),
+        "{stderr}"
+    );
+    assert_eq!(reviews(), before);
 }
 
 /// The rustls error a failed handshake carries.
