@@ -242,7 +242,7 @@ mod tests {
             pod_facts: false,
         };
         let rules = rbac.rules();
-        assert_eq!(rules.len(), 7);
+        assert_eq!(rules.len(), 8);
         assert!(rules.iter().all(|r| r.namespaces.is_empty()));
         let sign = rules
             .iter()
