@@ -1,5 +1,5 @@
-//! Generated gRPC code: podca's own API (`podca.v1`), the SPIFFE Workload API and the Istio CA
-//! API (`istio.v1.auth`).
+//! Generated gRPC code: podca's own API (`podca.v1`), the SPIFFE Workload API, the Istio CA
+//! API (`istio.v1.auth`) and Kubernetes' external token signer API (`v1.ExternalJWTSigner`).
 //!
 //! The .proto files live in `proto/proto/`; `build.rs` compiles them with protox and
 //! tonic-prost-build.
@@ -33,6 +33,22 @@ pub mod istio {
         pub mod auth {
             tonic::include_proto!("istio.v1.auth");
         }
+    }
+}
+
+/// Kubernetes' external service-account token signer API (KEP-740), which kube-apiserver calls
+/// on `--service-account-signing-endpoint`. Its protobuf package is plain `v1`, so the RPC paths
+/// are `/v1.ExternalJWTSigner/<Method>`.
+pub mod externaljwt {
+    /// Version 1.
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        missing_debug_implementations
+    )]
+    pub mod v1 {
+        tonic::include_proto!("v1");
     }
 }
 
