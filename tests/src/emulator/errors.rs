@@ -332,7 +332,13 @@ impl ApiError {
         if !self.reason.is_empty() {
             s["reason"] = json!(self.reason);
         }
-        if let Some(d) = &self.details {
+        // A Retry-After is in the details too, with or without other details.
+        let no_details = Details::default();
+        let details = self
+            .details
+            .as_deref()
+            .or(self.retry_after.map(|_| &no_details));
+        if let Some(d) = details {
             let mut dj = serde_json::Map::new();
             if !d.name.is_empty() {
                 dj.insert("name".into(), json!(d.name));

@@ -150,6 +150,26 @@ pub enum FaultScope {
     MethodPath(String, String),
 }
 
+impl FaultScope {
+    /// Whether a request is in this scope.
+    pub(crate) fn matches(&self, method: &str, path: &str, is_watch: bool) -> bool {
+        match self {
+            FaultScope::Any => true,
+            FaultScope::Writes => matches!(method, "POST" | "PUT" | "PATCH" | "DELETE"),
+            FaultScope::StatusWrites => {
+                matches!(method, "PUT" | "PATCH") && path.ends_with("/status")
+            }
+            FaultScope::Reads => method == "GET",
+            FaultScope::Watches => is_watch,
+            FaultScope::PathContains(p) => path.contains(p.as_str()),
+            FaultScope::Method(m) => m.eq_ignore_ascii_case(method),
+            FaultScope::MethodPath(m, p) => {
+                m.eq_ignore_ascii_case(method) && path.contains(p.as_str())
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct ErrorFault {
     code: u16,
@@ -206,6 +226,8 @@ pub struct Counters {
     pub token_reviews_max_in_flight: u64,
     /// Lists and watches that asked for PartialObjectMetadata (metadata-only) answers.
     pub metadata_only_requests: u64,
+    /// Requests refused with 429 by [`Emulator::throttle`] (injected errors not included).
+    pub throttled_requests: u64,
 }
 
 pub(crate) struct Shared {
@@ -219,6 +241,7 @@ pub(crate) struct Shared {
     pub(crate) addr: Mutex<Option<SocketAddr>>,
     shutdown: Notify,
     pub(crate) outage: http::Outage,
+    pub(crate) throttle: http::Throttle,
     pub(crate) token_review: pod_state::TokenReviewState,
     /// The latency model at work; `None` when it is off.
     pub(crate) latency: Option<latency::Latency>,
@@ -251,21 +274,7 @@ impl Shared {
         is_watch: bool,
     ) -> (Duration, Option<u16>) {
         let mut f = lock(&self.faults);
-        let is_write = matches!(method, "POST" | "PUT" | "PATCH" | "DELETE");
-        let matches = |s: &FaultScope| match s {
-            FaultScope::Any => true,
-            FaultScope::Writes => is_write,
-            FaultScope::StatusWrites => {
-                matches!(method, "PUT" | "PATCH") && path.ends_with("/status")
-            }
-            FaultScope::Reads => method == "GET",
-            FaultScope::Watches => is_watch,
-            FaultScope::PathContains(p) => path.contains(p.as_str()),
-            FaultScope::Method(m) => m.eq_ignore_ascii_case(method),
-            FaultScope::MethodPath(m, p) => {
-                m.eq_ignore_ascii_case(method) && path.contains(p.as_str())
-            }
-        };
+        let matches = |s: &FaultScope| s.matches(method, path, is_watch);
         let mut delay = f.latency;
         if let Some(h) = f
             .hangs
@@ -408,6 +417,7 @@ impl Emulator {
             addr: Mutex::new(Some(addr)),
             shutdown: Notify::new(),
             outage: http::Outage::default(),
+            throttle: http::Throttle::default(),
             token_review: pod_state::TokenReviewState::default(),
             latency: latency::Latency::new(&config.latency),
         });
@@ -662,6 +672,24 @@ impl Emulator {
     /// The store stays reachable through the methods of this type (e.g. [`Self::seed_object`]).
     pub fn set_outage(&self, out: bool) {
         self.shared.outage.set(out);
+    }
+    /// API priority and fairness with a full priority level: at most `seats` requests in
+    /// `scope` inside the server at once; one more is answered 429 with `Retry-After:
+    /// retry_after_seconds` (also in the Status's `details.retryAfterSeconds`) and counted in
+    /// [`Counters::throttled_requests`]. `None` lifts it.
+    pub fn throttle(&self, limit: Option<(usize, u64, FaultScope)>) {
+        self.shared.throttle.set(
+            limit.map(|(seats, retry_after, scope)| http::ThrottleLimit {
+                seats,
+                retry_after,
+                scope,
+            }),
+        );
+    }
+    /// The most PodCertificateRequest `/status` writes that were ever inside the server at
+    /// once (being served or queued in the latency model), throttled or not.
+    pub fn status_writes_max_in_flight(&self) -> u64 {
+        self.shared.throttle.status_writes_max()
     }
     /// End every open watch stream.
     pub fn drop_watches(&self) {

@@ -28,7 +28,7 @@ mod token_request;
 mod update;
 mod watch;
 
-pub(crate) use outage::Outage;
+pub(crate) use outage::{Outage, Throttle, ThrottleLimit};
 pub(crate) use server::spawn_server;
 
 use super::Shared;

@@ -97,3 +97,99 @@ impl Body for Silenced {
         self.inner.size_hint()
     }
 }
+
+/// API priority and fairness as a client meets it when its priority level is full: at most
+/// `seats` requests of a scope inside the server at once (served or waiting in the latency
+/// model's queue); one more is refused at once with 429 and `Retry-After`, as kube-apiserver
+/// refuses a request its queues have no room for. It also tracks how many PCR `/status` writes
+/// are inside the server at once, and the most ever, so tests can see a client's concurrency
+/// with or without a limit set. Tests set it with `Emulator::throttle`.
+#[derive(Debug, Default)]
+pub(crate) struct Throttle {
+    state: std::sync::Mutex<ThrottleState>,
+}
+
+#[derive(Debug, Default)]
+struct ThrottleState {
+    limit: Option<ThrottleLimit>,
+    /// Requests in the limit's scope inside the server now.
+    seated: usize,
+    status_writes: u64,
+    status_writes_max: u64,
+}
+
+/// The limit of a [`Throttle`].
+#[derive(Debug, Clone)]
+pub(crate) struct ThrottleLimit {
+    pub(crate) seats: usize,
+    /// Seconds, in the `Retry-After` header and the Status's `details.retryAfterSeconds`.
+    pub(crate) retry_after: u64,
+    pub(crate) scope: crate::emulator::FaultScope,
+}
+
+/// A request admitted by [`Throttle::admit`]; its seat is free again when this drops.
+#[derive(Debug)]
+pub(crate) struct Seat<'a> {
+    throttle: &'a Throttle,
+    seated: bool,
+    status_write: bool,
+}
+
+impl Throttle {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ThrottleState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sets (or with `None` lifts) the limit.
+    pub(crate) fn set(&self, limit: Option<ThrottleLimit>) {
+        self.lock().limit = limit;
+    }
+
+    /// The most PCR `/status` writes ever inside the server at once.
+    pub(crate) fn status_writes_max(&self) -> u64 {
+        self.lock().status_writes_max
+    }
+
+    /// Admits a request, or refuses it with the `Retry-After` seconds to answer.
+    pub(crate) fn admit(&self, method: &str, path: &str, is_watch: bool) -> Result<Seat<'_>, u64> {
+        let mut s = self.lock();
+        let seated = match &s.limit {
+            Some(limit) if limit.scope.matches(method, path, is_watch) => {
+                if s.seated >= limit.seats {
+                    return Err(limit.retry_after);
+                }
+                true
+            }
+            _ => false,
+        };
+        if seated {
+            s.seated += 1;
+        }
+        let status_write = matches!(method, "PUT" | "PATCH")
+            && path.contains("/podcertificaterequests/")
+            && path.ends_with("/status");
+        if status_write {
+            s.status_writes += 1;
+            s.status_writes_max = s.status_writes_max.max(s.status_writes);
+        }
+        Ok(Seat {
+            throttle: self,
+            seated,
+            status_write,
+        })
+    }
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        let mut s = self.throttle.lock();
+        if self.seated {
+            s.seated = s.seated.saturating_sub(1);
+        }
+        if self.status_write {
+            s.status_writes = s.status_writes.saturating_sub(1);
+        }
+    }
+}

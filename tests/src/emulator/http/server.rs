@@ -135,6 +135,15 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBod
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
+    let _seat = match shared.throttle.admit(method.as_str(), &path, is_watch) {
+        Ok(seat) => seat,
+        Err(retry_after) => {
+            shared.count(|c| c.throttled_requests += 1);
+            let mut response = error_response(&too_many_requests(retry_after));
+            super::date::stamp(&mut response, shared.now());
+            return response;
+        }
+    };
 
     let body = match http_body_util::Limited::new(req.into_body(), MAX_BODY)
         .collect()
@@ -211,6 +220,17 @@ async fn answer(shared: &Arc<Shared>, r: &Req, fault: Option<u16>) -> Response<R
             error_response(&e)
         }
     }
+}
+
+/// kube-apiserver's answer when priority and fairness has no room for a request.
+fn too_many_requests(retry_after: u64) -> ApiError {
+    let mut e = ApiError::new(
+        429,
+        "TooManyRequests",
+        "Too many requests, please try again later.",
+    );
+    e.retry_after = Some(retry_after);
+    e
 }
 
 fn injected(code: u16, path: &str) -> ApiError {
