@@ -34,7 +34,7 @@ pub struct ServeArgs {
     /// Admin listener (/metrics, /livez, /readyz); overrides `[admin] listen`.
     #[arg(long, env = "PODCA_ADMIN_LISTEN")]
     pub admin_listen: Option<SocketAddr>,
-    /// Concurrent PCR workers; overrides `[controller] workers`.
+    /// Where the adaptive PCR concurrency starts (raises a lower max_in_flight); overrides `[controller] workers`.
     #[arg(long)]
     pub workers: Option<usize>,
     /// Bound of the PCR work queue.

@@ -19,7 +19,8 @@
 //! signer = "example.com/workload"    # whose policy gRPC requests get
 //!
 //! [controller]
-//! workers = 8
+//! workers = 8                        # where the adaptive concurrency starts
+//! max_in_flight = 64                 # its bound
 //! ```
 //! Unknown keys are errors, so a typo never silently falls back to a default.
 
@@ -1064,20 +1065,44 @@ mod dev_bundle_tests {
     }
 }
 
-/// The PodCertificateRequest controller.
+/// The PodCertificateRequest controller. How many PCR decisions are in flight follows the API
+/// server (AIMD on the status writes' answers: `podca_controller::concurrency`): it starts at
+/// `workers` and never exceeds `max_in_flight`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControllerConfig {
-    /// Concurrent PCR workers.
+    /// Where the concurrency limit starts, and where it climbs back to quickly after the API
+    /// server pushed back (the limit podca trusts).
     #[serde(default = "default_workers")]
     pub workers: usize,
+    /// The most PCR decisions (and so `/status` writes) in flight at once, whatever the limit.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
 }
 
 impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
             workers: default_workers(),
+            max_in_flight: default_max_in_flight(),
         }
+    }
+}
+
+impl ControllerConfig {
+    /// `1 <= workers <= max_in_flight`.
+    fn check(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid(message));
+        if self.workers == 0 || self.max_in_flight == 0 {
+            return invalid("[controller] workers and max_in_flight must be at least 1".into());
+        }
+        if self.workers > self.max_in_flight {
+            return invalid(format!(
+                "[controller] workers = {} is above max_in_flight = {}",
+                self.workers, self.max_in_flight
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1160,6 +1185,14 @@ fn default_max_dns_names() -> usize {
 fn default_workers() -> usize {
     8
 }
+/// Little's law on the real server's figures (docs/benchmarks.md, #41): its raw PATCH rate of
+/// 500–740/s was reached at 32 in flight with a p50 of ~53 ms, so keeping it busy takes ~32–40
+/// writes in flight, plus room for the decisions in their ledger commit or signing; 64 is that
+/// with headroom, and a third of kube-apiserver's default `--max-mutating-requests-inflight`
+/// (200), so podca alone cannot take the server's writes even before it pushes back.
+fn default_max_in_flight() -> usize {
+    64
+}
 fn default_key_type() -> podca_signer::KeyType {
     podca_signer::KeyType::EcdsaP256
 }
@@ -1221,6 +1254,7 @@ impl Config {
         config.check_cas()?;
         config.grpc.tls(config.grpc.listen)?;
         config.check_grpc_limits()?;
+        config.controller.check()?;
         config.jwt.check()?;
         Ok(config)
     }

@@ -273,7 +273,7 @@ pub fn jwks(
 /// The controller's flags (`podca serve`), over the configuration file.
 #[derive(Debug, Clone)]
 pub struct ControllerFlags {
-    /// `--workers`, over `[controller] workers`.
+    /// `--workers`, over `[controller] workers` (where the adaptive concurrency starts).
     pub workers: Option<usize>,
     pub queue_capacity: usize,
     pub leader_election: Option<LeaderElection>,
@@ -297,6 +297,8 @@ pub fn options(
     options.ledger = Some(ledger);
     options.namespace_labels = namespace_labels;
     options.workers = workers.unwrap_or(config.controller.workers).max(1);
+    // `--workers` above the bound raises it: a flag is never silently lowered.
+    options.max_in_flight = config.controller.max_in_flight.max(options.workers);
     options.queue_capacity = queue_capacity.max(1);
     options.reporting_instance = std::env::var("POD_NAME").ok();
     options.publisher = publisher_options(config);

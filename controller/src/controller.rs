@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::bounded;
+use crate::concurrency::{Aimd, ConcurrencyMetrics, Gate, Permit, WriteOutcome};
 use crate::decide::{self, ErrorClass, Settlement};
 use crate::discovery::{self, Resource, Served};
 use crate::plan::{self, Facts, Plan, Read, SkipReason, Write};
@@ -71,6 +72,7 @@ pub async fn run(
         clock,
         metrics,
         workers,
+        max_in_flight,
         queue_capacity,
         leader_election,
         drain_timeout,
@@ -110,6 +112,7 @@ pub async fn run(
         })
         .collect();
     let ready = ready.unwrap_or_else(|| Readiness::new().component("controller"));
+    let concurrency = concurrency_metrics(&metrics);
 
     let served = bounded::retrying("discover", &metrics, || discovery::certificates(&client))
         .await?
@@ -187,7 +190,9 @@ pub async fn run(
         metrics.leader.set(1);
         info!("leading: starting watches and workers");
         ready.set(false);
-        let session = Session::start(&ctx, workers, queue_capacity, &ready);
+        // Each term starts afresh at `workers`: the server may have changed meanwhile.
+        let gate = Gate::new(Aimd::new(workers, max_in_flight), concurrency.clone());
+        let session = Session::start(&ctx, gate, queue_capacity, &ready);
         // Dropped (aborted) with this term, like the session.
         let _publishing = publisher.clone().map(|p| {
             TaskGuard::new(tokio::spawn(p.run(
@@ -259,16 +264,38 @@ impl Drop for TaskGuard {
     }
 }
 
-/// Watches and workers of one leadership term.
+/// The controller's concurrency metrics in `metrics`'s registry, registered once however many
+/// times [`run`] is given the same registry (tests run the controller again with it).
+fn concurrency_metrics(metrics: &Arc<Metrics>) -> ConcurrencyMetrics {
+    type Registered = Vec<(std::sync::Weak<Metrics>, ConcurrencyMetrics)>;
+    static REGISTERED: std::sync::Mutex<Registered> = std::sync::Mutex::new(Vec::new());
+    let mut registered = REGISTERED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    registered.retain(|(m, _)| m.strong_count() > 0);
+    if let Some((_, found)) = registered
+        .iter()
+        .find(|(m, _)| std::ptr::eq(m.as_ptr(), Arc::as_ptr(metrics)))
+    {
+        return found.clone();
+    }
+    let found = metrics.register_component("controller", ConcurrencyMetrics::register);
+    registered.push((Arc::downgrade(metrics), found.clone()));
+    found
+}
+
+/// Watches and the dispatcher of one leadership term.
 struct Session {
     queue: Arc<WorkQueue>,
     watches: Vec<JoinHandle<()>>,
-    workers: Vec<JoinHandle<()>>,
+    /// Takes work from the queue as the concurrency limit allows; owns the decisions in flight
+    /// (aborted with it).
+    dispatcher: JoinHandle<()>,
     gauge: JoinHandle<()>,
 }
 
 impl Session {
-    fn start(ctx: &Arc<Ctx>, workers: usize, capacity: usize, ready: &ReadyFlag) -> Session {
+    fn start(ctx: &Arc<Ctx>, gate: Arc<Gate>, capacity: usize, ready: &ReadyFlag) -> Session {
         let queue = Arc::new(WorkQueue::new(capacity));
         let synced = Arc::new(Synced {
             waiting: AtomicUsize::new(ctx.signers.len()),
@@ -286,9 +313,7 @@ impl Session {
                 ))
             })
             .collect();
-        let workers = (0..workers.max(1))
-            .map(|_| tokio::spawn(worker(Arc::clone(ctx), Arc::clone(&queue))))
-            .collect();
+        let dispatcher = tokio::spawn(dispatch(Arc::clone(ctx), Arc::clone(&queue), gate));
         let gauge = {
             let queue = Arc::clone(&queue);
             let metrics = Arc::clone(&ctx.metrics);
@@ -303,7 +328,7 @@ impl Session {
         Session {
             queue,
             watches,
-            workers,
+            dispatcher,
             gauge,
         }
     }
@@ -313,8 +338,10 @@ impl Session {
         for w in &self.watches {
             w.abort();
         }
-        let all = futures::future::join_all(self.workers.iter_mut());
-        if tokio::time::timeout(timeout, all).await.is_err() {
+        if tokio::time::timeout(timeout, &mut self.dispatcher)
+            .await
+            .is_err()
+        {
             warn!("in-flight work did not finish within {timeout:?}");
         }
         // Drop aborts whatever is left.
@@ -328,7 +355,7 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.queue.close();
-        for h in self.watches.iter().chain(&self.workers) {
+        for h in self.watches.iter().chain([&self.dispatcher]) {
             h.abort();
         }
         self.gauge.abort();
@@ -422,45 +449,68 @@ enum Step {
     Settled,
     /// Given up without an answer (a later relist may try again).
     Dropped,
-    /// Try again after a backoff.
-    Retry(Item, RetryCause),
+    /// Try again after a backoff, and not before the duration given (a 429's `Retry-After`).
+    Retry(Item, RetryCause, Duration),
 }
 
-async fn worker(ctx: Arc<Ctx>, queue: Arc<WorkQueue>) {
-    while let Some(item) = queue.pop().await {
-        let uid = item.pcr.uid.clone();
-        let span = info_span!(
-            "pcr",
-            namespace = %item.pcr.namespace,
-            name = %item.pcr.name,
-            uid = %uid,
-            signer = %item.pcr.signer_name,
-            attempt = item.attempt,
-        );
-        match reconcile(&ctx, item).instrument(span).await {
-            Step::Settled => queue.done(&uid, true),
-            Step::Dropped => queue.done(&uid, false),
-            Step::Retry(mut item, cause) => {
-                ctx.metrics
-                    .retries
-                    .get_or_create(&RetryLabels { cause })
-                    .inc();
-                queue.done(&uid, false);
-                let delay = decide::backoff(item.attempt, rand::random::<f64>());
-                debug!(uid, cause = cause.as_str(), ?delay, "retrying");
-                item.attempt = item.attempt.saturating_add(1);
-                let queue = Arc::clone(&queue);
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    queue.push_retry(item);
-                });
-            }
+impl Step {
+    fn retry(item: Item, cause: RetryCause) -> Step {
+        Step::Retry(item, cause, Duration::ZERO)
+    }
+}
+
+/// Starts a decision for each queued item as the concurrency limit allows, until the queue
+/// closes; then waits for the decisions in flight (aborting this task aborts them).
+async fn dispatch(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, gate: Arc<Gate>) {
+    let mut decisions = tokio::task::JoinSet::new();
+    loop {
+        while decisions.try_join_next().is_some() {}
+        gate.room().await;
+        let Some(item) = queue.pop().await else { break };
+        // The only place permits are taken: the room found above is still there.
+        let permit = gate.start();
+        decisions.spawn(decision(Arc::clone(&ctx), Arc::clone(&queue), item, permit));
+    }
+    while decisions.join_next().await.is_some() {}
+}
+
+/// One decision on `item` under `permit`, and what follows it: settled, dropped, or retried
+/// after a backoff.
+async fn decision(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, item: Item, permit: Permit) {
+    let uid = item.pcr.uid.clone();
+    let span = info_span!(
+        "pcr",
+        namespace = %item.pcr.namespace,
+        name = %item.pcr.name,
+        uid = %uid,
+        signer = %item.pcr.signer_name,
+        attempt = item.attempt,
+    );
+    let step = reconcile(&ctx, item, &permit).instrument(span).await;
+    drop(permit);
+    match step {
+        Step::Settled => queue.done(&uid, true),
+        Step::Dropped => queue.done(&uid, false),
+        Step::Retry(mut item, cause, not_before) => {
+            ctx.metrics
+                .retries
+                .get_or_create(&RetryLabels { cause })
+                .inc();
+            queue.done(&uid, false);
+            // A 429's Retry-After is a floor under the backoff.
+            let delay = decide::backoff(item.attempt, rand::random::<f64>()).max(not_before);
+            debug!(uid, cause = cause.as_str(), ?delay, "retrying");
+            item.attempt = item.attempt.saturating_add(1);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                queue.push_retry(item);
+            });
         }
     }
 }
 
 /// One attempt: fetch → [`plan::plan`] → the one action it names → at most one `/status` write.
-async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
+async fn reconcile(ctx: &Ctx, mut item: Item, permit: &Permit) -> Step {
     // Fetch: the watched copy on the first try; a fresh read on retries.
     let watched = Arc::clone(&item.pcr);
     let fresh = if item.attempt > 0 {
@@ -492,7 +542,7 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
             debug!("gone before it was answered");
             return Step::Settled;
         }
-        Plan::Retry(cause) => return Step::Retry(item, cause),
+        Plan::Retry(cause) => return Step::retry(item, cause),
         Plan::ResendCached(write) => Ok(write),
         Plan::Write(write) => Ok(write),
         Plan::ReadThroughV1beta1(policy) => {
@@ -510,7 +560,7 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
         Err(cause) => {
             // Whatever was cached is stale by now, or it would have been resent.
             item.signed = None;
-            return Step::Retry(item, cause);
+            return Step::retry(item, cause);
         }
     };
     item.signed = match &write.outcome {
@@ -536,9 +586,13 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
     if let Err(e) = record_decision(ctx, &pcr, &outcome, now).await {
         warn!(error = %e, "the ledger cannot record the answer; leaving the request pending");
         item.signed = None;
-        return Step::Retry(item, RetryCause::Ledger);
+        return Step::retry(item, RetryCause::Ledger);
     }
-    match write_status(ctx, &pcr, &patch).await {
+    let write = permit.begin_write();
+    let written = write_status(ctx, &pcr, &patch).await;
+    let load = write_outcome(&written);
+    permit.end_write(write, load);
+    match written {
         Ok(()) => {
             record_settled(ctx, &pcr, settlement, &outcome, now).await;
             Step::Settled
@@ -555,18 +609,22 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
             ErrorClass::Conflict => {
                 match fetch(ctx, ctx.version, &pcr.namespace, &pcr.name).await {
                     Ok(Some(fresh)) if fresh.uid == pcr.uid && fresh.terminal.is_none() => {
-                        Step::Retry(item, RetryCause::Conflict)
+                        Step::retry(item, RetryCause::Conflict)
                     }
                     Ok(_) => {
                         late(ctx, LateCause::Conflict);
                         Step::Settled
                     }
-                    Err(_) => Step::Retry(item, RetryCause::Conflict),
+                    Err(_) => Step::retry(item, RetryCause::Conflict),
                 }
             }
             ErrorClass::Transient => {
                 debug!(error = %e, "status write failed; will retry");
-                Step::Retry(item, RetryCause::Write)
+                let not_before = match load {
+                    WriteOutcome::Throttled { retry_after } => retry_after,
+                    _ => Duration::ZERO,
+                };
+                Step::Retry(item, RetryCause::Write, not_before)
             }
             ErrorClass::Rejected => {
                 ctx.metrics.writes_rejected.inc();
@@ -575,6 +633,35 @@ async fn reconcile(ctx: &Ctx, mut item: Item) -> Step {
             }
         },
     }
+}
+
+/// What a status write's answer says about the API server's load ([`crate::concurrency`]).
+fn write_outcome(written: &Result<(), kube::Error>) -> WriteOutcome {
+    match written {
+        Ok(()) => WriteOutcome::Done,
+        Err(kube::Error::Api(status)) => match status.code {
+            429 => WriteOutcome::Throttled {
+                retry_after: Duration::from_secs(u64::from(retry_after_seconds(status))),
+            },
+            500..=599 => WriteOutcome::Overloaded,
+            _ => WriteOutcome::Neutral,
+        },
+        // A timeout (bounded::call), a refused or broken connection.
+        Err(_) => WriteOutcome::Overloaded,
+    }
+}
+
+/// A 429's `Retry-After`, from the Status's `details.retryAfterSeconds`; 1 s when it has none:
+/// kube-apiserver's priority and fairness answers 429 with `Retry-After: 1` in a header that
+/// kube's client does not pass on, and a plain-text body.
+fn retry_after_seconds(status: &kube::core::Status) -> u32 {
+    status
+        .details
+        .as_ref()
+        .map(|d| d.retry_after_seconds)
+        .filter(|&s| s > 0)
+        .unwrap_or(1)
+        .min(60)
 }
 
 /// Signs `source` off the async threads (signing is CPU work) and maps the answer to a write, or

@@ -6,6 +6,7 @@
 
 pub mod bounded;
 pub mod component;
+pub mod concurrency;
 mod controller;
 mod decide;
 mod discovery;
@@ -52,8 +53,10 @@ pub struct Options {
     pub clock: Clock,
     /// Where the controller's metrics go (shared with the publisher and the rotation driver).
     pub metrics: Arc<metrics::Metrics>,
-    /// Concurrent PCR workers.
+    /// Where the adaptive limit on PCR decisions in flight starts ([`concurrency`]).
     pub workers: usize,
+    /// The most PCR decisions in flight at once, whatever the limit.
+    pub max_in_flight: usize,
     /// Bound of the work queue.
     pub queue_capacity: usize,
     pub leader_election: Option<LeaderElection>,
@@ -87,6 +90,7 @@ impl std::fmt::Debug for Options {
                 &self.ca.iter().map(|(name, _)| name).collect::<Vec<_>>(),
             )
             .field("workers", &self.workers)
+            .field("max_in_flight", &self.max_in_flight)
             .field("queue_capacity", &self.queue_capacity)
             .field("leader_election", &self.leader_election)
             .field("publisher", &self.publisher)
@@ -103,6 +107,7 @@ impl Options {
             clock: system_clock(),
             metrics: Arc::new(metrics::Metrics::new()),
             workers: 8,
+            max_in_flight: 64,
             queue_capacity: 4096,
             leader_election: None,
             drain_timeout: Duration::from_secs(10),

@@ -98,7 +98,8 @@ impl WorkQueue {
     }
 
     /// Queues a retry without waiting: the item held a slot while it was in flight, so the
-    /// queue may briefly exceed its capacity by at most the number of workers.
+    /// queue may briefly exceed its capacity by at most the decisions in flight
+    /// (`[controller] max_in_flight`).
     pub fn push_retry(&self, item: Item) -> Pushed {
         self.try_push(item, true).unwrap_or(Pushed::Ignored)
     }

@@ -436,7 +436,12 @@ async fn faults_leave_nothing_pending() {
 async fn killed_mid_burst_and_restarted_finishes() {
     let c = cluster(ApiMode::V1Only).await;
     c.emu.set_latency(Duration::from_millis(5));
-    let first = start(&c, |o| o.workers = 2).await;
+    // Two in flight, pinned: the adaptive limit would settle the burst before the kill.
+    let first = start(&c, |o| {
+        o.workers = 2;
+        o.max_in_flight = 2;
+    })
+    .await;
     burst(&c, "v1", 600, "k").await;
     // Kill once some, but not all, are settled.
     let deadline = Instant::now() + Duration::from_secs(60);
