@@ -17,6 +17,27 @@ use crate::rules::{OutputSpec, RuleError, RuleFacts, RuleOutputs, RuleSet, RuleS
 /// The only user-annotation key podca recognises: extra DNS SANs, comma-separated.
 pub const DNS_NAMES_ANNOTATION: &str = "podca.dev/dns-names";
 
+/// The longest value a declared annotation may have unless it says otherwise.
+pub const DEFAULT_ANNOTATION_MAX_LENGTH: usize = 256;
+
+/// A user-annotation key a signer accepts (`[[signers."…".annotations]]`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredAnnotation {
+    /// The annotation key, e.g. `example.com/ticket` (a Kubernetes qualified name).
+    pub key: String,
+    /// A glob the whole value must match (`*` any run, `?` one character); none: any value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// The longest value accepted, in bytes (default 256).
+    #[serde(default = "default_annotation_max_length")]
+    pub max_length: usize,
+}
+
+fn default_annotation_max_length() -> usize {
+    DEFAULT_ANNOTATION_MAX_LENGTH
+}
+
 /// The policy of one signer name, as written in the config file.
 #[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
@@ -48,6 +69,11 @@ pub struct SignerPolicy {
     /// `{ns}` and `{sa}` replaced). Empty: the annotation is refused.
     #[serde(default)]
     pub allowed_dns_names: Vec<String>,
+    /// The `unverifiedUserAnnotations` keys (besides `podca.dev/dns-names`) this signer accepts
+    /// and passes to its rules as `request.annotations` (issue #42); any other key is denied
+    /// before policy. Each with an optional value glob and a maximum length.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub annotations: Vec<DeclaredAnnotation>,
     /// CEL rules, run in order after the allow-lists pass (see [`crate::rules`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleSpec>,
@@ -197,6 +223,48 @@ pub enum PolicyError {
     PodFactsNotEnabled(String),
     #[error("invalid signer policy: {0}")]
     Tenant(crate::tenants::TenantError),
+    #[error("invalid signer policy: annotations: {0}")]
+    Annotation(String),
+}
+
+/// The annotation keys an expression reads: `request.annotations['k']` / `["k"]` and
+/// `'k' in request.annotations`. A textual scan: keys computed at run time are not seen.
+pub fn annotation_keys_read(expr: &str) -> Vec<String> {
+    let mut keys = vec![];
+    let quoted = |s: &str| -> Option<String> {
+        let quote = s.chars().next().filter(|c| *c == '\'' || *c == '"')?;
+        let rest = &s[1..];
+        rest.find(quote).map(|end| rest[..end].to_owned())
+    };
+    for (at, _) in expr.match_indices("request.annotations[") {
+        if let Some(key) = quoted(expr[at + "request.annotations[".len()..].trim_start()) {
+            keys.push(key);
+        }
+    }
+    for (at, _) in expr.match_indices(" in request.annotations") {
+        let before = expr[..at].trim_end();
+        if let Some(quote) = before.chars().last().filter(|c| *c == '\'' || *c == '"')
+            && let Some(start) = before[..before.len() - 1].rfind(quote)
+        {
+            keys.push(before[start + 1..before.len() - 1].to_owned());
+        }
+    }
+    keys
+}
+
+/// A Kubernetes qualified name with a DNS prefix: `example.com/ticket`.
+fn is_qualified_name(key: &str) -> bool {
+    let Some((prefix, name)) = key.split_once('/') else {
+        return false;
+    };
+    is_dns_name(prefix)
+        && !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
 
 impl SignerPolicy {
@@ -212,6 +280,7 @@ impl SignerPolicy {
             key_types: all_key_types(),
             dns_name_templates: vec![],
             allowed_dns_names: vec![],
+            annotations: vec![],
             rules: vec![],
             outputs: OutputSpec::default(),
             pod_facts: false,
@@ -365,7 +434,87 @@ impl SignerPolicy {
         })
     }
 
+    /// Whether the user annotation `key` = `value` is one this signer declares, within its
+    /// pattern and length; the error is the denial's message.
+    fn declared_annotation(&self, key: &str, value: &str) -> Result<(), String> {
+        let Some(declared) = self.annotations.iter().find(|a| a.key == key) else {
+            let mut known = vec![format!("{DNS_NAMES_ANNOTATION:?}")];
+            known.extend(self.annotations.iter().map(|a| format!("{:?}", a.key)));
+            return Err(format!(
+                "unrecognised user annotation {key:?}; this signer recognises only {}",
+                known.join(", ")
+            ));
+        };
+        if value.len() > declared.max_length {
+            return Err(format!(
+                "user annotation {key:?} is {} bytes long, over its declared maximum of {}",
+                value.len(),
+                declared.max_length
+            ));
+        }
+        if let Some(pattern) = &declared.pattern
+            && !glob(pattern, value)
+        {
+            return Err(format!(
+                "user annotation {key:?} does not match its declared pattern {pattern:?}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The annotation keys rules read (`request.annotations['k']`, `'k' in request.annotations`)
+    /// that this signer does not declare: `policy lint` warns about each (such a rule can only
+    /// see the key absent).
+    pub fn undeclared_annotation_reads(&self) -> Vec<(String, String)> {
+        let mut found = vec![];
+        let exprs = self
+            .rules
+            .iter()
+            .flat_map(|r| r.expressions().map(move |e| (r.name.clone(), e.to_owned())))
+            .chain(
+                self.outputs
+                    .expressions()
+                    .map(|(name, e)| (format!("outputs.{name}"), e.to_owned())),
+            );
+        for (rule, expr) in exprs {
+            for key in annotation_keys_read(&expr) {
+                let declared =
+                    key == DNS_NAMES_ANNOTATION || self.annotations.iter().any(|a| a.key == key);
+                if !declared && !found.contains(&(rule.clone(), key.clone())) {
+                    found.push((rule.clone(), key));
+                }
+            }
+        }
+        found
+    }
+
     fn validate_fields(&self) -> Result<(), PolicyError> {
+        let mut seen = std::collections::BTreeSet::new();
+        for declared in &self.annotations {
+            let key = &declared.key;
+            if key == DNS_NAMES_ANNOTATION {
+                return Err(PolicyError::Annotation(format!(
+                    "{key:?} is podca's own annotation (allowed_dns_names governs it); do not \
+                     declare it"
+                )));
+            }
+            if !is_qualified_name(key) {
+                return Err(PolicyError::Annotation(format!(
+                    "{key:?} is not an annotation key (prefix/name, e.g. example.com/ticket)"
+                )));
+            }
+            if !seen.insert(key) {
+                return Err(PolicyError::Annotation(format!(
+                    "{key:?} is declared twice"
+                )));
+            }
+            if declared.max_length == 0 || declared.max_length > 64 * 1024 {
+                return Err(PolicyError::Annotation(format!(
+                    "{key:?}: max_length {} is outside 1..=65536",
+                    declared.max_length
+                )));
+            }
+        }
         if !is_dns_name(&self.trust_domain) {
             return Err(PolicyError::TrustDomainNotADnsName(
                 self.trust_domain.clone(),
@@ -488,13 +637,15 @@ impl SignerPolicy {
         }
         for (key, value) in facts.user_annotations {
             if key != DNS_NAMES_ANNOTATION {
-                return Decision::Deny {
-                    reason: DenyReason::InvalidUserAnnotations,
-                    message: format!(
-                        "unrecognised user annotation {key:?}; this signer recognises only \
-                         {DNS_NAMES_ANNOTATION:?}"
-                    ),
-                };
+                match self.declared_annotation(key, value) {
+                    Ok(()) => continue,
+                    Err(message) => {
+                        return Decision::Deny {
+                            reason: DenyReason::InvalidUserAnnotations,
+                            message,
+                        };
+                    }
+                }
             }
             if dns_from_output {
                 continue;
@@ -641,6 +792,116 @@ mod tests {
             key_type: key,
             user_annotations: ann,
         }
+    }
+
+    fn declaring(toml_text: &str) -> SignerPolicy {
+        let policy: SignerPolicy =
+            toml::from_str(&format!("trust_domain = \"cluster.local\"\n{toml_text}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+        policy.validate().unwrap_or_else(|e| panic!("{e}"));
+        policy
+    }
+
+    /// Issue #42: a declared key reaches the rules within its pattern and length; others are
+    /// denied before policy, naming what the signer accepts.
+    #[test]
+    fn declared_annotations_pass_within_their_pattern_and_length() {
+        let policy = declaring(
+            "[[annotations]]\nkey = \"example.com/ticket\"\npattern = \"T-*\"\nmax_length = 8\n\
+             [[annotations]]\nkey = \"example.com/tier\"\n",
+        );
+        let decide = |pairs: &[(&str, &str)]| {
+            let ann: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            policy.decide(&facts("apps", "web", Ok(KeyType::EcdsaP256), &ann))
+        };
+        assert!(matches!(
+            decide(&[("example.com/ticket", "T-42"), ("example.com/tier", "gold")]),
+            Decision::Issue(_)
+        ));
+        for (pairs, needle) in [
+            (
+                &[("example.com/ticket", "T-123456789")][..],
+                "is 11 bytes long, over its declared maximum of 8",
+            ),
+            (
+                &[("example.com/ticket", "X-1")][..],
+                "does not match its declared pattern \"T-*\"",
+            ),
+            (
+                &[("example.com/other", "1")][..],
+                "unrecognised user annotation \"example.com/other\"; this signer recognises \
+                 only \"podca.dev/dns-names\", \"example.com/ticket\", \"example.com/tier\"",
+            ),
+        ] {
+            match decide(pairs) {
+                Decision::Deny { reason, message } => {
+                    assert_eq!(reason, DenyReason::InvalidUserAnnotations);
+                    assert!(message.contains(needle), "{message}");
+                }
+                other => panic!("{pairs:?}: {other:?}"),
+            }
+        }
+        // The default maximum is 256 bytes.
+        let long = "x".repeat(257);
+        assert!(matches!(
+            decide(&[("example.com/tier", &long)]),
+            Decision::Deny { .. }
+        ));
+    }
+
+    #[test]
+    fn a_declaration_that_cannot_work_is_refused_at_load() {
+        for (text, needle) in [
+            ("key = \"podca.dev/dns-names\"", "podca's own annotation"),
+            ("key = \"ticket\"", "not an annotation key"),
+            ("key = \"example.com/-x\"", "not an annotation key"),
+            (
+                "key = \"example.com/t\"\nmax_length = 0",
+                "outside 1..=65536",
+            ),
+        ] {
+            let policy: SignerPolicy = toml::from_str(&format!(
+                "trust_domain = \"cluster.local\"\n[[annotations]]\n{text}\n"
+            ))
+            .unwrap();
+            let e = policy.validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+        let twice: SignerPolicy = toml::from_str(
+            "trust_domain = \"cluster.local\"\n[[annotations]]\nkey = \"example.com/t\"\n\
+             [[annotations]]\nkey = \"example.com/t\"\n",
+        )
+        .unwrap();
+        assert!(
+            twice
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("declared twice")
+        );
+    }
+
+    #[test]
+    fn rules_reading_undeclared_annotation_keys_are_found() {
+        assert_eq!(
+            annotation_keys_read(
+                "request.annotations['example.com/a'] == 'x' && \"example.com/b\" in \
+                 request.annotations && request.annotations[ \"example.com/c\"].size() > 1"
+            ),
+            ["example.com/a", "example.com/c", "example.com/b"]
+        );
+        let policy = declaring(
+            "[[annotations]]\nkey = \"example.com/a\"\n\
+             [[rules]]\nname = \"r\"\nrequire = \"request.annotations['example.com/a'] == 'x' \
+             || 'example.com/b' in request.annotations\"\nreason = \"R\"\n",
+        );
+        assert_eq!(
+            policy.undeclared_annotation_reads(),
+            [("r".to_owned(), "example.com/b".to_owned())]
+        );
     }
 
     /// Thousands of names in the annotation (as much as kube-apiserver lets through): refused

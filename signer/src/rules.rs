@@ -114,6 +114,25 @@ impl OutputSpec {
     pub fn is_empty(&self) -> bool {
         self.dns_names.is_none() && self.max_lifetime_seconds.is_none()
     }
+
+    /// Each set output's name and expression.
+    pub fn expressions(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            ("dns_names", self.dns_names.as_deref()),
+            ("max_lifetime_seconds", self.max_lifetime_seconds.as_deref()),
+        ]
+        .into_iter()
+        .filter_map(|(name, e)| e.map(|e| (name, e)))
+    }
+}
+
+impl RuleSpec {
+    /// The rule's expressions: its condition and its message.
+    pub fn expressions(&self) -> impl Iterator<Item = &str> {
+        [&self.deny, &self.require, &self.message]
+            .into_iter()
+            .filter_map(|e| e.as_deref())
+    }
 }
 
 /// What the outputs computed for one request: `None` where the signer has no such output.

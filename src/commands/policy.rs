@@ -270,10 +270,8 @@ fn lint(path: &Path, output: OutputFormat) -> ExitCode {
                         .map(|e| format!("signer {name:?}: {e}")),
                 );
                 warnings.extend(
-                    policy
-                        .rules
-                        .iter()
-                        .flat_map(lint::rule_warnings)
+                    lint::policy_warnings(policy)
+                        .into_iter()
                         .map(|w| format!("signer {name:?}: {w}")),
                 );
             }

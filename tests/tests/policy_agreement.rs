@@ -2,7 +2,8 @@
 //! (issue #38): the decision and reason, the certificate's DNS names and lifetime, and a
 //! JWT-SVID's lifetime, including when a CEL output caps it. Both call the gRPC API's own
 //! admission (`podca_grpc::admission`); before it, `policy test` ignored the cap for JWT-SVIDs
-//! and promised a token longer than podca signs.
+//! and promised a token longer than podca signs. Declared annotation keys (issue #42) are
+//! decided the same way too.
 
 #![allow(clippy::unwrap_used)]
 
@@ -30,6 +31,18 @@ name = "no_admin"
 deny = "request.service_account == 'admin'"
 reason = "AdminRefused"
 message = "'admin is refused'"
+
+# Issue #42: a declared annotation key reaches the rules; any other is denied before them.
+[[signers."example.com/workload".annotations]]
+key = "example.com/ticket"
+pattern = "T-*"
+max_length = 8
+
+[[signers."example.com/workload".rules]]
+name = "no_closed_ticket"
+deny = "'example.com/ticket' in request.annotations && request.annotations['example.com/ticket'] == 'T-0'"
+reason = "TicketClosed"
+message = "'ticket ' + request.annotations['example.com/ticket'] + ' is closed'"
 
 [signers."example.com/workload".outputs]
 max_lifetime_seconds = "request.source == 'jwt' && 'short' in request.audiences ? 120 : 43200"
@@ -212,4 +225,79 @@ async fn policy_test_and_podca_dev_agree_on_certificates_and_jwt_svids() {
     assert_same_refusal(&status, &offline);
     drop(client);
     assert!(dev.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_test_and_podca_dev_agree_on_declared_annotations() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(CONFIG),
+        ..DevOptions::default()
+    });
+    let mut client = dev.tcp_client().await;
+    for (key, value, expected) in [
+        ("example.com/ticket", "T-42", None),
+        (
+            "example.com/ticket",
+            "T-0",
+            Some(("TicketClosed", "ticket T-0 is closed")),
+        ),
+        (
+            "example.com/ticket",
+            "X-1",
+            Some((
+                "InvalidUnverifiedUserAnnotations",
+                "user annotation \"example.com/ticket\" does not match its declared pattern \"T-*\"",
+            )),
+        ),
+        (
+            "example.com/ticket",
+            "T-123456789",
+            Some((
+                "InvalidUnverifiedUserAnnotations",
+                "user annotation \"example.com/ticket\" is 11 bytes long, over its declared maximum of 8",
+            )),
+        ),
+        (
+            "example.com/flavour",
+            "x",
+            Some((
+                "InvalidUnverifiedUserAnnotations",
+                "unrecognised user annotation \"example.com/flavour\"; this signer recognises only \
+                 \"podca.dev/dns-names\", \"example.com/ticket\"",
+            )),
+        ),
+    ] {
+        let key_pair = rcgen::KeyPair::generate().unwrap();
+        let served = client
+            .issue_certificate(as_caller(
+                IssueCertificateRequest {
+                    csr: csr_for(&key_pair),
+                    user_annotations: [(key.to_owned(), value.to_owned())].into(),
+                    ..Default::default()
+                },
+                "web",
+            ))
+            .await;
+        let offline = policy_test(
+            dir.path(),
+            &format!(
+                "source: grpc\nnamespace: shop\nservice_account: web\nannotations:\n  {key}: \"{value}\"\n"
+            ),
+        );
+        match expected {
+            None => {
+                served.unwrap_or_else(|s| panic!("{key}={value}: {s:?}"));
+                assert_eq!(offline["decision"], "Issued", "{key}={value}: {offline:#}");
+            }
+            Some((reason, message)) => {
+                let status = served.expect_err("refused");
+                assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+                assert_eq!(status.message(), format!("{reason}: {message}"));
+                assert_eq!(offline["decision"], "Denied", "{offline:#}");
+                assert_eq!(offline["reason"], reason, "{offline:#}");
+                assert_eq!(offline["message"], message, "{offline:#}");
+            }
+        }
+    }
 }

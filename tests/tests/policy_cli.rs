@@ -802,7 +802,7 @@ fn lint_passes_a_clean_config_and_warns_about_unverified_and_constant_rules() {
         run.stdout, run.stderr
     );
     let lines: Vec<&str> = run.stdout.lines().collect();
-    assert_eq!(lines.len(), 4, "{}", run.stdout);
+    assert_eq!(lines.len(), 5, "{}", run.stdout);
     assert!(
         lines[0].starts_with(&format!(
             "warning: signer \"{SIGNER}\": rule \"team_annotation\" at require 1:39: reads \
@@ -823,7 +823,16 @@ fn lint_passes_a_clean_config_and_warns_about_unverified_and_constant_rules() {
         "{}",
         lines[2]
     );
-    assert!(lines[3].ends_with(": 0 errors, 3 warnings (1 signer, 5 rules)"));
+    // Issue #42: the key "team" is not declared (`annotations`), so the rule can never see it.
+    assert_eq!(
+        lines[3],
+        format!(
+            "warning: signer \"{SIGNER}\": \"team_annotation\" reads the annotation \"team\", \
+             which this signer does not declare (`annotations`): a request carrying it is denied \
+             before the rules run"
+        )
+    );
+    assert!(lines[4].ends_with(": 0 errors, 4 warnings (1 signer, 5 rules)"));
     // The same as one JSON object, for CI tooling.
     let run = podca(&["policy", "lint", "--config", s(&config), "-o", "json"]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
@@ -832,7 +841,7 @@ fn lint_passes_a_clean_config_and_warns_about_unverified_and_constant_rules() {
     assert_eq!(answer["errors"], serde_json::json!([]));
     assert_eq!(
         answer["warnings"].as_array().unwrap().len(),
-        3,
+        4,
         "{answer:#}"
     );
     assert_eq!(

@@ -38,6 +38,20 @@ pub fn signer_errors(policy: &SignerPolicy) -> Vec<String> {
 }
 
 /// Warnings worth knowing about one rule that parses (a rule that does not is an error).
+/// Every warning of a signer's policy: each rule's ([`rule_warnings`]) and each annotation key
+/// a rule or output reads that the signer does not declare (such an expression only ever sees
+/// the key absent: the request is denied before policy if it carries it).
+pub fn policy_warnings(policy: &crate::policy::SignerPolicy) -> Vec<String> {
+    let mut warnings: Vec<String> = policy.rules.iter().flat_map(rule_warnings).collect();
+    for (rule, key) in policy.undeclared_annotation_reads() {
+        warnings.push(format!(
+            "{rule:?} reads the annotation {key:?}, which this signer does not declare \
+             (`annotations`): a request carrying it is denied before the rules run"
+        ));
+    }
+    warnings
+}
+
 pub fn rule_warnings(rule: &RuleSpec) -> Vec<String> {
     let mut warnings = Vec::new();
     let (field, source) = match (&rule.deny, &rule.require) {
