@@ -397,7 +397,10 @@ pub async fn start(
 /// every identity in `uids` is the owner's (the default: the socket is the user's alone), 0666
 /// when `[dev] identities` maps other users, who must be able to connect; callers are then
 /// told apart by their uid (peer credentials) as before.
-fn bind_socket(path: &Path, uids: &[u32]) -> Result<(UnixListener, PathBuf), StartError> {
+pub(crate) fn bind_socket(
+    path: &Path,
+    uids: &[u32],
+) -> Result<(UnixListener, PathBuf), StartError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
     let refused = |message: String| StartError::Socket(message);
     if let Ok(meta) = std::fs::symlink_metadata(path) {

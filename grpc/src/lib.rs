@@ -98,6 +98,7 @@ pub mod ratelimit;
 pub mod renewal;
 pub mod server;
 pub mod tls;
+pub mod token_signer;
 pub mod uds_authority;
 pub mod workload;
 

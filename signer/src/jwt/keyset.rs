@@ -269,6 +269,11 @@ impl JwtKeySet {
         self.keys.iter().map(|(info, _)| info)
     }
 
+    /// Every published key (prepared, active and retired) with its info, in order.
+    pub fn published(&self) -> impl Iterator<Item = (&JwtKeyInfo, &Arc<dyn CaKey>)> {
+        self.keys.iter().map(|(info, key)| (info, key))
+    }
+
     pub fn sequence(&self) -> u64 {
         self.sequence
     }

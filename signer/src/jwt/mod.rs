@@ -372,16 +372,28 @@ pub fn encode_and_sign(
     URL_SAFE_NO_PAD.encode_string(header, &mut token);
     token.push('.');
     URL_SAFE_NO_PAD.encode_string(claims, &mut token);
-    let signature = key.sign(token.as_bytes())?;
-    let signature = match alg.ecdsa_scalar_len() {
-        Some(len) => ecdsa_der_to_fixed(&signature, len).ok_or_else(|| {
-            JwtError::UnusableKey("the key returned a malformed signature".into())
-        })?,
-        None => signature,
-    };
+    let signature = sign_input(key, alg, token.as_bytes())?;
     token.push('.');
     URL_SAFE_NO_PAD.encode_string(signature, &mut token);
     Ok(token)
+}
+
+/// Signs a JWS signing input (`base64url(header) "." base64url(claims)`) with `key`, and
+/// returns the signature as JWS carries it: ECDSA as the fixed-size `r || s`, not DER. The one
+/// place podca turns a key's signature into a JWS one (JWT-SVIDs, and the service-account
+/// tokens kube-apiserver sends to `podca token-signer`, whose claims it encodes itself).
+pub fn sign_input(
+    key: &dyn CaKey,
+    alg: JwtAlgorithm,
+    signing_input: &[u8],
+) -> Result<Vec<u8>, JwtError> {
+    let signature = key.sign(signing_input)?;
+    match alg.ecdsa_scalar_len() {
+        Some(len) => ecdsa_der_to_fixed(&signature, len).ok_or_else(|| {
+            JwtError::UnusableKey("the key returned a malformed signature".into())
+        }),
+        None => Ok(signature),
+    }
 }
 
 /// A token whose signature, `sub`, `aud`, `exp` and `nbf` were checked.
