@@ -303,10 +303,8 @@ impl IssueArgs {
 
 /// A protobuf timestamp's seconds as RFC 3339 ("?" when absent or out of range).
 fn rfc3339(seconds: Option<i64>) -> String {
-    seconds
-        .and_then(|s| OffsetDateTime::from_unix_timestamp(s).ok())
-        .and_then(|t| t.format(&Rfc3339).ok())
-        .unwrap_or_else(|| "?".to_string())
+    let time = seconds.and_then(|s| OffsetDateTime::from_unix_timestamp(s).ok());
+    time.map_or_else(|| "?".into(), podca_authority::ledger::format_time)
 }
 
 /// Replaces `path` atomically with a file of its own: 0600 when it holds a secret (a key, a

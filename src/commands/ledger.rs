@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use podca_authority::config::Config;
-use podca_authority::ledger::{LedgerBackend, PostgresSettings, PostgresTls, Store};
+use podca_authority::ledger::{
+    LedgerBackend, PostgresSettings, PostgresTls, Store, format_time, parse_time,
+};
 use podca_signer::{FileStore, Filter, LedgerRecord, RecordOutcome};
-use time::OffsetDateTime;
-use time::format_description::well_known::Rfc3339;
 
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
@@ -35,19 +35,11 @@ pub struct StoreArgs {
     #[arg(long, requires = "postgres_url_file")]
     pub postgres_ca_file: Option<PathBuf>,
     /// `verify-full` (default) or `disable` (Unix sockets and loopback only).
-    #[arg(long, requires = "postgres_url_file", value_parser = parse_tls)]
+    #[arg(long, requires = "postgres_url_file")]
     pub postgres_tls: Option<PostgresTls>,
     /// The configuration file whose `[ledger]` (and `[ca] dir`) to read (over --dir).
     #[arg(long, env = "PODCA_CONFIG")]
     pub config: Option<PathBuf>,
-}
-
-fn parse_tls(text: &str) -> Result<PostgresTls, String> {
-    match text {
-        "verify-full" => Ok(PostgresTls::VerifyFull),
-        "disable" => Ok(PostgresTls::Disable),
-        other => Err(format!("{other:?}: use verify-full or disable")),
-    }
 }
 
 /// What to select.
@@ -189,11 +181,6 @@ async fn open_backend(
         .context("[ledger] backend = \"none\" keeps no records to query (see the audit log)")
 }
 
-fn parse_time(flag: &str, value: &str) -> anyhow::Result<OffsetDateTime> {
-    OffsetDateTime::parse(value, &Rfc3339)
-        .with_context(|| format!("{flag} {value:?} is not an RFC 3339 time (2026-11-29T12:00:00Z)"))
-}
-
 impl FilterArgs {
     fn filter(self, limit: usize) -> anyhow::Result<Filter> {
         let Self {
@@ -242,26 +229,8 @@ impl ListArgs {
             }
             return Ok(());
         }
-        println!(
-            "{:<34} {:<20} {:<7} {:<16} {:<3} IDENTITY",
-            "SERIAL", "TIME", "OUTCOME", "NODE", "CA"
-        );
-        for r in &records {
-            // A JWT-SVID has no serial: its signing key's kid stands in that column.
-            let jwt_kid = r.jwt.as_ref().map(|j| format!("jwt:{}", j.kid));
-            println!(
-                "{:<34} {:<20} {:<7} {:<16} {:<3} {}",
-                r.serial
-                    .as_deref()
-                    .or(jwt_kid.as_deref())
-                    .unwrap_or(r.reason.as_str()),
-                short(r.time),
-                r.outcome,
-                r.node_name.as_deref().unwrap_or("-"),
-                r.ca_generation
-                    .map_or_else(|| "-".into(), |g| g.to_string()),
-                r.identity
-            );
+        for line in podca_authority::ledger::table(&records) {
+            println!("{line}");
         }
         Ok(())
     }
@@ -270,24 +239,11 @@ impl ListArgs {
 impl ShowArgs {
     async fn run(self) -> anyhow::Result<()> {
         let Self { store, serial } = self;
-        let store = store.open().await?;
-        let by_serial = Filter {
-            serial: Some(serial.clone()),
-            ..Filter::default()
-        };
-        let mut found = store.query(&by_serial).await?;
-        if found.is_empty() {
-            // Not a serial: perhaps the id of a refusal (`pcr:<uid>`).
-            found = store
-                .query(&Filter::default())
-                .await?
-                .into_iter()
-                .filter(|r| r.id == serial)
-                .collect();
-        }
-        let record: LedgerRecord = found
-            .into_iter()
-            .next()
+        let record: LedgerRecord = store
+            .open()
+            .await?
+            .find(&serial)
+            .await?
             .with_context(|| format!("no certificate with serial {serial} in the ledger"))?;
         println!("{}", serde_json::to_string_pretty(&record)?);
         Ok(())
@@ -313,11 +269,10 @@ impl PruneArgs {
         let Self { store, before } = self;
         let before = parse_time("--before", &before)?;
         let pruned = store.open().await?.prune(before).await?;
-        println!("pruned {pruned} records made before {}", short(before));
+        println!(
+            "pruned {pruned} records made before {}",
+            format_time(before)
+        );
         Ok(())
     }
-}
-
-fn short(t: OffsetDateTime) -> String {
-    t.format(&Rfc3339).unwrap_or_else(|_| t.to_string())
 }

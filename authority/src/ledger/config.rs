@@ -94,6 +94,24 @@ pub enum PostgresTls {
     Disable,
 }
 
+/// `verify-full` or `disable`, as `--postgres-tls` spells them.
+impl std::str::FromStr for PostgresTls {
+    type Err = UnknownPostgresTls;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "verify-full" => Ok(PostgresTls::VerifyFull),
+            "disable" => Ok(PostgresTls::Disable),
+            other => Err(UnknownPostgresTls(other.to_owned())),
+        }
+    }
+}
+
+/// A PostgreSQL TLS mode podca does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: use verify-full or disable")]
+pub struct UnknownPostgresTls(pub String);
+
 /// What a decision waits for when the store cannot be written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]

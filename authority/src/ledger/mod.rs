@@ -33,6 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use config::{
@@ -154,6 +155,20 @@ impl Store {
         }
     }
 
+    /// The record of the certificate with serial `serial_or_id` (hex, colons allowed), else
+    /// the record whose id it is (a refusal's `pcr:<uid>`).
+    pub async fn find(&self, serial_or_id: &str) -> Result<Option<LedgerRecord>, StoreError> {
+        let by_serial = Filter {
+            serial: Some(serial_or_id.to_owned()),
+            ..Filter::default()
+        };
+        if let Some(found) = self.query(&by_serial).await?.into_iter().next() {
+            return Ok(Some(found));
+        }
+        let all = self.query(&Filter::default()).await?;
+        Ok(all.into_iter().find(|r| r.id == serial_or_id))
+    }
+
     /// Deletes the records made before `before`; says how many.
     pub async fn prune(&self, before: OffsetDateTime) -> Result<u64, StoreError> {
         match self {
@@ -167,6 +182,53 @@ impl Store {
             Store::Postgres(pg) => pg.prune(before).await,
         }
     }
+}
+
+/// `podca ledger list`'s table: a header line, then one line per record. A JWT-SVID has no
+/// serial: its signing key's kid stands in that column; a refusal shows its reason.
+pub fn table(records: &[LedgerRecord]) -> Vec<String> {
+    let header = format!(
+        "{:<34} {:<20} {:<7} {:<16} {:<3} IDENTITY",
+        "SERIAL", "TIME", "OUTCOME", "NODE", "CA"
+    );
+    let rows = records.iter().map(|r| {
+        let jwt_kid = r.jwt.as_ref().map(|j| format!("jwt:{}", j.kid));
+        format!(
+            "{:<34} {:<20} {:<7} {:<16} {:<3} {}",
+            r.serial
+                .as_deref()
+                .or(jwt_kid.as_deref())
+                .unwrap_or(r.reason.as_str()),
+            format_time(r.time),
+            r.outcome,
+            r.node_name.as_deref().unwrap_or("-"),
+            r.ca_generation
+                .map_or_else(|| "-".into(), |g| g.to_string()),
+            r.identity
+        )
+    });
+    std::iter::once(header).chain(rows).collect()
+}
+
+/// A record's time as the command line shows it: RFC 3339.
+pub fn format_time(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_else(|_| t.to_string())
+}
+
+/// A time the command line was given (`flag`: which option, for the message).
+pub fn parse_time(flag: &str, value: &str) -> Result<OffsetDateTime, BadTime> {
+    OffsetDateTime::parse(value, &Rfc3339).map_err(|_| BadTime {
+        flag: flag.to_owned(),
+        value: value.to_owned(),
+    })
+}
+
+/// A time that is not RFC 3339.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{flag} {value:?} is not an RFC 3339 time (2026-11-29T12:00:00Z)")]
+pub struct BadTime {
+    pub flag: String,
+    pub value: String,
 }
 
 /// The ledger could not record a decision: do not hand its certificate out; retry later.
