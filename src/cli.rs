@@ -57,6 +57,8 @@ pub enum Command {
     Policy(commands::policy::PolicyCommand),
     /// Show or edit the mTLS renewal denylist (`[grpc] renewal_denylist`).
     Renewal(commands::renewal::RenewalArgs),
+    /// kube-apiserver's external service-account token signer, on a Unix socket.
+    TokenSigner(commands::token_signer::TokenSignerArgs),
     /// Print shell completions (bash, zsh, fish) or, with --man, the man page.
     Completions(commands::completions::CompletionsArgs),
 }
@@ -75,6 +77,7 @@ pub fn main() -> ExitCode {
         Command::Doctor(a) => a.run(),
         Command::Completions(a) => a.run(),
         Command::Renewal(a) => a.run(),
+        Command::TokenSigner(a) => a.run(),
         // Its own exit codes: 1 is a refusal (denied, or lint errors), 2 bad input.
         Command::Policy(c) => return c.run(),
     };

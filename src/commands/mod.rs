@@ -10,6 +10,7 @@ pub mod issue;
 pub mod ledger;
 pub mod policy;
 pub mod renewal;
+pub mod token_signer;
 
 use std::path::PathBuf;
 

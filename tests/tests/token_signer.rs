@@ -1,0 +1,356 @@
+//! `podca token-signer` (issue #46), the real binary on its Unix socket, called by a tonic
+//! client generated from the `v1.ExternalJWTSigner` proto as kube-apiserver calls it:
+//!
+//! * `Metadata` answers `[jwt] max_lifetime_seconds`; `FetchKeys` the data directory's key as
+//!   PKIX DER with its kid; a token assembled from `Sign`'s header and signature around the
+//!   claims as sent verifies with `jsonwebtoken` (not podca's code) against that key, for ES256
+//!   and RS256 keys;
+//! * bad claims (no `exp`, oversized, not base64url, `exp` past the maximum) are
+//!   INVALID_ARGUMENT with their precise message;
+//! * the socket is 0600; a caller of another uid is PERMISSION_DENIED (as root: the socket is
+//!   handed to another uid, which root can still open);
+//! * through a rotation on a short `[jwt]` schedule, every key `Sign` uses was published by
+//!   `FetchKeys` before it signed, and the retired key stays published.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use podca_proto::externaljwt::v1::external_jwt_signer_client::ExternalJwtSignerClient;
+use podca_proto::externaljwt::v1::{
+    FetchKeysRequest, FetchKeysResponse, MetadataRequest, SignJwtRequest,
+};
+use podca_tests::process::{podca_binary, unix_channel};
+use tonic::Code;
+use tonic::transport::Channel;
+use x509_parser::prelude::FromDer;
+
+const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// A running `podca token-signer`, killed on drop.
+struct Signer {
+    child: Child,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Signer {
+    fn start(jwt: &str, extra: &[&str]) -> Signer {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("podca.toml");
+        let data = dir.path().join("data");
+        std::fs::write(
+            &config,
+            format!(
+                "[ca]\nbackend = \"file\"\ndir = \"{}\"\n\n[jwt]\n{jwt}\n",
+                data.display()
+            ),
+        )
+        .unwrap();
+        let socket = dir.path().join("run/signer.sock");
+        let child = Command::new(podca_binary())
+            .args(["token-signer", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(&socket)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(Instant::now() < deadline, "the token signer never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Signer {
+            child,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    async fn client(&self) -> ExternalJwtSignerClient<Channel> {
+        ExternalJwtSignerClient::new(unix_channel(&self.socket).await)
+    }
+}
+
+impl Drop for Signer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// The claims kube-apiserver sends for a projected token, base64url as in the JWT.
+fn kube_claims(lifetime: i64) -> (serde_json::Value, String) {
+    let now = now();
+    let claims = serde_json::json!({
+        "aud": ["https://kubernetes.default.svc.cluster.local"],
+        "exp": now + lifetime,
+        "iat": now,
+        "nbf": now,
+        "iss": ISSUER,
+        "jti": "6f1f1b0e-8b1a-4c55-9a3e-4c3a1f1b0e8b",
+        "kubernetes.io": {
+            "namespace": "default",
+            "serviceaccount": {"name": "default", "uid": "0b8d2f1e-2f6c-4b43-9d6b-2b8f0f0c1a11"},
+        },
+        "sub": "system:serviceaccount:default:default",
+    });
+    let encoded = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap());
+    (claims, encoded)
+}
+
+/// Signs `claims` and assembles the token as kube-apiserver does: header, claims as sent,
+/// signature.
+async fn sign(client: &mut ExternalJwtSignerClient<Channel>, claims: &str) -> String {
+    let answer = client
+        .sign(SignJwtRequest {
+            claims: claims.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    format!("{}.{claims}.{}", answer.header, answer.signature)
+}
+
+async fn fetch(client: &mut ExternalJwtSignerClient<Channel>) -> FetchKeysResponse {
+    client
+        .fetch_keys(FetchKeysRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Verifies `token` with jsonwebtoken against the PKIX DER key `FetchKeys` gave for its kid;
+/// its claims.
+fn verify(token: &str, keys: &FetchKeysResponse, alg: Algorithm) -> serde_json::Value {
+    let header = jsonwebtoken::decode_header(token).unwrap();
+    assert_eq!(header.alg, alg);
+    let kid = header.kid.clone().expect("a kid");
+    let key = keys
+        .keys
+        .iter()
+        .find(|k| k.key_id == kid)
+        .expect("the signing key is published");
+    assert!(!key.exclude_from_oidc_discovery);
+    // The SubjectPublicKeyInfo's key bits (x509-parser): the EC point, or PKCS#1 for RSA.
+    let (rest, spki) = x509_parser::x509::SubjectPublicKeyInfo::from_der(&key.key).unwrap();
+    assert!(rest.is_empty(), "PKIX DER, nothing after it");
+    let bits = &spki.subject_public_key.data;
+    let decoding = match alg {
+        Algorithm::ES256 => DecodingKey::from_ec_der(bits),
+        Algorithm::RS256 => DecodingKey::from_rsa_der(bits),
+        other => panic!("{other:?}"),
+    };
+    let mut validation = Validation::new(alg);
+    validation.set_audience(&["https://kubernetes.default.svc.cluster.local"]);
+    validation.set_issuer(&[ISSUER]);
+    validation.set_required_spec_claims(&["exp", "sub", "aud", "iss"]);
+    jsonwebtoken::decode::<serde_json::Value>(token, &decoding, &validation)
+        .unwrap()
+        .claims
+}
+
+/// The header `Sign` returned: only alg, kid and typ.
+fn header_of(token: &str) -> serde_json::Value {
+    let header = token.split('.').next().unwrap();
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(header).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_apiserver_calls_verify_with_an_independent_verifier() {
+    for (key_algorithm, alg) in [
+        ("ecdsa-p256", Algorithm::ES256),
+        ("rsa-sha256", Algorithm::RS256),
+    ] {
+        let signer = Signer::start(
+            &format!("key_algorithm = \"{key_algorithm}\"\nmax_lifetime_seconds = 3600"),
+            &[],
+        );
+        let mut client = signer.client().await;
+        let metadata = client
+            .metadata(MetadataRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(metadata.max_token_expiration_seconds, 3600);
+        let keys = fetch(&mut client).await;
+        assert_eq!(keys.keys.len(), 1, "{keys:?}");
+        // A third of the default 900 s propagation window.
+        assert_eq!(keys.refresh_hint_seconds, 300);
+        let stamp = keys.data_timestamp.expect("a data timestamp").seconds;
+        assert!((stamp - now()).abs() <= 5, "{stamp}");
+
+        let (claims, encoded) = kube_claims(3600);
+        let token = sign(&mut client, &encoded).await;
+        assert_eq!(verify(&token, &keys, alg), claims, "{key_algorithm}");
+        let header = header_of(&token);
+        let fields: Vec<&String> = header.as_object().unwrap().keys().collect();
+        assert_eq!(fields, ["alg", "kid", "typ"], "{header}");
+        assert_eq!(header["typ"], "JWT");
+        assert_eq!(header["kid"], keys.keys[0].key_id.as_str());
+        // The claims are signed as sent, never re-encoded.
+        assert_eq!(token.split('.').nth(1), Some(encoded.as_str()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_kube_apiserver_would_never_send_are_invalid_arguments() {
+    let signer = Signer::start("max_lifetime_seconds = 600", &[]);
+    let mut client = signer.client().await;
+    let refused = |claims: String| {
+        let mut client = client.clone();
+        async move {
+            client
+                .sign(SignJwtRequest { claims })
+                .await
+                .expect_err("refused")
+        }
+    };
+    let (mut claims, _) = kube_claims(600);
+    claims.as_object_mut().unwrap().remove("exp");
+    let status = refused(URL_SAFE_NO_PAD.encode(claims.to_string())).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "claim \"exp\" is missing or not of its type"
+    );
+
+    let oversized = URL_SAFE_NO_PAD.encode(vec![b' '; 13_000]);
+    let status = refused(oversized.clone()).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(
+        status.message(),
+        format!(
+            "the claims are {} bytes, over the limit of 16384",
+            oversized.len()
+        )
+    );
+
+    let status = refused("not*base64url".into()).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "the claims are not base64url (URL-safe alphabet, no padding)"
+    );
+
+    let (_, too_long) = kube_claims(3600);
+    let status = refused(too_long).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().ends_with("over the maximum of 600 s"),
+        "{status:?}"
+    );
+    // Still serving after the refusals.
+    let (_, good) = kube_claims(600);
+    let keys = fetch(&mut client).await;
+    verify(&sign(&mut client, &good).await, &keys, Algorithm::ES256);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_socket_is_private_and_another_uid_is_refused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let signer = Signer::start("", &[]);
+    let meta = std::fs::metadata(&signer.socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    drop(signer);
+    // Handing the socket to another uid takes root; root then still opens the 0600 socket of
+    // another user, and only the uid check stands between it and the signer.
+    if !is_root() {
+        eprintln!("not root: the refusal of another uid is covered by the unit test of admit()");
+        return;
+    }
+    let signer = Signer::start("", &["--socket-owner", "65534"]);
+    let meta = std::fs::metadata(&signer.socket).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.permissions().mode() & 0o777),
+        (65534, 0o600)
+    );
+    let mut client = signer.client().await;
+    let status = client
+        .metadata(MetadataRequest {})
+        .await
+        .expect_err("root is not the configured user");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "uid 0 may not use the token signer (only uid 65534)"
+    );
+    let (_, claims) = kube_claims(600);
+    let status = client
+        .sign(SignJwtRequest { claims })
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_publishes_the_next_key_before_it_signs() {
+    // Keys sign for 6 s; the next is published 3 s before.
+    let signer = Signer::start(
+        "max_lifetime_seconds = 600\nkey_rotation_seconds = 6\npropagation_seconds = 3",
+        &[],
+    );
+    let mut client = signer.client().await;
+    let mut first_published: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut first_signed: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut signing_order: Vec<String> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(16);
+    while Instant::now() < deadline && signing_order.len() < 3 {
+        let keys = fetch(&mut client).await;
+        let at = Instant::now();
+        for key in &keys.keys {
+            first_published.entry(key.key_id.clone()).or_insert(at);
+        }
+        // Well inside the key's published_until (rotation period + max lifetime).
+        let (_, claims) = kube_claims(300);
+        let token = sign(&mut client, &claims).await;
+        let kid = header_of(&token)["kid"].as_str().unwrap().to_owned();
+        // The token verifies against the keys fetched just before: its key was published.
+        verify(&token, &keys, Algorithm::ES256);
+        if !first_signed.contains_key(&kid) {
+            first_signed.insert(kid.clone(), Instant::now());
+            signing_order.push(kid.clone());
+            // The retired key stays published: every kid that signed is still fetched.
+            let now_published = fetch(&mut client).await;
+            for old in &signing_order {
+                assert!(
+                    now_published.keys.iter().any(|k| &k.key_id == old),
+                    "{old} left FetchKeys while tokens it signed are valid"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        signing_order.len() >= 2,
+        "no rotation within 16 s: {signing_order:?}"
+    );
+    for kid in &signing_order[1..] {
+        let published = first_published[kid];
+        let signed = first_signed[kid];
+        // Published for the propagation window (3 s, less the polling slack) before it signed.
+        assert!(
+            signed.duration_since(published) >= Duration::from_secs(2),
+            "{kid} signed {:?} after it was first published",
+            signed.duration_since(published)
+        );
+    }
+}
