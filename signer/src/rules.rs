@@ -957,6 +957,31 @@ enum Type {
     Dyn,
 }
 
+/// `t` with its article: "an int", "a string".
+fn an(t: &Type) -> String {
+    let name = t.to_string();
+    // "a uint": no other type name starts with a u.
+    let vowel = name.starts_with(['a', 'e', 'i', 'o']);
+    format!("{} {name}", if vowel { "an" } else { "a" })
+}
+
+/// The type two operands share, dyn standing for any type (also inside lists and maps);
+/// `None` when two known types differ.
+fn unify(a: &Type, b: &Type) -> Option<Type> {
+    match (a, b) {
+        (Type::Dyn, t) | (t, Type::Dyn) => Some(t.clone()),
+        (Type::List(x), Type::List(y)) => Some(Type::List(Box::new(unify(x, y)?))),
+        (Type::Map(k1, v1), Type::Map(k2, v2)) => Some(Type::Map(
+            Box::new(unify(k1, k2)?),
+            Box::new(unify(v1, v2)?),
+        )),
+        // podca's objects (request, pod, namespaceObject) are maps at run time.
+        (Type::Object(_), Type::Map(..)) | (Type::Map(..), Type::Object(_)) => Some(Type::Dyn),
+        (x, y) if x == y => Some(x.clone()),
+        _ => None,
+    }
+}
+
 impl fmt::Display for Type {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -1365,7 +1390,10 @@ impl Checker<'_> {
         }
         for (got, want) in args.iter().zip(required.iter().chain(optional)) {
             if got != want && *got != Type::Dyn {
-                return Err(self.error(e, format!("{name}() takes a {want} here, not a {got}")));
+                return Err(self.error(
+                    e,
+                    format!("{name}() takes {} here, not {}", an(want), an(got)),
+                ));
             }
         }
         Ok(())
@@ -1387,46 +1415,214 @@ impl Checker<'_> {
             }
             Ok(Type::Bool)
         };
+        // Two known types that cannot meet in one operation (dyn and null meet anything; the
+        // numeric types meet each other only in comparisons, as CEL's heterogeneous numeric
+        // comparison does).
+        let known = |t: &Type| !matches!(t, Type::Dyn | Type::Null);
+        let numeric = |t: &Type| matches!(t, Type::Int | Type::Uint | Type::Double);
         Ok(match name {
             op::LOGICAL_AND => bool_args("&&")?,
             op::LOGICAL_OR => bool_args("||")?,
             op::LOGICAL_NOT => bool_args("!")?,
             op::NOT_STRICTLY_FALSE => Type::Bool,
-            op::EQUALS
-            | op::NOT_EQUALS
-            | op::LESS
-            | op::LESS_EQUALS
-            | op::GREATER
-            | op::GREATER_EQUALS
-            | op::IN => Type::Bool,
+            op::EQUALS | op::NOT_EQUALS => {
+                if let [a, b] = args
+                    && known(a)
+                    && known(b)
+                    && unify(a, b).is_none()
+                    && !(numeric(a) && numeric(b))
+                {
+                    let sign = if name == op::EQUALS { "==" } else { "!=" };
+                    return Err(self.error(
+                        e,
+                        format!("{sign} compares {} with {}: it is never true", an(a), an(b)),
+                    ));
+                }
+                Type::Bool
+            }
+            op::LESS | op::LESS_EQUALS | op::GREATER | op::GREATER_EQUALS => {
+                for a in args {
+                    if known(a)
+                        && !numeric(a)
+                        && !matches!(a, Type::String | Type::Bytes | Type::Bool)
+                    {
+                        return Err(self.error(e, format!("cannot order {}", an(a))));
+                    }
+                }
+                if let [a, b] = args
+                    && known(a)
+                    && known(b)
+                    && unify(a, b).is_none()
+                    && !(numeric(a) && numeric(b))
+                {
+                    return Err(self.error(e, format!("cannot order {} against {}", an(a), an(b))));
+                }
+                Type::Bool
+            }
+            op::IN => {
+                match args {
+                    [elem, Type::List(t)]
+                        if known(elem) && known(t) && unify(elem, t).is_none() =>
+                    {
+                        return Err(self.error(
+                            e,
+                            format!(
+                                "`in` looks for {} in a list({t}): it is never found",
+                                an(elem)
+                            ),
+                        ));
+                    }
+                    [key, Type::Map(k, _)] if known(key) && known(k) && unify(key, k).is_none() => {
+                        return Err(self.error(
+                            e,
+                            format!(
+                                "`in` looks for {} key in a map({k}, …): it is never found",
+                                an(key)
+                            ),
+                        ));
+                    }
+                    [_, other]
+                        if known(other) && !matches!(other, Type::List(_) | Type::Map(..)) =>
+                    {
+                        return Err(self.error(
+                            e,
+                            format!("`in` needs a list or a map on its right, not {}", an(other)),
+                        ));
+                    }
+                    _ => {}
+                }
+                Type::Bool
+            }
             op::CONDITIONAL => match args {
                 [c, a, b] => {
                     if !matches!(c, Type::Bool | Type::Dyn) {
                         return Err(self.error(e, format!("?: needs a bool condition, not {c}")));
                     }
-                    if a == b { a.clone() } else { Type::Dyn }
+                    match unify(a, b) {
+                        Some(t) => t,
+                        None if known(a) && known(b) => {
+                            return Err(self.error(
+                                e,
+                                format!(
+                                    "?: gives {} or {}: both branches need one type",
+                                    an(a),
+                                    an(b)
+                                ),
+                            ));
+                        }
+                        None => Type::Dyn,
+                    }
                 }
                 _ => Type::Dyn,
             },
-            op::ADD | op::SUBSTRACT | op::MULTIPLY | op::DIVIDE | op::MODULO => match args {
-                [a, b] if a == b && !matches!(a, Type::Object(_)) => a.clone(),
-                _ => Type::Dyn,
+            op::ADD | op::SUBSTRACT | op::MULTIPLY | op::DIVIDE | op::MODULO => {
+                let sign = match name {
+                    op::ADD => "+",
+                    op::SUBSTRACT => "-",
+                    op::MULTIPLY => "*",
+                    op::DIVIDE => "/",
+                    _ => "%",
+                };
+                let allowed = |t: &Type| match name {
+                    op::ADD => {
+                        numeric(t) || matches!(t, Type::String | Type::Bytes | Type::List(_))
+                    }
+                    op::MODULO => matches!(t, Type::Int | Type::Uint),
+                    _ => numeric(t),
+                };
+                for a in args {
+                    if known(a) && !allowed(a) {
+                        return Err(self.error(e, format!("{sign} does not apply to {}", an(a))));
+                    }
+                }
+                match args {
+                    [a, b] if unify(a, b).is_some() => unify(a, b).unwrap_or(Type::Dyn),
+                    [a, b] if known(a) && known(b) => {
+                        return Err(self.error(
+                            e,
+                            format!(
+                                "{sign} of {} and {}: convert one first (e.g. string(x), int(x))",
+                                an(a),
+                                an(b)
+                            ),
+                        ));
+                    }
+                    _ => Type::Dyn,
+                }
+            }
+            op::NEGATE => match args.first() {
+                Some(t) if known(t) && !matches!(t, Type::Int | Type::Double) => {
+                    return Err(self.error(e, format!("- does not apply to {}", an(t))));
+                }
+                Some(t) => t.clone(),
+                None => Type::Dyn,
             },
-            op::NEGATE => args.first().cloned().unwrap_or(Type::Dyn),
             op::INDEX => match args {
-                [Type::List(t), _] => (**t).clone(),
-                [Type::Map(_, v), _] => (**v).clone(),
+                [Type::List(t), i] => {
+                    if known(i) && !matches!(i, Type::Int | Type::Uint) {
+                        return Err(self.error(
+                            e,
+                            format!("a list({t}) is indexed with an int, not {}", an(i)),
+                        ));
+                    }
+                    (**t).clone()
+                }
+                [Type::Map(k, v), key] => {
+                    if known(key) && known(k) && unify(key, k).is_none() {
+                        return Err(self.error(
+                            e,
+                            format!("a map({k}, {v}) is indexed with {}, not {}", an(k), an(key)),
+                        ));
+                    }
+                    (**v).clone()
+                }
                 [Type::Object(o), _] => {
                     return Err(self.error(e, format!("index {o} with . fields, not []")));
                 }
+                [other, _] if known(other) => {
+                    return Err(self.error(e, format!("{} cannot be indexed", an(other))));
+                }
                 _ => Type::Dyn,
             },
-            "size" => Type::Int,
+            "size" => {
+                let operand = target.as_ref().or(args.first());
+                let count = args.len() + usize::from(target.is_some());
+                if count != 1 {
+                    return Err(self.error(e, format!("size() takes 1 argument, not {count}")));
+                }
+                if let Some(t) = operand
+                    && known(t)
+                    && !matches!(
+                        t,
+                        Type::String | Type::Bytes | Type::List(_) | Type::Map(..)
+                    )
+                {
+                    return Err(self.error(
+                        e,
+                        format!("size() takes a string, bytes, list or map, not {}", an(t)),
+                    ));
+                }
+                Type::Int
+            }
             "contains" | "startsWith" | "endsWith" | "matches" => {
                 if let Some(t) = &target
                     && !matches!(t, Type::String | Type::Dyn)
                 {
                     return Err(self.error(e, format!("{name}() is a string method, not {t}'s")));
+                }
+                // `matches` is also a global function: matches(s, re).
+                let wanted = if target.is_some() { 1 } else { 2 };
+                if args.len() != wanted {
+                    return Err(self.error(
+                        e,
+                        format!(
+                            "{name}() takes {wanted} string argument(s), not {}",
+                            args.len()
+                        ),
+                    ));
+                }
+                if let Some(a) = args.iter().find(|a| known(a) && **a != Type::String) {
+                    return Err(self.error(e, format!("{name}() takes a string, not {}", an(a))));
                 }
                 Type::Bool
             }
@@ -1648,6 +1844,121 @@ mod tests {
         ] {
             let e = compile_err(&specs).to_string();
             assert!(e.contains(want), "{e:?} should contain {want:?}");
+        }
+    }
+
+    /// Issue #42: what Kubernetes' own CEL refuses at write time is refused at load, with the
+    /// rule, the position and the types; before, each of these linted clean and denied every
+    /// request at run time (`PolicyRuleFailed`).
+    #[test]
+    fn type_errors_are_refused_at_load_with_the_types() {
+        for (expression, want) in [
+            (
+                "request.key_type.startsWith(42)",
+                "1:28: startsWith() takes a string, not an int",
+            ),
+            ("request.namespace + 1 == 'a'", "+ of a string and an int"),
+            ("request.namespace == 1", "== compares a string with an int"),
+            (
+                "request.namespace != true",
+                "!= compares a string with a bool",
+            ),
+            (
+                "size(5) > 1",
+                "size() takes a string, bytes, list or map, not an int",
+            ),
+            (
+                "request.audiences['x'] == 'y'",
+                "a list(string) is indexed with an int, not a string",
+            ),
+            (
+                "request.annotations[1] == 'y'",
+                "a map(string, string) is indexed with a string, not an int",
+            ),
+            ("request.namespace[0] == 'a'", "a string cannot be indexed"),
+            (
+                "1 in request.audiences",
+                "`in` looks for an int in a list(string)",
+            ),
+            (
+                "1 in request.annotations",
+                "`in` looks for an int key in a map(string",
+            ),
+            (
+                "'a' in request.namespace",
+                "`in` needs a list or a map on its right, not a string",
+            ),
+            (
+                "request.namespace < 1",
+                "cannot order a string against an int",
+            ),
+            ("request.audiences < ['a']", "cannot order a list(string)"),
+            ("-request.namespace == 'a'", "- does not apply to a string"),
+            (
+                "request.namespace * 2 == 'aa'",
+                "* does not apply to a string",
+            ),
+            ("now % 2.0 == 0", "% does not apply to a double"),
+            ("now - 5u > 0", "- of an int and a uint"),
+            (
+                "(request.namespace == 'a' ? 1 : 'b') == 1",
+                "?: gives an int or a string",
+            ),
+            (
+                "request.audiences.exists(a, a + 1 == 2)",
+                "+ of a string and an int",
+            ),
+            (
+                "request.audiences.all(a, a.size() > 'x')",
+                "cannot order an int against a string",
+            ),
+            (
+                "request.audiences.map(a, a.startsWith(1)).size() > 0",
+                "startsWith() takes a string, not an int",
+            ),
+            (
+                "request.namespace.contains()",
+                "contains() takes 1 string argument(s), not 0",
+            ),
+            (
+                "request.namespace.split(1).size() > 0",
+                "split() takes a string here, not an int",
+            ),
+            (
+                "request.annotations.filter(k, k > 1).size() > 0",
+                "cannot order a string against an int",
+            ),
+            (
+                "'team' in pod.labels && pod.labels['team'] + 2 == 'x'",
+                "+ of a string and an int",
+            ),
+            (
+                "request.requested_lifetime_seconds == 'a'",
+                "== compares an int with a string",
+            ),
+        ] {
+            let e = compile_err(&[spec("typed", expression)]).to_string();
+            assert!(
+                e.contains("rule \"typed\" at deny") && e.contains(want),
+                "{expression}: {e:?} should contain {want:?}"
+            );
+        }
+        // Well typed: numeric comparisons across types, dyn, null, lists and maps.
+        for expression in [
+            "request.requested_lifetime_seconds > 3600.0",
+            "request.requested_lifetime_seconds == null",
+            "request.audiences == ['a', 'b']",
+            "'team' in request.annotations && request.annotations['team'].startsWith('pay')",
+            "request.audiences.exists(a, a.endsWith('.svc')) || size(request.audiences) == 0",
+            "request.namespace.split('-').size() > 1 && matches(request.namespace, '^[a-z]+$')",
+            "[1, 'a'][0] == 1",
+            "now - 5 > 0 && now % 2 == 0",
+        ] {
+            assert!(
+                RuleSet::compile(&[spec("typed", expression)]).is_ok(),
+                "{expression}: {:?}",
+                RuleSet::compile(&[spec("typed", expression)]).err()
+            );
         }
     }
 
@@ -2385,7 +2696,8 @@ mod tests {
                 "a list holding int, not only strings",
             ),
             (
-                Some("request.annotations['podca.dev/dns-names'] == 'x' ? ['a'] : 'b'"),
+                // Mixed branches are a load error now; a dyn list still reaches run time.
+                Some("[['a'], 'b'][request.annotations['podca.dev/dns-names'] == 'x' ? 0 : 1]"),
                 None,
                 "a.shop",
                 RequestSource::Pcr,
@@ -2434,7 +2746,7 @@ mod tests {
             ),
             (
                 None,
-                Some("request.annotations['podca.dev/dns-names'] == 'x' ? 1 : 'b'"),
+                Some("[1, 'b'][request.annotations['podca.dev/dns-names'] == 'x' ? 0 : 1]"),
                 "a.shop",
                 RequestSource::Pcr,
                 cap,
@@ -2528,7 +2840,7 @@ mod tests {
             ),
             (
                 compile(Some("request.namespace.split(1)"), None),
-                "outputs.dns_names at 1:24: split() takes a string here, not a int",
+                "outputs.dns_names at 1:24: split() takes a string here, not an int",
             ),
             (
                 compile(Some("[request.namespace.trim('x')]"), None),
