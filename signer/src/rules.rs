@@ -1962,6 +1962,53 @@ mod tests {
         }
     }
 
+    /// Every rule and output the README and the operator guide show compiles and type-checks:
+    /// each ```toml block that parses is searched for `rules` arrays and `outputs` tables
+    /// (under `[signers."…"]` or on their own).
+    #[test]
+    fn every_rule_the_docs_show_type_checks() {
+        fn visit(value: &toml::Value, found: &mut Vec<(Vec<RuleSpec>, OutputSpec)>) {
+            let Some(table) = value.as_table() else {
+                return;
+            };
+            let rules: Vec<RuleSpec> = table
+                .get("rules")
+                .and_then(|r| r.clone().try_into().ok())
+                .unwrap_or_default();
+            let outputs: OutputSpec = table
+                .get("outputs")
+                .and_then(|o| o.clone().try_into().ok())
+                .unwrap_or_default();
+            if !rules.is_empty() || !outputs.is_empty() {
+                found.push((rules, outputs));
+            }
+            for child in table.values() {
+                visit(child, found);
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut found = vec![];
+        for doc in ["README.md", "docs/operator-guide.md"] {
+            let text = std::fs::read_to_string(root.join(doc)).unwrap();
+            for block in text.split("```toml\n").skip(1) {
+                let block = block.split("```").next().unwrap_or_default();
+                if let Ok(value) = toml::from_str::<toml::Value>(block) {
+                    visit(&value, &mut found);
+                }
+            }
+        }
+        assert!(
+            found.len() >= 5,
+            "only {} rule sets found in the docs",
+            found.len()
+        );
+        for (rules, outputs) in &found {
+            if let Err(e) = RuleSet::compile_with_outputs(rules, outputs) {
+                panic!("a documented rule does not compile: {e}\n{rules:#?}\n{outputs:#?}");
+            }
+        }
+    }
+
     #[test]
     fn dyn_results_are_checked_on_a_sample_request() {
         // `request.annotations` values are strings, so `[...][0]` infers dyn: the sample decides.
