@@ -792,3 +792,104 @@ async fn a_pod_rule_request_waits_while_its_pod_cannot_be_read() {
     assert_eq!(pod_reads(&watched, "error"), 3);
     ctl.stop().await;
 }
+
+/// Issue #42: a signer's declared annotation reaches its rules on the PCR path, and the
+/// controller against the emulator decides each PCR exactly as `podca policy test` does for the
+/// same object (the PCR as the API server holds it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_annotations_decide_on_the_emulator_as_policy_test_does() {
+    install_crypto();
+    const DECLARED: &str = r#"
+[[annotations]]
+key = "example.com/ticket"
+pattern = "T-*"
+max_length = 8
+
+[[rules]]
+name = "closed_ticket"
+deny = "'example.com/ticket' in request.annotations && request.annotations['example.com/ticket'] == 'T-0'"
+reason = "TicketClosed"
+message = "'ticket ' + request.annotations['example.com/ticket'] + ' is closed'"
+"#;
+    let c = Cluster::start(ApiMode::V1Only, &[SIGNER]).await;
+    let cases = [
+        ("req-open", "example.com/ticket", "T-42"),
+        ("req-closed", "example.com/ticket", "T-0"),
+        ("req-pattern", "example.com/ticket", "X-1"),
+        ("req-long", "example.com/ticket", "T-123456789"),
+        ("req-undeclared", "example.com/flavour", "x"),
+    ];
+    let ctl = start(&c, policy(DECLARED), None).await;
+    for (name, key, value) in cases {
+        NewPcr {
+            annotations: Some(serde_json::json!({ key: value })),
+            ..NewPcr::p256(name, SIGNER)
+        }
+        .file(&c.admin)
+        .await;
+    }
+    let scratch = tempfile::tempdir().unwrap();
+    let config = scratch.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n{}",
+            DECLARED
+                .replace(
+                    "[[annotations]]",
+                    &format!("[[signers.\"{SIGNER}\".annotations]]")
+                )
+                .replace("[[rules]]", &format!("[[signers.\"{SIGNER}\".rules]]"))
+        ),
+    )
+    .unwrap();
+    let mut seen = vec![];
+    for (name, _, _) in cases {
+        let (ty, reason, message) = settled(&c.emu, "apps", name).await;
+        // The same object, offline.
+        let mut object = c.emu.get_object(Res::Pcr, "apps", name).unwrap();
+        object["status"] = serde_json::json!({});
+        // As `kubectl get pcr -o json` prints it (the store keeps neither).
+        object["kind"] = "PodCertificateRequest".into();
+        object["apiVersion"] = "certificates.k8s.io/v1".into();
+        let file = scratch.path().join(format!("{name}.json"));
+        std::fs::write(&file, object.to_string()).unwrap();
+        let out = Command::new(podca_binary())
+            .args(["policy", "test", "-o", "json", "--config"])
+            .arg(&config)
+            .arg("--request")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let offline: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{name}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
+        assert_eq!(offline["decision"], ty, "{name}: {offline:#}");
+        if ty != "Issued" {
+            assert_eq!(offline["reason"], reason, "{name}: {offline:#}");
+            assert_eq!(offline["message"], message, "{name}: {offline:#}");
+        }
+        seen.push((ty, reason));
+    }
+    let expected: Vec<(String, String)> = [
+        ("Issued", ""),
+        ("Denied", "TicketClosed"),
+        ("Denied", "InvalidUnverifiedUserAnnotations"),
+        ("Denied", "InvalidUnverifiedUserAnnotations"),
+        ("Denied", "InvalidUnverifiedUserAnnotations"),
+    ]
+    .iter()
+    .map(|(t, r)| ((*t).to_owned(), (*r).to_owned()))
+    .collect();
+    let got: Vec<(String, String)> = seen
+        .into_iter()
+        .map(|(t, r)| {
+            if t == "Issued" {
+                (t, String::new())
+            } else {
+                (t, r)
+            }
+        })
+        .collect();
+    assert_eq!(got, expected);
+    ctl.stop().await;
+}
