@@ -10,12 +10,15 @@
 //! * the socket is 0600; a caller of another uid is PERMISSION_DENIED (as root: the socket is
 //!   handed to another uid, which root can still open);
 //! * through a rotation on a short `[jwt]` schedule, every key `Sign` uses was published by
-//!   `FetchKeys` before it signed, and the retired key stays published.
+//!   `FetchKeys` before it signed, and the retired key stays published;
+//! * with the keys in a SoftHSM2 token (`[ca] backend = "pkcs11"`): tokens verify with
+//!   `jsonwebtoken` and the `openssl` command line, `pkcs11-tool` reports the key never
+//!   extractable, and the data directory holds only its metadata.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,6 +30,7 @@ use podca_proto::externaljwt::v1::{
     FetchKeysRequest, FetchKeysResponse, MetadataRequest, SignJwtRequest,
 };
 use podca_tests::process::{podca_binary, unix_channel};
+use podca_tests::softhsm::{SOFTHSM2_MODULE, softhsm_token};
 use tonic::Code;
 use tonic::transport::Channel;
 use x509_parser::prelude::FromDer;
@@ -37,20 +41,22 @@ const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 struct Signer {
     child: Child,
     socket: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Signer {
     fn start(jwt: &str, extra: &[&str]) -> Signer {
+        Signer::start_with("backend = \"file\"", jwt, extra, &[])
+    }
+
+    /// `ca`: the `[ca]` keys besides `dir` (the data directory, made here).
+    fn start_with(ca: &str, jwt: &str, extra: &[&str], env: &[(&str, &Path)]) -> Signer {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("podca.toml");
         let data = dir.path().join("data");
         std::fs::write(
             &config,
-            format!(
-                "[ca]\nbackend = \"file\"\ndir = \"{}\"\n\n[jwt]\n{jwt}\n",
-                data.display()
-            ),
+            format!("[ca]\n{ca}\ndir = {data:?}\n\n[jwt]\n{jwt}\n"),
         )
         .unwrap();
         let socket = dir.path().join("run/signer.sock");
@@ -60,6 +66,7 @@ impl Signer {
             .arg("--socket")
             .arg(&socket)
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -69,11 +76,11 @@ impl Signer {
             assert!(Instant::now() < deadline, "the token signer never listened");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Signer {
-            child,
-            socket,
-            _dir: dir,
-        }
+        Signer { child, socket, dir }
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
     }
 
     async fn client(&self) -> ExternalJwtSignerClient<Channel> {
@@ -353,4 +360,100 @@ async fn a_rotation_publishes_the_next_key_before_it_signs() {
             signed.duration_since(published)
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_in_softhsm2_are_not_extractable_and_verify_with_openssl() {
+    const USER_PIN: &str = "podca-token-signer-pin-2718";
+    let hsm = tempfile::tempdir().unwrap();
+    let conf = softhsm_token(hsm.path(), "token-signer", "podca-so-pin-8172", USER_PIN);
+    let pin = hsm.path().join("user.pin");
+    std::fs::write(&pin, format!("{USER_PIN}\n")).unwrap();
+    let signer = Signer::start_with(
+        &format!(
+            "backend = \"pkcs11\"\npkcs11_uri = \"pkcs11:token=token-signer;object=podca-ca?\
+             module-path={SOFTHSM2_MODULE}\"\npkcs11_pin_file = {pin:?}"
+        ),
+        "max_lifetime_seconds = 600",
+        &[],
+        &[("SOFTHSM2_CONF", &conf)],
+    );
+    let mut client = signer.client().await;
+    let keys = fetch(&mut client).await;
+    let (claims, encoded) = kube_claims(600);
+    let token = sign(&mut client, &encoded).await;
+    assert_eq!(verify(&token, &keys, Algorithm::ES256), claims);
+
+    // openssl (no aws-lc, no jsonwebtoken): the signing input, the signature as DER, the key
+    // FetchKeys returned as a PEM SubjectPublicKeyInfo.
+    let work = tempfile::tempdir().unwrap();
+    let (input, signature) = token.rsplit_once('.').unwrap();
+    let signature = URL_SAFE_NO_PAD.decode(signature).unwrap();
+    assert_eq!(signature.len(), 64, "ES256 is r || s");
+    std::fs::write(work.path().join("input"), input).unwrap();
+    std::fs::write(work.path().join("sig.der"), ecdsa_der(&signature)).unwrap();
+    let pem = pem::encode(&pem::Pem::new("PUBLIC KEY", keys.keys[0].key.clone()));
+    std::fs::write(work.path().join("key.pem"), pem).unwrap();
+    let out = Command::new("openssl")
+        .current_dir(work.path())
+        .args([
+            "dgst",
+            "-sha256",
+            "-verify",
+            "key.pem",
+            "-signature",
+            "sig.der",
+            "input",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The key is in the token, sensitive and never extractable (OpenSC's pkcs11-tool, not
+    // podca, says so), and the data directory holds only its metadata.
+    let out = Command::new("pkcs11-tool")
+        .args(["--module", SOFTHSM2_MODULE, "--token-label", "token-signer"])
+        .args([
+            "--login",
+            "--pin",
+            USER_PIN,
+            "--list-objects",
+            "--type",
+            "privkey",
+        ])
+        .env("SOFTHSM2_CONF", &conf)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(listed.contains("label:      podca-jwt-"), "{listed}");
+    assert!(listed.contains("never extractable"), "{listed}");
+    let jwt_files: Vec<String> = std::fs::read_dir(signer.data_dir().join("jwt"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(jwt_files, ["state.json"]);
+}
+
+/// A JOSE ECDSA signature (`r || s`) as the DER `SEQUENCE { INTEGER r, INTEGER s }` openssl
+/// reads, encoded here rather than by podca.
+fn ecdsa_der(fixed: &[u8]) -> Vec<u8> {
+    let integer = |bytes: &[u8]| {
+        let mut digits: Vec<u8> = bytes.iter().copied().skip_while(|b| *b == 0).collect();
+        if digits.first().is_none_or(|b| b & 0x80 != 0) {
+            digits.insert(0, 0);
+        }
+        let mut out = vec![0x02, u8::try_from(digits.len()).unwrap()];
+        out.extend(digits);
+        out
+    };
+    let (r, s) = fixed.split_at(fixed.len() / 2);
+    let body = [integer(r), integer(s)].concat();
+    let mut out = vec![0x30, u8::try_from(body.len()).unwrap()];
+    out.extend(body);
+    out
 }
