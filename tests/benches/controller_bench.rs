@@ -8,10 +8,17 @@
 //!   files `count` (default 10,000) PCRs at once, reports the time until all are Issued (PCR/s)
 //!   and the controller's peak RSS. Then, podca stopped, the emulator's ceiling in the same run:
 //!   `count` more PCRs settled by the bench itself with raw `/status` PATCHes of pre-built
-//!   certificate chains, at the same concurrency as podca's workers (`PODCA_BENCH_WORKERS`,
-//!   default 32), and podca's rate as a share of it.
+//!   certificate chains ([`podca_tests::bench::raw_patch_ceiling`]) at `PODCA_BENCH_CEILING`
+//!   in flight (default 32, as the real server's raw rate was measured), and podca's rate as a
+//!   share of it.
 //!   `PODCA_EMULATOR_LATENCY=real-apiserver` (or any spec of `podca_tests::emulator::latency`)
 //!   gives the emulator the real server's service times and concurrency.
+//!   `PODCA_BENCH_CREATE=http` creates the PCRs over HTTP (32 kept-alive connections, as an
+//!   admin; `rate` mode: each at its time) instead of straight into the emulator's store, so that
+//!   under a latency model the creates compete with podca's writes for the server, as on a real
+//!   one; the burst then also reports p50/p99 creation-to-Issued. The ceiling's PCRs are always
+//!   filed into the store: it measures PATCHes alone, as the real server's raw rate was.
+//!   `PODCA_BENCH_WORKERS=N` passes `--workers N` to podca (default: its configuration's).
 //!   `PODCA_BENCH_LEDGER=postgres` records into a throwaway PostgreSQL server (tests/src/postgres.rs)
 //!   instead of the default redb file; `none` records nothing durable.
 //! `cargo bench -p podca-tests --bench controller_bench -- rate [per_second] [seconds]`
@@ -22,20 +29,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use podca_signer::{
-    CaAlgorithm, CertificateRequest, IssuingCa, MemoryKey, Outcome, SignerPolicy, SubjectKey,
-    sign_request,
-};
+use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
+use podca_tests::bench::{BENCH_NAMESPACE, BENCH_SIGNER as SIGNER, bench_pcr as pcr, stubs};
 use podca_tests::client::KubeClient;
-use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_IDENTITY};
+use podca_tests::cluster::{Cluster, ClusterConfig};
 use podca_tests::emulator::{ApiMode, LatencyModel, Res};
 use podca_tests::process::{free_port, http_get, podca_binary_release};
 use podca_tests::{Emulator, EmulatorConfig};
-use rcgen::{CertificateParams, DistinguishedName, KeyPair};
-use serde_json::json;
-
-const SIGNER: &str = "example.com/workload";
 
 fn main() {
     podca_tests::sim::install_crypto();
@@ -64,8 +64,12 @@ fn main() {
 
 /// The controller under test: a `podca serve` process, or a task in this process.
 enum Controller {
-    /// The process, and the PostgreSQL server its ledger is in (if it is).
-    Process(std::process::Child, Option<podca_tests::postgres::Postgres>),
+    /// The process, the PostgreSQL server its ledger is in (if it is), its admin port.
+    Process(
+        std::process::Child,
+        Option<podca_tests::postgres::Postgres>,
+        u16,
+    ),
     Task(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -73,8 +77,16 @@ impl Controller {
     /// Peak RSS of the controller (KiB): the serve process's, or this whole process's.
     fn peak_rss_kib(&self) -> u64 {
         match self {
-            Controller::Process(child, _) => peak_rss_of(&format!("/proc/{}/status", child.id())),
+            Controller::Process(child, ..) => peak_rss_of(&format!("/proc/{}/status", child.id())),
             Controller::Task(_) => peak_rss_of("/proc/self/status"),
+        }
+    }
+
+    /// The serve process's `/metrics` page (`None` in process).
+    fn scrape(&self) -> Option<String> {
+        match self {
+            Controller::Process(_, _, admin) => http_get(*admin, "/metrics").map(|(_, page)| page),
+            Controller::Task(_) => None,
         }
     }
 
@@ -87,7 +99,7 @@ impl Controller {
 
     fn stop(self) {
         match self {
-            Controller::Process(mut child, pg) => {
+            Controller::Process(mut child, pg, _) => {
                 let _ = std::process::Command::new("kill")
                     .args(["-TERM", &child.id().to_string()])
                     .status();
@@ -113,11 +125,81 @@ impl Controller {
     }
 }
 
-fn workers() -> usize {
+/// `PODCA_BENCH_WORKERS`: podca's `--workers`, when set.
+fn workers() -> Option<usize> {
     std::env::var("PODCA_BENCH_WORKERS")
         .ok()
         .and_then(|w| w.parse().ok())
+}
+
+/// `PODCA_BENCH_CEILING`: the raw client's PATCHes in flight (default 32).
+fn ceiling_concurrency() -> usize {
+    std::env::var("PODCA_BENCH_CEILING")
+        .ok()
+        .and_then(|w| w.parse().ok())
         .unwrap_or(32)
+}
+
+/// `PODCA_BENCH_CREATE=http`: PCRs are created over HTTP rather than filed into the store.
+fn create_over_http() -> bool {
+    match std::env::var("PODCA_BENCH_CREATE").as_deref() {
+        Ok("http") => true,
+        Ok("store") | Err(_) => false,
+        Ok(other) => panic!("PODCA_BENCH_CREATE={other:?}: expected http or store"),
+    }
+}
+
+/// Creates the PCR `body` over HTTP on `conn`; panics unless the API server created it.
+async fn create(conn: &mut podca_tests::client::KeepAliveClient, body: &serde_json::Value) {
+    let path =
+        format!("/apis/certificates.k8s.io/v1/namespaces/{BENCH_NAMESPACE}/podcertificaterequests");
+    let answer = conn
+        .request(
+            "POST",
+            &path,
+            Some("application/json"),
+            body.to_string().into_bytes(),
+        )
+        .await
+        .expect("POST a PCR");
+    assert_eq!(
+        answer.status,
+        201,
+        "create: {}",
+        String::from_utf8_lossy(&answer.body)
+    );
+}
+
+/// Creates `pcrs` over HTTP from 32 kept-alive connections at once (as the real server's
+/// figures were measured), and returns when each was created (sent).
+async fn create_all(emu: &Emulator, pcrs: Vec<serde_json::Value>) -> HashMap<String, Instant> {
+    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+    let queue = Arc::new(std::sync::Mutex::new(pcrs));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let mut conn = admin.keep_alive();
+            let queue = Arc::clone(&queue);
+            tokio::spawn(async move {
+                let mut sent = Vec::new();
+                loop {
+                    let Some(body) = queue.lock().expect("lock").pop() else {
+                        return sent;
+                    };
+                    let name = body["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    sent.push((name, Instant::now()));
+                    create(&mut conn, &body).await;
+                }
+            })
+        })
+        .collect();
+    let mut created = HashMap::new();
+    for t in tasks {
+        created.extend(t.await.expect("creator"));
+    }
+    created
 }
 
 async fn setup() -> (Emulator, tempfile::TempDir, Controller) {
@@ -163,7 +245,9 @@ async fn setup() -> (Emulator, tempfile::TempDir, Controller) {
         )]),
         Arc::new(ca),
     );
-    options.workers = workers();
+    if let Some(workers) = workers() {
+        options.workers = workers;
+    }
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(podca_controller::run(client, options, async move {
         let _ = rx.await;
@@ -198,13 +282,17 @@ async fn start_serve(
     )
     .expect("config");
     let admin = free_port();
-    let child = std::process::Command::new(&bin)
+    let mut command = std::process::Command::new(&bin);
+    command
         .args(["serve", "--config"])
         .arg(&config)
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}"), "--no-grpc"])
-        .args(["--workers", &workers().to_string()])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}"), "--no-grpc"]);
+    if let Some(workers) = workers() {
+        command.args(["--workers", &workers.to_string()]);
+    }
+    let child = command
         .env("PODCA_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -214,7 +302,7 @@ async fn start_serve(
         assert!(Instant::now() < deadline, "podca serve never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    Controller::Process(child, pg)
+    Controller::Process(child, pg, admin)
 }
 
 /// The `[ledger]` table `PODCA_BENCH_LEDGER` asks for (redb by default), and the PostgreSQL
@@ -242,39 +330,6 @@ fn bench_ledger(dir: &std::path::Path) -> (String, Option<podca_tests::postgres:
     }
 }
 
-/// A subject key's stub CSR, as DER and as the base64 of `spec.stubPKCS10Request`.
-struct Stub {
-    der: Vec<u8>,
-    csr: String,
-}
-
-fn stubs() -> Vec<Stub> {
-    (0..16)
-        .map(|_| {
-            let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-            let mut p = CertificateParams::default();
-            p.distinguished_name = DistinguishedName::new();
-            let der = p.serialize_request(&key).expect("csr").der().to_vec();
-            let csr = base64::engine::general_purpose::STANDARD.encode(&der);
-            Stub { der, csr }
-        })
-        .collect()
-}
-
-fn pcr(name: &str, csr: &str) -> serde_json::Value {
-    json!({
-        "metadata": {"name": name, "namespace": "bench"},
-        "spec": {
-            "signerName": SIGNER, "podName": format!("pod-{name}"),
-            "podUID": podca_tests::emulator::new_uid(),
-            "serviceAccountName": "app", "serviceAccountUID": "sa-uid",
-            "nodeName": "node-1", "nodeUID": "node-uid", "maxExpirationSeconds": 86400,
-            "stubPKCS10Request": csr,
-        },
-        "status": {},
-    })
-}
-
 fn peak_rss_of(status: &str) -> u64 {
     std::fs::read_to_string(status)
         .ok()
@@ -288,13 +343,30 @@ fn peak_rss_of(status: &str) -> u64 {
 
 async fn burst(count: usize) {
     let (emu, _dir, controller) = setup().await;
+    let http = create_over_http();
     let stubs = stubs();
-    let csrs: Vec<&str> = stubs.iter().map(|s| s.csr.as_str()).collect();
+    let metrics_before = controller.scrape();
     let rss_before = controller.peak_rss_kib();
+    let pcrs: Vec<_> = (0..count)
+        .map(|i| pcr(&format!("b-{i}"), &stubs[i % stubs.len()].csr))
+        .collect();
+    // Issued times, observed through a watch from before the first create.
+    let issued_at = watch_issued(&emu, count).await;
     let start = Instant::now();
-    for i in 0..count {
-        emu.seed_object(Res::Pcr, pcr(&format!("b-{i}"), csrs[i % csrs.len()]));
-    }
+    let created = if http {
+        create_all(&emu, pcrs).await
+    } else {
+        let mut created = HashMap::new();
+        for object in pcrs {
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            created.insert(name, Instant::now());
+            emu.seed_object(Res::Pcr, object);
+        }
+        created
+    };
     let filed = start.elapsed();
     loop {
         let c = emu.counters();
@@ -311,13 +383,27 @@ async fn burst(count: usize) {
     let took = start.elapsed();
     let c = emu.counters();
     let podca_rate = count as f64 / took.as_secs_f64();
+    let filed_how = if http {
+        "created over HTTP"
+    } else {
+        "filed into the store"
+    };
     println!(
-        "burst: {count} PCRs filed in {filed:.2?}, all Issued after {took:.2?} => {podca_rate:.0} PCR/s; \
-         validation rejections {}; peak RSS ({}) {} MiB (before filing {} MiB)",
+        "burst: {count} PCRs {filed_how} in {filed:.2?} ({:.0}/s), all Issued after {took:.2?} => \
+         {podca_rate:.0} PCR/s; validation rejections {}; peak RSS ({}) {} MiB (before filing {} MiB)",
+        count as f64 / filed.as_secs_f64(),
         c.validation_rejections,
         controller.what(),
         controller.peak_rss_kib() / 1024,
         rss_before / 1024,
+    );
+    let latencies = creation_to_issued(&created, issued_at.await.expect("watcher"));
+    println!(
+        "burst: creation-to-Issued ({} observed) p50 {:.2?} p99 {:.2?} max {:.2?}",
+        latencies.len(),
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+        latencies.last().copied().unwrap_or_default(),
     );
     if std::env::var("PODCA_BENCH_LEDGER").as_deref() == Ok("postgres") {
         // Issue #14's performance target for the PostgreSQL ledger.
@@ -328,154 +414,123 @@ async fn burst(count: usize) {
         );
     }
     println!(
-        "emulator during podca's burst: {} requests, {} watches opened, {} status writes",
+        "emulator during podca's burst: {} requests, {} watches opened, {} status writes, \
+         at most {} status writes inside the server at once, {} refused 429",
         c.requests,
         c.watches_opened,
         c.status_writes_accepted + c.status_writes_noop,
+        emu.status_writes_max_in_flight(),
+        c.throttled_requests,
     );
+    if let (Some(before), Some(after)) = (metrics_before, controller.scrape()) {
+        println!(
+            "podca: concurrency limit {} before, {} after; decreases {}",
+            metric(&before, "podca_controller_concurrency_limit "),
+            metric(&after, "podca_controller_concurrency_limit "),
+            metric(&after, "podca_controller_concurrency_decreases_total"),
+        );
+    }
     controller.stop();
 
-    let ceiling = ceiling(&emu, &stubs, count, workers()).await;
+    let concurrency = ceiling_concurrency();
+    let ceiling =
+        podca_tests::bench::raw_patch_ceiling(&emu, &stubs, "c", count, concurrency).await;
     println!(
-        "ceiling: {count} PCRs filed in {:.2?}, all Issued by {} raw /status PATCHes after {:.2?} \
-         => {:.0} PCR/s; rejected PATCHes {} (emulator validation rejections {})",
+        "ceiling: {count} PCRs filed into the store in {:.2?}, all Issued by {} raw /status \
+         PATCHes after {:.2?} => {:.0} PCR/s; rejected PATCHes {} (emulator validation \
+         rejections {})",
         ceiling.filed,
         ceiling.concurrency,
         ceiling.took,
-        ceiling.rate(count),
+        ceiling.rate(),
         ceiling.rejected,
         ceiling.validation_rejections,
     );
     println!(
         "ratio: podca {podca_rate:.0} PCR/s / ceiling {:.0} PCR/s = {:.1} %",
-        ceiling.rate(count),
-        100.0 * podca_rate / ceiling.rate(count),
+        ceiling.rate(),
+        100.0 * podca_rate / ceiling.rate(),
     );
-}
-
-/// The emulator's own ceiling, measured in the same run once podca is stopped.
-struct Ceiling {
-    concurrency: usize,
-    filed: Duration,
-    took: Duration,
-    /// PATCHes answered with anything but 200.
-    rejected: u64,
-    /// The emulator's count of writes its validation rejected during the run.
-    validation_rejections: u64,
-}
-
-impl Ceiling {
-    fn rate(&self, count: usize) -> f64 {
-        count as f64 / self.took.as_secs_f64()
-    }
-}
-
-/// Files `count` more PCRs and settles each with one merge PATCH of `/status` carrying a
-/// certificate chain built before the clock starts: what a signer that costs nothing could do.
-/// Timed like podca's burst, from the first filing to the last Issued; `concurrency` workers each
-/// send on one kept-alive HTTP/1.1 connection (like kube-rs's pool) with podca's identity.
-async fn ceiling(emu: &Emulator, stubs: &[Stub], count: usize, concurrency: usize) -> Ceiling {
-    let patches = Arc::new(issued_patches(stubs));
-    let token = emu.token_for(PODCA_IDENTITY).expect("podca's token");
-    let client = KubeClient::new(emu.base_url(), &token);
-    let rejections_before = emu.counters().validation_rejections;
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let rejected = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let start = Instant::now();
-    for i in 0..count {
-        emu.seed_object(
-            Res::Pcr,
-            pcr(&format!("c-{i}"), &stubs[i % stubs.len()].csr),
+    if http {
+        // podca's burst made the server do `count` creates and `count` PATCHes; where they share
+        // its servers, the least time for both is the creates' time alone plus the PATCHes'.
+        let more: Vec<_> = (0..count)
+            .map(|i| pcr(&format!("d-{i}"), &stubs[i % stubs.len()].csr))
+            .collect();
+        let t = Instant::now();
+        create_all(&emu, more).await;
+        let creates_alone = t.elapsed();
+        let patches_alone = ceiling.took - ceiling.filed;
+        let least = creates_alone + patches_alone;
+        println!(
+            "same work: {count} creates alone {creates_alone:.2?} + {count} raw PATCHes alone \
+             {patches_alone:.2?} = {least:.2?}; podca's burst took {took:.2?} => {:.1} %",
+            100.0 * least.as_secs_f64() / took.as_secs_f64(),
         );
     }
-    let filed = start.elapsed();
-    let tasks: Vec<_> = (0..concurrency.max(1))
-        .map(|_| {
-            let mut conn = client.keep_alive();
-            let (patches, next, rejected) =
-                (Arc::clone(&patches), Arc::clone(&next), Arc::clone(&rejected));
-            tokio::spawn(async move {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= count {
-                        break;
-                    }
-                    let path = format!(
-                        "/apis/certificates.k8s.io/v1/namespaces/bench/podcertificaterequests/c-{i}/status"
-                    );
-                    let answer = conn
-                        .merge_patch(&path, &patches[i % patches.len()])
-                        .await
-                        .expect("PATCH /status");
-                    if answer.status != 200
-                        && rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0
-                    {
-                        eprintln!(
-                            "ceiling: c-{i} rejected: {} {}",
-                            answer.status,
-                            String::from_utf8_lossy(&answer.body)
-                        );
-                    }
-                }
-            })
-        })
+}
+
+/// The lines of `page` that start with `name`, values only, joined.
+fn metric(page: &str, name: &str) -> String {
+    let values: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next())
         .collect();
-    for t in tasks {
-        t.await.expect("ceiling worker");
-    }
-    let took = start.elapsed();
-    Ceiling {
-        concurrency,
-        filed,
-        took,
-        rejected: rejected.load(std::sync::atomic::Ordering::Relaxed),
-        validation_rejections: emu.counters().validation_rejections - rejections_before,
+    if values.is_empty() {
+        "-".into()
+    } else {
+        values.join(" ")
     }
 }
 
-/// One Issued `/status` merge patch per stub key, as podca writes it (chain, notBefore,
-/// notAfter, beginRefreshAt, one Issued condition), signed by one issuing CA.
-fn issued_patches(stubs: &[Stub]) -> Vec<serde_json::Value> {
-    let key = MemoryKey::generate(CaAlgorithm::EcdsaP256).expect("key");
-    let now = time::OffsetDateTime::now_utc();
-    let ca =
-        IssuingCa::self_signed_root(Arc::new(key), "ceiling CA", now, time::Duration::days(30))
-            .expect("CA");
-    let policy = SignerPolicy::permissive("cluster.local");
-    let rfc3339 = |t: time::OffsetDateTime| {
-        t.replace_nanosecond(0)
-            .expect("0 is a valid nanosecond")
-            .format(&time::format_description::well_known::Rfc3339)
-            .expect("a time in 0..=9999")
-    };
-    stubs
+/// Watches PCRs from now until `count` were seen Issued; resolves to when each was.
+async fn watch_issued(
+    emu: &Emulator,
+    count: usize,
+) -> tokio::task::JoinHandle<HashMap<String, Instant>> {
+    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+    let rv = emu.resource_version();
+    let mut watch = admin
+        .watch(&format!(
+            "/apis/certificates.k8s.io/v1/podcertificaterequests?watch=true&resourceVersion={rv}"
+        ))
+        .await
+        .expect("watch");
+    tokio::spawn(async move {
+        let mut issued = HashMap::new();
+        while issued.len() < count {
+            let Ok(Some(ev)) = watch.next_event(Duration::from_secs(60)).await else {
+                break;
+            };
+            let o = &ev["object"];
+            if o["status"]["conditions"][0]["type"] == "Issued" {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                issued.entry(name.to_owned()).or_insert_with(Instant::now);
+            }
+        }
+        issued
+    })
+}
+
+/// Sorted creation-to-Issued times of the PCRs seen both created and Issued.
+fn creation_to_issued(
+    created: &HashMap<String, Instant>,
+    issued: HashMap<String, Instant>,
+) -> Vec<Duration> {
+    let mut latencies: Vec<Duration> = issued
         .iter()
-        .map(|stub| {
-            let request = CertificateRequest {
-                key: SubjectKey::from_stub_csr(&stub.der),
-                namespace: "bench".into(),
-                service_account: "app".into(),
-                pod_name: Some("pod".into()),
-                max_expiration: Some(time::Duration::seconds(86400)),
-                requested_lifetime: None,
-                user_annotations: BTreeMap::new(),
-            };
-            let Outcome::Issued(cert) = sign_request(&policy, &ca, &request, now) else {
-                panic!("the ceiling's certificate is not issued");
-            };
-            json!({"status": {
-                "certificateChain": cert.chain_pem,
-                "notBefore": rfc3339(cert.validity.not_before),
-                "notAfter": rfc3339(cert.validity.not_after),
-                "beginRefreshAt": rfc3339(cert.validity.begin_refresh_at),
-                "conditions": [{
-                    "type": "Issued", "status": "True", "reason": "Issued",
-                    "message": format!("issued {} (serial {})", cert.spiffe_id, cert.serial),
-                    "lastTransitionTime": rfc3339(now),
-                }],
-            }})
-        })
-        .collect()
+        .filter_map(|(name, at)| created.get(name).map(|c| at.saturating_duration_since(*c)))
+        .collect();
+    latencies.sort();
+    latencies
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted
+        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
 }
 
 async fn rate(per_second: u64, seconds: u64) {
@@ -493,15 +548,35 @@ async fn rate(per_second: u64, seconds: u64) {
     let total = per_second * seconds;
     let created: Arc<std::sync::Mutex<HashMap<String, Instant>>> = Arc::default();
     let filer_created = Arc::clone(&created);
+    // Over HTTP: 32 creators, each on its kept-alive connection, take the PCRs as they are
+    // offered; a PCR's creation time is when its POST is sent.
+    let (offer, offered) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
+    let offered = Arc::new(tokio::sync::Mutex::new(offered));
+    let creators: Vec<_> = if create_over_http() {
+        (0..32)
+            .map(|_| {
+                let mut conn = admin.keep_alive();
+                let (offered, created) = (Arc::clone(&offered), Arc::clone(&created));
+                tokio::spawn(async move {
+                    loop {
+                        let Some(body) = offered.lock().await.recv().await else {
+                            return;
+                        };
+                        let name = body["metadata"]["name"].as_str().unwrap_or_default();
+                        created
+                            .lock()
+                            .expect("lock")
+                            .insert(name.to_owned(), Instant::now());
+                        create(&mut conn, &body).await;
+                    }
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let filer = async {
         let created = filer_created;
-        let emu_seed = move |name: String, csr: &str| {
-            created
-                .lock()
-                .expect("lock")
-                .insert(name.clone(), Instant::now());
-            pcr(&name, csr)
-        };
         let tick = Duration::from_millis(10);
         let per_tick = (per_second / 100).max(1);
         let mut interval = tokio::time::interval(tick);
@@ -512,11 +587,18 @@ async fn rate(per_second: u64, seconds: u64) {
                 if i >= total {
                     break;
                 }
-                let object = emu_seed(format!("r-{i}"), csrs[(i as usize) % csrs.len()]);
-                emu.seed_object(Res::Pcr, object);
+                let name = format!("r-{i}");
+                let object = pcr(&name, csrs[(i as usize) % csrs.len()]);
+                if creators.is_empty() {
+                    created.lock().expect("lock").insert(name, Instant::now());
+                    emu.seed_object(Res::Pcr, object);
+                } else {
+                    offer.send(object).expect("the creators run");
+                }
                 i += 1;
             }
         }
+        drop(offer);
     };
     let mut latencies = Vec::with_capacity(total as usize);
     let watcher = async {
@@ -534,15 +616,18 @@ async fn rate(per_second: u64, seconds: u64) {
         }
     };
     tokio::join!(filer, watcher);
+    for creator in creators {
+        creator.await.expect("creator");
+    }
     latencies.sort();
-    let pct = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
+    let pct = |p: f64| percentile(&latencies, p);
+    let filed_how = if create_over_http() {
+        "created over HTTP"
+    } else {
+        "filed into the store"
     };
     println!(
-        "rate: offered {per_second}/s for {seconds} s ({total} PCRs); observed {} Issued; \
+        "rate: offered {per_second}/s for {seconds} s ({total} PCRs, {filed_how}); observed {} Issued; \
          creation-to-Issued p50 {:.1?} p99 {:.1?} max {:.1?}; validation rejections {}; peak RSS ({}) {} MiB",
         latencies.len(),
         pct(0.50),
