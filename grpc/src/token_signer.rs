@@ -601,6 +601,72 @@ mod tests {
         assert_eq!(unknown.code(), tonic::Code::PermissionDenied);
     }
 
+    /// A signer over one active in-memory key whose `not_after` is `published_for` from now.
+    fn signer_with_key(published_for: Duration) -> (TokenSigner, String) {
+        use podca_signer::jwt::keyset::kid_of;
+        use podca_signer::jwt::{JwtKeyInfo, JwtKeyPhase, JwtKeySet};
+        let key: Arc<dyn podca_signer::CaKey> = Arc::new(
+            podca_signer::MemoryKey::generate(CaAlgorithm::EcdsaP256).expect("a P-256 key"),
+        );
+        let kid = kid_of(key.as_ref());
+        let info = JwtKeyInfo {
+            kid: kid.clone(),
+            algorithm: CaAlgorithm::EcdsaP256,
+            phase: JwtKeyPhase::Active,
+            published_at: now() - Duration::hours(1),
+            activated_at: Some(now() - Duration::hours(1)),
+            retired_at: None,
+            not_after: Some(now() + published_for),
+        };
+        let keys = JwtKeySet::new(vec![(info, key)], 1).expect("a key set");
+        let settings = Settings::from_config(&JwtConfig::default()).expect("defaults");
+        let clock: Clock = Arc::new(now);
+        (
+            TokenSigner::new(JwtHandle::new(keys), settings, clock, 0),
+            kid,
+        )
+    }
+
+    #[tokio::test]
+    async fn signs_with_the_active_key_but_never_past_its_publication() {
+        let (signer, kid) = signer_with_key(Duration::hours(2));
+        let (header, signature) = signer
+            .sign(encode(&kube_claims(3600)))
+            .await
+            .expect("signed");
+        let header: serde_json::Value =
+            serde_json::from_slice(&URL_SAFE_NO_PAD.decode(header).expect("base64url"))
+                .expect("JSON");
+        assert_eq!(
+            header,
+            serde_json::json!({"alg": "ES256", "kid": kid, "typ": "JWT"})
+        );
+        let signature = URL_SAFE_NO_PAD.decode(signature).expect("base64url");
+        assert_eq!(signature.len(), 64, "JOSE r || s, not DER");
+        let keys = signer.keys();
+        assert_eq!(keys.keys.len(), 1);
+        assert_eq!(keys.keys[0].key_id, kid);
+        assert_eq!(keys.refresh_hint_seconds, 300);
+
+        // The key leaves FetchKeys in 30 min: a 1 h token would outlive it.
+        let (signer, kid) = signer_with_key(Duration::minutes(30));
+        let refused = signer
+            .sign(encode(&kube_claims(3600)))
+            .await
+            .expect_err("outlives its key");
+        let until = (now() + Duration::minutes(30)).unix_timestamp();
+        assert_eq!(
+            refused,
+            SignRefusal::OutlivesKey {
+                exp: now().unix_timestamp() + 3600,
+                until,
+                kid
+            }
+        );
+        assert_eq!(refused.status().code(), tonic::Code::Unavailable);
+        assert!(signer.sign(encode(&kube_claims(1800))).await.is_ok());
+    }
+
     #[test]
     fn settings_refuse_what_kube_apiserver_cannot_use() {
         let ok = JwtConfig::default();
