@@ -17,6 +17,11 @@ use crate::rules::{OutputSpec, RuleError, RuleFacts, RuleOutputs, RuleSet, RuleS
 /// The only user-annotation key podca recognises: extra DNS SANs, comma-separated.
 pub const DNS_NAMES_ANNOTATION: &str = "podca.dev/dns-names";
 
+/// Why a user annotation is refused before policy: the denial's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AnnotationRefused(pub String);
+
 /// The longest value a declared annotation may have unless it says otherwise.
 pub const DEFAULT_ANNOTATION_MAX_LENGTH: usize = 256;
 
@@ -436,28 +441,28 @@ impl SignerPolicy {
 
     /// Whether the user annotation `key` = `value` is one this signer declares, within its
     /// pattern and length; the error is the denial's message.
-    fn declared_annotation(&self, key: &str, value: &str) -> Result<(), String> {
+    fn declared_annotation(&self, key: &str, value: &str) -> Result<(), AnnotationRefused> {
         let Some(declared) = self.annotations.iter().find(|a| a.key == key) else {
             let mut known = vec![format!("{DNS_NAMES_ANNOTATION:?}")];
             known.extend(self.annotations.iter().map(|a| format!("{:?}", a.key)));
-            return Err(format!(
+            return Err(AnnotationRefused(format!(
                 "unrecognised user annotation {key:?}; this signer recognises only {}",
                 known.join(", ")
-            ));
+            )));
         };
         if value.len() > declared.max_length {
-            return Err(format!(
+            return Err(AnnotationRefused(format!(
                 "user annotation {key:?} is {} bytes long, over its declared maximum of {}",
                 value.len(),
                 declared.max_length
-            ));
+            )));
         }
         if let Some(pattern) = &declared.pattern
             && !glob(pattern, value)
         {
-            return Err(format!(
+            return Err(AnnotationRefused(format!(
                 "user annotation {key:?} does not match its declared pattern {pattern:?}"
-            ));
+            )));
         }
         Ok(())
     }
@@ -639,7 +644,7 @@ impl SignerPolicy {
             if key != DNS_NAMES_ANNOTATION {
                 match self.declared_annotation(key, value) {
                     Ok(()) => continue,
-                    Err(message) => {
+                    Err(AnnotationRefused(message)) => {
                         return Decision::Deny {
                             reason: DenyReason::InvalidUserAnnotations,
                             message,
