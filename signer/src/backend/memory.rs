@@ -149,6 +149,9 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(!pair.serialize_der().is_empty());
         zeroize::Zeroize::zeroize(&mut pair);
-        assert!(pair.serialize_der().is_empty(), "nothing of the key is left");
+        assert!(
+            pair.serialize_der().is_empty(),
+            "nothing of the key is left"
+        );
     }
 }

@@ -389,9 +389,8 @@ pub fn sign_input(
 ) -> Result<Vec<u8>, JwtError> {
     let signature = key.sign(signing_input)?;
     match alg.ecdsa_scalar_len() {
-        Some(len) => ecdsa_der_to_fixed(&signature, len).ok_or_else(|| {
-            JwtError::UnusableKey("the key returned a malformed signature".into())
-        }),
+        Some(len) => ecdsa_der_to_fixed(&signature, len)
+            .ok_or_else(|| JwtError::UnusableKey("the key returned a malformed signature".into())),
         None => Ok(signature),
     }
 }
