@@ -117,11 +117,15 @@ async fn never_more_status_writes_in_flight_than_the_bound() {
         most > 2,
         "the limit never grew past where it started: at most {most} writes at once"
     );
-    assert_eq!(
-        value(&page, "podca_controller_concurrency_limit"),
-        Some(6.0),
-        "a burst with no push-back ends at the bound:\n{page}"
-    );
+    // A write slower than 1 s (a starved test machine) is push-back too; without any, the
+    // limit ends at the bound.
+    if !page.contains("podca_controller_concurrency_decreases_total{") {
+        assert_eq!(
+            value(&page, "podca_controller_concurrency_limit"),
+            Some(6.0),
+            "a burst with no push-back ends at the bound:\n{page}"
+        );
+    }
     let c = cluster.emu.counters();
     assert_eq!((c.validation_rejections, c.throttled_requests), (0, 0));
 }
