@@ -540,128 +540,104 @@ mod tests {
         RenewalRules::new(Duration::from_secs(24 * 3600), denylist, Some(directory))
     }
 
+    /// Accounts where `shop/web` exists with `uid`.
+    fn web_account(uid: &str) -> Arc<Accounts> {
+        let accounts = Arc::new(Accounts::default());
+        accounts.set("shop/web", Some(uid));
+        accounts
+    }
+
+    impl Accounts {
+        fn set(&self, key: &str, uid: Option<&str>) {
+            let mut uids = self.uids.lock().unwrap();
+            match uid {
+                Some(uid) => uids.insert(key.into(), uid.into()),
+                None => uids.remove(key),
+            };
+        }
+    }
+
+    /// Checks a certificate of `id` (`account`) with `serial` and `chain` at NOW.
+    async fn check(
+        rules: &RenewalRules,
+        (serial, id, account): (&str, &str, (&str, &str)),
+        chain: RenewalChain,
+    ) -> Result<RenewalChain, CheckError> {
+        rules.check(serial, id, account, chain, NOW).await
+    }
+
+    /// The refusal a check must give.
+    async fn refusal(
+        rules: &RenewalRules,
+        cert: (&str, &str, (&str, &str)),
+        chain: RenewalChain,
+    ) -> RenewalRefusal {
+        match check(rules, cert, chain).await {
+            Err(CheckError::Refused(refusal)) => refusal,
+            other => panic!("not a refusal: {other:?}"),
+        }
+    }
+
+    const WEB: (&str, &str, (&str, &str)) = ("0a", ID, ("shop", "web"));
+
     #[tokio::test]
     async fn a_chain_renews_until_its_bound_then_needs_a_token() {
-        let accounts = Arc::new(Accounts::default());
-        accounts
-            .uids
-            .lock()
-            .unwrap()
-            .insert("shop/web".into(), "uid-1".into());
-        let rules = rules(&accounts, Denylist::empty());
+        let rules = rules(&web_account("uid-1"), Denylist::empty());
         let young = RenewalChain::starting(NOW - time::Duration::hours(23), Some("uid-1".into()));
-        let checked = rules
-            .check("0a", ID, ("shop", "web"), young, NOW)
-            .await
-            .unwrap();
+        let checked = check(&rules, WEB, young).await.unwrap();
         assert_eq!(checked.cap, Some(NOW + time::Duration::hours(1)));
         let old = RenewalChain::starting(NOW - time::Duration::hours(24), Some("uid-1".into()));
-        let refused = rules
-            .check("0a", ID, ("shop", "web"), old, NOW)
-            .await
-            .unwrap_err();
+        let refused = refusal(&rules, WEB, old).await;
         assert!(
-            matches!(
-                refused,
-                CheckError::Refused(RenewalRefusal::ChainTooOld { .. })
-            ),
+            matches!(refused, RenewalRefusal::ChainTooOld { .. }),
             "{refused}"
         );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_deleted_or_recreated_account_stops_renewing_within_the_cache_ttl() {
-        let accounts = Arc::new(Accounts::default());
-        accounts
-            .uids
-            .lock()
-            .unwrap()
-            .insert("shop/web".into(), "uid-1".into());
+        let accounts = web_account("uid-1");
         let rules = rules(&accounts, Denylist::empty());
         let chain = || RenewalChain::starting(NOW - time::Duration::hours(1), Some("uid-1".into()));
-        rules
-            .check("0a", ID, ("shop", "web"), chain(), NOW)
-            .await
-            .unwrap();
+        check(&rules, WEB, chain()).await.unwrap();
         // Re-created under the same name: another UID, seen once the cache entry is stale.
-        accounts
-            .uids
-            .lock()
-            .unwrap()
-            .insert("shop/web".into(), "uid-2".into());
-        rules
-            .check("0a", ID, ("shop", "web"), chain(), NOW)
-            .await
-            .unwrap();
+        accounts.set("shop/web", Some("uid-2"));
+        check(&rules, WEB, chain()).await.unwrap();
         tokio::time::advance(ACCOUNT_CACHE_TTL).await;
-        let replaced = rules
-            .check("0a", ID, ("shop", "web"), chain(), NOW)
-            .await
-            .unwrap_err();
+        let replaced = refusal(&rules, WEB, chain()).await;
         assert!(
-            matches!(
-                replaced,
-                CheckError::Refused(RenewalRefusal::AccountReplaced { .. })
-            ),
+            matches!(replaced, RenewalRefusal::AccountReplaced { .. }),
             "{replaced}"
         );
-        accounts.uids.lock().unwrap().clear();
+        accounts.set("shop/web", None);
         tokio::time::advance(ACCOUNT_CACHE_TTL).await;
-        let gone = rules
-            .check("0a", ID, ("shop", "web"), chain(), NOW)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                gone,
-                CheckError::Refused(RenewalRefusal::AccountGone { .. })
-            ),
-            "{gone}"
-        );
+        let gone = refusal(&rules, WEB, chain()).await;
+        assert!(matches!(gone, RenewalRefusal::AccountGone { .. }), "{gone}");
         assert_eq!(accounts.reads.load(std::sync::atomic::Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
     async fn listed_serials_and_identities_do_not_renew() {
-        let accounts = Arc::new(Accounts::default());
-        accounts
-            .uids
-            .lock()
-            .unwrap()
-            .insert("shop/web".into(), "uid-1".into());
         let entries = DenyEntries::parse(
             "# incident 42\nserial 00:0A:ff\nidentity spiffe://cluster.local/ns/shop/sa/db\n",
             "test",
         )
         .unwrap();
-        let rules = rules(&accounts, Denylist::of(entries));
+        let rules = rules(&web_account("uid-1"), Denylist::of(entries));
         let chain = || RenewalChain::starting(NOW, None);
-        let serial = rules
-            .check("aff", ID, ("shop", "web"), chain(), NOW)
-            .await
-            .unwrap_err();
+        let serial = refusal(&rules, ("aff", ID, ("shop", "web")), chain()).await;
         assert!(
-            matches!(
-                serial,
-                CheckError::Refused(RenewalRefusal::DeniedSerial { .. })
-            ),
+            matches!(serial, RenewalRefusal::DeniedSerial { .. }),
             "{serial}"
         );
         let db = "spiffe://cluster.local/ns/shop/sa/db";
-        let identity = rules
-            .check("0b", db, ("shop", "db"), chain(), NOW)
-            .await
-            .unwrap_err();
+        let identity = refusal(&rules, ("0b", db, ("shop", "db")), chain()).await;
         assert!(
-            matches!(
-                identity,
-                CheckError::Refused(RenewalRefusal::DeniedIdentity { .. })
-            ),
+            matches!(identity, RenewalRefusal::DeniedIdentity { .. }),
             "{identity}"
         );
         // Neither listed: renews, bound to the account's UID.
-        let ok = rules
-            .check("0b", ID, ("shop", "web"), chain(), NOW)
+        let ok = check(&rules, ("0b", ID, ("shop", "web")), chain())
             .await
             .unwrap();
         assert_eq!(ok.service_account_uid.as_deref(), Some("uid-1"));

@@ -23,6 +23,15 @@ pub const GRPC_TLS_CONFIG: &str = "tls_namespace = \"podca-system\"\n";
 
 /// A rustls client configuration trusting exactly the certificates in `anchors_pem`, ALPN `h2`.
 pub fn client_config(anchors_pem: &str) -> Arc<rustls::ClientConfig> {
+    client_config_with(anchors_pem, None)
+}
+
+/// [`client_config`] presenting `credential` (chain PEM, key PEM) as the client certificate,
+/// if any (mTLS renewal).
+pub fn client_config_with(
+    anchors_pem: &str,
+    credential: Option<(&str, &str)>,
+) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(anchors_pem.as_bytes()) {
         roots
@@ -31,13 +40,50 @@ pub fn client_config(anchors_pem: &str) -> Arc<rustls::ClientConfig> {
     }
     assert!(!roots.is_empty(), "no anchors in:\n{anchors_pem}");
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("rustls' default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let mut config = match credential {
+        Some((chain, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(chain.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("the client chain is PEM"),
+                rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes())
+                    .expect("the client key is PEM"),
+            )
+            .expect("a usable client certificate"),
+        None => builder.with_no_client_auth(),
+    };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Arc::new(config)
+}
+
+/// A gRPC client of `addr` over TLS verified for [`SERVER_NAME`] against `anchors_pem`,
+/// presenting `credential` (chain PEM, key PEM) if any.
+pub async fn mtls_client(
+    addr: SocketAddr,
+    anchors_pem: &str,
+    credential: Option<(&str, &str)>,
+) -> PodCaClient<Channel> {
+    let config = client_config_with(anchors_pem, credential);
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let config = Arc::clone(&config);
+        async move {
+            let tcp = TcpStream::connect(addr).await?;
+            let tls = tokio_rustls::TlsConnector::from(config)
+                .connect(ServerName::try_from(SERVER_NAME).expect("a DNS name"), tcp)
+                .await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+        }
+    });
+    let channel = Endpoint::from_shared(format!("http://{addr}"))
+        .expect("a valid endpoint")
+        .connect_with_connector(connector)
+        .await
+        .expect("the TLS channel connects");
+    PodCaClient::new(channel)
 }
 
 /// One TLS handshake with `addr`, verifying the server for `name` against `anchors_pem`.

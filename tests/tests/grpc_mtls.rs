@@ -32,13 +32,12 @@ use podca_signer::{CaAlgorithm, IssuingCa, KeyType, MemoryKey, SignerPolicy, Val
 use podca_tests::process::csr_for;
 use podca_tests::tls::SERVER_NAME;
 use rustls::AlertDescription;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use time::{Duration, OffsetDateTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request};
 
 const TRUST_DOMAIN: &str = "cluster.local";
@@ -71,10 +70,6 @@ impl TokenReviewer for Reviewer {
             ..Default::default()
         })
     }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 /// A root CA whose life started `age` ago.
@@ -113,27 +108,7 @@ fn client_config(
     anchors_pem: &str,
     client: Option<&(String, String)>,
 ) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(anchors_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let mut config = match client {
-        Some((chain, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(chain.as_bytes())
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap(),
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Arc::new(config)
+    podca_tests::tls::client_config_with(anchors_pem, client.map(|(c, k)| (c.as_str(), k.as_str())))
 }
 
 /// A gRPC client over TLS presenting `client` (chain and key PEM), if any.
@@ -142,23 +117,12 @@ async fn mtls_client(
     anchors_pem: &str,
     client: Option<&(String, String)>,
 ) -> PodCaClient<Channel> {
-    let config = client_config(anchors_pem, client);
-    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        let config = Arc::clone(&config);
-        async move {
-            let tcp = TcpStream::connect(addr).await?;
-            let tls = tokio_rustls::TlsConnector::from(config)
-                .connect(ServerName::try_from(SERVER_NAME).unwrap(), tcp)
-                .await?;
-            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
-        }
-    });
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_with_connector(connector)
-        .await
-        .unwrap();
-    PodCaClient::new(channel)
+    podca_tests::tls::mtls_client(
+        addr,
+        anchors_pem,
+        client.map(|(c, k)| (c.as_str(), k.as_str())),
+    )
+    .await
 }
 
 /// The alert the server answers a client certificate with: the client's side of a TLS 1.3

@@ -16,7 +16,6 @@ mod grpc_serve;
 
 use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::{Duration as StdDuration, Instant};
 
 use grpc_serve::{Cluster, expect_code, with_token};
@@ -26,11 +25,10 @@ use podca_signer::renewal::{OID_DOTTED, RenewalChain};
 use podca_signer::{FileStore, Validity};
 use podca_tests::emulator::{Res, ServiceAccountToken};
 use podca_tests::process::{csr_for, podca_binary};
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use time::{Duration, OffsetDateTime};
-use tokio::net::TcpStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// A client credential: chain PEM and key PEM.
@@ -55,48 +53,12 @@ fn token(cluster: &Cluster, sa: &str, uid: &str) -> String {
 
 /// A TLS gRPC client of `cluster` presenting `credential`, if any.
 async fn client(cluster: &Cluster, credential: Option<&Credential>) -> PodCaClient<Channel> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(cluster.anchors.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let mut config = match credential {
-        Some((chain, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(chain.as_bytes())
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap(),
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    let config = Arc::new(config);
-    let addr = SocketAddr::from(([127, 0, 0, 1], cluster.grpc));
-    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        let config = Arc::clone(&config);
-        async move {
-            let tcp = TcpStream::connect(addr).await?;
-            let tls = tokio_rustls::TlsConnector::from(config)
-                .connect(
-                    ServerName::try_from(podca_tests::tls::SERVER_NAME).unwrap(),
-                    tcp,
-                )
-                .await?;
-            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
-        }
-    });
-    let channel = Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_with_connector(connector)
-        .await
-        .unwrap();
-    PodCaClient::new(channel)
+    podca_tests::tls::mtls_client(
+        SocketAddr::from(([127, 0, 0, 1], cluster.grpc)),
+        &cluster.anchors,
+        credential.map(|(chain, key)| (chain.as_str(), key.as_str())),
+    )
+    .await
 }
 
 /// IssueCertificate with `credential` presented and `token` (if any); the new credential.
