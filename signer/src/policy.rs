@@ -652,6 +652,19 @@ impl SignerPolicy {
                     }
                 }
             }
+            // The one unverified value rules see unbounded otherwise: what split() and the
+            // macros walk over it is bounded by this (issue #42's runtime budget).
+            if value.len() > MAX_DNS_NAMES_ANNOTATION_BYTES {
+                return Decision::Deny {
+                    reason: DenyReason::InvalidUserAnnotations,
+                    message: format!(
+                        "{DNS_NAMES_ANNOTATION} is {} bytes long; at most \
+                         {MAX_DNS_NAMES_ANNOTATION_BYTES} ({MAX_DNS_NAMES} names of 253 bytes and \
+                         their commas)",
+                        value.len()
+                    ),
+                };
+            }
             if dns_from_output {
                 continue;
             }
@@ -742,6 +755,9 @@ impl SignerPolicy {
 
 /// The most distinct DNS names a certificate carries (templates and the annotation together).
 pub const MAX_DNS_NAMES: usize = 64;
+/// The longest `podca.dev/dns-names` value: [`MAX_DNS_NAMES`] names of the longest DNS name
+/// (253 bytes) and a comma after each.
+pub const MAX_DNS_NAMES_ANNOTATION_BYTES: usize = MAX_DNS_NAMES * 254;
 
 fn push_unique(names: &mut Vec<String>, name: String) {
     if !names.contains(&name) {
@@ -909,6 +925,29 @@ mod tests {
         );
     }
 
+    /// Issue #42's runtime bound: the annotation rules see (and split) is at most 16,256
+    /// bytes; a longer one, even of duplicates, is refused before any rule runs.
+    #[test]
+    fn a_dns_names_annotation_longer_than_the_names_can_be_is_refused() {
+        let mut policy = SignerPolicy::permissive("cluster.local");
+        policy.allowed_dns_names = vec!["*.apps.svc".into()];
+        let decide = |value: String| {
+            let ann = BTreeMap::from([(DNS_NAMES_ANNOTATION.to_string(), value)]);
+            policy.decide(&facts("apps", "web", Ok(KeyType::EcdsaP256), &ann))
+        };
+        let name = "web.apps.svc,";
+        let at_most = name.repeat(MAX_DNS_NAMES_ANNOTATION_BYTES / name.len());
+        assert!(matches!(decide(at_most), Decision::Issue(_)));
+        let over = name.repeat(MAX_DNS_NAMES_ANNOTATION_BYTES / name.len() + 1);
+        match decide(over) {
+            Decision::Deny { reason, message } => {
+                assert_eq!(reason, DenyReason::InvalidUserAnnotations);
+                assert!(message.contains("at most 16256"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// Thousands of names in the annotation (as much as kube-apiserver lets through): refused
     /// at the 65th distinct one, in linear time; duplicates count once.
     #[test]
@@ -932,8 +971,7 @@ mod tests {
         }
         let twice = format!("{},{}", names(MAX_DNS_NAMES), names(MAX_DNS_NAMES));
         assert!(matches!(decide(twice), Decision::Issue(p) if p.dns_names.len() == MAX_DNS_NAMES));
-        let started = std::time::Instant::now();
-        match decide(names(20_000)) {
+        match decide(names(MAX_DNS_NAMES + 1)) {
             Decision::Deny { reason, message } => {
                 assert_eq!(reason, DenyReason::InvalidUserAnnotations);
                 assert_eq!(
@@ -941,6 +979,15 @@ mod tests {
                     "podca.dev/dns-names: more than 64 distinct DNS names; a certificate \
                      carries at most 64"
                 );
+            }
+            other => panic!("{other:?}"),
+        }
+        // 20,000 names: refused by its length, before any is parsed.
+        let started = std::time::Instant::now();
+        match decide(names(20_000)) {
+            Decision::Deny { reason, message } => {
+                assert_eq!(reason, DenyReason::InvalidUserAnnotations);
+                assert!(message.contains("bytes long; at most 16256"), "{message}");
             }
             other => panic!("{other:?}"),
         }
