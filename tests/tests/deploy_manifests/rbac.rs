@@ -680,12 +680,27 @@ fn the_tenants_overlay_grants_each_tenant_ca_and_the_primary_s_jwt_keys() {
     check_tenants("overlay tenants", &parse_overlay("tenants"));
 }
 
-#[test]
-fn the_rbac_check_holds_each_tenant_ca_to_its_own_grants() {
-    let base = parse_overlay("tenants");
+/// A change to an overlay's RBAC, what it is, and the problem the check must report.
+type Mutation = (&'static str, fn(&mut Rendered), &'static str);
+
+/// The overlay's RBAC passes the check, and each mutation of it is reported as expected.
+fn assert_mutations_caught(overlay: &str, mutations: &[Mutation]) {
+    let base = parse_overlay(overlay);
     let expected = expected_for(&base);
     assert!(rbac_problems(&base, &expected).is_empty());
-    type Mutation = (&'static str, fn(&mut Rendered), &'static str);
+    for (what, mutate, problem) in mutations {
+        let mut r = parse_overlay(overlay);
+        mutate(&mut r);
+        let problems = rbac_problems(&r, &expected);
+        assert!(
+            problems.iter().any(|p| p == problem),
+            "the RBAC check missed: {what}; problems: {problems:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_rbac_check_holds_each_tenant_ca_to_its_own_grants() {
     let mutations: &[Mutation] = &[
         (
             "a tenant CA's Secret missing",
@@ -711,15 +726,7 @@ fn the_rbac_check_holds_each_tenant_ca_to_its_own_grants() {
              \"attest\", Some(\"example.com/mesh\"))",
         ),
     ];
-    for (what, mutate, problem) in mutations {
-        let mut r = parse_overlay("tenants");
-        mutate(&mut r);
-        let problems = rbac_problems(&r, &expected);
-        assert!(
-            problems.iter().any(|p| p == problem),
-            "the RBAC check missed: {what}; problems: {problems:#?}"
-        );
-    }
+    assert_mutations_caught("tenants", mutations);
 }
 
 #[test]
@@ -783,10 +790,6 @@ fn add_name(r: &mut Rendered, beside: &str, extra: &str) {
 
 #[test]
 fn the_rbac_check_holds_each_ca_to_its_own_grants() {
-    let base = parse_overlay("two-signers");
-    let expected = expected_for(&base);
-    assert!(rbac_problems(&base, &expected).is_empty());
-    type Mutation = (&'static str, fn(&mut Rendered), &'static str);
     let mutations: &[Mutation] = &[
         (
             "one CA's Secret missing",
@@ -818,15 +821,7 @@ fn the_rbac_check_holds_each_ca_to_its_own_grants() {
              \"attest\", Some(\"example.com/batch\"))",
         ),
     ];
-    for (what, mutate, problem) in mutations {
-        let mut r = parse_overlay("two-signers");
-        mutate(&mut r);
-        let problems = rbac_problems(&r, &expected);
-        assert!(
-            problems.iter().any(|p| p == problem),
-            "the RBAC check missed: {what}; problems: {problems:#?}"
-        );
-    }
+    assert_mutations_caught("two-signers", mutations);
 }
 
 /// The CA Role's rule for the history ConfigMap (the ConfigMap rule with resourceNames).
