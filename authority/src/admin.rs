@@ -495,15 +495,25 @@ mod tests {
     };
 
     async fn admin() -> (SocketAddr, watch::Sender<bool>) {
+        admin_with(Readiness::new(), None, LIMITS).await
+    }
+
+    /// An admin listener on loopback with `readiness`, `auth` and `limits`; it stops when the
+    /// sender is dropped or set.
+    async fn admin_with(
+        readiness: Arc<Readiness>,
+        auth: Option<Arc<dyn MetricsAuth>>,
+        limits: AdminLimits,
+    ) -> (SocketAddr, watch::Sender<bool>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(serve_with(
             listener,
             Arc::new(Metrics::new()),
-            Readiness::new(),
-            None,
-            LIMITS,
+            readiness,
+            auth,
+            limits,
             stopped,
         ));
         (addr, stop)
@@ -592,17 +602,7 @@ mod tests {
     /// gets its 8 slots; a probe from another address is still answered, at once.
     #[tokio::test]
     async fn a_peer_holding_many_connections_does_not_starve_the_probes() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (_stop, stopped) = watch::channel(false);
-        tokio::spawn(serve_with(
-            listener,
-            Arc::new(Metrics::new()),
-            Readiness::new(),
-            None,
-            AdminLimits::default(),
-            stopped,
-        ));
+        let (addr, _stop) = admin_with(Readiness::new(), None, AdminLimits::default()).await;
         let mut held = Vec::new();
         for _ in 0..200 {
             held.push(TcpStream::connect(addr).await.unwrap());
@@ -679,19 +679,9 @@ mod tests {
     /// and a reserve connection cannot be held.
     #[tokio::test]
     async fn probes_answer_while_several_peers_hold_every_slot() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (_stop, stopped) = watch::channel(false);
         let readiness = Readiness::new();
         readiness.component("everything").set(true);
-        tokio::spawn(serve_with(
-            listener,
-            Arc::new(Metrics::new()),
-            readiness,
-            None,
-            AdminLimits::default(),
-            stopped,
-        ));
+        let (addr, _stop) = admin_with(readiness, None, AdminLimits::default()).await;
         let mut held = Vec::new();
         for peer in 2..10 {
             for _ in 0..8 {
@@ -739,20 +729,10 @@ mod tests {
 
     #[tokio::test]
     async fn protected_metrics_answer_each_verdict_with_its_status_and_probes_stay_open() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (_stop, stopped) = watch::channel(false);
         let readiness = Readiness::new();
         readiness.component("everything").set(true);
         let auth: Arc<dyn MetricsAuth> = Arc::new(ByToken);
-        tokio::spawn(serve_with(
-            listener,
-            Arc::new(Metrics::new()),
-            readiness,
-            Some(auth),
-            LIMITS,
-            stopped,
-        ));
+        let (addr, _stop) = admin_with(readiness, Some(auth), LIMITS).await;
         let ask = |authorization: Option<&'static str>, path: &'static str| async move {
             let mut tcp = TcpStream::connect(addr).await.unwrap();
             let header = authorization
