@@ -51,12 +51,7 @@ impl ClientCertificate {
     pub fn renewal_facts(&self) -> Result<(String, RenewalChain), MalformedLeaf> {
         let leaf = self.chain.first().ok_or(MalformedLeaf)?;
         let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|_| MalformedLeaf)?;
-        // The INTEGER's content without its sign octet: the ledger's form of the serial.
-        let raw = cert.raw_serial();
-        let serial = podca_signer::x509::hex_lower(match raw {
-            [0, rest @ ..] if !rest.is_empty() => rest,
-            _ => raw,
-        });
+        let serial = podca_signer::x509::serial_hex(cert.raw_serial());
         let chain = RenewalChain::of_leaf(leaf).map_err(|_| MalformedLeaf)?;
         Ok((serial, chain))
     }

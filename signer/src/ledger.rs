@@ -326,13 +326,7 @@ impl LedgerRecord {
     ) -> Self {
         let mut record = Self::base(context, RecordOutcome::Issued, crate::reason::ISSUED);
         let serial = x509_parser::parse_x509_certificate(cert.der())
-            .map(|(_, c)| {
-                let raw = c.raw_serial();
-                crate::x509::hex_lower(match raw {
-                    [0, rest @ ..] if !rest.is_empty() => rest,
-                    _ => raw,
-                })
-            })
+            .map(|(_, c)| crate::x509::serial_hex(c.raw_serial()))
             .unwrap_or_default();
         record.id = format!("{}:{serial}", context.source);
         record.identity = cert.subject().to_owned();

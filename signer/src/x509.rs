@@ -85,6 +85,15 @@ pub(crate) fn push_certificate_pem(out: &mut String, der: &[u8]) {
     out.push_str(PEM_END);
 }
 
+/// A certificate's serial as the ledger writes it: lowercase hex of the DER INTEGER's content
+/// (`raw`, as x509-parser's `raw_serial` gives it) without its sign octet.
+pub fn serial_hex(raw: &[u8]) -> String {
+    hex_lower(match raw {
+        [0, rest @ ..] if !rest.is_empty() => rest,
+        _ => raw,
+    })
+}
+
 /// Lower-case hex, as `hex::encode` writes it but without its per-character iterator (the
 /// ledger's serial and key fingerprint of every issuance).
 pub fn hex_lower(bytes: &[u8]) -> String {
