@@ -52,7 +52,7 @@ impl ClientCertificate {
         let leaf = self.chain.first().ok_or(MalformedLeaf)?;
         let (_, cert) = x509_parser::parse_x509_certificate(leaf).map_err(|_| MalformedLeaf)?;
         let serial = podca_signer::x509::serial_hex(cert.raw_serial());
-        let chain = RenewalChain::of_leaf(leaf).map_err(|_| MalformedLeaf)?;
+        let chain = RenewalChain::of_certificate(&cert).map_err(|_| MalformedLeaf)?;
         Ok((serial, chain))
     }
 

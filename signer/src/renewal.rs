@@ -65,6 +65,11 @@ impl RenewalChain {
     /// The chain of `leaf` (DER): its extension, else a chain that began at its notBefore.
     pub fn of_leaf(leaf: &[u8]) -> Result<Self, MalformedChain> {
         let (_, cert) = X509Certificate::from_der(leaf).map_err(|_| MalformedChain)?;
+        Self::of_certificate(&cert)
+    }
+
+    /// [`RenewalChain::of_leaf`] of a certificate already parsed.
+    pub fn of_certificate(cert: &X509Certificate<'_>) -> Result<Self, MalformedChain> {
         let own = cert
             .extensions()
             .iter()
