@@ -315,6 +315,21 @@ impl World {
     }
 
     /// Waits (real time) until the bundles hold exactly the anchors of `cas`.
+    /// At `at`, the Secret gets `new` (with `ca.crt` as `with_ca_crt` says); waits until both
+    /// roots are published and the history shows `old` active and `new` prepared.
+    async fn prepare_next(
+        &self,
+        old: &TestCa,
+        new: &TestCa,
+        at: OffsetDateTime,
+        with_ca_crt: bool,
+    ) -> podca_controller::secret_ca::History {
+        self.set_time(at);
+        self.put_secret(new, with_ca_crt);
+        self.wait_published(&[old, new]).await;
+        wait_history(&self.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await
+    }
+
     async fn wait_published(&self, cas: &[&TestCa]) {
         let want: BTreeSet<Vec<u8>> = cas.iter().flat_map(|c| ders(&c.root_pem)).collect();
         for _ in 0..400 {
@@ -501,10 +516,7 @@ async fn a_replaced_secret_ca_rotates_with_overlap_without_restart() {
     // The Secret now holds another CA (a different root): picked up by the watch, its anchor
     // published at once, next to the old one.
     let changed = T0 + Duration::minutes(1);
-    w.set_time(changed);
-    w.put_secret(&b, true);
-    w.wait_published(&[&a, &b]).await;
-    wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    w.prepare_next(&a, &b, changed, true).await;
 
     // During the window the old CA still signs, up to its last second.
     let last_second = changed + Duration::seconds(WINDOW - 1);
@@ -613,10 +625,7 @@ async fn a_restart_during_the_overlap_keeps_the_old_anchor_until_the_same_time()
     let run = w.start().await;
     w.wait_published(&[&a]).await;
     let changed = T0 + Duration::minutes(1);
-    w.set_time(changed);
-    w.put_secret(&b, false);
-    w.wait_published(&[&a, &b]).await;
-    let before = wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    let before = w.prepare_next(&a, &b, changed, false).await;
     let old_leaf = w.obtain().await;
     assert_signed_by(&old_leaf, &a, &[&b], changed);
 
@@ -722,10 +731,7 @@ async fn a_history_replayed_after_a_drop_does_not_bring_the_dropped_root_back() 
     let run = w.start().await;
     w.wait_published(&[&a]).await;
     let changed = T0 + Duration::minutes(1);
-    w.set_time(changed);
-    w.put_secret(&b, false);
-    w.wait_published(&[&a, &b]).await;
-    wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    w.prepare_next(&a, &b, changed, false).await;
     let cm = w
         .emu
         .get_object(Res::ConfigMap, CA_NS, HISTORY)
@@ -942,10 +948,7 @@ async fn a_forged_history_changes_nothing_is_reported_and_podca_starts() {
     wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
     let (first_json, first_seal) = stored_history(&w.emu);
     let changed = T0 + Duration::minutes(1);
-    w.set_time(changed);
-    w.put_secret(&b, false);
-    w.wait_published(&[&a, &b]).await;
-    let genuine = wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    let genuine = w.prepare_next(&a, &b, changed, false).await;
     let (genuine_json, genuine_seal) = stored_history(&w.emu);
     let genuine_seal = genuine_seal.expect("podca seals its history");
     run.wait_signer(&a).await;
@@ -1142,10 +1145,7 @@ async fn at_start_a_forged_history_gives_what_the_genuine_one_gives() {
     w.wait_published(&[&a]).await;
     wait_history(&w.emu, |h| phases(h) == [Phase::Active]).await;
     let changed = T0 + Duration::minutes(1);
-    w.set_time(changed);
-    w.put_secret(&b, false);
-    w.wait_published(&[&a, &b]).await;
-    wait_history(&w.emu, |h| phases(h) == [Phase::Active, Phase::Prepared]).await;
+    w.prepare_next(&a, &b, changed, false).await;
     let (older_json, older_seal) = wait_copy_current(&w.emu).await;
     run.stop().await;
 
