@@ -68,3 +68,18 @@ pub mod workload {
 /// gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/podca_descriptor.bin"));
+
+/// Envoy's xDS API as far as the Secret Discovery Service needs it, generated from the
+/// vendored upstream `.proto` files (`proto/proto/README.md`). The modules follow the protobuf
+/// packages: `envoy_api::envoy::service::secret::v3` (the service),
+/// `envoy_api::envoy::extensions::transport_sockets::tls::v3` (the `Secret` resource),
+/// `envoy_api::envoy::service::discovery::v3`, `envoy_api::google::rpc`, …
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    missing_debug_implementations
+)]
+pub mod envoy_api {
+    include!(concat!(env!("OUT_DIR"), "/envoy/mod.rs"));
+}
