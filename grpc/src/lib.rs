@@ -86,6 +86,7 @@ pub mod connections;
 pub mod core;
 pub mod cork;
 pub mod errors;
+pub mod federation;
 pub mod istio;
 pub mod jwt;
 pub mod keeper;

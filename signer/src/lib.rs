@@ -19,6 +19,7 @@ pub mod report;
 pub mod rotation;
 pub mod rules;
 pub mod schedule;
+pub mod spiffe_bundle;
 pub mod store;
 pub mod tenants;
 pub mod verdict;
