@@ -50,10 +50,13 @@ use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 use cel::{Context, Env, Program, Value};
 use serde::{Deserialize, Serialize};
 
+mod budget;
 mod facts;
 pub mod lint;
 mod memo;
 
+pub use budget::MAX_RULE_STRING_BYTES;
+use budget::StringReads;
 use facts::FactResolver;
 use memo::{FactHashes, Memo};
 pub use memo::{MAX_ENTRIES as MAX_REMEMBERED_DECISIONS, set_enabled as remember_decisions};
@@ -330,6 +333,8 @@ struct CompiledRule {
     reason: &'static str,
     error_reason: &'static str,
     message: Option<Program>,
+    /// The unverified strings the condition and message read (bounded before evaluation).
+    reads: StringReads,
     counters: Arc<RuleCounters>,
     /// The condition's results, by the facts each evaluation read.
     memo: Memo,
@@ -340,6 +345,8 @@ struct CompiledOutput {
     /// `dns_names` or `max_lifetime_seconds`.
     name: &'static str,
     program: Program,
+    /// The unverified strings the expression reads (bounded before evaluation).
+    reads: StringReads,
     /// `PolicyOutputInvalid:<name>`.
     reason: &'static str,
     errors: Arc<AtomicU64>,
@@ -445,6 +452,7 @@ impl RuleSet {
             if checked.uses_pod {
                 pod_reader.get_or_insert_with(|| spec.name.clone());
             }
+            let mut reads = checked.reads;
             let message = match &spec.message {
                 None => None,
                 Some(m) => {
@@ -453,6 +461,7 @@ impl RuleSet {
                     if checked.uses_pod {
                         pod_reader.get_or_insert_with(|| spec.name.clone());
                     }
+                    reads.extend(checked.reads);
                     Some(checked.program)
                 }
             };
@@ -463,6 +472,7 @@ impl RuleSet {
                 reason: intern_reason(&spec.reason),
                 error_reason: intern_reason(&format!("PolicyRuleFailed:{}", spec.name)),
                 message,
+                reads,
                 counters: Arc::default(),
                 memo: Memo::default(),
             });
@@ -484,6 +494,7 @@ impl RuleSet {
             Ok(Some(CompiledOutput {
                 name,
                 program: checked.program,
+                reads: checked.reads,
                 reason: intern_reason(&format!("PolicyOutputInvalid:{name}")),
                 errors: Arc::default(),
             }))
@@ -608,6 +619,7 @@ impl RuleSet {
                 },
             });
         }
+        self.check_strings(facts)?;
         let resolver = FactResolver::new(facts);
         let context = std::cell::OnceCell::new();
         let context = || {
@@ -623,6 +635,36 @@ impl RuleSet {
         } else {
             Ok(RuleOutputs::default())
         }
+    }
+
+    /// Denies, before anything is evaluated, a request with a string longer than
+    /// [`MAX_RULE_STRING_BYTES`] where a rule, message or output reads it: the first such rule
+    /// (or output) answers, as when it fails (`rules/budget.rs`).
+    fn check_strings(&self, facts: &RuleFacts<'_>) -> Result<(), RuleDenial> {
+        for rule in self.rules.iter() {
+            if let Some(why) = rule.reads.oversized(facts) {
+                rule.counters.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(RuleDenial {
+                    rule: rule.name.clone(),
+                    reason: rule.error_reason,
+                    message: format!(
+                        "rule {:?} was not evaluated: {why} (denied: rules fail closed)",
+                        rule.name
+                    ),
+                    error: true,
+                });
+            }
+        }
+        let outputs = [&self.outputs.dns_names, &self.outputs.max_lifetime_seconds];
+        for output in outputs.into_iter().flatten() {
+            if let Some(why) = output.reads.oversized(facts) {
+                return Err(output.deny(format!(
+                    "output {} was not evaluated: {why} (denied: outputs fail closed)",
+                    output.name
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn run_rules<'c>(
@@ -1076,6 +1118,7 @@ struct Checked {
     program: Program,
     uses_namespace_labels: bool,
     uses_pod: bool,
+    reads: StringReads,
 }
 
 type CheckError = (Option<(u32, u32)>, String);
@@ -1168,6 +1211,7 @@ fn check(source: &str, want: Type) -> Result<Checked, CheckError> {
         program,
         uses_namespace_labels,
         uses_pod,
+        reads: StringReads::of(&expression),
     })
 }
 
