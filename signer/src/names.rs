@@ -6,6 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub mod service_ca;
+
 /// Why a string is not a name of the kind asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
