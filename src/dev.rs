@@ -15,12 +15,13 @@ use anyhow::Context;
 use clap::Args;
 use podca_authority::components::ca;
 use podca_authority::components::{jwt, ledger};
-use podca_authority::config::{Config, DevBundle, DevPlan};
+use podca_authority::config::{Config, DevBundle};
 use podca_authority::rotation::Rotator;
 use podca_authority::{Runtime, RuntimeOptions, Stage, shutdown};
 use podca_grpc::component::{self as grpc, Callers, Mode, Oidc, Settings};
+use podca_grpc::dev_banner::{Serving, banner};
 use podca_grpc::jwt::JwtService;
-use podca_grpc::keeper::{self, KeptBundle};
+use podca_grpc::keeper;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::commands::default_data_dir;
@@ -151,7 +152,14 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     reload_on_sighup(&mut rt, hup, rotators);
 
     let made = !created.is_empty();
-    print_banner(&plan, &signer_ca_dir, made, grpc.addr, &socket, &kept);
+    let serving = Serving {
+        data_dir: &signer_ca_dir,
+        created: made,
+        listen: grpc.addr,
+        socket: &socket,
+        bundles: &kept,
+    };
+    print!("{}", banner(&plan, &serving));
     rt.run(async {
         signals.await;
         println!("podca dev: stopping");
@@ -189,62 +197,4 @@ fn current_uid(data_dir: &Path) -> anyhow::Result<u32> {
     let uid = std::fs::metadata(&probe)?.uid();
     let _ = std::fs::remove_file(&probe);
     Ok(uid)
-}
-
-fn print_banner(
-    plan: &DevPlan,
-    data_dir: &Path,
-    created: bool,
-    listen: SocketAddr,
-    socket: &Path,
-    bundles: &[KeptBundle],
-) {
-    let DevPlan {
-        signer,
-        trust_domain,
-        identities,
-        ..
-    } = plan;
-    let verb = if created { "created" } else { "reusing" };
-    println!("podca dev: {verb} the CA in {}", data_dir.display());
-    println!(
-        "podca dev: trust anchors: {}",
-        data_dir.join("root.pem").display()
-    );
-    println!("podca dev: signer {signer} (trust domain {trust_domain})");
-    for i in identities {
-        println!(
-            "podca dev: uid {} is {}/{} ({})",
-            i.uid,
-            i.namespace,
-            i.service_account,
-            podca_signer::names::spiffe_id(trust_domain, &i.namespace, &i.service_account)
-        );
-    }
-    println!("podca dev: gRPC API (podca.v1) on {listen}");
-    println!(
-        "podca dev: SPIFFE Workload API on unix://{}",
-        socket.display()
-    );
-    println!(
-        "  export SPIFFE_ENDPOINT_SOCKET=unix://{}",
-        socket.display()
-    );
-    println!(
-        "  grpcurl -plaintext -import-path proto/proto -proto podca/v1/podca.proto \
-         -H 'x-podca-namespace: default' -H 'x-podca-service-account: default' \
-         {listen} podca.v1.PodCA/GetTrustBundle"
-    );
-    for KeptBundle { identity, dir } in bundles {
-        println!(
-            "podca dev: credential bundle for {identity}: {} (trust bundle {})",
-            dir.join("credentialbundle.pem").display(),
-            dir.join("trust-bundle.pem").display()
-        );
-    }
-    println!(
-        "podca dev: CA rotation runs on its schedule; `podca ca rotate` is picked up within 5 s \
-         (SIGHUP: at once); Ctrl-C stops"
-    );
-    println!("podca dev: ready");
 }

@@ -181,3 +181,65 @@ mod tests {
         );
     }
 }
+
+/// What `podca ca init` made: the CA's subject and expiry, its roots, and where the anchors are.
+/// `hsm_uri`: the key is in that token, and the CA is a self-signed root.
+pub fn initialised(
+    store: &FileStore,
+    ca: &podca_signer::IssuingCa,
+    hsm_uri: Option<&str>,
+) -> String {
+    let mut out = match hsm_uri {
+        Some(uri) => format!(
+            "CA ready in {} (key in the HSM: {uri})\n  root: {} (expires {})\n",
+            store.dir().display(),
+            ca.certificate().subject(),
+            ca.not_after()
+        ),
+        None => format!(
+            "CA ready in {}\n  issuing: {} (expires {})\n",
+            store.dir().display(),
+            ca.certificate().subject(),
+            ca.not_after()
+        ),
+    };
+    if hsm_uri.is_none() {
+        for root in ca.roots() {
+            let _ = writeln!(
+                out,
+                "  root:    {} (expires {})",
+                root.subject(),
+                root.not_after()
+            );
+        }
+    }
+    let _ = writeln!(out, "  trust anchors: {}", store.root_cert_path().display());
+    out
+}
+
+/// `podca ca rotate`: runs the schedule once (`start`: prepare a successor now) and says what
+/// it did and when the next step is due.
+pub fn rotate(
+    store: &FileStore,
+    schedule: &podca_signer::rotation::Schedule,
+    max_leaf_lifetime: time::Duration,
+    start: bool,
+    now: OffsetDateTime,
+) -> Result<String, StoreError> {
+    let steps = store.rotate(schedule, max_leaf_lifetime, start, now)?;
+    let mut out = String::new();
+    if steps.is_empty() {
+        out.push_str("nothing to do now\n");
+    }
+    for step in &steps {
+        let _ = writeln!(out, "{}", report::step(*step, schedule, now));
+    }
+    if let Some(next) = store.next_rotation_event(schedule, now)? {
+        let _ = writeln!(
+            out,
+            "next rotation step due at {next} (run `podca ca rotate --scheduled-only`, or let \
+             podca serve/dev do it)"
+        );
+    }
+    Ok(out)
+}

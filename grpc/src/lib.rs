@@ -85,6 +85,7 @@ pub mod component;
 pub mod connections;
 pub mod core;
 pub mod cork;
+pub mod dev_banner;
 pub mod errors;
 pub mod federation;
 pub mod istio;

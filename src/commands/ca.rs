@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use podca_authority::ca_report;
-use podca_signer::{CaAlgorithm, FileStore, InitOptions, NameConstraints, report};
+use podca_signer::{CaAlgorithm, FileStore, InitOptions, NameConstraints};
 use time::{Duration, OffsetDateTime};
 
 #[derive(Debug, Subcommand)]
@@ -191,16 +191,7 @@ impl InitArgs {
                 &options,
                 OffsetDateTime::now_utc(),
             )?;
-            println!(
-                "CA ready in {} (key in the HSM: {uri})",
-                store.dir().display()
-            );
-            println!(
-                "  root: {} (expires {})",
-                ca.certificate().subject(),
-                ca.not_after()
-            );
-            println!("  trust anchors: {}", store.root_cert_path().display());
+            print!("{}", ca_report::initialised(&store, &ca, Some(&uri)));
             return Ok(());
         }
         let ca = match (import_cert, import_key) {
@@ -221,20 +212,7 @@ impl InitArgs {
                 store.init(&options, OffsetDateTime::now_utc())?
             }
         };
-        println!("CA ready in {}", store.dir().display());
-        println!(
-            "  issuing: {} (expires {})",
-            ca.certificate().subject(),
-            ca.not_after()
-        );
-        for root in ca.roots() {
-            println!(
-                "  root:    {} (expires {})",
-                root.subject(),
-                root.not_after()
-            );
-        }
-        println!("  trust anchors: {}", store.root_cert_path().display());
+        print!("{}", ca_report::initialised(&store, &ca, None));
         Ok(())
     }
 }
@@ -321,24 +299,12 @@ impl RotateArgs {
             propagation_seconds,
             ..Default::default()
         };
+        let max_leaf = Duration::seconds(max_leaf_lifetime_seconds);
         let now = OffsetDateTime::now_utc();
-        let steps = store.rotate(
-            &schedule,
-            Duration::seconds(max_leaf_lifetime_seconds),
-            !scheduled_only,
-            now,
-        )?;
-        if steps.is_empty() {
-            println!("nothing to do now");
-        }
-        for step in &steps {
-            println!("{}", report::step(*step, &schedule, now));
-        }
-        if let Some(next) = store.next_rotation_event(&schedule, now)? {
-            println!(
-                "next rotation step due at {next} (run `podca ca rotate --scheduled-only`, or let podca serve/dev do it)"
-            );
-        }
+        print!(
+            "{}",
+            ca_report::rotate(&store, &schedule, max_leaf, !scheduled_only, now)?
+        );
         Ok(())
     }
 }
