@@ -544,22 +544,7 @@ pub fn serving_keys(
             });
             keys
         }
-        GrpcTls::Files { cert, key } => {
-            let mut files = ServingFiles::new(cert, key);
-            let first = files
-                .load_if_changed()
-                .map_err(|e| StartError::failed("gRPC: [grpc] tls_cert_file / tls_key_file", e))?
-                .ok_or_else(|| {
-                    StartError::Refused("gRPC: the certificate files were read twice".into())
-                })?;
-            info!(cert = %cert.display(), key = %key.display(), "gRPC: serving TLS from files");
-            let keys = ServingKeys::new(first);
-            let watched = Arc::clone(&keys);
-            rt.spawn(Stage::Support, "gRPC certificate files", |stop| {
-                files.watch(watched, tls::FILES_POLL, stop)
-            });
-            keys
-        }
+        GrpcTls::Files { cert, key } => serving_files(rt, cert, key)?,
         GrpcTls::Off { insecure } => {
             if *insecure {
                 warn!(
@@ -572,6 +557,26 @@ pub fn serving_keys(
         }
     };
     Ok(Some(keys))
+}
+
+/// An operator's certificate and key files (`[grpc] tls = "files"`), reloaded when they change.
+pub fn serving_files(
+    rt: &mut Runtime,
+    cert: &Path,
+    key: &Path,
+) -> Result<Arc<ServingKeys>, StartError> {
+    let mut files = ServingFiles::new(cert, key);
+    let first = files
+        .load_if_changed()
+        .map_err(|e| StartError::failed("gRPC: [grpc] tls_cert_file / tls_key_file", e))?
+        .ok_or_else(|| StartError::Refused("gRPC: the certificate files were read twice".into()))?;
+    info!(cert = %cert.display(), key = %key.display(), "gRPC: serving TLS from files");
+    let keys = ServingKeys::new(first);
+    let watched = Arc::clone(&keys);
+    rt.spawn(Stage::Support, "gRPC certificate files", |stop| {
+        files.watch(watched, tls::FILES_POLL, stop)
+    });
+    Ok(keys)
 }
 
 /// OIDC discovery (`[jwt] oidc_listen`), bound: [`Oidc::bind`], then [`Oidc::serve`].

@@ -42,6 +42,10 @@ use podca_proto::externaljwt::v1::{
 };
 use podca_signer::CaAlgorithm;
 use podca_signer::jwt::{Header, JwtAlgorithm, JwtError, sign_input};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use time::{Duration, OffsetDateTime};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -84,6 +88,20 @@ pub enum SignRefusal {
 }
 
 impl SignRefusal {
+    /// Its `reason` label in `podca_token_signer_requests_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SignRefusal::TooLarge { .. } => "too_large",
+            SignRefusal::NotBase64 => "not_base64",
+            SignRefusal::NotJsonObject => "not_json_object",
+            SignRefusal::MissingClaim(_) => "missing_claim",
+            SignRefusal::TooLong { .. } => "too_long",
+            SignRefusal::OutlivesKey { .. } => "outlives_key",
+            SignRefusal::NoSigningKey => "no_signing_key",
+            SignRefusal::Signing(_) => "signing_failed",
+        }
+    }
+
     /// The status kube-apiserver gets: the claims' faults are the caller's, the keys' are ours.
     pub fn status(&self) -> Status {
         let message = self.to_string();
@@ -211,6 +229,41 @@ impl Settings {
     }
 }
 
+/// `podca_token_signer_requests_total{method,outcome}` labels: `outcome` is `ok`,
+/// `permission_denied` (another uid) or a [`SignRefusal::reason`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub method: &'static str,
+    pub outcome: &'static str,
+}
+
+/// The token signer's metrics (`podca_token_signer_*`).
+#[derive(Clone, Debug, Default)]
+pub struct TokenSignerMetrics {
+    /// `podca_token_signer_requests_total{method,outcome}`.
+    pub requests: Family<RequestLabels, Counter>,
+}
+
+impl TokenSignerMetrics {
+    /// Registers them in `registry` (the runtime's `token_signer` sub-registry).
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "requests",
+            "ExternalJWTSigner calls answered, by method (Sign, FetchKeys, Metadata) and outcome \
+             (ok, permission_denied, or the Sign refusal's reason)",
+            metrics.requests.clone(),
+        );
+        metrics
+    }
+
+    fn count(&self, method: &'static str, outcome: &'static str) {
+        self.requests
+            .get_or_create(&RequestLabels { method, outcome })
+            .inc();
+    }
+}
+
 /// The `v1.ExternalJWTSigner` service over a JWT key set.
 #[derive(Clone)]
 pub struct TokenSigner {
@@ -218,6 +271,7 @@ pub struct TokenSigner {
     settings: Settings,
     clock: Clock,
     allowed_uid: u32,
+    metrics: TokenSignerMetrics,
 }
 
 impl std::fmt::Debug for TokenSigner {
@@ -236,7 +290,13 @@ impl TokenSigner {
             settings,
             clock,
             allowed_uid,
+            metrics: TokenSignerMetrics::default(),
         }
+    }
+
+    /// Counts its calls into `metrics` (else into a family nobody exports).
+    pub fn with_metrics(self, metrics: TokenSignerMetrics) -> Self {
+        TokenSigner { metrics, ..self }
     }
 
     /// Signs `claims` (base64url, as sent) with the key active now: the header and signature,
@@ -311,6 +371,7 @@ impl TokenSigner {
             .and_then(|info| info.peer_cred)
             .map(|cred| cred.uid());
         admit(uid, self.allowed_uid).inspect_err(|_| {
+            self.metrics.count(method, "permission_denied");
             warn!(
                 method,
                 uid,
@@ -330,9 +391,13 @@ impl ExternalJwtSigner for TokenSigner {
         self.admit(&request, "Sign")?;
         let claims = request.into_inner().claims;
         match TokenSigner::sign(self, claims).await {
-            Ok((header, signature)) => Ok(Response::new(SignJwtResponse { header, signature })),
+            Ok((header, signature)) => {
+                self.metrics.count("Sign", "ok");
+                Ok(Response::new(SignJwtResponse { header, signature }))
+            }
             Err(refusal) => {
-                warn!(error = %refusal, "token signer: Sign refused");
+                self.metrics.count("Sign", refusal.reason());
+                warn!(error = %refusal, reason = refusal.reason(), "token signer: Sign refused");
                 Err(refusal.status())
             }
         }
@@ -343,6 +408,7 @@ impl ExternalJwtSigner for TokenSigner {
         request: Request<FetchKeysRequest>,
     ) -> Result<Response<FetchKeysResponse>, Status> {
         self.admit(&request, "FetchKeys")?;
+        self.metrics.count("FetchKeys", "ok");
         Ok(Response::new(self.keys()))
     }
 
@@ -351,6 +417,7 @@ impl ExternalJwtSigner for TokenSigner {
         request: Request<MetadataRequest>,
     ) -> Result<Response<MetadataResponse>, Status> {
         self.admit(&request, "Metadata")?;
+        self.metrics.count("Metadata", "ok");
         Ok(Response::new(MetadataResponse {
             max_token_expiration_seconds: self.settings.max_expiration.whole_seconds(),
         }))
@@ -424,9 +491,16 @@ pub async fn run(
     let Some(keys) = jwt_component::start(&mut rt, &config.jwt, &config.ca, dir, false)? else {
         return Err(TokenSignerError::Config("[jwt] enabled = false".into()));
     };
+    let oidc = TokenSignerOidc::bind(config).await?;
     let (listener, path) = bind_owned_socket(&socket, socket_owner)?;
     let allowed_uid = socket_owner.map_or_else(|| owner_of(&path), Ok)?;
-    let signer = TokenSigner::new(keys, settings, clock, allowed_uid);
+    let metrics = rt
+        .metrics()
+        .register_component("token_signer", TokenSignerMetrics::register);
+    if let Some(oidc) = oidc {
+        oidc.serve(&mut rt, &keys)?;
+    }
+    let signer = TokenSigner::new(keys, settings, clock, allowed_uid).with_metrics(metrics);
     info!(
         socket = %path.display(),
         allowed_uid,
@@ -453,6 +527,101 @@ pub async fn run(
     });
     rt.run(shutdown).await?;
     Ok(())
+}
+
+/// OIDC discovery of the token signer's keys (`[jwt] oidc_listen`), for relying parties
+/// outside the cluster that verify service-account tokens (an AWS IAM OIDC provider, Vault)
+/// without asking kube-apiserver: the same keys as `FetchKeys`, the issuer `[jwt] issuer`
+/// (kube-apiserver's `--service-account-issuer`, which tokens carry). HTTPS with the
+/// operator's certificate files (`[grpc] tls = "files"`); plaintext only on loopback
+/// (`[grpc] tls = "off"`). The token signer has no CA to issue its own certificate from.
+#[derive(Debug)]
+struct TokenSignerOidc {
+    listener: tokio::net::TcpListener,
+    tls: Option<(PathBuf, PathBuf)>,
+    discovery: podca_authority::oidc::Discovery,
+}
+
+impl TokenSignerOidc {
+    async fn bind(config: &Config) -> Result<Option<Self>, TokenSignerError> {
+        use podca_authority::config::GrpcTls;
+        let Some(listen) = config.jwt.oidc_listen else {
+            return Ok(None);
+        };
+        let Some(issuer) = config.jwt.issuer.clone() else {
+            return Err(TokenSignerError::Config(
+                "[jwt] oidc_listen needs [jwt] issuer: kube-apiserver's \
+                 --service-account-issuer, which every token it signs carries"
+                    .into(),
+            ));
+        };
+        let tls = match config.grpc.tls(listen) {
+            Ok(GrpcTls::Files { cert, key }) => Some((cert, key)),
+            Ok(GrpcTls::Off { insecure: false }) => None,
+            Ok(GrpcTls::SelfIssued(_)) | Ok(GrpcTls::Off { insecure: true }) => {
+                return Err(TokenSignerError::Config(format!(
+                    "[jwt] oidc_listen = {listen}: podca token-signer serves OIDC discovery over \
+                     HTTPS with [grpc] tls = \"files\" (tls_cert_file, tls_key_file), or in \
+                     plaintext on a loopback address with [grpc] tls = \"off\"; it has no CA to \
+                     issue its own certificate from"
+                )));
+            }
+            Err(e) => return Err(TokenSignerError::Config(format!("[jwt] oidc_listen: {e}"))),
+        };
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|error| StartError::Listen {
+                what: "[jwt] oidc_listen",
+                addr: listen,
+                error,
+            })?;
+        let discovery = crate::component::discovery(&config.jwt, issuer)?;
+        Ok(Some(TokenSignerOidc {
+            listener,
+            tls,
+            discovery,
+        }))
+    }
+
+    fn serve(self, rt: &mut Runtime, keys: &JwtHandle) -> Result<(), TokenSignerError> {
+        let TokenSignerOidc {
+            listener,
+            tls,
+            discovery,
+        } = self;
+        let config = match tls {
+            Some((cert, key)) => {
+                let serving = crate::component::serving_files(rt, &cert, &key)?;
+                Some(crate::tls::http1_server_config(serving).map_err(|e| {
+                    TokenSignerError::Config(format!("[jwt] oidc_listen: TLS: {e}"))
+                })?)
+            }
+            None => None,
+        };
+        info!(
+            addr = ?listener.local_addr().ok(),
+            issuer = discovery.issuer,
+            tls = config.is_some(),
+            "token signer: OIDC discovery listening"
+        );
+        let ready = rt.init_handle("oidc");
+        ready.set(true);
+        let (keys, metrics) = (keys.clone(), rt.metrics().oidc.clone());
+        rt.spawn(Stage::Serve, "OIDC discovery", move |stop| async move {
+            podca_authority::oidc::serve_with(
+                listener,
+                config,
+                discovery,
+                keys,
+                metrics,
+                podca_authority::oidc::OidcLimits::default(),
+                stop,
+            )
+            .await;
+            ready.set(false);
+        });
+        Ok(())
+    }
 }
 
 /// Binds the socket 0600 as `podca dev` binds its own (a stale one replaced, a live one or a

@@ -11,6 +11,10 @@
 //!   handed to another uid, which root can still open);
 //! * through a rotation on a short `[jwt]` schedule, every key `Sign` uses was published by
 //!   `FetchKeys` before it signed, and the retired key stays published;
+//! * `[jwt] oidc_listen`: the token signer's OIDC discovery (HTTPS with the operator's files)
+//!   names the issuer and serves a JWKS with exactly `FetchKeys`' keys, and a token `Sign`
+//!   made verifies with `jsonwebtoken` against the JWK fetched from it; per-method, per-outcome
+//!   counts on the admin listener;
 //! * with the keys in a SoftHSM2 token (`[ca] backend = "pkcs11"`): tokens verify with
 //!   `jsonwebtoken` and the `openssl` command line, `pkcs11-tool` reports the key never
 //!   extractable, and the data directory holds only its metadata.
@@ -77,6 +81,16 @@ impl Signer {
             std::thread::sleep(Duration::from_millis(50));
         }
         Signer { child, socket, dir }
+    }
+
+    /// `[jwt]` as given, then `[grpc]` (which the token signer reads only for its OIDC TLS).
+    fn start_with_grpc(jwt: &str, grpc: &str, extra: &[&str]) -> Signer {
+        Signer::start_with(
+            "backend = \"file\"",
+            &format!("{jwt}\n\n[grpc]\n{grpc}"),
+            extra,
+            &[],
+        )
     }
 
     fn data_dir(&self) -> PathBuf {
@@ -456,4 +470,161 @@ fn ecdsa_der(fixed: &[u8]) -> Vec<u8> {
     let mut out = vec![0x30, u8::try_from(body.len()).unwrap()];
     out.extend(body);
     out
+}
+
+/// One HTTP/1.1 GET over TLS to 127.0.0.1:`port`, verified against `anchors` for `name`: the
+/// status and body.
+async fn https_get(port: u16, anchors: &str, name: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut config = (*podca_tests::tls::client_config(anchors)).clone();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let server = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    let mut tls = connector.connect(server, tcp).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let _ = tls.read_to_end(&mut raw).await;
+    let raw = String::from_utf8(raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oidc_discovery_serves_the_fetched_keys_and_a_signed_token_verifies_with_its_jwks() {
+    // The operator's serving certificate for the discovery host, from a CA of the test's own.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let host = "oidc.control-plane.example";
+    let leaf_key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec![host.to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &rcgen::Issuer::from_params(&ca_params, &ca_key))
+        .unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let (cert_file, key_file) = (files.path().join("tls.crt"), files.path().join("tls.key"));
+    std::fs::write(&cert_file, leaf.pem()).unwrap();
+    std::fs::write(&key_file, leaf_key.serialize_pem()).unwrap();
+
+    let (oidc_port, admin_port) = (
+        podca_tests::process::free_port(),
+        podca_tests::process::free_port(),
+    );
+    let signer = Signer::start_with_grpc(
+        &format!("issuer = \"{ISSUER}\"\noidc_listen = \"127.0.0.1:{oidc_port}\""),
+        &format!("tls = \"files\"\ntls_cert_file = {cert_file:?}\ntls_key_file = {key_file:?}"),
+        &["--admin-listen", &format!("127.0.0.1:{admin_port}")],
+    );
+    let mut client = signer.client().await;
+    let keys = fetch(&mut client).await;
+    let (claims, encoded) = kube_claims(3600);
+    let token = sign(&mut client, &encoded).await;
+
+    let (status, document) = https_get(
+        oidc_port,
+        &ca.pem(),
+        host,
+        "/.well-known/openid-configuration",
+    )
+    .await;
+    assert_eq!(status, 200, "{document}");
+    let document: serde_json::Value = serde_json::from_str(&document).unwrap();
+    assert_eq!(document["issuer"], ISSUER);
+    assert_eq!(document["jwks_uri"], format!("{ISSUER}/keys"));
+    assert_eq!(
+        document["id_token_signing_alg_values_supported"][0],
+        "ES256"
+    );
+
+    let (status, jwks) = https_get(oidc_port, &ca.pem(), host, "/keys").await;
+    assert_eq!(status, 200, "{jwks}");
+    let jwks: jsonwebtoken::jwk::JwkSet = serde_json::from_str(&jwks).unwrap();
+    let mut served: Vec<String> = jwks
+        .keys
+        .iter()
+        .filter_map(|k| k.common.key_id.clone())
+        .collect();
+    let mut fetched: Vec<String> = keys.keys.iter().map(|k| k.key_id.clone()).collect();
+    served.sort();
+    fetched.sort();
+    assert_eq!(served, fetched, "the JWKS is exactly FetchKeys' key set");
+
+    // The token verifies with the key from the JWKS (jsonwebtoken, not podca's code).
+    let kid = jsonwebtoken::decode_header(&token).unwrap().kid.unwrap();
+    let jwk = jwks.find(&kid).expect("the signing key is in the JWKS");
+    let mut validation = Validation::new(Algorithm::ES256);
+    validation.set_audience(&["https://kubernetes.default.svc.cluster.local"]);
+    validation.set_issuer(&[ISSUER]);
+    let verified = jsonwebtoken::decode::<serde_json::Value>(
+        &token,
+        &DecodingKey::from_jwk(jwk).unwrap(),
+        &validation,
+    )
+    .unwrap();
+    assert_eq!(verified.claims, claims);
+
+    // One refusal, counted by its reason beside the successes.
+    let (_, too_long) = kube_claims(86_400 * 30);
+    let refused = client.sign(SignJwtRequest { claims: too_long }).await;
+    assert_eq!(refused.expect_err("refused").code(), Code::InvalidArgument);
+    let (status, page) = podca_tests::process::http_get(admin_port, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    let count = |series: &str| podca_tests::process::metric_value(&page, series);
+    assert_eq!(
+        count(r#"podca_token_signer_requests_total{method="Sign",outcome="ok"}"#),
+        1.0
+    );
+    assert_eq!(
+        count(r#"podca_token_signer_requests_total{method="FetchKeys",outcome="ok"}"#),
+        1.0
+    );
+    assert_eq!(
+        count(r#"podca_token_signer_requests_total{method="Sign",outcome="too_long"}"#),
+        1.0
+    );
+    assert_eq!(
+        count(r#"podca_oidc_requests_total{path="jwks",status="200"}"#),
+        1.0
+    );
+}
+
+#[test]
+fn oidc_discovery_without_tls_files_or_an_issuer_is_refused_at_start() {
+    for (jwt, grpc, message) in [
+        (
+            "oidc_listen = \"127.0.0.1:0\"",
+            "tls = \"off\"",
+            "[jwt] oidc_listen needs [jwt] issuer",
+        ),
+        (
+            &*format!("issuer = \"{ISSUER}\"\noidc_listen = \"127.0.0.1:0\""),
+            "",
+            "it has no CA to issue its own certificate from",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("podca.toml");
+        let data = dir.path().join("data");
+        std::fs::write(
+            &config,
+            format!("[ca]\nbackend = \"file\"\ndir = {data:?}\n\n[jwt]\n{jwt}\n\n[grpc]\n{grpc}\n"),
+        )
+        .unwrap();
+        let out = Command::new(podca_binary())
+            .args(["token-signer", "--config"])
+            .arg(&config)
+            .arg("--socket")
+            .arg(dir.path().join("signer.sock"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(message), "{message}: {stderr}");
+    }
 }
