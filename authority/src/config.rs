@@ -662,12 +662,41 @@ impl Default for GrpcConfig {
     }
 }
 
-/// The SPIFFE Workload API.
-#[derive(Debug, Clone, Deserialize, Default)]
+/// The SPIFFE Workload API, and Envoy's Secret Discovery Service on the same socket.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkloadApiConfig {
     /// Unix socket path; defaults to `<data dir>/workload.sock` in dev mode.
     pub socket: Option<PathBuf>,
+    /// Serve Envoy SDS (`envoy.service.secret.v3`) beside the Workload API.
+    #[serde(default = "yes")]
+    pub sds: bool,
+    /// The SDS name of the caller's certificate and key (`tls_certificate`).
+    #[serde(default = "default_sds_certificate_name")]
+    pub sds_certificate_name: String,
+    /// The SDS name of the caller's own trust domain's anchors (`validation_context`).
+    #[serde(default = "default_sds_validation_context_name")]
+    pub sds_validation_context_name: String,
+}
+
+impl Default for WorkloadApiConfig {
+    fn default() -> Self {
+        WorkloadApiConfig {
+            socket: None,
+            sds: true,
+            sds_certificate_name: default_sds_certificate_name(),
+            sds_validation_context_name: default_sds_validation_context_name(),
+        }
+    }
+}
+
+/// SPIRE's names, so that an Envoy configured for SPIRE's SDS works unchanged.
+fn default_sds_certificate_name() -> String {
+    "default".to_owned()
+}
+
+fn default_sds_validation_context_name() -> String {
+    "ROOTCA".to_owned()
 }
 
 /// `podca dev` only: who the local callers are.

@@ -34,6 +34,7 @@ use crate::core::IstioOptions;
 use crate::jwt::JwtService;
 use crate::peer_identity::{CertificateAuthenticator, ClientTrust};
 use crate::renewal::{Denylist, RenewalRules};
+use crate::sds::{SdsNames, SdsService};
 use crate::tls::{self, ServingFiles, ServingKeys};
 use crate::{Api, ApiOptions, server};
 
@@ -100,6 +101,8 @@ pub struct Settings {
     pub istio_audience: String,
     /// `[grpc] istio_trust_domain_alias` (`None` when empty).
     pub istio_trust_domain_alias: Option<String>,
+    /// `[workload_api] sds`, `sds_*_name`: Envoy SDS on the Workload API socket (`None`: off).
+    pub sds: Option<SdsNames>,
 }
 
 /// Which listeners serve the API.
@@ -158,6 +161,7 @@ impl Settings {
             istio_audience: grpc.istio_token_audience.clone(),
             istio_trust_domain_alias: Some(grpc.istio_trust_domain_alias.clone())
                 .filter(|alias| !alias.is_empty()),
+            sds: SdsNames::from_config(&config.workload_api).map_err(|e| refused(&e))?,
             token_reviews: TokenReviewLimits {
                 max_concurrent: grpc.max_token_reviews,
                 cache_ttl: Duration::from_secs(grpc.token_cache_seconds),
@@ -229,6 +233,7 @@ pub async fn start(
         istio,
         istio_audience,
         istio_trust_domain_alias,
+        sds,
     } = settings;
     // The uids the socket must let in: podca dev's identities (the owner's alone by default).
     let socket_uids: Vec<u32> = match &callers {
@@ -375,6 +380,7 @@ pub async fn start(
     });
     if let Some((unix, path)) = unix {
         let served = Arc::clone(&api);
+        let sds = sds.map(|names| SdsService::new(Arc::clone(&api), names));
         rt.spawn(
             Stage::Serve,
             "Workload API server",
@@ -382,7 +388,7 @@ pub async fn start(
                 let stopped = async move {
                     let _ = stop.wait_for(|s| *s).await;
                 };
-                if let Err(e) = server::serve_unix_with_jwt(unix, served, jwt, stopped).await {
+                if let Err(e) = server::serve_unix_with_jwt(unix, served, jwt, sds, stopped).await {
                     tracing::error!(error = %e, "Workload API server failed");
                 }
                 // The socket file goes with the server.

@@ -98,6 +98,7 @@ pub mod podca_service;
 pub mod preauth;
 pub mod ratelimit;
 pub mod renewal;
+pub mod sds;
 pub mod server;
 pub mod tls;
 pub mod token_signer;

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use podca_proto::envoy_api::envoy::service::secret::v3::secret_discovery_service_server::SecretDiscoveryServiceServer;
 use podca_proto::istio::v1::auth::istio_certificate_service_server::IstioCertificateServiceServer;
 use podca_proto::podca::v1::pod_ca_server::PodCaServer;
 use podca_proto::workload::spiffe_workload_api_server::SpiffeWorkloadApiServer;
@@ -23,6 +24,7 @@ use super::jwt::MaybeJwt;
 use super::observe;
 use super::podca_service::PodCaService;
 use super::preauth::PreAuthLayer;
+use super::sds::SdsService;
 use super::tls;
 use super::uds_authority::AuthorityFix;
 use super::workload::WorkloadService;
@@ -149,14 +151,16 @@ pub async fn serve_unix(
     api: Arc<Api>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    serve_unix_with_jwt(listener, api, None, shutdown).await
+    serve_unix_with_jwt(listener, api, None, None, shutdown).await
 }
 
-/// [`serve_unix`] whose Workload API also serves JWT-SVIDs with `jwt` (None: UNIMPLEMENTED).
+/// [`serve_unix`] whose Workload API also serves JWT-SVIDs with `jwt` (None: UNIMPLEMENTED),
+/// and Envoy SDS beside it with `sds` ([`crate::sds`]; None: not served).
 pub async fn serve_unix_with_jwt(
     listener: UnixListener,
     api: Arc<Api>,
     jwt: MaybeJwt,
+    sds: Option<SdsService>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = UnixListenerStream::new(listener)
@@ -164,6 +168,9 @@ pub async fn serve_unix_with_jwt(
     builder()
         .add_routes(observe::edge_routes(&api).await)
         .add_service(workload(&api, jwt))
+        .add_optional_service(sds.map(|sds| {
+            SecretDiscoveryServiceServer::new(sds).max_decoding_message_size(MAX_MESSAGE_BYTES)
+        }))
         .add_service(podca(&api))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -64,6 +64,9 @@ pub mod workload {
     include!(concat!(env!("OUT_DIR"), "/_.rs"));
 }
 
+/// The prost the generated code uses (to encode an SDS `Secret` into its `Any`).
+pub use prost;
+
 /// The encoded `FileDescriptorSet` of the APIs and their imports (protox, at build time), for
 /// gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
