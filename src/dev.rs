@@ -142,6 +142,11 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         Some(&socket),
     )
     .await?;
+    let endpoint = podca_grpc::bundle_endpoint::start(&mut rt, &config, &cas, keys.as_ref());
+    if let Some(endpoint) = endpoint.await? {
+        let (td, addr) = (endpoint.trust_domain, endpoint.addr);
+        println!("podca dev: SPIFFE bundle endpoint for {td} on https://{addr}/");
+    }
     let kept = keeper::start(
         &mut rt,
         &grpc.api,

@@ -165,6 +165,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         };
         kube_component::jwks(&mut rt, &client, &config, &namespace, discovery, keys, &ca);
     }
+    podca_grpc::bundle_endpoint::start(&mut rt, &config, &ca, jwt_keys.as_ref()).await?;
     let flags = ControllerFlags {
         workers,
         queue_capacity,

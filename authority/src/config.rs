@@ -68,6 +68,9 @@ pub struct Config {
     /// JWT-SVIDs and their keys (`crate::jwt`).
     #[serde(default)]
     pub jwt: crate::jwt::JwtConfig,
+    /// The SPIFFE bundle endpoint (`crate::bundle_endpoint`); absent: not served.
+    #[serde(default)]
+    pub bundle_endpoint: Option<crate::bundle_endpoint::BundleEndpointConfig>,
 }
 
 /// One ClusterTrustBundle per signer name, named `<signer with / → :>:<suffix>`.

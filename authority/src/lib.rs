@@ -27,6 +27,7 @@
 //! `podca_controller`; the gRPC edge is `podca_grpc`.
 
 pub mod admin;
+pub mod bundle_endpoint;
 pub mod ca;
 pub mod ca_report;
 pub mod components;

@@ -79,6 +79,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod bundle_endpoint;
 pub mod client;
 pub mod coalesce;
 pub mod component;

@@ -197,16 +197,22 @@ impl SpiffeBundle {
 /// key set has sequence `jwt_sequence` (0 without JWT keys).
 ///
 /// Every replica computes the same number from the same published state, with no counter to
-/// share: the oldest anchor's notBefore plus the newest's (Unix seconds) plus the JWT key set's
-/// sequence. A rotation adds a newer anchor (the newest grows), retiring one removes the oldest
-/// (the oldest grows), and the JWT key set's sequence only grows, so every change raises it.
+/// share: twice the sum of the oldest and the newest anchor's notBefore (Unix seconds), plus the
+/// number of anchors, plus the JWT key set's sequence. A rotation adds an anchor no older than
+/// the newest (the count grows, even within the same second), retiring drops the oldest (twice
+/// the seconds it moves forward outweigh the count's one), and the JWT key set's sequence only
+/// grows, so every change raises it. Not covered: anchors made within the same second and then
+/// retired one by one, and replacing the CA by an older one (consumers refuse a lower sequence).
 pub fn sequence_of(anchors: &[CaCertificate], jwt_sequence: u64) -> u64 {
     let seconds = |t: OffsetDateTime| u64::try_from(t.unix_timestamp()).unwrap_or(0);
     let oldest = anchors.iter().map(|a| seconds(a.not_before())).min();
     let newest = anchors.iter().map(|a| seconds(a.not_before())).max();
+    let count = u64::try_from(anchors.len()).unwrap_or(u64::MAX);
     oldest
         .unwrap_or(0)
         .saturating_add(newest.unwrap_or(0))
+        .saturating_mul(2)
+        .saturating_add(count)
         .saturating_add(jwt_sequence)
 }
 
@@ -397,6 +403,9 @@ mod tests {
         let retired = sequence_of(std::slice::from_ref(&new), 3);
         let jwt_rotated = sequence_of(std::slice::from_ref(&new), 4);
         assert!(alone < prepared && prepared < retired && retired < jwt_rotated);
+        // A CA prepared within the same second as the one in force still raises it.
+        let twin = root(CaAlgorithm::EcdsaP256, t0);
+        assert!(sequence_of(&[old.clone(), twin], 3) > alone);
         assert_eq!(sequence_of(&[new.clone(), old.clone()], 3), prepared);
     }
 

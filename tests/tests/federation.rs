@@ -1,0 +1,276 @@
+//! SPIFFE bundles beyond one podca (issue #43): the SPIFFE bundle document `podca bundle
+//! --spiffe` prints, read by code that is not podca's (the `spiffe` crate's bundle types), and
+//! compared with what the Workload API hands out and with `podca bundle`'s PEM; the bundle
+//! endpoint serving it over `https_spiffe`, its SVID checked by webpki.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use podca_tests::process::{
+    DevOptions, DevProcess, podca_binary, podca_bundle, podca_ca_init, podca_ca_rotate,
+};
+use podca_tests::verify::{der_to_pem, leaf_uris, webpki_verify};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use spiffe::{JwtBundle, TrustDomain, WorkloadApiClient, X509Bundle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const TRUST_DOMAIN: &str = "podca.dev.local";
+
+/// `podca bundle --spiffe --dir dir`, parsed as JSON.
+fn spiffe_document(dir: &Path) -> serde_json::Value {
+    let out = Command::new(podca_binary())
+        .args(["bundle", "--spiffe", "--dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "podca bundle --spiffe: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The document's keys of one `use`.
+fn keys_of<'a>(document: &'a serde_json::Value, key_use: &str) -> Vec<&'a serde_json::Value> {
+    document["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["use"] == key_use)
+        .collect()
+}
+
+/// The document's X.509 authorities as the `spiffe` crate reads them (each key's single x5c
+/// certificate, concatenated DER).
+fn x509_bundle(document: &serde_json::Value) -> X509Bundle {
+    let mut der = Vec::new();
+    for key in keys_of(document, "x509-svid") {
+        let x5c = key["x5c"].as_array().unwrap();
+        assert_eq!(x5c.len(), 1, "one certificate per x509-svid key: {key}");
+        der.extend(STANDARD.decode(x5c[0].as_str().unwrap()).unwrap());
+    }
+    X509Bundle::parse_from_der(TrustDomain::new(TRUST_DOMAIN).unwrap(), &der).unwrap()
+}
+
+/// The document's JWT authorities as the `spiffe` crate reads them.
+fn jwt_bundle(document: &serde_json::Value) -> JwtBundle {
+    let jwks = serde_json::json!({ "keys": keys_of(document, "jwt-svid") });
+    JwtBundle::from_jwt_authorities(
+        TrustDomain::new(TRUST_DOMAIN).unwrap(),
+        jwks.to_string().as_bytes(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_spiffe_bundle_is_what_the_workload_api_and_podca_bundle_hand_out() {
+    let dev = DevProcess::start();
+    let client = WorkloadApiClient::connect_to(&format!("unix://{}", dev.socket.display()))
+        .await
+        .unwrap();
+    let td = TrustDomain::new(TRUST_DOMAIN).unwrap();
+    let document = spiffe_document(&dev.data_dir);
+
+    // X.509: the Workload API's anchors, and `podca bundle`'s PEM, in the same order.
+    let x509 = x509_bundle(&document);
+    let served = client.fetch_x509_bundles().await.unwrap();
+    let served = served.get(&td).expect("a bundle for podca.dev.local");
+    let ours: Vec<&[u8]> = x509.authorities().iter().map(|c| c.as_ref()).collect();
+    let theirs: Vec<&[u8]> = served.authorities().iter().map(|c| c.as_ref()).collect();
+    assert!(!ours.is_empty());
+    assert_eq!(ours, theirs);
+    assert_eq!(der_to_pem(&ours), podca_bundle(&dev.data_dir));
+    for key in keys_of(&document, "x509-svid") {
+        assert_eq!(key["kty"], "EC", "the CA's key parameters: {key}");
+        assert!(
+            key.get("kid").is_none(),
+            "x509-svid keys carry no kid: {key}"
+        );
+    }
+
+    // JWT: every key the Workload API publishes, by kid, with the same parameters.
+    let jwt = jwt_bundle(&document);
+    let served_jwt = client.fetch_jwt_bundles().await.unwrap();
+    let served_jwt = served_jwt
+        .get(&td)
+        .expect("a JWT bundle for podca.dev.local");
+    let kids: Vec<&str> = keys_of(&document, "jwt-svid")
+        .iter()
+        .map(|k| k["kid"].as_str().unwrap())
+        .collect();
+    assert!(!kids.is_empty(), "dev publishes a JWT key");
+    for kid in &kids {
+        assert_eq!(
+            jwt.find_jwt_authority(kid),
+            served_jwt.find_jwt_authority(kid),
+            "{kid}"
+        );
+    }
+
+    // The default propagation window is 900 s: consumers refresh every 300 s.
+    assert_eq!(document["spiffe_refresh_hint"], 300);
+    assert!(document["spiffe_sequence"].as_u64().is_some());
+}
+
+#[test]
+fn a_rotation_step_raises_the_sequence_and_replicas_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    podca_ca_init(dir.path());
+    let before = spiffe_document(dir.path());
+    let sequence = before["spiffe_sequence"].as_u64().expect("a sequence");
+    let anchors = x509_bundle(&before).authorities().len();
+
+    // `podca ca rotate` prepares a CA: its anchor is published, with a higher sequence.
+    podca_ca_rotate(dir.path());
+    let rotated = spiffe_document(dir.path());
+    assert_eq!(x509_bundle(&rotated).authorities().len(), anchors + 1);
+    assert!(rotated["spiffe_sequence"].as_u64().unwrap() > sequence);
+    // The same state always gives the same document: replicas serve the same sequence.
+    assert_eq!(spiffe_document(dir.path()), rotated);
+}
+
+/// Accepts any server certificate and keeps the chain, for the test to verify the way a
+/// SPIFFE consumer does (against the trust domain's bundle, by URI SAN, no host name).
+#[derive(Debug, Default)]
+struct Recorder {
+    chain: Mutex<Vec<Vec<u8>>>,
+}
+
+impl ServerCertVerifier for Recorder {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let mut chain = vec![end_entity.to_vec()];
+        chain.extend(intermediates.iter().map(|c| c.to_vec()));
+        *self.chain.lock().unwrap() = chain;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms =
+            rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms =
+            rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::aws_lc_rs::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// One HTTPS request to `addr`: the server's chain (PEM), the status line and the body.
+async fn https_request(addr: &str, request: &str) -> (String, String, Vec<u8>) {
+    let recorder = Arc::new(Recorder::default());
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::clone(&recorder) as Arc<dyn ServerCertVerifier>)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = ServerName::try_from("bundle.test").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    tls.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tls.read_to_end(&mut answer).await.unwrap();
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let head = String::from_utf8_lossy(&answer[..split]).into_owned();
+    let status = head.lines().next().unwrap().to_owned();
+    let chain = recorder.chain.lock().unwrap().clone();
+    let chain: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
+    (der_to_pem(&chain), status, answer[split + 4..].to_vec())
+}
+
+const ENDPOINT_ID: &str = "spiffe://podca.dev.local/podca/bundle-endpoint";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_https_spiffe_endpoint_serves_podca_bundle_under_its_own_svid() {
+    let config = format!(
+        "[bundle_endpoint]\nlisten = \"127.0.0.1:0\"\nprofile = \"https_spiffe\"\n\
+         spiffe_id = \"{ENDPOINT_ID}\"\n"
+    );
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        ..DevOptions::default()
+    });
+    let prefix = "podca dev: SPIFFE bundle endpoint for podca.dev.local on https://";
+    let addr = dev
+        .banner
+        .iter()
+        .find_map(|l| l.strip_prefix(prefix))
+        .expect("the banner names the bundle endpoint")
+        .trim_end_matches('/')
+        .to_owned();
+
+    let (chain, status, body) = https_request(
+        &addr,
+        "GET / HTTP/1.1\r\nHost: bundle.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    // The endpoint's SVID: the configured ID as its only URI SAN, under the served bundle.
+    let anchors = podca_bundle(&dev.data_dir);
+    webpki_verify(&chain, &anchors).expect("the endpoint's SVID verifies under the bundle");
+    assert_eq!(leaf_uris(&chain), [ENDPOINT_ID]);
+    // The document is the one `podca bundle --spiffe` prints.
+    let served: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(served, spiffe_document(&dev.data_dir));
+    assert_eq!(
+        der_to_pem(
+            &x509_bundle(&served)
+                .authorities()
+                .iter()
+                .map(|c| c.as_ref())
+                .collect::<Vec<_>>()
+        ),
+        anchors
+    );
+
+    // One path, GET only.
+    let (_, status, _) = https_request(
+        &addr,
+        "POST / HTTP/1.1\r\nHost: b\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+    let (_, status, _) = https_request(
+        &addr,
+        "GET /keys HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+}
