@@ -10,7 +10,7 @@
 //! | --- | --- |
 //! | `[workload_api] sds_certificate_name` (`default`), or the caller's SPIFFE ID | `tls_certificate`: a fresh X.509-SVID chain and its PKCS#8 key |
 //! | `[workload_api] sds_validation_context_name` (`ROOTCA`), or `spiffe://<its trust domain>` | `validation_context`: the caller's trust domain's anchors (`trusted_ca`) |
-//! | `spiffe://<federated trust domain>` | `validation_context`: that trust domain's X.509 authorities ([`SdsService::with_federated`]) |
+//! | `spiffe://<federated trust domain>` | `validation_context`: that trust domain's X.509 authorities ([`SdsService::with_federated`], from [`FederatedBundles`]) |
 //!
 //! The SVID is issued through the Workload API's path (`Api::issue_for_key`: the same policy,
 //! ledger records with source `workload_api`), only on a stream that asks for a certificate,
@@ -66,6 +66,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::auth::Identity;
 use super::core::{Api, IssuedVia};
 use super::errors::ApiError;
+use super::federation::{BundleMap, FederatedBundles};
 use super::observe::observed;
 use super::podca_service::{audit_refusal, credentials_of, peer_of, record_caller};
 
@@ -77,10 +78,6 @@ pub const FETCH_SECRETS: &str = "SecretDiscoveryService/FetchSecrets";
 /// The one resource type SDS serves.
 pub const SECRET_TYPE_URL: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
-
-/// Foreign trust domain (no `spiffe://`) → its X.509 authorities as PEM: what the federation
-/// source publishes for SDS.
-pub type FederatedAnchors = watch::Receiver<Arc<BTreeMap<String, String>>>;
 
 /// The resource names `[workload_api]` gives the caller's certificate and trust anchors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +142,7 @@ impl SdsNames {
 pub struct SdsService {
     api: Arc<Api>,
     names: Arc<SdsNames>,
-    federated: Option<FederatedAnchors>,
+    federated: Option<FederatedBundles>,
 }
 
 impl SdsService {
@@ -157,10 +154,10 @@ impl SdsService {
         }
     }
 
-    /// Serves the federated trust domains' validation contexts from `source`, pushed again on
-    /// every change.
-    pub fn with_federated(mut self, source: FederatedAnchors) -> Self {
-        self.federated = Some(source);
+    /// Serves the federated trust domains' validation contexts from `bundles` (every foreign
+    /// trust domain in force), pushed again on every change.
+    pub fn with_federated(mut self, bundles: FederatedBundles) -> Self {
+        self.federated = Some(bundles);
         self
     }
 
@@ -191,7 +188,7 @@ impl SdsService {
             trust_domain,
             identity,
             ca,
-            federated: self.federated.clone(),
+            federated: self.federated.as_ref().map(FederatedBundles::subscribe),
             svid: None,
         })
     }
@@ -221,7 +218,7 @@ struct Session {
     spiffe_id: String,
     trust_domain: String,
     ca: watch::Receiver<Arc<CaSnapshot>>,
-    federated: Option<FederatedAnchors>,
+    federated: Option<watch::Receiver<Arc<BundleMap>>>,
     svid: Option<Svid>,
 }
 
@@ -316,7 +313,7 @@ impl Session {
             self.ca.borrow().anchors_pem.clone()
         } else {
             let trust_domain = name.strip_prefix("spiffe://")?;
-            self.federated.as_ref()?.borrow().get(trust_domain)?.clone()
+            federated_pem(&self.federated.as_ref()?.borrow(), trust_domain)?
         };
         Some(secret(secret::Type::ValidationContext(
             CertificateValidationContext {
@@ -408,6 +405,14 @@ enum Change {
     Ca,
     Refresh,
     Federated,
+}
+
+/// A foreign trust domain's X.509 authorities as PEM (`None`: not federated, or no X.509
+/// authority in its bundle).
+fn federated_pem(bundles: &BundleMap, trust_domain: &str) -> Option<String> {
+    let bundle = bundles.get(trust_domain)?;
+    let authorities = &bundle.bundle.x509_authorities;
+    (!authorities.is_empty()).then(|| authorities.iter().map(|ca| ca.pem()).collect())
 }
 
 fn inline(bytes: &[u8]) -> DataSource {
@@ -807,6 +812,37 @@ mod tests {
             SdsNames::from_config(&config("same", "same")),
             Err(SdsConfigError::Same("same".into()))
         );
+    }
+
+    /// A self-signed CA certificate (rcgen), as a foreign trust domain's authority.
+    fn foreign_ca() -> podca_signer::CaCertificate {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        podca_signer::CaCertificate::from_der(cert.der()).unwrap()
+    }
+
+    #[test]
+    fn federated_validation_contexts_carry_the_foreign_authorities() {
+        let ca = foreign_ca();
+        let bundles = FederatedBundles::new(["home.test".to_owned()]);
+        bundles
+            .accept(crate::federation::ForeignBundle {
+                trust_domain: "away.test".into(),
+                bundle: podca_signer::spiffe_bundle::SpiffeBundle {
+                    x509_authorities: vec![ca.clone()],
+                    jwt_authorities: vec![],
+                    sequence: Some(1),
+                    refresh_hint: None,
+                },
+                accepted_at: OffsetDateTime::UNIX_EPOCH,
+            })
+            .unwrap();
+        let map = bundles.current();
+        assert_eq!(federated_pem(&map, "away.test"), Some(ca.pem()));
+        assert_eq!(federated_pem(&map, "home.test"), None);
+        assert_eq!(federated_pem(&map, "spiffe://away.test"), None);
     }
 
     #[test]
