@@ -22,6 +22,8 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::issue::{IssuedCertificate, Outcome};
+use crate::merkle::{Frontier, Hash, record_leaf_hash};
+use crate::merkle_verify::{LogSnapshot, StoredLeaf};
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 /// Record id → sequence number. Named for its first use: an issued certificate's id is its
@@ -35,6 +37,17 @@ const BY_IDENTITY: TableDefinition<(&str, u64), ()> = TableDefinition::new("by_i
 const OLD_BY_IDENTITY: MultimapTableDefinition<&str, u64> =
     MultimapTableDefinition::new("by_identity");
 const BY_TIME: TableDefinition<(i64, u64), ()> = TableDefinition::new("by_time");
+/// The Merkle log ([`crate::merkle`]): leaf index → the record's sequence number (u64
+/// big-endian) and the leaf hash, 40 bytes.
+const LOG_LEAVES: TableDefinition<u64, &[u8]> = TableDefinition::new("log_leaves");
+/// `frontier`: the log's [`Frontier`], written in the commit of every append.
+const LOG_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("log_state");
+/// Tree size → the signed checkpoint note of the log at that size.
+const LOG_CHECKPOINTS: TableDefinition<u64, &str> = TableDefinition::new("log_checkpoints");
+/// Sequence numbers of records pruned by retention: their leaves stay, their records are gone
+/// on purpose.
+const LOG_PRUNED: TableDefinition<u64, ()> = TableDefinition::new("log_pruned");
+const FRONTIER: &str = "frontier";
 
 /// The version of [`LedgerRecord`]'s JSON form (the `schema` field), in every backend and in
 /// the audit log. A change that removes or retypes a field is a new version.
@@ -671,9 +684,13 @@ impl Ledger {
             tx.open_table(BY_ID).map_err(|e| ledger.storage(e))?;
             let mut by_identity = tx.open_table(BY_IDENTITY).map_err(|e| ledger.storage(e))?;
             tx.open_table(BY_TIME).map_err(|e| ledger.storage(e))?;
+            tx.open_table(LOG_CHECKPOINTS)
+                .map_err(|e| ledger.storage(e))?;
+            tx.open_table(LOG_PRUNED).map_err(|e| ledger.storage(e))?;
             if old_index {
                 ledger.move_old_identity_index(&tx, &records, &mut by_identity)?;
             }
+            ledger.add_missing_leaves(&tx, &records)?;
         }
         if old_index {
             tx.delete_multimap_table(OLD_BY_IDENTITY)
@@ -721,6 +738,49 @@ impl Ledger {
         Ok(())
     }
 
+    /// Gives every record after the log's last leaf a leaf, in sequence order: records of a
+    /// file written before the log existed, or by an older podca since.
+    fn add_missing_leaves(
+        &self,
+        tx: &redb::WriteTransaction,
+        records: &redb::Table<'_, u64, &'static [u8]>,
+    ) -> Result<(), LedgerError> {
+        let mut leaves = tx.open_table(LOG_LEAVES).map_err(|e| self.storage(e))?;
+        let mut state = tx.open_table(LOG_STATE).map_err(|e| self.storage(e))?;
+        let last_seq = leaves
+            .last()
+            .map_err(|e| self.storage(e))?
+            .map(|(_, v)| leaf_row(v.value()).0);
+        let from = last_seq.map_or(0, |s| s + 1);
+        let mut frontier = self.frontier_in(&state)?;
+        let before = frontier.size();
+        for entry in records.range(from..).map_err(|e| self.storage(e))? {
+            let (seq, bytes) = entry.map_err(|e| self.storage(e))?;
+            let record = self.decode(seq.value(), bytes.value())?;
+            let hash = record_leaf_hash(&record);
+            leaves
+                .insert(frontier.size(), leaf_value(seq.value(), &hash).as_slice())
+                .map_err(|e| self.storage(e))?;
+            frontier.push(hash);
+        }
+        if frontier.size() != before {
+            state
+                .insert(FRONTIER, frontier.encode().as_slice())
+                .map_err(|e| self.storage(e))?;
+        }
+        Ok(())
+    }
+
+    fn frontier_in(
+        &self,
+        state: &impl ReadableTable<&'static str, &'static [u8]>,
+    ) -> Result<Frontier, LedgerError> {
+        match state.get(FRONTIER).map_err(|e| self.storage(e))? {
+            Some(bytes) => Frontier::decode(bytes.value()).map_err(|e| self.storage(e)),
+            None => Ok(Frontier::default()),
+        }
+    }
+
     /// The file, as shown in errors.
     pub fn path(&self) -> &str {
         &self.path
@@ -740,10 +800,20 @@ impl Ledger {
             let mut by_id = tx.open_table(BY_ID).map_err(|e| self.storage(e))?;
             let mut by_identity = tx.open_table(BY_IDENTITY).map_err(|e| self.storage(e))?;
             let mut by_time = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
+            let mut leaves = tx.open_table(LOG_LEAVES).map_err(|e| self.storage(e))?;
+            let mut state = tx.open_table(LOG_STATE).map_err(|e| self.storage(e))?;
+            let mut frontier = self.frontier_in(&state)?;
+            // A leaf may outlive its record (retention): a sequence number is never reused.
+            let after_leaves = match leaves.last().map_err(|e| self.storage(e))? {
+                Some((_, v)) => leaf_row(v.value()).0 + 1,
+                None => 0,
+            };
             let mut seq = table
                 .last()
                 .map_err(|e| self.storage(e))?
-                .map_or(0, |(k, _)| k.value() + 1);
+                .map_or(0, |(k, _)| k.value() + 1)
+                .max(after_leaves);
+            let before = frontier.size();
             for record in records {
                 // One descent of the id index both claims the id and tells whether a retried
                 // write already holds it (then its entry is put back as it was).
@@ -768,8 +838,18 @@ impl Ledger {
                 by_time
                     .insert((record.time.unix_timestamp(), seq), ())
                     .map_err(|e| self.storage(e))?;
+                let hash = record_leaf_hash(record);
+                leaves
+                    .insert(frontier.size(), leaf_value(seq, &hash).as_slice())
+                    .map_err(|e| self.storage(e))?;
+                frontier.push(hash);
                 inserted.push(true);
                 seq += 1;
+            }
+            if frontier.size() != before {
+                state
+                    .insert(FRONTIER, frontier.encode().as_slice())
+                    .map_err(|e| self.storage(e))?;
             }
         }
         tx.commit().map_err(|e| self.storage(e))?;
@@ -895,6 +975,7 @@ impl Ledger {
             let mut by_id = tx.open_table(BY_ID).map_err(|e| self.storage(e))?;
             let mut by_identity = tx.open_table(BY_IDENTITY).map_err(|e| self.storage(e))?;
             let mut by_time = tx.open_table(BY_TIME).map_err(|e| self.storage(e))?;
+            let mut tombstones = tx.open_table(LOG_PRUNED).map_err(|e| self.storage(e))?;
             let mut old = vec![];
             for entry in by_time
                 .range(..(before.unix_timestamp(), 0u64))
@@ -915,6 +996,7 @@ impl Ledger {
                     by_identity
                         .remove((record.identity.as_str(), seq))
                         .map_err(|e| self.storage(e))?;
+                    tombstones.insert(seq, ()).map_err(|e| self.storage(e))?;
                     pruned += 1;
                 }
                 by_time.remove((second, seq)).map_err(|e| self.storage(e))?;
@@ -934,6 +1016,147 @@ impl Ledger {
     /// Whether the ledger holds no record.
     pub fn is_empty(&self) -> Result<bool, LedgerError> {
         self.len().map(|n| n == 0)
+    }
+
+    /// The log's frontier: its size and root as of the last commit.
+    pub fn log_frontier(&self) -> Result<Frontier, LedgerError> {
+        let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let state = tx.open_table(LOG_STATE).map_err(|e| self.storage(e))?;
+        self.frontier_in(&state)
+    }
+
+    /// The leaf hashes of `[from, to)` (fewer if the log is shorter).
+    pub fn log_leaf_hashes(&self, from: u64, to: u64) -> Result<Vec<Hash>, LedgerError> {
+        let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let leaves = tx.open_table(LOG_LEAVES).map_err(|e| self.storage(e))?;
+        let mut out = vec![];
+        for entry in leaves.range(from..to).map_err(|e| self.storage(e))? {
+            let (_, v) = entry.map_err(|e| self.storage(e))?;
+            out.push(leaf_row(v.value()).1);
+        }
+        Ok(out)
+    }
+
+    /// The leaf index of the record with this id, if it has one.
+    pub fn log_index_of(&self, id: &str) -> Result<Option<u64>, LedgerError> {
+        let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let by_id = tx.open_table(BY_ID).map_err(|e| self.storage(e))?;
+        let Some(seq) = by_id.get(id).map_err(|e| self.storage(e))? else {
+            return Ok(None);
+        };
+        let seq = seq.value();
+        let leaves = tx.open_table(LOG_LEAVES).map_err(|e| self.storage(e))?;
+        // Leaves are in sequence order: a binary search over the index.
+        let (mut lo, mut hi) = (0u64, leaves.len().map_err(|e| self.storage(e))?);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let at = leaves
+                .get(mid)
+                .map_err(|e| self.storage(e))?
+                .map(|v| leaf_row(v.value()).0);
+            match at {
+                Some(s) if s == seq => return Ok(Some(mid)),
+                Some(s) if s < seq => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        Ok(None)
+    }
+
+    /// The records (JSON) of leaves `[from, to)`, `None` for a pruned one.
+    pub fn log_entries(&self, from: u64, to: u64) -> Result<Vec<Option<Vec<u8>>>, LedgerError> {
+        let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let leaves = tx.open_table(LOG_LEAVES).map_err(|e| self.storage(e))?;
+        let records = tx.open_table(RECORDS).map_err(|e| self.storage(e))?;
+        let mut out = vec![];
+        for entry in leaves.range(from..to).map_err(|e| self.storage(e))? {
+            let (_, v) = entry.map_err(|e| self.storage(e))?;
+            let seq = leaf_row(v.value()).0;
+            let record = records.get(seq).map_err(|e| self.storage(e))?;
+            out.push(record.map(|r| r.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Keeps a signed checkpoint of the log at `size` (a second one of the same size is kept
+    /// as the first).
+    pub fn add_checkpoint(&self, size: u64, note: &str) -> Result<(), LedgerError> {
+        let tx = self.db.begin_write().map_err(|e| self.storage(e))?;
+        {
+            let mut table = tx
+                .open_table(LOG_CHECKPOINTS)
+                .map_err(|e| self.storage(e))?;
+            if table.get(size).map_err(|e| self.storage(e))?.is_none() {
+                table.insert(size, note).map_err(|e| self.storage(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.storage(e))
+    }
+
+    /// The newest checkpoint: its size and note.
+    pub fn latest_checkpoint(&self) -> Result<Option<(u64, String)>, LedgerError> {
+        let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let table = tx
+            .open_table(LOG_CHECKPOINTS)
+            .map_err(|e| self.storage(e))?;
+        Ok(table
+            .last()
+            .map_err(|e| self.storage(e))?
+            .map(|(k, v)| (k.value(), v.value().to_owned())))
+    }
+
+    /// Everything `podca ledger verify` checks, read in one transaction.
+    pub fn log_snapshot(&self) -> Result<LogSnapshot, LedgerError> {
+        let tx = self.db.begin_read().map_err(|e| self.storage(e))?;
+        let mut snapshot = LogSnapshot::default();
+        for entry in tx
+            .open_table(LOG_LEAVES)
+            .map_err(|e| self.storage(e))?
+            .iter()
+            .map_err(|e| self.storage(e))?
+        {
+            let (k, v) = entry.map_err(|e| self.storage(e))?;
+            let (seq, hash) = leaf_row(v.value());
+            snapshot.leaves.push(StoredLeaf {
+                index: k.value(),
+                seq,
+                hash,
+            });
+        }
+        for entry in tx
+            .open_table(RECORDS)
+            .map_err(|e| self.storage(e))?
+            .iter()
+            .map_err(|e| self.storage(e))?
+        {
+            let (k, v) = entry.map_err(|e| self.storage(e))?;
+            snapshot.records.insert(k.value(), v.value().to_vec());
+        }
+        for entry in tx
+            .open_table(LOG_PRUNED)
+            .map_err(|e| self.storage(e))?
+            .iter()
+            .map_err(|e| self.storage(e))?
+        {
+            let (k, _) = entry.map_err(|e| self.storage(e))?;
+            snapshot.pruned.insert(k.value());
+        }
+        for entry in tx
+            .open_table(LOG_CHECKPOINTS)
+            .map_err(|e| self.storage(e))?
+            .iter()
+            .map_err(|e| self.storage(e))?
+        {
+            let (k, v) = entry.map_err(|e| self.storage(e))?;
+            snapshot.checkpoints.push((k.value(), v.value().to_owned()));
+        }
+        let state = tx.open_table(LOG_STATE).map_err(|e| self.storage(e))?;
+        snapshot.frontier = state
+            .get(FRONTIER)
+            .map_err(|e| self.storage(e))?
+            .map(|v| v.value().to_vec())
+            .unwrap_or_default();
+        Ok(snapshot)
     }
 
     fn read(
@@ -966,6 +1189,28 @@ impl Ledger {
             detail: e.to_string(),
         }
     }
+}
+
+/// A [`LOG_LEAVES`] value: the record's sequence number and the leaf hash.
+fn leaf_value(seq: u64, hash: &Hash) -> [u8; 40] {
+    let mut v = [0u8; 40];
+    v[..8].copy_from_slice(&seq.to_be_bytes());
+    v[8..].copy_from_slice(hash);
+    v
+}
+
+/// The inverse of [`leaf_value`]; a short value (a damaged row) reads as zeros where it ends,
+/// which `verify` then reports as a hash that does not match its record.
+fn leaf_row(v: &[u8]) -> (u64, Hash) {
+    let mut seq = [0u8; 8];
+    let mut hash = [0u8; 32];
+    for (d, s) in seq.iter_mut().zip(v) {
+        *d = *s;
+    }
+    for (d, s) in hash.iter_mut().zip(v.iter().skip(8)) {
+        *d = *s;
+    }
+    (u64::from_be_bytes(seq), hash)
 }
 
 #[cfg(test)]
@@ -1260,6 +1505,161 @@ mod tests {
         assert_eq!(ledger.by_id(&other.id).unwrap(), Some(other.clone()));
         let all = ledger.by_identity(&first.identity).unwrap();
         assert_eq!(all, [first, other]);
+    }
+
+    /// A ledger of `n` refusals with a checkpoint of all of them, and its key.
+    fn logged(dir: &tempfile::TempDir, n: u32) -> (Ledger, crate::merkle_note::LogKey) {
+        let ledger = Ledger::open(&dir.path().join("l.redb")).unwrap();
+        let records: Vec<_> = (0..n)
+            .map(|i| {
+                let mut c = context();
+                c.request_uid = Some(format!("uid-{i}"));
+                LedgerRecord::refused(&c, RecordOutcome::Denied, "R", "m")
+            })
+            .collect();
+        ledger.append(&records[..n as usize / 2]).unwrap();
+        let key =
+            crate::merkle_note::LogKey::load_or_generate(&dir.path().join("log.key"), "test/log")
+                .unwrap();
+        let half = ledger.log_frontier().unwrap();
+        ledger
+            .add_checkpoint(half.size(), &key.sign(half.size(), half.root()))
+            .unwrap();
+        ledger.append(&records[n as usize / 2..]).unwrap();
+        let all = ledger.log_frontier().unwrap();
+        assert_eq!(all.size(), u64::from(n));
+        ledger
+            .add_checkpoint(all.size(), &key.sign(all.size(), all.root()))
+            .unwrap();
+        (ledger, key)
+    }
+
+    #[test]
+    fn the_log_verifies_and_any_changed_or_deleted_row_is_named() {
+        use crate::merkle_verify::{LogFault, verify};
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, key) = logged(&dir, 10);
+        let summary = verify(&ledger.log_snapshot().unwrap(), key.verifier()).unwrap();
+        assert_eq!((summary.leaves, summary.checkpoints), (10, 2));
+        assert_eq!(ledger.log_index_of("pcr:uid-7").unwrap(), Some(7));
+        assert_eq!(ledger.log_index_of("pcr:nope").unwrap(), None);
+        // Each tampering, on a fresh copy of the file, and what verify says of it.
+        let tamper = |what: &dyn Fn(&redb::WriteTransaction)| {
+            let copy = tempfile::tempdir().unwrap();
+            let path = copy.path().join("l.redb");
+            std::fs::copy(dir.path().join("l.redb"), &path).unwrap();
+            {
+                let db = Database::create(&path).unwrap();
+                let tx = db.begin_write().unwrap();
+                what(&tx);
+                tx.commit().unwrap();
+            }
+            let opened = Ledger::open(&path).unwrap();
+            verify(&opened.log_snapshot().unwrap(), key.verifier()).unwrap_err()
+        };
+        let changed_record = tamper(&|tx| {
+            let mut t = tx.open_table(RECORDS).unwrap();
+            let json = t.get(3).unwrap().unwrap().value().to_vec();
+            let json = String::from_utf8(json).unwrap().replace("\"R\"", "\"Q\"");
+            t.insert(3, json.as_bytes()).unwrap();
+        });
+        assert_eq!(
+            changed_record,
+            LogFault::LeafMismatch {
+                index: 3,
+                seq: 3,
+                id: "pcr:uid-3".into()
+            }
+        );
+        let changed_hash = tamper(&|tx| {
+            let mut t = tx.open_table(LOG_LEAVES).unwrap();
+            t.insert(4, leaf_value(4, &[0; 32]).as_slice()).unwrap();
+        });
+        assert!(matches!(
+            changed_hash,
+            LogFault::LeafMismatch { index: 4, .. }
+        ));
+        let deleted_record = tamper(&|tx| {
+            tx.open_table(RECORDS).unwrap().remove(2).unwrap();
+        });
+        assert_eq!(deleted_record, LogFault::RecordMissing { index: 2, seq: 2 });
+        let deleted_leaf = tamper(&|tx| {
+            tx.open_table(LOG_LEAVES).unwrap().remove(6).unwrap();
+        });
+        assert!(matches!(
+            deleted_leaf,
+            LogFault::LeafMissing { index: 6, .. }
+        ));
+        // The last leaf and its record gone, the frontier rewritten to match: truncation.
+        let truncated = tamper(&|tx| {
+            tx.open_table(LOG_LEAVES).unwrap().remove(9).unwrap();
+            tx.open_table(RECORDS).unwrap().remove(9).unwrap();
+            let leaves = tx.open_table(LOG_LEAVES).unwrap();
+            let mut f = Frontier::default();
+            for e in leaves.iter().unwrap() {
+                f.push(leaf_row(e.unwrap().1.value()).1);
+            }
+            tx.open_table(LOG_STATE)
+                .unwrap()
+                .insert(FRONTIER, f.encode().as_slice())
+                .unwrap();
+        });
+        assert_eq!(
+            truncated,
+            LogFault::Truncated {
+                size: 10,
+                leaves: 9
+            }
+        );
+        let changed_checkpoint = tamper(&|tx| {
+            let mut t = tx.open_table(LOG_CHECKPOINTS).unwrap();
+            let note = t.get(5).unwrap().unwrap().value().to_owned();
+            let forged = key.sign(5, [7; 32]);
+            assert_ne!(note, forged);
+            t.insert(5, forged.as_str()).unwrap();
+        });
+        assert_eq!(changed_checkpoint, LogFault::CheckpointRoot { size: 5 });
+        let other_key = tamper(&|tx| {
+            let other = crate::merkle_note::LogKey::load_or_generate(
+                &dir.path().join("other.key"),
+                "test/log",
+            )
+            .unwrap();
+            let f = Frontier::default();
+            tx.open_table(LOG_CHECKPOINTS)
+                .unwrap()
+                .insert(0, other.sign(0, f.root()).as_str())
+                .unwrap();
+        });
+        assert!(
+            matches!(
+                other_key,
+                LogFault::CheckpointSignature {
+                    size: 0,
+                    error: crate::merkle_note::NoteError::NotSigned { .. }
+                }
+            ),
+            "{other_key}"
+        );
+    }
+
+    #[test]
+    fn pruned_records_keep_their_leaves_and_the_log_still_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, key) = logged(&dir, 6);
+        let later = context().time + time::Duration::hours(1);
+        assert_eq!(ledger.prune(later).unwrap(), 6);
+        let summary =
+            crate::merkle_verify::verify(&ledger.log_snapshot().unwrap(), key.verifier()).unwrap();
+        assert_eq!((summary.leaves, summary.pruned, summary.records), (6, 6, 0));
+        // A new record after everything was pruned takes the next index, not index 0.
+        let mut c = context();
+        c.request_uid = Some("after".into());
+        ledger
+            .append(&[LedgerRecord::refused(&c, RecordOutcome::Denied, "R", "m")])
+            .unwrap();
+        assert_eq!(ledger.log_index_of("pcr:after").unwrap(), Some(6));
+        crate::merkle_verify::verify(&ledger.log_snapshot().unwrap(), key.verifier()).unwrap();
     }
 
     #[test]
