@@ -1,14 +1,12 @@
-//! `podca ledger list|show|export|prune`: query the ledger, redb or PostgreSQL.
+//! `podca ledger`: query the ledger (redb or PostgreSQL) and its Merkle log
+//! (docs/ledger-log.md). The work is `podca_authority::ledger::query`'s; this is its flags.
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
-use podca_authority::config::Config;
-use podca_authority::ledger::{
-    LedgerBackend, PostgresSettings, PostgresTls, Store, format_time, parse_time,
-};
-use podca_signer::{FileStore, Filter, LedgerRecord, RecordOutcome};
+use podca_authority::ledger::PostgresTls;
+use podca_authority::ledger::query::{self, LogCommand, Selection, StoreChoice};
+use podca_signer::RecordOutcome;
 
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
@@ -20,6 +18,14 @@ pub enum LedgerCommand {
     Export(ExportArgs),
     /// Delete the records made before a time.
     Prune(PruneArgs),
+    /// Sign a checkpoint of the Merkle log now (with the log key; made if missing).
+    Checkpoint(LogArgs),
+    /// Inclusion proof of a record (serial or id) against the latest checkpoint, JSON.
+    Prove(ProveArgs),
+    /// Consistency proof from the tree of --from leaves to the latest checkpoint, JSON.
+    Consistency(ConsistencyArgs),
+    /// Check every leaf, the root and every checkpoint; name the first mismatch.
+    Verify(LogArgs),
 }
 
 /// Which ledger: a data directory's redb file, a PostgreSQL database, or a config's `[ledger]`.
@@ -111,22 +117,72 @@ pub struct PruneArgs {
     pub before: String,
 }
 
+/// The log key (or only its public half) for checkpoints.
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The log's Ed25519 key (default: [ledger.log] key_file, else <data dir>/log.key).
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
+    /// The log's origin (default: [ledger.log] origin, else podca).
+    #[arg(long)]
+    pub origin: Option<String>,
+    /// Verify with this note verifier key (<name>+<key ID>+<key>) instead of the key file.
+    #[arg(long, conflicts_with = "key_file")]
+    pub verifier: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ProveArgs {
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// Serial number (hex) or record id.
+    #[arg(long)]
+    pub serial: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ConsistencyArgs {
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// The earlier tree size.
+    #[arg(long)]
+    pub from: u64,
+}
+
 impl LedgerCommand {
     pub fn run(self) -> anyhow::Result<()> {
         let runtime = super::block_on_runtime()?;
-        runtime.block_on(async move {
+        let lines = runtime.block_on(async move {
             match self {
-                LedgerCommand::List(a) => a.run().await,
-                LedgerCommand::Show(a) => a.run().await,
-                LedgerCommand::Export(a) => a.run().await,
-                LedgerCommand::Prune(a) => a.run().await,
+                LedgerCommand::List(a) => {
+                    let filter = a.filter.selection().filter(a.limit)?;
+                    query::list(&a.store.choice(), &filter, a.json).await
+                }
+                LedgerCommand::Show(a) => query::show(&a.store.choice(), &a.serial).await,
+                LedgerCommand::Export(a) => {
+                    let filter = a.filter.selection().filter(0)?;
+                    query::export(&a.store.choice(), &filter).await
+                }
+                LedgerCommand::Prune(a) => query::prune(&a.store.choice(), &a.before).await,
+                LedgerCommand::Checkpoint(a) => a.run(LogCommand::Checkpoint).await,
+                LedgerCommand::Prove(a) => a.log.run(LogCommand::Prove(a.serial)).await,
+                LedgerCommand::Consistency(a) => a.log.run(LogCommand::Consistency(a.from)).await,
+                LedgerCommand::Verify(a) => a.run(LogCommand::Verify).await,
             }
-        })
+        })?;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        for line in lines {
+            use std::io::Write;
+            writeln!(out, "{line}")?;
+        }
+        Ok(())
     }
 }
 
 impl StoreArgs {
-    async fn open(self) -> anyhow::Result<Store> {
+    fn choice(self) -> StoreChoice {
         let Self {
             dir,
             postgres_url_file,
@@ -134,55 +190,35 @@ impl StoreArgs {
             postgres_tls,
             config,
         } = self;
-        if let Some(url_file) = postgres_url_file {
-            let backend = LedgerBackend::Postgres(PostgresSettings {
-                url_file,
-                tls: postgres_tls.unwrap_or_default(),
-                ca_file: postgres_ca_file,
-                // One query at a time.
-                pool_size: 1,
-                statement_timeout: std::time::Duration::from_secs(
-                    podca_authority::ledger::DEFAULT_STATEMENT_TIMEOUT_SECONDS.into(),
-                ),
-            });
-            return open_backend(&backend, None).await;
+        StoreChoice {
+            postgres_url_file,
+            postgres_ca_file,
+            postgres_tls,
+            config,
+            dir: dir.unwrap_or_else(super::default_data_dir),
         }
-        if let Some(path) = config {
-            let config = Config::load(&path)?;
-            let default_redb = config.ca.dir().map(|d| FileStore::new(d).ledger_path());
-            return open_backend(&config.ledger.backend, default_redb).await;
-        }
-        let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
-        let path = store.ledger_path();
-        anyhow::ensure!(
-            path.exists(),
-            "no ledger at {}: nothing has been issued from this CA yet",
-            path.display()
-        );
-        open_backend(&LedgerBackend::Redb { path: Some(path) }, None).await
     }
 }
 
-async fn open_backend(
-    backend: &LedgerBackend,
-    default_redb: Option<PathBuf>,
-) -> anyhow::Result<Store> {
-    if let LedgerBackend::Redb { path } = backend
-        && let Some(path) = path.as_ref().or(default_redb.as_ref())
-    {
-        anyhow::ensure!(
-            path.exists(),
-            "no ledger at {}: nothing has been recorded there yet",
-            path.display()
-        );
+impl LogArgs {
+    async fn run(self, command: LogCommand) -> Result<Vec<String>, query::QueryError> {
+        let Self {
+            store,
+            key_file,
+            origin,
+            verifier,
+        } = self;
+        let key = query::KeyChoice {
+            key_file,
+            origin,
+            verifier,
+        };
+        query::log(&store.choice(), &key, command).await
     }
-    Store::open(backend, default_redb.as_deref())
-        .await?
-        .context("[ledger] backend = \"none\" keeps no records to query (see the audit log)")
 }
 
 impl FilterArgs {
-    fn filter(self, limit: usize) -> anyhow::Result<Filter> {
+    fn selection(self) -> Selection {
         let Self {
             identity,
             namespace,
@@ -193,86 +229,15 @@ impl FilterArgs {
             until,
             outcome,
         } = self;
-        Ok(Filter {
+        Selection {
             identity,
             namespace,
             node,
             serial,
             fingerprint,
-            since: since
-                .as_deref()
-                .map(|s| parse_time("--since", s))
-                .transpose()?,
-            until: until
-                .as_deref()
-                .map(|s| parse_time("--until", s))
-                .transpose()?,
+            since,
+            until,
             outcome,
-            limit,
-        })
-    }
-}
-
-impl ListArgs {
-    async fn run(self) -> anyhow::Result<()> {
-        let Self {
-            store,
-            filter,
-            limit,
-            json,
-        } = self;
-        let filter = filter.filter(limit)?;
-        let records = store.open().await?.query(&filter).await?;
-        if json {
-            for r in &records {
-                println!("{}", r.to_json());
-            }
-            return Ok(());
         }
-        for line in podca_authority::ledger::table(&records) {
-            println!("{line}");
-        }
-        Ok(())
-    }
-}
-
-impl ShowArgs {
-    async fn run(self) -> anyhow::Result<()> {
-        let Self { store, serial } = self;
-        let record: LedgerRecord = store
-            .open()
-            .await?
-            .find(&serial)
-            .await?
-            .with_context(|| format!("no certificate with serial {serial} in the ledger"))?;
-        println!("{}", serde_json::to_string_pretty(&record)?);
-        Ok(())
-    }
-}
-
-impl ExportArgs {
-    async fn run(self) -> anyhow::Result<()> {
-        let Self { store, filter } = self;
-        let filter = filter.filter(0)?;
-        let records = store.open().await?.query(&filter).await?;
-        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        for r in records.iter().rev() {
-            use std::io::Write;
-            writeln!(out, "{}", r.to_json())?;
-        }
-        Ok(())
-    }
-}
-
-impl PruneArgs {
-    async fn run(self) -> anyhow::Result<()> {
-        let Self { store, before } = self;
-        let before = parse_time("--before", &before)?;
-        let pruned = store.open().await?.prune(before).await?;
-        println!(
-            "pruned {pruned} records made before {}",
-            format_time(before)
-        );
-        Ok(())
     }
 }

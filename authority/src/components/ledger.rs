@@ -32,6 +32,32 @@ pub async fn start(
     let metrics = rt
         .metrics()
         .register_component("ledger", LedgerMetrics::register);
+    if let Some(log) = &config.log {
+        let key_file = log
+            .key_file
+            .clone()
+            .or_else(|| {
+                default_redb
+                    .and_then(Path::parent)
+                    .map(|d| d.join("log.key"))
+            })
+            .ok_or_else(|| {
+                StoreError::Config(
+                    "[ledger.log] key_file is required here: there is no CA data directory to \
+                     put log.key in"
+                        .into(),
+                )
+            })?;
+        let key = podca_signer::merkle_note::LogKey::load_or_generate(&key_file, &log.origin)
+            .map_err(|e| StoreError::Config(e.to_string()))?;
+        info!(verifier = %key.verifier().to_text(), "ledger log: checkpoints signed by this key");
+        let (store, leading, every) = (store.clone(), rt.leadership().subscribe(), log.interval);
+        let metrics = metrics.clone();
+        rt.spawn(Stage::Support, "ledger checkpoints", move |stop| {
+            let key = std::sync::Arc::new(key);
+            ledger::log::publish_checkpoints(store, key, every, metrics, leading, stop)
+        });
+    }
     let (handle, writer) = ledger::start(store, config, metrics);
     rt.spawn(Stage::Support, "ledger writer", |stop| writer.run(stop));
     rt.use_ledger(handle.clone());

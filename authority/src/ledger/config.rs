@@ -16,6 +16,12 @@
 //! on_unavailable = "retry"          # retry (default) | continue
 //! queue_limit = 10000               # continue: records held in memory at most
 //! retention_days = 400              # optional: the leader prunes older records daily
+//!
+//! [ledger.log]                      # optional: signed checkpoints of the Merkle log
+//! enabled = true
+//! key_file = "/var/lib/podca/log.key" # Ed25519, made (0600) if missing; default <data dir>/log.key
+//! origin = "podca.example/ledger"   # the checkpoints' origin line and key name
+//! checkpoint_interval_seconds = 60
 //! ```
 //! Keys of another backend are errors, so a setting is never silently ignored.
 
@@ -33,6 +39,8 @@ pub struct LedgerConfig {
     pub queue_limit: usize,
     /// Records older than this are pruned by the leader (daily); `None`: kept for ever.
     pub retention: Option<time::Duration>,
+    /// `[ledger.log] enabled = true`: checkpoints signed and published.
+    pub log: Option<super::log::LogConfig>,
 }
 
 impl Default for LedgerConfig {
@@ -42,6 +50,7 @@ impl Default for LedgerConfig {
             on_unavailable: OnUnavailable::Retry,
             queue_limit: DEFAULT_QUEUE_LIMIT,
             retention: None,
+            log: None,
         }
     }
 }
@@ -154,6 +163,17 @@ struct RawLedgerConfig {
     on_unavailable: OnUnavailable,
     queue_limit: Option<usize>,
     retention_days: Option<u32>,
+    log: Option<RawLogConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLogConfig {
+    #[serde(default)]
+    enabled: bool,
+    key_file: Option<PathBuf>,
+    origin: Option<String>,
+    checkpoint_interval_seconds: Option<u64>,
 }
 
 /// A `[ledger]` table that names keys its backend does not use, or misses one it needs.
@@ -171,6 +191,8 @@ pub enum LedgerConfigError {
     Zero(&'static str),
     #[error("[ledger] queue_limit applies to on_unavailable = \"continue\" only")]
     QueueLimitWithoutContinue,
+    #[error("[ledger.log] origin {0:?} must be non-empty, without spaces or '+'")]
+    BadOrigin(String),
 }
 
 impl TryFrom<RawLedgerConfig> for LedgerConfig {
@@ -188,6 +210,7 @@ impl TryFrom<RawLedgerConfig> for LedgerConfig {
             on_unavailable,
             queue_limit,
             retention_days,
+            log,
         } = raw;
         let name = match backend {
             BackendName::Redb => "redb",
@@ -251,11 +274,34 @@ impl TryFrom<RawLedgerConfig> for LedgerConfig {
         if retention_days == Some(0) {
             return Err(LedgerConfigError::Zero("retention_days"));
         }
+        let log = match log {
+            Some(log) if log.enabled => {
+                let origin = log
+                    .origin
+                    .unwrap_or_else(|| super::log::DEFAULT_ORIGIN.to_owned());
+                if origin.is_empty() || origin.contains(['+', ' ', '\n']) {
+                    return Err(LedgerConfigError::BadOrigin(origin));
+                }
+                let every = log
+                    .checkpoint_interval_seconds
+                    .unwrap_or(super::log::DEFAULT_INTERVAL_SECONDS);
+                if every == 0 {
+                    return Err(LedgerConfigError::Zero("log.checkpoint_interval_seconds"));
+                }
+                Some(super::log::LogConfig {
+                    key_file: log.key_file,
+                    origin,
+                    interval: std::time::Duration::from_secs(every),
+                })
+            }
+            _ => None,
+        };
         Ok(LedgerConfig {
             backend,
             on_unavailable,
             queue_limit,
             retention: retention_days.map(|d| time::Duration::days(i64::from(d))),
+            log,
         })
     }
 }
@@ -280,6 +326,43 @@ mod tests {
         assert_eq!(c, LedgerConfig::default());
         assert_eq!(c.backend, LedgerBackend::Redb { path: None });
         assert_eq!(c.on_unavailable, OnUnavailable::Retry);
+    }
+
+    #[test]
+    fn the_log_table_is_off_unless_enabled_and_checks_its_keys() {
+        assert_eq!(parse("[ledger.log]\n").unwrap().log, None);
+        let c = parse(
+            "[ledger.log]\nenabled = true\nkey_file = \"/k\"\norigin = \"o.example/l\"\n\
+             checkpoint_interval_seconds = 5\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.log,
+            Some(crate::ledger::log::LogConfig {
+                key_file: Some("/k".into()),
+                origin: "o.example/l".into(),
+                interval: std::time::Duration::from_secs(5),
+            })
+        );
+        let c = parse("[ledger.log]\nenabled = true\n").unwrap();
+        assert_eq!(c.log.map(|l| l.origin), Some("podca".into()));
+        for (text, error) in [
+            (
+                "[ledger.log]\nenabled = true\norigin = \"a b\"\n",
+                "[ledger.log] origin \"a b\" must be non-empty, without spaces or '+'",
+            ),
+            (
+                "[ledger.log]\nenabled = true\ncheckpoint_interval_seconds = 0\n",
+                "[ledger] log.checkpoint_interval_seconds must be at least 1",
+            ),
+        ] {
+            assert_eq!(parse(text).unwrap_err(), error, "{text}");
+        }
+        assert!(
+            parse("[ledger.log]\nenabld = true\n")
+                .unwrap_err()
+                .starts_with("unknown field `enabld`")
+        );
     }
 
     #[test]

@@ -17,8 +17,10 @@
 
 pub mod audit;
 pub mod config;
+pub mod log;
 mod pg_tls;
 pub mod postgres;
+pub mod query;
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -254,6 +256,11 @@ pub struct LedgerMetrics {
     write_errors: Family<BackendLabels, Counter>,
     queue_depth: Gauge,
     commit_seconds: Histogram,
+    /// The Merkle log's checkpoints ([`log`]).
+    pub(crate) checkpoints: Counter,
+    pub(crate) checkpoint_errors: Counter,
+    pub(crate) checkpoint_size: Gauge,
+    pub(crate) checkpoint_timestamp: Gauge,
 }
 
 impl Default for LedgerMetrics {
@@ -264,6 +271,10 @@ impl Default for LedgerMetrics {
             queue_depth: Gauge::default(),
             // 0.5 ms … ~8 s.
             commit_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 15)),
+            checkpoints: Counter::default(),
+            checkpoint_errors: Counter::default(),
+            checkpoint_size: Gauge::default(),
+            checkpoint_timestamp: Gauge::default(),
         }
     }
 }
@@ -292,6 +303,26 @@ impl LedgerMetrics {
             "commit_seconds",
             "Time one ledger commit (a batch) took",
             m.commit_seconds.clone(),
+        );
+        registry.register(
+            "log_checkpoints",
+            "Checkpoints of the Merkle log this replica signed",
+            m.checkpoints.clone(),
+        );
+        registry.register(
+            "log_checkpoint_errors",
+            "Checkpoints of the Merkle log that could not be signed or stored",
+            m.checkpoint_errors.clone(),
+        );
+        registry.register(
+            "log_checkpoint_size",
+            "Tree size of the last checkpoint this replica signed",
+            m.checkpoint_size.clone(),
+        );
+        registry.register(
+            "log_checkpoint_timestamp_seconds",
+            "When this replica last signed a checkpoint (Unix seconds)",
+            m.checkpoint_timestamp.clone(),
         );
         m
     }

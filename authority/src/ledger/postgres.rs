@@ -7,6 +7,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use podca_signer::merkle::{Frontier, Hash, record_leaf_hash};
+use podca_signer::merkle_verify::{LogSnapshot, StoredLeaf};
 use podca_signer::{Filter, LedgerRecord};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -17,10 +19,13 @@ use super::config::{PostgresSettings, PostgresTls};
 use super::pg_tls::MakeRustlsConnect;
 
 /// The migrations, in order; `(version, SQL)`. Never edit one that shipped: add the next.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("migrations/0001_ledger.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("migrations/0001_ledger.sql")),
+    (2, include_str!("migrations/0002_log.sql")),
+];
 
 /// The newest schema this binary knows.
-pub const SCHEMA_LATEST: i32 = 1;
+pub const SCHEMA_LATEST: i32 = 2;
 
 /// Serializes migrations between replicas starting together (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x706f_6463_615f_6c67; // "podca_lg"
@@ -157,6 +162,7 @@ impl PgStore {
             answer_timeout: settings.statement_timeout + CLIENT_GRACE,
         };
         store.migrate().await?;
+        store.add_missing_leaves().await?;
         Ok(store)
     }
 
@@ -216,8 +222,10 @@ impl PgStore {
             .map_err(|e| StoreError::Unavailable(pool_error(&e)))
     }
 
-    /// Inserts `records` in one statement (one transaction); says, per record, whether it was
-    /// new (an id already there is skipped).
+    /// Inserts `records` in one transaction with their leaves of the Merkle log; says, per
+    /// record, whether it was new (an id already there is skipped). The transaction first locks
+    /// the log's state row, so sequence numbers and leaf indices are taken by one appender at a
+    /// time across every replica.
     pub async fn append(&self, records: &[LedgerRecord]) -> Result<Vec<bool>, StoreError> {
         if records.is_empty() {
             return Ok(vec![]);
@@ -230,18 +238,271 @@ impl PgStore {
             json.push_str(&r.to_json());
         }
         json.push(']');
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         // Prepared once per connection (deadpool's statement cache): parsing and planning it
         // for every batch was about 4 % of the PostgreSQL backend's CPU under load, plus a
         // round trip.
         let answer = tokio::time::timeout(self.answer_timeout, async {
-            let statement = client.prepare_cached(APPEND).await?;
-            client.query(&statement, &[&json]).await
+            let tx = client.transaction().await?;
+            let state = tx.prepare_cached(LOCK_LOG).await?;
+            let frontier: Vec<u8> = tx.query_one(&state, &[]).await?.get(0);
+            let insert = tx.prepare_cached(APPEND).await?;
+            let rows = tx.query(&insert, &[&json]).await?;
+            let mut new: Vec<(i64, String)> =
+                rows.iter().map(|row| (row.get(1), row.get(0))).collect();
+            new.sort_unstable();
+            if !new.is_empty() {
+                let by_id: std::collections::HashMap<&str, &LedgerRecord> =
+                    records.iter().map(|r| (r.id.as_str(), r)).collect();
+                let Ok(mut frontier) = Frontier::decode(&frontier) else {
+                    return Ok(Err("the log's stored frontier is corrupt".to_owned()));
+                };
+                let (mut idx, mut seqs, mut hashes) = (vec![], vec![], vec![]);
+                for (seq, id) in &new {
+                    let Some(record) = by_id.get(id.as_str()) else {
+                        continue;
+                    };
+                    let hash = record_leaf_hash(record);
+                    idx.push(i64::try_from(frontier.size()).unwrap_or(i64::MAX));
+                    seqs.push(*seq);
+                    hashes.push(hash.to_vec());
+                    frontier.push(hash);
+                }
+                let leaves = tx.prepare_cached(ADD_LEAVES).await?;
+                tx.execute(&leaves, &[&idx, &seqs, &hashes]).await?;
+                let save = tx.prepare_cached(SAVE_FRONTIER).await?;
+                tx.execute(&save, &[&frontier.encode()]).await?;
+            }
+            tx.commit().await?;
+            Ok(Ok(new))
         })
         .await;
-        let rows = self.answered(client, answer)?;
-        let mut new: HashSet<String> = rows.iter().map(|row| row.get(0)).collect();
+        let new = self
+            .answered(client, answer)?
+            .map_err(StoreError::Unavailable)?;
+        let mut new: HashSet<String> = new.into_iter().map(|(_, id)| id).collect();
         Ok(records.iter().map(|r| new.remove(&r.id)).collect())
+    }
+
+    /// Gives every record after the log's last leaf a leaf, in sequence order: the records of a
+    /// database written before schema 2.
+    async fn add_missing_leaves(&self) -> Result<(), StoreError> {
+        let mut client = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| start_error(pool_error(&e)))?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| start_error(pg(&e)))?;
+        let frontier: Vec<u8> = tx
+            .query_one(LOCK_LOG, &[])
+            .await
+            .map_err(|e| start_error(pg(&e)))?
+            .get(0);
+        let mut frontier = Frontier::decode(&frontier).map_err(|e| start_error(e.to_string()))?;
+        let rows = tx
+            .query(
+                "select seq, record::text from podca_ledger
+                 where seq > coalesce((select max(seq) from podca_log_leaves), 0)
+                 order by seq",
+                &[],
+            )
+            .await
+            .map_err(|e| start_error(pg(&e)))?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (mut idx, mut seqs, mut hashes) = (vec![], vec![], vec![]);
+        for row in &rows {
+            let seq: i64 = row.get(0);
+            let text: String = row.get(1);
+            let record = LedgerRecord::from_json(text.as_bytes())
+                .map_err(|e| start_error(format!("record seq {seq} does not parse: {e}")))?;
+            let hash = record_leaf_hash(&record);
+            idx.push(i64::try_from(frontier.size()).unwrap_or(i64::MAX));
+            seqs.push(seq);
+            hashes.push(hash.to_vec());
+            frontier.push(hash);
+        }
+        tx.execute(ADD_LEAVES, &[&idx, &seqs, &hashes])
+            .await
+            .map_err(|e| start_error(pg(&e)))?;
+        tx.execute(SAVE_FRONTIER, &[&frontier.encode()])
+            .await
+            .map_err(|e| start_error(pg(&e)))?;
+        tx.commit().await.map_err(|e| start_error(pg(&e)))?;
+        tracing::info!(
+            leaves = rows.len(),
+            "ledger: gave earlier records their log leaves"
+        );
+        Ok(())
+    }
+
+    /// The log's frontier as of the last commit.
+    pub async fn log_frontier(&self) -> Result<Frontier, StoreError> {
+        let client = self.client().await?;
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.query_one("select frontier from podca_log_state where id = 1", &[]),
+        )
+        .await;
+        let row = self.answered(client, answer)?;
+        Frontier::decode(row.get::<_, &[u8]>(0)).map_err(|e| StoreError::Unavailable(e.to_string()))
+    }
+
+    /// The leaf hashes of `[from, to)`.
+    pub async fn log_leaf_hashes(&self, from: u64, to: u64) -> Result<Vec<Hash>, StoreError> {
+        let client = self.client().await?;
+        let (from, to) = (as_i64(from), as_i64(to));
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.query(
+                "select hash from podca_log_leaves where idx >= $1 and idx < $2 order by idx",
+                &[&from, &to],
+            ),
+        )
+        .await;
+        let rows = self.answered(client, answer)?;
+        Ok(rows.iter().map(|r| to_hash(r.get(0))).collect())
+    }
+
+    /// The leaf index of the record with this id.
+    pub async fn log_index_of(&self, id: &str) -> Result<Option<u64>, StoreError> {
+        let client = self.client().await?;
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.query_opt(
+                "select l.idx from podca_ledger r join podca_log_leaves l on l.seq = r.seq
+                 where r.id = $1",
+                &[&id],
+            ),
+        )
+        .await;
+        let row = self.answered(client, answer)?;
+        Ok(row.map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap_or_default()))
+    }
+
+    /// The records (JSON) of leaves `[from, to)`, `None` for a pruned one.
+    pub async fn log_entries(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let client = self.client().await?;
+        let (from, to) = (as_i64(from), as_i64(to));
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.query(
+                "select r.record::text from podca_log_leaves l
+                 left join podca_ledger r on r.seq = l.seq
+                 where l.idx >= $1 and l.idx < $2 order by l.idx",
+                &[&from, &to],
+            ),
+        )
+        .await;
+        let rows = self.answered(client, answer)?;
+        Ok(rows
+            .iter()
+            .map(|r| r.get::<_, Option<String>>(0).map(String::into_bytes))
+            .collect())
+    }
+
+    /// Keeps a signed checkpoint (one per size: the first stays).
+    pub async fn add_checkpoint(&self, size: u64, note: &str) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let size = as_i64(size);
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.execute(
+                "insert into podca_log_checkpoints (size, note) values ($1, $2)
+                 on conflict do nothing",
+                &[&size, &note],
+            ),
+        )
+        .await;
+        self.answered(client, answer).map(|_| ())
+    }
+
+    /// The newest checkpoint: its size and note.
+    pub async fn latest_checkpoint(&self) -> Result<Option<(u64, String)>, StoreError> {
+        let client = self.client().await?;
+        let answer = tokio::time::timeout(
+            self.answer_timeout,
+            client.query_opt(
+                "select size, note from podca_log_checkpoints order by size desc limit 1",
+                &[],
+            ),
+        )
+        .await;
+        let row = self.answered(client, answer)?;
+        Ok(row.map(|r| {
+            (
+                u64::try_from(r.get::<_, i64>(0)).unwrap_or_default(),
+                r.get(1),
+            )
+        }))
+    }
+
+    /// Everything `podca ledger verify` checks, read in one repeatable-read transaction.
+    pub async fn log_snapshot(&self) -> Result<LogSnapshot, StoreError> {
+        let mut client = self.client().await?;
+        let answer = tokio::time::timeout(self.answer_timeout * 10, async {
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await?;
+            let mut snapshot = LogSnapshot::default();
+            for row in tx
+                .query(
+                    "select idx, seq, hash from podca_log_leaves order by idx",
+                    &[],
+                )
+                .await?
+            {
+                snapshot.leaves.push(StoredLeaf {
+                    index: u64::try_from(row.get::<_, i64>(0)).unwrap_or(u64::MAX),
+                    seq: u64::try_from(row.get::<_, i64>(1)).unwrap_or(u64::MAX),
+                    hash: to_hash(row.get(2)),
+                });
+            }
+            for row in tx
+                .query("select seq, record::text from podca_ledger", &[])
+                .await?
+            {
+                let seq = u64::try_from(row.get::<_, i64>(0)).unwrap_or(u64::MAX);
+                snapshot
+                    .records
+                    .insert(seq, row.get::<_, String>(1).into_bytes());
+            }
+            for row in tx.query("select seq from podca_log_pruned", &[]).await? {
+                snapshot
+                    .pruned
+                    .insert(u64::try_from(row.get::<_, i64>(0)).unwrap_or(u64::MAX));
+            }
+            for row in tx
+                .query(
+                    "select size, note from podca_log_checkpoints order by size",
+                    &[],
+                )
+                .await?
+            {
+                let size = u64::try_from(row.get::<_, i64>(0)).unwrap_or(u64::MAX);
+                snapshot.checkpoints.push((size, row.get(1)));
+            }
+            snapshot.frontier = tx
+                .query_opt("select frontier from podca_log_state where id = 1", &[])
+                .await?
+                .map(|r| r.get(0))
+                .unwrap_or_default();
+            tx.commit().await?;
+            Ok(snapshot)
+        })
+        .await;
+        self.answered(client, answer)
     }
 
     /// The records `filter` wants, newest first.
@@ -305,8 +566,11 @@ impl PgStore {
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let answer = tokio::time::timeout(
             self.answer_timeout,
+            // The leaves stay; the tombstones say these records went on purpose.
             client.execute(
-                "delete from podca_ledger where time < $1::text::timestamptz",
+                "with gone as (delete from podca_ledger where time < $1::text::timestamptz
+                               returning seq)
+                 insert into podca_log_pruned (seq) select seq from gone",
                 &[&before],
             ),
         )
@@ -353,7 +617,30 @@ const APPEND: &str = "insert into podca_ledger (id, serial, time, source, signer
      from jsonb_array_elements($1::text::jsonb) with ordinality as t(r, n)
      order by n
      on conflict do nothing
-     returning id";
+     returning id, seq";
+
+/// The log's sequencer: the state row, locked until the append commits.
+const LOCK_LOG: &str = "select frontier from podca_log_state where id = 1 for update";
+
+/// New leaves: `(idx, seq, hash)` as three arrays.
+const ADD_LEAVES: &str = "insert into podca_log_leaves (idx, seq, hash)
+     select * from unnest($1::bigint[], $2::bigint[], $3::bytea[])";
+
+const SAVE_FRONTIER: &str = "update podca_log_state set frontier = $1 where id = 1";
+
+fn as_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A stored hash; one of another length (a damaged row) reads as zeros where it differs, which
+/// `verify` reports as a leaf that does not match its record.
+fn to_hash(bytes: &[u8]) -> Hash {
+    let mut hash = [0u8; 32];
+    for (d, s) in hash.iter_mut().zip(bytes) {
+        *d = *s;
+    }
+    hash
+}
 
 /// The first host that is neither a Unix socket nor loopback, if any.
 fn remote_host(config: &tokio_postgres::Config) -> Option<String> {
