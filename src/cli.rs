@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use podca_authority::log_format::EscapedFields;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::{commands, dev, serve};
 
@@ -108,9 +110,14 @@ fn init_logging(format: LogFormat, filter: &str) {
             std::env::var_os("NO_COLOR"),
         ))
         .with_writer(std::io::stderr);
+    // The trace slot stays empty unless `[tracing]` names a collector (podca_authority::traces).
     let _ = match format {
-        LogFormat::Text => builder.fmt_fields(EscapedFields).try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => (builder.fmt_fields(EscapedFields).finish())
+            .with(podca_authority::traces::slot())
+            .try_init(),
+        LogFormat::Json => (builder.json().finish())
+            .with(podca_authority::traces::slot())
+            .try_init(),
     };
 }
 

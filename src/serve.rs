@@ -104,6 +104,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     // The rule counters are the compiled policies' own; every component serves clones of them.
     rt.metrics().export_policies(&config.signers);
+    podca_authority::traces::start(&mut rt, &config.tracing, podca_grpc::otlp::exporter)?;
     rt.leadership().send_replace(!leader_elect);
 
     let client = podca_controller::connect(kubeconfig.as_deref()).await?;

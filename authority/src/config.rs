@@ -71,6 +71,9 @@ pub struct Config {
     /// The SPIFFE bundle endpoint (`crate::bundle_endpoint`); absent: not served.
     #[serde(default)]
     pub bundle_endpoint: Option<crate::bundle_endpoint::BundleEndpointConfig>,
+    /// Traces over OTLP (`crate::traces`); off unless `otlp_endpoint` is set.
+    #[serde(default)]
+    pub tracing: crate::traces::TracingConfig,
 }
 
 /// One ClusterTrustBundle per signer name, named `<signer with / → :>:<suffix>`.

@@ -48,6 +48,7 @@ pub mod secret_rotation;
 pub mod serving_cert;
 pub mod shutdown;
 pub mod slots;
+pub mod traces;
 #[cfg(test)]
 mod test_support;
 pub mod trust;

@@ -484,7 +484,10 @@ async fn decision(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, item: Item, permit: Perm
         name = %item.pcr.name,
         uid = %uid,
         signer = %item.pcr.signer_name,
+        service_account = %item.pcr.service_account,
         attempt = item.attempt,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
     );
     let step = reconcile(&ctx, item, &permit).instrument(span).await;
     drop(permit);
@@ -583,13 +586,18 @@ async fn reconcile(ctx: &Ctx, mut item: Item, permit: &Permit) -> Step {
         outcome,
     } = write;
     // The durability contract: the answer is in the ledger before the status shows it.
-    if let Err(e) = record_decision(ctx, &pcr, &outcome, now).await {
+    let recorded = record_decision(ctx, &pcr, &outcome, now)
+        .instrument(info_span!("ledger_commit"))
+        .await;
+    if let Err(e) = recorded {
         warn!(error = %e, "the ledger cannot record the answer; leaving the request pending");
         item.signed = None;
         return Step::retry(item, RetryCause::Ledger);
     }
     let write = permit.begin_write();
-    let written = write_status(ctx, &pcr, &patch).await;
+    let written = write_status(ctx, &pcr, &patch)
+        .instrument(info_span!("status_write"))
+        .await;
     let load = write_outcome(&written);
     permit.end_write(write, load);
     match written {
@@ -725,7 +733,9 @@ async fn sign(
         None
     };
     let source = source.clone();
+    let span = tracing::Span::current();
     let outcome = match tokio::task::spawn_blocking(move || {
+        let _in_request = span.enter();
         request::sign_pcr(&policy, &ca, &source, labels.as_deref(), pod.as_ref(), now)
     })
     .await
@@ -840,6 +850,15 @@ async fn fetch(
     }
 }
 
+/// The decision span's `outcome` (traces).
+fn settled_as(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Issued(_) => "issued",
+        Outcome::Denied { .. } => "denied",
+        Outcome::Failed { .. } | Outcome::Retry(_) => "failed",
+    }
+}
+
 async fn record_settled(
     ctx: &Ctx,
     pcr: &Pcr,
@@ -870,6 +889,9 @@ async fn record_settled(
         }
         Outcome::Retry(_) => return,
     };
+    let span = tracing::Span::current();
+    span.record("outcome", settled_as(outcome));
+    span.record("reason", reason);
     family
         .get_or_create(&SettleLabels {
             signer: pcr.signer_name.clone(),

@@ -566,7 +566,11 @@ impl TokenReviewAuthenticator {
             _ => return Err(AuthError::Busy(self.limits.max_concurrent)),
         };
         let started = Instant::now();
-        let answer = self.reviewer.review(token, &self.audience).await;
+        let answer = tracing::Instrument::instrument(
+            self.reviewer.review(token, &self.audience),
+            tracing::info_span!("token_review"),
+        )
+        .await;
         self.metrics
             .token_review_seconds
             .observe(started.elapsed().as_secs_f64());

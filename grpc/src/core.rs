@@ -574,7 +574,8 @@ impl Api {
         if inline {
             return work();
         }
-        tokio::task::spawn_blocking(work)
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(work))
             .await
             .map_err(|e| ApiError::Internal(format!("issuing task failed: {e}")))?
     }
@@ -937,7 +938,9 @@ impl Api {
         let identity = identity.clone();
         let clock = Arc::clone(&self.clock);
         let turn = self.signing.turn().await;
+        let span = tracing::Span::current();
         let result = tokio::task::spawn_blocking(move || {
+            let _in_request = span.enter();
             issue_blocking(
                 &policy,
                 &snapshot,
@@ -1189,7 +1192,12 @@ async fn record_then_answer<T>(
     record: LedgerRecord,
     result: Result<T, ApiError>,
 ) -> Result<T, ApiError> {
-    match (ledger.record(record).await, result) {
+    let recorded = tracing::Instrument::instrument(
+        ledger.record(record),
+        tracing::info_span!("ledger_commit"),
+    )
+    .await;
+    match (recorded, result) {
         (Ok(()), result) => result,
         (Err(e), Ok(_)) => Err(ApiError::LedgerUnavailable(e.to_string())),
         (Err(e), refusal) => {

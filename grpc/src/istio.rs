@@ -227,6 +227,8 @@ impl IstioCertificateService for IstioService {
         rpc = "CreateCertificate",
         cluster = ?cluster_id_of(&request),
         caller = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
     ))]
     async fn create_certificate(
         &self,

@@ -89,6 +89,7 @@ pub mod cork;
 pub mod dev_banner;
 pub mod errors;
 pub mod federation;
+pub mod federation_fetch;
 pub mod istio;
 pub mod jwt;
 pub mod keeper;

@@ -25,6 +25,12 @@ pub async fn observed<T>(
         Ok(_) => Code::Ok,
         Err(e) => e.code(),
     };
+    // The handler span's outcome (traces): declared `Empty` by the handlers that decide.
+    let span = tracing::Span::current();
+    span.record("outcome", code_name(code));
+    if let Err(e) = &result {
+        span.record("reason", e.reason());
+    }
     metrics
         .request_seconds
         .get_or_create(&MethodLabels { method })

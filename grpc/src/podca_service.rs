@@ -208,6 +208,8 @@ impl PodCa for PodCaService {
         rpc = "IssueCertificate",
         signer = %request.get_ref().signer_name,
         caller = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
     ))]
     async fn issue_certificate(
         &self,
@@ -238,6 +240,8 @@ impl PodCa for PodCaService {
         signer = %request.get_ref().request.as_ref().map_or("", |r| r.signer_name.as_str()),
         pod = %format!("{}/{}", request.get_ref().pod_namespace, request.get_ref().pod_name),
         caller = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
     ))]
     async fn issue_for_pod(
         &self,
@@ -295,6 +299,8 @@ impl PodCa for PodCaService {
         rpc = "IssueJwtSvid",
         signer = %request.get_ref().signer_name,
         caller = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        reason = tracing::field::Empty,
     ))]
     async fn issue_jwt_svid(
         &self,

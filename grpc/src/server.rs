@@ -28,6 +28,7 @@ use super::sds::SdsService;
 use super::tls;
 use super::uds_authority::AuthorityFix;
 use super::workload::WorkloadService;
+use podca_authority::traces::TraceContextLayer;
 
 /// HTTP/2 streams one connection may have open at once: a node proxy multiplexes the
 /// renewals of every pod on its node over one connection.
@@ -97,6 +98,7 @@ pub async fn serve_tls(
     );
     tcp_builder()
         .layer(PreAuthLayer(api.pre_auth()))
+        .layer(TraceContextLayer)
         .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
         .add_service(istio(&api))
@@ -138,6 +140,7 @@ pub async fn serve_tcp(
     });
     tcp_builder()
         .layer(PreAuthLayer(api.pre_auth()))
+        .layer(TraceContextLayer)
         .add_routes(observe::edge_routes(&api).await)
         .add_service(podca(&api))
         .add_service(istio(&api))
@@ -166,6 +169,7 @@ pub async fn serve_unix_with_jwt(
     let incoming = UnixListenerStream::new(listener)
         .map(|conn| conn.map(|stream| AuthorityFix::new(Coalesced::new(stream))));
     builder()
+        .layer(TraceContextLayer)
         .add_routes(observe::edge_routes(&api).await)
         .add_service(workload(&api, jwt))
         .add_optional_service(sds.map(|sds| {

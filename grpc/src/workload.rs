@@ -142,7 +142,8 @@ type JwtBundlesStream = Pin<Box<dyn Stream<Item = Result<JwtBundlesResponse, Sta
 
 #[tonic::async_trait]
 impl SpiffeWorkloadApi for WorkloadService {
-    #[tracing::instrument(skip_all, fields(rpc = "FetchJWTSVID", caller = tracing::field::Empty))]
+    #[tracing::instrument(skip_all, fields(rpc = "FetchJWTSVID", caller = tracing::field::Empty,
+        outcome = tracing::field::Empty, reason = tracing::field::Empty))]
     async fn fetch_jwtsvid(
         &self,
         request: Request<JwtsvidRequest>,
@@ -244,7 +245,8 @@ impl SpiffeWorkloadApi for WorkloadService {
 
     type FetchX509SVIDStream = SvidStream;
 
-    #[tracing::instrument(skip_all, fields(rpc = "FetchX509SVID", caller = tracing::field::Empty))]
+    #[tracing::instrument(skip_all, fields(rpc = "FetchX509SVID", caller = tracing::field::Empty,
+        outcome = tracing::field::Empty, reason = tracing::field::Empty))]
     async fn fetch_x509svid(
         &self,
         request: Request<X509svidRequest>,

@@ -240,6 +240,8 @@ pub fn sign_request_with(
         key_type: request.key.as_ref().map(SubjectKey::key_type),
         user_annotations: &request.user_annotations,
     };
+    // Traces (issue #44): the decision, then the signature, each a child span of the request.
+    let deciding = tracing::info_span!("policy").entered();
     let mut plan: LeafPlan = match policy.decide(&facts) {
         Decision::Issue(plan) => plan,
         Decision::Deny { reason, message } => return Outcome::Denied { reason, message },
@@ -289,6 +291,7 @@ pub fn sign_request_with(
             Err(Decision::Issue(_)) => {}
         }
     }
+    drop(deciding);
     let Ok(subject) = &request.key else {
         // decide() denies every key error, so this is unreachable in practice; answer anyway.
         return Outcome::Denied {
@@ -328,6 +331,12 @@ pub fn sign_request_with(
             validity.begin_refresh_at = validity.begin_refresh_at.min(validity.not_before + half);
         }
     }
+    let signing = tracing::info_span!(
+        "signing",
+        key_type = subject.key_type().kubelet_name(),
+        serial = tracing::field::Empty,
+    )
+    .entered();
     match ca.issue_owned(
         subject,
         plan.spiffe_id,
@@ -335,7 +344,10 @@ pub fn sign_request_with(
         &validity,
         context.renewal,
     ) {
-        Ok(cert) => Outcome::Issued(Box::new(cert)),
+        Ok(cert) => {
+            signing.record("serial", tracing::field::display(&cert.serial));
+            Outcome::Issued(Box::new(cert))
+        }
         Err(IssueError::Backend(b)) if b.is_transient() => Outcome::Retry(b),
         Err(IssueError::Backend(b)) => Outcome::Failed {
             reason: FailReason::CaKeyUnusable,

@@ -1,0 +1,553 @@
+//! Fetching a foreign trust domain's SPIFFE bundle from its bundle endpoint (`https_spiffe`
+//! profile), and deciding whether it may replace the bundle in force.
+//!
+//! * The endpoint is authenticated against the foreign trust domain's X.509 authorities in
+//!   force (the configured initial bundle, then each accepted one): webpki checks the chain,
+//!   and the leaf must carry exactly one URI SAN, the configured endpoint SPIFFE ID
+//!   ([`crate::client::PinnedSpiffeId`]).
+//! * One HTTP/1.1 `GET`, bounded in time ([`FetchLimits::timeout`], connect to last byte) and
+//!   size ([`FetchLimits::max_bytes`]); `Content-Length` or chunked bodies.
+//! * A bundle is refused, with a [`Refusal`] whose [`Refusal::reason`] is the metric label,
+//!   when it is malformed or empty, an X.509 authority is no CA or names another trust domain,
+//!   or its sequence is lower than the one in force; the bundle in force stays.
+//!
+//! When to fetch next is [`next_fetch_in`]: the bundle's refresh hint within the configured
+//! clamps, or exponential backoff after a failure.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use podca_signer::spiffe_bundle::{BundleError, SpiffeBundle};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::client::PinnedSpiffeId;
+use crate::federation::ForeignBundle;
+
+/// Bounds on one fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FetchLimits {
+    /// The whole answer (head and body) at most this long.
+    pub max_bytes: usize,
+    /// Connect, handshake, request and answer within this.
+    pub timeout: Duration,
+}
+
+impl Default for FetchLimits {
+    /// 1 MiB (a bundle of hundreds of authorities fits), 10 s.
+    fn default() -> Self {
+        FetchLimits {
+            max_bytes: podca_signer::spiffe_bundle::MAX_DOCUMENT_BYTES,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a fetched bundle is not in force. The bundle in force stays.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Refusal {
+    #[error("bundle_endpoint_url {0:?} is not https://<host>[:port][/path]")]
+    BadUrl(String),
+    #[error("connecting to the bundle endpoint failed: {0}")]
+    Connect(String),
+    #[error("the bundle endpoint's TLS handshake failed: {0}")]
+    Tls(String),
+    #[error("the bundle endpoint did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the bundle endpoint's answer is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("the bundle endpoint answered HTTP status {0}")]
+    Status(u16),
+    #[error("the bundle endpoint's answer is not HTTP/1.1: {0}")]
+    Http(&'static str),
+    #[error("the bundle is malformed: {0}")]
+    Malformed(BundleError),
+    #[error("the bundle is empty: {0}")]
+    Empty(BundleError),
+    #[error("the bundle's X.509 authority {subject:?} is not a CA certificate")]
+    NotCa { subject: String },
+    #[error("the bundle's X.509 authority {subject:?} names {named}, not {expected}")]
+    OtherTrustDomain {
+        subject: String,
+        named: String,
+        expected: String,
+    },
+    #[error("the bundle's sequence {offered} is lower than the {in_force} in force")]
+    LoweredSequence { offered: u64, in_force: u64 },
+}
+
+impl Refusal {
+    /// The `reason` label of the refusal metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::BadUrl(_) => "bad_url",
+            Refusal::Connect(_) => "connect",
+            Refusal::Tls(_) => "tls",
+            Refusal::Timeout(_) => "timeout",
+            Refusal::TooLarge(_) => "too_large",
+            Refusal::Status(_) => "status",
+            Refusal::Http(_) => "http",
+            Refusal::Malformed(_) => "malformed",
+            Refusal::Empty(_) => "empty",
+            Refusal::NotCa { .. } => "not_ca",
+            Refusal::OtherTrustDomain { .. } => "other_trust_domain",
+            Refusal::LoweredSequence { .. } => "lowered_sequence",
+        }
+    }
+}
+
+/// Where one foreign bundle endpoint is and who it must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub trust_domain: String,
+    /// `https://host[:port][/path]`.
+    pub url: String,
+    /// The SPIFFE ID its certificate must carry, alone.
+    pub spiffe_id: String,
+}
+
+/// Fetches `endpoint`'s bundle, authenticating it against `in_force`'s X.509 authorities, and
+/// checks it may replace `in_force` ([`check`]).
+pub async fn fetch(
+    endpoint: &Endpoint,
+    in_force: &ForeignBundle,
+    limits: FetchLimits,
+) -> Result<SpiffeBundle, Refusal> {
+    let body = tokio::time::timeout(limits.timeout, get(endpoint, in_force, limits))
+        .await
+        .map_err(|_| Refusal::Timeout(limits.timeout))??;
+    let bundle = SpiffeBundle::parse(&body).map_err(|e| match e {
+        BundleError::Empty => Refusal::Empty(e),
+        BundleError::NotCa { subject, .. } => Refusal::NotCa { subject },
+        BundleError::TooLarge { limit } => Refusal::TooLarge(limit),
+        other => Refusal::Malformed(other),
+    })?;
+    check(&endpoint.trust_domain, &bundle, Some(in_force))?;
+    Ok(bundle)
+}
+
+/// Whether `offered` may be `trust_domain`'s bundle after `in_force`: no X.509 authority that
+/// names (by a `spiffe://` URI SAN) another trust domain, and no lower sequence.
+pub fn check(
+    trust_domain: &str,
+    offered: &SpiffeBundle,
+    in_force: Option<&ForeignBundle>,
+) -> Result<(), Refusal> {
+    for ca in &offered.x509_authorities {
+        for uri in spiffe_uris(ca.der()) {
+            let named = uri
+                .strip_prefix("spiffe://")
+                .and_then(|rest| rest.split('/').next())
+                .unwrap_or_default();
+            if named != trust_domain {
+                return Err(Refusal::OtherTrustDomain {
+                    subject: ca.subject().to_owned(),
+                    named: named.escape_debug().to_string(),
+                    expected: trust_domain.to_owned(),
+                });
+            }
+        }
+    }
+    if let (Some(offered), Some(in_force)) =
+        (offered.sequence, in_force.and_then(|b| b.bundle.sequence))
+        && offered < in_force
+    {
+        return Err(Refusal::LoweredSequence { offered, in_force });
+    }
+    Ok(())
+}
+
+/// When to fetch next: after a success, the bundle's refresh hint (`None`: `max`) within
+/// `[min, max]`; after `failures` failures in a row, `min` doubled per failure, at most `max`.
+pub fn next_fetch_in(
+    refresh_hint: Option<u64>,
+    failures: u32,
+    min: Duration,
+    max: Duration,
+) -> Duration {
+    if failures > 0 {
+        let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
+        return min.saturating_mul(factor).min(max);
+    }
+    refresh_hint
+        .map_or(max, Duration::from_secs)
+        .clamp(min, max.max(min))
+}
+
+fn spiffe_uris(der: &[u8]) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return vec![];
+    };
+    let Ok(Some(sans)) = cert.subject_alternative_name() else {
+        return vec![];
+    };
+    sans.value
+        .general_names
+        .iter()
+        .filter_map(|name| match name {
+            GeneralName::URI(uri) if uri.starts_with("spiffe://") => Some((*uri).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The URL's host, port and path.
+fn parse_url(url: &str) -> Result<(String, u16, String), Refusal> {
+    let bad = || Refusal::BadUrl(url.escape_debug().to_string());
+    let uri: http::Uri = url.parse().map_err(|_| bad())?;
+    if uri.scheme_str() != Some("https") {
+        return Err(bad());
+    }
+    let host = uri.host().ok_or_else(bad)?;
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    Ok((host, uri.port_u16().unwrap_or(443), path))
+}
+
+/// One GET; the body of a 200 answer.
+async fn get(
+    endpoint: &Endpoint,
+    in_force: &ForeignBundle,
+    limits: FetchLimits,
+) -> Result<Vec<u8>, Refusal> {
+    let (host, port, path) = parse_url(&endpoint.url)?;
+    let anchors: Vec<CertificateDer<'static>> = in_force
+        .bundle
+        .x509_authorities
+        .iter()
+        .map(|c| CertificateDer::from(c.der().to_vec()))
+        .collect();
+    let verifier = PinnedSpiffeId::new(&endpoint.spiffe_id, anchors)
+        .map_err(|e| Refusal::Tls(e.to_string()))?;
+    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Refusal::Tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| Refusal::Connect(e.to_string()))?;
+    // The verifier pins the SPIFFE ID; the name only fills SNI.
+    let name = ServerName::try_from(host.clone())
+        .map_err(|_| Refusal::BadUrl(endpoint.url.escape_debug().to_string()))?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| Refusal::Tls(crate::client::tls_failure(&e, &endpoint.spiffe_id)))?;
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    );
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| Refusal::Connect(e.to_string()))?;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let n = match tls.read(&mut chunk).await {
+            Ok(n) => n,
+            // A peer that closes without close_notify after a complete answer is common.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+            Err(e) => return Err(Refusal::Connect(e.to_string())),
+        };
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&chunk[..n]);
+        if answer.len() > limits.max_bytes {
+            return Err(Refusal::TooLarge(limits.max_bytes));
+        }
+    }
+    body_of(&answer)
+}
+
+/// The body of a complete HTTP/1.1 200 answer.
+fn body_of(answer: &[u8]) -> Result<Vec<u8>, Refusal> {
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or(Refusal::Http("no end of the head"))?;
+    let head = std::str::from_utf8(&answer[..end]).map_err(|_| Refusal::Http("head not UTF-8"))?;
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.strip_prefix("HTTP/1."))
+        .and_then(|l| l.get(2..5))
+        .and_then(|code| code.parse::<u16>().ok())
+        .ok_or(Refusal::Http("no status line"))?;
+    if status != 200 {
+        return Err(Refusal::Status(status));
+    }
+    let header = |name: &str| {
+        head.split("\r\n").skip(1).find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_ascii_lowercase())
+        })
+    };
+    let body = &answer[end + 4..];
+    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        return dechunk(body);
+    }
+    match header("content-length") {
+        Some(length) => {
+            let length: usize = length
+                .parse()
+                .map_err(|_| Refusal::Http("bad Content-Length"))?;
+            body.get(..length)
+                .map(<[u8]>::to_vec)
+                .ok_or(Refusal::Http("the body is shorter than its Content-Length"))
+        }
+        None => Ok(body.to_vec()),
+    }
+}
+
+fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, Refusal> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = body
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or(Refusal::Http("a chunk without its size line"))?;
+        let size = std::str::from_utf8(&body[..line_end])
+            .ok()
+            .and_then(|l| usize::from_str_radix(l.split(';').next()?.trim(), 16).ok())
+            .ok_or(Refusal::Http("a bad chunk size"))?;
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        let data = body
+            .get(..size)
+            .ok_or(Refusal::Http("a chunk shorter than its size"))?;
+        out.extend_from_slice(data);
+        body = body
+            .get(size + 2..)
+            .ok_or(Refusal::Http("a chunk without its end"))?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use podca_authority::serving_cert::ServingIdentity;
+    use podca_signer::IssuingCa;
+    use podca_signer::backend::{CaAlgorithm, MemoryKey};
+    use time::OffsetDateTime;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    const ENDPOINT_ID: &str = "spiffe://away.test/bundle-endpoint";
+
+    fn ca() -> IssuingCa {
+        let key = Arc::new(MemoryKey::generate(CaAlgorithm::EcdsaP256).unwrap());
+        let now = OffsetDateTime::now_utc();
+        IssuingCa::self_signed_root(key, "away root", now, time::Duration::days(10)).unwrap()
+    }
+
+    fn in_force(ca: &IssuingCa, sequence: u64) -> ForeignBundle {
+        ForeignBundle {
+            trust_domain: "away.test".into(),
+            bundle: SpiffeBundle {
+                x509_authorities: ca.roots().to_vec(),
+                jwt_authorities: vec![],
+                sequence: Some(sequence),
+                refresh_hint: Some(60),
+            },
+            accepted_at: OffsetDateTime::now_utc(),
+        }
+    }
+
+    /// What the test endpoint answers.
+    enum Answer {
+        Bytes(Vec<u8>),
+        Stall,
+    }
+
+    fn ok(body: &[u8]) -> Answer {
+        let mut answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(body);
+        Answer::Bytes(answer)
+    }
+
+    /// A one-answer HTTPS endpoint with an SVID for `spiffe_id` from `ca`.
+    async fn endpoint(ca: &IssuingCa, spiffe_id: &str, answer: Answer) -> Endpoint {
+        let identity = ServingIdentity {
+            spiffe_id: spiffe_id.into(),
+            dns_names: vec![],
+            lifetime: time::Duration::hours(1),
+        };
+        let cert = identity.issue(ca, OffsetDateTime::now_utc()).unwrap();
+        let keys = crate::tls::ServingKeys::new(
+            crate::tls::certified_key(&cert.chain_der, &cert.key_pkcs8_der).unwrap(),
+        );
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(crate::tls::http1_server_config(keys).unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let Ok(mut tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && tls.read(&mut byte).await.unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            match answer {
+                Answer::Bytes(bytes) => {
+                    let _ = tls.write_all(&bytes).await;
+                    let _ = tls.shutdown().await;
+                }
+                Answer::Stall => tokio::time::sleep(Duration::from_secs(60)).await,
+            }
+        });
+        Endpoint {
+            trust_domain: "away.test".into(),
+            url: format!("https://{addr}/"),
+            spiffe_id: ENDPOINT_ID.into(),
+        }
+    }
+
+    fn document(ca: &IssuingCa, sequence: u64) -> Vec<u8> {
+        SpiffeBundle {
+            x509_authorities: ca.roots().to_vec(),
+            jwt_authorities: vec![],
+            sequence: Some(sequence),
+            refresh_hint: Some(30),
+        }
+        .to_json()
+        .unwrap()
+    }
+
+    fn quick() -> FetchLimits {
+        FetchLimits {
+            max_bytes: 64 * 1024,
+            timeout: Duration::from_millis(800),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_newer_bundle_from_the_pinned_endpoint_is_taken() {
+        let ca = ca();
+        let served = endpoint(&ca, ENDPOINT_ID, ok(&document(&ca, 6))).await;
+        let bundle = fetch(&served, &in_force(&ca, 5), quick()).await.unwrap();
+        assert_eq!(bundle.sequence, Some(6));
+        assert_eq!(bundle.x509_authorities, ca.roots());
+        // Chunked, as Go's net/http sends larger answers.
+        let doc = document(&ca, 7);
+        let (a, b) = doc.split_at(doc.len() / 2);
+        let mut chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for part in [a, b] {
+            chunked.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+            chunked.extend_from_slice(part);
+            chunked.extend_from_slice(b"\r\n");
+        }
+        chunked.extend_from_slice(b"0\r\n\r\n");
+        let served = endpoint(&ca, ENDPOINT_ID, Answer::Bytes(chunked)).await;
+        let bundle = fetch(&served, &in_force(&ca, 5), quick()).await.unwrap();
+        assert_eq!(bundle.sequence, Some(7));
+    }
+
+    #[tokio::test]
+    async fn each_bad_answer_is_refused_with_its_reason() {
+        let ca = ca();
+        let leaf = {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let params = rcgen::CertificateParams::new(vec!["leaf.test".into()]).unwrap();
+            params.self_signed(&key).unwrap().der().to_vec()
+        };
+        let other_td_ca = {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params.subject_alt_names = vec![rcgen::SanType::URI(
+                "spiffe://other.test".try_into().unwrap(),
+            )];
+            params.self_signed(&key).unwrap().der().to_vec()
+        };
+        let with_x5c = |der: &[u8]| {
+            use base64::Engine;
+            let x5c = base64::engine::general_purpose::STANDARD.encode(der);
+            format!(r#"{{"keys":[{{"use":"x509-svid","kty":"EC","x5c":["{x5c}"]}}],"spiffe_sequence":9}}"#)
+                .into_bytes()
+        };
+        let huge = vec![b' '; 100 * 1024];
+        let cases: Vec<(Answer, &str, &str)> = vec![
+            (ok(&document(&ca, 4)), ENDPOINT_ID, "lowered_sequence"),
+            (ok(b"{}"), ENDPOINT_ID, "malformed"),
+            (ok(br#"{"keys":[]}"#), ENDPOINT_ID, "empty"),
+            (ok(&with_x5c(&leaf)), ENDPOINT_ID, "not_ca"),
+            (
+                ok(&with_x5c(&other_td_ca)),
+                ENDPOINT_ID,
+                "other_trust_domain",
+            ),
+            (ok(&huge), ENDPOINT_ID, "too_large"),
+            (Answer::Stall, ENDPOINT_ID, "timeout"),
+            (
+                Answer::Bytes(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n".to_vec()),
+                ENDPOINT_ID,
+                "status",
+            ),
+            // The endpoint is someone else of the foreign trust domain.
+            (ok(&document(&ca, 6)), "spiffe://away.test/impostor", "tls"),
+        ];
+        for (answer, served_as, reason) in cases {
+            let served = endpoint(&ca, served_as, answer).await;
+            let refusal = fetch(&served, &in_force(&ca, 5), quick())
+                .await
+                .unwrap_err();
+            assert_eq!(refusal.reason(), reason, "{refusal}");
+        }
+        // An endpoint whose CA is not among the foreign trust domain's authorities.
+        let stranger = self::ca();
+        let served = endpoint(&stranger, ENDPOINT_ID, ok(&document(&stranger, 6))).await;
+        let refusal = fetch(&served, &in_force(&ca, 5), quick())
+            .await
+            .unwrap_err();
+        assert_eq!(refusal.reason(), "tls", "{refusal}");
+    }
+
+    #[test]
+    fn the_next_fetch_follows_the_hint_within_clamps_and_backs_off() {
+        let (min, max) = (Duration::from_secs(10), Duration::from_secs(600));
+        let s = Duration::from_secs;
+        assert_eq!(next_fetch_in(Some(300), 0, min, max), s(300));
+        assert_eq!(next_fetch_in(Some(1), 0, min, max), s(10));
+        assert_eq!(next_fetch_in(Some(86_400), 0, min, max), s(600));
+        assert_eq!(next_fetch_in(None, 0, min, max), s(600));
+        assert_eq!(next_fetch_in(Some(300), 1, min, max), s(10));
+        assert_eq!(next_fetch_in(Some(300), 3, min, max), s(40));
+        assert_eq!(next_fetch_in(Some(300), 30, min, max), s(600));
+    }
+
+    #[test]
+    fn urls_must_be_https() {
+        assert_eq!(
+            parse_url("https://b.test:8443/bundle").unwrap(),
+            ("b.test".into(), 8443, "/bundle".into())
+        );
+        assert_eq!(parse_url("https://b.test").unwrap().1, 443);
+        assert!(matches!(
+            parse_url("http://b.test/"),
+            Err(Refusal::BadUrl(_))
+        ));
+        assert!(matches!(parse_url("b.test"), Err(Refusal::BadUrl(_))));
+    }
+}
