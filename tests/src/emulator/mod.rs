@@ -17,6 +17,7 @@ pub mod pod_state;
 pub mod podca_rbac;
 pub mod resources;
 mod selectors;
+pub mod services;
 pub mod store;
 
 pub use auth::{PolicyRule, ServiceAccountToken, Subject, UserInfo};

@@ -41,10 +41,11 @@ pub enum Res {
     Namespace,
     Secret,
     ConfigMap,
+    Service,
 }
 
 impl Res {
-    pub const ALL: [Res; 11] = [
+    pub const ALL: [Res; 12] = [
         Res::Pcr,
         Res::Ctb,
         Res::Lease,
@@ -56,6 +57,7 @@ impl Res {
         Res::Namespace,
         Res::Secret,
         Res::ConfigMap,
+        Res::Service,
     ];
 
     pub fn group(self) -> &'static str {
@@ -78,6 +80,7 @@ impl Res {
             Res::Namespace => "namespaces",
             Res::Secret => "secrets",
             Res::ConfigMap => "configmaps",
+            Res::Service => "services",
         }
     }
     pub fn kind(self) -> &'static str {
@@ -92,6 +95,7 @@ impl Res {
             Res::Namespace => "Namespace",
             Res::Secret => "Secret",
             Res::ConfigMap => "ConfigMap",
+            Res::Service => "Service",
         }
     }
     pub fn singular(self) -> String {
