@@ -26,6 +26,7 @@ mod request;
 pub mod sample;
 pub mod secret_ca;
 pub mod secret_history;
+pub mod service_ca;
 
 use std::collections::BTreeMap;
 use std::future::Future;
