@@ -21,6 +21,7 @@
 //! [controller]
 //! workers = 8                        # where the adaptive concurrency starts
 //! max_in_flight = 64                 # its bound
+//! sharding = "leader"                # or "rendezvous": every replica signs its share
 //! ```
 //! Unknown keys are errors, so a typo never silently falls back to a default.
 
@@ -1113,6 +1114,20 @@ pub struct ControllerConfig {
     /// The most PCR decisions (and so `/status` writes) in flight at once, whatever the limit.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Who signs PCRs when `podca serve --leader-elect` runs several replicas.
+    #[serde(default)]
+    pub sharding: Sharding,
+}
+
+/// `[controller] sharding`: with `--leader-elect`, `leader` (the Lease holder signs every PCR,
+/// the default: an upgrade keeps its RBAC and behaviour) or `rendezvous` (every live replica
+/// signs its share, by rendezvous hashing over per-replica Leases; no failover gap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharding {
+    #[default]
+    Leader,
+    Rendezvous,
 }
 
 impl Default for ControllerConfig {
@@ -1120,6 +1135,7 @@ impl Default for ControllerConfig {
         ControllerConfig {
             workers: default_workers(),
             max_in_flight: default_max_in_flight(),
+            sharding: Sharding::default(),
         }
     }
 }

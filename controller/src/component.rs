@@ -303,6 +303,7 @@ pub fn options(
     options.reporting_instance = std::env::var("POD_NAME").ok();
     options.publisher = publisher_options(config);
     options.leader_election = leader_election;
+    options.sharding = config.controller.sharding;
     options
 }
 

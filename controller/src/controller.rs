@@ -29,12 +29,15 @@ use crate::bounded;
 use crate::concurrency::{Aimd, ConcurrencyMetrics, Gate, Permit, WriteOutcome};
 use crate::decide::{self, ErrorClass, Settlement};
 use crate::discovery::{self, Resource, Served};
+use crate::membership::{self, MemberConfig, Members};
 use crate::plan::{self, Facts, Plan, Read, SkipReason, Write};
 use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
 use crate::request::{self, ApiVersion, Pcr};
+use crate::sharding::{self, Shard, ShardMetrics};
 use crate::{Error, Options, lease};
 use podca_authority::admin::{Readiness, ReadyFlag};
+use podca_authority::config::Sharding;
 use podca_authority::metrics::{
     LateCause, LateLabels, Metrics, RetryCause, RetryLabels, SettleLabels, SignerLabels,
 };
@@ -55,6 +58,9 @@ struct Ctx {
     replica: String,
     /// Namespace labels for the rules, when some rule reads them.
     namespace_labels: Option<NamespaceLabels>,
+    /// Rendezvous sharding: this replica works only on its share; `None`: on every request
+    /// while it leads.
+    shard: Option<Arc<Shard>>,
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -75,6 +81,7 @@ pub async fn run(
         max_in_flight,
         queue_capacity,
         leader_election,
+        sharding,
         drain_timeout,
         reporting_controller,
         reporting_instance,
@@ -112,7 +119,7 @@ pub async fn run(
         })
         .collect();
     let ready = ready.unwrap_or_else(|| Readiness::new().component("controller"));
-    let concurrency = concurrency_metrics(&metrics);
+    let (concurrency, shard_metrics) = concurrency_metrics(&metrics);
 
     let served = bounded::retrying("discover", &metrics, || discovery::certificates(&client))
         .await?
@@ -136,6 +143,33 @@ pub async fn run(
         None => watch::channel(leader_election.is_none()),
     };
     let (lease_stop, lease_stop_rx) = watch::channel(false);
+    // Rendezvous: every member works on its share while its own Lease is fresh.
+    let members = leader_election
+        .as_ref()
+        .filter(|_| sharding == Sharding::Rendezvous)
+        .map(|le| {
+            let config = MemberConfig {
+                group: le.lease_name.clone(),
+                namespace: le.lease_namespace.clone(),
+                identity: le.identity.clone(),
+                lease_duration: le.lease_duration,
+                period: le.retry_period.min(le.lease_duration / 3),
+            };
+            let (tx, rx) = watch::channel(Members::default());
+            let task = membership::start(
+                client.clone(),
+                config,
+                tx,
+                lease_stop_rx.clone(),
+                Arc::clone(&metrics),
+            );
+            let shard = Shard::new(
+                rx,
+                sharding::takeover_after(le.lease_duration),
+                shard_metrics.clone(),
+            );
+            (TaskGuard::new(task), Arc::new(shard))
+        });
     let lease_task = match leader_election {
         Some(le) => Some(TaskGuard::new(
             lease::start(
@@ -173,28 +207,52 @@ pub async fn run(
         ledger,
         replica: podca_signer::ledger::replica_identity(),
         namespace_labels,
+        shard: members.as_ref().map(|(_, shard)| Arc::clone(shard)),
     });
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut leading_rx = leading;
+    // Who works: the leader, or (sharded) every member; the publisher follows leadership
+    // itself, so a sharded replica runs it throughout.
+    let (mut working, _follow, _publishing) = match &members {
+        None => (leading, None, None),
+        Some((_, shard)) => {
+            let publishing = publisher.clone().map(|p| {
+                let leading = leading.clone();
+                let run = p.run(
+                    ctx.client.clone(),
+                    ctx.ca.clone(),
+                    Arc::clone(&metrics),
+                    leading,
+                );
+                TaskGuard::new(tokio::spawn(run))
+            });
+            let (working, follow) = follow_members(shard, leading, Arc::clone(&metrics));
+            (working, Some(follow), publishing)
+        }
+    };
+    let sharded = members.is_some();
     'outer: loop {
         // Standby: wait to lead. A standby has nothing to sync: ready (it serves gRPC); a leader
         // only once its watches have synced (never in between, not even for a moment).
-        metrics.leader.set(0);
-        if !*leading_rx.borrow() {
+        if !sharded {
+            metrics.leader.set(0);
+        }
+        if !*working.borrow() {
             ready.set(true);
         }
         tokio::select! {
             _ = &mut shutdown => break 'outer,
-            ok = async { leading_rx.wait_for(|l| *l).await.is_ok() } => if !ok { break 'outer },
+            ok = async { working.wait_for(|l| *l).await.is_ok() } => if !ok { break 'outer },
         }
-        metrics.leader.set(1);
-        info!("leading: starting watches and workers");
+        if !sharded {
+            metrics.leader.set(1);
+        }
+        info!(sharded, "working: starting watches and workers");
         ready.set(false);
         // Each term starts afresh at `workers`: the server may have changed meanwhile.
         let gate = Gate::new(Aimd::new(workers, max_in_flight), concurrency.clone());
         let session = Session::start(&ctx, gate, queue_capacity, &ready);
         // Dropped (aborted) with this term, like the session.
-        let _publishing = publisher.clone().map(|p| {
+        let _publishing = publisher.clone().filter(|_| members.is_none()).map(|p| {
             TaskGuard::new(tokio::spawn(p.run(
                 ctx.client.clone(),
                 ctx.ca.clone(),
@@ -209,8 +267,8 @@ pub async fn run(
                 session.drain(drain_timeout).await;
                 break 'outer;
             }
-            _ = async { let _ = leading_rx.wait_for(|l| !*l).await; } => {
-                warn!("lost the leader Lease: stopping all work");
+            _ = async { let _ = working.wait_for(|l| !*l).await; } => {
+                warn!(sharded, "lost the Lease: stopping all work");
                 session.abort();
             }
         }
@@ -219,6 +277,9 @@ pub async fn run(
     metrics.leader.set(0);
     let _ = lease_stop.send(true);
     if let Some(task) = lease_task {
+        task.join().await;
+    }
+    if let Some((task, _)) = members {
         task.join().await;
     }
     // Nothing of the controller outlives it.
@@ -230,6 +291,35 @@ pub async fn run(
     }
     info!("stopped");
     Ok(())
+}
+
+/// Whether this replica is a member (it works on its share), from the member set; keeps the
+/// sharding metrics and `podca_leader` (which follows `leading` alone here) up to date.
+fn follow_members(
+    shard: &Shard,
+    mut leading: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) -> (watch::Receiver<bool>, TaskGuard) {
+    let mut members = shard.members.clone();
+    let shard_metrics = shard.metrics.clone();
+    let (tx, rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        loop {
+            let current = members.borrow_and_update().clone();
+            shard_metrics.show(&current);
+            tx.send_if_modified(|working| {
+                let changed = *working != current.includes_me();
+                *working = current.includes_me();
+                changed
+            });
+            metrics.leader.set(i64::from(*leading.borrow_and_update()));
+            tokio::select! {
+                r = members.changed() => if r.is_err() { return },
+                r = leading.changed() => if r.is_err() { return },
+            }
+        }
+    });
+    (rx, TaskGuard::new(task))
 }
 
 /// Aborts a task when dropped, so that a cancelled [`run`] (a "killed" controller in tests, or a
@@ -266,8 +356,8 @@ impl Drop for TaskGuard {
 
 /// The controller's concurrency metrics in `metrics`'s registry, registered once however many
 /// times [`run`] is given the same registry (tests run the controller again with it).
-fn concurrency_metrics(metrics: &Arc<Metrics>) -> ConcurrencyMetrics {
-    type Registered = Vec<(std::sync::Weak<Metrics>, ConcurrencyMetrics)>;
+fn concurrency_metrics(metrics: &Arc<Metrics>) -> (ConcurrencyMetrics, ShardMetrics) {
+    type Registered = Vec<(std::sync::Weak<Metrics>, (ConcurrencyMetrics, ShardMetrics))>;
     static REGISTERED: std::sync::Mutex<Registered> = std::sync::Mutex::new(Vec::new());
     let mut registered = REGISTERED
         .lock()
@@ -279,7 +369,12 @@ fn concurrency_metrics(metrics: &Arc<Metrics>) -> ConcurrencyMetrics {
     {
         return found.clone();
     }
-    let found = metrics.register_component("controller", ConcurrencyMetrics::register);
+    let found = metrics.register_component("controller", |registry| {
+        (
+            ConcurrencyMetrics::register(registry),
+            ShardMetrics::register(registry),
+        )
+    });
     registered.push((Arc::downgrade(metrics), found.clone()));
     found
 }
@@ -292,6 +387,8 @@ struct Session {
     /// (aborted with it).
     dispatcher: JoinHandle<()>,
     gauge: JoinHandle<()>,
+    /// Sharded: queues the parked requests that become this replica's.
+    hand_over: Option<JoinHandle<()>>,
 }
 
 impl Session {
@@ -317,19 +414,31 @@ impl Session {
         let gauge = {
             let queue = Arc::clone(&queue);
             let metrics = Arc::clone(&ctx.metrics);
+            let shard = ctx.shard.clone();
             tokio::spawn(async move {
                 loop {
                     metrics.queue_depth.set(queue.len() as i64);
                     metrics.in_flight.set(queue.in_flight() as i64);
+                    if let Some(shard) = &shard {
+                        shard.metrics.parked.set(shard.parked() as i64);
+                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             })
         };
+        let hand_over = ctx.shard.as_ref().map(|shard| {
+            tokio::spawn(hand_over(
+                Arc::clone(ctx),
+                Arc::clone(shard),
+                Arc::clone(&queue),
+            ))
+        });
         Session {
             queue,
             watches,
             dispatcher,
             gauge,
+            hand_over,
         }
     }
 
@@ -359,6 +468,47 @@ impl Drop for Session {
             h.abort();
         }
         self.gauge.abort();
+        if let Some(h) = &self.hand_over {
+            h.abort();
+        }
+    }
+}
+
+/// Queues the parked requests that become this replica's: at once when the members change (one
+/// left, or this one joined), and every quarter of the takeover bound (a stuck owner's).
+async fn hand_over(ctx: Arc<Ctx>, shard: Arc<Shard>, queue: Arc<WorkQueue>) {
+    let mut members = shard.members.clone();
+    let tick = (shard.takeover_after / 4).max(Duration::from_secs(1));
+    // The set is re-sent on every renewal; only a different set (or the tick) moves shares.
+    let mut seen: Option<Arc<Vec<String>>> = None;
+    let mut ticks = tokio::time::interval(tick);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    let mut ticked = true;
+    loop {
+        let live = Arc::clone(&members.borrow_and_update().live);
+        let moved = seen.as_ref() != Some(&live);
+        seen = Some(live);
+        let claimed = if moved || ticked {
+            shard.claim((ctx.clock)())
+        } else {
+            Vec::new()
+        };
+        if !claimed.is_empty() {
+            info!(requests = claimed.len(), members = ?members.borrow().live, "taking over pending requests");
+        }
+        for pcr in claimed {
+            // Ignored: in flight here already, or settled.
+            queue.push_retry(Item {
+                pcr,
+                attempt: 0,
+                signed: None,
+            });
+        }
+        ticked = tokio::select! {
+            r = members.changed() => if r.is_err() { return } else { false },
+            _ = ticks.tick() => true,
+        };
     }
 }
 
@@ -385,20 +535,12 @@ async fn watch_signer(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, signer: String, sync
         ApiVersion::V1 => {
             let api: Api<v1::PodCertificateRequest> = Api::all(ctx.client.clone());
             let stream = watcher(api, config).default_backoff();
-            feed(stream, Pcr::from_v1, &queue, &ctx.metrics, &signer, &synced).await;
+            feed(stream, Pcr::from_v1, &queue, &ctx, &signer, &synced).await;
         }
         ApiVersion::V1Beta1 => {
             let api: Api<v1beta1::PodCertificateRequest> = Api::all(ctx.client.clone());
             let stream = watcher(api, config).default_backoff();
-            feed(
-                stream,
-                Pcr::from_v1beta1,
-                &queue,
-                &ctx.metrics,
-                &signer,
-                &synced,
-            )
-            .await;
+            feed(stream, Pcr::from_v1beta1, &queue, &ctx, &signer, &synced).await;
         }
     }
 }
@@ -407,10 +549,11 @@ async fn feed<K>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     convert: fn(K) -> Option<Pcr>,
     queue: &WorkQueue,
-    metrics: &Metrics,
+    ctx: &Ctx,
     signer: &str,
     synced: &Synced,
 ) {
+    let metrics = &ctx.metrics;
     let mut first_sync = true;
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
@@ -419,13 +562,25 @@ async fn feed<K>(
                 let Some(pcr) = convert(obj) else { continue };
                 // The field selector already filters; a wrong signer here would be an API bug.
                 if pcr.terminal.is_some() || pcr.signer_name != signer {
+                    if let Some(shard) = &ctx.shard {
+                        shard.unpark(&pcr.uid);
+                    }
                     continue;
                 }
-                queue.push(Item::new(pcr)).await;
+                let item = Item::new(pcr);
+                if let Some(shard) = &ctx.shard
+                    && !shard.take_or_park(&item.pcr, (ctx.clock)())
+                {
+                    continue;
+                }
+                queue.push(item).await;
             }
             Ok(watcher::Event::Delete(obj)) => {
                 if let Some(pcr) = convert(obj) {
                     queue.forget(&pcr.uid);
+                    if let Some(shard) = &ctx.shard {
+                        shard.unpark(&pcr.uid);
+                    }
                 }
             }
             Ok(watcher::Event::Init) => debug!(signer, "watch (re)listing"),
@@ -514,6 +669,12 @@ async fn decision(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, item: Item, permit: Perm
 
 /// One attempt: fetch → [`plan::plan`] → the one action it names → at most one `/status` write.
 async fn reconcile(ctx: &Ctx, mut item: Item, permit: &Permit) -> Step {
+    // Sharded: the members may have changed while it was queued.
+    if let Some(shard) = &ctx.shard
+        && !shard.take_or_park(&item.pcr, (ctx.clock)())
+    {
+        return Step::Dropped;
+    }
     // Fetch: the watched copy on the first try; a fresh read on retries.
     let watched = Arc::clone(&item.pcr);
     let fresh = if item.attempt > 0 {
@@ -576,8 +737,12 @@ async fn reconcile(ctx: &Ctx, mut item: Item, permit: &Permit) -> Step {
     }
     let pcr = Arc::clone(&item.pcr);
 
-    // Write, only while leading.
-    if !*ctx.leading.borrow() {
+    // Write, only while leading, or (sharded) while it is this replica's.
+    let ours = match &ctx.shard {
+        Some(shard) => shard.take_or_park(&pcr, (ctx.clock)()),
+        None => *ctx.leading.borrow(),
+    };
+    if !ours {
         return Step::Dropped;
     }
     let Write {

@@ -16,6 +16,7 @@ pub mod grpc_auth;
 pub mod jwks;
 pub mod jwt_secret;
 mod lease;
+mod membership;
 pub mod metrics_auth;
 pub mod namespaces;
 mod plan;
@@ -27,6 +28,7 @@ pub mod sample;
 pub mod secret_ca;
 pub mod secret_history;
 pub mod service_ca;
+mod sharding;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -61,6 +63,8 @@ pub struct Options {
     /// Bound of the work queue.
     pub queue_capacity: usize,
     pub leader_election: Option<LeaderElection>,
+    /// With leader election: the holder signs every PCR, or every member its share.
+    pub sharding: podca_authority::config::Sharding,
     /// How long shutdown waits for in-flight writes.
     pub drain_timeout: Duration,
     /// The controller name in Events.
@@ -111,6 +115,7 @@ impl Options {
             max_in_flight: 64,
             queue_capacity: 4096,
             leader_election: None,
+            sharding: Default::default(),
             drain_timeout: Duration::from_secs(10),
             reporting_controller: "podca.dev/signer".into(),
             reporting_instance: None,

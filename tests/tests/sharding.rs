@@ -1,0 +1,381 @@
+//! Rendezvous sharding end to end: several `podca serve` processes with
+//! `[controller] sharding = "rendezvous"` against one emulator, each signing its share of the
+//! PodCertificateRequests (issue #45).
+//!
+//! Duplicates are counted at the emulator: it refuses a second terminal status write (422,
+//! immutable once issued), so `status_writes_accepted == issued == filed` means every PCR got
+//! exactly one accepted write. Burst sizes: `PODCA_SHARDING_BURST` (default 30,000 for the
+//! ledger burst, which runs in about 40 s on 2 cores with debug builds).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use podca_tests::EmulatorConfig;
+use podca_tests::bench::{bench_pcr, stubs};
+use podca_tests::client::KubeClient;
+use podca_tests::cluster::{Cluster, ClusterConfig};
+use podca_tests::emulator::{ApiMode, Emulator, Res};
+use podca_tests::postgres::Postgres;
+use podca_tests::process::{ServeProcess, metric_value, podca_binary};
+
+const SIGNER: &str = "example.com/workload";
+/// The Lease duration the tests run with (`--lease-duration`).
+const LEASE: Duration = Duration::from_secs(4);
+
+struct Setup {
+    cluster: Cluster,
+    config: PathBuf,
+    csrs: Vec<String>,
+}
+
+/// An emulator, a CA, and a config with rendezvous sharding; the PostgreSQL ledger when `pg`.
+async fn setup(pg: bool) -> (Setup, Option<Postgres>) {
+    let cluster = Cluster::start_with(ClusterConfig {
+        emulator: EmulatorConfig {
+            api_mode: ApiMode::V1Only,
+            auto_create_namespaces: true,
+            ..Default::default()
+        },
+        podca_groups: &["system:authenticated"],
+        signers: &[SIGNER],
+    })
+    .await;
+    cluster.emu.add_namespace("bench");
+    let dir = cluster.dir.path().to_owned();
+    let ca_dir = dir.join("ca");
+    let init = Command::new(podca_binary())
+        .args(["ca", "init", "--dir"])
+        .arg(&ca_dir)
+        .stdout(Stdio::null())
+        .status()
+        .expect("podca ca init");
+    assert!(init.success());
+    let pg = pg.then(Postgres::start);
+    let ledger = match &pg {
+        Some(pg) => {
+            let url_file = dir.join("ledger-url");
+            std::fs::write(&url_file, pg.unix_url()).expect("url file");
+            format!(
+                "[ledger]\nbackend = \"postgres\"\nurl_file = {:?}\ntls = \"disable\"\n",
+                url_file.display().to_string()
+            )
+        }
+        // Replicas on one data directory: its redb ledger admits one process.
+        None => "[ledger]\nbackend = \"none\"\n".into(),
+    };
+    let config = dir.join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
+             [controller]\nsharding = \"rendezvous\"\n\n{ledger}",
+            ca_dir.display().to_string()
+        ),
+    )
+    .expect("config");
+    let csrs = stubs().into_iter().map(|s| s.csr).collect();
+    (
+        Setup {
+            cluster,
+            config,
+            csrs,
+        },
+        pg,
+    )
+}
+
+impl Setup {
+    fn emu(&self) -> &Emulator {
+        &self.cluster.emu
+    }
+
+    /// `podca serve --leader-elect` as `identity` (also its POD_NAME: the ledger's replica).
+    fn replica(&self, identity: &str) -> ServeProcess {
+        let pod_name = PathBuf::from(identity);
+        ServeProcess::start(
+            &self.config,
+            &self.cluster.kubeconfig,
+            &[
+                "--leader-elect",
+                "--lease-namespace",
+                "default",
+                "--lease-identity",
+                identity,
+                "--lease-duration",
+                "4s",
+                "--lease-renew-deadline",
+                "3s",
+                "--lease-retry-period",
+                "500ms",
+            ],
+            &[("PODCA_LOG", Path::new("warn")), ("POD_NAME", &pod_name)],
+        )
+    }
+
+    /// Files `count` PCRs `<prefix>-<i>` into the store; returns when each was filed.
+    fn file(&self, prefix: &str, count: usize) -> HashMap<String, Instant> {
+        (0..count)
+            .map(|i| {
+                let name = format!("{prefix}-{i}");
+                let pcr = bench_pcr(&name, &self.csrs[i % self.csrs.len()]);
+                let at = Instant::now();
+                self.emu().seed_object(Res::Pcr, pcr);
+                (name, at)
+            })
+            .collect()
+    }
+}
+
+/// Waits until every replica sees `n` members and counts itself in.
+async fn wait_members(replicas: &[&ServeProcess], n: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let pages: Vec<String> = replicas.iter().map(|r| r.metrics()).collect();
+        let ok = pages.iter().all(|p| {
+            metric_value(p, "podca_controller_members") == n as f64
+                && metric_value(p, "podca_controller_owned_share") > 0.0
+        });
+        if ok {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the replicas did not see {n} members within {within:?}: {:?}",
+            pages
+                .iter()
+                .map(|p| metric_value(p, "podca_controller_members"))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Watches PCRs from now on; resolves to when each was first seen Issued, once `count` were.
+async fn watch_issued(
+    emu: &Emulator,
+    count: usize,
+) -> tokio::task::JoinHandle<HashMap<String, Instant>> {
+    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+    let rv = emu.resource_version();
+    let mut watch = admin
+        .watch(&format!(
+            "/apis/certificates.k8s.io/v1/podcertificaterequests?watch=true&resourceVersion={rv}"
+        ))
+        .await
+        .expect("watch");
+    tokio::spawn(async move {
+        let mut issued = HashMap::new();
+        while issued.len() < count {
+            let Ok(Some(ev)) = watch.next_event(Duration::from_secs(120)).await else {
+                break;
+            };
+            let o = &ev["object"];
+            if o["status"]["conditions"][0]["type"] == "Issued" {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                issued.entry(name.to_owned()).or_insert_with(Instant::now);
+            }
+        }
+        issued
+    })
+}
+
+/// Waits until the emulator counted `total` Issued.
+async fn wait_issued_total(emu: &Emulator, total: u64, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let issued = emu.counters().issued;
+        if issued >= total {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{issued} of {total} Issued after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The longest filed-to-Issued wait of a burst.
+fn longest_wait(filed: &HashMap<String, Instant>, issued: &HashMap<String, Instant>) -> Duration {
+    assert_eq!(
+        issued.len(),
+        filed.len(),
+        "every PCR of the burst seen Issued"
+    );
+    filed
+        .iter()
+        .map(|(name, at)| issued[name].saturating_duration_since(*at))
+        .max()
+        .unwrap_or_default()
+}
+
+/// One burst of `count` PCRs `<prefix>-<i>`; `during` runs once a third are Issued. Returns the
+/// longest wait of a PCR.
+async fn burst(s: &Setup, prefix: &str, count: usize, during: impl FnOnce()) -> Duration {
+    let before = s.emu().counters().issued;
+    let issued = watch_issued(s.emu(), count).await;
+    let filed = s.file(prefix, count);
+    wait_issued_total(s.emu(), before + count as u64 / 3, Duration::from_secs(120)).await;
+    during();
+    wait_issued_total(s.emu(), before + count as u64, Duration::from_secs(120)).await;
+    let issued = issued.await.expect("the watcher");
+    longest_wait(&filed, &issued)
+}
+
+/// The issue's burst: three replicas, 0 duplicate status writes, each PCR in the PostgreSQL
+/// ledger exactly once, the shares near a third each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_settle_a_burst_once_each_and_the_ledger_holds_each_once() {
+    let count: usize = std::env::var("PODCA_SHARDING_BURST")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30_000);
+    let (s, pg) = setup(true).await;
+    let pg = pg.expect("PostgreSQL");
+    let replicas = [s.replica("r1"), s.replica("r2"), s.replica("r3")];
+    wait_members(
+        &replicas.iter().collect::<Vec<_>>(),
+        3,
+        Duration::from_secs(30),
+    )
+    .await;
+    let start = Instant::now();
+    s.file("b", count);
+    let took = wait_issued_total(s.emu(), count as u64, Duration::from_secs(300)).await;
+    eprintln!(
+        "{count} PCRs settled by 3 replicas in {took:.2?} ({:.0}/s, filing included: {:.2?})",
+        count as f64 / took.as_secs_f64(),
+        start.elapsed()
+    );
+    let c = s.emu().counters();
+    assert_eq!(c.issued, count as u64);
+    assert_eq!(
+        c.status_writes_accepted, count as u64,
+        "one accepted write per PCR"
+    );
+    assert_eq!(c.validation_rejections, 0, "{:?}", c.rejections_by_cause);
+    // Each replica settled about its third, and no write of one came late.
+    let issued = "podca_pcr_issued_total{signer=\"example.com/workload\",reason=\"Issued\"}";
+    let mut total = 0.0;
+    for r in &replicas {
+        let page = r.metrics();
+        let mine = metric_value(&page, issued);
+        total += mine;
+        let third = count as f64 / 3.0;
+        assert!(
+            (third * 0.9..=third * 1.1).contains(&mine),
+            "a replica settled {mine} of {count}"
+        );
+        assert_eq!(
+            metric_value(
+                &page,
+                "podca_late_writes_total{cause=\"settled_elsewhere\"}"
+            ),
+            0.0
+        );
+    }
+    assert_eq!(total, count as f64);
+    // The ledger: every request once, from the replica that settled it.
+    let ledger = pg.psql(
+        "select count(*), count(distinct record->>'request_uid'), count(distinct replica) \
+         from podca_ledger where source = 'pcr'",
+    );
+    assert_eq!(ledger, format!("{count}|{count}|3"));
+}
+
+/// SIGKILL, then SIGSTOP, of one replica mid-burst: no PCR waits longer than in the run
+/// without a fault by more than the Lease duration + 2 s, and none is issued twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_or_stopped_mid_burst_costs_at_most_a_lease() {
+    let count = 3_000;
+    let (s, _) = setup(false).await;
+    let r1 = s.replica("r1");
+    let r2 = s.replica("r2");
+    let r3 = s.replica("r3");
+    wait_members(&[&r1, &r2, &r3], 3, Duration::from_secs(30)).await;
+    let no_fault = burst(&s, "calm", count, || {}).await;
+
+    let killed = burst(&s, "kill", count, || r3.signal("KILL")).await;
+    eprintln!("longest wait: {no_fault:.2?} without a fault, {killed:.2?} with a SIGKILL");
+    assert!(
+        killed <= no_fault + LEASE + Duration::from_secs(2),
+        "SIGKILL: {killed:?} against {no_fault:?}"
+    );
+    drop(r3);
+
+    let r4 = s.replica("r4");
+    wait_members(&[&r1, &r2, &r4], 3, Duration::from_secs(30)).await;
+    let stopped = burst(&s, "stop", count, || r4.signal("STOP")).await;
+    eprintln!("longest wait: {no_fault:.2?} without a fault, {stopped:.2?} with a SIGSTOP");
+    assert!(
+        stopped <= no_fault + LEASE + Duration::from_secs(2),
+        "SIGSTOP: {stopped:?} against {no_fault:?}"
+    );
+    // Resumed, it finds itself expired, rejoins, and writes nothing twice.
+    r4.signal("CONT");
+    wait_members(&[&r1, &r2, &r4], 3, Duration::from_secs(30)).await;
+    let c = s.emu().counters();
+    assert_eq!(c.issued, 3 * count as u64);
+    assert_eq!(
+        c.status_writes_accepted,
+        3 * count as u64,
+        "one accepted write per PCR"
+    );
+}
+
+/// A fourth replica joining takes its quarter within a Lease duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_replica_takes_its_share_within_a_lease() {
+    let count = 2_000;
+    let (s, _) = setup(false).await;
+    let replicas = [s.replica("r1"), s.replica("r2"), s.replica("r3")];
+    wait_members(
+        &replicas.iter().collect::<Vec<_>>(),
+        3,
+        Duration::from_secs(30),
+    )
+    .await;
+    let joined = Instant::now();
+    let fourth = s.replica("r4");
+    let all = [&replicas[0], &replicas[1], &replicas[2], &fourth];
+    wait_members(&all, 4, LEASE).await;
+    eprintln!(
+        "the fourth replica was a member of all four after {:.2?}",
+        joined.elapsed()
+    );
+    s.file("join", count);
+    wait_issued_total(s.emu(), count as u64, Duration::from_secs(120)).await;
+    let issued = "podca_pcr_issued_total{signer=\"example.com/workload\",reason=\"Issued\"}";
+    let share = metric_value(&fourth.metrics(), issued);
+    let quarter = count as f64 / 4.0;
+    assert!(
+        (quarter * 0.85..=quarter * 1.15).contains(&share),
+        "the fourth settled {share} of {count}"
+    );
+    let c = s.emu().counters();
+    assert_eq!(
+        c.status_writes_accepted, count as u64,
+        "one accepted write per PCR"
+    );
+    // Its Lease is in podca's namespace, labelled for the group, named after it.
+    let lease = s
+        .emu()
+        .get_object(Res::Lease, "default", "podca-controller-r4")
+        .expect("r4's member Lease");
+    assert_eq!(
+        lease["metadata"]["labels"]["podca.dev/member"],
+        "podca-controller"
+    );
+    assert_eq!(lease["spec"]["holderIdentity"], "r4");
+    // SIGTERM: it deletes its Lease on the way out.
+    fourth.signal("TERM");
+    let mut fourth = fourth;
+    assert!(fourth.wait_exit(Duration::from_secs(20)).success());
+    assert!(
+        s.emu()
+            .get_object(Res::Lease, "default", "podca-controller-r4")
+            .is_none()
+    );
+}
