@@ -104,6 +104,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     });
     // The rule counters are the compiled policies' own; every component serves clones of them.
     rt.metrics().export_policies(&config.signers);
+    podca_authority::traces::start(&mut rt, &config.tracing, podca_grpc::otlp::exporter)?;
     let cas = ca::plan(&config, false)?;
     // Every decision made here goes into the data directory's ledger (unless `[ledger]` says
     // otherwise), as `podca issue`'s do, before the answer leaves; `podca ledger list` reads a

@@ -16,7 +16,9 @@ use podca_proto::podca::v1::IssueCertificateRequest;
 use podca_tests::EmulatorConfig;
 use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
 use podca_tests::emulator::{ApiMode, PolicyRule, Res, ServiceAccountToken, Subject};
-use podca_tests::process::{csr_for, free_port, podca_binary, podca_bundle};
+use podca_tests::process::{
+    DevOptions, DevProcess, csr_for, free_port, podca_binary, podca_bundle,
+};
 use serde_json::json;
 
 /// The OTLP definitions (tests/build.rs), as the module tree their generated code expects.
@@ -505,4 +507,34 @@ async fn with_the_collector_down_issuance_works_and_dropped_spans_are_counted() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(serve.metric("podca_trace_spans_exported_total"), Some(0.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podca_dev_exports_the_trace_of_an_issuance() {
+    let (collector, port) = Collector::start().await;
+    let config = format!("[tracing]\notlp_endpoint = \"http://127.0.0.1:{port}\"\n");
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        env: vec![("PODCA_LOG", "info".into())],
+        ..Default::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let issued = client
+        .issue_certificate(IssueCertificateRequest {
+            csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (rpc, trace) = collector
+        .trace_of("issue_certificate", ("outcome", "OK"))
+        .await;
+    assert!(rpc.parent_span_id.is_empty(), "a root: {rpc:#?}");
+    assert_eq!(rpc.service, "podca");
+    child(&trace, &rpc, "policy");
+    let signing = child(&trace, &rpc, "signing");
+    assert_eq!(signing.attributes["serial"], issued.serial);
+    child(&trace, &rpc, "ledger_commit");
+    assert!(dev.stop().success());
 }
