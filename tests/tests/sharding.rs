@@ -33,6 +33,11 @@ struct Setup {
 
 /// An emulator, a CA, and a config with rendezvous sharding; the PostgreSQL ledger when `pg`.
 async fn setup(pg: bool) -> (Setup, Option<Postgres>) {
+    setup_with(pg, "rendezvous").await
+}
+
+/// [`setup`] with `[controller] sharding = "<sharding>"`.
+async fn setup_with(pg: bool, sharding: &str) -> (Setup, Option<Postgres>) {
     let cluster = Cluster::start_with(ClusterConfig {
         emulator: EmulatorConfig {
             api_mode: ApiMode::V1Only,
@@ -71,7 +76,7 @@ async fn setup(pg: bool) -> (Setup, Option<Postgres>) {
         &config,
         format!(
             "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
-             [controller]\nsharding = \"rendezvous\"\n\n{ledger}",
+             [controller]\nsharding = \"{sharding}\"\n\n{ledger}",
             ca_dir.display().to_string()
         ),
     )
@@ -378,5 +383,70 @@ async fn a_fourth_replica_takes_its_share_within_a_lease() {
         s.emu()
             .get_object(Res::Lease, "default", "podca-controller-r4")
             .is_none()
+    );
+}
+
+/// The failover stall with idle replicas: the replica that would sign (the leader, or in
+/// rendezvous mode a member) is SIGKILLed and PCRs are filed at once. Both modes must answer
+/// within the Lease duration + 2 s; rendezvous answers the survivors' shares at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_failover_stall_is_at_most_a_lease_in_both_modes() {
+    let mut stalls = Vec::new();
+    for mode in ["leader", "rendezvous"] {
+        let (s, _) = setup_with(false, mode).await;
+        let replicas = [s.replica("r1"), s.replica("r2"), s.replica("r3")];
+        let victim = if mode == "rendezvous" {
+            wait_members(
+                &replicas.iter().collect::<Vec<_>>(),
+                3,
+                Duration::from_secs(30),
+            )
+            .await;
+            0
+        } else {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let holder = s
+                    .emu()
+                    .get_object(Res::Lease, "default", "podca-controller")
+                    .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                if let Some(i) = ["r1", "r2", "r3"].iter().position(|r| *r == holder) {
+                    break i;
+                }
+                assert!(Instant::now() < deadline, "no leader");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        // Warm: one PCR settled before the fault.
+        let before = burst(&s, &format!("{mode}-warm"), 30, || {}).await;
+        let count = 60;
+        let issued = watch_issued(s.emu(), count).await;
+        replicas[victim].signal("KILL");
+        let filed = s.file(&format!("{mode}-after"), count);
+        wait_issued_total(s.emu(), 30 + count as u64, Duration::from_secs(60)).await;
+        let issued = issued.await.expect("the watcher");
+        let longest = longest_wait(&filed, &issued);
+        let mut waits: Vec<Duration> = filed
+            .iter()
+            .map(|(n, at)| issued[n].saturating_duration_since(*at))
+            .collect();
+        waits.sort();
+        eprintln!(
+            "{mode}: after SIGKILL of the signer, {count} PCRs: median wait {:.2?}, longest \
+             {longest:.2?} (warm burst longest {before:.2?})",
+            waits[count / 2]
+        );
+        assert!(
+            longest <= LEASE + Duration::from_secs(2),
+            "{mode}: {longest:?}"
+        );
+        stalls.push((mode, waits[count / 2]));
+    }
+    // Rendezvous: two thirds of the PCRs belong to the survivors and wait for nobody.
+    let (_, rendezvous_median) = stalls[1];
+    assert!(
+        rendezvous_median < Duration::from_secs(2),
+        "rendezvous median {rendezvous_median:?}"
     );
 }
