@@ -148,6 +148,10 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         let (td, addr) = (endpoint.trust_domain, endpoint.addr);
         println!("podca dev: SPIFFE bundle endpoint for {td} on https://{addr}/");
     }
+    let own = config.signers.values().map(|p| p.trust_domain.clone());
+    let federated = podca_grpc::federation::FederatedBundles::new(own);
+    let kept_at = Some(data_dir.join("federation"));
+    podca_grpc::federation_fetch::start(&mut rt, &config.federation, &federated, kept_at)?;
     let kept = keeper::start(
         &mut rt,
         &grpc.api,

@@ -167,6 +167,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         kube_component::jwks(&mut rt, &client, &config, &namespace, discovery, keys, &ca);
     }
     podca_grpc::bundle_endpoint::start(&mut rt, &config, &ca, jwt_keys.as_ref()).await?;
+    let own = config.signers.values().map(|p| p.trust_domain.clone());
+    let federated = podca_grpc::federation::FederatedBundles::new(own);
+    podca_grpc::federation_fetch::start(&mut rt, &config.federation, &federated, None)?;
     let flags = ControllerFlags {
         workers,
         queue_capacity,

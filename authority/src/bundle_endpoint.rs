@@ -423,6 +423,41 @@ pub async fn serve(
     }
 }
 
+/// One `[[federation]]` entry: a foreign trust domain whose bundle podca fetches
+/// (`podca_grpc::federation_fetch`).
+///
+/// ```toml
+/// [[federation]]
+/// trust_domain = "cluster-b.example"
+/// bundle_endpoint_url = "https://bundle.cluster-b.example:8443/"
+/// profile = "https_spiffe"
+/// endpoint_spiffe_id = "spiffe://cluster-b.example/ns/podca-system/sa/podca-bundle"
+/// initial_bundle = "/etc/podca/federation/cluster-b.example.json"  # its SPIFFE bundle
+/// min_refresh_seconds = 30      # the refresh hint is clamped to [min, max]; backoff starts at min
+/// max_refresh_seconds = 3600
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FederationConfig {
+    pub trust_domain: String,
+    pub bundle_endpoint_url: String,
+    /// Only `https_spiffe` is served so far.
+    pub profile: String,
+    pub endpoint_spiffe_id: String,
+    pub initial_bundle: PathBuf,
+    #[serde(default = "default_min_refresh")]
+    pub min_refresh_seconds: u64,
+    #[serde(default = "default_max_refresh")]
+    pub max_refresh_seconds: u64,
+}
+
+fn default_min_refresh() -> u64 {
+    30
+}
+fn default_max_refresh() -> u64 {
+    3600
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

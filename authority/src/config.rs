@@ -72,6 +72,9 @@ pub struct Config {
     /// The SPIFFE bundle endpoint (`crate::bundle_endpoint`); absent: not served.
     #[serde(default)]
     pub bundle_endpoint: Option<crate::bundle_endpoint::BundleEndpointConfig>,
+    /// Foreign trust domains whose bundles podca fetches (`[[federation]]`).
+    #[serde(default)]
+    pub federation: Vec<crate::bundle_endpoint::FederationConfig>,
     /// Traces over OTLP (`crate::traces`); off unless `otlp_endpoint` is set.
     #[serde(default)]
     pub tracing: crate::traces::TracingConfig,

@@ -14,15 +14,26 @@
 //! When to fetch next is [`next_fetch_in`]: the bundle's refresh hint within the configured
 //! clamps, or exponential backoff after a failure.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use podca_authority::bundle_endpoint::FederationConfig;
+use podca_authority::{Runtime, Stage};
 use podca_signer::spiffe_bundle::{BundleError, SpiffeBundle};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use rustls::pki_types::{CertificateDer, ServerName};
+use time::OffsetDateTime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tracing::{debug, error, warn};
 
 use crate::client::PinnedSpiffeId;
-use crate::federation::ForeignBundle;
+use crate::federation::{FederatedBundles, FederationRefusal, ForeignBundle};
 
 /// Bounds on one fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,6 +202,277 @@ fn spiffe_uris(der: &[u8]) -> Vec<String> {
             _ => None,
         })
         .collect()
+}
+
+/// `podca_federation_*`, per foreign trust domain. Cloning shares the series.
+#[derive(Debug, Clone, Default)]
+pub struct FederationMetrics {
+    /// `podca_federation_refusals_total{trust_domain,reason}`.
+    pub refusals: Family<RefusalLabels, Counter>,
+    /// `podca_federation_last_refresh_timestamp_seconds{trust_domain}`: the last accepted
+    /// fetch (or the initial / last-good bundle at start). Staleness is `time()` minus it.
+    pub last_refresh: Family<TrustDomainLabels, Gauge>,
+    /// `podca_federation_anchors{trust_domain}`: X.509 authorities in force.
+    pub anchors: Family<TrustDomainLabels, Gauge>,
+    /// `podca_federation_sequence{trust_domain}`: the sequence in force.
+    pub sequence: Family<TrustDomainLabels, Gauge>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    pub trust_domain: String,
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TrustDomainLabels {
+    pub trust_domain: String,
+}
+
+impl FederationMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "refusals",
+            "Foreign SPIFFE bundles refused, by trust domain and reason",
+            m.refusals.clone(),
+        );
+        registry.register(
+            "last_refresh_timestamp_seconds",
+            "When a foreign trust domain's bundle was last accepted",
+            m.last_refresh.clone(),
+        );
+        registry.register(
+            "anchors",
+            "X.509 authorities in force for a foreign trust domain",
+            m.anchors.clone(),
+        );
+        registry.register(
+            "sequence",
+            "spiffe_sequence of the foreign bundle in force",
+            m.sequence.clone(),
+        );
+        m
+    }
+
+    fn accepted(&self, bundle: &ForeignBundle) {
+        let labels = TrustDomainLabels {
+            trust_domain: bundle.trust_domain.clone(),
+        };
+        self.last_refresh
+            .get_or_create(&labels)
+            .set(bundle.accepted_at.unix_timestamp());
+        let anchors = i64::try_from(bundle.bundle.x509_authorities.len()).unwrap_or(i64::MAX);
+        self.anchors.get_or_create(&labels).set(anchors);
+        let sequence = bundle.bundle.sequence.and_then(|s| i64::try_from(s).ok());
+        self.sequence
+            .get_or_create(&labels)
+            .set(sequence.unwrap_or(0));
+    }
+
+    fn refused(&self, trust_domain: &str, refusal: &Refusal) {
+        self.refusals
+            .get_or_create(&RefusalLabels {
+                trust_domain: trust_domain.to_owned(),
+                reason: refusal.reason(),
+            })
+            .inc();
+    }
+}
+
+/// Why `[[federation]]` cannot start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FederationStartError {
+    #[error(
+        "[[federation]] {trust_domain}: profile = {profile:?}: only \"https_spiffe\" is supported"
+    )]
+    Profile {
+        trust_domain: String,
+        profile: String,
+    },
+    #[error("[[federation]] {trust_domain}: {detail}")]
+    Entry {
+        trust_domain: String,
+        detail: String,
+    },
+    #[error("[[federation]] {trust_domain}: initial_bundle {path}: {detail}")]
+    InitialBundle {
+        trust_domain: String,
+        path: String,
+        detail: String,
+    },
+}
+
+/// The last good bundle of `trust_domain` under `dir`.
+pub fn last_good_path(dir: &Path, trust_domain: &str) -> PathBuf {
+    dir.join(format!("{trust_domain}.json"))
+}
+
+/// Starts a fetcher per `[[federation]]` entry. Each foreign bundle starts from the last good
+/// one kept in `state_dir` (so a restart needs no endpoint), else from `initial_bundle`; every
+/// accepted one is written there. `bundles` must be empty of these trust domains.
+pub fn start(
+    rt: &mut Runtime,
+    configs: &[FederationConfig],
+    bundles: &FederatedBundles,
+    state_dir: Option<PathBuf>,
+) -> Result<(), FederationStartError> {
+    if configs.is_empty() {
+        return Ok(());
+    }
+    let metrics = rt
+        .metrics()
+        .register_component("federation", FederationMetrics::register);
+    for config in configs {
+        let td = config.trust_domain.clone();
+        let entry = |detail: String| FederationStartError::Entry {
+            trust_domain: td.clone(),
+            detail,
+        };
+        if config.profile != "https_spiffe" {
+            return Err(FederationStartError::Profile {
+                trust_domain: td,
+                profile: config.profile.clone(),
+            });
+        }
+        if bundles.is_own(&td) {
+            return Err(entry("is one of podca's own trust domains".into()));
+        }
+        parse_url(&config.bundle_endpoint_url).map_err(|e| entry(e.to_string()))?;
+        if podca_authority::bundle_endpoint::trust_domain_of(&config.endpoint_spiffe_id).is_none() {
+            return Err(entry(format!(
+                "endpoint_spiffe_id = {:?} is not a SPIFFE ID",
+                config.endpoint_spiffe_id
+            )));
+        }
+        let initial = initial_bundle(config, state_dir.as_deref())?;
+        check(&td, &initial, None).map_err(|e| entry(format!("the starting bundle: {e}")))?;
+        let first = ForeignBundle {
+            trust_domain: td.clone(),
+            bundle: initial,
+            accepted_at: OffsetDateTime::now_utc(),
+        };
+        metrics.accepted(&first);
+        bundles.accept(first).map_err(|e| entry(e.to_string()))?;
+        let endpoint = Endpoint {
+            trust_domain: td.clone(),
+            url: config.bundle_endpoint_url.clone(),
+            spiffe_id: config.endpoint_spiffe_id.clone(),
+        };
+        let min = Duration::from_secs(config.min_refresh_seconds.max(1));
+        let max = Duration::from_secs(config.max_refresh_seconds).max(min);
+        let (bundles, metrics, dir) = (bundles.clone(), metrics.clone(), state_dir.clone());
+        rt.spawn(Stage::Serve, format!("federation {td}"), move |stop| {
+            refresh(endpoint, bundles, metrics, dir, (min, max), stop)
+        });
+    }
+    Ok(())
+}
+
+fn initial_bundle(
+    config: &FederationConfig,
+    state_dir: Option<&Path>,
+) -> Result<SpiffeBundle, FederationStartError> {
+    if let Some(dir) = state_dir {
+        let path = last_good_path(dir, &config.trust_domain);
+        if let Ok(json) = std::fs::read(&path) {
+            match SpiffeBundle::parse(&json) {
+                Ok(bundle) => return Ok(bundle),
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "federation: the last good bundle is unreadable; starting from initial_bundle")
+                }
+            }
+        }
+    }
+    let path = &config.initial_bundle;
+    let failed = |detail: String| FederationStartError::InitialBundle {
+        trust_domain: config.trust_domain.clone(),
+        path: path.display().to_string(),
+        detail,
+    };
+    let json = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
+    SpiffeBundle::parse(&json).map_err(|e| failed(e.to_string()))
+}
+
+/// Fetches `endpoint` now and then on [`next_fetch_in`]'s schedule until `stop`.
+async fn refresh(
+    endpoint: Endpoint,
+    bundles: FederatedBundles,
+    metrics: FederationMetrics,
+    state_dir: Option<PathBuf>,
+    (min, max): (Duration, Duration),
+    mut stop: watch::Receiver<bool>,
+) {
+    let td = endpoint.trust_domain.clone();
+    let mut failures = 0u32;
+    let mut wait = Duration::ZERO;
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        let Some(in_force) = bundles.current().get(&td).cloned() else {
+            return;
+        };
+        let outcome = match fetch(&endpoint, &in_force, FetchLimits::default()).await {
+            Ok(bundle) => {
+                let hint = bundle.refresh_hint;
+                let json = bundle.to_json();
+                let accepted = ForeignBundle {
+                    trust_domain: td.clone(),
+                    bundle,
+                    accepted_at: OffsetDateTime::now_utc(),
+                };
+                metrics.accepted(&accepted);
+                match bundles.accept(accepted) {
+                    Ok(()) => Ok((hint, json)),
+                    Err(FederationRefusal::LoweredSequence {
+                        offered, in_force, ..
+                    }) => Err(Refusal::LoweredSequence { offered, in_force }),
+                    Err(other) => {
+                        error!(trust_domain = td, error = %other, "federation: refused");
+                        return;
+                    }
+                }
+            }
+            Err(refusal) => Err(refusal),
+        };
+        match outcome {
+            Ok((hint, json)) => {
+                failures = 0;
+                wait = next_fetch_in(hint, 0, min, max);
+                if let (Some(dir), Ok(json)) = (&state_dir, json) {
+                    let kept = std::fs::create_dir_all(dir)
+                        .map_err(|e| e.to_string())
+                        .and_then(|()| {
+                            podca_signer::store::write_atomic(
+                                &last_good_path(dir, &td),
+                                &json,
+                                0o644,
+                            )
+                            .map_err(|e| e.to_string())
+                        });
+                    if let Err(e) = kept {
+                        warn!(trust_domain = td, error = %e, "federation: cannot keep the last good bundle");
+                    }
+                }
+                debug!(trust_domain = td, next_in = ?wait, "federation: bundle refreshed");
+            }
+            Err(refusal) => {
+                failures = failures.saturating_add(1);
+                wait = next_fetch_in(None, failures, min, max);
+                metrics.refused(&td, &refusal);
+                warn!(
+                    trust_domain = td,
+                    reason = refusal.reason(),
+                    error = %refusal,
+                    retry_in = ?wait,
+                    "federation: foreign bundle refused; the bundle in force stays"
+                );
+            }
+        }
+    }
 }
 
 /// The URL's host, port and path.

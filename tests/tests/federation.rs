@@ -274,3 +274,89 @@ async fn the_https_spiffe_endpoint_serves_podca_bundle_under_its_own_svid() {
     .await;
     assert_eq!(status, "HTTP/1.1 404 Not Found");
 }
+
+/// The address `podca dev` printed for its bundle endpoint.
+fn endpoint_addr(dev: &DevProcess) -> String {
+    let prefix = "podca dev: SPIFFE bundle endpoint for ";
+    dev.banner
+        .iter()
+        .find_map(|l| l.strip_prefix(prefix)?.split_once(" on https://"))
+        .expect("the banner names the bundle endpoint")
+        .1
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// Waits up to `seconds` for `path` to hold a document that `accept` takes.
+fn wait_for_document(
+    path: &Path,
+    seconds: u64,
+    accept: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    loop {
+        if let Some(doc) = std::fs::read(path)
+            .ok()
+            .and_then(|json| serde_json::from_slice::<serde_json::Value>(&json).ok())
+            .filter(|doc| accept(doc))
+        {
+            return doc;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} did not get the expected bundle within {seconds} s",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_podca_follows_the_first_ones_bundle_through_a_rotation() {
+    // A: podca.dev.local, serving its bundle over https_spiffe.
+    let a_config = format!(
+        "[bundle_endpoint]\nlisten = \"127.0.0.1:0\"\nprofile = \"https_spiffe\"\n\
+         spiffe_id = \"{ENDPOINT_ID}\"\n"
+    );
+    let a = DevProcess::start_with(DevOptions {
+        config: Some(&a_config),
+        ..DevOptions::default()
+    });
+    let addr = endpoint_addr(&a);
+    let initial_dir = tempfile::tempdir().unwrap();
+    let initial = initial_dir.path().join("podca.dev.local.json");
+    std::fs::write(
+        &initial,
+        serde_json::to_vec(&spiffe_document(&a.data_dir)).unwrap(),
+    )
+    .unwrap();
+
+    // B: another trust domain that federates with A, refreshing every second.
+    let b_config = format!(
+        "[signers.\"podca.dev/b\"]\ntrust_domain = \"b.test\"\n\n\
+         [[federation]]\ntrust_domain = \"podca.dev.local\"\n\
+         bundle_endpoint_url = \"https://{addr}/\"\nprofile = \"https_spiffe\"\n\
+         endpoint_spiffe_id = \"{ENDPOINT_ID}\"\ninitial_bundle = \"{}\"\n\
+         min_refresh_seconds = 1\nmax_refresh_seconds = 1\n",
+        initial.display()
+    );
+    let b = DevProcess::start_with(DevOptions {
+        config: Some(&b_config),
+        ..DevOptions::default()
+    });
+    let kept = b.data_dir.join("federation").join("podca.dev.local.json");
+    let first = wait_for_document(&kept, 20, |_| true);
+    assert_eq!(first, spiffe_document(&a.data_dir));
+    let sequence = first["spiffe_sequence"].as_u64().unwrap();
+
+    // A rotates: B's kept bundle follows within a few refreshes, fetched from A's endpoint
+    // whose SVID A renews from its new active CA as needed.
+    podca_ca_rotate(&a.data_dir);
+    let rotated = wait_for_document(&kept, 30, |doc| {
+        doc["spiffe_sequence"]
+            .as_u64()
+            .is_some_and(|s| s > sequence)
+    });
+    assert_eq!(rotated, spiffe_document(&a.data_dir));
+    assert_eq!(x509_bundle(&rotated).authorities().len(), 2);
+}
