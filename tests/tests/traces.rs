@@ -158,6 +158,37 @@ impl Collector {
         (collector, port)
     }
 
+    /// [`Collector::start`] over TLS, with a certificate for 127.0.0.1 from a fresh CA; also
+    /// the CA (PEM).
+    async fn start_tls() -> (Collector, u16, String) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&key, &rcgen::Issuer::from_params(&ca_params, &ca_key))
+            .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let collector = Collector::default();
+        let service = TraceServiceServer::new(collector.clone());
+        let tls = tonic::transport::ServerTlsConfig::new().identity(
+            tonic::transport::Identity::from_pem(leaf.pem(), key.serialize_pem()),
+        );
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .tls_config(tls)
+                .unwrap()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        (collector, port, ca.pem())
+    }
+
     fn spans(&self) -> Vec<Exported> {
         self.spans.lock().unwrap().clone()
     }
@@ -536,5 +567,39 @@ async fn podca_dev_exports_the_trace_of_an_issuance() {
     let signing = child(&trace, &rpc, "signing");
     assert_eq!(signing.attributes["serial"], issued.serial);
     child(&trace, &rpc, "ledger_commit");
+    assert!(dev.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_collector_is_trusted_through_ca_file() {
+    let (collector, port, ca_pem) = Collector::start_tls().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("collector-ca.pem");
+    std::fs::write(&ca_file, ca_pem).unwrap();
+    let config = format!(
+        "[tracing]\notlp_endpoint = \"https://127.0.0.1:{port}\"\nca_file = {:?}\n",
+        ca_file.display().to_string()
+    );
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        env: vec![("PODCA_LOG", "info".into())],
+        ..Default::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let issued = client
+        .issue_certificate(IssueCertificateRequest {
+            csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let (rpc, trace) = collector
+        .trace_of("issue_certificate", ("outcome", "OK"))
+        .await;
+    assert_eq!(
+        child(&trace, &rpc, "signing").attributes["serial"],
+        issued.serial
+    );
     assert!(dev.stop().success());
 }
