@@ -95,6 +95,7 @@ pub mod jwt;
 pub mod keeper;
 pub mod ledger;
 pub mod observe;
+pub mod otlp;
 pub mod peer_identity;
 pub mod podca_service;
 pub mod preauth;
