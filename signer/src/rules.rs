@@ -26,8 +26,10 @@
 //! | `pod.labels`, `pod.annotations` | map(string, string), read per request (`pod_facts`) |
 //! | `now` | int, Unix seconds |
 //!
-//! Evaluation is fail closed: a runtime error, a wrong result type, or a collection larger than
-//! [`MAX_COLLECTION_ENTRIES`] denies with the reason `PolicyRuleFailed:<rule>` and is counted.
+//! Evaluation is fail closed: a runtime error, a wrong result type, a collection larger than
+//! [`MAX_COLLECTION_ENTRIES`], or a string longer than [`MAX_RULE_STRING_BYTES`] that the rule
+//! reads (checked before evaluation: the run-time budget, `rules/budget.rs`) denies with the
+//! reason `PolicyRuleFailed:<rule>` and is counted.
 //!
 //! After the rules, a signer's optional outputs ([`OutputSpec`]) run on the same activation:
 //! `dns_names` (a `list(string)`) replaces the DNS names of the certificate, and
