@@ -124,64 +124,6 @@ pub fn configuration(config: &Config, now: OffsetDateTime) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use podca_signer::InitOptions;
-
-    /// Two signers with their own CAs and a third sharing one: each CA is listed with its
-    /// signers and generations, and the shared one says what sharing means.
-    #[test]
-    fn every_ca_is_listed_with_its_signers() {
-        let root = tempfile::tempdir().unwrap();
-        let now = OffsetDateTime::now_utc();
-        for name in ["payments", "batch"] {
-            let options = InitOptions {
-                name: name.into(),
-                ..InitOptions::default()
-            };
-            FileStore::new(root.path().join(name))
-                .init(&options, now)
-                .unwrap();
-        }
-        let config = Config::parse(&format!(
-            "[cas.payments]\ndir = {:?}\n[cas.batch]\ndir = {:?}\n\
-             [signers.\"example.com/payments\"]\ntrust_domain = \"p.test\"\nca = \"payments\"\n\
-             [signers.\"example.com/batch\"]\ntrust_domain = \"b.test\"\nca = \"batch\"\n\
-             [signers.\"example.com/jobs\"]\ntrust_domain = \"b.test\"\nca = \"batch\"\n",
-            root.path().join("payments"),
-            root.path().join("batch"),
-        ))
-        .unwrap();
-        let text = configuration(&config, now);
-        let batch = text.find("== CA \"batch\" ([cas.batch], backend file): signs for example.com/batch, example.com/jobs");
-        let payments = text.find(
-            "== CA \"payments\" ([cas.payments], backend file): signs for example.com/payments",
-        );
-        assert!(batch.is_some() && payments.is_some(), "{text}");
-        assert_eq!(text.matches("   shared:").count(), 1, "{text}");
-        assert_eq!(text.matches("generation 1 — active").count(), 2, "{text}");
-        // [ca] is used by no signer: not listed.
-        assert!(!text.contains("[ca]"), "{text}");
-
-        let tenants = Config::parse(&format!(
-            "[cas.payments]\ndir = {:?}\n\
-             [signers.\"example.com/m\"]\ntrust_domain = \"m.test\"\n\
-             [signers.\"example.com/m\".tenants.payments]\nnamespaces = [\"shop\"]\n",
-            root.path().join("payments"),
-        ))
-        .unwrap();
-        let text = configuration(&tenants, now);
-        assert!(
-            text.contains(
-                "== CA \"payments\" ([cas.payments], backend file): signs for tenant payments \
-                 of example.com/m\n"
-            ),
-            "{text}"
-        );
-    }
-}
-
 /// What `podca ca init` made: the CA's subject and expiry, its roots, and where the anchors are.
 /// `hsm_uri`: the key is in that token, and the CA is a self-signed root.
 pub fn initialised(
@@ -242,4 +184,62 @@ pub fn rotate(
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podca_signer::InitOptions;
+
+    /// Two signers with their own CAs and a third sharing one: each CA is listed with its
+    /// signers and generations, and the shared one says what sharing means.
+    #[test]
+    fn every_ca_is_listed_with_its_signers() {
+        let root = tempfile::tempdir().unwrap();
+        let now = OffsetDateTime::now_utc();
+        for name in ["payments", "batch"] {
+            let options = InitOptions {
+                name: name.into(),
+                ..InitOptions::default()
+            };
+            FileStore::new(root.path().join(name))
+                .init(&options, now)
+                .unwrap();
+        }
+        let config = Config::parse(&format!(
+            "[cas.payments]\ndir = {:?}\n[cas.batch]\ndir = {:?}\n\
+             [signers.\"example.com/payments\"]\ntrust_domain = \"p.test\"\nca = \"payments\"\n\
+             [signers.\"example.com/batch\"]\ntrust_domain = \"b.test\"\nca = \"batch\"\n\
+             [signers.\"example.com/jobs\"]\ntrust_domain = \"b.test\"\nca = \"batch\"\n",
+            root.path().join("payments"),
+            root.path().join("batch"),
+        ))
+        .unwrap();
+        let text = configuration(&config, now);
+        let batch = text.find("== CA \"batch\" ([cas.batch], backend file): signs for example.com/batch, example.com/jobs");
+        let payments = text.find(
+            "== CA \"payments\" ([cas.payments], backend file): signs for example.com/payments",
+        );
+        assert!(batch.is_some() && payments.is_some(), "{text}");
+        assert_eq!(text.matches("   shared:").count(), 1, "{text}");
+        assert_eq!(text.matches("generation 1 — active").count(), 2, "{text}");
+        // [ca] is used by no signer: not listed.
+        assert!(!text.contains("[ca]"), "{text}");
+
+        let tenants = Config::parse(&format!(
+            "[cas.payments]\ndir = {:?}\n\
+             [signers.\"example.com/m\"]\ntrust_domain = \"m.test\"\n\
+             [signers.\"example.com/m\".tenants.payments]\nnamespaces = [\"shop\"]\n",
+            root.path().join("payments"),
+        ))
+        .unwrap();
+        let text = configuration(&tenants, now);
+        assert!(
+            text.contains(
+                "== CA \"payments\" ([cas.payments], backend file): signs for tenant payments \
+                 of example.com/m\n"
+            ),
+            "{text}"
+        );
+    }
 }
