@@ -415,7 +415,11 @@ async fn refresh(
         let Some(in_force) = bundles.current().get(&td).cloned() else {
             return;
         };
-        let outcome = match fetch(&endpoint, &in_force, FetchLimits::default()).await {
+        let fetched = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            fetched = fetch(&endpoint, &in_force, FetchLimits::default()) => fetched,
+        };
+        let outcome = match fetched {
             Ok(bundle) => {
                 let hint = bundle.refresh_hint;
                 let json = bundle.to_json();

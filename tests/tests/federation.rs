@@ -340,8 +340,10 @@ async fn a_second_podca_follows_the_first_ones_bundle_through_a_rotation() {
          min_refresh_seconds = 1\nmax_refresh_seconds = 1\n",
         initial.display()
     );
+    let b_data = tempfile::tempdir().unwrap();
     let b = DevProcess::start_with(DevOptions {
         config: Some(&b_config),
+        data_dir: Some(b_data.path().join("data")),
         ..DevOptions::default()
     });
     let kept = b.data_dir.join("federation").join("podca.dev.local.json");
@@ -359,4 +361,17 @@ async fn a_second_podca_follows_the_first_ones_bundle_through_a_rotation() {
     });
     assert_eq!(rotated, spiffe_document(&a.data_dir));
     assert_eq!(x509_bundle(&rotated).authorities().len(), 2);
+
+    // Restarted with neither A nor the initial bundle at hand, B starts from the bundle it
+    // kept (an unreadable initial_bundle would stop its start).
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+    std::fs::remove_file(&initial).unwrap();
+    let b = DevProcess::start_with(DevOptions {
+        config: Some(&b_config),
+        data_dir: Some(b_data.path().join("data")),
+        ..DevOptions::default()
+    });
+    assert_eq!(wait_for_document(&kept, 1, |_| true), rotated);
+    assert!(b.stop().success());
 }
