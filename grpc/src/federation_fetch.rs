@@ -724,7 +724,8 @@ mod tests {
     fn quick() -> FetchLimits {
         FetchLimits {
             max_bytes: 64 * 1024,
-            timeout: Duration::from_millis(800),
+            // Room for a handshake on a loaded machine; the stall case waits it out.
+            timeout: Duration::from_secs(3),
         }
     }
 
