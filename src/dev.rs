@@ -88,7 +88,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         .ca_dir_of_signer(&plan.signer)
         .unwrap_or(&data_dir)
         .to_owned();
-    let settings = Settings::from_config(&config, grpc_listen, Mode::Dev)?;
+    let mut settings = Settings::from_config(&config, grpc_listen, Mode::Dev)?;
     let socket = socket
         .or_else(|| config.workload_api.socket.clone())
         .unwrap_or_else(|| data_dir.join("workload.sock"));
@@ -132,6 +132,9 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     let callers = Callers::Dev {
         identities: plan.identities.clone(),
     };
+    let own = config.signers.values().map(|p| p.trust_domain.clone());
+    let federated = podca_grpc::federation::FederatedBundles::new(own);
+    settings.federated = Some(federated.clone());
     let grpc = grpc::start(
         &mut rt,
         settings,
@@ -148,8 +151,6 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
         let (td, addr) = (endpoint.trust_domain, endpoint.addr);
         println!("podca dev: SPIFFE bundle endpoint for {td} on https://{addr}/");
     }
-    let own = config.signers.values().map(|p| p.trust_domain.clone());
-    let federated = podca_grpc::federation::FederatedBundles::new(own);
     let kept_at = Some(data_dir.join("federation"));
     podca_grpc::federation_fetch::start(&mut rt, &config.federation, &federated, kept_at)?;
     let kept = keeper::start(

@@ -31,6 +31,7 @@ use crate::auth::{
 };
 use crate::connections::ConnectionLimits;
 use crate::core::IstioOptions;
+use crate::federation::FederatedBundles;
 use crate::jwt::JwtService;
 use crate::peer_identity::{CertificateAuthenticator, ClientTrust};
 use crate::renewal::{Denylist, RenewalRules};
@@ -103,6 +104,9 @@ pub struct Settings {
     pub istio_trust_domain_alias: Option<String>,
     /// `[workload_api] sds`, `sds_*_name`: Envoy SDS on the Workload API socket (`None`: off).
     pub sds: Option<SdsNames>,
+    /// The foreign bundles in force, for SDS's federated validation contexts (set by the
+    /// caller that runs the federation fetchers).
+    pub federated: Option<FederatedBundles>,
 }
 
 /// Which listeners serve the API.
@@ -162,6 +166,7 @@ impl Settings {
             istio_trust_domain_alias: Some(grpc.istio_trust_domain_alias.clone())
                 .filter(|alias| !alias.is_empty()),
             sds: SdsNames::from_config(&config.workload_api).map_err(|e| refused(&e))?,
+            federated: None,
             token_reviews: TokenReviewLimits {
                 max_concurrent: grpc.max_token_reviews,
                 cache_ttl: Duration::from_secs(grpc.token_cache_seconds),
@@ -234,6 +239,7 @@ pub async fn start(
         istio_audience,
         istio_trust_domain_alias,
         sds,
+        federated,
     } = settings;
     // The uids the socket must let in: podca dev's identities (the owner's alone by default).
     let socket_uids: Vec<u32> = match &callers {
@@ -380,7 +386,10 @@ pub async fn start(
     });
     if let Some((unix, path)) = unix {
         let served = Arc::clone(&api);
-        let sds = sds.map(|names| SdsService::new(Arc::clone(&api), names));
+        let sds = sds.map(|names| match federated {
+            Some(bundles) => SdsService::new(Arc::clone(&api), names).with_federated(bundles),
+            None => SdsService::new(Arc::clone(&api), names),
+        });
         rt.spawn(
             Stage::Serve,
             "Workload API server",

@@ -371,3 +371,59 @@ async fn client_for_off(dev: &DevProcess) -> tonic::Status {
         .await
         .expect_err("SDS is off")
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_federated_trust_domain_is_served_as_its_own_validation_context() {
+    // A foreign trust domain's CA and its SPIFFE bundle, the [[federation]] entry's initial
+    // bundle (its endpoint is unreachable: the initial bundle stays in force).
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let foreign = params.self_signed(&key).unwrap();
+    let foreign = podca_signer::CaCertificate::from_der(foreign.der()).unwrap();
+    let bundle =
+        podca_signer::spiffe_bundle::SpiffeBundle::of(std::slice::from_ref(&foreign), None, 300);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("away.test.json");
+    std::fs::write(&path, bundle.to_json().unwrap()).unwrap();
+    let config = format!(
+        "[[federation]]\ntrust_domain = \"away.test\"\n\
+         bundle_endpoint_url = \"https://127.0.0.1:9/\"\nprofile = \"https_spiffe\"\n\
+         endpoint_spiffe_id = \"spiffe://away.test/podca-bundle\"\n\
+         initial_bundle = \"{}\"\n",
+        path.display()
+    );
+    let dev = DevProcess::start_with(DevOptions {
+        config: Some(&config),
+        ..Default::default()
+    });
+    let mut client = client(&dev).await;
+    let (tx, mut responses) = sotw(&mut client, request(&["spiffe://away.test"], "", "")).await;
+    // The first answer may precede the fetcher's start; the bundle is pushed when it arrives.
+    let mut answer = next(&mut responses).await;
+    while answer.resources.is_empty() {
+        tx.send(request(
+            &["spiffe://away.test"],
+            &answer.version_info,
+            &answer.nonce,
+        ))
+        .await
+        .unwrap();
+        answer = next(&mut responses).await;
+    }
+    let secret = secret_of(&answer.resources[0]);
+    assert_eq!(secret.name, "spiffe://away.test");
+    assert_eq!(trusted_ca(&secret), foreign.pem());
+
+    // No names: every resource, under SPIRE's names, the federated one included.
+    let all = client
+        .fetch_secrets(request(&[], "", ""))
+        .await
+        .unwrap()
+        .into_inner();
+    let names: Vec<String> = all.resources.iter().map(|r| secret_of(r).name).collect();
+    assert_eq!(
+        names,
+        ["spiffe://away.test", "spiffe://podca.dev.local", SPIFFE_ID]
+    );
+}
