@@ -337,4 +337,88 @@ mod tests {
             Duration::ZERO
         ));
     }
+
+    fn pcr(uid: &str) -> Arc<Pcr> {
+        Arc::new(Pcr {
+            version: crate::request::ApiVersion::V1,
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: uid.into(),
+            signer_name: "example.com/s".into(),
+            created: Some(time::macros::datetime!(2026-12-07 01:00:00 UTC)),
+            terminal: None,
+            pod_name: "p".into(),
+            pod_uid: "pu".into(),
+            node_name: "n".into(),
+            service_account: "sa".into(),
+            max_expiration_seconds: None,
+            stub_csr: vec![],
+            pkix_public_key: None,
+            proof_of_possession: None,
+            user_annotations: Default::default(),
+        })
+    }
+
+    fn members(me: &str, live: &[&str]) -> Members {
+        Members {
+            me: me.into(),
+            live: Arc::new(live.iter().map(|m| m.to_string()).collect()),
+            me_until: Some(tokio::time::Instant::now() + Duration::from_secs(60)),
+        }
+    }
+
+    #[tokio::test]
+    async fn parked_requests_are_claimed_when_their_owner_leaves_or_stalls() {
+        let (tx, rx) = watch::channel(members("a", &["a", "b"]));
+        let shard = Shard::new(rx, Duration::from_secs(60), ShardMetrics::default());
+        let now = time::macros::datetime!(2026-12-07 01:00:01 UTC);
+        let all: Vec<_> = uids(200).iter().map(|u| pcr(u)).collect();
+        let mine = all.iter().filter(|p| shard.take_or_park(p, now)).count();
+        assert!((60..=140).contains(&mine), "{mine}");
+        assert_eq!(shard.parked(), 200 - mine);
+        // Nothing moves while b lives and its requests are young.
+        assert!(shard.claim(now).is_empty());
+        // Its requests pending past the bound: a takes them over.
+        let late = now + time::Duration::seconds(61);
+        let taken = shard.claim(late);
+        assert_eq!(taken.len(), 200 - mine);
+        assert_eq!(shard.parked(), 0);
+        let takeovers = shard
+            .metrics
+            .handovers
+            .get_or_create(&CauseLabels { cause: "takeover" })
+            .get();
+        assert_eq!(takeovers, (200 - mine) as u64);
+        // Parked again; b leaves: a owns them all at once.
+        for p in &taken {
+            assert!(shard.take_or_park(p, late));
+        }
+        tx.send_replace(members("a", &["a", "b"]));
+        let young: Vec<_> = uids(200).iter().map(|u| pcr(&format!("y{u}"))).collect();
+        let parked = young.iter().filter(|p| !shard.take_or_park(p, now)).count();
+        assert_eq!(shard.parked(), parked);
+        tx.send_replace(members("a", &["a"]));
+        assert_eq!(shard.claim(now).len(), parked);
+        let moved = shard
+            .metrics
+            .handovers
+            .get_or_create(&CauseLabels {
+                cause: "membership",
+            })
+            .get();
+        assert_eq!(moved, parked as u64);
+        // Settled or deleted: forgotten.
+        tx.send_replace(members("a", &["a", "b"]));
+        let p = young
+            .iter()
+            .find(|p| !shard.take_or_park(p, now))
+            .expect("one of b's");
+        shard.unpark(&p.uid);
+        assert_eq!(shard.parked(), 0);
+        // Not fresh (resumed after SIGSTOP): nothing is ours.
+        let mut stale = members("a", &["a"]);
+        stale.me_until = Some(tokio::time::Instant::now());
+        tx.send_replace(stale);
+        assert!(!shard.take_or_park(&young[0], now));
+    }
 }
