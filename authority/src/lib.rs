@@ -48,9 +48,9 @@ pub mod secret_rotation;
 pub mod serving_cert;
 pub mod shutdown;
 pub mod slots;
-pub mod traces;
 #[cfg(test)]
 mod test_support;
+pub mod traces;
 pub mod trust;
 
 pub use runtime::{Runtime, RuntimeOptions, Stage};
