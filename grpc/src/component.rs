@@ -104,8 +104,9 @@ pub struct Settings {
     pub istio_trust_domain_alias: Option<String>,
     /// `[workload_api] sds`, `sds_*_name`: Envoy SDS on the Workload API socket (`None`: off).
     pub sds: Option<SdsNames>,
-    /// The foreign bundles in force, for SDS's federated validation contexts (set by the
-    /// caller that runs the federation fetchers).
+    /// The foreign bundles in force (set by the caller that runs the federation fetchers): the
+    /// Workload API's `federated_bundles`, its bundle streams and ValidateJWTSVID, and SDS's
+    /// federated validation contexts.
     pub federated: Option<FederatedBundles>,
 }
 
@@ -386,8 +387,10 @@ pub async fn start(
     });
     if let Some((unix, path)) = unix {
         let served = Arc::clone(&api);
-        let sds = sds.map(|names| match federated {
-            Some(bundles) => SdsService::new(Arc::clone(&api), names).with_federated(bundles),
+        let sds = sds.map(|names| match &federated {
+            Some(bundles) => {
+                SdsService::new(Arc::clone(&api), names).with_federated(bundles.clone())
+            }
             None => SdsService::new(Arc::clone(&api), names),
         });
         rt.spawn(
@@ -397,7 +400,9 @@ pub async fn start(
                 let stopped = async move {
                     let _ = stop.wait_for(|s| *s).await;
                 };
-                if let Err(e) = server::serve_unix_with_jwt(unix, served, jwt, sds, stopped).await {
+                if let Err(e) =
+                    server::serve_unix_with_jwt(unix, served, jwt, sds, federated, stopped).await
+                {
                     tracing::error!(error = %e, "Workload API server failed");
                 }
                 // The socket file goes with the server.

@@ -16,6 +16,7 @@ use time::Duration;
 use super::auth::Identity;
 use super::core::Api;
 use super::errors::ApiError;
+use super::federation::ForeignBundle;
 
 /// How often bundle consumers should re-fetch (the bundle's `spiffe_refresh_hint`): often
 /// enough to see a prepared key well within the propagation window.
@@ -175,6 +176,31 @@ impl JwtService {
             &Expectations {
                 audience,
                 trust_domain: Some(&trust_domain),
+                max_audiences: self.limits.max_audiences,
+            },
+            api.now(),
+        )
+        .map_err(ApiError::Jwt)
+    }
+
+    /// [`validate`](Self::validate) for a token of a federated trust domain: checked against
+    /// that trust domain's JWT authorities, its `sub` in that trust domain.
+    pub fn validate_foreign(
+        &self,
+        api: &Api,
+        token: &str,
+        audience: &str,
+        foreign: &ForeignBundle,
+    ) -> Result<ValidatedSvid, ApiError> {
+        if audience.is_empty() {
+            return Err(ApiError::EmptyField("audience"));
+        }
+        podca_signer::jwt::validate(
+            token,
+            &foreign.jwt_bundle(),
+            &Expectations {
+                audience,
+                trust_domain: Some(&foreign.trust_domain),
                 max_audiences: self.limits.max_audiences,
             },
             api.now(),

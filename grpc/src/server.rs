@@ -19,6 +19,7 @@ use tonic::transport::Server;
 use super::coalesce::Coalesced;
 use super::connections::{Admitted, ConnectionCounter, ConnectionLimits};
 use super::core::{Api, MAX_MESSAGE_BYTES};
+use super::federation::FederatedBundles;
 use super::istio::IstioService;
 use super::jwt::MaybeJwt;
 use super::observe;
@@ -56,8 +57,16 @@ fn istio(api: &Arc<Api>) -> IstioCertificateServiceServer<IstioService> {
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-fn workload(api: &Arc<Api>, jwt: MaybeJwt) -> SpiffeWorkloadApiServer<WorkloadService> {
+fn workload(
+    api: &Arc<Api>,
+    jwt: MaybeJwt,
+    federated: Option<FederatedBundles>,
+) -> SpiffeWorkloadApiServer<WorkloadService> {
     let service = WorkloadService::new(Arc::clone(api));
+    let service = match federated {
+        Some(federated) => service.with_federated(federated),
+        None => service,
+    };
     let service = match jwt {
         Some(jwt) => service.with_jwt(jwt),
         None => service,
@@ -154,7 +163,7 @@ pub async fn serve_unix(
     api: Arc<Api>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    serve_unix_with_jwt(listener, api, None, None, shutdown).await
+    serve_unix_with_jwt(listener, api, None, None, None, shutdown).await
 }
 
 /// [`serve_unix`] whose Workload API also serves JWT-SVIDs with `jwt` (None: UNIMPLEMENTED),
@@ -164,6 +173,7 @@ pub async fn serve_unix_with_jwt(
     api: Arc<Api>,
     jwt: MaybeJwt,
     sds: Option<SdsService>,
+    federated: Option<FederatedBundles>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = UnixListenerStream::new(listener)
@@ -171,7 +181,7 @@ pub async fn serve_unix_with_jwt(
     builder()
         .layer(TraceContextLayer)
         .add_routes(observe::edge_routes(&api).await)
-        .add_service(workload(&api, jwt))
+        .add_service(workload(&api, jwt, federated))
         .add_optional_service(sds.map(|sds| {
             SecretDiscoveryServiceServer::new(sds).max_decoding_message_size(MAX_MESSAGE_BYTES)
         }))

@@ -44,16 +44,32 @@ pub const FETCH_JWT_BUNDLES: &str = "SpiffeWorkloadAPI/FetchJWTBundles";
 pub const VALIDATE_JWT_SVID: &str = "SpiffeWorkloadAPI/ValidateJWTSVID";
 use podca_authority::trust::CaSnapshot;
 
+use crate::federation::{BundleMap, FederatedBundles, ForeignBundle};
+
 /// `SpiffeWorkloadAPI`.
 #[derive(Debug, Clone)]
 pub struct WorkloadService {
     api: Arc<Api>,
     jwt: MaybeJwt,
+    /// Foreign trust domains' bundles (`[[federation]]`); none: no federation.
+    federated: FederatedBundles,
 }
 
 impl WorkloadService {
     pub fn new(api: Arc<Api>) -> Self {
-        WorkloadService { api, jwt: None }
+        WorkloadService {
+            api,
+            jwt: None,
+            federated: FederatedBundles::new([]),
+        }
+    }
+
+    /// Hands out the foreign bundles in force, beside the caller's own, in `federated_bundles`
+    /// (FetchX509SVID) and `bundles` (FetchX509Bundles, FetchJWTBundles), and streams their
+    /// changes.
+    pub fn with_federated(mut self, federated: FederatedBundles) -> Self {
+        self.federated = federated;
+        self
     }
 
     /// Serves the JWT profile with `jwt`.
@@ -97,6 +113,7 @@ async fn svid_response(
     api: &Api,
     identity: &Identity,
     snapshot: Arc<CaSnapshot>,
+    federated: &BundleMap,
 ) -> Result<(X509svidResponse, OffsetDateTime), ApiError> {
     let (key_pair, subject) = tokio::task::spawn_blocking(|| {
         let key_pair = rcgen::KeyPair::generate()
@@ -124,15 +141,40 @@ async fn svid_response(
             hint: String::new(),
         }],
         crl: vec![],
-        federated_bundles: HashMap::new(),
+        federated_bundles: foreign_x509(federated),
     };
     Ok((response, refresh))
 }
 
-fn bundles_response(trust_domain: &str, snapshot: &CaSnapshot) -> X509BundlesResponse {
+/// The federated bundle of the trust domain `token`'s `sub` names, if it is a foreign one in
+/// force (read before the signature is checked: it only chooses which keys check it).
+fn foreign_issuer(token: &str, federated: &BundleMap) -> Option<Arc<ForeignBundle>> {
+    let decoded = podca_signer::jwt::decode(token).ok()?;
+    let rest = decoded.claims.sub.strip_prefix("spiffe://")?;
+    let trust_domain = rest.split('/').next()?;
+    federated.get(trust_domain).cloned()
+}
+
+/// The foreign trust domains' X.509 authorities, keyed `spiffe://<trust domain>`.
+fn foreign_x509(federated: &BundleMap) -> HashMap<String, Vec<u8>> {
+    federated
+        .values()
+        .map(|bundle| (bundle.spiffe_key(), bundle.x509_der()))
+        .collect()
+}
+
+/// The caller's trust domain's anchors, then every foreign one's (never replacing its own: a
+/// foreign bundle for one of podca's trust domains is refused before it is in force).
+fn bundles_response(
+    trust_domain: &str,
+    snapshot: &CaSnapshot,
+    federated: &BundleMap,
+) -> X509BundlesResponse {
+    let mut bundles = foreign_x509(federated);
+    bundles.insert(format!("spiffe://{trust_domain}"), snapshot.anchors_der());
     X509BundlesResponse {
         crl: vec![],
-        bundles: HashMap::from([(format!("spiffe://{trust_domain}"), snapshot.anchors_der())]),
+        bundles,
     }
 }
 
@@ -195,23 +237,33 @@ impl SpiffeWorkloadApi for WorkloadService {
             let trust_domain = self.api.trust_domain()?;
             let permit = self.api.open_stream()?;
             let mut keys = jwt.keys().subscribe();
+            let mut foreign = self.federated.subscribe();
             let mut shutdown = self.api.shutdown_signal();
             let (tx, rx) = mpsc::channel(2);
             tokio::spawn(async move {
                 let _permit = permit;
-                let mut last = Vec::new();
+                let mut last = None;
                 loop {
                     let set = Arc::clone(&keys.borrow_and_update());
-                    let message = jwt.bundles_response(&trust_domain, &set);
-                    let json: Vec<u8> = message.bundles.values().flatten().copied().collect();
-                    if json != last {
-                        last = json;
+                    let mut message = jwt.bundles_response(&trust_domain, &set);
+                    for bundle in foreign.borrow_and_update().values() {
+                        let key = bundle.spiffe_key();
+                        message
+                            .bundles
+                            .entry(key)
+                            .or_insert_with(|| bundle.jwt_bundle().to_json());
+                    }
+                    let now: std::collections::BTreeMap<_, _> =
+                        message.bundles.clone().into_iter().collect();
+                    if last.as_ref() != Some(&now) {
+                        last = Some(now);
                         if tx.send(Ok(message)).await.is_err() {
                             return;
                         }
                     }
                     tokio::select! {
                         changed = keys.changed() => if changed.is_err() { return },
+                        changed = foreign.changed() => if changed.is_err() { return },
                         () = tx.closed() => return,
                         _ = shutdown.wait_for(|stop| *stop) => return,
                     }
@@ -233,7 +285,12 @@ impl SpiffeWorkloadApi for WorkloadService {
             let jwt = self.jwt()?;
             self.caller(&request).await?;
             let ValidateJwtsvidRequest { audience, svid } = request.into_inner();
-            let validated = jwt.validate(&self.api, &svid, &audience)?;
+            let foreign = foreign_issuer(&svid, &self.federated.current());
+            let validated = match foreign {
+                // A token of a federated trust domain: its bundle, its trust domain.
+                Some(bundle) => jwt.validate_foreign(&self.api, &svid, &audience, &bundle)?,
+                None => jwt.validate(&self.api, &svid, &audience)?,
+            };
             let claims = claims_struct(&validated).map_err(ApiError::Jwt)?;
             Ok(Response::new(ValidateJwtsvidResponse {
                 spiffe_id: validated.claims.sub,
@@ -258,7 +315,10 @@ impl SpiffeWorkloadApi for WorkloadService {
             let mut ca = self.api.ca_for("", &identity.namespace).subscribe();
             // The first SVID is issued before answering, so that a refusal is the call's status.
             let snapshot = Arc::clone(&ca.borrow_and_update());
-            let (first, mut refresh_at) = svid_response(&self.api, &identity, snapshot).await?;
+            let mut foreign = self.federated.subscribe();
+            let bundles = Arc::clone(&foreign.borrow_and_update());
+            let (first, mut refresh_at) =
+                svid_response(&self.api, &identity, snapshot, &bundles).await?;
             let api = Arc::clone(&self.api);
             let mut shutdown = api.shutdown_signal();
             let (tx, rx) = mpsc::channel(2);
@@ -275,12 +335,15 @@ impl SpiffeWorkloadApi for WorkloadService {
                     let sleep = tokio::time::sleep(wait.try_into().unwrap_or_default());
                     tokio::select! {
                         changed = ca.changed() => if changed.is_err() { return },
+                        changed = foreign.changed() => if changed.is_err() { return },
                         () = sleep => {},
                         () = tx.closed() => return,
                         _ = shutdown.wait_for(|stop| *stop) => return,
                     }
+                    // A foreign bundle's change is sent with a fresh SVID, as SPIRE's agent does.
                     let snapshot = Arc::clone(&ca.borrow_and_update());
-                    match svid_response(&api, &identity, snapshot).await {
+                    let bundles = Arc::clone(&foreign.borrow_and_update());
+                    match svid_response(&api, &identity, snapshot, &bundles).await {
                         Ok((message, at)) => {
                             next = Some(message);
                             refresh_at = at;
@@ -313,26 +376,27 @@ impl SpiffeWorkloadApi for WorkloadService {
             let trust_domain = self.api.trust_domain_for("", &caller.namespace)?;
             let permit = self.api.open_stream()?;
             let mut ca = self.api.ca_for("", &caller.namespace).subscribe();
+            let mut foreign = self.federated.subscribe();
             let mut shutdown = self.api.shutdown_signal();
             let (tx, rx) = mpsc::channel(2);
             tokio::spawn(async move {
                 let _permit = permit;
-                let mut last = Vec::new();
+                let mut last = None;
                 loop {
                     let snapshot = Arc::clone(&ca.borrow_and_update());
-                    let der = snapshot.anchors_der();
-                    if der != last {
-                        last = der;
-                        if tx
-                            .send(Ok(bundles_response(&trust_domain, &snapshot)))
-                            .await
-                            .is_err()
-                        {
+                    let bundles = Arc::clone(&foreign.borrow_and_update());
+                    let message = bundles_response(&trust_domain, &snapshot, &bundles);
+                    let now: std::collections::BTreeMap<_, _> =
+                        message.bundles.clone().into_iter().collect();
+                    if last.as_ref() != Some(&now) {
+                        last = Some(now);
+                        if tx.send(Ok(message)).await.is_err() {
                             return;
                         }
                     }
                     tokio::select! {
                         changed = ca.changed() => if changed.is_err() { return },
+                        changed = foreign.changed() => if changed.is_err() { return },
                         () = tx.closed() => return,
                         _ = shutdown.wait_for(|stop| *stop) => return,
                     }

@@ -375,3 +375,253 @@ async fn a_second_podca_follows_the_first_ones_bundle_through_a_rotation() {
     assert_eq!(wait_for_document(&kept, 1, |_| true), rotated);
     assert!(b.stop().success());
 }
+
+/// A peer's chain checked with webpki (rustls' own verifier needs a DNS name; an X.509-SVID
+/// carries only its SPIFFE ID) against `anchors`, and its leaf's only URI SAN `want`.
+#[derive(Debug)]
+struct SpiffeServer {
+    anchors: String,
+    want: String,
+}
+
+impl ServerCertVerifier for SpiffeServer {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let mut chain: Vec<&[u8]> = vec![end_entity.as_ref()];
+        chain.extend(intermediates.iter().map(|c| c.as_ref()));
+        let chain = der_to_pem(&chain);
+        webpki_verify(&chain, &self.anchors)
+            .map_err(|e| rustls::Error::General(format!("webpki: {e:?}")))?;
+        if leaf_uris(&chain) != [self.want.clone()] {
+            return Err(rustls::Error::General(format!("not {}", self.want)));
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Recorder::default().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Recorder::default().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        Recorder::default().supported_verify_schemes()
+    }
+}
+
+/// A workload's X.509-SVID and what its Workload API says to trust for `peer` (a federated
+/// trust domain), waiting up to 20 s for that bundle to arrive.
+async fn svid_and_peer_bundle(
+    dev: &DevProcess,
+    peer: &str,
+) -> (spiffe::X509Svid, Vec<CertificateDer<'static>>) {
+    let client = WorkloadApiClient::connect_to(&format!("unix://{}", dev.socket.display()))
+        .await
+        .unwrap();
+    let td = TrustDomain::new(peer).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let anchors = loop {
+        let bundles = client.fetch_x509_bundles().await.unwrap();
+        if let Some(bundle) = bundles.get(&td) {
+            break bundle
+                .authorities()
+                .iter()
+                .map(|c| CertificateDer::from(c.as_ref().to_vec()))
+                .collect::<Vec<_>>();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no federated bundle for {peer} from the Workload API within 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    (client.fetch_x509_svid().await.unwrap(), anchors)
+}
+
+/// One mutual-TLS handshake in memory: `server` presents its SVID and checks the client against
+/// `server_trusts`; `client` presents its SVID and checks the server (`server_id`) against
+/// `client_trusts`.
+fn mutual_tls(
+    server: &spiffe::X509Svid,
+    server_trusts: &[CertificateDer<'static>],
+    client: &spiffe::X509Svid,
+    client_trusts: &[CertificateDer<'static>],
+) -> Result<(), String> {
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let chain = |svid: &spiffe::X509Svid| -> Vec<CertificateDer<'static>> {
+        svid.cert_chain()
+            .iter()
+            .map(|c| CertificateDer::from(c.as_ref().to_vec()))
+            .collect()
+    };
+    let key = |svid: &spiffe::X509Svid| {
+        rustls::pki_types::PrivateKeyDer::Pkcs8(svid.private_key().as_ref().to_vec().into())
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for anchor in server_trusts {
+        roots.add(anchor.clone()).unwrap();
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::clone(&provider),
+    )
+    .build()
+    .unwrap();
+    let server_config = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain(server), key(server))
+        .unwrap();
+    let anchors: Vec<&[u8]> = client_trusts.iter().map(|c| c.as_ref()).collect();
+    let spiffe_server = SpiffeServer {
+        anchors: der_to_pem(&anchors),
+        want: server.spiffe_id().to_string(),
+    };
+    let client_config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(spiffe_server))
+        .with_client_auth_cert(chain(client), key(client))
+        .unwrap();
+    let name = ServerName::try_from("workload.test").unwrap();
+    let mut c = rustls::ClientConnection::new(Arc::new(client_config), name).unwrap();
+    let mut s = rustls::ServerConnection::new(Arc::new(server_config)).unwrap();
+    podca_tests::tls::handshake_in_memory(&mut c, &mut s)?;
+    match s.peer_certificates() {
+        Some(certs) if !certs.is_empty() => Ok(()),
+        _ => Err("the server saw no client certificate".into()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workloads_of_two_federated_trust_domains_complete_mutual_tls() {
+    // Two podca dev, podca.dev.local (A) and b.test (B), each serving its bundle over
+    // https_spiffe and federating with the other from an initial bundle.
+    let work = tempfile::tempdir().unwrap();
+    let (a_data, b_data) = (work.path().join("a"), work.path().join("b"));
+    podca_ca_init(&a_data);
+    podca_ca_init(&b_data);
+    let (a_port, b_port) = (
+        podca_tests::process::free_port(),
+        podca_tests::process::free_port(),
+    );
+    let (a_initial, b_initial) = (work.path().join("a.json"), work.path().join("b.json"));
+    std::fs::write(&a_initial, spiffe_document(&a_data).to_string()).unwrap();
+    std::fs::write(&b_initial, spiffe_document(&b_data).to_string()).unwrap();
+    let b_endpoint_id = "spiffe://b.test/podca/bundle-endpoint";
+    let config = |signer: &str, own: (u16, &str), peer: (&str, u16, &str, &Path)| {
+        format!(
+            "{signer}[bundle_endpoint]\nlisten = \"127.0.0.1:{}\"\nprofile = \"https_spiffe\"\n\
+             spiffe_id = \"{}\"\n\n[[federation]]\ntrust_domain = \"{}\"\n\
+             bundle_endpoint_url = \"https://127.0.0.1:{}/\"\nprofile = \"https_spiffe\"\n\
+             endpoint_spiffe_id = \"{}\"\ninitial_bundle = \"{}\"\n\
+             min_refresh_seconds = 1\nmax_refresh_seconds = 1\n",
+            own.0,
+            own.1,
+            peer.0,
+            peer.1,
+            peer.2,
+            peer.3.display()
+        )
+    };
+    let a_config = config(
+        "",
+        (a_port, ENDPOINT_ID),
+        ("b.test", b_port, b_endpoint_id, &b_initial),
+    );
+    let b_config = config(
+        "[signers.\"podca.dev/b\"]\ntrust_domain = \"b.test\"\n\n",
+        (b_port, b_endpoint_id),
+        (TRUST_DOMAIN, a_port, ENDPOINT_ID, &a_initial),
+    );
+    let a = DevProcess::start_with(DevOptions {
+        config: Some(&a_config),
+        data_dir: Some(a_data.clone()),
+        ..DevOptions::default()
+    });
+    let b = DevProcess::start_with(DevOptions {
+        config: Some(&b_config),
+        data_dir: Some(b_data.clone()),
+        ..DevOptions::default()
+    });
+
+    // Each workload learns the other trust domain's bundle from its own Workload API (the
+    // `spiffe` crate), and the two complete mutual TLS in both directions.
+    let (a_svid, a_trusts_b) = svid_and_peer_bundle(&a, "b.test").await;
+    let (b_svid, b_trusts_a) = svid_and_peer_bundle(&b, TRUST_DOMAIN).await;
+    assert_eq!(
+        b_svid.spiffe_id().to_string(),
+        "spiffe://b.test/ns/default/sa/default"
+    );
+    mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_trusts_a).expect("A serves, B connects");
+    mutual_tls(&b_svid, &b_trusts_a, &a_svid, &a_trusts_b).expect("B serves, A connects");
+    // Not without federation: B's own bundle does not make A's workload a peer.
+    let b_own: Vec<CertificateDer<'static>> = pem::parse_many(podca_bundle(&b_data))
+        .unwrap()
+        .into_iter()
+        .map(|p| CertificateDer::from(p.into_contents()))
+        .collect();
+    assert!(mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_own).is_err());
+
+    // A JWT-SVID of A validates at B's Workload API (a federated trust domain's token).
+    let a_client = WorkloadApiClient::connect_to(&format!("unix://{}", a.socket.display()))
+        .await
+        .unwrap();
+    let token = a_client.fetch_jwt_svid(["b-service"], None).await.unwrap();
+    let b_client = WorkloadApiClient::connect_to(&format!("unix://{}", b.socket.display()))
+        .await
+        .unwrap();
+    let validated = b_client
+        .validate_jwt_token("b-service", token.token())
+        .await
+        .expect("B validates A's JWT-SVID");
+    assert_eq!(
+        validated.spiffe_id().to_string(),
+        "spiffe://podca.dev.local/ns/default/sa/default"
+    );
+
+    // A rotates its CA: B's workloads get the new anchors from the Workload API within the
+    // refresh hint (1 s here), and a new SVID of A still completes mutual TLS with B's.
+    podca_ca_rotate(&a_data);
+    let a_anchors = pem::parse_many(podca_bundle(&a_data)).unwrap().len();
+    assert_eq!(
+        a_anchors, 2,
+        "the rotation published the next CA beside the current one"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let b_trusts_a = loop {
+        let (_, anchors) = svid_and_peer_bundle(&b, TRUST_DOMAIN).await;
+        if anchors.len() == a_anchors {
+            break anchors;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B's federated bundle of A did not follow A's rotation within 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    let (a_svid, a_trusts_b) = svid_and_peer_bundle(&a, "b.test").await;
+    mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_trusts_a).expect("after A's rotation");
+    assert!(a.stop().success());
+    assert!(b.stop().success());
+}
