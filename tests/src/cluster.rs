@@ -93,6 +93,26 @@ impl Cluster {
         cluster
     }
 
+    /// What the `podca serve` tests start from: a v1-only emulator that creates namespaces on
+    /// first use, podca in `system:authenticated` with the signer role for `signer`,
+    /// `namespace` made, and a CA made by `podca ca init` in `<dir>/ca` (returned).
+    pub async fn for_serve(signer: &str, namespace: &str) -> (Cluster, PathBuf) {
+        let cluster = Cluster::start_with(ClusterConfig {
+            emulator: EmulatorConfig {
+                api_mode: ApiMode::V1Only,
+                auto_create_namespaces: true,
+                ..Default::default()
+            },
+            podca_groups: &["system:authenticated"],
+            signers: &[signer],
+        })
+        .await;
+        cluster.emu.add_namespace(namespace);
+        let ca_dir = cluster.dir.path().join("ca");
+        crate::process::podca_ca_init(&ca_dir);
+        (cluster, ca_dir)
+    }
+
     /// Writes a kubeconfig for the emulator identity `identity` into [`Cluster::dir`].
     pub fn write_kubeconfig(&self, identity: &str) -> PathBuf {
         let path = self.dir.path().join(format!("{identity}.kubeconfig"));

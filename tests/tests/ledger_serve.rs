@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use podca_proto::podca::v1::IssueCertificateRequest;
-use podca_tests::EmulatorConfig;
-use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
-use podca_tests::emulator::{ApiMode, PolicyRule, Res, ServiceAccountToken, Subject};
+use podca_tests::cluster::{Cluster, PODCA_USER};
+use podca_tests::emulator::{PolicyRule, Res, ServiceAccountToken, Subject};
 use podca_tests::postgres::Postgres;
 use podca_tests::process::{csr_for, free_port, podca_binary, podca_bundle};
 use serde_json::json;
@@ -39,30 +38,12 @@ struct Setup {
 }
 
 async fn setup(postgres: bool) -> Setup {
-    let cluster = Cluster::start_with(ClusterConfig {
-        emulator: EmulatorConfig {
-            api_mode: ApiMode::V1Only,
-            auto_create_namespaces: true,
-            ..Default::default()
-        },
-        podca_groups: &["system:authenticated"],
-        signers: &[SIGNER],
-    })
-    .await;
+    let (cluster, ca_dir) = Cluster::for_serve(SIGNER, NAMESPACE).await;
     cluster.emu.grant(
         Subject::User(PODCA_USER.into()),
         PolicyRule::new(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
     );
-    cluster.emu.add_namespace(NAMESPACE);
     let dir = cluster.dir.path().to_owned();
-    let ca_dir = dir.join("ca");
-    let init = Command::new(podca_binary())
-        .args(["ca", "init", "--dir"])
-        .arg(&ca_dir)
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(init.success());
     let pg = postgres.then(Postgres::start);
     let url_file = dir.join("ledger-url");
     let ledger = match &pg {

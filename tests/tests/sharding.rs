@@ -10,16 +10,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use podca_tests::EmulatorConfig;
 use podca_tests::bench::{bench_pcr, stubs};
 use podca_tests::client::KubeClient;
-use podca_tests::cluster::{Cluster, ClusterConfig};
-use podca_tests::emulator::{ApiMode, Emulator, Res};
+use podca_tests::cluster::Cluster;
+use podca_tests::emulator::{Emulator, Res};
 use podca_tests::postgres::Postgres;
-use podca_tests::process::{ServeProcess, metric_value, podca_binary};
+use podca_tests::process::{ServeProcess, metric_value};
 
 const SIGNER: &str = "example.com/workload";
 /// The Lease duration the tests run with (`--lease-duration`).
@@ -38,26 +36,8 @@ async fn setup(pg: bool) -> (Setup, Option<Postgres>) {
 
 /// [`setup`] with `[controller] sharding = "<sharding>"`.
 async fn setup_with(pg: bool, sharding: &str) -> (Setup, Option<Postgres>) {
-    let cluster = Cluster::start_with(ClusterConfig {
-        emulator: EmulatorConfig {
-            api_mode: ApiMode::V1Only,
-            auto_create_namespaces: true,
-            ..Default::default()
-        },
-        podca_groups: &["system:authenticated"],
-        signers: &[SIGNER],
-    })
-    .await;
-    cluster.emu.add_namespace("bench");
+    let (cluster, ca_dir) = Cluster::for_serve(SIGNER, "bench").await;
     let dir = cluster.dir.path().to_owned();
-    let ca_dir = dir.join("ca");
-    let init = Command::new(podca_binary())
-        .args(["ca", "init", "--dir"])
-        .arg(&ca_dir)
-        .stdout(Stdio::null())
-        .status()
-        .expect("podca ca init");
-    assert!(init.success());
     let pg = pg.then(Postgres::start);
     let ledger = match &pg {
         Some(pg) => {
