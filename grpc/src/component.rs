@@ -720,24 +720,37 @@ impl Oidc {
             tls = config.is_some(),
             "OIDC discovery listening"
         );
-        let ready = rt.init_handle("oidc");
-        ready.set(true);
-        let (keys, metrics) = (keys.clone(), rt.metrics().oidc.clone());
-        rt.spawn(Stage::Serve, "OIDC discovery", move |stop| async move {
-            oidc::serve_with(
-                listener,
-                config,
-                discovery,
-                keys,
-                metrics,
-                OidcLimits::default(),
-                stop,
-            )
-            .await;
-            ready.set(false);
-        });
+        spawn_discovery(rt, listener, config, discovery, keys);
         Ok(())
     }
+}
+
+/// Serves discovery of `keys` on `listener` (over TLS with `tls`) until the serving stage
+/// stops, behind the `oidc` readiness handle: podca serve's and dev's listener, and the token
+/// signer's.
+pub fn spawn_discovery(
+    rt: &mut Runtime,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    discovery: Discovery,
+    keys: &JwtHandle,
+) {
+    let ready = rt.init_handle("oidc");
+    ready.set(true);
+    let (keys, metrics) = (keys.clone(), rt.metrics().oidc.clone());
+    rt.spawn(Stage::Serve, "OIDC discovery", move |stop| async move {
+        oidc::serve_with(
+            listener,
+            tls,
+            discovery,
+            keys,
+            metrics,
+            OidcLimits::default(),
+            stop,
+        )
+        .await;
+        ready.set(false);
+    });
 }
 
 /// The discovery document's settings for `issuer`.

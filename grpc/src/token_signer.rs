@@ -604,22 +604,7 @@ impl TokenSignerOidc {
             tls = config.is_some(),
             "token signer: OIDC discovery listening"
         );
-        let ready = rt.init_handle("oidc");
-        ready.set(true);
-        let (keys, metrics) = (keys.clone(), rt.metrics().oidc.clone());
-        rt.spawn(Stage::Serve, "OIDC discovery", move |stop| async move {
-            podca_authority::oidc::serve_with(
-                listener,
-                config,
-                discovery,
-                keys,
-                metrics,
-                podca_authority::oidc::OidcLimits::default(),
-                stop,
-            )
-            .await;
-            ready.set(false);
-        });
+        crate::component::spawn_discovery(rt, listener, config, discovery, keys);
         Ok(())
     }
 }
