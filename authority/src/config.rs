@@ -822,6 +822,12 @@ impl Config {
     ) -> Result<DevPlan, ConfigError> {
         if self.signers.is_empty() {
             let mut permissive = SignerPolicy::permissive(DEV_TRUST_DOMAIN);
+            // No signer configured: the dev signer federates with every [[federation]].
+            permissive.federates_with = self
+                .federation
+                .iter()
+                .map(|f| f.trust_domain.clone())
+                .collect();
             for bundle in &flags {
                 if !permissive.key_types.contains(&bundle.key_type) {
                     permissive.key_types.push(bundle.key_type);
@@ -1310,7 +1316,47 @@ impl Config {
         config.check_grpc_limits()?;
         config.controller.check()?;
         config.jwt.check()?;
+        config.check_federation()?;
         Ok(config)
+    }
+
+    /// `federates_with` names configured `[[federation]]` trust domains, and every
+    /// `[[federation]]` is listed by a signer (else its bundle would reach no workload). With no
+    /// signer configured (`podca dev`'s permissive one), the dev signer federates with each.
+    fn check_federation(&self) -> Result<(), ConfigError> {
+        let configured: std::collections::BTreeSet<&str> = self
+            .federation
+            .iter()
+            .map(|f| f.trust_domain.as_str())
+            .collect();
+        for (name, policy) in &self.signers {
+            if let Some(td) = policy
+                .federates_with
+                .iter()
+                .find(|td| !configured.contains(td.as_str()))
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "[signers.\"{name}\"] federates_with names {td:?}, which no [[federation]] \
+                     table configures"
+                )));
+            }
+        }
+        if self.signers.is_empty() {
+            return Ok(());
+        }
+        for td in configured {
+            if !self
+                .signers
+                .values()
+                .any(|p| p.federates_with.iter().any(|f| f == td))
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "[[federation]] {td:?}: no signer lists it in federates_with, so its bundle \
+                     would reach no workload"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The `[grpc]` authorization keys: signers that exist, bounds that make sense.

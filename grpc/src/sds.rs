@@ -189,6 +189,7 @@ impl SdsService {
             identity,
             ca,
             federated: self.federated.as_ref().map(FederatedBundles::subscribe),
+            federates_with: self.api.signer("")?.1.federates_with.clone(),
             svid: None,
         })
     }
@@ -219,6 +220,9 @@ struct Session {
     trust_domain: String,
     ca: watch::Receiver<Arc<CaSnapshot>>,
     federated: Option<watch::Receiver<Arc<BundleMap>>>,
+    /// The foreign trust domains the caller's signer lists (`federates_with`): the only
+    /// federated validation contexts it gets.
+    federates_with: Vec<String>,
     svid: Option<Svid>,
 }
 
@@ -313,6 +317,9 @@ impl Session {
             self.ca.borrow().anchors_pem.clone()
         } else {
             let trust_domain = name.strip_prefix("spiffe://")?;
+            if !self.federates_with.iter().any(|td| td == trust_domain) {
+                return None;
+            }
             federated_pem(&self.federated.as_ref()?.borrow(), trust_domain)?
         };
         Some(secret(secret::Type::ValidationContext(
@@ -330,7 +337,14 @@ impl Session {
             format!("spiffe://{}", self.trust_domain),
         ];
         if let Some(federated) = &self.federated {
-            names.extend(federated.borrow().keys().map(|td| format!("spiffe://{td}")));
+            let allowed = |td: &&String| self.federates_with.contains(td);
+            let in_force = federated.borrow();
+            names.extend(
+                in_force
+                    .keys()
+                    .filter(allowed)
+                    .map(|td| format!("spiffe://{td}")),
+            );
         }
         names
     }

@@ -146,6 +146,14 @@ async fn svid_response(
     Ok((response, refresh))
 }
 
+/// The foreign bundles the Workload API's signer (the default one) lists in `federates_with`.
+fn allowed(api: &Api, map: &BundleMap) -> BundleMap {
+    match api.signer("") {
+        Ok((_, policy)) => FederatedBundles::for_signer(map, &policy.federates_with),
+        Err(_) => BundleMap::new(),
+    }
+}
+
 /// The federated bundle of the trust domain `token`'s `sub` names, if it is a foreign one in
 /// force (read before the signature is checked: it only chooses which keys check it).
 fn foreign_issuer(token: &str, federated: &BundleMap) -> Option<Arc<ForeignBundle>> {
@@ -239,6 +247,7 @@ impl SpiffeWorkloadApi for WorkloadService {
             let mut keys = jwt.keys().subscribe();
             let mut foreign = self.federated.subscribe();
             let mut shutdown = self.api.shutdown_signal();
+            let api = Arc::clone(&self.api);
             let (tx, rx) = mpsc::channel(2);
             tokio::spawn(async move {
                 let _permit = permit;
@@ -246,7 +255,8 @@ impl SpiffeWorkloadApi for WorkloadService {
                 loop {
                     let set = Arc::clone(&keys.borrow_and_update());
                     let mut message = jwt.bundles_response(&trust_domain, &set);
-                    for bundle in foreign.borrow_and_update().values() {
+                    let in_force = Arc::clone(&foreign.borrow_and_update());
+                    for bundle in allowed(&api, &in_force).values() {
                         let key = bundle.spiffe_key();
                         message
                             .bundles
@@ -285,7 +295,7 @@ impl SpiffeWorkloadApi for WorkloadService {
             let jwt = self.jwt()?;
             self.caller(&request).await?;
             let ValidateJwtsvidRequest { audience, svid } = request.into_inner();
-            let foreign = foreign_issuer(&svid, &self.federated.current());
+            let foreign = foreign_issuer(&svid, &allowed(&self.api, &self.federated.current()));
             let validated = match foreign {
                 // A token of a federated trust domain: its bundle, its trust domain.
                 Some(bundle) => jwt.validate_foreign(&self.api, &svid, &audience, &bundle)?,
@@ -316,7 +326,7 @@ impl SpiffeWorkloadApi for WorkloadService {
             // The first SVID is issued before answering, so that a refusal is the call's status.
             let snapshot = Arc::clone(&ca.borrow_and_update());
             let mut foreign = self.federated.subscribe();
-            let bundles = Arc::clone(&foreign.borrow_and_update());
+            let bundles = allowed(&self.api, &foreign.borrow_and_update());
             let (first, mut refresh_at) =
                 svid_response(&self.api, &identity, snapshot, &bundles).await?;
             let api = Arc::clone(&self.api);
@@ -342,7 +352,7 @@ impl SpiffeWorkloadApi for WorkloadService {
                     }
                     // A foreign bundle's change is sent with a fresh SVID, as SPIRE's agent does.
                     let snapshot = Arc::clone(&ca.borrow_and_update());
-                    let bundles = Arc::clone(&foreign.borrow_and_update());
+                    let bundles = allowed(&api, &foreign.borrow_and_update());
                     match svid_response(&api, &identity, snapshot, &bundles).await {
                         Ok((message, at)) => {
                             next = Some(message);
@@ -378,13 +388,14 @@ impl SpiffeWorkloadApi for WorkloadService {
             let mut ca = self.api.ca_for("", &caller.namespace).subscribe();
             let mut foreign = self.federated.subscribe();
             let mut shutdown = self.api.shutdown_signal();
+            let api = Arc::clone(&self.api);
             let (tx, rx) = mpsc::channel(2);
             tokio::spawn(async move {
                 let _permit = permit;
                 let mut last = None;
                 loop {
                     let snapshot = Arc::clone(&ca.borrow_and_update());
-                    let bundles = Arc::clone(&foreign.borrow_and_update());
+                    let bundles = allowed(&api, &foreign.borrow_and_update());
                     let message = bundles_response(&trust_domain, &snapshot, &bundles);
                     let now: std::collections::BTreeMap<_, _> =
                         message.bundles.clone().into_iter().collect();

@@ -79,6 +79,11 @@ pub struct SignerPolicy {
     /// before policy. Each with an optional value glob and a maximum length.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub annotations: Vec<DeclaredAnnotation>,
+    /// Foreign trust domains (each a `[[federation]]` entry) whose bundles this signer's
+    /// workloads receive; none by default. A foreign bundle reaches no workload of a signer
+    /// that does not list it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub federates_with: Vec<String>,
     /// CEL rules, run in order after the allow-lists pass (see [`crate::rules`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<RuleSpec>,
@@ -286,6 +291,7 @@ impl SignerPolicy {
             dns_name_templates: vec![],
             allowed_dns_names: vec![],
             annotations: vec![],
+            federates_with: vec![],
             rules: vec![],
             outputs: OutputSpec::default(),
             pod_facts: false,

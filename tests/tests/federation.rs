@@ -333,7 +333,8 @@ async fn a_second_podca_follows_the_first_ones_bundle_through_a_rotation() {
 
     // B: another trust domain that federates with A, refreshing every second.
     let b_config = format!(
-        "[signers.\"podca.dev/b\"]\ntrust_domain = \"b.test\"\n\n\
+        "[signers.\"podca.dev/b\"]\ntrust_domain = \"b.test\"\n\
+         federates_with = [\"podca.dev.local\"]\n\n\
          [[federation]]\ntrust_domain = \"podca.dev.local\"\n\
          bundle_endpoint_url = \"https://{addr}/\"\nprofile = \"https_spiffe\"\n\
          endpoint_spiffe_id = \"{ENDPOINT_ID}\"\ninitial_bundle = \"{}\"\n\
@@ -550,7 +551,7 @@ async fn workloads_of_two_federated_trust_domains_complete_mutual_tls() {
         ("b.test", b_port, b_endpoint_id, &b_initial),
     );
     let b_config = config(
-        "[signers.\"podca.dev/b\"]\ntrust_domain = \"b.test\"\n\n",
+        "[signers.\"podca.dev/b\"]\ntrust_domain = \"b.test\"\nfederates_with = [\"podca.dev.local\"]\n\n",
         (b_port, b_endpoint_id),
         (TRUST_DOMAIN, a_port, ENDPOINT_ID, &a_initial),
     );
@@ -624,4 +625,84 @@ async fn workloads_of_two_federated_trust_domains_complete_mutual_tls() {
     mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_trusts_a).expect("after A's rotation");
     assert!(a.stop().success());
     assert!(b.stop().success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_foreign_bundle_reaches_only_the_workloads_of_signers_that_federate_with_it() {
+    // A foreign trust domain known only from its initial bundle (its endpoint never answers).
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let foreign = params
+        .self_signed(&rcgen::KeyPair::generate().unwrap())
+        .unwrap();
+    let anchor = podca_signer::CaCertificate::from_der(foreign.der()).unwrap();
+    let document = podca_signer::spiffe_bundle::SpiffeBundle::of(&[anchor], None, 300);
+    let work = tempfile::tempdir().unwrap();
+    let initial = work.path().join("away.test.json");
+    std::fs::write(&initial, document.to_json().unwrap()).unwrap();
+    let federation = format!(
+        "[[federation]]\ntrust_domain = \"away.test\"\n\
+         bundle_endpoint_url = \"https://127.0.0.1:9/\"\nprofile = \"https_spiffe\"\n\
+         endpoint_spiffe_id = \"spiffe://away.test/podca-bundle\"\ninitial_bundle = \"{}\"\n",
+        initial.display()
+    );
+    let away = TrustDomain::new("away.test").unwrap();
+    for (grpc_signer, gets_it) in [("podca.dev/other", false), ("podca.dev/a", true)] {
+        let config = format!(
+            "[grpc]\nsigner = \"{grpc_signer}\"\n\n\
+             [signers.\"podca.dev/a\"]\ntrust_domain = \"a.test\"\nfederates_with = [\"away.test\"]\n\n\
+             [signers.\"podca.dev/other\"]\ntrust_domain = \"other.test\"\n\n{federation}"
+        );
+        let dev = DevProcess::start_with(DevOptions {
+            config: Some(&config),
+            ..DevOptions::default()
+        });
+        let client = WorkloadApiClient::connect_to(&format!("unix://{}", dev.socket.display()))
+            .await
+            .unwrap();
+        let bundles = client.fetch_x509_bundles().await.unwrap();
+        assert_eq!(
+            bundles.get(&away).is_some(),
+            gets_it,
+            "[grpc] signer {grpc_signer}"
+        );
+        let jwt = client.fetch_jwt_bundles().await.unwrap();
+        assert_eq!(
+            jwt.get(&away).is_some(),
+            gets_it,
+            "[grpc] signer {grpc_signer}"
+        );
+        assert!(dev.stop().success());
+    }
+}
+
+#[test]
+fn federates_with_and_federation_tables_must_agree_at_start() {
+    for (config, message) in [
+        (
+            "[signers.\"s\"]\ntrust_domain = \"a.test\"\nfederates_with = [\"away.test\"]\n",
+            "federates_with names \"away.test\", which no [[federation]] table configures",
+        ),
+        (
+            "[signers.\"s\"]\ntrust_domain = \"a.test\"\n\n[[federation]]\n\
+             trust_domain = \"away.test\"\nbundle_endpoint_url = \"https://127.0.0.1:9/\"\n\
+             profile = \"https_spiffe\"\nendpoint_spiffe_id = \"spiffe://away.test/b\"\n\
+             initial_bundle = \"/nonexistent\"\n",
+            "no signer lists it in federates_with",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("podca.toml");
+        std::fs::write(&path, config).unwrap();
+        let out = Command::new(podca_binary())
+            .args(["dev", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(message), "{message}: {stderr}");
+    }
 }
