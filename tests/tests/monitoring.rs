@@ -311,14 +311,22 @@ const EVENT_FAMILIES: &[(&str, &str, &str)] = &[
     // By signer and result: series once a signer with `pod_facts = true` reads a request's pod.
     // Written at each scrape by the policy rule collector (`encode_descriptor`), not registered.
     ("policy_pod_reads", "counter", METRICS_RS),
+    // Per foreign trust domain: series once a `[[federation]]` bundle is in force.
+    (
+        "federation_last_refresh_timestamp_seconds",
+        "gauge",
+        FEDERATION_RS,
+    ),
 ];
 
 const METRICS_RS: &str = "authority/src/metrics.rs";
 const LEDGER_RS: &str = "authority/src/ledger/mod.rs";
+const FEDERATION_RS: &str = "grpc/src/federation_fetch.rs";
 
 /// The files whose metrics are registered in a component's sub-registry (the runtime's
 /// `Metrics::register_component`), with that sub-registry's prefix.
-const COMPONENT_PREFIXES: &[(&str, &str)] = &[(LEDGER_RS, "ledger_")];
+const COMPONENT_PREFIXES: &[(&str, &str)] =
+    &[(LEDGER_RS, "ledger_"), (FEDERATION_RS, "federation_")];
 
 /// `# TYPE` lines for [`EVENT_FAMILIES`], each checked to be registered under that name in
 /// its file (one registry, prefix `podca_`): `registry.register(`, or a collector's
