@@ -30,7 +30,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use podca_signer::{CaAlgorithm, IssuingCa, MemoryKey, SignerPolicy};
-use podca_tests::bench::{BENCH_NAMESPACE, BENCH_SIGNER as SIGNER, bench_pcr as pcr, stubs};
+use podca_tests::bench::{
+    BENCH_NAMESPACE, BENCH_SIGNER as SIGNER, bench_pcr as pcr, stubs, watch_issued,
+};
 use podca_tests::client::KubeClient;
 use podca_tests::cluster::{Cluster, ClusterConfig};
 use podca_tests::emulator::{ApiMode, LatencyModel, Res};
@@ -351,7 +353,7 @@ async fn burst(count: usize) {
         .map(|i| pcr(&format!("b-{i}"), &stubs[i % stubs.len()].csr))
         .collect();
     // Issued times, observed through a watch from before the first create.
-    let issued_at = watch_issued(&emu, count).await;
+    let issued_at = watch_issued(&emu, count, Duration::from_secs(60)).await;
     let start = Instant::now();
     let created = if http {
         create_all(&emu, pcrs).await
@@ -482,35 +484,6 @@ fn metric(page: &str, name: &str) -> String {
     } else {
         values.join(" ")
     }
-}
-
-/// Watches PCRs from now until `count` were seen Issued; resolves to when each was.
-async fn watch_issued(
-    emu: &Emulator,
-    count: usize,
-) -> tokio::task::JoinHandle<HashMap<String, Instant>> {
-    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
-    let rv = emu.resource_version();
-    let mut watch = admin
-        .watch(&format!(
-            "/apis/certificates.k8s.io/v1/podcertificaterequests?watch=true&resourceVersion={rv}"
-        ))
-        .await
-        .expect("watch");
-    tokio::spawn(async move {
-        let mut issued = HashMap::new();
-        while issued.len() < count {
-            let Ok(Some(ev)) = watch.next_event(Duration::from_secs(60)).await else {
-                break;
-            };
-            let o = &ev["object"];
-            if o["status"]["conditions"][0]["type"] == "Issued" {
-                let name = o["metadata"]["name"].as_str().unwrap_or_default();
-                issued.entry(name.to_owned()).or_insert_with(Instant::now);
-            }
-        }
-        issued
-    })
 }
 
 /// Sorted creation-to-Issued times of the PCRs seen both created and Issued.

@@ -357,6 +357,37 @@ fn issued_patches(stubs: &[Stub]) -> Vec<Value> {
         .collect()
 }
 
+/// Watches PCRs from now on; resolves to when each was first seen Issued, once `count` were
+/// (or when no event came for `idle`).
+pub async fn watch_issued(
+    emu: &Emulator,
+    count: usize,
+    idle: Duration,
+) -> tokio::task::JoinHandle<std::collections::HashMap<String, Instant>> {
+    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
+    let rv = emu.resource_version();
+    let mut watch = admin
+        .watch(&format!(
+            "/apis/certificates.k8s.io/v1/podcertificaterequests?watch=true&resourceVersion={rv}"
+        ))
+        .await
+        .expect("watch");
+    tokio::spawn(async move {
+        let mut issued = std::collections::HashMap::new();
+        while issued.len() < count {
+            let Ok(Some(ev)) = watch.next_event(idle).await else {
+                break;
+            };
+            let o = &ev["object"];
+            if o["status"]["conditions"][0]["type"] == "Issued" {
+                let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                issued.entry(name.to_owned()).or_insert_with(Instant::now);
+            }
+        }
+        issued
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

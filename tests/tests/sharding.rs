@@ -12,8 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use podca_tests::bench::{bench_pcr, stubs};
-use podca_tests::client::KubeClient;
+use podca_tests::bench::{bench_pcr, stubs, watch_issued};
 use podca_tests::cluster::Cluster;
 use podca_tests::emulator::{Emulator, Res};
 use podca_tests::postgres::Postgres;
@@ -138,35 +137,6 @@ async fn wait_members(replicas: &[&ServeProcess], n: usize, within: Duration) {
     }
 }
 
-/// Watches PCRs from now on; resolves to when each was first seen Issued, once `count` were.
-async fn watch_issued(
-    emu: &Emulator,
-    count: usize,
-) -> tokio::task::JoinHandle<HashMap<String, Instant>> {
-    let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
-    let rv = emu.resource_version();
-    let mut watch = admin
-        .watch(&format!(
-            "/apis/certificates.k8s.io/v1/podcertificaterequests?watch=true&resourceVersion={rv}"
-        ))
-        .await
-        .expect("watch");
-    tokio::spawn(async move {
-        let mut issued = HashMap::new();
-        while issued.len() < count {
-            let Ok(Some(ev)) = watch.next_event(Duration::from_secs(120)).await else {
-                break;
-            };
-            let o = &ev["object"];
-            if o["status"]["conditions"][0]["type"] == "Issued" {
-                let name = o["metadata"]["name"].as_str().unwrap_or_default();
-                issued.entry(name.to_owned()).or_insert_with(Instant::now);
-            }
-        }
-        issued
-    })
-}
-
 /// Waits until the emulator counted `total` Issued.
 async fn wait_issued_total(emu: &Emulator, total: u64, within: Duration) -> Duration {
     let start = Instant::now();
@@ -201,7 +171,7 @@ fn longest_wait(filed: &HashMap<String, Instant>, issued: &HashMap<String, Insta
 /// longest wait of a PCR.
 async fn burst(s: &Setup, prefix: &str, count: usize, during: impl FnOnce()) -> Duration {
     let before = s.emu().counters().issued;
-    let issued = watch_issued(s.emu(), count).await;
+    let issued = watch_issued(s.emu(), count, Duration::from_secs(120)).await;
     let filed = s.file(prefix, count);
     wait_issued_total(s.emu(), before + count as u64 / 3, Duration::from_secs(120)).await;
     during();
@@ -407,7 +377,7 @@ async fn the_failover_stall_is_at_most_a_lease_in_both_modes() {
         // Warm: one PCR settled before the fault.
         let before = burst(&s, &format!("{mode}-warm"), 30, || {}).await;
         let count = 60;
-        let issued = watch_issued(s.emu(), count).await;
+        let issued = watch_issued(s.emu(), count, Duration::from_secs(120)).await;
         replicas[victim].signal("KILL");
         let filed = s.file(&format!("{mode}-after"), count);
         wait_issued_total(s.emu(), 30 + count as u64, Duration::from_secs(60)).await;
