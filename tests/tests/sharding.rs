@@ -219,10 +219,20 @@ async fn three_replicas_settle_a_burst_once_each_and_the_ledger_holds_each_once(
     assert_eq!(c.validation_rejections, 0, "{:?}", c.rejections_by_cause);
     // Each replica settled about its share, and no write of one came late.
     let issued = "podca_pcr_issued_total{signer=\"example.com/workload\",reason=\"Issued\"}";
+    // A replica counts a PCR once its status write has returned, a moment after the emulator
+    // counted the write: read the pages until the counts have caught up (or 10 s passed).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pages = loop {
+        let pages: Vec<String> = replicas.iter().map(|r| r.metrics()).collect();
+        let counted: f64 = pages.iter().map(|p| metric_value(p, issued)).sum();
+        if counted >= count as f64 || Instant::now() > deadline {
+            break pages;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let mut total = 0.0;
-    for r in &replicas {
-        let page = r.metrics();
-        let mine = metric_value(&page, issued);
+    for page in &pages {
+        let mine = metric_value(page, issued);
         total += mine;
         let share = count as f64 / n as f64;
         assert!(
@@ -230,10 +240,7 @@ async fn three_replicas_settle_a_burst_once_each_and_the_ledger_holds_each_once(
             "a replica settled {mine} of {count}"
         );
         assert_eq!(
-            metric_value(
-                &page,
-                "podca_late_writes_total{cause=\"settled_elsewhere\"}"
-            ),
+            metric_value(page, "podca_late_writes_total{cause=\"settled_elsewhere\"}"),
             0.0
         );
     }
