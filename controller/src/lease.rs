@@ -121,17 +121,17 @@ pub(crate) async fn start(
                 }
                 continue;
             };
-            // Leading: the Lease is ours until the last write's start plus its duration.
-            let step_down_at = (*renewed.borrow())
-                .filter(|_| announced)
-                .map(|t| t + valid_for);
+            // Leading: the Lease is ours until the last write's start plus `valid_for`, a
+            // deadline each renewal moves (watched inside the branch, so a renewal does not
+            // cancel the manager's own future halfway through its write).
             let seen = tokio::select! {
                 r = current.changed() => match r {
                     Ok(l) => Seen::Changed(l),
                     Err(e) => Seen::Failed(e),
                 },
-                _ = sleep_until_opt(step_down_at) => Seen::NotRenewed,
-                _ = renewed.changed(), if holds && !announced => Seen::Renewed,
+                _ = until_fresh_is(&mut renewed, valid_for, !announced), if holds => {
+                    if announced { Seen::NotRenewed } else { Seen::Renewed }
+                }
                 _ = async { let _ = stop.wait_for(|s| *s).await; } => Seen::Stop,
             };
             match seen {
@@ -199,11 +199,30 @@ async fn lease_manager(
         .await
 }
 
-/// Sleeps until `at`; forever without one.
-async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+/// Returns once "the last successful Lease write started less than `valid_for` ago" is `want`:
+/// with `want = false`, when the Lease was not renewed in time (each renewal moves the
+/// deadline); with `want = true`, at the next renewal. Pending forever if the sender is gone.
+async fn until_fresh_is(
+    renewed: &mut watch::Receiver<Option<tokio::time::Instant>>,
+    valid_for: Duration,
+    want: bool,
+) {
+    loop {
+        let until = (*renewed.borrow_and_update()).map(|t| t + valid_for);
+        let now = tokio::time::Instant::now();
+        match until.filter(|t| now < *t) {
+            Some(_) if want => return,
+            None if !want => return,
+            Some(until) => tokio::select! {
+                _ = tokio::time::sleep_until(until) => {}
+                r = renewed.changed() => if r.is_err() { std::future::pending::<()>().await },
+            },
+            None => {
+                if renewed.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
     }
 }
 
@@ -242,5 +261,42 @@ mod tests {
         assert!(!base.is_empty(), "{:?}", election.identity);
         assert_eq!(suffix.len(), 8, "{:?}", election.identity);
         assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    /// The step-down deadline follows each renewal: a leader renewing every 3 s with a 3.75 s
+    /// validity never steps down, and steps down 3.75 s after the renewals stop.
+    #[tokio::test(start_paused = true)]
+    async fn renewals_move_the_step_down_deadline() {
+        use tokio::time::Instant;
+        let valid_for = Duration::from_millis(3750);
+        let start = Instant::now();
+        let (tx, mut rx) = watch::channel(Some(start));
+        let renewer = tokio::spawn(async move {
+            for i in 1..=3 {
+                tokio::time::sleep_until(start + Duration::from_secs(3 * i)).await;
+                tx.send_replace(Some(Instant::now()));
+            }
+            // Keep the sender: a closed channel would mean "never".
+            std::future::pending::<()>().await;
+        });
+        until_fresh_is(&mut rx, valid_for, false).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(9) + valid_for);
+        renewer.abort();
+    }
+
+    /// Not yet fresh (found expired, or never written): fresh at the next renewal.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_lease_is_fresh_at_its_next_renewal() {
+        use tokio::time::Instant;
+        let valid_for = Duration::from_secs(3);
+        let start = Instant::now();
+        let (tx, mut rx) = watch::channel(Some(start - Duration::from_secs(10)));
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            tx.send_replace(Some(Instant::now()));
+            std::future::pending::<()>().await;
+        });
+        until_fresh_is(&mut rx, valid_for, true).await;
+        assert_eq!(start.elapsed(), Duration::from_millis(700));
     }
 }
