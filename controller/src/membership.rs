@@ -163,10 +163,11 @@ impl Roster {
                     now + left.min(duration + self.margin)
                 }
             };
-            let skew = (renew_time - wall).abs();
-            if skew > time::Duration::try_from(duration).unwrap_or(time::Duration::ZERO)
-                && self.observed.get(&lease.name).map(|o| o.renew_time) != Some(renew_time)
-            {
+            let renewed_now = self
+                .observed
+                .get(&lease.name)
+                .is_some_and(|o| o.renew_time != renew_time);
+            if skew_suspected(renew_time, renewed_now, duration, wall) {
                 self.warn_once(holder, "skew", || {
                     warn!(
                         holder = %holder,
@@ -217,6 +218,19 @@ impl Roster {
             self.warned.insert(holder.to_owned(), what);
         }
     }
+}
+
+/// Whether a member Lease's `renewTime` points at a skewed clock: ahead of this replica's clock
+/// by more than `duration`, or a renewal just seen (`renewed_now`) that claims to be older than
+/// that. A Lease first seen old is merely expired (a replica killed without leaving).
+fn skew_suspected(
+    renew_time: OffsetDateTime,
+    renewed_now: bool,
+    duration: Duration,
+    wall: OffsetDateTime,
+) -> bool {
+    let limit = time::Duration::try_from(duration).unwrap_or(time::Duration::ZERO);
+    renew_time - wall > limit || (renewed_now && wall - renew_time > limit)
 }
 
 /// The live set including this replica while `renewed_at + fresh_for > now` and it has been a
@@ -555,6 +569,23 @@ mod tests {
         let ahead = lease("fast", wall + time::Duration::hours(1));
         assert_eq!(r.observe(&[ahead], wall, t0), vec!["fast"]);
         assert!(r.live(t0 + D + M).is_empty());
+    }
+
+    #[test]
+    fn only_a_clock_ahead_or_a_late_renewal_is_called_skew() {
+        let wall = datetime!(2026-12-07 01:00:00 UTC);
+        let d = Duration::from_secs(4);
+        let s = time::Duration::seconds;
+        // First sight of a killed replica's Lease: expired, not skewed.
+        assert!(!skew_suspected(wall - s(60), false, d, wall));
+        // A renewal seen just now that says it is a minute old: the writer's clock is behind.
+        assert!(skew_suspected(wall - s(60), true, d, wall));
+        // Ahead of this clock by more than a duration, seen first or renewed.
+        assert!(skew_suspected(wall + s(60), false, d, wall));
+        assert!(skew_suspected(wall + s(60), true, d, wall));
+        // Within a duration either way.
+        assert!(!skew_suspected(wall - s(3), true, d, wall));
+        assert!(!skew_suspected(wall + s(3), false, d, wall));
     }
 
     #[test]
