@@ -353,7 +353,7 @@ async fn burst(count: usize) {
         .map(|i| pcr(&format!("b-{i}"), &stubs[i % stubs.len()].csr))
         .collect();
     // Issued times, observed through a watch from before the first create.
-    let issued_at = watch_issued(&emu, count, Duration::from_secs(60)).await;
+    let issued_at = watch_issued(&emu, "b-", count, Duration::from_secs(60)).await;
     let start = Instant::now();
     let created = if http {
         create_all(&emu, pcrs).await

@@ -357,31 +357,46 @@ fn issued_patches(stubs: &[Stub]) -> Vec<Value> {
         .collect()
 }
 
-/// Watches PCRs from now on; resolves to when each was first seen Issued, once `count` were
-/// (or when no event came for `idle`).
+/// Watches PCRs from now on; resolves to when each one named `<prefix>…` was first seen
+/// Issued, once `count` were (or when no event came for `idle`). A stream the server ends (it
+/// closes watchers that lag, as kube-apiserver does) is resumed from the last event seen.
 pub async fn watch_issued(
     emu: &Emulator,
+    prefix: &str,
     count: usize,
     idle: Duration,
 ) -> tokio::task::JoinHandle<std::collections::HashMap<String, Instant>> {
     let admin = KubeClient::new(emu.base_url(), &emu.admin_token());
-    let rv = emu.resource_version();
-    let mut watch = admin
-        .watch(&format!(
+    let path = |rv: &str| {
+        format!(
             "/apis/certificates.k8s.io/v1/podcertificaterequests?watch=true&resourceVersion={rv}"
-        ))
-        .await
-        .expect("watch");
+        )
+    };
+    let mut rv = emu.resource_version().to_string();
+    let mut watch = admin.watch(&path(&rv)).await.expect("watch");
+    let prefix = prefix.to_owned();
     tokio::spawn(async move {
         let mut issued = std::collections::HashMap::new();
+        let mut last_event = Instant::now();
         while issued.len() < count {
-            let Ok(Some(ev)) = watch.next_event(idle).await else {
-                break;
-            };
-            let o = &ev["object"];
-            if o["status"]["conditions"][0]["type"] == "Issued" {
-                let name = o["metadata"]["name"].as_str().unwrap_or_default();
-                issued.entry(name.to_owned()).or_insert_with(Instant::now);
+            match watch.next_event(idle).await {
+                Ok(Some(ev)) if ev["type"] != "ERROR" => {
+                    last_event = Instant::now();
+                    let o = &ev["object"];
+                    if let Some(v) = o["metadata"]["resourceVersion"].as_str() {
+                        v.clone_into(&mut rv);
+                    }
+                    let name = o["metadata"]["name"].as_str().unwrap_or_default();
+                    if name.starts_with(&prefix) && o["status"]["conditions"][0]["type"] == "Issued"
+                    {
+                        issued.entry(name.to_owned()).or_insert_with(Instant::now);
+                    }
+                }
+                Ok(None) if last_event.elapsed() < idle => match admin.watch(&path(&rv)).await {
+                    Ok(w) => watch = w,
+                    Err(_) => break,
+                },
+                _ => break,
             }
         }
         issued

@@ -155,10 +155,14 @@ async fn wait_issued_total(emu: &Emulator, total: u64, within: Duration) -> Dura
 
 /// The longest filed-to-Issued wait of a burst.
 fn longest_wait(filed: &HashMap<String, Instant>, issued: &HashMap<String, Instant>) -> Duration {
-    assert_eq!(
+    let mut missing: Vec<&String> = filed.keys().filter(|n| !issued.contains_key(*n)).collect();
+    missing.sort();
+    assert!(
+        missing.is_empty() && issued.len() == filed.len(),
+        "{} of {} PCRs of the burst seen Issued; not seen: {:?}",
         issued.len(),
         filed.len(),
-        "every PCR of the burst seen Issued"
+        &missing[..missing.len().min(10)]
     );
     filed
         .iter()
@@ -171,7 +175,13 @@ fn longest_wait(filed: &HashMap<String, Instant>, issued: &HashMap<String, Insta
 /// longest wait of a PCR.
 async fn burst(s: &Setup, prefix: &str, count: usize, during: impl FnOnce()) -> Duration {
     let before = s.emu().counters().issued;
-    let issued = watch_issued(s.emu(), count, Duration::from_secs(120)).await;
+    let issued = watch_issued(
+        s.emu(),
+        &format!("{prefix}-"),
+        count,
+        Duration::from_secs(120),
+    )
+    .await;
     let filed = s.file(prefix, count);
     wait_issued_total(s.emu(), before + count as u64 / 3, Duration::from_secs(120)).await;
     during();
@@ -384,9 +394,16 @@ async fn the_failover_stall_is_at_most_a_lease_in_both_modes() {
         // Warm: one PCR settled before the fault.
         let before = burst(&s, &format!("{mode}-warm"), 30, || {}).await;
         let count = 60;
-        let issued = watch_issued(s.emu(), count, Duration::from_secs(120)).await;
+        let after = format!("{mode}-after");
+        let issued = watch_issued(
+            s.emu(),
+            &format!("{after}-"),
+            count,
+            Duration::from_secs(120),
+        )
+        .await;
         replicas[victim].signal("KILL");
-        let filed = s.file(&format!("{mode}-after"), count);
+        let filed = s.file(&after, count);
         wait_issued_total(s.emu(), 30 + count as u64, Duration::from_secs(60)).await;
         let issued = issued.await.expect("the watcher");
         let longest = longest_wait(&filed, &issued);
