@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use podca_authority::components::ca;
 use podca_authority::components::ledger;
-use podca_authority::config::Config;
+use podca_authority::config::{Config, Sharding};
 use podca_authority::{Runtime, RuntimeOptions, shutdown};
 use podca_controller::LeaderElection;
 use podca_controller::component::{self as kube_component, ControllerFlags};
@@ -45,6 +45,10 @@ pub struct ServeArgs {
     pub leader_elect: bool,
     #[command(flatten)]
     pub lease: LeaseFlags,
+    /// With --leader-elect, who signs PodCertificateRequests: `leader` or `rendezvous` (every
+    /// replica its share); overrides `[controller] sharding`.
+    #[arg(long, value_parser = parse_sharding)]
+    pub sharding: Option<Sharding>,
     /// How long shutdown may take, all of it: in-flight status writes and gRPC calls, then the
     /// ledger's last commit and the Lease's release.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -76,6 +80,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         queue_capacity,
         leader_elect,
         lease,
+        sharding,
         drain_timeout,
         grpc_listen,
         no_grpc,
@@ -86,6 +91,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.reserve_serving_names(PodEnvironment::read().namespace.as_deref());
     if config.jwt.enabled {
         config.jwt.check_for_serve()?;
+    }
+    config.controller.sharding = sharding.unwrap_or(config.controller.sharding);
+    if config.controller.sharding == Sharding::Rendezvous && !leader_elect {
+        bail!("rendezvous sharding needs --leader-elect: the member Leases sit beside its Lease");
     }
     if lease.lease_renew_deadline >= lease.lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
@@ -193,6 +202,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     kube_component::controller(&mut rt, client, options);
     rt.run(signals).await?;
     Ok(())
+}
+
+/// `--sharding`: the values of `[controller] sharding`.
+pub fn parse_sharding(value: &str) -> Result<Sharding, String> {
+    match value {
+        "leader" => Ok(Sharding::Leader),
+        "rendezvous" => Ok(Sharding::Rendezvous),
+        _ => Err("expected `leader` or `rendezvous`".into()),
+    }
 }
 
 /// The configuration file `--config` names, with at least one signer.

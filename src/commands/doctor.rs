@@ -32,6 +32,10 @@ pub struct DoctorArgs {
     /// Namespace of the leader Lease (default: POD_NAMESPACE, else `default`, as podca serve).
     #[arg(long, requires = "lease_name")]
     pub lease_namespace: Option<String>,
+    /// podca serve runs with `--sharding rendezvous` (or its config says so): check the member
+    /// Leases' permissions too.
+    #[arg(long, requires = "lease_name", value_parser = crate::serve::parse_sharding)]
+    pub sharding: Option<podca_authority::config::Sharding>,
     /// Print the report as JSON: `{"healthy": bool, "checks": [{"name", "status", "detail"}]}`.
     #[arg(long)]
     pub json: bool,
@@ -47,6 +51,7 @@ impl DoctorArgs {
             config,
             lease_name,
             lease_namespace,
+            sharding,
             json,
         } = self;
         let config = config
@@ -57,6 +62,7 @@ impl DoctorArgs {
                 .or_else(|| std::env::var("POD_NAMESPACE").ok())
                 .unwrap_or_else(|| "default".into()),
             name,
+            sharded: sharding == Some(podca_authority::config::Sharding::Rendezvous),
         });
         let client_options = ClientOptions {
             kubeconfig,

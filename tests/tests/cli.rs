@@ -265,6 +265,53 @@ fn issue_out_never_writes_a_key_into_a_file_it_did_not_create() {
     assert_eq!(seen, "", "the descriptor held on the old file saw the key");
 }
 
+/// `podca serve --sharding`: a bad value is a usage error naming both values; rendezvous (by
+/// flag or by config) without `--leader-elect` is refused before anything starts.
+#[test]
+fn rendezvous_sharding_needs_leader_election() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        "[ca]\ndir = \"/nonexistent\"\n\n[signers.\"example.com/x\"]\ntrust_domain = \"td\"\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let usage = podca(&["serve", "--config", config, "--sharding", "everyone"]);
+    let e = String::from_utf8_lossy(&usage.stderr);
+    assert_eq!(usage.status.code(), Some(2), "{e}");
+    assert!(e.contains("expected `leader` or `rendezvous`"), "{e}");
+    let e = fails(&["serve", "--config", config, "--sharding", "rendezvous"]);
+    assert!(
+        e.contains("rendezvous sharding needs --leader-elect"),
+        "{e}"
+    );
+    let in_config = tmp.path().join("sharded.toml");
+    std::fs::write(
+        &in_config,
+        format!(
+            "{}\n[controller]\nsharding = \"rendezvous\"\n",
+            std::fs::read_to_string(config).unwrap()
+        ),
+    )
+    .unwrap();
+    let e = fails(&["serve", "--config", in_config.to_str().unwrap()]);
+    assert!(
+        e.contains("rendezvous sharding needs --leader-elect"),
+        "{e}"
+    );
+    // The flag overrides the config: `leader` gets past this check (and fails later, on the CA
+    // directory that does not exist).
+    let e = fails(&[
+        "serve",
+        "--config",
+        in_config.to_str().unwrap(),
+        "--sharding",
+        "leader",
+    ]);
+    assert!(!e.contains("rendezvous sharding"), "{e}");
+}
+
 #[test]
 fn errors_are_one_clear_line() {
     let tmp = tempfile::tempdir().unwrap();

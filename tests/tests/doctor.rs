@@ -535,8 +535,9 @@ fn the_doctor_checks_exactly_the_permissions_of_the_manifests() {
     let lease = LeaseRef {
         namespace: NAMESPACE.into(),
         name: "podca-controller".into(),
+        sharded: false,
     };
-    let mut doctor = Needs::from_config(&config, Some(lease)).required();
+    let mut doctor = Needs::from_config(&config, Some(lease.clone())).required();
     let mut manifests = manifest_permissions("deploy/base/rbac.yaml");
     manifests.extend(manifest_permissions(
         "deploy/overlays/ha/leader-election-rbac.yaml",
@@ -549,9 +550,24 @@ fn the_doctor_checks_exactly_the_permissions_of_the_manifests() {
     doctor.dedup();
     assert_eq!(doctor.len(), before, "the doctor lists a permission twice");
     assert_eq!(doctor, manifests);
+    // Rendezvous sharding: exactly the Role of deploy/components/sharding on top.
+    let mut sharded = Needs::from_config(
+        &config,
+        Some(LeaseRef {
+            sharded: true,
+            ..lease.clone()
+        }),
+    )
+    .required();
+    manifests.extend(manifest_permissions(
+        "deploy/components/sharding/member-leases-rbac.yaml",
+    ));
+    sharded.sort();
+    manifests.sort();
+    assert_eq!(sharded, manifests);
     // Without --leader-elect the Lease Role is not needed.
     let without = Needs::from_config(&config, None).required();
-    assert_eq!(without.len(), manifests.len() - 4);
+    assert_eq!(without.len(), doctor.len() - 4);
     // With IssueForPod on, exactly the rule of deploy/components/issue-for-pod is added.
     let mut config = config;
     config.grpc.node_proxy_service_accounts = vec!["kube-system/ztunnel".into()];

@@ -144,6 +144,9 @@ impl Report {
 pub struct LeaseRef {
     pub namespace: String,
     pub name: String,
+    /// Rendezvous sharding (`--sharding rendezvous`; `[controller] sharding` sets it too, in
+    /// [`Needs::from_config`]): every replica also holds a member Lease beside this one.
+    pub sharded: bool,
 }
 
 /// What the doctor checks against.

@@ -17,7 +17,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::api::PostParams;
 use kube::{Api, Client};
 use podca_authority::components::ca::primary_ca;
-use podca_authority::config::{CaConfig, Config, MetricsAuthMode, SecretCa, TlsSetting};
+use podca_authority::config::{CaConfig, Config, MetricsAuthMode, SecretCa, Sharding, TlsSetting};
 
 use super::{Check, LeaseRef, NO_CONFIG, Status};
 use crate::secret_ca::HISTORY_SUFFIX;
@@ -177,7 +177,10 @@ impl Needs {
                 .iter()
                 .map(|s| (s.namespace.clone(), s.name.clone()))
                 .collect(),
-            lease,
+            lease: lease.map(|lease| LeaseRef {
+                sharded: lease.sharded || config.controller.sharding == Sharding::Rendezvous,
+                ..lease
+            }),
             issue_for_pod: !config.grpc.node_proxy_service_accounts.is_empty(),
             namespace_labels: config
                 .signers
@@ -317,6 +320,15 @@ impl Needs {
                     .named(&lease.name)
                     .in_namespace(&lease.namespace)
             }));
+            if lease.sharded {
+                // The member Leases, named after the pods: no resourceNames can narrow these
+                // (deploy/components/sharding).
+                all.extend(
+                    ["list", "patch", "delete"].map(|v| {
+                        Permission::new(v, group, "leases").in_namespace(&lease.namespace)
+                    }),
+                );
+            }
         }
         all
     }
@@ -655,6 +667,46 @@ mod tests {
         assert!(!other.namespace_labels);
     }
 
+    /// Rendezvous sharding, by flag or by config, adds the member Leases' verbs beside the
+    /// leader Lease's; without `--leader-elect` there is no Lease at all.
+    #[test]
+    fn rendezvous_adds_the_member_leases() {
+        let lease = |sharded| LeaseRef {
+            namespace: "podca-system".into(),
+            name: "podca-controller".into(),
+            sharded,
+        };
+        let plain = Config::parse(
+            "[ca]\ndir = \"/ca\"\n\n[signers.\"a.example/x\"]\ntrust_domain = \"td\"\n",
+        )
+        .unwrap();
+        let mut by_config = plain.clone();
+        by_config.controller.sharding = Sharding::Rendezvous;
+        let leader = Needs::from_config(&plain, Some(lease(false))).required();
+        let members = [
+            "list leases.coordination.k8s.io in podca-system",
+            "patch leases.coordination.k8s.io in podca-system",
+            "delete leases.coordination.k8s.io in podca-system",
+        ];
+        for (what, needs) in [
+            ("flag", Needs::from_config(&plain, Some(lease(true)))),
+            ("config", Needs::from_config(&by_config, Some(lease(false)))),
+        ] {
+            let all = needs.required();
+            let added: Vec<String> = all[leader.len()..]
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            assert_eq!(added, members, "{what}");
+        }
+        assert!(
+            !Needs::from_config(&by_config, None)
+                .required()
+                .iter()
+                .any(|p| p.resource == "leases")
+        );
+    }
+
     #[test]
     fn the_secret_and_the_lease_add_their_namespaced_permissions() {
         let base = Needs {
@@ -681,6 +733,7 @@ mod tests {
             lease: Some(LeaseRef {
                 namespace: "podca-system".into(),
                 name: "podca-controller".into(),
+                sharded: false,
             }),
             ..base
         }
