@@ -394,6 +394,32 @@ fn the_grpc_limits_and_authorization_keys_reach_podca() {
     assert!(!grpc.mtls_renewal);
 }
 
+/// `leaderElection.sharding: rendezvous`: three replicas, `--sharding=rendezvous`, and the
+/// member Leases' grants, the same as kustomize's ha overlay with deploy/components/sharding;
+/// `leader` (the default) renders neither, and other values are refused.
+#[test]
+fn helm_sharding_renders_the_flag_and_the_member_lease_grants() {
+    let values = "replicaCount: 3\nleaderElection:\n  enabled: true\n  sharding: rendezvous\n";
+    let r = check_helm_values("helm sharding", "ha", values);
+    check_replicas("helm sharding", "ha-sharded", &r);
+    check_rbac("helm sharding", &r);
+    let kustomize = parse_all(&documents(&crate::render::render_overlay_with(
+        "ha",
+        &["deploy/components/sharding"],
+        None,
+    )))
+    .expect("ha + sharding parses");
+    assert_eq!(expected_for(&r), expected_for(&kustomize));
+    let ha = render_helm("ha");
+    assert!(
+        !ha.contains("--sharding") && !ha.contains(r#"verbs: ["list", "patch", "delete"]"#),
+        "{ha}"
+    );
+    let err = helm_with_values("leaderElection:\n  enabled: true\n  sharding: all\n")
+        .expect_err("not a mode");
+    assert!(err.contains("sharding"), "{err}");
+}
+
 #[test]
 fn helm_grants_subjectaccessreviews_only_with_metrics_auth_kubernetes() {
     let yaml = helm_with_values("config:\n  admin:\n    metrics_auth: kubernetes\n")

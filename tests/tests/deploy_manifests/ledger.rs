@@ -118,3 +118,43 @@ fn each_component_config_is_the_base_config_with_its_own_ledger() {
         assert_eq!(backend, Some(expected), "{component}");
     }
 }
+
+const SHARDING: &str = "deploy/components/sharding";
+
+/// deploy/components/sharding on the ha overlay, alone and with the PostgreSQL ledger: three
+/// replicas with `--sharding=rendezvous`, the overlay checks, and exactly the member Leases'
+/// `list`, `patch` and `delete` in podca's namespace added to the RBAC.
+#[test]
+fn the_sharding_component_adds_three_replicas_and_the_member_lease_grants_only() {
+    let ha = expected_for(&parse_overlay("ha"));
+    for components in [&[SHARDING][..], &[POSTGRES, SHARDING][..]] {
+        let what = format!("overlay ha + {}", components.join(" + "));
+        let yaml = render_overlay_with("ha", components, None);
+        let r = parse_all(&documents(&yaml))
+            .unwrap_or_else(|e| panic!("{what}: objects do not parse:\n  {}", e.join("\n  ")));
+        check_config(&what, "ha", &r);
+        check_network(&what, &r);
+        check_pod_locked_down(&what, &r);
+        check_replicas(&what, "ha-sharded", &r);
+        check_rbac(&what, &r);
+        let added: Vec<_> = expected_for(&r).difference(&ha).cloned().collect();
+        let member = |verb: &str| {
+            (
+                crate::NAMESPACE.to_string(),
+                "coordination.k8s.io".to_string(),
+                "leases".to_string(),
+                verb.to_string(),
+                None,
+            )
+        };
+        assert_eq!(
+            added,
+            [member("delete"), member("list"), member("patch")],
+            "{what}"
+        );
+        assert!(
+            ha.is_subset(&expected_for(&r)),
+            "{what}: nothing of ha taken away"
+        );
+    }
+}

@@ -5,11 +5,11 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use podca_authority::components::ca::primary_ca;
-use podca_authority::config::{CaConfig, Config, MetricsAuthMode};
+use podca_authority::config::{CaConfig, Config, MetricsAuthMode, Sharding};
 
 use crate::config::config;
 use crate::objects::{args, flag, podca_container, the_deployment};
-use crate::render::{documents, render_default_with, repo_root};
+use crate::render::{documents, render_default_with, render_overlay_with, repo_root};
 use crate::strict::{Rendered, parse_all, parse_overlay};
 use crate::{
     DEFAULT_LEASE, NAMESPACE, OVERLAYS, SERVICE_ACCOUNT, SIGNER, TENANT_SIGNERS, TENANTS,
@@ -85,11 +85,18 @@ pub struct ClusterReads {
     pub metrics_auth: bool,
 }
 
+/// `--leader-elect`: the leader Lease's name, and whether every replica signs its share
+/// (`--sharding rendezvous` or `[controller] sharding = "rendezvous"`).
+pub struct Lease<'a> {
+    pub name: &'a str,
+    pub sharded: bool,
+}
+
 /// What podca may do: spec §3's table, plus the justified extras.
 pub fn expected_grants(
     signers: &[String],
     ca_secrets: &[(&str, &str)],
-    lease: Option<&str>,
+    lease: Option<Lease<'_>>,
     reads: ClusterReads,
     jwks_configmap: Option<(&str, &str)>,
     jwt_keys_secret: Option<(&str, &str)>,
@@ -227,8 +234,19 @@ pub fn expected_grants(
             "coordination.k8s.io",
             "leases",
             &["get", "update", "patch"],
-            Some(lease),
+            Some(lease.name),
         );
+        // Rendezvous sharding: the member Leases, named after the pods (deploy/components/
+        // sharding).
+        if lease.sharded {
+            add(
+                NAMESPACE,
+                "coordination.k8s.io",
+                "leases",
+                &["list", "patch", "delete"],
+                None,
+            );
+        }
     }
     g
 }
@@ -362,6 +380,10 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         .iter()
         .any(|x| x == "--leader-elect")
         .then(|| flag(&a, "--lease-name").unwrap_or_else(|| DEFAULT_LEASE.to_string()));
+    let sharded = match flag(&a, "--sharding") {
+        Some(mode) => mode == "rendezvous",
+        None => cfg.controller.sharding == Sharding::Rendezvous,
+    };
     let issue_for_pod = !cfg.grpc.node_proxy_service_accounts.is_empty();
     let jwks = (cfg.jwt.enabled && !cfg.jwt.jwks_configmap.is_empty()).then(|| {
         let ns = cfg
@@ -386,7 +408,7 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
     expected_grants(
         &signers,
         &ca_secrets,
-        lease.as_deref(),
+        lease.as_deref().map(|name| Lease { name, sharded }),
         ClusterReads {
             issue_for_pod,
             namespace_labels,
@@ -1183,8 +1205,17 @@ fn pods_get_only_with_a_signer_that_sets_pod_facts() {
 #[test]
 fn the_doctor_asks_for_exactly_the_grants_of_every_overlay() {
     use podca_controller::doctor::{LeaseRef, Needs};
-    for overlay in OVERLAYS {
-        let r = parse_overlay(overlay);
+    let sharded = parse_all(&documents(&render_overlay_with(
+        "ha",
+        &["deploy/components/sharding"],
+        None,
+    )))
+    .expect("ha + sharding parses");
+    let renderings = OVERLAYS
+        .iter()
+        .map(|o| (format!("overlay {o}"), parse_overlay(o)))
+        .chain([("overlay ha + sharding".to_string(), sharded)]);
+    for (overlay, r) in renderings {
         let mut cfg = config(&r);
         // `podca serve` puts the JWKS ConfigMap in its pod's namespace; the doctor, which does
         // not run there, is told it here rather than through POD_NAMESPACE.
@@ -1195,6 +1226,7 @@ fn the_doctor_asks_for_exactly_the_grants_of_every_overlay() {
         let lease = a.iter().any(|x| x == "--leader-elect").then(|| LeaseRef {
             namespace: NAMESPACE.into(),
             name: flag(&a, "--lease-name").unwrap_or_else(|| DEFAULT_LEASE.to_string()),
+            sharded: flag(&a, "--sharding").as_deref() == Some("rendezvous"),
         });
         let doctor: BTreeSet<Grant> = Needs::from_config(&cfg, lease)
             .required()
@@ -1212,7 +1244,7 @@ fn the_doctor_asks_for_exactly_the_grants_of_every_overlay() {
         assert_eq!(
             doctor,
             expected_for(&r),
-            "overlay {overlay}: `podca doctor` and the manifests disagree"
+            "{overlay}: `podca doctor` and the manifests disagree"
         );
     }
 }

@@ -4,7 +4,9 @@
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::config::config;
-use crate::objects::{args, container_port, pod_spec, podca_container, port_of, the_deployment};
+use crate::objects::{
+    args, container_port, flag, pod_spec, podca_container, port_of, the_deployment,
+};
 use crate::strict::{Rendered, parse_overlay};
 use crate::{ADMIN_PORT, OVERLAYS, SERVICE_ACCOUNT};
 
@@ -146,8 +148,15 @@ pub fn check_replicas(what: &str, flavour: &str, r: &Rendered) {
         .unwrap();
     let selector = spec.selector.match_labels.clone().unwrap();
     assert!(selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
-    if matches!(flavour, "ha" | "ha-postgres") {
-        assert_eq!(replicas, 2, "{what}: two replicas");
+    if matches!(flavour, "ha" | "ha-postgres" | "ha-sharded") {
+        // Rendezvous sharding (deploy/components/sharding): three, each signing its share.
+        let want = if flavour == "ha-sharded" { 3 } else { 2 };
+        assert_eq!(replicas, want, "{what}: {want} replicas");
+        assert_eq!(
+            flag(&a, "--sharding").as_deref(),
+            (flavour == "ha-sharded").then_some("rendezvous"),
+            "{what}: --sharding"
+        );
         assert!(elect, "{what}: --leader-elect");
         // The lease namespace comes from POD_NAMESPACE (downward API).
         let env = podca_container(d).env.clone().unwrap_or_default();
