@@ -261,6 +261,10 @@ impl ServeProcess {
         kill(name, self.child.id());
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Waits for the process to exit, at most `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
         let deadline = std::time::Instant::now() + timeout;

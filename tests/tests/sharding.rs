@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use podca_tests::bench::{bench_pcr, stubs, watch_issued};
+use podca_tests::bench::{bench_pcr, process_cpu, stubs, watch_issued};
 use podca_tests::cluster::Cluster;
 use podca_tests::emulator::{Emulator, Res};
 use podca_tests::postgres::Postgres;
@@ -212,13 +212,18 @@ async fn three_replicas_settle_a_burst_once_each_and_the_ledger_holds_each_once(
         Duration::from_secs(30),
     )
     .await;
+    let cpu = || -> Duration { replicas.iter().map(|r| process_cpu(r.pid())).sum() };
+    let cpu_before = cpu();
     let start = Instant::now();
     s.file("b", count);
     let took = wait_issued_total(s.emu(), count as u64, Duration::from_secs(300)).await;
+    let cpu_used = cpu() - cpu_before;
     eprintln!(
-        "{count} PCRs settled by {n} replicas in {took:.2?} ({:.0}/s, filing included: {:.2?})",
+        "{count} PCRs settled by {n} replicas in {took:.2?} ({:.0}/s, filing included: {:.2?}); \
+         CPU of the replicas {cpu_used:.2?} ({:.0} µs a PCR)",
         count as f64 / took.as_secs_f64(),
-        start.elapsed()
+        start.elapsed(),
+        cpu_used.as_secs_f64() * 1e6 / count as f64
     );
     let c = s.emu().counters();
     assert_eq!(c.issued, count as u64);
