@@ -14,7 +14,7 @@ use base64::engine::general_purpose::STANDARD;
 use podca_tests::process::{
     DevOptions, DevProcess, podca_binary, podca_bundle, podca_ca_init, podca_ca_rotate,
 };
-use podca_tests::verify::{der_to_pem, leaf_uris, webpki_verify};
+use podca_tests::verify::{der_to_pem, leaf_uris, openssl_verify, webpki_verify};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use spiffe::{JwtBundle, TrustDomain, WorkloadApiClient, X509Bundle};
@@ -514,6 +514,134 @@ fn mutual_tls(
     }
 }
 
+/// An SVID's chain as PEM.
+fn chain_pem(svid: &spiffe::X509Svid) -> String {
+    let ders: Vec<&[u8]> = svid.cert_chain().iter().map(|c| c.as_ref()).collect();
+    der_to_pem(&ders)
+}
+
+/// Trust anchors as PEM.
+fn anchors_pem(anchors: &[CertificateDer<'static>]) -> String {
+    let ders: Vec<&[u8]> = anchors.iter().map(|c| c.as_ref()).collect();
+    der_to_pem(&ders)
+}
+
+/// [`mutual_tls`] between `openssl s_server` and `openssl s_client` over loopback: the server
+/// requires a client certificate and both sides abort on a verification error. Ok when the
+/// client got the server's status page naming a client certificate; else openssl's output.
+fn openssl_mutual_tls(
+    server: &spiffe::X509Svid,
+    server_trusts: &[CertificateDer<'static>],
+    client: &spiffe::X509Svid,
+    client_trusts: &[CertificateDer<'static>],
+) -> Result<(), String> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let key_pem = |svid: &spiffe::X509Svid| {
+        pem::encode(&pem::Pem::new(
+            "PRIVATE KEY",
+            svid.private_key().as_ref().to_vec(),
+        ))
+    };
+    // `-cert` takes the leaf only; the intermediates go in `-cert_chain`.
+    let split = |svid: &spiffe::X509Svid| {
+        let ders: Vec<&[u8]> = svid.cert_chain().iter().map(|c| c.as_ref()).collect();
+        (der_to_pem(&ders[..1]), der_to_pem(&ders[1..]))
+    };
+    let ((server_leaf, server_chain), (client_leaf, client_chain)) = (split(server), split(client));
+    let (server_cert, server_chain, server_key, server_ca) = (
+        write("server.pem", server_leaf),
+        write("server-chain.pem", server_chain),
+        write("server.key", key_pem(server)),
+        write("server-trusts.pem", anchors_pem(server_trusts)),
+    );
+    let (client_cert, client_chain, client_key, client_ca) = (
+        write("client.pem", client_leaf),
+        write("client-chain.pem", client_chain),
+        write("client.key", key_pem(client)),
+        write("client-trusts.pem", anchors_pem(client_trusts)),
+    );
+    let port = podca_tests::process::free_port().to_string();
+    let mut s_server = Command::new("openssl")
+        .args([
+            "s_server",
+            "-accept",
+            &format!("127.0.0.1:{port}"),
+            "-naccept",
+            "1",
+        ])
+        .args(["-www", "-Verify", "1", "-verify_return_error", "-cert"])
+        .arg(&server_cert)
+        .arg("-cert_chain")
+        .arg(&server_chain)
+        .arg("-key")
+        .arg(&server_key)
+        .arg("-CAfile")
+        .arg(&server_ca)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl is installed");
+    // s_server says ACCEPT once it listens.
+    let mut lines = BufReader::new(s_server.stdout.take().unwrap()).lines();
+    let listening = lines
+        .by_ref()
+        .any(|l| l.is_ok_and(|l| l.starts_with("ACCEPT")));
+    assert!(listening, "openssl s_server did not listen");
+    let mut s_client = Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .args(["-verify_return_error", "-ign_eof", "-cert"])
+        .arg(&client_cert)
+        .arg("-cert_chain")
+        .arg(&client_chain)
+        .arg("-key")
+        .arg(&client_key)
+        .arg("-CAfile")
+        .arg(&client_ca)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl is installed");
+    s_client
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while s_client.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = s_client.kill();
+            let _ = s_server.kill();
+            return Err("openssl s_client did not finish within 20 s".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = s_client.wait_with_output().unwrap();
+    let _ = s_server.kill();
+    let _ = s_server.wait();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page_names_a_client_cert =
+        text.contains("HTTP/1.0 200 ok") && !text.contains("no client certificate available");
+    if out.status.success() && page_names_a_client_cert {
+        Ok(())
+    } else {
+        Err(text)
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn workloads_of_two_federated_trust_domains_complete_mutual_tls() {
     // Two podca dev, podca.dev.local (A) and b.test (B), each serving its bundle over
@@ -583,6 +711,31 @@ async fn workloads_of_two_federated_trust_domains_complete_mutual_tls() {
         .map(|p| CertificateDer::from(p.into_contents()))
         .collect();
     assert!(mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_own).is_err());
+    // The same boundary through an implementation independent of aws-lc: openssl's s_server
+    // and s_client complete mutual TLS with the federated bundles, and not with B's own; and
+    // `openssl verify` takes each SVID's chain under the bundle the peer federated and refuses
+    // it under the peer's own bundle (no issuer there).
+    openssl_mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_trusts_a)
+        .expect("openssl: A serves, B connects");
+    openssl_mutual_tls(&b_svid, &b_trusts_a, &a_svid, &a_trusts_b)
+        .expect("openssl: B serves, A connects");
+    let failed = openssl_mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_own)
+        .expect_err("openssl: B's client trusting only B's own bundle");
+    assert!(
+        failed.contains("unable to get local issuer certificate"),
+        "{failed}"
+    );
+    openssl_verify(&chain_pem(&a_svid), &anchors_pem(&b_trusts_a))
+        .expect("openssl: A's SVID under the bundle B federated");
+    openssl_verify(&chain_pem(&b_svid), &anchors_pem(&a_trusts_b))
+        .expect("openssl: B's SVID under the bundle A federated");
+    let refused = openssl_verify(&chain_pem(&a_svid), &anchors_pem(&b_own))
+        .expect_err("openssl: A's SVID under B's own bundle");
+    assert_eq!(
+        refused.code,
+        Some(podca_tests::verify::UNABLE_TO_GET_LOCAL_ISSUER),
+        "{refused}"
+    );
 
     // A JWT-SVID of A validates at B's Workload API (a federated trust domain's token).
     let a_client = WorkloadApiClient::connect_to(&format!("unix://{}", a.socket.display()))
@@ -623,6 +776,8 @@ async fn workloads_of_two_federated_trust_domains_complete_mutual_tls() {
     };
     let (a_svid, a_trusts_b) = svid_and_peer_bundle(&a, "b.test").await;
     mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_trusts_a).expect("after A's rotation");
+    openssl_mutual_tls(&a_svid, &a_trusts_b, &b_svid, &b_trusts_a)
+        .expect("openssl: after A's rotation");
     assert!(a.stop().success());
     assert!(b.stop().success());
 }
