@@ -68,9 +68,11 @@ pub fn watcher_config(config: kube::runtime::watcher::Config) -> kube::runtime::
 
 /// Why a call gave up waiting.
 #[derive(Debug, thiserror::Error)]
-#[error("the Kubernetes API did not answer {call} within {CALL_TIMEOUT:?}")]
+#[error("the Kubernetes API did not answer {call} within {after:?}")]
 pub struct TimedOut {
     pub call: &'static str,
+    /// The bound that passed ([`CALL_TIMEOUT`], or a Lease call's shorter one).
+    pub after: Duration,
 }
 
 /// Runs one Kubernetes call bounded by [`CALL_TIMEOUT`]; a timeout is counted under `call` and
@@ -88,7 +90,10 @@ pub async fn call<T>(
                 .get_or_create(&CallLabels { call })
                 .inc();
             warn!(call, timeout = ?CALL_TIMEOUT, "Kubernetes API call timed out; the work stays pending");
-            Err(kube::Error::Service(Box::new(TimedOut { call })))
+            Err(kube::Error::Service(Box::new(TimedOut {
+                call,
+                after: CALL_TIMEOUT,
+            })))
         }
     }
 }
@@ -213,7 +218,10 @@ impl tower_service::Service<http::Request<kube::client::Body>> for LeaseCalls {
                         .get_or_create(&CallLabels { call })
                         .inc();
                     warn!(call, timeout = ?bound, "leader Lease call timed out");
-                    Err(kube::Error::Service(Box::new(TimedOut { call })))
+                    Err(kube::Error::Service(Box::new(TimedOut {
+                        call,
+                        after: bound,
+                    })))
                 }
             }
         })
@@ -306,6 +314,43 @@ mod tests {
             );
             assert!(step_down < duration, "{duration:?}/{renew:?}");
         }
+    }
+
+    /// A stalled Lease call gives up after the Lease bound and says so, not the general one.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_lease_call_names_its_own_bound() {
+        /// A server that never answers.
+        #[derive(Clone)]
+        struct Stalled;
+        impl tower_service::Service<http::Request<kube::client::Body>> for Stalled {
+            type Response = LeaseResponse;
+            type Error = kube::Error;
+            type Future = std::future::Pending<Result<LeaseResponse, kube::Error>>;
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), kube::Error>> {
+                Poll::Ready(Ok(()))
+            }
+            fn call(&mut self, _: http::Request<kube::client::Body>) -> Self::Future {
+                std::future::pending()
+            }
+        }
+        let stalled = kube::Client::new(Stalled, "default");
+        let metrics = Arc::new(Metrics::new());
+        let bound = Duration::from_millis(500);
+        let (client, renewed) = lease_client(stalled, bound, Arc::clone(&metrics));
+        let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(client, "default");
+        let started = tokio::time::Instant::now();
+        let e = api
+            .get("podca-controller")
+            .await
+            .expect_err("never answered");
+        assert_eq!(started.elapsed(), bound);
+        assert!(
+            e.to_string()
+                .ends_with("the Kubernetes API did not answer lease_get within 500ms"),
+            "{e}"
+        );
+        assert!(renewed.borrow().is_none(), "a read renews nothing");
     }
 
     #[test]
