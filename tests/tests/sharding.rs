@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use podca_tests::bench::{bench_pcr, process_cpu, stubs, watch_issued};
-use podca_tests::cluster::Cluster;
+use podca_tests::cluster::{Cluster, PODCA_USER};
 use podca_tests::emulator::{Emulator, Res};
 use podca_tests::postgres::Postgres;
 use podca_tests::process::{ServeProcess, metric_value};
@@ -78,10 +78,15 @@ impl Setup {
 
     /// `podca serve --leader-elect` as `identity` (also its POD_NAME: the ledger's replica).
     fn replica(&self, identity: &str) -> ServeProcess {
+        self.replica_as(identity, &self.cluster.kubeconfig)
+    }
+
+    /// [`Setup::replica`] with its own `kubeconfig` (its own bearer token).
+    fn replica_as(&self, identity: &str, kubeconfig: &Path) -> ServeProcess {
         let pod_name = PathBuf::from(identity);
         ServeProcess::start(
             &self.config,
-            &self.cluster.kubeconfig,
+            kubeconfig,
             &[
                 "--leader-elect",
                 "--lease-namespace",
@@ -306,6 +311,60 @@ async fn a_replica_killed_or_stopped_mid_burst_costs_at_most_a_lease() {
         3 * count as u64,
         "one accepted write per PCR"
     );
+}
+
+/// One replica cut off from the API server mid-burst (a network partition: its requests and
+/// watches stall, the others are served), then all three restarted at once mid-burst: the
+/// partition costs at most the Lease duration + 2 s over the run without a fault, the healed
+/// replica rejoins, the new replicas settle what the old ones left, and no PCR is issued twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_replica_or_a_restart_of_all_issues_nothing_twice() {
+    let count = 3_000;
+    let (s, _) = setup(false).await;
+    let token = s
+        .emu()
+        .add_identity("podca-r2", PODCA_USER, &["system:authenticated"]);
+    let r2_kubeconfig = s.cluster.write_kubeconfig("podca-r2");
+    let r1 = s.replica("r1");
+    let r2 = s.replica_as("r2", &r2_kubeconfig);
+    let r3 = s.replica("r3");
+    wait_members(&[&r1, &r2, &r3], 3, Duration::from_secs(30)).await;
+    let no_fault = burst(&s, "calm", count, || {}).await;
+    let cut = burst(&s, "cut", count, || s.emu().partition(&token, true)).await;
+    eprintln!("longest wait: {no_fault:.2?} without a fault, {cut:.2?} with r2 partitioned");
+    assert!(
+        cut <= no_fault + LEASE + Duration::from_secs(2),
+        "partition: {cut:?} against {no_fault:?}"
+    );
+    // Healed, r2 rejoins (its held requests are delivered; a late status write is refused).
+    s.emu().partition(&token, false);
+    wait_members(&[&r1, &r2, &r3], 3, Duration::from_secs(30)).await;
+
+    // Every replica stopped at once (a rollout gone wrong, a node pool drained) and three new
+    // ones started: they settle the rest.
+    let before = s.emu().counters().issued;
+    let issued = watch_issued(s.emu(), "again-", count, Duration::from_secs(120)).await;
+    let filed = s.file("again", count);
+    wait_issued_total(s.emu(), before + count as u64 / 3, Duration::from_secs(120)).await;
+    let mut old = [r1, r2, r3];
+    for replica in &old {
+        replica.signal("TERM");
+    }
+    let fresh = ["r4", "r5", "r6"].map(|r| s.replica(r));
+    for replica in &mut old {
+        assert!(replica.wait_exit(Duration::from_secs(30)).success());
+    }
+    wait_issued_total(s.emu(), before + count as u64, Duration::from_secs(120)).await;
+    let longest = longest_wait(&filed, &issued.await.expect("the watcher"));
+    eprintln!("longest wait across the restart of all: {longest:.2?}");
+    let c = s.emu().counters();
+    assert_eq!(c.issued, 3 * count as u64);
+    assert_eq!(
+        c.status_writes_accepted,
+        3 * count as u64,
+        "one accepted write per PCR"
+    );
+    drop(fresh);
 }
 
 /// A fourth replica joining takes its quarter within a Lease duration.

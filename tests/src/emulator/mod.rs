@@ -674,6 +674,12 @@ impl Emulator {
     pub fn set_outage(&self, out: bool) {
         self.shared.outage.set(out);
     }
+    /// A network partition between the API and the clients presenting bearer `token` (`true`
+    /// cuts, `false` heals): for them alone it is a [`Self::set_outage`] outage; every other
+    /// client is served as usual.
+    pub fn partition(&self, token: &str, cut: bool) {
+        self.shared.outage.set_cut(&format!("Bearer {token}"), cut);
+    }
     /// API priority and fairness with a full priority level: at most `seats` requests in
     /// `scope` inside the server at once; one more is answered 429 with `Retry-After:
     /// retry_after_seconds` (also in the Status's `details.retryAfterSeconds`) and counted in

@@ -4,8 +4,11 @@
 //! silent for good (the server behind it is gone, so no event, bookmark or end of stream
 //! follows). When it ends, requests held meanwhile are served (a healed partition delivers them)
 //! and new ones as usual; a client notices the dead streams only by its own timeouts, and a
-//! client without them waits on them forever. Tests toggle it with `Emulator::set_outage` while clients run.
+//! client without them waits on them forever. Tests toggle it with `Emulator::set_outage` while clients run,
+//! or for one client's bearer token with `Emulator::partition` (a network partition between
+//! that client and the API).
 
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -15,16 +18,27 @@ use tokio::sync::watch;
 
 use super::RespBody;
 
-/// Whether the API is out, and how many outages have begun.
+/// Whether the API is out (for everyone, or for the clients of some bearer tokens), and how
+/// many outages have begun.
 #[derive(Debug)]
 pub(crate) struct Outage {
-    state: watch::Sender<(bool, u64)>,
+    state: watch::Sender<State>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct State {
+    out: bool,
+    begun: u64,
+    /// `Authorization` header values cut off now (a partition between one client and the API).
+    cut: HashSet<String>,
+    /// How many partitions each header value has been through.
+    cuts: HashMap<String, u64>,
 }
 
 impl Default for Outage {
     fn default() -> Self {
         Outage {
-            state: watch::Sender::new((false, 0)),
+            state: watch::Sender::new(State::default()),
         }
     }
 }
@@ -32,44 +46,74 @@ impl Default for Outage {
 impl Outage {
     /// Begins (`true`) or ends (`false`) an outage.
     pub(crate) fn set(&self, out: bool) {
-        self.state.send_if_modified(|(on, begun)| {
-            if *on == out {
+        self.state.send_if_modified(|s| {
+            if s.out == out {
                 return false;
             }
-            *on = out;
+            s.out = out;
             if out {
-                *begun += 1;
+                s.begun += 1;
             }
             true
         });
     }
 
-    pub(crate) fn is_out(&self) -> bool {
-        self.state.borrow().0
+    /// Cuts off (`true`) or reconnects (`false`) the clients that send `authorization`: for
+    /// them alone it is an outage.
+    pub(crate) fn set_cut(&self, authorization: &str, cut: bool) {
+        self.state.send_if_modified(|s| {
+            if s.cut.contains(authorization) == cut {
+                return false;
+            }
+            if cut {
+                s.cut.insert(authorization.to_owned());
+                *s.cuts.entry(authorization.to_owned()).or_default() += 1;
+            } else {
+                s.cut.remove(authorization);
+            }
+            true
+        });
     }
 
-    /// Returns once no outage lasts. A request caught in one is answered only after it, as the
-    /// network delivers it when a partition heals — if the client has not given up by then.
-    pub(crate) async fn stall_if_out(&self) {
+    /// Whether a request with this `Authorization` header finds the API out.
+    pub(crate) fn is_out_for(&self, authorization: &str) -> bool {
+        let s = self.state.borrow();
+        s.out || s.cut.contains(authorization)
+    }
+
+    /// Returns once no outage lasts for a client sending `authorization`. A request caught in
+    /// one is answered only after it, as the network delivers it when a partition heals — if
+    /// the client has not given up by then.
+    pub(crate) async fn stall_if_out(&self, authorization: &str) {
         let mut state = self.state.subscribe();
-        let _ = state.wait_for(|(out, _)| !out).await;
+        let _ = state
+            .wait_for(|s| !s.out && !s.cut.contains(authorization))
+            .await;
     }
 
-    /// A watch stream's body that falls silent for good once an outage begins.
-    pub(crate) fn watch_body(&self, inner: RespBody) -> RespBody {
-        let opened_after = self.state.borrow().1;
+    /// A watch stream's body that falls silent for good once an outage begins, for everyone or
+    /// for the client sending `authorization`.
+    pub(crate) fn watch_body(&self, inner: RespBody, authorization: &str) -> RespBody {
+        let opened_after = generation(&self.state.borrow(), authorization);
         http_body_util::BodyExt::boxed(Silenced {
             inner,
             state: self.state.subscribe(),
+            authorization: authorization.to_owned(),
             opened_after,
         })
     }
 }
 
+/// The outages a client sending `authorization` has been through: everyone's, and its own.
+fn generation(s: &State, authorization: &str) -> (u64, u64) {
+    (s.begun, s.cuts.get(authorization).copied().unwrap_or(0))
+}
+
 struct Silenced {
     inner: RespBody,
-    state: watch::Receiver<(bool, u64)>,
-    opened_after: u64,
+    state: watch::Receiver<State>,
+    authorization: String,
+    opened_after: (u64, u64),
 }
 
 impl Body for Silenced {
@@ -81,8 +125,7 @@ impl Body for Silenced {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let me = self.get_mut();
-        let (_, begun) = *me.state.borrow();
-        if begun != me.opened_after {
+        if generation(&me.state.borrow(), &me.authorization) != me.opened_after {
             // Dead: never woken again, as a connection whose far end vanished.
             return Poll::Pending;
         }

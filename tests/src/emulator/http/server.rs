@@ -95,10 +95,16 @@ impl Req {
 }
 
 async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBody> {
-    if shared.outage.is_out() {
+    let authorization = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    if shared.outage.is_out_for(&authorization) {
         shared.count(|c| c.stalled_requests += 1);
     }
-    shared.outage.stall_if_out().await;
+    shared.outage.stall_if_out(&authorization).await;
     shared.count(|c| c.requests += 1);
     let method = req.method().clone();
     let path = req.uri().path().to_string();
@@ -178,12 +184,17 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBod
         user,
     };
 
-    let mut response = answer(&shared, &r, fault).await;
+    let mut response = answer(&shared, &r, fault, &authorization).await;
     super::date::stamp(&mut response, shared.now());
     response
 }
 
-async fn answer(shared: &Arc<Shared>, r: &Req, fault: Option<u16>) -> Response<RespBody> {
+async fn answer(
+    shared: &Arc<Shared>,
+    r: &Req,
+    fault: Option<u16>,
+    authorization: &str,
+) -> Response<RespBody> {
     if let Some(code) = fault {
         shared.count(|c| c.injected_faults += 1);
         return error_response(&injected(code, &r.path));
@@ -191,7 +202,7 @@ async fn answer(shared: &Arc<Shared>, r: &Req, fault: Option<u16>) -> Response<R
 
     let is_watch = matches!(r.query.get("watch").map(String::as_str), Some("true" | "1"));
     match route(shared, r).await {
-        Ok(resp) if is_watch => resp.map(|body| shared.outage.watch_body(body)),
+        Ok(resp) if is_watch => resp.map(|body| shared.outage.watch_body(body, authorization)),
         Ok(resp) => resp,
         Err(e) => {
             shared.count(|c| match e.code {
