@@ -619,8 +619,10 @@ fn openssl_mutual_tls(
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while s_client.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > deadline {
-            let _ = s_client.kill();
-            let _ = s_server.kill();
+            for child in [&mut s_client, &mut s_server] {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
             return Err("openssl s_client did not finish within 20 s".into());
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
