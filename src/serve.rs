@@ -198,7 +198,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             )
         }),
     };
-    let options = kube_component::options(&config, flags, ca, ledger, namespace_labels);
+    let mut options = kube_component::options(&config, flags, ca, ledger, namespace_labels);
+    // Each federated trust domain's bundle, as a ClusterTrustBundle for its signers' pods.
+    options.foreign_anchors = (!config.federation.is_empty()).then(|| federated.x509_authorities());
     kube_component::controller(&mut rt, client, options);
     rt.run(signals).await?;
     Ok(())

@@ -90,6 +90,7 @@ pub async fn run(
         ledger,
         ready,
         namespace_labels,
+        foreign_anchors,
     } = options;
     if signers.is_empty() {
         return Err(Error::NoSigners);
@@ -104,7 +105,9 @@ pub async fn run(
     });
     // A bad bundle name or instance label is a configuration error: refuse to start.
     let publisher = publisher
-        .map(|o| Publisher::for_policies(&signers, &o))
+        .map(|o| {
+            Publisher::for_policies(&signers, &o).map(|p| p.with_foreign(foreign_anchors.clone()))
+        })
         .transpose()
         .map_err(|e| Error::Config(e.to_string()))?;
     // The issuing CA's notAfter follows every swap (rotation, reload).

@@ -84,6 +84,10 @@ pub struct Options {
     /// The namespace labels the signers' rules read; [`run`] watches namespaces into it.
     /// `None`: no rule reads `namespaceObject.metadata.labels` (podca then needs no namespace permission).
     pub namespace_labels: Option<podca_signer::rules::NamespaceLabels>,
+    /// The X.509 authorities of the federated trust domains in force (`[[federation]]`): the
+    /// publisher keeps a ClusterTrustBundle of each for every signer that federates with it.
+    /// `None`: no federation.
+    pub foreign_anchors: Option<publisher::ForeignAnchors>,
 }
 
 impl std::fmt::Debug for Options {
@@ -124,6 +128,7 @@ impl Options {
             ledger: None,
             ready: None,
             namespace_labels: None,
+            foreign_anchors: None,
         }
     }
 }

@@ -93,6 +93,32 @@ impl FederatedBundles {
         self.tx.subscribe()
     }
 
+    /// The X.509 authorities of every foreign bundle in force, by trust domain, kept current
+    /// by a task (the ClusterTrustBundle publisher's view; call within a Tokio runtime).
+    #[allow(clippy::type_complexity)] // the publisher's `ForeignAnchors`, spelled out
+    pub fn x509_authorities(
+        &self,
+    ) -> watch::Receiver<Arc<BTreeMap<String, Vec<podca_signer::CaCertificate>>>> {
+        let anchors = |map: &BundleMap| {
+            Arc::new(
+                map.iter()
+                    .map(|(td, b)| (td.clone(), b.bundle.x509_authorities.clone()))
+                    .collect::<BTreeMap<_, _>>(),
+            )
+        };
+        let mut source = self.subscribe();
+        let (tx, rx) = watch::channel(anchors(&source.borrow_and_update()));
+        tokio::spawn(async move {
+            while source.changed().await.is_ok() {
+                let next = anchors(&source.borrow_and_update());
+                if tx.send(next).is_err() {
+                    break;
+                }
+            }
+        });
+        rx
+    }
+
     /// The bundles `federates_with` allows (a signer's allow-list), by trust domain.
     pub fn for_signer(map: &BundleMap, federates_with: &[String]) -> BundleMap {
         map.iter()

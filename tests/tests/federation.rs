@@ -863,3 +863,125 @@ fn federates_with_and_federation_tables_must_agree_at_start() {
         assert!(stderr.contains(message), "{message}: {stderr}");
     }
 }
+
+/// ClusterTrustBundles as (name, trustBundle).
+type NamedBundles = [(String, String)];
+
+/// The ClusterTrustBundles of `signer` in the emulator labelled with the federated trust
+/// domain `td`: (name, trustBundle).
+fn federated_ctbs(emu: &podca_tests::Emulator, signer: &str, td: &str) -> Vec<(String, String)> {
+    emu.list_objects(podca_tests::emulator::Res::Ctb, None)
+        .into_iter()
+        .filter(|o| {
+            o["spec"]["signerName"] == signer
+                && o["metadata"]["labels"]["podca.dev/federated-trust-domain"] == td
+        })
+        .map(|o| {
+            (
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                o["spec"]["trustBundle"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// `podca serve` federating with a `podca dev` over https_spiffe publishes the foreign trust
+/// domain's authorities as a ClusterTrustBundle of the signer that federates with it, labelled
+/// with that trust domain, and never mixes them into the signer's own bundle; a rotation of the
+/// foreign CA reaches the ClusterTrustBundle.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_publishes_a_federated_trust_domain_as_a_cluster_trust_bundle() {
+    const SIGNER: &str = "example.com/workload";
+    let work = tempfile::tempdir().unwrap();
+    let b_data = work.path().join("b");
+    podca_ca_init(&b_data);
+    let b_port = podca_tests::process::free_port();
+    let b_endpoint_id = "spiffe://b.test/podca/bundle-endpoint";
+    let b_initial = work.path().join("b.json");
+    std::fs::write(&b_initial, spiffe_document(&b_data).to_string()).unwrap();
+    let b = DevProcess::start_with(DevOptions {
+        config: Some(&format!(
+            "[signers.\"podca.dev/b\"]\ntrust_domain = \"b.test\"\n\n[bundle_endpoint]\n\
+             listen = \"127.0.0.1:{b_port}\"\nprofile = \"https_spiffe\"\n\
+             spiffe_id = \"{b_endpoint_id}\"\n"
+        )),
+        data_dir: Some(b_data.clone()),
+        ..DevOptions::default()
+    });
+
+    let (cluster, ca_dir) = podca_tests::cluster::Cluster::for_serve(SIGNER, "bench").await;
+    let config = cluster.dir.path().join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\
+             federates_with = [\"b.test\"]\n\n[[federation]]\ntrust_domain = \"b.test\"\n\
+             bundle_endpoint_url = \"https://127.0.0.1:{b_port}/\"\nprofile = \"https_spiffe\"\n\
+             endpoint_spiffe_id = \"{b_endpoint_id}\"\ninitial_bundle = {:?}\n\
+             min_refresh_seconds = 1\nmax_refresh_seconds = 1\n",
+            ca_dir.display().to_string(),
+            b_initial.display().to_string()
+        ),
+    )
+    .unwrap();
+    let _serve = podca_tests::process::ServeProcess::start(
+        &config,
+        &cluster.kubeconfig,
+        &["--no-grpc"],
+        &[],
+    );
+    let emu = &cluster.emu;
+    let wait_for = |what: &str, ok: &dyn Fn(&NamedBundles) -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let found = federated_ctbs(emu, SIGNER, "b.test");
+            if ok(&found) {
+                return found;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} within 30 s: {found:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    };
+    let anchors = |pem: &str| pem::parse_many(pem).unwrap().len();
+    let b_bundle = podca_bundle(&b_data);
+    let found = wait_for("b.test's ClusterTrustBundle", &|f| f.len() == 1);
+    let (name, pem) = &found[0];
+    assert_eq!(name, "example.com:workload:podca.federated.b.test");
+    assert_eq!(
+        pem::parse_many(pem).unwrap(),
+        pem::parse_many(&b_bundle).unwrap(),
+        "the federated bundle holds b.test's authorities, as `podca bundle` prints them"
+    );
+    // The signer's own bundle holds its own CA's anchors and none of b.test's.
+    let own = emu
+        .get_object(
+            podca_tests::emulator::Res::Ctb,
+            "",
+            "example.com:workload:podca",
+        )
+        .expect("the signer's own ClusterTrustBundle");
+    let own_pem = own["spec"]["trustBundle"].as_str().unwrap();
+    assert_eq!(own_pem, podca_bundle(&ca_dir));
+    for foreign in pem::parse_many(&b_bundle).unwrap() {
+        assert!(!pem::parse_many(own_pem).unwrap().contains(&foreign));
+    }
+    // b.test rotates: the next root reaches the ClusterTrustBundle within the refresh hint.
+    podca_ca_rotate(&b_data);
+    let rotated = wait_for("b.test's rotation", &|f| {
+        f.len() == 1 && anchors(&f[0].1) == 2
+    });
+    assert_eq!(
+        pem::parse_many(&rotated[0].1).unwrap(),
+        pem::parse_many(podca_bundle(&b_data)).unwrap()
+    );
+    assert!(b.stop().success());
+}

@@ -211,6 +211,7 @@ mod tests {
             name: "example.com:s:podca".into(),
             signer_name: "example.com/s".into(),
             tenant: None,
+            federated: None,
         }
     }
 

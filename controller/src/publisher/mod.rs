@@ -36,6 +36,7 @@ use names::{MAX_NAME_LEN, bundle_name, label_value_problem};
 use plan::{Action, decide, owner_labels, trust_bundle};
 use podca_authority::metrics::{Metrics, OpLabels};
 use podca_authority::trust::{CaSet, CaSnapshot};
+use podca_signer::CaCertificate;
 
 pub use plan::{DesiredBundle, TrustBundle};
 
@@ -47,6 +48,13 @@ pub const INSTANCE_LABEL: &str = "podca.dev/instance";
 /// The label of a tenant's bundle (value: the tenant's name): a pod of the tenant selects it
 /// with its `clusterTrustBundle` projection's `labelSelector`.
 pub const TENANT_LABEL: &str = "podca.dev/tenant";
+/// The label of a federated trust domain's bundle (value: the foreign trust domain): a pod of a
+/// signer that federates with it selects it with its projection's `labelSelector`.
+pub const FEDERATED_LABEL: &str = "podca.dev/federated-trust-domain";
+
+/// The X.509 authorities of each federated trust domain in force, by trust domain (no
+/// `spiffe://`); every change wakes a publishing pass.
+pub type ForeignAnchors = watch::Receiver<Arc<BTreeMap<String, Vec<CaCertificate>>>>;
 pub use podca_authority::config::{
     DEFAULT_BUNDLE_INSTANCE as DEFAULT_INSTANCE, DEFAULT_BUNDLE_RESYNC as DEFAULT_RESYNC,
     DEFAULT_BUNDLE_SUFFIX as DEFAULT_SUFFIX,
@@ -94,6 +102,12 @@ pub enum PublisherError {
     },
     #[error("instance {instance:?}: {reason}")]
     InvalidInstance { instance: String, reason: String },
+    #[error("federated trust domain {trust_domain:?} of signer {signer:?}: {reason}")]
+    InvalidFederatedTrustDomain {
+        signer: String,
+        trust_domain: String,
+        reason: String,
+    },
     #[error("the CA snapshot holds no CA certificate to publish")]
     NoAnchors,
     #[error(
@@ -108,6 +122,7 @@ pub struct Publisher {
     bundles: Vec<DesiredBundle>,
     labels: BTreeMap<String, String>,
     resync: Duration,
+    foreign: Option<ForeignAnchors>,
 }
 
 impl Publisher {
@@ -136,6 +151,7 @@ impl Publisher {
                     name: bundle_name(&signer, suffix)?,
                     signer_name: signer,
                     tenant: None,
+                    federated: None,
                 })
             })
             .collect::<Result<Vec<_>, PublisherError>>()?;
@@ -143,11 +159,13 @@ impl Publisher {
             bundles,
             labels: owner_labels(instance),
             resync: (*resync).max(Duration::from_millis(100)),
+            foreign: None,
         })
     }
 
-    /// Every signer's bundle and one per tenant of a signer
-    /// (`<signer with / → :>:<suffix>.<tenant>`, labelled [`TENANT_LABEL`]).
+    /// Every signer's bundle, one per tenant of a signer (`<signer with / → :>:<suffix>.<tenant>`,
+    /// labelled [`TENANT_LABEL`]) and one per trust domain a signer federates with
+    /// (`<signer with / → :>:<suffix>.federated.<trust domain>`, labelled [`FEDERATED_LABEL`]).
     pub fn for_policies(
         signers: &BTreeMap<String, podca_signer::SignerPolicy>,
         options: &PublisherOptions,
@@ -159,10 +177,32 @@ impl Publisher {
                     name: bundle_name(signer, &format!("{}.{}", options.suffix, tenant.name))?,
                     signer_name: signer.clone(),
                     tenant: Some(tenant.name.to_owned()),
+                    federated: None,
+                });
+            }
+            for td in &policy.federates_with {
+                if let Some(reason) = label_value_problem(td) {
+                    return Err(PublisherError::InvalidFederatedTrustDomain {
+                        signer: signer.clone(),
+                        trust_domain: td.clone(),
+                        reason,
+                    });
+                }
+                publisher.bundles.push(DesiredBundle {
+                    name: bundle_name(signer, &format!("{}.federated.{td}", options.suffix))?,
+                    signer_name: signer.clone(),
+                    tenant: None,
+                    federated: Some(td.clone()),
                 });
             }
         }
         Ok(publisher)
+    }
+
+    /// Publishes the federated trust domains' bundles from `foreign` (without it, or until a
+    /// trust domain's first bundle is in force, its ClusterTrustBundle is left as it is).
+    pub fn with_foreign(self, foreign: Option<ForeignAnchors>) -> Self {
+        Publisher { foreign, ..self }
     }
 
     /// The labels a bundle carries: the owner labels, and a tenant's name.
@@ -170,6 +210,9 @@ impl Publisher {
         let mut labels = self.labels.clone();
         if let Some(tenant) = &desired.tenant {
             labels.insert(TENANT_LABEL.into(), tenant.clone());
+        }
+        if let Some(td) = &desired.federated {
+            labels.insert(FEDERATED_LABEL.into(), td.clone());
         }
         labels
     }
@@ -227,6 +270,8 @@ impl Publisher {
                 |mut rx| async { rx.changed().await.ok().map(|()| ((), rx)) },
             ))
         }));
+        // Every change of a federated trust domain's bundle wakes a pass too.
+        let mut foreign = self.foreign.clone();
         let mut state = State::default();
         let mut resync = tokio::time::interval(self.resync);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -244,6 +289,12 @@ impl Publisher {
                 }
                 () = poke.notified() => {}
                 () = sleep_until(retry_at) => {}
+                changed = foreign_changed(&mut foreign) => {
+                    if !changed {
+                        foreign = None;
+                    }
+                    debug!("a federated bundle changed");
+                }
             }
             let snapshots: BTreeMap<String, Arc<CaSnapshot>> = cas
                 .iter()
@@ -308,7 +359,26 @@ impl Publisher {
         }
         // Publish first, collect garbage second: when the suffix changes, the new bundle exists
         // before the old one goes, so a label-selecting projection never finds nothing.
+        let foreign = self.foreign.as_ref().map(|f| Arc::clone(&f.borrow()));
         for desired in &self.bundles {
+            if let Some(td) = &desired.federated {
+                // A trust domain without a bundle in force yet keeps what was published.
+                let Some(anchors) = foreign.as_ref().and_then(|f| f.get(td)) else {
+                    continue;
+                };
+                match trust_bundle(anchors) {
+                    Ok(bundle) => {
+                        ok &= self
+                            .reconcile(ctbs, desired, &bundle, state, metrics, leading)
+                            .await;
+                    }
+                    Err(e) => {
+                        metrics.ctb_publish_errors.inc();
+                        error!(trust_domain = %td, error = %e, "cannot build the federated trust bundle");
+                    }
+                }
+                continue;
+            }
             let ca = cas.ca_name_for(&desired.signer_name, desired.tenant.as_deref());
             if let Some(Some(bundle)) = bundles.get(ca) {
                 ok &= self
@@ -408,6 +478,15 @@ impl Publisher {
     }
 }
 
+/// Waits for a change of the federated bundles: true on a change, false once the sender is
+/// gone; forever without a receiver.
+async fn foreign_changed(foreign: &mut Option<ForeignAnchors>) -> bool {
+    match foreign {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
 /// What the publisher remembers between passes (within one leadership term).
 #[derive(Debug, Default)]
 struct State {
@@ -493,5 +572,46 @@ mod tests {
         );
         assert_eq!(p.bundles()[0].name, "example.com:a:podca");
         assert_eq!(p.bundles()[1].signer_name, "example.com/b");
+    }
+
+    /// A signer that federates gets one bundle per foreign trust domain, named after the
+    /// suffix and labelled with the trust domain; a trust domain that cannot be a label value
+    /// is refused with the signer's and the trust domain's names.
+    #[test]
+    fn federated_trust_domains_get_labelled_bundles_of_their_signer() {
+        let mut policy = podca_signer::SignerPolicy::permissive("cluster.local");
+        policy.federates_with = vec!["b.test".into(), "c.example".into()];
+        let signers = BTreeMap::from([("example.com/mesh".to_string(), policy.clone())]);
+        let p = Publisher::for_policies(&signers, &PublisherOptions::default()).unwrap();
+        let federated: Vec<(&str, Option<&str>)> = p
+            .bundles()
+            .iter()
+            .map(|b| (b.name.as_str(), b.federated.as_deref()))
+            .collect();
+        assert_eq!(
+            federated,
+            [
+                ("example.com:mesh:podca", None),
+                ("example.com:mesh:podca.federated.b.test", Some("b.test")),
+                (
+                    "example.com:mesh:podca.federated.c.example",
+                    Some("c.example")
+                ),
+            ]
+        );
+        let labels = p.labels_of(&p.bundles()[1]);
+        assert_eq!(
+            labels.get(FEDERATED_LABEL).map(String::as_str),
+            Some("b.test")
+        );
+        assert!(!p.labels_of(&p.bundles()[0]).contains_key(FEDERATED_LABEL));
+        let long = format!("{}.example", "x".repeat(60));
+        policy.federates_with = vec![long.clone()];
+        let signers = BTreeMap::from([("example.com/mesh".to_string(), policy)]);
+        let e = Publisher::for_policies(&signers, &PublisherOptions::default()).unwrap_err();
+        assert!(
+            matches!(&e, PublisherError::InvalidFederatedTrustDomain { trust_domain, .. } if *trust_domain == long),
+            "{e}"
+        );
     }
 }

@@ -17,6 +17,9 @@ pub struct DesiredBundle {
     pub signer_name: String,
     /// A tenant's bundle (labelled [`super::TENANT_LABEL`]); `None`: the signer's own.
     pub tenant: Option<String>,
+    /// A federated trust domain's bundle (labelled [`super::FEDERATED_LABEL`]), holding that
+    /// trust domain's X.509 authorities instead of a CA's anchors.
+    pub federated: Option<String>,
 }
 
 /// The `spec.trustBundle` of every desired bundle, built from the anchors.
@@ -196,6 +199,7 @@ mod tests {
             name: "example.com:s:podca".into(),
             signer_name: "example.com/s".into(),
             tenant: None,
+            federated: None,
         };
         let ours = owner_labels("podca");
         let mut extra = ours.clone();

@@ -210,6 +210,7 @@ mod tests {
             name: "example.com:mesh:podca".into(),
             signer_name: "example.com/mesh".into(),
             tenant: None,
+            federated: None,
         }
     }
 
