@@ -200,7 +200,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mut options = kube_component::options(&config, flags, ca, ledger, namespace_labels);
     // Each federated trust domain's bundle, as a ClusterTrustBundle for its signers' pods.
-    options.foreign_anchors = (!config.federation.is_empty()).then(|| federated.x509_authorities());
+    options.foreign_anchors = (!config.federation.is_empty()).then(|| federated.subscribe());
     kube_component::controller(&mut rt, client, options);
     rt.run(signals).await?;
     Ok(())

@@ -30,6 +30,9 @@ pub struct ForeignBundle {
     /// When it was accepted (fetched, or read from the configured initial bundle or the
     /// last-good file).
     pub accepted_at: OffsetDateTime,
+    /// Read from the configured `initial_bundle` at start, not fetched nor kept: it bootstraps
+    /// the first fetch, but may be older than what was published before a restart.
+    pub from_initial_bundle: bool,
 }
 
 impl ForeignBundle {
@@ -91,32 +94,6 @@ impl FederatedBundles {
     /// A receiver woken on every change of any foreign bundle.
     pub fn subscribe(&self) -> watch::Receiver<Arc<BundleMap>> {
         self.tx.subscribe()
-    }
-
-    /// The X.509 authorities of every foreign bundle in force, by trust domain, kept current
-    /// by a task (the ClusterTrustBundle publisher's view; call within a Tokio runtime).
-    #[allow(clippy::type_complexity)] // the publisher's `ForeignAnchors`, spelled out
-    pub fn x509_authorities(
-        &self,
-    ) -> watch::Receiver<Arc<BTreeMap<String, Vec<podca_signer::CaCertificate>>>> {
-        let anchors = |map: &BundleMap| {
-            Arc::new(
-                map.iter()
-                    .map(|(td, b)| (td.clone(), b.bundle.x509_authorities.clone()))
-                    .collect::<BTreeMap<_, _>>(),
-            )
-        };
-        let mut source = self.subscribe();
-        let (tx, rx) = watch::channel(anchors(&source.borrow_and_update()));
-        tokio::spawn(async move {
-            while source.changed().await.is_ok() {
-                let next = anchors(&source.borrow_and_update());
-                if tx.send(next).is_err() {
-                    break;
-                }
-            }
-        });
-        rx
     }
 
     /// The bundles `federates_with` allows (a signer's allow-list), by trust domain.
@@ -192,6 +169,7 @@ mod tests {
                 refresh_hint: None,
             },
             accepted_at: OffsetDateTime::UNIX_EPOCH,
+            from_initial_bundle: false,
         }
     }
 

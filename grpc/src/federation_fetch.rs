@@ -346,12 +346,13 @@ pub fn start(
                 config.endpoint_spiffe_id
             )));
         }
-        let initial = initial_bundle(config, state_dir.as_deref())?;
+        let (initial, from_initial_bundle) = initial_bundle(config, state_dir.as_deref())?;
         check(&td, &initial, None).map_err(|e| entry(format!("the starting bundle: {e}")))?;
         let first = ForeignBundle {
             trust_domain: td.clone(),
             bundle: initial,
             accepted_at: OffsetDateTime::now_utc(),
+            from_initial_bundle,
         };
         metrics.accepted(&first);
         bundles.accept(first).map_err(|e| entry(e.to_string()))?;
@@ -370,15 +371,17 @@ pub fn start(
     Ok(())
 }
 
+/// The bundle to start from, and whether it is the configured `initial_bundle` (rather than
+/// the last good one kept in `state_dir`).
 fn initial_bundle(
     config: &FederationConfig,
     state_dir: Option<&Path>,
-) -> Result<SpiffeBundle, FederationStartError> {
+) -> Result<(SpiffeBundle, bool), FederationStartError> {
     if let Some(dir) = state_dir {
         let path = last_good_path(dir, &config.trust_domain);
         if let Ok(json) = std::fs::read(&path) {
             match SpiffeBundle::parse(&json) {
-                Ok(bundle) => return Ok(bundle),
+                Ok(bundle) => return Ok((bundle, false)),
                 Err(e) => {
                     warn!(path = %path.display(), error = %e, "federation: the last good bundle is unreadable; starting from initial_bundle")
                 }
@@ -392,7 +395,8 @@ fn initial_bundle(
         detail,
     };
     let json = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
-    SpiffeBundle::parse(&json).map_err(|e| failed(e.to_string()))
+    let bundle = SpiffeBundle::parse(&json).map_err(|e| failed(e.to_string()))?;
+    Ok((bundle, true))
 }
 
 /// Fetches `endpoint` now and then on [`next_fetch_in`]'s schedule until `stop`.
@@ -427,6 +431,7 @@ async fn refresh(
                     trust_domain: td.clone(),
                     bundle,
                     accepted_at: OffsetDateTime::now_utc(),
+                    from_initial_bundle: false,
                 };
                 metrics.accepted(&accepted);
                 match bundles.accept(accepted) {
@@ -651,6 +656,7 @@ mod tests {
                 refresh_hint: Some(60),
             },
             accepted_at: OffsetDateTime::now_utc(),
+            from_initial_bundle: false,
         }
     }
 

@@ -851,6 +851,7 @@ mod tests {
                     refresh_hint: None,
                 },
                 accepted_at: OffsetDateTime::UNIX_EPOCH,
+                from_initial_bundle: false,
             })
             .unwrap();
         let map = bundles.current();

@@ -930,7 +930,7 @@ async fn serve_publishes_a_federated_trust_domain_as_a_cluster_trust_bundle() {
         ),
     )
     .unwrap();
-    let _serve = podca_tests::process::ServeProcess::start(
+    let serve = podca_tests::process::ServeProcess::start(
         &config,
         &cluster.kubeconfig,
         &["--no-grpc"],
@@ -983,5 +983,31 @@ async fn serve_publishes_a_federated_trust_domain_as_a_cluster_trust_bundle() {
         pem::parse_many(&rotated[0].1).unwrap(),
         pem::parse_many(podca_bundle(&b_data)).unwrap()
     );
+    // b.test's endpoint down and podca serve restarted: it starts from the configured initial
+    // bundle (the one root from before the rotation), which must not replace the rotated one
+    // it published; the passes run all the same.
     assert!(b.stop().success());
+    drop(serve);
+    let serve = podca_tests::process::ServeProcess::start(
+        &config,
+        &cluster.kubeconfig,
+        &["--no-grpc"],
+        &[],
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while podca_tests::process::metric_value(&serve.metrics(), "podca_ctb_passes_total") < 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no publishing passes: {}",
+            serve
+                .metrics()
+                .lines()
+                .filter(|l| l.contains("ctb") || l.contains("federation"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let kept = federated_ctbs(emu, SIGNER, "b.test");
+    assert_eq!(kept, rotated, "the restart kept the rotated bundle");
 }

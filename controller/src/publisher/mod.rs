@@ -36,7 +36,6 @@ use names::{MAX_NAME_LEN, bundle_name, label_value_problem};
 use plan::{Action, decide, owner_labels, trust_bundle};
 use podca_authority::metrics::{Metrics, OpLabels};
 use podca_authority::trust::{CaSet, CaSnapshot};
-use podca_signer::CaCertificate;
 
 pub use plan::{DesiredBundle, TrustBundle};
 
@@ -52,9 +51,10 @@ pub const TENANT_LABEL: &str = "podca.dev/tenant";
 /// signer that federates with it selects it with its projection's `labelSelector`.
 pub const FEDERATED_LABEL: &str = "podca.dev/federated-trust-domain";
 
-/// The X.509 authorities of each federated trust domain in force, by trust domain (no
-/// `spiffe://`); every change wakes a publishing pass.
-pub type ForeignAnchors = watch::Receiver<Arc<BTreeMap<String, Vec<CaCertificate>>>>;
+/// The bundles of the federated trust domains in force, by trust domain (no `spiffe://`), from
+/// [`podca_grpc::federation::FederatedBundles::subscribe`]; every change wakes a publishing
+/// pass.
+pub type ForeignAnchors = watch::Receiver<Arc<podca_grpc::federation::BundleMap>>;
 pub use podca_authority::config::{
     DEFAULT_BUNDLE_INSTANCE as DEFAULT_INSTANCE, DEFAULT_BUNDLE_RESYNC as DEFAULT_RESYNC,
     DEFAULT_BUNDLE_SUFFIX as DEFAULT_SUFFIX,
@@ -363,20 +363,32 @@ impl Publisher {
         for desired in &self.bundles {
             if let Some(td) = &desired.federated {
                 // A trust domain without a bundle in force yet keeps what was published.
-                let Some(anchors) = foreign.as_ref().and_then(|f| f.get(td)) else {
+                let Some(foreign) = foreign.as_ref().and_then(|f| f.get(td)) else {
                     continue;
                 };
-                match trust_bundle(anchors) {
-                    Ok(bundle) => {
-                        ok &= self
-                            .reconcile(ctbs, desired, &bundle, state, metrics, leading)
-                            .await;
-                    }
+                let bundle = match trust_bundle(&foreign.bundle.x509_authorities) {
+                    Ok(bundle) => bundle,
                     Err(e) => {
                         metrics.ctb_publish_errors.inc();
                         error!(trust_domain = %td, error = %e, "cannot build the federated trust bundle");
+                        continue;
+                    }
+                };
+                // The configured initial bundle creates a missing one but never replaces a
+                // published one: after a restart it may be older than what was fetched before.
+                if foreign.from_initial_bundle {
+                    match ctbs.get(&desired.name).await {
+                        Ok(None) => {}
+                        Ok(Some(_)) => continue,
+                        Err(e) => {
+                            ok &= ctb::api_failure(metrics, &desired.name, "read", &e);
+                            continue;
+                        }
                     }
                 }
+                ok &= self
+                    .reconcile(ctbs, desired, &bundle, state, metrics, leading)
+                    .await;
                 continue;
             }
             let ca = cas.ca_name_for(&desired.signer_name, desired.tenant.as_deref());
