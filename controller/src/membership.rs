@@ -349,7 +349,10 @@ pub(crate) fn start(
                     if *current == next {
                         return false;
                     }
-                    info!(members = ?next.live, "members changed");
+                    // Each renewal moves `me_until`; only a change of the set is news.
+                    if current.live != next.live {
+                        info!(members = ?next.live, "members changed");
+                    }
                     *current = next;
                     true
                 });
