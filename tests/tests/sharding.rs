@@ -176,17 +176,26 @@ fn longest_wait(filed: &HashMap<String, Instant>, issued: &HashMap<String, Insta
         .unwrap_or_default()
 }
 
-/// One burst of `count` PCRs `<prefix>-<i>`; `during` runs once a third are Issued. Returns the
-/// longest wait of a PCR.
-async fn burst(s: &Setup, prefix: &str, count: usize, during: impl FnOnce()) -> Duration {
-    let before = s.emu().counters().issued;
-    let issued = watch_issued(
+/// When each of `count` PCRs `<prefix>-<i>` is seen Issued, from now on.
+async fn watch_prefix(
+    s: &Setup,
+    prefix: &str,
+    count: usize,
+) -> tokio::task::JoinHandle<HashMap<String, Instant>> {
+    watch_issued(
         s.emu(),
         &format!("{prefix}-"),
         count,
         Duration::from_secs(120),
     )
-    .await;
+    .await
+}
+
+/// One burst of `count` PCRs `<prefix>-<i>`; `during` runs once a third are Issued. Returns the
+/// longest wait of a PCR.
+async fn burst(s: &Setup, prefix: &str, count: usize, during: impl FnOnce()) -> Duration {
+    let before = s.emu().counters().issued;
+    let issued = watch_prefix(s, prefix, count).await;
     let filed = s.file(prefix, count);
     wait_issued_total(s.emu(), before + count as u64 / 3, Duration::from_secs(120)).await;
     during();
@@ -342,20 +351,19 @@ async fn a_partitioned_replica_or_a_restart_of_all_issues_nothing_twice() {
 
     // Every replica stopped at once (a rollout gone wrong, a node pool drained) and three new
     // ones started: they settle the rest.
-    let before = s.emu().counters().issued;
-    let issued = watch_issued(s.emu(), "again-", count, Duration::from_secs(120)).await;
-    let filed = s.file("again", count);
-    wait_issued_total(s.emu(), before + count as u64 / 3, Duration::from_secs(120)).await;
-    let mut old = [r1, r2, r3];
-    for replica in &old {
-        replica.signal("TERM");
-    }
-    let fresh = ["r4", "r5", "r6"].map(|r| s.replica(r));
-    for replica in &mut old {
-        assert!(replica.wait_exit(Duration::from_secs(30)).success());
-    }
-    wait_issued_total(s.emu(), before + count as u64, Duration::from_secs(120)).await;
-    let longest = longest_wait(&filed, &issued.await.expect("the watcher"));
+    let mut old = Some([r1, r2, r3]);
+    let mut fresh = None;
+    let longest = burst(&s, "again", count, || {
+        let mut old = old.take().expect("the first three");
+        for replica in &old {
+            replica.signal("TERM");
+        }
+        fresh = Some(["r4", "r5", "r6"].map(|r| s.replica(r)));
+        for replica in &mut old {
+            assert!(replica.wait_exit(Duration::from_secs(30)).success());
+        }
+    })
+    .await;
     eprintln!("longest wait across the restart of all: {longest:.2?}");
     let c = s.emu().counters();
     assert_eq!(c.issued, 3 * count as u64);
@@ -459,13 +467,7 @@ async fn the_failover_stall_is_at_most_a_lease_in_both_modes() {
         let before = burst(&s, &format!("{mode}-warm"), 30, || {}).await;
         let count = 60;
         let after = format!("{mode}-after");
-        let issued = watch_issued(
-            s.emu(),
-            &format!("{after}-"),
-            count,
-            Duration::from_secs(120),
-        )
-        .await;
+        let issued = watch_prefix(&s, &after, count).await;
         replicas[victim].signal("KILL");
         let filed = s.file(&after, count);
         wait_issued_total(s.emu(), 30 + count as u64, Duration::from_secs(60)).await;
