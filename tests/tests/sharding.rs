@@ -176,6 +176,16 @@ fn longest_wait(filed: &HashMap<String, Instant>, issued: &HashMap<String, Insta
         .unwrap_or_default()
 }
 
+/// `total` PCRs Issued, each with exactly one accepted status write.
+fn assert_each_issued_once(s: &Setup, total: u64) {
+    let c = s.emu().counters();
+    assert_eq!(c.issued, total);
+    assert_eq!(
+        c.status_writes_accepted, total,
+        "one accepted write per PCR"
+    );
+}
+
 /// When each of `count` PCRs `<prefix>-<i>` is seen Issued, from now on.
 async fn watch_prefix(
     s: &Setup,
@@ -313,13 +323,7 @@ async fn a_replica_killed_or_stopped_mid_burst_costs_at_most_a_lease() {
     // Resumed, it finds itself expired, rejoins, and writes nothing twice.
     r4.signal("CONT");
     wait_members(&[&r1, &r2, &r4], 3, Duration::from_secs(30)).await;
-    let c = s.emu().counters();
-    assert_eq!(c.issued, 3 * count as u64);
-    assert_eq!(
-        c.status_writes_accepted,
-        3 * count as u64,
-        "one accepted write per PCR"
-    );
+    assert_each_issued_once(&s, 3 * count as u64);
 }
 
 /// One replica cut off from the API server mid-burst (a network partition: its requests and
@@ -365,13 +369,7 @@ async fn a_partitioned_replica_or_a_restart_of_all_issues_nothing_twice() {
     })
     .await;
     eprintln!("longest wait across the restart of all: {longest:.2?}");
-    let c = s.emu().counters();
-    assert_eq!(c.issued, 3 * count as u64);
-    assert_eq!(
-        c.status_writes_accepted,
-        3 * count as u64,
-        "one accepted write per PCR"
-    );
+    assert_each_issued_once(&s, 3 * count as u64);
     drop(fresh);
 }
 
