@@ -441,6 +441,79 @@ async fn a_missing_or_foreign_bundle_fails() {
     );
 }
 
+/// A signer that federates with b.test: its federated ClusterTrustBundle is reported (anchors,
+/// first expiry); a missing one warns (serve writes it once a bundle is in force); one holding
+/// podca's own anchor fails.
+#[tokio::test]
+async fn a_federated_trust_domains_bundle_is_reported_and_checked() {
+    let base = std::fs::read_to_string(repo("deploy/base/config.toml")).unwrap();
+    let header = format!("[signers.\"{SIGNER}\"]\n");
+    let config = base.replace(&header, &format!("{header}federates_with = [\"b.test\"]\n"))
+        + "\n[[federation]]\ntrust_domain = \"b.test\"\n\
+           bundle_endpoint_url = \"https://bundles.b.test/\"\nprofile = \"https_spiffe\"\n\
+           endpoint_spiffe_id = \"spiffe://b.test/podca/bundle-endpoint\"\n\
+           initial_bundle = \"/etc/podca/b.test.json\"\n";
+    const FEDERATED: &str = "example.com:workload:podca.federated.b.test";
+    let w = world(Setup {
+        config: Some(config),
+        ..Setup::default()
+    })
+    .await;
+    let trust_bundle = |out: &Output| {
+        lines(out)
+            .into_iter()
+            .find(|(_, name, _)| name == "trust-bundle")
+            .unwrap_or_else(|| panic!("no trust-bundle line:\n{}", report(out)))
+    };
+    let (status, _, detail) = trust_bundle(&doctor(&w, &[]).await);
+    assert_eq!(status, "warn", "{detail}");
+    assert!(
+        detail.contains(&format!(
+            "example.com/workload (federated b.test): ClusterTrustBundle {FEDERATED} is not \
+             published yet"
+        )),
+        "{detail}"
+    );
+    let seed = |pem: &str| {
+        w.emu.seed_object(
+            Res::Ctb,
+            json!({
+                "metadata": {"name": FEDERATED, "labels": {
+                    "app.kubernetes.io/managed-by": "podca", "podca.dev/instance": "podca",
+                    "podca.dev/federated-trust-domain": "b.test"}},
+                "spec": {"signerName": SIGNER, "trustBundle": pem},
+            }),
+        );
+    };
+    // b.test's root, a year to go.
+    seed(&ca(365).0);
+    let out = doctor(&w, &[]).await;
+    let (status, _, detail) = trust_bundle(&out);
+    assert_eq!(status, "ok", "{}", report(&out));
+    let year = (time::OffsetDateTime::now_utc() + time::Duration::days(365)).date();
+    assert!(
+        detail.contains(&format!(
+            "{FEDERATED} holds 1 anchor(s); the first expires {year}"
+        )),
+        "{detail}"
+    );
+    // podca's own CA in the federated bundle: refused.
+    let own = w
+        .emu
+        .get_object(Res::Ctb, "", BUNDLE)
+        .expect("the signer's own bundle")["spec"]["trustBundle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    seed(&own);
+    let out = doctor(&w, &[]).await;
+    assert_only_failure(
+        &out,
+        "trust-bundle",
+        &[&format!("{FEDERATED} holds podca's own anchor")],
+    );
+}
+
 #[tokio::test]
 async fn an_api_server_clock_five_minutes_ahead_fails() {
     let w = world(Setup::default()).await;

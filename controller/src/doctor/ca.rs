@@ -15,7 +15,7 @@ use time::{Duration, OffsetDateTime};
 use super::api::Discovered;
 use super::{Check, NO_CONFIG, ProbeError, Status};
 use crate::discovery::Resource;
-use crate::publisher::{Publisher, PublisherOptions};
+use crate::publisher::{DesiredBundle, Publisher, PublisherOptions};
 use crate::secret_ca::parse_secret;
 
 /// Fewer days left than this fails: time to put the next CA into the Secret is short (the new
@@ -312,7 +312,80 @@ pub(super) async fn check_bundles(
             },
         );
     }
+    // Each federated trust domain's bundle, under the name the publisher gives it.
+    if let Some(publisher) = &publisher {
+        let own: HashSet<&[u8]> = cas
+            .iter()
+            .filter_map(|(_, ca)| ca.anchors())
+            .flatten()
+            .map(CaCertificate::der)
+            .collect();
+        for desired in publisher.bundles().iter().filter(|b| b.federated.is_some()) {
+            findings.push(federated_bundle(&api, desired, &own).await);
+        }
+    }
     Check::combined(NAME, findings)
+}
+
+/// One federated trust domain's ClusterTrustBundle: published (else a warning: serve writes it
+/// once a bundle of the trust domain is in force), parseable, free of podca's own anchors, and
+/// not expired; says how many anchors it holds and when the first expires.
+async fn federated_bundle(
+    api: &Api<DynamicObject>,
+    desired: &DesiredBundle,
+    own: &HashSet<&[u8]>,
+) -> (Status, String) {
+    let td = desired.federated.as_deref().unwrap_or_default();
+    let (what, name) = (
+        format!("{} (federated {td})", desired.signer_name),
+        &desired.name,
+    );
+    let object = match api.get_opt(name).await {
+        Ok(Some(object)) => object,
+        Ok(None) => {
+            return (
+                Status::Warn,
+                format!(
+                    "{what}: ClusterTrustBundle {name} is not published yet (podca serve writes                      it once a bundle of {td} is in force: initial_bundle or a fetch)"
+                ),
+            );
+        }
+        Err(e) => return (Status::Fail, format!("{what}: cannot read {name}: {e}")),
+    };
+    let pem = object.data["spec"]["trustBundle"]
+        .as_str()
+        .unwrap_or_default();
+    let certs = match CaCertificate::all_from_pem(pem) {
+        Ok(certs) if !certs.is_empty() => certs,
+        Ok(_) => return (Status::Fail, format!("{what}: {name} holds no certificate")),
+        Err(e) => return (Status::Fail, format!("{what}: {name} does not parse: {e}")),
+    };
+    if let Some(mine) = certs.iter().find(|c| own.contains(c.der())) {
+        return (
+            Status::Fail,
+            format!(
+                "{what}: {name} holds podca's own anchor {:?}: a federated bundle must hold only                  {td}'s",
+                mine.subject()
+            ),
+        );
+    }
+    let first = certs
+        .iter()
+        .min_by_key(|c| c.not_after())
+        .map_or(OffsetDateTime::UNIX_EPOCH, CaCertificate::not_after);
+    let status = if first <= OffsetDateTime::now_utc() {
+        Status::Fail
+    } else {
+        Status::Ok
+    };
+    (
+        status,
+        format!(
+            "{what}: {name} holds {} anchor(s); the first expires {}",
+            certs.len(),
+            first.date()
+        ),
+    )
 }
 
 /// The bundle `publisher` keeps for `signer` (its name and labels), or without a publisher
@@ -332,7 +405,11 @@ async fn bundle(
             let wanted = publisher
                 .bundles()
                 .iter()
-                .find(|b| b.signer_name == signer && b.tenant.as_deref() == tenant)
+                .find(|b| {
+                    b.signer_name == signer
+                        && b.tenant.as_deref() == tenant
+                        && b.federated.is_none()
+                })
                 .map(|b| b.name.clone())
                 .unwrap_or_default();
             let labels = publisher.labels();
