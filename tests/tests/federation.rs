@@ -136,11 +136,15 @@ fn a_rotation_step_raises_the_sequence_and_replicas_agree() {
     assert_eq!(spiffe_document(dir.path()), rotated);
 }
 
-/// Accepts any server certificate and keeps the chain, for the test to verify the way a
-/// SPIFFE consumer does (against the trust domain's bundle, by URI SAN, no host name).
+/// Keeps the server's chain; with `expect`, also checks it the way a SPIFFE consumer does:
+/// webpki against the trust domain's anchors (PEM; rustls' own verifier needs a DNS name, an
+/// X.509-SVID carries only its SPIFFE ID) and the leaf's only URI SAN. Without `expect` it
+/// accepts any chain, for the test to verify afterwards.
 #[derive(Debug, Default)]
 struct Recorder {
     chain: Mutex<Vec<Vec<u8>>>,
+    /// (anchors PEM, the SPIFFE ID the leaf must carry).
+    expect: Option<(String, String)>,
 }
 
 impl ServerCertVerifier for Recorder {
@@ -154,6 +158,15 @@ impl ServerCertVerifier for Recorder {
     ) -> Result<ServerCertVerified, rustls::Error> {
         let mut chain = vec![end_entity.to_vec()];
         chain.extend(intermediates.iter().map(|c| c.to_vec()));
+        if let Some((anchors, want)) = &self.expect {
+            let ders: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
+            let pem = der_to_pem(&ders);
+            webpki_verify(&pem, anchors)
+                .map_err(|e| rustls::Error::General(format!("webpki: {e:?}")))?;
+            if leaf_uris(&pem) != [want.clone()] {
+                return Err(rustls::Error::General(format!("not {want}")));
+            }
+        }
         *self.chain.lock().unwrap() = chain;
         Ok(ServerCertVerified::assertion())
     }
@@ -377,57 +390,6 @@ async fn a_second_podca_follows_the_first_ones_bundle_through_a_rotation() {
     assert!(b.stop().success());
 }
 
-/// A peer's chain checked with webpki (rustls' own verifier needs a DNS name; an X.509-SVID
-/// carries only its SPIFFE ID) against `anchors`, and its leaf's only URI SAN `want`.
-#[derive(Debug)]
-struct SpiffeServer {
-    anchors: String,
-    want: String,
-}
-
-impl ServerCertVerifier for SpiffeServer {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let mut chain: Vec<&[u8]> = vec![end_entity.as_ref()];
-        chain.extend(intermediates.iter().map(|c| c.as_ref()));
-        let chain = der_to_pem(&chain);
-        webpki_verify(&chain, &self.anchors)
-            .map_err(|e| rustls::Error::General(format!("webpki: {e:?}")))?;
-        if leaf_uris(&chain) != [self.want.clone()] {
-            return Err(rustls::Error::General(format!("not {}", self.want)));
-        }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Recorder::default().verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Recorder::default().verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        Recorder::default().supported_verify_schemes()
-    }
-}
-
 /// A workload's X.509-SVID and what its Workload API says to trust for `peer` (a federated
 /// trust domain), waiting up to 20 s for that bundle to arrive.
 async fn svid_and_peer_bundle(
@@ -493,9 +455,9 @@ fn mutual_tls(
         .with_single_cert(chain(server), key(server))
         .unwrap();
     let anchors: Vec<&[u8]> = client_trusts.iter().map(|c| c.as_ref()).collect();
-    let spiffe_server = SpiffeServer {
-        anchors: der_to_pem(&anchors),
-        want: server.spiffe_id().to_string(),
+    let spiffe_server = Recorder {
+        expect: Some((der_to_pem(&anchors), server.spiffe_id().to_string())),
+        ..Recorder::default()
     };
     let client_config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
