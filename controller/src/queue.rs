@@ -210,27 +210,9 @@ impl WorkQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::ApiVersion;
 
     fn pcr(uid: &str, name: &str) -> Pcr {
-        Pcr {
-            version: ApiVersion::V1,
-            uid: uid.into(),
-            namespace: "ns".into(),
-            name: name.into(),
-            signer_name: "example.com/s".into(),
-            created: None,
-            terminal: None,
-            pod_name: "p".into(),
-            pod_uid: "pu".into(),
-            node_name: "n".into(),
-            service_account: "sa".into(),
-            max_expiration_seconds: None,
-            stub_csr: vec![],
-            pkix_public_key: None,
-            proof_of_possession: None,
-            user_annotations: Default::default(),
-        }
+        crate::request::test_pcr(uid, name)
     }
 
     #[tokio::test]

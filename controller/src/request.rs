@@ -199,6 +199,29 @@ fn terminal(conditions: Option<&[Condition]>) -> Option<String> {
     .map(str::to_owned)
 }
 
+/// A v1 request `uid` named `name` in `ns` for `example.com/s`, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_pcr(uid: &str, name: &str) -> Pcr {
+    Pcr {
+        version: ApiVersion::V1,
+        uid: uid.into(),
+        namespace: "ns".into(),
+        name: name.into(),
+        signer_name: "example.com/s".into(),
+        created: None,
+        terminal: None,
+        pod_name: "p".into(),
+        pod_uid: "pu".into(),
+        node_name: "n".into(),
+        service_account: "sa".into(),
+        max_expiration_seconds: None,
+        stub_csr: vec![],
+        pkix_public_key: None,
+        proof_of_possession: None,
+        user_annotations: Default::default(),
+    }
+}
+
 fn to_offset(t: &Time) -> Option<OffsetDateTime> {
     OffsetDateTime::from_unix_timestamp(t.0.as_second()).ok()
 }

@@ -340,22 +340,8 @@ mod tests {
 
     fn pcr(uid: &str) -> Arc<Pcr> {
         Arc::new(Pcr {
-            version: crate::request::ApiVersion::V1,
-            uid: uid.into(),
-            namespace: "ns".into(),
-            name: uid.into(),
-            signer_name: "example.com/s".into(),
             created: Some(time::macros::datetime!(2026-12-07 01:00:00 UTC)),
-            terminal: None,
-            pod_name: "p".into(),
-            pod_uid: "pu".into(),
-            node_name: "n".into(),
-            service_account: "sa".into(),
-            max_expiration_seconds: None,
-            stub_csr: vec![],
-            pkix_public_key: None,
-            proof_of_possession: None,
-            user_annotations: Default::default(),
+            ..crate::request::test_pcr(uid, uid)
         })
     }
 
