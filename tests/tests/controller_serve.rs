@@ -1,13 +1,11 @@
 //! End-to-end with the real `podca serve` binary: two processes with leader election against the
 //! API emulator. The binary is built by the test (or taken from PODCA_BIN).
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use podca_tests::EmulatorConfig;
-use podca_tests::cluster::{Cluster, ClusterConfig};
+use podca_tests::cluster::Cluster;
 use podca_tests::emulator::{ApiMode, Res};
-use podca_tests::process::{ServeProcess, http_get, podca_binary};
+use podca_tests::process::{ServeProcess, http_get};
 
 const SIGNER: &str = "example.com/workload";
 
@@ -41,25 +39,8 @@ fn start_serve(
 async fn serve_binaries_fail_over_and_release_the_lease_on_sigterm() {
     // podca authenticated, but not in `system:serviceaccounts`: it reads bundles only through
     // its signer role.
-    let c = Cluster::start_with(ClusterConfig {
-        emulator: EmulatorConfig {
-            api_mode: ApiMode::V1Only,
-            auto_create_namespaces: true,
-            ..Default::default()
-        },
-        podca_groups: &["system:authenticated"],
-        signers: &[SIGNER],
-    })
-    .await;
+    let (c, ca_dir) = Cluster::for_serve(SIGNER, "default").await;
     let (emu, kubeconfig) = (&c.emu, &c.kubeconfig);
-    let ca_dir = c.dir.path().join("ca");
-    let init = Command::new(podca_binary())
-        .args(["ca", "init", "--dir"])
-        .arg(&ca_dir)
-        .stdout(Stdio::null())
-        .status()
-        .expect("podca ca init");
-    assert!(init.success());
     let config = c.dir.path().join("podca.toml");
     std::fs::write(
         &config,
