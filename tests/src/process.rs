@@ -106,10 +106,35 @@ pub fn wait_listening(child: &mut Child, port: u16, log: &Path) {
     }
 }
 
-/// A TCP port nobody listens on right now.
+/// A TCP port nobody listens on right now, below Linux's ephemeral range (32768–60999).
+///
+/// A port the kernel hands out for `bind(0)` is free again once released, and every outgoing
+/// connection of every test process draws its local port from that same range: CI saw a
+/// `podca serve` fail with "Address already in use" on such a port. Ports below the range are
+/// only ever taken by listeners that chose them, so a random one that binds now stays free
+/// unless another test draws the same one of 12,000 ports in the same instant.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+    use std::hash::{BuildHasher, Hasher};
+    const FIRST: u16 = 20_000;
+    const COUNT: u16 = 12_000;
+    for _ in 0..1000 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        let port = FIRST + (h.finish() % u64::from(COUNT)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!(
+        "no free port in {FIRST}..{} after 1000 tries",
+        FIRST + COUNT
+    )
 }
 
 /// `GET path` on 127.0.0.1:port: status and body, or `None` if nothing answers.
