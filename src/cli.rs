@@ -57,6 +57,9 @@ pub enum Command {
     /// Test and lint issuance policy offline: decide a sample request, check every rule.
     #[command(subcommand)]
     Policy(commands::policy::PolicyCommand),
+    /// Foreign trust domains ([[federation]]): the bundle in force for each, and its age.
+    #[command(subcommand)]
+    Federation(commands::federation::FederationCommand),
     /// Show or edit the mTLS renewal denylist (`[grpc] renewal_denylist`).
     Renewal(commands::renewal::RenewalArgs),
     /// kube-apiserver's external service-account token signer, on a Unix socket.
@@ -78,6 +81,7 @@ pub fn main() -> ExitCode {
         Command::Dev(a) => dev::run(a),
         Command::Doctor(a) => a.run(),
         Command::Completions(a) => a.run(),
+        Command::Federation(c) => c.run(),
         Command::Renewal(a) => a.run(),
         Command::TokenSigner(a) => a.run(),
         // Its own exit codes: 1 is a refusal (denied, or lint errors), 2 bad input.

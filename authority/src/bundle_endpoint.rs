@@ -424,31 +424,149 @@ pub async fn serve(
 }
 
 /// One `[[federation]]` entry: a foreign trust domain whose bundle podca fetches
-/// (`podca_grpc::federation_fetch`).
+/// (`podca_grpc::federation_fetch`), parsed once ([`RawFederation`] → this).
 ///
 /// ```toml
 /// [[federation]]
 /// trust_domain = "cluster-b.example"
 /// bundle_endpoint_url = "https://bundle.cluster-b.example:8443/"
-/// profile = "https_spiffe"
+/// profile = "https_spiffe"      # or "https_web"
+/// # https_spiffe: the endpoint's SPIFFE ID and the foreign bundle to authenticate it with first
 /// endpoint_spiffe_id = "spiffe://cluster-b.example/ns/podca-system/sa/podca-bundle"
 /// initial_bundle = "/etc/podca/federation/cluster-b.example.json"  # its SPIFFE bundle
+/// # https_web: the endpoint's DNS name checked against Web PKI roots (the system's, or ca_file)
+/// # ca_file = "/etc/podca/federation/web-roots.pem"
+/// last_good_file = "/var/lib/podca/federation/cluster-b.example.json"  # kept across restarts
 /// min_refresh_seconds = 30      # the refresh hint is clamped to [min, max]; backoff starts at min
 /// max_refresh_seconds = 3600
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawFederation")]
 pub struct FederationConfig {
     pub trust_domain: String,
     pub bundle_endpoint_url: String,
-    /// Only `https_spiffe` is served so far.
-    pub profile: String,
-    pub endpoint_spiffe_id: String,
-    pub initial_bundle: PathBuf,
-    #[serde(default = "default_min_refresh")]
+    pub profile: FederationProfile,
+    /// The bundle to start from when no last good one is kept (`https_spiffe`: required, it
+    /// authenticates the first fetch; `https_web`: optional).
+    pub initial_bundle: Option<PathBuf>,
+    /// Where the last accepted bundle is kept, so a restart starts from it (`podca dev`:
+    /// `<data dir>/federation/<td>.json` when unset).
+    pub last_good_file: Option<PathBuf>,
     pub min_refresh_seconds: u64,
-    #[serde(default = "default_max_refresh")]
     pub max_refresh_seconds: u64,
+}
+
+/// How a foreign bundle endpoint is authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FederationProfile {
+    /// Its certificate chains to the foreign trust domain's X.509 authorities in force and
+    /// carries `endpoint_spiffe_id` as its only URI SAN.
+    HttpsSpiffe { endpoint_spiffe_id: String },
+    /// Its certificate chains to Web PKI roots (`ca_file`'s PEM certificates, else the
+    /// system's) and names the URL's host.
+    HttpsWeb { ca_file: Option<PathBuf> },
+}
+
+impl FederationProfile {
+    /// The profile's name as configured (and as SPIFFE names it).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FederationProfile::HttpsWeb { .. } => "https_web",
+            FederationProfile::HttpsSpiffe { .. } => "https_spiffe",
+        }
+    }
+}
+
+/// A `[[federation]]` table as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFederation {
+    trust_domain: String,
+    bundle_endpoint_url: String,
+    profile: String,
+    #[serde(default)]
+    endpoint_spiffe_id: Option<String>,
+    #[serde(default)]
+    initial_bundle: Option<PathBuf>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
+    #[serde(default)]
+    last_good_file: Option<PathBuf>,
+    #[serde(default = "default_min_refresh")]
+    min_refresh_seconds: u64,
+    #[serde(default = "default_max_refresh")]
+    max_refresh_seconds: u64,
+}
+
+/// A `[[federation]]` table that cannot be fetched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FederationConfigError {
+    #[error("[[federation]] {td}: profile = {profile:?}: use \"https_spiffe\" or \"https_web\"")]
+    UnknownProfile { td: String, profile: String },
+    #[error(
+        "[[federation]] {td}: profile = \"https_spiffe\" needs endpoint_spiffe_id and \
+         initial_bundle (the foreign bundle that authenticates the first fetch)"
+    )]
+    SpiffeNeeds { td: String },
+    #[error("[[federation]] {td}: {setting} belongs to the other profile than {profile:?}")]
+    OtherProfile {
+        td: String,
+        setting: &'static str,
+        profile: &'static str,
+    },
+}
+
+impl TryFrom<RawFederation> for FederationConfig {
+    type Error = FederationConfigError;
+
+    fn try_from(raw: RawFederation) -> Result<Self, Self::Error> {
+        let td = raw.trust_domain.clone();
+        let profile = match raw.profile.as_str() {
+            "https_spiffe" => {
+                if raw.ca_file.is_some() {
+                    return Err(FederationConfigError::OtherProfile {
+                        td,
+                        setting: "ca_file",
+                        profile: "https_spiffe",
+                    });
+                }
+                match (raw.endpoint_spiffe_id, &raw.initial_bundle) {
+                    (Some(endpoint_spiffe_id), Some(_)) => {
+                        FederationProfile::HttpsSpiffe { endpoint_spiffe_id }
+                    }
+                    _ => return Err(FederationConfigError::SpiffeNeeds { td }),
+                }
+            }
+            "https_web" => {
+                if raw.endpoint_spiffe_id.is_some() {
+                    return Err(FederationConfigError::OtherProfile {
+                        td,
+                        setting: "endpoint_spiffe_id",
+                        profile: "https_web",
+                    });
+                }
+                FederationProfile::HttpsWeb {
+                    ca_file: raw.ca_file,
+                }
+            }
+            _ => {
+                return Err(FederationConfigError::UnknownProfile {
+                    td,
+                    profile: raw.profile,
+                });
+            }
+        };
+        Ok(FederationConfig {
+            trust_domain: raw.trust_domain,
+            bundle_endpoint_url: raw.bundle_endpoint_url,
+            profile,
+            initial_bundle: raw.initial_bundle,
+            last_good_file: raw.last_good_file,
+            min_refresh_seconds: raw.min_refresh_seconds,
+            max_refresh_seconds: raw.max_refresh_seconds,
+        })
+    }
 }
 
 fn default_min_refresh() -> u64 {
@@ -464,6 +582,65 @@ mod tests {
 
     fn parse(text: &str) -> Result<BundleEndpointConfig, String> {
         toml::from_str(text).map_err(|e| e.message().to_owned())
+    }
+
+    fn federation(text: &str) -> Result<FederationConfig, String> {
+        let head = "trust_domain = \"b.test\"\nbundle_endpoint_url = \"https://b.test/\"\n";
+        toml::from_str(&format!("{head}{text}")).map_err(|e| e.message().to_owned())
+    }
+
+    #[test]
+    fn a_federation_entry_takes_each_profiles_own_settings_only() {
+        let spiffe = federation(
+            "profile = \"https_spiffe\"\nendpoint_spiffe_id = \"spiffe://b.test/e\"\n\
+             initial_bundle = \"/b.json\"",
+        )
+        .expect("https_spiffe");
+        assert_eq!(
+            spiffe.profile,
+            FederationProfile::HttpsSpiffe {
+                endpoint_spiffe_id: "spiffe://b.test/e".into()
+            }
+        );
+        assert_eq!(
+            (spiffe.min_refresh_seconds, spiffe.max_refresh_seconds),
+            (30, 3600)
+        );
+        let web = federation("profile = \"https_web\"\nlast_good_file = \"/k/b.json\"")
+            .expect("https_web without roots or initial bundle");
+        assert_eq!(web.profile, FederationProfile::HttpsWeb { ca_file: None });
+        assert_eq!(web.initial_bundle, None);
+        assert_eq!(web.last_good_file, Some(PathBuf::from("/k/b.json")));
+        for (text, expected) in [
+            (
+                "profile = \"http\"",
+                "profile = \"http\": use \"https_spiffe\" or \"https_web\"",
+            ),
+            (
+                "profile = \"https_spiffe\"\nendpoint_spiffe_id = \"spiffe://b.test/e\"",
+                "needs endpoint_spiffe_id and initial_bundle",
+            ),
+            (
+                "profile = \"https_spiffe\"\ninitial_bundle = \"/b.json\"",
+                "needs endpoint_spiffe_id and initial_bundle",
+            ),
+            (
+                "profile = \"https_web\"\nendpoint_spiffe_id = \"spiffe://b.test/e\"",
+                "endpoint_spiffe_id belongs to the other profile than \"https_web\"",
+            ),
+            (
+                "profile = \"https_spiffe\"\nendpoint_spiffe_id = \"spiffe://b.test/e\"\n\
+                 initial_bundle = \"/b.json\"\nca_file = \"/r.pem\"",
+                "ca_file belongs to the other profile than \"https_spiffe\"",
+            ),
+            (
+                "profile = \"https_web\"\nbundle_url = \"x\"",
+                "unknown field `bundle_url`",
+            ),
+        ] {
+            let err = federation(text).expect_err(text);
+            assert!(err.contains(expected), "{text}: {err}");
+        }
     }
 
     #[test]

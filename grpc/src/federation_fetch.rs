@@ -1,10 +1,12 @@
-//! Fetching a foreign trust domain's SPIFFE bundle from its bundle endpoint (`https_spiffe`
-//! profile), and deciding whether it may replace the bundle in force.
+//! Fetching a foreign trust domain's SPIFFE bundle from its bundle endpoint, and deciding
+//! whether it may replace the bundle in force.
 //!
-//! * The endpoint is authenticated against the foreign trust domain's X.509 authorities in
-//!   force (the configured initial bundle, then each accepted one): webpki checks the chain,
-//!   and the leaf must carry exactly one URI SAN, the configured endpoint SPIFFE ID
-//!   ([`crate::client::PinnedSpiffeId`]).
+//! * `https_spiffe`: the endpoint is authenticated against the foreign trust domain's X.509
+//!   authorities in force (the configured initial bundle, then each accepted one): webpki
+//!   checks the chain, and the leaf must carry exactly one URI SAN, the configured endpoint
+//!   SPIFFE ID ([`crate::client::PinnedSpiffeId`]).
+//! * `https_web`: the endpoint's chain is checked against Web PKI roots (`ca_file`, else the
+//!   system's) and must name the URL's host, as a browser checks it.
 //! * One HTTP/1.1 `GET`, bounded in time ([`FetchLimits::timeout`], connect to last byte) and
 //!   size ([`FetchLimits::max_bytes`]); `Content-Length` or chunked bodies.
 //! * A bundle is refused, with a [`Refusal`] whose [`Refusal::reason`] is the metric label,
@@ -18,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use podca_authority::bundle_endpoint::FederationConfig;
+use podca_authority::bundle_endpoint::{FederationConfig, FederationProfile};
 use podca_authority::{Runtime, Stage};
 use podca_signer::spiffe_bundle::{BundleError, SpiffeBundle};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -109,20 +111,28 @@ impl Refusal {
 }
 
 /// Where one foreign bundle endpoint is and who it must be.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Endpoint {
     pub trust_domain: String,
     /// `https://host[:port][/path]`.
     pub url: String,
-    /// The SPIFFE ID its certificate must carry, alone.
-    pub spiffe_id: String,
+    pub auth: EndpointAuth,
 }
 
-/// Fetches `endpoint`'s bundle, authenticating it against `in_force`'s X.509 authorities, and
-/// checks it may replace `in_force` ([`check`]).
+/// How the endpoint's certificate is checked.
+#[derive(Debug, Clone)]
+pub enum EndpointAuth {
+    /// Chains to the foreign X.509 authorities in force; this SPIFFE ID its only URI SAN.
+    Spiffe(String),
+    /// Chains to these roots and names the URL's host.
+    Web(Arc<rustls::RootCertStore>),
+}
+
+/// Fetches `endpoint`'s bundle, authenticating it as its [`EndpointAuth`] says (`https_spiffe`
+/// needs a bundle in force), and checks it may replace `in_force` ([`check`]).
 pub async fn fetch(
     endpoint: &Endpoint,
-    in_force: &ForeignBundle,
+    in_force: Option<&ForeignBundle>,
     limits: FetchLimits,
 ) -> Result<SpiffeBundle, Refusal> {
     let body = tokio::time::timeout(limits.timeout, get(endpoint, in_force, limits))
@@ -134,7 +144,7 @@ pub async fn fetch(
         BundleError::TooLarge { limit } => Refusal::TooLarge(limit),
         other => Refusal::Malformed(other),
     })?;
-    check(&endpoint.trust_domain, &bundle, Some(in_force))?;
+    check(&endpoint.trust_domain, &bundle, in_force)?;
     Ok(bundle)
 }
 
@@ -284,13 +294,6 @@ impl FederationMetrics {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FederationStartError {
-    #[error(
-        "[[federation]] {trust_domain}: profile = {profile:?}: only \"https_spiffe\" is supported"
-    )]
-    Profile {
-        trust_domain: String,
-        profile: String,
-    },
     #[error("[[federation]] {trust_domain}: {detail}")]
     Entry {
         trust_domain: String,
@@ -310,8 +313,9 @@ pub fn last_good_path(dir: &Path, trust_domain: &str) -> PathBuf {
 }
 
 /// Starts a fetcher per `[[federation]]` entry. Each foreign bundle starts from the last good
-/// one kept in `state_dir` (so a restart needs no endpoint), else from `initial_bundle`; every
-/// accepted one is written there. `bundles` must be empty of these trust domains.
+/// one kept (its `last_good_file`, else `<state_dir>/<td>.json`; so a restart needs no
+/// endpoint), else from `initial_bundle`, else (`https_web` only) from nothing until the first
+/// fetch; every accepted one is written there. `bundles` must be empty of these trust domains.
 pub fn start(
     rt: &mut Runtime,
     configs: &[FederationConfig],
@@ -330,65 +334,120 @@ pub fn start(
             trust_domain: td.clone(),
             detail,
         };
-        if config.profile != "https_spiffe" {
-            return Err(FederationStartError::Profile {
-                trust_domain: td,
-                profile: config.profile.clone(),
-            });
-        }
         if bundles.is_own(&td) {
             return Err(entry("is one of podca's own trust domains".into()));
         }
         parse_url(&config.bundle_endpoint_url).map_err(|e| entry(e.to_string()))?;
-        if podca_authority::bundle_endpoint::trust_domain_of(&config.endpoint_spiffe_id).is_none() {
-            return Err(entry(format!(
-                "endpoint_spiffe_id = {:?} is not a SPIFFE ID",
-                config.endpoint_spiffe_id
-            )));
-        }
-        let (initial, from_initial_bundle) = initial_bundle(config, state_dir.as_deref())?;
-        check(&td, &initial, None).map_err(|e| entry(format!("the starting bundle: {e}")))?;
-        let first = ForeignBundle {
-            trust_domain: td.clone(),
-            bundle: initial,
-            accepted_at: OffsetDateTime::now_utc(),
-            from_initial_bundle,
+        let auth = match &config.profile {
+            FederationProfile::HttpsSpiffe { endpoint_spiffe_id } => {
+                if podca_authority::bundle_endpoint::trust_domain_of(endpoint_spiffe_id).is_none() {
+                    return Err(entry(format!(
+                        "endpoint_spiffe_id = {endpoint_spiffe_id:?} is not a SPIFFE ID"
+                    )));
+                }
+                EndpointAuth::Spiffe(endpoint_spiffe_id.clone())
+            }
+            FederationProfile::HttpsWeb { ca_file } => {
+                EndpointAuth::Web(Arc::new(web_roots(&td, ca_file.as_deref())?))
+            }
         };
-        metrics.accepted(&first);
-        bundles.accept(first).map_err(|e| entry(e.to_string()))?;
+        let kept_at = config
+            .last_good_file
+            .clone()
+            .or_else(|| state_dir.as_deref().map(|d| last_good_path(d, &td)));
+        match initial_bundle(config, kept_at.as_deref())? {
+            Some((initial, from_initial_bundle)) => {
+                check(&td, &initial, None)
+                    .map_err(|e| entry(format!("the starting bundle: {e}")))?;
+                let first = ForeignBundle {
+                    trust_domain: td.clone(),
+                    bundle: initial,
+                    accepted_at: OffsetDateTime::now_utc(),
+                    from_initial_bundle,
+                };
+                metrics.accepted(&first);
+                bundles.accept(first).map_err(|e| entry(e.to_string()))?;
+            }
+            None => {
+                let labels = TrustDomainLabels {
+                    trust_domain: td.clone(),
+                };
+                metrics.anchors.get_or_create(&labels).set(0);
+            }
+        }
         let endpoint = Endpoint {
             trust_domain: td.clone(),
             url: config.bundle_endpoint_url.clone(),
-            spiffe_id: config.endpoint_spiffe_id.clone(),
+            auth,
         };
         let min = Duration::from_secs(config.min_refresh_seconds.max(1));
         let max = Duration::from_secs(config.max_refresh_seconds).max(min);
-        let (bundles, metrics, dir) = (bundles.clone(), metrics.clone(), state_dir.clone());
+        let (bundles, metrics) = (bundles.clone(), metrics.clone());
         rt.spawn(Stage::Serve, format!("federation {td}"), move |stop| {
-            refresh(endpoint, bundles, metrics, dir, (min, max), stop)
+            refresh(endpoint, bundles, metrics, kept_at, (min, max), stop)
         });
     }
     Ok(())
 }
 
-/// The bundle to start from, and whether it is the configured `initial_bundle` (rather than
-/// the last good one kept in `state_dir`).
-fn initial_bundle(
-    config: &FederationConfig,
-    state_dir: Option<&Path>,
-) -> Result<(SpiffeBundle, bool), FederationStartError> {
-    if let Some(dir) = state_dir {
-        let path = last_good_path(dir, &config.trust_domain);
-        if let Ok(json) = std::fs::read(&path) {
-            match SpiffeBundle::parse(&json) {
-                Ok(bundle) => return Ok((bundle, false)),
-                Err(e) => {
-                    warn!(path = %path.display(), error = %e, "federation: the last good bundle is unreadable; starting from initial_bundle")
-                }
+/// Web PKI roots: `ca_file`'s PEM certificates, else the system's.
+fn web_roots(
+    td: &str,
+    ca_file: Option<&Path>,
+) -> Result<rustls::RootCertStore, FederationStartError> {
+    use rustls::pki_types::pem::PemObject;
+    let failed = |detail: String| FederationStartError::Entry {
+        trust_domain: td.to_owned(),
+        detail,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .map_err(|e| failed(format!("ca_file {}: {e}", path.display())))?;
+            let certs = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| failed(format!("ca_file {}: {e}", path.display())))?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(failed(format!(
+                    "ca_file {}: no CA certificate in it",
+                    path.display()
+                )));
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(native.certs);
+            if roots.is_empty() {
+                return Err(failed(
+                    "https_web: the system has no root certificates; set ca_file".to_owned(),
+                ));
             }
         }
     }
-    let path = &config.initial_bundle;
+    Ok(roots)
+}
+
+/// The bundle to start from, and whether it is the configured `initial_bundle` (rather than
+/// the last good one kept at `kept_at`); `None`: neither (`https_web` without one).
+fn initial_bundle(
+    config: &FederationConfig,
+    kept_at: Option<&Path>,
+) -> Result<Option<(SpiffeBundle, bool)>, FederationStartError> {
+    if let Some(path) = kept_at
+        && let Ok(json) = std::fs::read(path)
+    {
+        match SpiffeBundle::parse(&json) {
+            Ok(bundle) => return Ok(Some((bundle, false))),
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "federation: the last good bundle is unreadable; starting from initial_bundle")
+            }
+        }
+    }
+    let Some(path) = &config.initial_bundle else {
+        return Ok(None);
+    };
     let failed = |detail: String| FederationStartError::InitialBundle {
         trust_domain: config.trust_domain.clone(),
         path: path.display().to_string(),
@@ -396,7 +455,7 @@ fn initial_bundle(
     };
     let json = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
     let bundle = SpiffeBundle::parse(&json).map_err(|e| failed(e.to_string()))?;
-    Ok((bundle, true))
+    Ok(Some((bundle, true)))
 }
 
 /// Fetches `endpoint` now and then on [`next_fetch_in`]'s schedule until `stop`.
@@ -404,7 +463,7 @@ async fn refresh(
     endpoint: Endpoint,
     bundles: FederatedBundles,
     metrics: FederationMetrics,
-    state_dir: Option<PathBuf>,
+    kept_at: Option<PathBuf>,
     (min, max): (Duration, Duration),
     mut stop: watch::Receiver<bool>,
 ) {
@@ -416,12 +475,10 @@ async fn refresh(
             _ = stop.wait_for(|s| *s) => return,
             () = tokio::time::sleep(wait) => {}
         }
-        let Some(in_force) = bundles.current().get(&td).cloned() else {
-            return;
-        };
+        let in_force = bundles.current().get(&td).cloned();
         let fetched = tokio::select! {
             _ = stop.wait_for(|s| *s) => return,
-            fetched = fetch(&endpoint, &in_force, FetchLimits::default()) => fetched,
+            fetched = fetch(&endpoint, in_force.as_deref(), FetchLimits::default()) => fetched,
         };
         let outcome = match fetched {
             Ok(bundle) => {
@@ -451,16 +508,13 @@ async fn refresh(
             Ok((hint, json)) => {
                 failures = 0;
                 wait = next_fetch_in(hint, 0, min, max);
-                if let (Some(dir), Ok(json)) = (&state_dir, json) {
+                if let (Some(path), Ok(json)) = (&kept_at, json) {
+                    let dir = path.parent().unwrap_or(Path::new("."));
                     let kept = std::fs::create_dir_all(dir)
                         .map_err(|e| e.to_string())
                         .and_then(|()| {
-                            podca_signer::store::write_atomic(
-                                &last_good_path(dir, &td),
-                                &json,
-                                0o644,
-                            )
-                            .map_err(|e| e.to_string())
+                            podca_signer::store::write_atomic(path, &json, 0o644)
+                                .map_err(|e| e.to_string())
                         });
                     if let Err(e) = kept {
                         warn!(trust_domain = td, error = %e, "federation: cannot keep the last good bundle");
@@ -503,34 +557,49 @@ fn parse_url(url: &str) -> Result<(String, u16, String), Refusal> {
 /// One GET; the body of a 200 answer.
 async fn get(
     endpoint: &Endpoint,
-    in_force: &ForeignBundle,
+    in_force: Option<&ForeignBundle>,
     limits: FetchLimits,
 ) -> Result<Vec<u8>, Refusal> {
     let (host, port, path) = parse_url(&endpoint.url)?;
-    let anchors: Vec<CertificateDer<'static>> = in_force
-        .bundle
-        .x509_authorities
-        .iter()
-        .map(|c| CertificateDer::from(c.der().to_vec()))
-        .collect();
-    let verifier = PinnedSpiffeId::new(&endpoint.spiffe_id, anchors)
-        .map_err(|e| Refusal::Tls(e.to_string()))?;
-    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+    let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| Refusal::Tls(e.to_string()))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
+        .map_err(|e| Refusal::Tls(e.to_string()))?;
+    let (config, expected) = match &endpoint.auth {
+        EndpointAuth::Spiffe(spiffe_id) => {
+            let in_force = in_force.ok_or_else(|| {
+                Refusal::Tls("no bundle in force to authenticate the endpoint with".into())
+            })?;
+            let anchors: Vec<CertificateDer<'static>> = in_force
+                .bundle
+                .x509_authorities
+                .iter()
+                .map(|c| CertificateDer::from(c.der().to_vec()))
+                .collect();
+            let verifier =
+                PinnedSpiffeId::new(spiffe_id, anchors).map_err(|e| Refusal::Tls(e.to_string()))?;
+            // The verifier pins the SPIFFE ID; the name only fills SNI.
+            let config = builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verifier))
+                .with_no_client_auth();
+            (config, spiffe_id.clone())
+        }
+        EndpointAuth::Web(roots) => {
+            let config = builder
+                .with_root_certificates(Arc::clone(roots))
+                .with_no_client_auth();
+            (config, host.clone())
+        }
+    };
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
         .map_err(|e| Refusal::Connect(e.to_string()))?;
-    // The verifier pins the SPIFFE ID; the name only fills SNI.
     let name = ServerName::try_from(host.clone())
         .map_err(|_| Refusal::BadUrl(endpoint.url.escape_debug().to_string()))?;
     let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| Refusal::Tls(crate::client::tls_failure(&e, &endpoint.spiffe_id)))?;
+        .map_err(|e| Refusal::Tls(crate::client::tls_failure(&e, &expected)))?;
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
     );
@@ -684,9 +753,17 @@ mod tests {
             lifetime: time::Duration::hours(1),
         };
         let cert = identity.issue(ca, OffsetDateTime::now_utc()).unwrap();
-        let keys = crate::tls::ServingKeys::new(
-            crate::tls::certified_key(&cert.chain_der, &cert.key_pkcs8_der).unwrap(),
-        );
+        let addr = serve_once(&cert.chain_der, &cert.key_pkcs8_der, answer).await;
+        Endpoint {
+            trust_domain: "away.test".into(),
+            url: format!("https://{addr}/"),
+            auth: EndpointAuth::Spiffe(ENDPOINT_ID.into()),
+        }
+    }
+
+    /// Serves `answer` once over TLS with the chain and key given.
+    async fn serve_once(chain: &[Vec<u8>], key: &[u8], answer: Answer) -> std::net::SocketAddr {
+        let keys = crate::tls::ServingKeys::new(crate::tls::certified_key(chain, key).unwrap());
         let acceptor =
             tokio_rustls::TlsAcceptor::from(crate::tls::http1_server_config(keys).unwrap());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -709,11 +786,7 @@ mod tests {
                 Answer::Stall => tokio::time::sleep(Duration::from_secs(60)).await,
             }
         });
-        Endpoint {
-            trust_domain: "away.test".into(),
-            url: format!("https://{addr}/"),
-            spiffe_id: ENDPOINT_ID.into(),
-        }
+        addr
     }
 
     fn document(ca: &IssuingCa, sequence: u64) -> Vec<u8> {
@@ -739,7 +812,9 @@ mod tests {
     async fn a_newer_bundle_from_the_pinned_endpoint_is_taken() {
         let ca = ca();
         let served = endpoint(&ca, ENDPOINT_ID, ok(&document(&ca, 6))).await;
-        let bundle = fetch(&served, &in_force(&ca, 5), quick()).await.unwrap();
+        let bundle = fetch(&served, Some(&in_force(&ca, 5)), quick())
+            .await
+            .unwrap();
         assert_eq!(bundle.sequence, Some(6));
         assert_eq!(bundle.x509_authorities, ca.roots());
         // Chunked, as Go's net/http sends larger answers.
@@ -753,7 +828,9 @@ mod tests {
         }
         chunked.extend_from_slice(b"0\r\n\r\n");
         let served = endpoint(&ca, ENDPOINT_ID, Answer::Bytes(chunked)).await;
-        let bundle = fetch(&served, &in_force(&ca, 5), quick()).await.unwrap();
+        let bundle = fetch(&served, Some(&in_force(&ca, 5)), quick())
+            .await
+            .unwrap();
         assert_eq!(bundle.sequence, Some(7));
     }
 
@@ -803,7 +880,7 @@ mod tests {
         ];
         for (answer, served_as, reason) in cases {
             let served = endpoint(&ca, served_as, answer).await;
-            let refusal = fetch(&served, &in_force(&ca, 5), quick())
+            let refusal = fetch(&served, Some(&in_force(&ca, 5)), quick())
                 .await
                 .unwrap_err();
             assert_eq!(refusal.reason(), reason, "{refusal}");
@@ -811,9 +888,63 @@ mod tests {
         // An endpoint whose CA is not among the foreign trust domain's authorities.
         let stranger = self::ca();
         let served = endpoint(&stranger, ENDPOINT_ID, ok(&document(&stranger, 6))).await;
-        let refusal = fetch(&served, &in_force(&ca, 5), quick())
+        let refusal = fetch(&served, Some(&in_force(&ca, 5)), quick())
             .await
             .unwrap_err();
+        assert_eq!(refusal.reason(), "tls", "{refusal}");
+    }
+
+    /// A Web PKI root and an endpoint certificate for `localhost` from it, as DER.
+    fn web_pki(root_name: &str) -> (CertificateDer<'static>, Vec<u8>, Vec<u8>) {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, root_name);
+        let root = ca.self_signed(&ca_key).unwrap().der().clone();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (root, leaf.der().to_vec(), key.serialize_der())
+    }
+
+    #[tokio::test]
+    async fn an_https_web_endpoint_must_chain_to_the_roots_and_name_the_host() {
+        let ca = ca();
+        let (root, leaf, key) = web_pki("ingress root");
+        let (other_root, ..) = web_pki("another root");
+        let web = |host: &str, port: u16, root: &CertificateDer<'static>| {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(root.clone()).unwrap();
+            Endpoint {
+                trust_domain: "away.test".into(),
+                url: format!("https://{host}:{port}/"),
+                auth: EndpointAuth::Web(Arc::new(roots)),
+            }
+        };
+        // No bundle in force is needed: the first fetch stands on the Web PKI.
+        let addr = serve_once(std::slice::from_ref(&leaf), &key, ok(&document(&ca, 3))).await;
+        let bundle = fetch(&web("localhost", addr.port(), &root), None, quick())
+            .await
+            .unwrap();
+        assert_eq!(bundle.sequence, Some(3));
+        for (host, root, expected) in [
+            ("127.0.0.1", &root, "not valid for \"127.0.0.1\""),
+            ("localhost", &other_root, "does not chain"),
+        ] {
+            let addr = serve_once(std::slice::from_ref(&leaf), &key, ok(&document(&ca, 3))).await;
+            let refusal = fetch(&web(host, addr.port(), root), None, quick())
+                .await
+                .unwrap_err();
+            assert_eq!(refusal.reason(), "tls", "{refusal}");
+            assert!(refusal.to_string().contains(expected), "{refusal}");
+        }
+        // https_spiffe without a bundle in force cannot authenticate anything.
+        let served = endpoint(&ca, ENDPOINT_ID, ok(&document(&ca, 6))).await;
+        let refusal = fetch(&served, None, quick()).await.unwrap_err();
         assert_eq!(refusal.reason(), "tls", "{refusal}");
     }
 

@@ -90,6 +90,7 @@ pub mod dev_banner;
 pub mod errors;
 pub mod federation;
 pub mod federation_fetch;
+pub mod federation_status;
 pub mod istio;
 pub mod jwt;
 pub mod keeper;

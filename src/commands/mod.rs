@@ -4,6 +4,7 @@ pub mod bundle;
 pub mod ca;
 pub mod completions;
 pub mod doctor;
+pub mod federation;
 pub mod inspect;
 pub mod inspect_jwt;
 pub mod issue;

@@ -390,6 +390,126 @@ async fn a_second_podca_follows_the_first_ones_bundle_through_a_rotation() {
     assert!(b.stop().success());
 }
 
+/// A Web PKI CA (PEM) and a certificate and key (PEM) for `localhost` from it.
+fn web_pki_localhost() -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "ingress PKI root");
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    (ca_pem, leaf.pem(), key.serialize_pem())
+}
+
+fn federation_status(config: &Path, data_dir: &Path) -> (bool, String, String) {
+    let out = Command::new(podca_binary())
+        .args(["federation", "status", "--config"])
+        .arg(config)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `https_web`: A serves its bundle under an operator certificate for `localhost`; B fetches
+/// it with no initial bundle, checking the chain against the operator's roots and the URL's
+/// host, hands it to its workloads, and `podca federation status` reports it. The same
+/// endpoint reached as `127.0.0.1` (a name its certificate lacks) is never accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_web_endpoint_is_checked_against_web_roots_and_its_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let (roots, cert, key) = web_pki_localhost();
+    let (roots_file, cert_file, key_file) = (
+        dir.path().join("roots.pem"),
+        dir.path().join("tls.crt"),
+        dir.path().join("tls.key"),
+    );
+    std::fs::write(&roots_file, roots).unwrap();
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    let a_config = format!(
+        "[bundle_endpoint]\nlisten = \"127.0.0.1:0\"\nprofile = \"https_web\"\n\
+         cert_file = {cert_file:?}\nkey_file = {key_file:?}\n"
+    );
+    let a = DevProcess::start_with(DevOptions {
+        config: Some(&a_config),
+        ..DevOptions::default()
+    });
+    let port = endpoint_addr(&a).rsplit_once(':').unwrap().1.to_owned();
+
+    let b_config = format!(
+        "[signers.\"podca.dev/b\"]\ntrust_domain = \"b.test\"\n\
+         federates_with = [\"podca.dev.local\", \"misnamed.test\"]\n\n\
+         [[federation]]\ntrust_domain = \"podca.dev.local\"\n\
+         bundle_endpoint_url = \"https://localhost:{port}/\"\nprofile = \"https_web\"\n\
+         ca_file = {roots_file:?}\nmin_refresh_seconds = 1\nmax_refresh_seconds = 1\n\n\
+         [[federation]]\ntrust_domain = \"misnamed.test\"\n\
+         bundle_endpoint_url = \"https://127.0.0.1:{port}/\"\nprofile = \"https_web\"\n\
+         ca_file = {roots_file:?}\nmin_refresh_seconds = 1\nmax_refresh_seconds = 1\n"
+    );
+    let b_config_file = dir.path().join("b.toml");
+    std::fs::write(&b_config_file, &b_config).unwrap();
+    let b_data = dir.path().join("b-data");
+    let b = DevProcess::start_with(DevOptions {
+        config: Some(&b_config),
+        data_dir: Some(b_data.clone()),
+        ..DevOptions::default()
+    });
+    let (_, anchors) = svid_and_peer_bundle(&b, TRUST_DOMAIN).await;
+    let a_anchors: Vec<CertificateDer<'static>> = x509_bundle(&spiffe_document(&a.data_dir))
+        .authorities()
+        .iter()
+        .map(|c| CertificateDer::from(c.as_ref().to_vec()))
+        .collect();
+    assert_eq!(anchors, a_anchors);
+    let kept = b_data.join("federation").join("podca.dev.local.json");
+    let document = wait_for_document(&kept, 10, |_| true);
+    assert_eq!(document, spiffe_document(&a.data_dir));
+
+    let (ok, out, err) = federation_status(&b_config_file, &b_data);
+    assert!(!ok, "misnamed.test was never fetched: {out}");
+    assert!(
+        out.contains("podca.dev.local: fresh\n")
+            && out.contains(&format!(
+                "  sequence      {}\n",
+                document["spiffe_sequence"].as_u64().unwrap()
+            ))
+            && out.contains("  anchors       1 X.509, 1 JWT\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "misnamed.test: never fetched (no last good bundle kept yet)\n  source        \
+             https://127.0.0.1:{port}/ (https_web, roots {})",
+            roots_file.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        err.contains("1 of 2 foreign trust domains are stale, expired or never fetched"),
+        "{err}"
+    );
+    assert!(
+        !b_data
+            .join("federation")
+            .join("misnamed.test.json")
+            .exists()
+    );
+    assert!(b.stop().success());
+    assert!(a.stop().success());
+}
+
 /// A workload's X.509-SVID and what its Workload API says to trust for `peer` (a federated
 /// trust domain), waiting up to 20 s for that bundle to arrive.
 async fn svid_and_peer_bundle(
