@@ -31,7 +31,7 @@ const HELM_UPDATE_HINT: &str =
     "PODCA_UPDATE_GOLDEN=1 cargo test -p podca-tests --test deploy_manifests helm";
 
 /// Every object of a Helm rendering, parsed strictly into its Kubernetes type.
-fn parse_helm_yaml(what: &str, yaml: &str) -> Rendered {
+pub fn parse_helm_yaml(what: &str, yaml: &str) -> Rendered {
     let docs = documents(yaml);
     for doc in &docs {
         let cluster_scoped = matches!(kind_of(doc).1, "ClusterRole" | "ClusterRoleBinding");
@@ -52,7 +52,7 @@ pub fn parse_helm(example: &str) -> Rendered {
 }
 
 /// `helm template` with extra values given as YAML text (written to a values file).
-fn helm_with_values(values: &str) -> Result<String, String> {
+pub fn helm_with_values(values: &str) -> Result<String, String> {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("values.yaml");
     std::fs::write(&file, values).unwrap();
@@ -781,7 +781,7 @@ fn helm_grants_pods_get_when_a_signer_sets_pod_facts_by_the_flag_alone() {
 }
 
 /// The chart with `values`, parsed; its config, RBAC and pod checked as every example's.
-fn check_helm_values(what: &str, flavour: &str, values: &str) -> Rendered {
+pub fn check_helm_values(what: &str, flavour: &str, values: &str) -> Rendered {
     let yaml = helm_with_values(values).unwrap_or_else(|e| panic!("{what}: {e}"));
     let r = parse_helm_yaml(what, &yaml);
     check_config(what, flavour, &r);

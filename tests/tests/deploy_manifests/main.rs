@@ -23,6 +23,7 @@
 
 mod config;
 mod examples;
+mod federation;
 mod helm;
 mod ledger;
 mod network;

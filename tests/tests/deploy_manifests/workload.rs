@@ -103,9 +103,13 @@ pub fn check_pod_locked_down(what: &str, r: &Rendered) {
 
     // Read-only mounts for the config and the CA; the only writable ones are tmp, for a
     // software HSM token its object store (the module itself comes from the image), and the
-    // redb ledger's volume (config::check_ledger holds it to the [ledger] path).
+    // redb ledger's volume (config::check_ledger holds it to the [ledger] path), and the
+    // emptyDir where each federated trust domain's last good bundle is kept.
     for m in c.volume_mounts.iter().flatten() {
-        let writable_ok = matches!(m.name.as_str(), "tmp" | "pkcs11-tokens" | "ledger");
+        let writable_ok = matches!(
+            m.name.as_str(),
+            "tmp" | "pkcs11-tokens" | "ledger" | "federation-state"
+        );
         assert!(
             writable_ok || m.read_only == Some(true),
             "{what}: volume {} is mounted writable",

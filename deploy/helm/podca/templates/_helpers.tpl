@@ -33,6 +33,26 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "podca.metricsPort" -}}9090{{- end -}}
 {{- define "podca.oidcPort" -}}8444{{- end -}}
 
+{{/* Where the federation ConfigMap (initial bundles, Web PKI roots) is mounted. */}}
+{{- define "podca.federationDir" -}}/etc/podca/federation{{- end -}}
+{{/* The emptyDir keeping each federated trust domain's last good bundle. */}}
+{{- define "podca.federationStateDir" -}}/var/lib/podca/federation{{- end -}}
+{{/* The https_web bundle endpoint's certificate and key (bundleEndpoint.tlsSecretName). */}}
+{{- define "podca.bundleTlsDir" -}}/etc/podca/bundle-tls{{- end -}}
+
+{{/* The federation entries' bundle endpoint ports other than 443 (which the API server rule
+already opens), as a JSON array. */}}
+{{- define "podca.federationPorts" -}}
+{{- $ports := list -}}
+{{- range .Values.federation -}}
+{{- $host := (urlParse .bundleEndpointUrl).host -}}
+{{- $port := 443 -}}
+{{- if regexMatch ":[0-9]+$" $host -}}{{- $port = regexFind "[0-9]+$" $host | int -}}{{- end -}}
+{{- if and (ne $port 443) (not (has $port $ports)) -}}{{- $ports = append $ports $port -}}{{- end -}}
+{{- end -}}
+{{- toJson $ports -}}
+{{- end -}}
+
 {{/* "true" unless config.jwt.enabled is false: JWT-SVIDs, OIDC discovery, the JWKS ConfigMap. */}}
 {{- define "podca.jwtEnabled" -}}
 {{- $jwt := .Values.config.jwt | default dict -}}
@@ -291,6 +311,36 @@ podca's integer settings refuse).
 {{- end -}}
 {{- $_ := set $jwt "jwks_configmap" (include "podca.jwksConfigMap" .) -}}
 {{- $_ := set $cfg "jwt" $jwt -}}
+{{- with .Values.bundleEndpoint -}}
+{{- if .enabled -}}
+{{- $be := dict "listen" (printf "0.0.0.0:%d" (int .port)) "profile" .profile -}}
+{{- if eq .profile "https_web" -}}
+{{- if not .tlsSecretName -}}{{- fail "bundleEndpoint: profile https_web needs tlsSecretName (a kubernetes.io/tls Secret)" -}}{{- end -}}
+{{- $_ := set $be "cert_file" (printf "%s/tls.crt" (include "podca.bundleTlsDir" $root)) -}}
+{{- $_ := set $be "key_file" (printf "%s/tls.key" (include "podca.bundleTlsDir" $root)) -}}
+{{- else -}}
+{{- if not .spiffeId -}}{{- fail "bundleEndpoint: profile https_spiffe needs spiffeId" -}}{{- end -}}
+{{- $_ := set $be "spiffe_id" .spiffeId -}}
+{{- end -}}
+{{- $_ := set $cfg "bundle_endpoint" $be -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.federation -}}
+{{- $entries := list -}}
+{{- range .Values.federation -}}
+{{- if and (eq .profile "https_web") .endpointSpiffeId -}}{{- fail (printf "federation %s: endpointSpiffeId is for profile https_spiffe; https_web checks the URL's host against Web PKI roots" .trustDomain) -}}{{- end -}}
+{{- if and (eq .profile "https_spiffe") .caBundle -}}{{- fail (printf "federation %s: caBundle is for profile https_web; https_spiffe authenticates the endpoint with initialBundle" .trustDomain) -}}{{- end -}}
+{{- $e := dict "trust_domain" .trustDomain "bundle_endpoint_url" .bundleEndpointUrl "profile" .profile -}}
+{{- $_ := set $e "last_good_file" (printf "%s/%s.json" (include "podca.federationStateDir" $root) .trustDomain) -}}
+{{- if .endpointSpiffeId -}}{{- $_ := set $e "endpoint_spiffe_id" .endpointSpiffeId -}}{{- end -}}
+{{- if .initialBundle -}}{{- $_ := set $e "initial_bundle" (printf "%s/%s.json" (include "podca.federationDir" $root) .trustDomain) -}}{{- end -}}
+{{- if .caBundle -}}{{- $_ := set $e "ca_file" (printf "%s/%s.roots.pem" (include "podca.federationDir" $root) .trustDomain) -}}{{- end -}}
+{{- if hasKey . "minRefreshSeconds" -}}{{- $_ := set $e "min_refresh_seconds" .minRefreshSeconds -}}{{- end -}}
+{{- if hasKey . "maxRefreshSeconds" -}}{{- $_ := set $e "max_refresh_seconds" .maxRefreshSeconds -}}{{- end -}}
+{{- $entries = append $entries $e -}}
+{{- end -}}
+{{- $_ := set $cfg "federation" $entries -}}
+{{- end -}}
 # podca serve configuration, rendered by the podca Helm chart from its values (schema:
 # authority/src/config.rs; unknown keys are errors).
 {{ include "podca.toml.table" (dict "path" "" "table" $cfg) }}
@@ -352,5 +402,17 @@ Null values are left out (Helm's way of deleting a default).
 {{- $sub := $key -}}
 {{- if $path -}}{{- $sub = printf "%s.%s" $path $key -}}{{- end }}
 {{ include "podca.toml.table" (dict "path" $sub "table" (get $m .)) }}
+{{- end -}}
+{{- end -}}
+
+{{/* The federation ConfigMap's data (YAML), empty when no entry has a file. */}}
+{{- define "podca.federationFiles" -}}
+{{- range .Values.federation -}}
+{{- if .initialBundle }}
+{{ printf "%s.json" .trustDomain }}: {{ .initialBundle | toJson }}
+{{- end -}}
+{{- if .caBundle }}
+{{ printf "%s.roots.pem" .trustDomain }}: {{ .caBundle | toJson }}
+{{- end -}}
 {{- end -}}
 {{- end -}}
