@@ -1,4 +1,6 @@
-//! The admin listener: `/metrics`, `/livez`, `/readyz`.
+//! The admin listener: `/metrics`, `/livez`, `/readyz`, and with `[ledger.log]` the ledger's
+//! Merkle log under `/log/` in the C2SP tlog-tiles layout ([`crate::ledger::tiles`]), which
+//! answers the same tokens as `/metrics` when that is protected.
 //!
 //! Its limits ([`AdminLimits`]): a connection must send a whole request head within
 //! `header_read_timeout` (also the longest a kept-alive connection waits for its next request),
@@ -34,6 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
+use crate::ledger::tiles::{LogTiles, TileAnswer};
 use crate::metrics::Metrics;
 use crate::metrics_auth::{MetricsAuth, ScrapeToken, Verdict};
 use crate::slots::Slots;
@@ -168,10 +171,11 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     health: Arc<Readiness>,
     metrics_auth: Option<Arc<dyn MetricsAuth>>,
+    log: Option<Arc<LogTiles>>,
     stop: watch::Receiver<bool>,
 ) {
     let limits = AdminLimits::default();
-    serve_with(listener, metrics, health, metrics_auth, limits, stop).await;
+    serve_with(listener, metrics, health, metrics_auth, log, limits, stop).await;
 }
 
 /// Serves until `stop` turns true, within `limits`.
@@ -180,6 +184,7 @@ pub async fn serve_with(
     metrics: Arc<Metrics>,
     health: Arc<Readiness>,
     metrics_auth: Option<Arc<dyn MetricsAuth>>,
+    log: Option<Arc<LogTiles>>,
     limits: AdminLimits,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -207,17 +212,23 @@ pub async fn serve_with(
         let metrics = Arc::clone(&metrics);
         let health = Arc::clone(&health);
         let metrics_auth = metrics_auth.clone();
+        let log = log.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let service = service_fn(move |req: Request<Incoming>| {
                 let (metrics, health) = (Arc::clone(&metrics), Arc::clone(&health));
-                let metrics_auth = metrics_auth.clone();
+                let (metrics_auth, log) = (metrics_auth.clone(), log.clone());
                 async move {
                     let response = match kind {
                         Connection::ProbeOnly => respond_to_probe(&req, &metrics, &health),
                         Connection::Full => match refusal(&req, metrics_auth.as_deref()).await {
                             Some(refused) => refused,
-                            None => respond(&req, &metrics, &health),
+                            None => match (log, req.uri().path().strip_prefix("/log/")) {
+                                (Some(log), Some(rest)) if req.method() == Method::GET => {
+                                    tile_response(log.answer(rest).await)
+                                }
+                                _ => respond(&req, &metrics, &health),
+                            },
                         },
                     };
                     Ok::<_, Infallible>(response)
@@ -338,7 +349,8 @@ async fn refusal(
     auth: Option<&dyn MetricsAuth>,
 ) -> Option<Response<Full<Bytes>>> {
     let auth = auth?;
-    if req.method() != Method::GET || req.uri().path() != "/metrics" {
+    let path = req.uri().path();
+    if req.method() != Method::GET || !(path == "/metrics" || path.starts_with("/log/")) {
         return None;
     }
     let token = req
@@ -379,6 +391,21 @@ async fn refusal(
         );
     }
     Some(r)
+}
+
+fn tile_response(answer: TileAnswer) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(answer.body)));
+    *r.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::NOT_FOUND);
+    let headers = r.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(answer.content_type),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static(answer.cache_control),
+    );
+    r
 }
 
 /// The answer on a reserve connection: the probes as always, anything else 503 (the listener
@@ -513,6 +540,7 @@ mod tests {
             Arc::new(Metrics::new()),
             readiness,
             auth,
+            None,
             limits,
             stopped,
         ));
@@ -773,6 +801,14 @@ mod tests {
         for path in ["/livez", "/readyz"] {
             let answer = ask(None, path).await;
             assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        }
+        // The ledger's log answers the same tokens as /metrics.
+        for (authorization, status) in [
+            (None, "HTTP/1.1 401"),
+            (Some("Bearer denied"), "HTTP/1.1 403"),
+        ] {
+            let answer = ask(authorization, "/log/checkpoint").await;
+            assert!(answer.starts_with(status), "{authorization:?}: {answer}");
         }
     }
 

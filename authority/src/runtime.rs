@@ -70,6 +70,8 @@ pub struct Runtime {
     admin_listen: Option<SocketAddr>,
     /// Who may read `/metrics` ([`Runtime::protect_metrics`]); `None`: everyone who connects.
     metrics_auth: Option<Arc<dyn MetricsAuth>>,
+    /// The ledger's Merkle log, served under `/log/` ([`Runtime::serve_log`]).
+    log_tiles: Option<Arc<crate::ledger::tiles::LogTiles>>,
     drain_timeout: Duration,
     /// Whether this replica leads (true unless a leader election says otherwise): the
     /// components that act only as leader follow it, the leader election sets it.
@@ -118,6 +120,7 @@ impl Runtime {
             support: Shutdown::new(),
             admin_listen,
             metrics_auth: None,
+            log_tiles: None,
             drain_timeout,
             leadership: watch::Sender::new(true),
             ledger: crate::ledger::LedgerHandle::none(),
@@ -227,6 +230,12 @@ impl Runtime {
         self.metrics_auth = Some(auth);
     }
 
+    /// From now on the admin listener serves the ledger's Merkle log under `/log/` (C2SP
+    /// tlog-tiles); call before [`Runtime::run`].
+    pub fn serve_log(&mut self, tiles: Arc<crate::ledger::tiles::LogTiles>) {
+        self.log_tiles = Some(tiles);
+    }
+
     /// Binds and serves the admin listener, then waits for `signal` (or a critical
     /// component's failure), and stops: readiness turns false at once, the [`Stage::Serve`]
     /// tasks drain, then the [`Stage::Support`] tasks, all within the drain deadline.
@@ -269,11 +278,17 @@ impl Runtime {
         };
         let listener = admin::bind(addr).await?;
         let protected = self.metrics_auth.is_some();
-        info!(%addr, metrics_auth = protected, "admin listener: /metrics /livez /readyz");
+        let log = self.log_tiles.clone();
+        let paths = if log.is_some() {
+            "/metrics /livez /readyz /log/"
+        } else {
+            "/metrics /livez /readyz"
+        };
+        info!(%addr, metrics_auth = protected, "admin listener: {paths}");
         let (metrics, readiness) = (Arc::clone(&self.metrics), Arc::clone(&self.readiness));
         let auth = self.metrics_auth.clone();
         self.spawn(Stage::Support, "admin listener", |stop| {
-            admin::serve(listener, metrics, readiness, auth, stop)
+            admin::serve(listener, metrics, readiness, auth, log, stop)
         });
         Ok(())
     }

@@ -12,6 +12,7 @@ mod leaf;
 pub mod ledger;
 pub mod merkle;
 pub mod merkle_note;
+pub mod merkle_tiles;
 pub mod merkle_verify;
 pub mod names;
 pub mod policy;

@@ -705,3 +705,255 @@ fn postgres_podca_processes_issuing_at_once_make_one_linear_log() {
         "{out}"
     );
 }
+
+// ---- the log over HTTP, as C2SP tlog-tiles ----
+
+/// `GET path` on 127.0.0.1:`port`: status, the head, and the body's bytes.
+fn get_bytes(port: u16, path: &str) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    write!(
+        tcp,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = vec![];
+    tcp.read_to_end(&mut answer).unwrap();
+    let end = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8(answer[..end].to_vec()).unwrap();
+    let status = head[9..12].parse().unwrap();
+    (status, head, answer[end + 4..].to_vec())
+}
+
+/// RFC 6962 §2.1's MTH, straight from the definition.
+fn mth(leaves: &[Hash]) -> Hash {
+    match leaves.len() {
+        0 => sha256(&[]),
+        1 => leaves[0],
+        n => {
+            // The largest power of two smaller than n.
+            let mut k = 1;
+            while k * 2 < n {
+                k *= 2;
+            }
+            hash_children(&mth(&leaves[..k]), &mth(&leaves[k..]))
+        }
+    }
+}
+
+/// The C2SP tlog-tiles index path, written from the spec: zero-padded groups of three digits,
+/// all but the last prefixed with `x`.
+fn tile_path(index: u64) -> String {
+    let mut groups = vec![format!("{:03}", index % 1000)];
+    let mut rest = index / 1000;
+    while rest > 0 {
+        groups.push(format!("x{:03}", rest % 1000));
+        rest /= 1000;
+    }
+    groups.reverse();
+    groups.join("/")
+}
+
+/// The tiles a tree of `size` has at `level`, per the spec: the full ones, then a partial one
+/// of width `floor(size / 256^level) mod 256` unless that is 0.
+fn tiles_at(level: u32, size: u64) -> Vec<(u64, u64, String)> {
+    let hashes = size / 256u64.pow(level);
+    let mut out: Vec<(u64, u64, String)> =
+        (0..hashes / 256).map(|n| (n, 256, tile_path(n))).collect();
+    if !hashes.is_multiple_of(256) {
+        let n = hashes / 256;
+        out.push((
+            n,
+            hashes % 256,
+            format!("{}.p/{}", tile_path(n), hashes % 256),
+        ));
+    }
+    out
+}
+
+/// Follows the log at `port` as a monitor would: the checkpoint (its signature checked with
+/// `verifier_key`), every level-0 tile and entry bundle (each entry hashing to its tile's
+/// hash), every tile above (each hash the MTH of the 256 subtrees it covers), and the root of
+/// the leaves the checkpoint's. Returns the checkpoint's size and the entries.
+fn follow_log(port: u16, verifier_key: &str) -> (u64, Vec<Vec<u8>>) {
+    let (status, head, note) = get_bytes(port, "/log/checkpoint");
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("cache-control: no-store"),
+        "{head}"
+    );
+    let (size, root) = open_checkpoint(&String::from_utf8(note).unwrap(), verifier_key).unwrap();
+    let mut leaves: Vec<Hash> = vec![];
+    let mut entries: Vec<Vec<u8>> = vec![];
+    for (_, width, path) in tiles_at(0, size) {
+        let (status, head, tile) = get_bytes(port, &format!("/log/tile/0/{path}"));
+        assert_eq!(status, 200, "tile/0/{path}: {head}");
+        assert!(head.contains("immutable"), "{head}");
+        assert_eq!(tile.len() as u64, width * 32, "tile/0/{path}");
+        let hashes: Vec<Hash> = tile.chunks(32).map(|c| c.try_into().unwrap()).collect();
+        let (status, _, bundle) = get_bytes(port, &format!("/log/tile/entries/{path}"));
+        assert_eq!(status, 200, "tile/entries/{path}");
+        let mut rest = &bundle[..];
+        for (i, hash) in hashes.iter().enumerate() {
+            let len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
+            let entry = rest[2..2 + len].to_vec();
+            assert_eq!(hash_leaf(&entry), *hash, "entry {i} of tile/entries/{path}");
+            entries.push(entry);
+            rest = &rest[2 + len..];
+        }
+        assert!(rest.is_empty(), "tile/entries/{path} has more than {width}");
+        leaves.extend(hashes);
+    }
+    assert_eq!(leaves.len() as u64, size);
+    assert_eq!(mth(&leaves), root, "the leaves' root is the checkpoint's");
+    for level in 1..4u32 {
+        let span = 256usize.pow(level);
+        for (n, width, path) in tiles_at(level, size) {
+            let (status, _, tile) = get_bytes(port, &format!("/log/tile/{level}/{path}"));
+            assert_eq!(status, 200, "tile/{level}/{path}");
+            assert_eq!(tile.len() as u64, width * 32);
+            for (i, hash) in tile.chunks(32).enumerate() {
+                let first = (n as usize * 256 + i) * span;
+                assert_eq!(
+                    hash,
+                    mth(&leaves[first..first + span]),
+                    "hash {i} of tile/{level}/{path}"
+                );
+            }
+        }
+    }
+    (size, entries)
+}
+
+/// 70,000 records (the spec's example size: 273 full level-0 tiles and one of width 112, one
+/// full level-1 tile and one of width 17, a level-2 tile of width 1) served by the admin
+/// listener and followed by the independent client above; what lies beyond the checkpoint or
+/// is named non-canonically is 404, and a bundle with a pruned entry 410 while its hashes stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_served_as_tlog_tiles_an_independent_client_follows() {
+    use podca_authority::admin::{AdminLimits, Readiness, serve_with};
+    use podca_authority::ledger::tiles::LogTiles;
+    use podca_authority::metrics::Metrics;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(
+        &LedgerBackend::Redb {
+            path: Some(dir.path().join("ledger.redb")),
+        },
+        None,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let key = LogKey::load_or_generate(&dir.path().join("log.key"), "podca.test/ledger").unwrap();
+    let verifier_key = key.verifier().to_text();
+    let records: Vec<LedgerRecord> = (0..70_000).map(record).collect();
+    for chunk in records.chunks(5_000) {
+        store.append(chunk.to_vec()).await.unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve_with(
+        listener,
+        Arc::new(Metrics::new()),
+        Readiness::new(),
+        None,
+        Some(Arc::new(LogTiles::new(store.clone()))),
+        AdminLimits::default(),
+        stopped,
+    ));
+    let get = |path: &'static str| tokio::task::spawn_blocking(move || get_bytes(port, path));
+    assert_eq!(
+        get("/log/checkpoint").await.unwrap().0,
+        404,
+        "no checkpoint yet"
+    );
+    log::publish_checkpoint(&store, &key).await.unwrap();
+
+    let key_text = verifier_key.clone();
+    let (size, entries) = tokio::task::spawn_blocking(move || follow_log(port, &key_text))
+        .await
+        .unwrap();
+    assert_eq!(size, 70_000);
+    assert_eq!(tiles_at(0, size).len(), 274);
+    assert_eq!(tiles_at(1, size).last().unwrap().1, 17);
+    assert_eq!(tiles_at(2, size), [(0, 1, "000.p/1".to_owned())]);
+    for i in [0usize, 12_345, 69_999] {
+        assert_eq!(entries[i], merkle::leaf_data(&records[i]), "entry {i}");
+    }
+
+    for (path, status) in [
+        ("/log/tile/0/273.p/113", 404), // wider than the checkpoint's tree
+        ("/log/tile/0/274", 404),
+        ("/log/tile/2/000", 404),
+        ("/log/tile/0/0", 404),    // not zero-padded
+        ("/log/tile/00/000", 404), // a leading zero in the level
+        ("/log/tile/0/000.p/256", 404),
+        ("/log/tiles", 404),
+        ("/log/tile/0/273.p/112", 200),
+        ("/log/tile/0/x000/273", 404), // not canonical
+    ] {
+        assert_eq!(get(path).await.unwrap().0, status, "{path}");
+    }
+
+    // Retention prunes records 0..100: their bundle is gone (410), their hashes are not.
+    let tile_before = get("/log/tile/0/000").await.unwrap().2;
+    let cut =
+        OffsetDateTime::UNIX_EPOCH + time::Duration::days(20_000) + time::Duration::seconds(100);
+    assert_eq!(store.prune(cut).await.unwrap(), 100);
+    let (status, _, body) = get("/log/tile/entries/000").await.unwrap();
+    assert_eq!(status, 410, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(get("/log/tile/0/000").await.unwrap().2, tile_before);
+    assert_eq!(get("/log/tile/entries/001").await.unwrap().0, 200);
+}
+
+/// `podca serve` with `[ledger.log]` serves its own log on the admin listener: the first
+/// checkpoint covers the serving certificate's record, and the independent client follows it.
+#[test]
+fn podca_serve_serves_its_log_on_the_admin_listener() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (cluster, ca_dir) = runtime.block_on(podca_tests::cluster::Cluster::for_serve(
+        "example.com/workload",
+        "default",
+    ));
+    let dir = cluster.dir.path().to_owned();
+    let key_file = dir.join("log.key");
+    let config = dir.join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\ndir = {ca_dir:?}\n\n[signers.\"example.com/workload\"]\n\
+             trust_domain = \"cluster.local\"\n\n[grpc]\n{}\n\n[ledger.log]\nenabled = true\n\
+             key_file = {key_file:?}\norigin = \"podca.test/serve\"\n\
+             checkpoint_interval_seconds = 1\n",
+            podca_tests::tls::GRPC_TLS_CONFIG,
+        ),
+    )
+    .unwrap();
+    let serve = podca_tests::process::ServeProcess::start(&config, &cluster.kubeconfig, &[], &[]);
+    let key = LogKey::load_or_generate(&key_file, "podca.test/serve").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // The first checkpoint may be of the empty log; wait for one with the serving record.
+    let covers_a_leaf = |(status, _, note): (u16, String, Vec<u8>)| {
+        status == 200 && String::from_utf8_lossy(&note).lines().nth(1) != Some("0")
+    };
+    while !covers_a_leaf(get_bytes(serve.admin, "/log/checkpoint")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint of a leaf on the admin listener within 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (size, entries) = follow_log(serve.admin, &key.verifier().to_text());
+    assert!(size >= 1);
+    let first = String::from_utf8_lossy(&entries[0]).into_owned();
+    assert!(
+        first.contains("serving"),
+        "the serving certificate's record: {first:?}"
+    );
+}

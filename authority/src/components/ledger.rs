@@ -51,6 +51,9 @@ pub async fn start(
         let key = podca_signer::merkle_note::LogKey::load_or_generate(&key_file, &log.origin)
             .map_err(|e| StoreError::Config(e.to_string()))?;
         info!(verifier = %key.verifier().to_text(), "ledger log: checkpoints signed by this key");
+        rt.serve_log(std::sync::Arc::new(ledger::tiles::LogTiles::new(
+            store.clone(),
+        )));
         let (store, leading, every) = (store.clone(), rt.leadership().subscribe(), log.interval);
         let metrics = metrics.clone();
         rt.spawn(Stage::Support, "ledger checkpoints", move |stop| {

@@ -21,6 +21,7 @@ pub mod log;
 mod pg_tls;
 pub mod postgres;
 pub mod query;
+pub mod tiles;
 
 use std::collections::VecDeque;
 use std::path::Path;
