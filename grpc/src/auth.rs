@@ -646,10 +646,18 @@ impl Authenticator for TokenReviewAuthenticator {
         // One address may start only its share of the reviews: beyond it, refused at once. A
         // request whose token is already being reviewed joins that review instead.
         let joining = self.caches().in_flight.contains_key(&key);
-        let _turn = match joining {
-            true => None,
-            false => self.source_turn(peer)?,
+        let turn = match joining {
+            true => Ok(None),
+            false => self.source_turn(peer),
         };
+        // A review that ended since the first look has put its verdict in the caches before
+        // leaving `in_flight`: read it rather than refusing (its turn may still be held) or
+        // asking again.
+        if !joining && let Some(known) = self.remembered(&key, Instant::now()) {
+            self.count_cache(if known.is_ok() { "hit" } else { "negative_hit" });
+            return known;
+        }
+        let _turn = turn?;
         self.count_cache("miss");
         let shared = self.shared_review(key);
         let verdict = shared
