@@ -110,7 +110,7 @@ async fn run_async(args: DevArgs) -> anyhow::Result<()> {
     // otherwise), as `podca issue`'s do, before the answer leaves; `podca ledger list` reads a
     // redb ledger once podca dev has stopped (redb allows one process).
     let redb = podca_signer::FileStore::new(&data_dir).ledger_path();
-    let ledger = ledger::start(&mut rt, &config.ledger, Some(&redb))
+    let ledger = ledger::start(&mut rt, &config.ledger, Some(&redb), None)
         .await
         .context("opening the ledger")?;
     // JWT-SVIDs: keys in `<data dir>/jwt/`, made on the first start, rotated on `[jwt]`'s

@@ -47,7 +47,7 @@ pub struct ServeArgs {
     pub lease: LeaseFlags,
     /// With --leader-elect, who signs PodCertificateRequests: `leader` or `rendezvous` (every
     /// replica its share); overrides `[controller] sharding`.
-    #[arg(long, value_parser = parse_sharding)]
+    #[arg(long)]
     pub sharding: Option<Sharding>,
     /// How long shutdown may take, all of it: in-flight status writes and gRPC calls, then the
     /// ledger's last commit and the Lease's release.
@@ -121,8 +121,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The JWT keys and the default ledger live with the primary CA (the gRPC signer's).
     let jwt_keys =
         kube_component::primary_jwt(&mut rt, &client, &config, &ca_plans, leader_elect).await?;
-    let default_redb = ca_plans.primary_dir().map(|dir| dir.ledger_path());
-    let ledger = ledger::start(&mut rt, &config.ledger, default_redb.as_deref()).await?;
+    let redb = ca_plans.primary_dir().map(|dir| dir.ledger_path());
+    let log_key = kube_component::ledger_log_key(&client, &config, &ca_plans).await?;
+    let ledger = ledger::start(&mut rt, &config.ledger, redb.as_deref(), log_key).await?;
     let ca = kube_component::start_cas(&mut rt, &client, &config, ca_plans).await?;
     // Only when a rule reads `namespaceObject.metadata.labels`: otherwise podca needs no
     // namespace access.
@@ -204,15 +205,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     kube_component::controller(&mut rt, client, options);
     rt.run(signals).await?;
     Ok(())
-}
-
-/// `--sharding`: the values of `[controller] sharding`.
-pub fn parse_sharding(value: &str) -> Result<Sharding, String> {
-    match value {
-        "leader" => Ok(Sharding::Leader),
-        "rendezvous" => Ok(Sharding::Rendezvous),
-        _ => Err("expected `leader` or `rendezvous`".into()),
-    }
 }
 
 /// The configuration file `--config` names, with at least one signer.

@@ -1139,6 +1139,24 @@ pub enum Sharding {
     Rendezvous,
 }
 
+/// A `--sharding` value that is none of [`Sharding`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected `leader` or `rendezvous`")]
+pub struct UnknownSharding;
+
+/// `--sharding`: the values of `[controller] sharding`.
+impl std::str::FromStr for Sharding {
+    type Err = UnknownSharding;
+
+    fn from_str(value: &str) -> Result<Self, UnknownSharding> {
+        match value {
+            "leader" => Ok(Sharding::Leader),
+            "rendezvous" => Ok(Sharding::Rendezvous),
+            _ => Err(UnknownSharding),
+        }
+    }
+}
+
 impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {

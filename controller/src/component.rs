@@ -161,6 +161,30 @@ pub async fn primary_jwt(
     })
 }
 
+/// The ledger log's checkpoint key when it lives in a Secret: `[ledger.log]` on, no `key_file`,
+/// and the primary CA in a Secret (`<CA Secret>-log`, or `key_secret`, beside it). `None`: the
+/// ledger component reads or makes `key_file` (or `<data dir>/log.key`).
+pub async fn ledger_log_key(
+    client: &Client,
+    config: &Config,
+    plans: &CaPlans,
+) -> Result<Option<podca_signer::merkle_note::LogKey>, crate::log_key_secret::LogKeySecretError> {
+    let Some(log) = config.ledger.log.as_ref().filter(|l| l.key_file.is_none()) else {
+        return Ok(None);
+    };
+    let Some(ca) = plans.primary_secret() else {
+        return Ok(None);
+    };
+    let name = log
+        .key_secret
+        .clone()
+        .unwrap_or_else(|| format!("{}-log", ca.name));
+    let key =
+        crate::log_key_secret::log_key(client.clone(), &ca.namespace, &name, &log.origin).await?;
+    info!(secret = %format!("{}/{name}", ca.namespace), "ledger log: the checkpoint key is in a Secret");
+    Ok(Some(key))
+}
+
 /// [`primary_jwt`] could not open the keys.
 #[derive(Debug, thiserror::Error)]
 pub enum PrimaryJwtError {

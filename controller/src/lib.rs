@@ -16,6 +16,7 @@ pub mod grpc_auth;
 pub mod jwks;
 pub mod jwt_secret;
 mod lease;
+pub mod log_key_secret;
 mod membership;
 pub mod metrics_auth;
 pub mod namespaces;

@@ -231,16 +231,39 @@ impl LogKey {
         let pem = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let rng = aws_lc_rs::rand::SystemRandom::new();
-                let doc = Ed25519KeyPair::generate_pkcs8(&rng)
-                    .map_err(|_| key_error("the system RNG failed".into()))?;
-                let text = pem::encode(&pem::Pem::new("PRIVATE KEY", doc.as_ref().to_vec()));
-                write_private(path, text.as_bytes()).map_err(|e| key_error(e.to_string()))?;
-                text.into_bytes()
+                let text =
+                    Self::generate_pem().map_err(|_| key_error("the system RNG failed".into()))?;
+                write_private(path, &text).map_err(|e| key_error(e.to_string()))?;
+                text
             }
             Err(e) => return Err(key_error(e.to_string())),
         };
-        let block = pem::parse(&pem).map_err(|e| key_error(format!("not PEM: {e}")))?;
+        Self::from_pem(&pem, name, &shown)
+    }
+
+    /// A new key, as the PKCS#8 PEM text [`LogKey::from_pem`] reads.
+    pub fn generate_pem() -> Result<Vec<u8>, NoteError> {
+        let rng = aws_lc_rs::rand::SystemRandom::new();
+        let doc = Ed25519KeyPair::generate_pkcs8(&rng).map_err(|_| NoteError::Key {
+            path: String::new(),
+            detail: "the system RNG failed".into(),
+        })?;
+        Ok(pem::encode(&pem::Pem::new("PRIVATE KEY", doc.as_ref().to_vec())).into_bytes())
+    }
+
+    /// The key in `pem` (an Ed25519 PKCS#8 PEM block), named `name`; `source` names where it
+    /// came from in errors (a file, a Secret's data key).
+    pub fn from_pem(pem: &[u8], name: &str, source: &str) -> Result<Self, NoteError> {
+        let key_error = |detail: String| NoteError::Key {
+            path: source.to_owned(),
+            detail,
+        };
+        if name.is_empty() || name.contains(['+', ' ', '\n']) {
+            return Err(key_error(format!(
+                "origin {name:?} is not a key name (non-empty, no spaces or '+')"
+            )));
+        }
+        let block = pem::parse(pem).map_err(|e| key_error(format!("not PEM: {e}")))?;
         if block.tag() != "PRIVATE KEY" {
             return Err(key_error(format!(
                 "holds a {:?} block, not an Ed25519 PRIVATE KEY",

@@ -957,3 +957,158 @@ fn podca_serve_serves_its_log_on_the_admin_listener() {
         "the serving certificate's record: {first:?}"
     );
 }
+
+/// With the CA in a Secret, the checkpoint key lives in the Secret `<CA Secret>-log` beside it:
+/// the first `podca serve` makes it (labelled podca's), the checkpoints it serves verify under
+/// the key in that Secret, a second replica reads the same key rather than making one, and a
+/// foreign Secret of that name stops podca at start with its name.
+#[test]
+fn with_the_ca_in_a_secret_the_log_key_is_kept_in_a_secret_beside_it() {
+    use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER};
+    use podca_tests::emulator::podca_rbac::PodcaRbac;
+    use podca_tests::emulator::{ApiMode, PolicyRule, Res, Subject};
+    use podca_tests::tls::NAMESPACE;
+
+    const SIGNER: &str = "example.com/workload";
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let cluster = runtime.block_on(Cluster::start_with(ClusterConfig {
+        emulator: podca_tests::EmulatorConfig {
+            api_mode: ApiMode::V1Only,
+            auto_create_namespaces: true,
+            ..Default::default()
+        },
+        podca_groups: &["system:serviceaccounts"],
+        signers: &[SIGNER],
+    }));
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let cert = params.self_signed(&key).unwrap();
+    cluster.emu.add_secret(
+        NAMESPACE,
+        "podca-ca",
+        "kubernetes.io/tls",
+        &[
+            ("tls.crt", cert.pem().as_bytes()),
+            ("tls.key", key.serialize_pem().as_bytes()),
+        ],
+    );
+    let rbac = PodcaRbac {
+        signer_names: vec![SIGNER.into()],
+        ca_secret: Some((NAMESPACE.into(), "podca-ca".into())),
+        lease_name: None,
+        issue_for_pod: false,
+        jwks_configmap: None,
+        namespace_labels: false,
+        pod_facts: false,
+    };
+    for rule in rbac.rules() {
+        cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);
+    }
+    // What the log adds: `get` on its Secret by name (`create` in the namespace is granted).
+    cluster.emu.grant(
+        Subject::User(PODCA_USER.into()),
+        PolicyRule::new(&[""], &["secrets"], &["get"])
+            .with_names(&["podca-ca-log"])
+            .in_namespaces(&[NAMESPACE]),
+    );
+    let dir = cluster.dir.path().to_owned();
+    let config = dir.join("podca.toml");
+    let write_config = |key_secret: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[ca]\nbackend = \"secret\"\nsecret = \"{NAMESPACE}/podca-ca\"\n\n\
+                 [signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n[grpc]\n{}\n\
+                 [jwt]\nenabled = false\n\n[ledger]\nbackend = \"redb\"\npath = {:?}\n\n\
+                 [ledger.log]\nenabled = true\norigin = \"podca.test/secret\"\n\
+                 checkpoint_interval_seconds = 1\n{key_secret}",
+                podca_tests::tls::GRPC_TLS_CONFIG,
+                dir.join("ledger.redb"),
+            ),
+        )
+        .unwrap();
+    };
+    write_config("");
+    let log_key_of_secret = || {
+        let secret = cluster
+            .emu
+            .get_object(Res::Secret, NAMESPACE, "podca-ca-log")
+            .expect("the log key Secret");
+        assert_eq!(
+            secret["metadata"]["labels"]["app.kubernetes.io/managed-by"], "podca",
+            "{secret}"
+        );
+        let pem = STANDARD
+            .decode(secret["data"]["log.key"].as_str().unwrap())
+            .unwrap();
+        LogKey::from_pem(&pem, "podca.test/secret", "the Secret").unwrap()
+    };
+    let serve = podca_tests::process::ServeProcess::start(&config, &cluster.kubeconfig, &[], &[]);
+    let key = log_key_of_secret();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while get_bytes(serve.admin, "/log/checkpoint").0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint within 20 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let (_, _, note) = get_bytes(serve.admin, "/log/checkpoint");
+    let note = String::from_utf8(note).unwrap();
+    open_checkpoint(&note, &key.verifier().to_text()).unwrap();
+    drop(serve);
+
+    // A restart (or a second replica) reads the same key: the Secret is not replaced.
+    let before = cluster
+        .emu
+        .get_object(Res::Secret, NAMESPACE, "podca-ca-log")
+        .unwrap();
+    let serve = podca_tests::process::ServeProcess::start(&config, &cluster.kubeconfig, &[], &[]);
+    let (status, _, _) = get_bytes(serve.admin, "/log/checkpoint");
+    assert_eq!(status, 200);
+    let after = cluster
+        .emu
+        .get_object(Res::Secret, NAMESPACE, "podca-ca-log")
+        .unwrap();
+    assert_eq!(
+        before["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"]
+    );
+    assert_eq!(
+        log_key_of_secret().verifier().to_text(),
+        key.verifier().to_text()
+    );
+    drop(serve);
+
+    // A Secret of that name that is not podca's is never used nor overwritten.
+    write_config("key_secret = \"someone-elses\"\n");
+    cluster.emu.grant(
+        Subject::User(PODCA_USER.into()),
+        PolicyRule::new(&[""], &["secrets"], &["get"])
+            .with_names(&["someone-elses"])
+            .in_namespaces(&[NAMESPACE]),
+    );
+    cluster
+        .emu
+        .add_secret(NAMESPACE, "someone-elses", "Opaque", &[("log.key", b"x")]);
+    let log = dir.join("foreign.log");
+    let mut serve =
+        podca_tests::process::ServeProcess::start_logged(&config, &cluster.kubeconfig, &[], &log);
+    assert!(
+        !serve
+            .wait_exit(std::time::Duration::from_secs(20))
+            .success()
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains(&format!(
+            "the Secret {NAMESPACE}/someone-elses exists but is not podca's"
+        )),
+        "{text}"
+    );
+}

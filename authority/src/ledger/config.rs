@@ -20,6 +20,8 @@
 //! [ledger.log]                      # optional: signed checkpoints of the Merkle log
 //! enabled = true
 //! key_file = "/var/lib/podca/log.key" # Ed25519, made (0600) if missing; default <data dir>/log.key
+//! # key_secret = "podca-ca-log"     # [ca] backend = "secret": the Secret holding it (this default:
+//!                                   # <CA Secret>-log, beside the CA Secret), made if missing
 //! origin = "podca.example/ledger"   # the checkpoints' origin line and key name
 //! checkpoint_interval_seconds = 60
 //! ```
@@ -172,6 +174,7 @@ struct RawLogConfig {
     #[serde(default)]
     enabled: bool,
     key_file: Option<PathBuf>,
+    key_secret: Option<String>,
     origin: Option<String>,
     checkpoint_interval_seconds: Option<u64>,
 }
@@ -180,6 +183,8 @@ struct RawLogConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LedgerConfigError {
+    #[error("[ledger.log] names key_file and key_secret: the checkpoint key is in one place")]
+    TwoLogKeys,
     #[error("[ledger] {key} does not apply to backend = \"{backend}\"")]
     Foreign {
         key: &'static str,
@@ -288,8 +293,12 @@ impl TryFrom<RawLedgerConfig> for LedgerConfig {
                 if every == 0 {
                     return Err(LedgerConfigError::Zero("log.checkpoint_interval_seconds"));
                 }
+                if log.key_file.is_some() && log.key_secret.is_some() {
+                    return Err(LedgerConfigError::TwoLogKeys);
+                }
                 Some(super::log::LogConfig {
                     key_file: log.key_file,
+                    key_secret: log.key_secret,
                     origin,
                     interval: std::time::Duration::from_secs(every),
                 })
@@ -340,6 +349,7 @@ mod tests {
             c.log,
             Some(crate::ledger::log::LogConfig {
                 key_file: Some("/k".into()),
+                key_secret: None,
                 origin: "o.example/l".into(),
                 interval: std::time::Duration::from_secs(5),
             })
@@ -354,6 +364,10 @@ mod tests {
             (
                 "[ledger.log]\nenabled = true\ncheckpoint_interval_seconds = 0\n",
                 "[ledger] log.checkpoint_interval_seconds must be at least 1",
+            ),
+            (
+                "[ledger.log]\nenabled = true\nkey_file = \"/k\"\nkey_secret = \"s\"\n",
+                "[ledger.log] names key_file and key_secret: the checkpoint key is in one place",
             ),
         ] {
             assert_eq!(parse(text).unwrap_err(), error, "{text}");

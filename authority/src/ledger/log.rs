@@ -20,6 +20,9 @@ pub struct LogConfig {
     /// The Ed25519 key file (PKCS#8 PEM, made 0600 if missing); `None`: `log.key` in the CA
     /// data directory.
     pub key_file: Option<PathBuf>,
+    /// With the Secret CA backend: the Secret holding the key, beside the CA Secret (`None`:
+    /// `<CA Secret>-log`); `podca_controller::log_key_secret`.
+    pub key_secret: Option<String>,
     /// The log's origin: the checkpoints' first line and the key's name.
     pub origin: String,
     /// How often the leader signs a checkpoint of a grown log.

@@ -158,3 +158,30 @@ fn the_sharding_component_adds_three_replicas_and_the_member_lease_grants_only()
         );
     }
 }
+
+/// `config.ledger.log` in the chart: the key Secret's grant comes with it (the ha-postgres
+/// example, checked as every example), and a log podca could not keep is refused at helm time.
+#[test]
+fn the_chart_refuses_a_ledger_log_it_cannot_keep_a_key_for() {
+    let log = "config:\n  ledger:\n    log:\n      enabled: true\n";
+    let err = crate::helm::helm_with_values(log).expect_err("the chart's ledger is none");
+    assert!(
+        err.contains("config.ledger.log needs config.ledger.backend=postgres"),
+        "{err}"
+    );
+    let hsm = std::fs::read_to_string(
+        crate::render::repo_root().join("deploy/helm/podca/examples/hsm.yaml"),
+    )
+    .unwrap();
+    let postgres = "  ledger:\n    backend: postgres\n    tls: disable\n    log:\n      enabled: true\n\
+                    ledger:\n  postgresUrlSecret:\n    name: pg\n";
+    let values = format!(
+        "{hsm}\n{}",
+        postgres.replacen("  ledger:", "config:\n  ledger:", 1)
+    );
+    let err = crate::helm::helm_with_values(&values).expect_err("an HSM-held CA");
+    assert!(
+        err.contains("needs the gRPC signer's CA in a Secret"),
+        "{err}"
+    );
+}

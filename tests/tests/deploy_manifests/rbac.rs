@@ -100,6 +100,7 @@ pub fn expected_grants(
     reads: ClusterReads,
     jwks_configmap: Option<(&str, &str)>,
     jwt_keys_secret: Option<(&str, &str)>,
+    log_key_secret: Option<(&str, &str)>,
 ) -> BTreeSet<Grant> {
     let ClusterReads {
         issue_for_pod,
@@ -212,6 +213,12 @@ pub fn expected_grants(
     // cannot be limited by name).
     if let Some((ns, name)) = jwt_keys_secret {
         add(ns, "", "secrets", &["get", "update"], Some(name));
+        add(ns, "", "secrets", &["create"], None);
+    }
+    // The ledger log's checkpoint key Secret (`[ledger.log]` on, no key_file, a Secret-held
+    // primary CA): get by name, create in its namespace.
+    if let Some((ns, name)) = log_key_secret {
+        add(ns, "", "secrets", &["get"], Some(name));
         add(ns, "", "secrets", &["create"], None);
     }
     // The JWKS ConfigMap (`[jwt] jwks_configmap`, with JWT-SVIDs on): get and update by name,
@@ -366,6 +373,21 @@ pub fn jwt_keys_secret(cfg: &Config) -> Option<(String, String)> {
     }
 }
 
+/// The ledger log's checkpoint key Secret podca opens: `[ledger.log] key_secret` (default
+/// `<secret>-log`) beside the primary CA's Secret, when the log is on without a key_file.
+pub fn log_key_secret(cfg: &Config) -> Option<(String, String)> {
+    let log = cfg.ledger.log.as_ref().filter(|l| l.key_file.is_none())?;
+    match cfg.ca_named(primary_ca(cfg)) {
+        Some(CaConfig::Secret(s)) => Some((
+            s.namespace.clone(),
+            log.key_secret
+                .clone()
+                .unwrap_or_else(|| format!("{}-log", s.name)),
+        )),
+        _ => None,
+    }
+}
+
 /// The expected grants for a rendering, from its own config and Deployment: the signer names
 /// of the config, the Secret of every Secret-held CA a signer uses (`[ca]` and `[cas.<name>]`),
 /// the JWT keys beside the primary CA's, the Lease when --leader-elect is set, pods get when
@@ -417,6 +439,9 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         },
         jwks,
         jwt_keys_secret
+            .as_ref()
+            .map(|(ns, name)| (ns.as_str(), name.as_str())),
+        log_key_secret(&cfg)
             .as_ref()
             .map(|(ns, name)| (ns.as_str(), name.as_str())),
     )

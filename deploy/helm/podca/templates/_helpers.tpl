@@ -178,6 +178,16 @@ keys live with it only.
 {{- end -}}
 {{- end -}}
 
+{{/* The ledger log's checkpoint key Secret (config.ledger.log on, primary CA in a Secret):
+config.ledger.log.key_secret, else <primary CA Secret>-log; empty otherwise. */}}
+{{- define "podca.logKeySecret" -}}
+{{- $log := (.Values.config.ledger | default dict).log | default dict -}}
+{{- $primary := include "podca.caSecretName" (dict "root" . "name" (include "podca.primaryCa" .)) -}}
+{{- if and $log.enabled $primary -}}
+{{- if $log.key_secret -}}{{ $log.key_secret }}{{- else -}}{{ printf "%s-log" $primary }}{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Mount points. */}}
 {{- define "podca.configDir" -}}/etc/podca{{- end -}}
 {{- define "podca.caDir" -}}/var/run/podca/ca{{- end -}}
@@ -213,6 +223,14 @@ keys live with it only.
 {{- end -}}
 {{- if and (ne ($ledger.tls | default "verify-full") "disable") (not .Values.ledger.postgresCaSecret.name) (not (hasKey $ledger "ca_file")) -}}
 {{- fail "config.ledger.tls=verify-full needs the CA that verifies the server: ledger.postgresCaSecret.name or config.ledger.ca_file" -}}
+{{- end -}}
+{{- end -}}
+{{- if ($ledger.log | default dict).enabled -}}
+{{- if ne $backend "postgres" -}}
+{{- fail "config.ledger.log needs config.ledger.backend=postgres: the log is the ledger's" -}}
+{{- end -}}
+{{- if not (include "podca.logKeySecret" .) -}}
+{{- fail "config.ledger.log needs the gRPC signer's CA in a Secret (ca.backend=secret): the chart keeps the checkpoint key in a Secret beside it, and an HSM-held log key is not supported yet" -}}
 {{- end -}}
 {{- end -}}
 {{- if not .Values.config.signers -}}
