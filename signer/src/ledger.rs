@@ -40,6 +40,10 @@ const BY_TIME: TableDefinition<(i64, u64), ()> = TableDefinition::new("by_time")
 /// The Merkle log ([`crate::merkle`]): leaf index → the record's sequence number (u64
 /// big-endian) and the leaf hash, 40 bytes.
 const LOG_LEAVES: TableDefinition<u64, &[u8]> = TableDefinition::new("log_leaves");
+/// Whether appends write the Merkle log's leaves: always, except in a build with the
+/// `bench-unlogged` feature, the baseline of the log's cost benchmark (docs/benchmarks.md) and
+/// never for use (its records have no leaves until a normal build opens the file).
+const MERKLE_LOG: bool = !cfg!(feature = "bench-unlogged");
 /// `frontier`: the log's [`Frontier`], written in the commit of every append.
 const LOG_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("log_state");
 /// Tree size → the signed checkpoint note of the log at that size.
@@ -838,11 +842,13 @@ impl Ledger {
                 by_time
                     .insert((record.time.unix_timestamp(), seq), ())
                     .map_err(|e| self.storage(e))?;
-                let hash = record_leaf_hash(record);
-                leaves
-                    .insert(frontier.size(), leaf_value(seq, &hash).as_slice())
-                    .map_err(|e| self.storage(e))?;
-                frontier.push(hash);
+                if MERKLE_LOG {
+                    let hash = record_leaf_hash(record);
+                    leaves
+                        .insert(frontier.size(), leaf_value(seq, &hash).as_slice())
+                        .map_err(|e| self.storage(e))?;
+                    frontier.push(hash);
+                }
                 inserted.push(true);
                 seq += 1;
             }
