@@ -24,6 +24,8 @@
 //! minutes, more than most changes are worth; alternating windows put the drift on both sides.
 //! `PODCA_BENCH_BARE=1` does the same against the bare server (see [`bare`]): the floor that
 //! TLS, HTTP/2, tonic and the two P-256 operations set before podca does anything of its own.
+//! `PODCA_BENCH_AB_TRACES=1` compares the same build with traces off (A) and on (B: every trace
+//! sampled, exported over OTLP/gRPC to a collector in this process that accepts and counts).
 
 #![allow(clippy::unwrap_used)] // a benchmark: any failure should stop it loudly
 
@@ -57,6 +59,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if std::env::var_os("PODCA_BENCH_AB_TRACES").is_some_and(|v| v == "1") {
+        let same = podca_tests::process::podca_binary_release();
+        runtime.block_on(ab(window, Some(same)));
+        return;
+    }
     if let Some(binary_b) = std::env::var_os("PODCA_BENCH_AB") {
         runtime.block_on(ab(window, Some(binary_b.into())));
         return;
@@ -137,9 +144,22 @@ async fn ab(window: Duration, binary_b: Option<std::path::PathBuf>) {
             (k, std::path::Path::new(v))
         })
         .collect();
+    let traces = std::env::var_os("PODCA_BENCH_AB_TRACES").is_some_and(|v| v == "1");
+    let (spans, extra_b) = match traces {
+        true => {
+            let (spans, port) = sink::start().await;
+            let table = format!(
+                "\n[tracing]\notlp_endpoint = \"http://127.0.0.1:{port}\"\nsampling_ratio = 1.0\n"
+            );
+            (Some(spans), table)
+        }
+        false => (None, String::new()),
+    };
     let a = TlsServe::start(ledger_table()).await;
     let b = match binary_b {
-        Some(binary) => B::Serve(TlsServe::start_with(ledger_table(), &binary, &env_b).await),
+        Some(binary) => {
+            B::Serve(TlsServe::start_configured(ledger_table(), &extra_b, &binary, &env_b).await)
+        }
         None => B::Bare(bare::Child::start()),
     };
     let auth: AsciiMetadataValue = format!("Bearer {}", a.token).parse().unwrap();
@@ -198,6 +218,12 @@ async fn ab(window: Duration, binary_b: Option<std::path::PathBuf>) {
         median(&pairs),
         reference.total_us()
     );
+    if let Some(spans) = spans {
+        println!(
+            "B exported {} spans to the collector",
+            spans.load(Ordering::Relaxed)
+        );
+    }
 }
 
 /// What `PODCA_BENCH_AB` compares podca serve with.
@@ -820,5 +846,55 @@ mod bare {
         ) -> Result<Response<JwtBundle>, Status> {
             Err(Status::unimplemented("bare"))
         }
+    }
+}
+
+/// A collector for `PODCA_BENCH_AB_TRACES`: takes every export, counts its spans, keeps nothing.
+mod sink {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use podca_tests::otlp::opentelemetry::proto::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use podca_tests::otlp::opentelemetry::proto::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+
+    #[derive(Debug, Clone, Default)]
+    struct Sink(Arc<AtomicU64>);
+
+    #[tonic::async_trait]
+    impl TraceService for Sink {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let spans: usize = request
+                .into_inner()
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum();
+            self.0.fetch_add(spans as u64, Ordering::Relaxed);
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    /// Serves on a loopback port; the span count and the port.
+    pub async fn start() -> (Arc<AtomicU64>, u16) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sink = Sink::default();
+        let count = Arc::clone(&sink.0);
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(sink))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        (count, port)
     }
 }

@@ -54,6 +54,16 @@ impl TlsServe {
 
     /// [`TlsServe::start`] with the `podca` at `binary` and `env` added to its environment.
     pub async fn start_with(ledger: &str, binary: &Path, env: &[(&str, &Path)]) -> TlsServe {
+        Self::start_configured(ledger, "", binary, env).await
+    }
+
+    /// [`TlsServe::start_with`] with `extra` appended to the config file (more tables).
+    pub async fn start_configured(
+        ledger: &str,
+        extra: &str,
+        binary: &Path,
+        env: &[(&str, &Path)],
+    ) -> TlsServe {
         let cluster = Cluster::start_with(ClusterConfig {
             emulator: EmulatorConfig {
                 api_mode: ApiMode::V1Only,
@@ -97,7 +107,8 @@ impl TlsServe {
             format!(
                 "[ca]\ndir = {:?}\n\n[signers.\"example.com/workload\"]\ntrust_domain = \
                  \"cluster.local\"\n\n[grpc]\n{}\
-                 rate_limit_per_identity = 0\nmax_connections_per_peer = 4096\nistio = true\n{ledger}",
+                 rate_limit_per_identity = 0\nmax_connections_per_peer = 4096\nistio = true\n{ledger}\
+                 {extra}",
                 ca_dir.display().to_string(),
                 crate::tls::GRPC_TLS_CONFIG
             ),

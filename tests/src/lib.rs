@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod emulator;
 pub mod istio;
 pub mod kubelet;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 pub mod sim;

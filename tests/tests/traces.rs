@@ -20,45 +20,7 @@ use podca_tests::process::{
 };
 use serde_json::json;
 
-/// The OTLP definitions (tests/build.rs), as the module tree their generated code expects.
-#[allow(clippy::all, missing_debug_implementations, dead_code)]
-mod otlp {
-    pub mod opentelemetry {
-        pub mod proto {
-            pub mod common {
-                pub mod v1 {
-                    include!(concat!(
-                        env!("OUT_DIR"),
-                        "/opentelemetry.proto.common.v1.rs"
-                    ));
-                }
-            }
-            pub mod resource {
-                pub mod v1 {
-                    include!(concat!(
-                        env!("OUT_DIR"),
-                        "/opentelemetry.proto.resource.v1.rs"
-                    ));
-                }
-            }
-            pub mod trace {
-                pub mod v1 {
-                    include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.trace.v1.rs"));
-                }
-            }
-            pub mod collector {
-                pub mod trace {
-                    pub mod v1 {
-                        include!(concat!(
-                            env!("OUT_DIR"),
-                            "/opentelemetry.proto.collector.trace.v1.rs"
-                        ));
-                    }
-                }
-            }
-        }
-    }
-}
+use podca_tests::otlp;
 
 use otlp::opentelemetry::proto::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
