@@ -223,11 +223,7 @@ impl LogKey {
             path: shown.clone(),
             detail,
         };
-        if name.is_empty() || name.contains(['+', ' ', '\n']) {
-            return Err(key_error(format!(
-                "origin {name:?} is not a key name (non-empty, no spaces or '+')"
-            )));
-        }
+        check_key_name(name, &shown)?;
         let pem = match std::fs::read(path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -258,11 +254,7 @@ impl LogKey {
             path: source.to_owned(),
             detail,
         };
-        if name.is_empty() || name.contains(['+', ' ', '\n']) {
-            return Err(key_error(format!(
-                "origin {name:?} is not a key name (non-empty, no spaces or '+')"
-            )));
-        }
+        check_key_name(name, source)?;
         let block = pem::parse(pem).map_err(|e| key_error(format!("not PEM: {e}")))?;
         if block.tag() != "PRIVATE KEY" {
             return Err(key_error(format!(
@@ -327,6 +319,17 @@ impl LogKey {
 }
 
 /// Writes a new file readable by its owner only; refuses to replace one.
+/// A key name is non-empty and has no space, `+` or newline (C2SP signed-note).
+fn check_key_name(name: &str, source: &str) -> Result<(), NoteError> {
+    if name.is_empty() || name.contains(['+', ' ', '\n']) {
+        return Err(NoteError::Key {
+            path: source.to_owned(),
+            detail: format!("origin {name:?} is not a key name (non-empty, no spaces or '+')"),
+        });
+    }
+    Ok(())
+}
+
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);

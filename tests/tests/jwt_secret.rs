@@ -52,26 +52,9 @@ async fn world(lease: bool, before: impl FnOnce(&Cluster)) -> World {
         signers: &[SIGNER],
     })
     .await;
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "secret-held root");
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
-    let cert = params.self_signed(&key).unwrap();
-    cluster.emu.add_secret(
-        NAMESPACE,
-        CA_SECRET,
-        "kubernetes.io/tls",
-        &[
-            ("tls.crt", cert.pem().as_bytes()),
-            ("tls.key", key.serialize_pem().as_bytes()),
-        ],
-    );
+    let anchors = cluster
+        .emu
+        .add_ca_secret(NAMESPACE, CA_SECRET, "secret-held root");
     let rbac = PodcaRbac {
         signer_names: vec![SIGNER.into()],
         ca_secret: Some((NAMESPACE.into(), CA_SECRET.into())),
@@ -99,7 +82,7 @@ async fn world(lease: bool, before: impl FnOnce(&Cluster)) -> World {
     World {
         cluster,
         config,
-        anchors: cert.pem(),
+        anchors,
     }
 }
 

@@ -255,21 +255,27 @@ fn arg(p: &Path) -> &str {
 
 // ---- redb ----
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn proofs_for_10000_records_verify_with_an_independent_verifier() {
-    let dir = tempfile::tempdir().unwrap();
-    let ledger_path = dir.path().join("ledger.redb");
+/// A redb ledger in `dir`, the log key `dir/log.key` (origin `podca.test/ledger`) and its
+/// verifier key's text.
+async fn redb_store_and_key(dir: &Path) -> (Store, LogKey, String) {
     let store = Store::open(
         &LedgerBackend::Redb {
-            path: Some(ledger_path),
+            path: Some(dir.join("ledger.redb")),
         },
         None,
     )
     .await
     .unwrap()
     .unwrap();
-    let key = LogKey::load_or_generate(&dir.path().join("log.key"), "podca.test/ledger").unwrap();
+    let key = LogKey::load_or_generate(&dir.join("log.key"), "podca.test/ledger").unwrap();
     let verifier_key = key.verifier().to_text();
+    (store, key, verifier_key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proofs_for_10000_records_verify_with_an_independent_verifier() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, key, verifier_key) = redb_store_and_key(dir.path()).await;
     let records: Vec<LedgerRecord> = (0..10_000).map(record).collect();
     let mut checkpoints = vec![];
     for chunk in records.chunks(1000) {
@@ -840,17 +846,7 @@ async fn the_log_is_served_as_tlog_tiles_an_independent_client_follows() {
     use std::sync::Arc;
 
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(
-        &LedgerBackend::Redb {
-            path: Some(dir.path().join("ledger.redb")),
-        },
-        None,
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let key = LogKey::load_or_generate(&dir.path().join("log.key"), "podca.test/ledger").unwrap();
-    let verifier_key = key.verifier().to_text();
+    let (store, key, verifier_key) = redb_store_and_key(dir.path()).await;
     let records: Vec<LedgerRecord> = (0..70_000).map(record).collect();
     for chunk in records.chunks(5_000) {
         store.append(chunk.to_vec()).await.unwrap();
@@ -980,23 +976,9 @@ fn with_the_ca_in_a_secret_the_log_key_is_kept_in_a_secret_beside_it() {
         podca_groups: &["system:serviceaccounts"],
         signers: &[SIGNER],
     }));
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
-    let cert = params.self_signed(&key).unwrap();
-    cluster.emu.add_secret(
-        NAMESPACE,
-        "podca-ca",
-        "kubernetes.io/tls",
-        &[
-            ("tls.crt", cert.pem().as_bytes()),
-            ("tls.key", key.serialize_pem().as_bytes()),
-        ],
-    );
+    cluster
+        .emu
+        .add_ca_secret(NAMESPACE, "podca-ca", "secret-held root");
     let rbac = PodcaRbac {
         signer_names: vec![SIGNER.into()],
         ca_secret: Some((NAMESPACE.into(), "podca-ca".into())),

@@ -903,6 +903,34 @@ impl Emulator {
         uid
     }
 
+    /// A new P-256 CA (self-signed, `common_name`) in the `kubernetes.io/tls` Secret
+    /// `namespace/name`, as cert-manager would make it for the Secret backend; its certificate
+    /// (PEM).
+    pub fn add_ca_secret(&self, namespace: &str, name: &str, common_name: &str) -> String {
+        let key =
+            rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("a P-256 key");
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let cert = params.self_signed(&key).expect("a self-signed CA");
+        self.add_secret(
+            namespace,
+            name,
+            "kubernetes.io/tls",
+            &[
+                ("tls.crt", cert.pem().as_bytes()),
+                ("tls.key", key.serialize_pem().as_bytes()),
+            ],
+        );
+        cert.pem()
+    }
+
     /// Create a Secret of type `kubernetes.io/tls` or Opaque from string data.
     pub fn add_secret(
         &self,
