@@ -401,8 +401,25 @@ fn uri_sans(der: &[u8]) -> Option<Vec<&str>> {
     )
 }
 
-/// A connection failure, saying in one line what was wrong with TLS when it was TLS.
+/// A connection failure, saying in one line what was wrong with TLS when it was TLS (for the
+/// command line: the fixes name `--server-name` and `--ca-file`).
 pub fn tls_failure(error: &(dyn std::error::Error + 'static), name: &str) -> String {
+    tls_failure_in(
+        error,
+        name,
+        " (set --server-name to a name it carries)",
+        "in --ca-file",
+    )
+}
+
+/// [`tls_failure`] for another caller: `fix_name` follows a name mismatch, `anchors` says
+/// where the anchors a chain must reach come from (`"in the foreign trust domain's bundle"`).
+pub fn tls_failure_in(
+    error: &(dyn std::error::Error + 'static),
+    name: &str,
+    fix_name: &str,
+    anchors: &str,
+) -> String {
     use rustls::{CertificateError, Error};
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
     let mut last = error.to_string();
@@ -416,14 +433,10 @@ pub fn tls_failure(error: &(dyn std::error::Error + 'static), name: &str) -> Str
             return match tls {
                 Error::InvalidCertificate(CertificateError::NotValidForName)
                 | Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. }) => {
-                    format!(
-                        "TLS: the server's certificate is not valid for {name:?} (set \
-                         --server-name to a name it carries)"
-                    )
+                    format!("TLS: the server's certificate is not valid for {name:?}{fix_name}")
                 }
                 Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
-                    "TLS: the server's certificate does not chain to an anchor in --ca-file"
-                        .to_string()
+                    format!("TLS: the server's certificate does not chain to an anchor {anchors}")
                 }
                 Error::InvalidCertificate(CertificateError::Expired)
                 | Error::InvalidCertificate(CertificateError::ExpiredContext { .. }) => {

@@ -564,7 +564,7 @@ async fn get(
     let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| Refusal::Tls(e.to_string()))?;
-    let (config, expected) = match &endpoint.auth {
+    let (config, expected, anchors) = match &endpoint.auth {
         EndpointAuth::Spiffe(spiffe_id) => {
             let in_force = in_force.ok_or_else(|| {
                 Refusal::Tls("no bundle in force to authenticate the endpoint with".into())
@@ -582,13 +582,21 @@ async fn get(
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(verifier))
                 .with_no_client_auth();
-            (config, spiffe_id.clone())
+            (
+                config,
+                spiffe_id.clone(),
+                "in the foreign trust domain's bundle in force",
+            )
         }
         EndpointAuth::Web(roots) => {
             let config = builder
                 .with_root_certificates(Arc::clone(roots))
                 .with_no_client_auth();
-            (config, host.clone())
+            (
+                config,
+                host.clone(),
+                "among the Web PKI roots (ca_file, else the system's)",
+            )
         }
     };
     let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
@@ -599,7 +607,7 @@ async fn get(
     let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| Refusal::Tls(crate::client::tls_failure(&e, &expected)))?;
+        .map_err(|e| Refusal::Tls(crate::client::tls_failure_in(&e, &expected, "", anchors)))?;
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
     );
@@ -933,7 +941,11 @@ mod tests {
         assert_eq!(bundle.sequence, Some(3));
         for (host, root, expected) in [
             ("127.0.0.1", &root, "not valid for \"127.0.0.1\""),
-            ("localhost", &other_root, "does not chain"),
+            (
+                "localhost",
+                &other_root,
+                "does not chain to an anchor among the Web PKI roots",
+            ),
         ] {
             let addr = serve_once(std::slice::from_ref(&leaf), &key, ok(&document(&ca, 3))).await;
             let refusal = fetch(&web(host, addr.port(), root), None, quick())
