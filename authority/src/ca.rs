@@ -283,3 +283,55 @@ fn open_pkcs11(
         automatic_rotation,
     })
 }
+
+/// The label of the ledger log's checkpoint key in a PKCS#11 CA's token.
+pub const LOG_KEY_LABEL: &str = "podca-log";
+
+/// The ledger log's checkpoint key beside a PKCS#11 CA whose data directory is `dir`: the
+/// Ed25519 key labelled [`LOG_KEY_LABEL`] in the CA key's token (reached with the CA's PIN and
+/// module), made there on first use with the CA keys' protections (sensitive, never
+/// extractable, sign only) when `generate`. `origin` names it in the checkpoints.
+pub fn pkcs11_log_key(
+    p: &Pkcs11Ca,
+    dir: &Path,
+    origin: &str,
+    generate: bool,
+) -> Result<podca_signer::merkle_note::LogKey, OpenError> {
+    let store = FileStore::new(dir);
+    let location = match (&p.uri, store.external_key_location()?) {
+        (Some(uri), _) => uri.clone(),
+        (None, Some(location)) => location,
+        (None, None) => {
+            return Err(OpenError::KeyIsFile {
+                dir: dir.to_owned(),
+            });
+        }
+    };
+    let mut uri = Pkcs11Uri::parse(&location).map_err(|source| OpenError::Uri {
+        location: location.clone(),
+        source,
+    })?;
+    uri.object = Some(LOG_KEY_LABEL.to_owned());
+    uri.id = None;
+    let shown = uri.to_string();
+    let mut config = Pkcs11Config::new(uri, p.pin.clone());
+    config.module_path = p.module.clone();
+    config.pool_size = Some(1);
+    let hsm = |source| OpenError::Hsm {
+        location: shown.clone(),
+        source,
+    };
+    let (key, made) = match generate {
+        true => Pkcs11Key::open_or_generate_ed25519(&config).map_err(hsm)?,
+        false => (Pkcs11Key::open(&config).map_err(hsm)?, false),
+    };
+    if made {
+        tracing::info!(key = %shown, "ledger log: made the checkpoint key in the CA's token");
+    }
+    podca_signer::merkle_note::LogKey::from_token(Arc::new(key), origin, &shown).map_err(|e| {
+        OpenError::Hsm {
+            location: shown,
+            source: BackendError::InvalidKey(e.to_string()),
+        }
+    })
+}

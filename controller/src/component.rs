@@ -161,17 +161,31 @@ pub async fn primary_jwt(
     })
 }
 
-/// The ledger log's checkpoint key when it lives in a Secret: `[ledger.log]` on, no `key_file`,
-/// and the primary CA in a Secret (`<CA Secret>-log`, or `key_secret`, beside it). `None`: the
+/// The ledger log's checkpoint key when it does not live in a file: `[ledger.log]` on, no
+/// `key_file`, and the primary CA in a Secret (the key in `<CA Secret>-log`, or `key_secret`,
+/// beside it) or in a PKCS#11 token (the Ed25519 key `podca-log` in that token). `None`: the
 /// ledger component reads or makes `key_file` (or `<data dir>/log.key`).
 pub async fn ledger_log_key(
     client: &Client,
     config: &Config,
     plans: &CaPlans,
-) -> Result<Option<podca_signer::merkle_note::LogKey>, crate::log_key_secret::LogKeySecretError> {
+) -> Result<Option<podca_signer::merkle_note::LogKey>, LogKeyError> {
     let Some(log) = config.ledger.log.as_ref().filter(|l| l.key_file.is_none()) else {
         return Ok(None);
     };
+    if let (Some(dir), podca_authority::config::CaConfig::Pkcs11(p)) =
+        (plans.primary_dir(), plans.primary_config(config))
+    {
+        let (p, dir, origin) = (p.clone(), dir.dir().to_owned(), log.origin.clone());
+        let key = tokio::task::spawn_blocking(move || {
+            podca_authority::ca::pkcs11_log_key(&p, &dir, &origin, true)
+        })
+        .await
+        .map_err(|e| LogKeyError::Token(e.to_string()))?
+        .map_err(|e| LogKeyError::Token(e.to_string()))?;
+        info!("ledger log: the checkpoint key is in the CA's PKCS#11 token");
+        return Ok(Some(key));
+    }
     let Some(ca) = plans.primary_secret() else {
         return Ok(None);
     };
@@ -183,6 +197,16 @@ pub async fn ledger_log_key(
         crate::log_key_secret::log_key(client.clone(), &ca.namespace, &name, &log.origin).await?;
     info!(secret = %format!("{}/{name}", ca.namespace), "ledger log: the checkpoint key is in a Secret");
     Ok(Some(key))
+}
+
+/// [`ledger_log_key`] could not open or make the key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogKeyError {
+    #[error(transparent)]
+    Secret(#[from] crate::log_key_secret::LogKeySecretError),
+    #[error("the ledger log's checkpoint key in the CA's token: {0}")]
+    Token(String),
 }
 
 /// [`primary_jwt`] could not open the keys.

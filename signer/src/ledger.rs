@@ -1529,13 +1529,13 @@ mod tests {
                 .unwrap();
         let half = ledger.log_frontier().unwrap();
         ledger
-            .add_checkpoint(half.size(), &key.sign(half.size(), half.root()))
+            .add_checkpoint(half.size(), &key.sign(half.size(), half.root()).unwrap())
             .unwrap();
         ledger.append(&records[n as usize / 2..]).unwrap();
         let all = ledger.log_frontier().unwrap();
         assert_eq!(all.size(), u64::from(n));
         ledger
-            .add_checkpoint(all.size(), &key.sign(all.size(), all.root()))
+            .add_checkpoint(all.size(), &key.sign(all.size(), all.root()).unwrap())
             .unwrap();
         (ledger, key)
     }
@@ -1620,7 +1620,7 @@ mod tests {
         let changed_checkpoint = tamper(&|tx| {
             let mut t = tx.open_table(LOG_CHECKPOINTS).unwrap();
             let note = t.get(5).unwrap().unwrap().value().to_owned();
-            let forged = key.sign(5, [7; 32]);
+            let forged = key.sign(5, [7; 32]).unwrap();
             assert_ne!(note, forged);
             t.insert(5, forged.as_str()).unwrap();
         });
@@ -1634,7 +1634,7 @@ mod tests {
             let f = Frontier::default();
             tx.open_table(LOG_CHECKPOINTS)
                 .unwrap()
-                .insert(0, other.sign(0, f.root()).as_str())
+                .insert(0, other.sign(0, f.root()).unwrap().as_str())
                 .unwrap();
         });
         assert!(

@@ -198,11 +198,18 @@ impl LogVerifier {
     }
 }
 
-/// The log's signing key: Ed25519, PKCS#8 in a PEM file of its own (0600). `Debug` never shows
-/// the key.
+/// The log's signing key: Ed25519, PKCS#8 in a PEM file of its own (0600) or a Secret, or held
+/// in the CA's PKCS#11 token ([`LogKey::from_token`]). `Debug` never shows the key.
 pub struct LogKey {
-    pair: Ed25519KeyPair,
+    signer: LogSigner,
     verifier: LogVerifier,
+}
+
+/// Where the private half is.
+enum LogSigner {
+    Memory(Ed25519KeyPair),
+    /// An Ed25519 key that signs elsewhere (a PKCS#11 token): raw 64-byte signatures.
+    Token(std::sync::Arc<dyn crate::backend::CaKey>),
 }
 
 impl std::fmt::Debug for LogKey {
@@ -278,6 +285,34 @@ impl LogKey {
         Self::load_or_generate(path, name)
     }
 
+    /// An Ed25519 key that signs where it is held (the CA's PKCS#11 token), named `name`;
+    /// `source` names it in errors.
+    pub fn from_token(
+        key: std::sync::Arc<dyn crate::backend::CaKey>,
+        name: &str,
+        source: &str,
+    ) -> Result<Self, NoteError> {
+        check_key_name(name, source)?;
+        let key_error = |detail: String| NoteError::Key {
+            path: source.to_owned(),
+            detail,
+        };
+        if key.algorithm() != crate::backend::CaAlgorithm::Ed25519 {
+            return Err(key_error(format!("a {} key, not Ed25519", key.algorithm())));
+        }
+        let public_key: [u8; 32] = key
+            .public_key_raw()
+            .try_into()
+            .map_err(|_| key_error("an Ed25519 public key is 32 bytes".into()))?;
+        Ok(LogKey {
+            signer: LogSigner::Token(key),
+            verifier: LogVerifier {
+                name: name.to_owned(),
+                public_key,
+            },
+        })
+    }
+
     fn from_pair(pair: Ed25519KeyPair, name: &str) -> Result<Self, NoteError> {
         let public_key: [u8; 32] =
             pair.public_key()
@@ -288,7 +323,7 @@ impl LogKey {
                     detail: "an Ed25519 public key is 32 bytes".into(),
                 })?;
         Ok(LogKey {
-            pair,
+            signer: LogSigner::Memory(pair),
             verifier: LogVerifier {
                 name: name.to_owned(),
                 public_key,
@@ -300,8 +335,9 @@ impl LogKey {
         &self.verifier
     }
 
-    /// The signed note of a checkpoint of the tree of `size` with root `root`.
-    pub fn sign(&self, size: u64, root: Hash) -> String {
+    /// The signed note of a checkpoint of the tree of `size` with root `root`; fails only when
+    /// a token-held key cannot sign now.
+    pub fn sign(&self, size: u64, root: Hash) -> Result<String, NoteError> {
         let body = Checkpoint {
             origin: self.verifier.name.clone(),
             size,
@@ -309,12 +345,27 @@ impl LogKey {
         }
         .body();
         let mut sig = self.verifier.key_id().to_vec();
-        sig.extend_from_slice(self.pair.sign(body.as_bytes()).as_ref());
-        format!(
+        match &self.signer {
+            LogSigner::Memory(pair) => sig.extend_from_slice(pair.sign(body.as_bytes()).as_ref()),
+            LogSigner::Token(key) => {
+                let signed = key.sign(body.as_bytes()).map_err(|e| NoteError::Key {
+                    path: self.verifier.name.clone(),
+                    detail: format!("signing a checkpoint: {e}"),
+                })?;
+                if signed.len() != 64 {
+                    return Err(NoteError::Key {
+                        path: self.verifier.name.clone(),
+                        detail: format!("the token returned a {}-byte signature", signed.len()),
+                    });
+                }
+                sig.extend_from_slice(&signed);
+            }
+        }
+        Ok(format!(
             "{body}\n— {} {}\n",
             self.verifier.name,
             STANDARD.encode(sig)
-        )
+        ))
     }
 }
 
@@ -361,7 +412,7 @@ mod tests {
         // The same key comes back from the file.
         let again = LogKey::load_or_generate(&path, "podca.example/log").unwrap();
         assert_eq!(again.verifier(), key.verifier());
-        let note = key.sign(7, [9; 32]);
+        let note = key.sign(7, [9; 32]).unwrap();
         let verifier = LogVerifier::parse(&key.verifier().to_text()).unwrap();
         let checkpoint = verifier.verify(&note).unwrap();
         assert_eq!(
@@ -381,7 +432,8 @@ mod tests {
         );
         let other = LogKey::load_or_generate(&dir.path().join("other.key"), "podca.example/log")
             .unwrap()
-            .sign(7, [9; 32]);
+            .sign(7, [9; 32])
+            .unwrap();
         assert!(matches!(
             verifier.verify(&other),
             Err(NoteError::NotSigned { .. })

@@ -602,3 +602,45 @@ fn token_outage_is_transient_and_recovers() {
         assert!(stats.recoveries >= 1, "{stats:?}");
     });
 }
+
+// ---------------------------------------------------------------------------------------------
+// The ledger log's Ed25519 key beside an HSM CA.
+
+#[test]
+fn an_ed25519_log_key_is_made_once_in_the_token_and_signs_there() {
+    in_child(
+        "an_ed25519_log_key_is_made_once_in_the_token_and_signs_there",
+        |hsm| {
+            let config = hsm.config("podca-log");
+            let (key, made) =
+                Pkcs11Key::open_or_generate_ed25519(&config).unwrap_or_else(|e| panic!("{e}"));
+            assert!(made, "made on first use");
+            assert_eq!(key.algorithm(), CaAlgorithm::Ed25519);
+            let protection = key.protection().unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                protection.sensitive && !protection.extractable && protection.never_extractable
+            );
+            // The signature is plain Ed25519 over the message: aws-lc verifies it with the
+            // public key the token reported.
+            let message = b"podca.test/log\n7\nAAAA\n";
+            let signature = key.sign(message).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(signature.len(), 64);
+            let public = aws_lc_rs::signature::UnparsedPublicKey::new(
+                &aws_lc_rs::signature::ED25519,
+                key.public_key_raw(),
+            );
+            public
+                .verify(message, &signature)
+                .expect("an Ed25519 signature");
+            // A second start finds it rather than making another.
+            let (again, made) =
+                Pkcs11Key::open_or_generate_ed25519(&config).unwrap_or_else(|e| panic!("{e}"));
+            assert!(!made);
+            assert_eq!(again.public_key_raw(), key.public_key_raw());
+            // A CA key of the token is not taken for the log key.
+            hsm.generate("ca", CaAlgorithm::EcdsaP256);
+            let err = Pkcs11Key::open_or_generate_ed25519(&hsm.config("ca")).unwrap_err();
+            assert!(err.to_string().contains("not Ed25519"), "{err}");
+        },
+    );
+}

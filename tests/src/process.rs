@@ -193,6 +193,17 @@ impl ServeProcess {
     /// [`ServeProcess::start`] with stdout and stderr appended to the file `log` (to check what
     /// podca logs).
     pub fn start_logged(config: &Path, kubeconfig: &Path, extra: &[&str], log: &Path) -> Self {
+        Self::start_logged_with(config, kubeconfig, extra, log, &[])
+    }
+
+    /// [`ServeProcess::start_logged`] with `env` added (e.g. `SOFTHSM2_CONF`).
+    pub fn start_logged_with(
+        config: &Path,
+        kubeconfig: &Path,
+        extra: &[&str],
+        log: &Path,
+        env: &[(&str, &Path)],
+    ) -> Self {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -204,7 +215,7 @@ impl ServeProcess {
             config,
             kubeconfig,
             extra,
-            &[],
+            env,
             (Stdio::from(file), Stdio::from(err)),
         )
     }

@@ -1094,3 +1094,109 @@ fn with_the_ca_in_a_secret_the_log_key_is_kept_in_a_secret_beside_it() {
         "{text}"
     );
 }
+
+/// With the CA key in a PKCS#11 token (SoftHSM2), the checkpoint key is an Ed25519 key made in
+/// the same token, labelled `podca-log`: the checkpoints `podca serve` serves verify (with
+/// ed25519-dalek) under the verifier key it logs, and a restart signs with the same key rather
+/// than making another.
+#[test]
+fn with_an_hsm_ca_the_log_key_is_an_ed25519_key_in_the_token() {
+    use podca_tests::softhsm::{SOFTHSM2_MODULE, private_key_labels, softhsm_token};
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (cluster, _) = runtime.block_on(podca_tests::cluster::Cluster::for_serve(
+        "example.com/workload",
+        "default",
+    ));
+    let dir = cluster.dir.path().to_owned();
+    let conf = softhsm_token(&dir, "ledger", "87654321", "123456");
+    let pin = dir.join("pin");
+    std::fs::write(&pin, "123456\n").unwrap();
+    let ca = dir.join("hsm-ca");
+    let uri = format!("pkcs11:token=ledger;object=podca-ca?module-path={SOFTHSM2_MODULE}");
+    let init = Command::new(podca_binary())
+        .args(["ca", "init", "--dir", arg(&ca), "--pkcs11-uri", &uri])
+        .args(["--pkcs11-generate", "--pkcs11-pin-file", arg(&pin)])
+        .env("SOFTHSM2_CONF", &conf)
+        .output()
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let config = dir.join("podca.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[ca]\nbackend = \"pkcs11\"\ndir = {ca:?}\npkcs11_pin_file = {pin:?}\n\n\
+             [signers.\"example.com/workload\"]\ntrust_domain = \"cluster.local\"\n\n[grpc]\n{}\n\
+             [ledger]\nbackend = \"redb\"\npath = {:?}\n\n[ledger.log]\nenabled = true\n\
+             origin = \"podca.test/hsm\"\ncheckpoint_interval_seconds = 1\n",
+            podca_tests::tls::GRPC_TLS_CONFIG,
+            dir.join("ledger.redb"),
+        ),
+    )
+    .unwrap();
+    let env = [("SOFTHSM2_CONF", conf.as_path())];
+    let verifier_in = |log: &Path| {
+        let text = std::fs::read_to_string(log).unwrap();
+        text.lines()
+            .find(|l| l.contains("ledger log: checkpoints signed by this key"))
+            .and_then(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("verifier="))
+            })
+            .unwrap_or_else(|| panic!("no verifier key logged:\n{text}"))
+            .to_owned()
+    };
+    let mut verifiers = vec![];
+    for run in ["first", "restart"] {
+        let log = dir.join(format!("{run}.log"));
+        let serve = podca_tests::process::ServeProcess::start_logged_with(
+            &config,
+            &cluster.kubeconfig,
+            &[],
+            &log,
+            &env,
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let note = loop {
+            let (status, _, note) = get_bytes(serve.admin, "/log/checkpoint");
+            if status == 200 {
+                break String::from_utf8(note).unwrap();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{run}: no checkpoint within 20 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
+        let verifier = verifier_in(&log);
+        open_checkpoint(&note, &verifier).unwrap_or_else(|e| panic!("{run}: {e}\n{note}"));
+        verifiers.push(verifier);
+        drop(serve);
+    }
+    assert_eq!(
+        verifiers[0], verifiers[1],
+        "the restart signs with the same key"
+    );
+    // The command line finds the same key in the token (redb: once serve has stopped).
+    let verify = Command::new(podca_binary())
+        .args(["ledger", "verify", "--config", arg(&config)])
+        .env("SOFTHSM2_CONF", &conf)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&verify.stdout);
+    assert!(
+        verify.status.success() && out.starts_with("ok: "),
+        "{out}{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let labels = private_key_labels(&conf, "ledger", "123456");
+    assert_eq!(
+        labels.iter().filter(|l| *l == "podca-log").count(),
+        1,
+        "one log key in the token: {labels:?}"
+    );
+}

@@ -159,7 +159,7 @@ async fn blocking<T: Send + 'static>(
 /// Signs and stores a checkpoint of the log as it is now; its size and note.
 pub async fn publish_checkpoint(store: &Store, key: &LogKey) -> Result<(u64, String), LogError> {
     let frontier = store.log_frontier().await?;
-    let note = key.sign(frontier.size(), frontier.root());
+    let note = key.sign(frontier.size(), frontier.root())?;
     store.add_checkpoint(frontier.size(), note.clone()).await?;
     Ok((frontier.size(), note))
 }

@@ -47,6 +47,13 @@ pub enum QueryError {
     Log(#[from] LogError),
     #[error("no certificate with serial {0} in the ledger")]
     NotFound(String),
+    #[error(transparent)]
+    Ca(#[from] crate::ca::OpenError),
+    #[error(
+        "the log key of a Secret-held CA is in the Secret {namespace}/{name}-log (or [ledger.log] \
+         key_secret): give --key-file with a copy of its log.key, or --verifier"
+    )]
+    KeyInSecret { namespace: String, name: String },
     #[error("{0}")]
     Json(String),
 }
@@ -94,10 +101,35 @@ impl StoreChoice {
         generate: bool,
     ) -> Result<LogKey, QueryError> {
         let log = self.log_config()?;
-        let config_dir = match &self.config {
-            Some(path) => Config::load(path)?.ca.dir().map(Path::to_path_buf),
+        let config = match &self.config {
+            Some(path) => Some(Config::load(path)?),
             None => None,
         };
+        let config_dir = config
+            .as_ref()
+            .and_then(|c| c.ca.dir().map(Path::to_path_buf));
+        let in_file = key_file.is_some() || log.as_ref().is_some_and(|l| l.key_file.is_some());
+        if !in_file && let Some(config) = &config {
+            // Where podca serve keeps it: in the CA's token, or in a Secret.
+            let origin = origin
+                .map(str::to_owned)
+                .or_else(|| log.as_ref().map(|l| l.origin.clone()))
+                .unwrap_or_else(|| DEFAULT_ORIGIN.to_owned());
+            match &config.ca {
+                crate::config::CaConfig::Pkcs11(p) => {
+                    if let Some(dir) = p.dir.as_deref() {
+                        return Ok(crate::ca::pkcs11_log_key(p, dir, &origin, generate)?);
+                    }
+                }
+                crate::config::CaConfig::Secret(s) => {
+                    return Err(QueryError::KeyInSecret {
+                        namespace: s.namespace.clone(),
+                        name: s.name.clone(),
+                    });
+                }
+                _ => {}
+            }
+        }
         let path = key_file
             .map(Path::to_path_buf)
             .or_else(|| log.as_ref().and_then(|l| l.key_file.clone()))

@@ -160,9 +160,10 @@ fn the_sharding_component_adds_three_replicas_and_the_member_lease_grants_only()
 }
 
 /// `config.ledger.log` in the chart: the key Secret's grant comes with it (the ha-postgres
-/// example, checked as every example), and a log podca could not keep is refused at helm time.
+/// example, checked as every example); with an HSM CA nothing is added (the key is made in the
+/// token); a log without a ledger is refused at helm time.
 #[test]
-fn the_chart_refuses_a_ledger_log_it_cannot_keep_a_key_for() {
+fn the_chart_keeps_the_ledger_log_key_beside_the_ca_or_refuses_the_log() {
     let log = "config:\n  ledger:\n    log:\n      enabled: true\n";
     let err = crate::helm::helm_with_values(log).expect_err("the chart's ledger is none");
     assert!(
@@ -179,9 +180,9 @@ fn the_chart_refuses_a_ledger_log_it_cannot_keep_a_key_for() {
         "{hsm}\n{}",
         postgres.replacen("  ledger:", "config:\n  ledger:", 1)
     );
-    let err = crate::helm::helm_with_values(&values).expect_err("an HSM-held CA");
-    assert!(
-        err.contains("needs the gRPC signer's CA in a Secret"),
-        "{err}"
-    );
+    // With the CA in a token the key is made there: no Secret, no grant, no mount.
+    let r = crate::helm::check_helm_values("helm hsm with the ledger log", "hsm", &values);
+    let log = config(&r).ledger.log.expect("[ledger.log]");
+    assert_eq!((log.key_file, log.key_secret), (None, None));
+    check_rbac("helm hsm with the ledger log", &r);
 }

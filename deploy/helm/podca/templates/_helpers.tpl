@@ -229,8 +229,8 @@ config.ledger.log.key_secret, else <primary CA Secret>-log; empty otherwise. */}
 {{- if ne $backend "postgres" -}}
 {{- fail "config.ledger.log needs config.ledger.backend=postgres: the log is the ledger's" -}}
 {{- end -}}
-{{- if not (include "podca.logKeySecret" .) -}}
-{{- fail "config.ledger.log needs the gRPC signer's CA in a Secret (ca.backend=secret): the chart keeps the checkpoint key in a Secret beside it, and an HSM-held log key is not supported yet" -}}
+{{- if and (not (include "podca.logKeySecret" .)) (ne .Values.ca.backend "pkcs11") -}}
+{{- fail "config.ledger.log needs the gRPC signer's CA in a Secret or a PKCS#11 token: the checkpoint key is kept beside it" -}}
 {{- end -}}
 {{- end -}}
 {{- if not .Values.config.signers -}}

@@ -207,6 +207,43 @@ pub(super) fn connect(
             coordinate_len,
             rsa_token_hashes: false,
         }
+    } else if key_type == Some(KeyType::EC_EDWARDS) {
+        // Ed25519 (the ledger log's checkpoint key; CA keys are refused by `supports`).
+        let publics = session
+            .find_objects(&key_template(&public_uri, ObjectClass::PUBLIC_KEY))
+            .map_err(|e| ConnectError::Ck("finding the public key", e))?;
+        let [public] = publics.as_slice() else {
+            return Err(ConnectError::Key(format!(
+                "expected one public key object next to the EdDSA private key, found {}",
+                publics.len()
+            )));
+        };
+        let attrs = session
+            .get_attributes(*public, &[AttributeType::EcParams, AttributeType::EcPoint])
+            .map_err(|e| ConnectError::Ck("reading the public key", e))?;
+        let (mut params, mut point) = (None, None);
+        for a in attrs {
+            match a {
+                Attribute::EcParams(p) => params = Some(p),
+                Attribute::EcPoint(p) => point = Some(p),
+                _ => {}
+            }
+        }
+        if params.as_deref() != Some(&der::ED25519_PARAMS[..]) {
+            return Err(ConnectError::Key(
+                "unsupported Edwards curve (podca signs with Ed25519)".into(),
+            ));
+        }
+        let public_raw = point
+            .as_deref()
+            .and_then(der::ed25519_point_from_attribute)
+            .ok_or_else(|| ConnectError::Key("CKA_EC_POINT is not an Ed25519 key".into()))?;
+        KeyFacts {
+            algorithm: CaAlgorithm::Ed25519,
+            public_raw,
+            coordinate_len: 0,
+            rsa_token_hashes: false,
+        }
     } else if key_type == Some(KeyType::RSA) {
         let attrs = session
             .get_attributes(

@@ -45,6 +45,16 @@ pub(crate) fn ec_point_from_attribute(value: &[u8], point_len: usize) -> Option<
     (len == body.len() && len == point_len && body.first() == Some(&0x04)).then(|| body.to_vec())
 }
 
+/// An Ed25519 public key from CKA_EC_POINT: the 32 bytes bare, or as a DER OCTET STRING
+/// (PKCS#11 3.0 says the latter; tokens differ).
+pub(crate) fn ed25519_point_from_attribute(value: &[u8]) -> Option<Vec<u8>> {
+    match value {
+        [0x04, 0x20, key @ ..] if key.len() == 32 => Some(key.to_vec()),
+        key if key.len() == 32 => Some(key.to_vec()),
+        _ => None,
+    }
+}
+
 /// PKCS#1 `RSAPublicKey ::= SEQUENCE { modulus INTEGER, publicExponent INTEGER }`: the SPKI
 /// BIT STRING content of an RSA key.
 pub(crate) fn rsa_public_key(modulus: &[u8], exponent: &[u8]) -> Vec<u8> {
@@ -66,6 +76,8 @@ pub(crate) const SHA256_DIGEST_INFO_PREFIX: [u8; 19] = [
 pub(crate) const P256_PARAMS: [u8; 10] =
     [0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
 pub(crate) const P384_PARAMS: [u8; 7] = [0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22];
+/// CKA_EC_PARAMS of an Ed25519 key: the OID id-Ed25519 (1.3.101.112, RFC 8410).
+pub(crate) const ED25519_PARAMS: [u8; 5] = [0x06, 0x03, 0x2b, 0x65, 0x70];
 
 #[cfg(test)]
 mod tests {

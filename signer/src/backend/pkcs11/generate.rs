@@ -40,6 +40,46 @@ impl Pkcs11Key {
         algorithm: CaAlgorithm,
     ) -> Result<Pkcs11Key, BackendError> {
         Self::supports(algorithm)?;
+        Self::generate_in_token(config, algorithm)
+    }
+
+    /// The Ed25519 key `config.uri` names (by its `object` label), made in the token with
+    /// [`Pkcs11Key::generate`]'s protections when there is none: the ledger log's checkpoint
+    /// key beside a PKCS#11 CA. Also whether it was made now.
+    pub fn open_or_generate_ed25519(
+        config: &Pkcs11Config,
+    ) -> Result<(Pkcs11Key, bool), BackendError> {
+        let module = Module::get(&config.module()?)?;
+        let pin = config.pin.read()?;
+        let exists = {
+            let ctx = module.read();
+            let start = |e: ConnectError| e.startup(&config.uri);
+            let slot = find_slot(&ctx, &config.uri).map_err(start)?;
+            let session = ctx
+                .open_ro_session(slot)
+                .map_err(|e| start(ConnectError::Ck("opening a session", e)))?;
+            login(&session, &pin).map_err(start)?;
+            !find_private_keys(&session, &config.uri)
+                .map_err(start)?
+                .is_empty()
+        };
+        let key = match exists {
+            true => Self::open(config)?,
+            false => Self::generate_in_token(config, CaAlgorithm::Ed25519)?,
+        };
+        if key.facts.algorithm != CaAlgorithm::Ed25519 {
+            return Err(BackendError::InvalidKey(format!(
+                "{}: holds a {} key, not Ed25519",
+                config.uri, key.facts.algorithm
+            )));
+        }
+        Ok((key, !exists))
+    }
+
+    fn generate_in_token(
+        config: &Pkcs11Config,
+        algorithm: CaAlgorithm,
+    ) -> Result<Pkcs11Key, BackendError> {
         let module = Module::get(&config.module()?)?;
         let pin = config.pin.read()?;
         let mut uri = config.uri.clone();
@@ -111,11 +151,12 @@ impl Pkcs11Key {
                     public.push(Attribute::PublicExponent(vec![0x01, 0x00, 0x01]));
                     Mechanism::RsaPkcsKeyPairGen
                 }
+                CaAlgorithm::Ed25519 => {
+                    public.push(Attribute::EcParams(der::ED25519_PARAMS.to_vec()));
+                    Mechanism::EccEdwardsKeyPairGen
+                }
                 // Refused by `supports` above.
-                CaAlgorithm::Ed25519
-                | CaAlgorithm::MlDsa44
-                | CaAlgorithm::MlDsa65
-                | CaAlgorithm::MlDsa87 => {
+                CaAlgorithm::MlDsa44 | CaAlgorithm::MlDsa65 | CaAlgorithm::MlDsa87 => {
                     return Err(Self::supports(algorithm).err().unwrap_or_else(|| {
                         BackendError::InvalidKey(format!("{algorithm} keys are not generated here"))
                     }));
@@ -226,10 +267,14 @@ pub(super) fn check_mechanisms(
             ),
             (MechanismType::RSA_PKCS, "CKM_RSA_PKCS"),
         ],
-        CaAlgorithm::Ed25519
-        | CaAlgorithm::MlDsa44
-        | CaAlgorithm::MlDsa65
-        | CaAlgorithm::MlDsa87 => {
+        CaAlgorithm::Ed25519 => &[
+            (
+                MechanismType::ECC_EDWARDS_KEY_PAIR_GEN,
+                "CKM_EC_EDWARDS_KEY_PAIR_GEN",
+            ),
+            (MechanismType::EDDSA, "CKM_EDDSA"),
+        ],
+        CaAlgorithm::MlDsa44 | CaAlgorithm::MlDsa65 | CaAlgorithm::MlDsa87 => {
             return Err(MechanismError::NotInTokens(algorithm));
         }
     };

@@ -12,6 +12,8 @@
 //!   DER `ECDSA-Sig-Value` X.509 wants.
 //! * RSA (keys already in the token, or generated as RSA-3072): `CKM_SHA256_RSA_PKCS` when the
 //!   token offers it, else `CKM_RSA_PKCS` over a host-built SHA-256 `DigestInfo`.
+//! * Ed25519 (`CKM_EDDSA`, the message itself): the ledger log's checkpoint key only
+//!   ([`Pkcs11Key::open_or_generate_ed25519`]); CA keys stay ECDSA or RSA ([`Pkcs11Key::supports`]).
 //!
 //! # Errors and recovery
 //!

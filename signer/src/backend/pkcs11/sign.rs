@@ -22,7 +22,9 @@ impl Pkcs11Key {
                 input.extend_from_slice(digest::digest(&digest::SHA256, message).as_ref());
                 input
             }
-            // P-256 (Ed25519 keys are never built by this backend).
+            // EdDSA hashes inside the token.
+            CaAlgorithm::Ed25519 => message.to_vec(),
+            // P-256.
             _ => digest::digest(&digest::SHA256, message).as_ref().to_vec(),
         }
     }
@@ -31,6 +33,9 @@ impl Pkcs11Key {
         match self.facts.algorithm {
             CaAlgorithm::RsaSha256 if self.facts.rsa_token_hashes => Mechanism::Sha256RsaPkcs,
             CaAlgorithm::RsaSha256 => Mechanism::RsaPkcs,
+            CaAlgorithm::Ed25519 => Mechanism::Eddsa(cryptoki::mechanism::eddsa::EddsaParams::new(
+                cryptoki::mechanism::eddsa::EddsaSignatureScheme::Pure,
+            )),
             _ => Mechanism::Ecdsa,
         }
     }
