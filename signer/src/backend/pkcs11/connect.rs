@@ -168,26 +168,7 @@ pub(super) fn connect(
         public_uri.id = Some(id);
     }
     let facts = if key_type == Some(KeyType::EC) {
-        let publics = session
-            .find_objects(&key_template(&public_uri, ObjectClass::PUBLIC_KEY))
-            .map_err(|e| ConnectError::Ck("finding the public key", e))?;
-        let [public] = publics.as_slice() else {
-            return Err(ConnectError::Key(format!(
-                "expected one public key object next to the EC private key, found {}",
-                publics.len()
-            )));
-        };
-        let attrs = session
-            .get_attributes(*public, &[AttributeType::EcParams, AttributeType::EcPoint])
-            .map_err(|e| ConnectError::Ck("reading the public key", e))?;
-        let (mut params, mut point) = (None, None);
-        for a in attrs {
-            match a {
-                Attribute::EcParams(p) => params = Some(p),
-                Attribute::EcPoint(p) => point = Some(p),
-                _ => {}
-            }
-        }
+        let (params, point) = ec_public_key(&session, &public_uri, "EC")?;
         let (algorithm, coordinate_len) = match params.as_deref() {
             Some(p) if p == der::P256_PARAMS => (CaAlgorithm::EcdsaP256, 32),
             Some(p) if p == der::P384_PARAMS => (CaAlgorithm::EcdsaP384, 48),
@@ -209,26 +190,7 @@ pub(super) fn connect(
         }
     } else if key_type == Some(KeyType::EC_EDWARDS) {
         // Ed25519 (the ledger log's checkpoint key; CA keys are refused by `supports`).
-        let publics = session
-            .find_objects(&key_template(&public_uri, ObjectClass::PUBLIC_KEY))
-            .map_err(|e| ConnectError::Ck("finding the public key", e))?;
-        let [public] = publics.as_slice() else {
-            return Err(ConnectError::Key(format!(
-                "expected one public key object next to the EdDSA private key, found {}",
-                publics.len()
-            )));
-        };
-        let attrs = session
-            .get_attributes(*public, &[AttributeType::EcParams, AttributeType::EcPoint])
-            .map_err(|e| ConnectError::Ck("reading the public key", e))?;
-        let (mut params, mut point) = (None, None);
-        for a in attrs {
-            match a {
-                Attribute::EcParams(p) => params = Some(p),
-                Attribute::EcPoint(p) => point = Some(p),
-                _ => {}
-            }
-        }
+        let (params, point) = ec_public_key(&session, &public_uri, "EdDSA")?;
         if params.as_deref() != Some(&der::ED25519_PARAMS[..]) {
             return Err(ConnectError::Key(
                 "unsupported Edwards curve (podca signs with Ed25519)".into(),
@@ -294,4 +256,37 @@ pub(super) fn connect(
         facts,
         max_sessions,
     })
+}
+
+/// An attribute a token may leave out.
+type MaybeBytes = Option<Vec<u8>>;
+
+/// CKA_EC_PARAMS and CKA_EC_POINT of the one public key object `public_uri` names, next to a
+/// private key of `kind` (EC, EdDSA).
+fn ec_public_key(
+    session: &Session,
+    public_uri: &Pkcs11Uri,
+    kind: &str,
+) -> Result<(MaybeBytes, MaybeBytes), ConnectError> {
+    let publics = session
+        .find_objects(&key_template(public_uri, ObjectClass::PUBLIC_KEY))
+        .map_err(|e| ConnectError::Ck("finding the public key", e))?;
+    let [public] = publics.as_slice() else {
+        return Err(ConnectError::Key(format!(
+            "expected one public key object next to the {kind} private key, found {}",
+            publics.len()
+        )));
+    };
+    let attrs = session
+        .get_attributes(*public, &[AttributeType::EcParams, AttributeType::EcPoint])
+        .map_err(|e| ConnectError::Ck("reading the public key", e))?;
+    let (mut params, mut point) = (None, None);
+    for a in attrs {
+        match a {
+            Attribute::EcParams(p) => params = Some(p),
+            Attribute::EcPoint(p) => point = Some(p),
+            _ => {}
+        }
+    }
+    Ok((params, point))
 }
