@@ -135,6 +135,10 @@ pub struct Needs {
     /// the primary CA's Secret (`primary_ca`: the `[grpc] signer`'s CA), when that CA is
     /// Secret-held; the keys live with the primary CA only: (namespace, name).
     pub jwt_keys_secret: Option<(String, String)>,
+    /// The ledger log's checkpoint key Secret (`[ledger.log]` on without `key_file`;
+    /// `key_secret`, default `<CA Secret>-log`) beside the primary CA's Secret: (namespace,
+    /// name).
+    pub log_key_secret: Option<(String, String)>,
 }
 
 impl Needs {
@@ -190,6 +194,19 @@ impl Needs {
             mtls_renewal: config.grpc.mtls_renewal && config.grpc.tls != TlsSetting::Off,
             metrics_auth: config.admin.metrics_auth == MetricsAuthMode::Kubernetes,
             jwks_configmap,
+            log_key_secret: config
+                .ledger
+                .log
+                .as_ref()
+                .filter(|l| l.key_file.is_none())
+                .zip(primary_secret.as_ref())
+                .map(|(log, s)| {
+                    let name = log
+                        .key_secret
+                        .clone()
+                        .unwrap_or_else(|| format!("{}-log", s.name));
+                    (s.namespace.clone(), name)
+                }),
             jwt_keys_secret: primary_secret
                 .filter(|_| config.jwt.enabled)
                 .map(|s| (s.namespace.clone(), config.jwt.keys_secret_for(&s.name))),
@@ -295,6 +312,18 @@ impl Needs {
                     .named(name)
                     .in_namespace(namespace)
             }));
+            push_once(
+                &mut all,
+                Permission::new("create", "", "secrets").in_namespace(namespace),
+            );
+        }
+        if let Some((namespace, name)) = &self.log_key_secret {
+            // Made once by the first replica, read by every one.
+            all.push(
+                Permission::new("get", "", "secrets")
+                    .named(name)
+                    .in_namespace(namespace),
+            );
             push_once(
                 &mut all,
                 Permission::new("create", "", "secrets").in_namespace(namespace),
@@ -551,7 +580,30 @@ mod tests {
             metrics_auth: false,
             jwks_configmap: None,
             jwt_keys_secret: None,
+            log_key_secret: None,
         }
+    }
+
+    #[test]
+    fn the_ledger_logs_key_secret_adds_get_by_name_and_create() {
+        let with = Needs {
+            log_key_secret: Some(("podca-system".into(), "podca-ca-log".into())),
+            ..needs()
+        };
+        let plain = needs().required();
+        let extra: Vec<String> = with
+            .required()
+            .iter()
+            .filter(|p| !plain.contains(p))
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            extra,
+            [
+                "get secrets podca-ca-log in podca-system",
+                "create secrets in podca-system",
+            ]
+        );
     }
 
     #[test]
