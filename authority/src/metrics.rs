@@ -83,6 +83,8 @@ label_values! {
         PodFacts => "pod_facts",
         /// The ledger could not record the decision.
         Ledger => "ledger",
+        /// The pod or Services the `kubernetes.io/service-ca` vocabulary needs could not be read.
+        ServiceCa => "service_ca",
     }
 }
 
@@ -873,7 +875,8 @@ mod tests {
                 "ca_backend",
                 "namespace_labels",
                 "pod_facts",
-                "ledger"
+                "ledger",
+                "service_ca"
             ]
         );
         let late: Vec<_> = LateCause::ALL.iter().map(|c| c.as_str()).collect();

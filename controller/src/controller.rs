@@ -16,6 +16,7 @@ use kube::{Api, Client};
 use podca_authority::ledger::{LedgerHandle, LedgerUnavailable};
 use podca_grpc::auth::{PodFactsError, read_pod_facts};
 use podca_signer::ledger::{RecordContext, Source};
+use podca_signer::names::service_ca::Sans;
 use podca_signer::names::spiffe_id;
 use podca_signer::rules::NamespaceLabels;
 use podca_signer::{DenyReason, LedgerRecord, Outcome, SignerPolicy};
@@ -34,6 +35,7 @@ use crate::plan::{self, Facts, Plan, Read, SkipReason, Write};
 use crate::publisher::Publisher;
 use crate::queue::{Item, WorkQueue};
 use crate::request::{self, ApiVersion, Pcr};
+use crate::service_ca::{self, Entitlement};
 use crate::sharding::{self, Shard, ShardMetrics};
 use crate::{Error, Options, lease};
 use podca_authority::admin::{Readiness, ReadyFlag};
@@ -900,11 +902,21 @@ async fn sign(
     } else {
         None
     };
+    let service_sans = match service_ca_sans(ctx, &policy, source).await {
+        Ok(sans) => sans,
+        Err(Refusal::Answer(outcome)) => return plan::after_signing(outcome, now),
+        Err(Refusal::Retry) => return Err(RetryCause::ServiceCa),
+    };
     let source = source.clone();
     let span = tracing::Span::current();
     let outcome = match tokio::task::spawn_blocking(move || {
         let _in_request = span.enter();
-        request::sign_pcr(&policy, &ca, &source, labels.as_deref(), pod.as_ref(), now)
+        let facts = request::Facts {
+            namespace_labels: labels.as_deref(),
+            pod: pod.as_ref(),
+            service_sans: service_sans.as_ref(),
+        };
+        request::sign_pcr(&policy, &ca, &source, facts, now)
     })
     .await
     {
@@ -918,6 +930,48 @@ async fn sign(
         warn!(error = %e, "CA backend unavailable; leaving the request pending");
     }
     plan::after_signing(outcome, now)
+}
+
+/// Why a request gets no certificate now: the answer, or a retry.
+enum Refusal {
+    Answer(Outcome),
+    Retry,
+}
+
+/// The SANs the `kubernetes.io/service-ca` vocabulary entitles `source`'s pod to, for a signer
+/// with `service_ca` whose allow-lists admit the request (they deny first, so a refused request
+/// costs no read); `None` when the request uses none of its annotations.
+async fn service_ca_sans(
+    ctx: &Ctx,
+    policy: &SignerPolicy,
+    source: &Pcr,
+) -> Result<Option<Sans>, Refusal> {
+    let Some(profile) = &policy.service_ca else {
+        return Ok(None);
+    };
+    if policy
+        .admits(&source.namespace, &source.service_account)
+        .is_err()
+    {
+        return Ok(None);
+    }
+    let request = service_ca::ForRequest {
+        namespace: &source.namespace,
+        pod_name: &source.pod_name,
+        pod_uid: &source.pod_uid,
+        service_account: &source.service_account,
+    };
+    match service_ca::entitlement(&ctx.client, profile, request, &source.user_annotations).await {
+        Entitlement::NotAsked => Ok(None),
+        Entitlement::Sans(sans) => Ok(Some(sans)),
+        Entitlement::Refused { reason, message } => {
+            Err(Refusal::Answer(Outcome::Denied { reason, message }))
+        }
+        Entitlement::Unavailable(e) => {
+            warn!(error = %e, "leaving the request pending");
+            Err(Refusal::Retry)
+        }
+    }
 }
 
 fn late(ctx: &Ctx, cause: LateCause) {

@@ -196,6 +196,7 @@ mod tests {
             },
             spiffe_id: "spiffe://cluster.local/ns/ns/sa/sa".into(),
             dns_names: vec![],
+            ip_addresses: vec![],
             spki_sha256: String::new(),
             issuer_fingerprint: String::new(),
             key_type: podca_signer::KeyType::EcdsaP256,

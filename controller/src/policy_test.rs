@@ -331,6 +331,7 @@ pub fn decide_description(
                     issued: Some(IssuedFacts {
                         spiffe_id: plan.spiffe_id,
                         dns_names: vec![],
+                        ip_addresses: vec![],
                         lifetime_seconds: (expires - now).whole_seconds(),
                         not_before: None,
                         not_after: expires,
@@ -393,6 +394,7 @@ pub fn decide_description(
             namespace_labels: ns_labels,
             pod,
             renewal: None,
+            service_sans: None,
         };
         sign_request_with(p, &ca, &certificate_request, &context, now)
     };

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::certificates::{v1, v1beta1};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use podca_signer::names::service_ca::Sans;
 use podca_signer::rules::{PodMetadata, RequestSource};
 use podca_signer::{
     CertificateRequest, IssuingCa, KeyError, Outcome, RequestContext, SignerPolicy, SubjectKey,
@@ -162,6 +163,18 @@ impl Pcr {
     }
 }
 
+/// What the controller looked up for a request besides the PCR itself (each only when the
+/// signer's policy needs it).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Facts<'a> {
+    /// The namespace's labels (rules read `namespaceObject.metadata.labels`).
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// The pod's labels and annotations (`pod_facts`).
+    pub pod: Option<&'a PodMetadata>,
+    /// The SANs of the `kubernetes.io/service-ca` vocabulary (`service_ca`).
+    pub service_sans: Option<&'a Sans>,
+}
+
 /// Signs `pcr` under `policy`: the one call a reconcile makes (`controller.rs` `sign`) and
 /// `podca policy test` repeats (`crate::sample`). The rules' facts the `CertificateRequest` does
 /// not carry all come from the PCR's spec, which kube-apiserver checked against the pod (spec
@@ -171,8 +184,7 @@ pub(crate) fn sign_pcr(
     policy: &SignerPolicy,
     ca: &IssuingCa,
     pcr: &Pcr,
-    namespace_labels: Option<&BTreeMap<String, String>>,
-    pod: Option<&PodMetadata>,
+    facts: Facts<'_>,
     now: OffsetDateTime,
 ) -> Outcome {
     let request = pcr.to_certificate_request();
@@ -181,9 +193,10 @@ pub(crate) fn sign_pcr(
         signer_name: &pcr.signer_name,
         pod_uid: Some(&pcr.pod_uid),
         node_name: Some(&pcr.node_name),
-        namespace_labels,
-        pod,
+        namespace_labels: facts.namespace_labels,
+        pod: facts.pod,
         renewal: None,
+        service_sans: facts.service_sans,
     };
     sign_request_with(policy, ca, &request, &context, now)
 }

@@ -134,7 +134,17 @@ impl PcrSample {
             Plan::Write(write) => Ok(write.outcome),
             // As the controller: the policy of the namespace's tenant, if any.
             Plan::Sign(policy, pcr) => Ok(match policy.resolve(&pcr.namespace) {
-                Ok((policy, _)) => request::sign_pcr(&policy, ca, pcr, namespace_labels, pod, now),
+                Ok((policy, _)) => request::sign_pcr(
+                    &policy,
+                    ca,
+                    pcr,
+                    request::Facts {
+                        namespace_labels,
+                        pod,
+                        service_sans: None,
+                    },
+                    now,
+                ),
                 Err(refusal) => Outcome::of_refusal(refusal),
             }),
             Plan::ReadThroughV1beta1(_) => Err(SampleError(format!(

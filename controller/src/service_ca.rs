@@ -9,7 +9,8 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1 as core;
 use podca_grpc::auth::KUBE_API_TIMEOUT;
-use podca_signer::names::service_ca::{Asked, Pod, Service};
+use podca_signer::DenyReason;
+use podca_signer::names::service_ca::{Asked, NotEntitled, Pod, Profile, Sans, Service, entitled};
 
 /// Why the facts could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -86,13 +87,87 @@ where
         .map_err(|e| unavailable(e.to_string()))
 }
 
-/// Reads the pod `namespace/name` (which must have `uid`) and the Services `asked` needs.
+/// The request a lookup is for: where its pod is, and who it speaks for.
+#[derive(Debug, Clone, Copy)]
+pub struct ForRequest<'a> {
+    pub namespace: &'a str,
+    pub pod_name: &'a str,
+    pub pod_uid: &'a str,
+    /// The request's service account: the pod must run as it.
+    pub service_account: &'a str,
+}
+
+/// What the vocabulary gives one PodCertificateRequest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entitlement {
+    /// None of the vocabulary's annotations: nothing was looked up.
+    NotAsked,
+    /// The SANs the pod is entitled to, to add to its certificate.
+    Sans(Sans),
+    /// The answer is Denied, with this reason and message.
+    Refused { reason: DenyReason, message: String },
+    /// Nothing can be decided now (the API did not answer): leave the request pending.
+    Unavailable(LookupFailed),
+}
+
+/// What `annotations` ask of the vocabulary, checked against the pod and Services read from
+/// the API: a malformed annotation is `InvalidUnverifiedUserAnnotations`, a pod that is gone
+/// (or runs as another service account) `PolicyPodNotFound`, a name the pod is not entitled to
+/// `NameNotEntitled`.
+pub async fn entitlement(
+    client: &kube::Client,
+    profile: &Profile,
+    request: ForRequest<'_>,
+    annotations: &BTreeMap<String, String>,
+) -> Entitlement {
+    let asked = match Asked::of(annotations) {
+        Ok(None) => return Entitlement::NotAsked,
+        Ok(Some(asked)) => asked,
+        Err(NotEntitled(message)) => {
+            return Entitlement::Refused {
+                reason: DenyReason::InvalidUserAnnotations,
+                message,
+            };
+        }
+    };
+    let (pod, services) = match look_up(client, request, &asked).await {
+        Ok(found) => found,
+        Err(LookupFailed::PodGone(message)) => {
+            return Entitlement::Refused {
+                reason: DenyReason::PodNotFound,
+                message,
+            };
+        }
+        Err(e @ LookupFailed::Unavailable { .. }) => return Entitlement::Unavailable(e),
+    };
+    match entitled(
+        &asked,
+        request.namespace,
+        &profile.cluster_domain,
+        &pod,
+        &services,
+    ) {
+        Ok(sans) => Entitlement::Sans(sans),
+        Err(NotEntitled(message)) => Entitlement::Refused {
+            reason: DenyReason::NotEntitledToName,
+            message,
+        },
+    }
+}
+
+/// Reads the request's pod (which must have its UID and run as its service account) and the
+/// Services `asked` needs.
 pub async fn look_up(
     client: &kube::Client,
-    namespace: &str,
-    (name, uid): (&str, &str),
+    request: ForRequest<'_>,
     asked: &Asked,
 ) -> Result<(Pod, BTreeMap<String, Service>), LookupFailed> {
+    let ForRequest {
+        namespace,
+        pod_name: name,
+        pod_uid: uid,
+        service_account,
+    } = request;
     let pods: kube::Api<core::Pod> = kube::Api::namespaced(client.clone(), namespace);
     let what = format!("pod {namespace}/{name}");
     let pod = match get(&pods, name, &what).await? {
@@ -106,6 +181,19 @@ pub async fn look_up(
             return Err(LookupFailed::PodGone(format!(
                 "pod {namespace}/{name} is not the pod of this request (the request names UID \
                  {uid})"
+            )));
+        }
+        Some(pod)
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.as_deref())
+                .unwrap_or("default")
+                != service_account =>
+        {
+            return Err(LookupFailed::PodGone(format!(
+                "pod {namespace}/{name} does not run as service account {service_account}, \
+                 which the request names"
             )));
         }
         Some(pod) => pod_facts(&pod),

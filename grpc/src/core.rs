@@ -1171,6 +1171,7 @@ fn issue_blocking(
         namespace_labels,
         pod,
         renewal: Some(&chain),
+        service_sans: None,
     };
     match sign_request_with(policy, &snapshot.ca, &request, &context, now) {
         Outcome::Issued(certificate) => Ok(Issued {

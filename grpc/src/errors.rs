@@ -228,7 +228,10 @@ fn deny_code(reason: DenyReason) -> Code {
         // A DNS name the CA may not certify: the caller may not have it.
         | DenyReason::NameNotPermittedByCa
         // podca's own serving name: the caller may not have it.
-        | DenyReason::ReservedDnsName => Code::PermissionDenied,
+        | DenyReason::ReservedDnsName
+        // A kubernetes.io/service-ca name the pod is not entitled to (PodCertificateRequests
+        // only: gRPC callers are refused the vocabulary as InvalidUserAnnotations).
+        | DenyReason::NotEntitledToName => Code::PermissionDenied,
         // A signer's CEL rule: the caller's identity or request is not allowed.
         DenyReason::Rule(_) => Code::PermissionDenied,
     }

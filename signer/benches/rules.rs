@@ -264,6 +264,7 @@ fn main() {
             namespace_labels: Some(&pod.labels),
             pod: None,
             renewal: None,
+            service_sans: None,
         };
         match podca_signer::sign_request_with(policy, &ca, &request, &context, now) {
             Outcome::Issued(cert) => cert,

@@ -10,6 +10,7 @@ use crate::ca::{IssuingCa, leaf_serial};
 use crate::constraints::NameViolation;
 use crate::keys::{KeyError, KeyType, SubjectKey};
 use crate::leaf::LeafFields;
+use crate::names::service_ca::{self, Sans};
 use crate::policy::{Decision, LeafPlan, RequestFacts, SignerPolicy};
 use crate::reason::{DenyReason, FailReason};
 use crate::renewal::RenewalChain;
@@ -28,6 +29,8 @@ pub struct IssuedCertificate {
     pub validity: Validity,
     pub spiffe_id: String,
     pub dns_names: Vec<String>,
+    /// iPAddress SANs (only the `kubernetes.io/service-ca` vocabulary gives any).
+    pub ip_addresses: Vec<std::net::IpAddr>,
     /// SHA-256 of the subject SPKI, lowercase hex.
     pub spki_sha256: String,
     /// SHA-256 fingerprint of the issuing CA certificate.
@@ -67,6 +70,7 @@ impl IssuingCa {
             subject,
             spiffe_id.to_owned(),
             dns_names.to_vec(),
+            &[],
             validity,
             None,
         )
@@ -81,7 +85,14 @@ impl IssuingCa {
         validity: &Validity,
         chain: &RenewalChain,
     ) -> Result<IssuedCertificate, IssueError> {
-        self.issue_owned(subject, spiffe_id.to_owned(), vec![], validity, Some(chain))
+        self.issue_owned(
+            subject,
+            spiffe_id.to_owned(),
+            vec![],
+            &[],
+            validity,
+            Some(chain),
+        )
     }
 
     /// [`IssuingCa::issue`] with the names handed over, not copied.
@@ -90,6 +101,7 @@ impl IssuingCa {
         subject: &SubjectKey,
         spiffe_id: String,
         dns_names: Vec<String>,
+        ip_addresses: &[std::net::IpAddr],
         validity: &Validity,
         renewal: Option<&RenewalChain>,
     ) -> Result<IssuedCertificate, IssueError> {
@@ -111,6 +123,7 @@ impl IssuingCa {
                 key_encipherment: subject.key_type().is_rsa(),
                 spiffe_id: &spiffe_id,
                 dns_names: &dns_names,
+                ip_addresses,
                 renewal,
             },
             |tbs| self.key().sign(tbs),
@@ -127,6 +140,7 @@ impl IssuingCa {
             validity: *validity,
             spiffe_id,
             dns_names,
+            ip_addresses: ip_addresses.to_vec(),
             spki_sha256: x509::hex_lower(&spki_sha256),
             issuer_fingerprint: self.fingerprint().to_owned(),
             key_type: subject.key_type(),
@@ -198,6 +212,10 @@ pub struct RequestContext<'a> {
     /// The gRPC paths: where the caller's renewal chain began, written into the leaf; its
     /// `cap` bounds the notAfter ([`crate::renewal`]).
     pub renewal: Option<&'a RenewalChain>,
+    /// The SANs the `kubernetes.io/service-ca` vocabulary entitled the pod to (the controller
+    /// looked up its pod and Services): added to the leaf after policy allowed the request.
+    /// `None` with one of the vocabulary's annotations present is refused, never ignored.
+    pub service_sans: Option<&'a Sans>,
 }
 
 impl RequestContext<'_> {
@@ -210,6 +228,7 @@ impl RequestContext<'_> {
         namespace_labels: None,
         pod: None,
         renewal: None,
+        service_sans: None,
     };
 }
 
@@ -291,6 +310,22 @@ pub fn sign_request_with(
             Err(Decision::Issue(_)) => {}
         }
     }
+    let ip_addresses: &[std::net::IpAddr] = match service_sans(policy, request, context) {
+        Ok(None) => &[],
+        Ok(Some(sans)) => {
+            if let Some(Decision::Deny { reason, message }) = policy.reserved_among(&sans.dns_names)
+            {
+                return Outcome::Denied { reason, message };
+            }
+            for name in &sans.dns_names {
+                if !plan.dns_names.contains(name) {
+                    plan.dns_names.push(name.clone());
+                }
+            }
+            &sans.ip_addresses
+        }
+        Err(refused) => return refused,
+    };
     drop(deciding);
     let Ok(subject) = &request.key else {
         // decide() denies every key error, so this is unreachable in practice; answer anyway.
@@ -341,6 +376,7 @@ pub fn sign_request_with(
         subject,
         plan.spiffe_id,
         plan.dns_names,
+        ip_addresses,
         &validity,
         context.renewal,
     ) {
@@ -360,6 +396,44 @@ pub fn sign_request_with(
         Err(IssueError::NotPermitted(violation)) => refusal_of(violation),
     }
 }
+/// The SANs of the `kubernetes.io/service-ca` vocabulary for this request: those the controller
+/// looked up, or none. A request that uses the vocabulary's annotations where nobody looked
+/// anything up (a signer without `service_ca`, which denied the keys already; the gRPC paths)
+/// is refused: its names are never dropped silently.
+fn service_sans<'a>(
+    policy: &SignerPolicy,
+    request: &CertificateRequest,
+    context: &RequestContext<'a>,
+) -> Result<Option<&'a Sans>, Outcome> {
+    if let Some(sans) = context.service_sans {
+        return Ok(Some(sans));
+    }
+    match service_ca::KEYS
+        .iter()
+        .find(|k| request.user_annotations.contains_key(**k))
+    {
+        Some(key) if policy.service_ca.is_some() => Err(Outcome::Denied {
+            reason: DenyReason::InvalidUserAnnotations,
+            message: if context.source == RequestSource::Pcr {
+                // The controller always looks them up: only an offline decision gets here.
+                format!(
+                    "{key}: the kubernetes.io/service-ca SANs need the request's pod and \
+                     Services, which were not looked up (an offline decision, e.g. `podca \
+                     policy test`)"
+                )
+            } else {
+                format!(
+                    "{key}: the kubernetes.io/service-ca annotations are answered for \
+                     PodCertificateRequests only, whose pod and Services podca looks up (this \
+                     request came from {})",
+                    context.source.as_str()
+                )
+            },
+        }),
+        _ => Ok(None),
+    }
+}
+
 /// The answer to names the CA may not certify: a DNS name the request chose is Denied; the
 /// signer's own identity outside the CA is a configuration error, Failed.
 fn refusal_of(violation: NameViolation) -> Outcome {

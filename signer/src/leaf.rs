@@ -52,6 +52,8 @@ pub(crate) struct LeafFields<'a> {
     /// The only URI SAN.
     pub spiffe_id: &'a str,
     pub dns_names: &'a [String],
+    /// iPAddress SANs, after the DNS names (the `kubernetes.io/service-ca` vocabulary).
+    pub ip_addresses: &'a [std::net::IpAddr],
     /// Where its renewal chain began (gRPC paths): a private extension, last.
     pub renewal: Option<&'a crate::renewal::RenewalChain>,
 }
@@ -194,6 +196,7 @@ impl LeafTemplate {
             + leaf.spki.len()
             + leaf.spiffe_id.len()
             + names_len
+            + 18 * leaf.ip_addresses.len()
             + if leaf.renewal.is_some() { 200 } else { 0 }
     }
 
@@ -246,6 +249,17 @@ impl LeafTemplate {
                 der::push(names, context_primitive(6), leaf.spiffe_id.as_bytes());
                 for name in leaf.dns_names {
                     der::push(names, context_primitive(2), name.as_bytes());
+                }
+                for ip in leaf.ip_addresses {
+                    // iPAddress: 4 octets for IPv4, 16 for IPv6 (RFC 5280 §4.2.1.6).
+                    match ip {
+                        std::net::IpAddr::V4(v4) => {
+                            der::push(names, context_primitive(7), &v4.octets());
+                        }
+                        std::net::IpAddr::V6(v6) => {
+                            der::push(names, context_primitive(7), &v6.octets());
+                        }
+                    }
                 }
             });
         });
@@ -349,7 +363,7 @@ mod tests {
         spki: &'a [u8],
         key_id: &'a [u8],
         rsa: bool,
-        dns_names: &'a [String],
+        (dns_names, ip_addresses): (&'a [String], &'a [std::net::IpAddr]),
         (not_before, not_after): (OffsetDateTime, OffsetDateTime),
     ) -> LeafFields<'a> {
         LeafFields {
@@ -361,6 +375,7 @@ mod tests {
             key_encipherment: rsa,
             spiffe_id: "spiffe://td.example/ns/prod/sa/web",
             dns_names,
+            ip_addresses,
             renewal: None,
         }
     }
@@ -384,6 +399,11 @@ mod tests {
         for name in fields.dns_names {
             let name = name.clone().try_into().unwrap_or_else(|e| panic!("{e}"));
             params.subject_alt_names.push(rcgen::SanType::DnsName(name));
+        }
+        for ip in fields.ip_addresses {
+            params
+                .subject_alt_names
+                .push(rcgen::SanType::IpAddress(*ip));
         }
         params.is_ca = rcgen::IsCa::ExplicitNoCa;
         params.key_usages = vec![Ku::DigitalSignature];
@@ -415,13 +435,28 @@ mod tests {
             .replace_nanosecond(0)
             .unwrap_or_else(|e| panic!("{e}"));
         let subjects = subjects();
-        let dns_sets: [Vec<String>; 3] = [
-            vec![],
-            vec!["web.prod.svc".into(), "web.prod.svc.cluster.local".into()],
+        let ip = |s: &str| {
+            s.parse::<std::net::IpAddr>()
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let name_sets: [(Vec<String>, Vec<std::net::IpAddr>); 4] = [
+            (vec![], vec![]),
+            (
+                vec!["web.prod.svc".into(), "web.prod.svc.cluster.local".into()],
+                vec![],
+            ),
             // Long enough for a long-form SAN length.
-            (0..8)
-                .map(|i| format!("replica-{i}.web.prod.svc.cluster.local"))
-                .collect(),
+            (
+                (0..8)
+                    .map(|i| format!("replica-{i}.web.prod.svc.cluster.local"))
+                    .collect(),
+                vec![],
+            ),
+            // The service-ca vocabulary's IP SANs, v4 and v6.
+            (
+                vec!["web.prod.svc".into()],
+                vec![ip("10.96.0.10"), ip("fd00::7")],
+            ),
         ];
         let times = [
             (now, now + time::Duration::hours(24)),
@@ -461,13 +496,13 @@ mod tests {
             for subject in &subjects {
                 let key = &subject.public;
                 let key_id = key_identifier(key.spki_der());
-                for dns_names in &dns_sets {
+                for (dns_names, ip_addresses) in &name_sets {
                     for validity in times {
                         let fields = leaf_fields(
                             key.spki_der(),
                             &key_id,
                             key.key_type().is_rsa(),
-                            dns_names,
+                            (dns_names, ip_addresses),
                             validity,
                         );
                         let ours = ca
@@ -477,9 +512,10 @@ mod tests {
                         assert_eq!(
                             ours,
                             rcgen_tbs(&issuer, key, &fields),
-                            "{algorithm} CA, {} subject, {} DNS names, {validity:?}",
+                            "{algorithm} CA, {} subject, {} DNS names, {} IPs, {validity:?}",
                             key.key_type(),
-                            dns_names.len()
+                            dns_names.len(),
+                            ip_addresses.len()
                         );
                     }
                 }
@@ -643,7 +679,7 @@ mod tests {
             datetime!(2030-01-02 00:00 UTC),
         );
         let ascii = vec!["web".to_string()];
-        let mut fields = leaf_fields(&[0x30, 0x00], &[2; 20], false, &ascii, times);
+        let mut fields = leaf_fields(&[0x30, 0x00], &[2; 20], false, (&ascii, &[]), times);
         assert!(template.tbs_certificate(&fields).is_ok());
         fields.spiffe_id = "spiffe://td.example/ns/prod/sa/wéb";
         assert!(matches!(
@@ -651,7 +687,7 @@ mod tests {
             Err(IssueError::Build(m)) if m.contains("SPIFFE ID")
         ));
         let accented = vec!["wéb".to_string()];
-        let fields = leaf_fields(&[0x30, 0x00], &[2; 20], false, &accented, times);
+        let fields = leaf_fields(&[0x30, 0x00], &[2; 20], false, (&accented, &[]), times);
         assert!(matches!(
             template.tbs_certificate(&fields),
             Err(IssueError::Build(m)) if m.contains("DNS name")
@@ -666,7 +702,7 @@ mod tests {
             datetime!(2030-01-02 00:00 UTC),
         );
         let names = vec!["web".to_string()];
-        let fields = leaf_fields(&[0x30, 0x00], &[2; 20], false, &names, times);
+        let fields = leaf_fields(&[0x30, 0x00], &[2; 20], false, (&names, &[]), times);
         let tbs = template
             .tbs_certificate(&fields)
             .unwrap_or_else(|e| panic!("{e}"));

@@ -205,6 +205,9 @@ pub struct LedgerRecord {
     /// `ECDSAP256`, `ED25519`, … (kubelet's names).
     pub key_type: Option<String>,
     pub dns_names: Vec<String>,
+    /// iPAddress SANs (the `kubernetes.io/service-ca` vocabulary); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<String>,
     #[serde(with = "time::serde::rfc3339::option")]
     pub not_before: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339::option")]
@@ -327,6 +330,7 @@ impl LedgerRecord {
         record.spki_sha256 = Some(cert.spki_sha256.clone());
         record.key_type = Some(cert.key_type.kubelet_name().to_owned());
         record.dns_names.clone_from(&cert.dns_names);
+        record.ip_addresses = cert.ip_addresses.iter().map(ToString::to_string).collect();
         record.not_before = Some(cert.validity.not_before);
         record.not_after = Some(cert.validity.not_after);
         record.issuer_fingerprint = Some(cert.issuer_fingerprint.clone());
@@ -420,6 +424,7 @@ impl LedgerRecord {
             spki_sha256: None,
             key_type: None,
             dns_names: vec![],
+            ip_addresses: vec![],
             not_before: None,
             not_after: None,
             ca_generation: c.ca_generation,
@@ -557,6 +562,7 @@ impl From<LegacyRecord> for LedgerRecord {
             spki_sha256: Some(l.spki_sha256),
             key_type: None,
             dns_names: l.dns_names,
+            ip_addresses: vec![],
             not_before: Some(l.not_before),
             not_after: Some(l.not_after),
             ca_generation: None,

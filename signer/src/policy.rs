@@ -94,6 +94,13 @@ pub struct SignerPolicy {
     /// rules read them costs one GET of its pod (RBAC `pods get`). Off by default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pod_facts: bool,
+    /// Answers the in-tree serving signer's annotations (`kubernetes.io/service-names`,
+    /// `add-pod-ips`, `add-pod-fqdn`; [`crate::names::service_ca`]) for PodCertificateRequests:
+    /// the pod and the Services it names are looked up (RBAC `pods get`, `services get`) and
+    /// the SANs it is entitled to are added. Off (`None`) by default: the keys are then
+    /// unknown annotations, denied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_ca: Option<crate::names::service_ca::Profile>,
     /// The CA this signer signs with: a `[cas.<name>]` table of the configuration; `None`: the
     /// `[ca]` table (named `default`). Signers with different CAs are separate trust domains:
     /// a certificate of one never verifies under the other's bundle.
@@ -295,6 +302,7 @@ impl SignerPolicy {
             rules: vec![],
             outputs: OutputSpec::default(),
             pod_facts: false,
+            service_ca: None,
             ca: None,
             tenants: BTreeMap::new(),
             untenanted: crate::tenants::Untenanted::default(),
@@ -451,6 +459,13 @@ impl SignerPolicy {
         let Some(declared) = self.annotations.iter().find(|a| a.key == key) else {
             let mut known = vec![format!("{DNS_NAMES_ANNOTATION:?}")];
             known.extend(self.annotations.iter().map(|a| format!("{:?}", a.key)));
+            if self.service_ca.is_some() {
+                known.extend(
+                    crate::names::service_ca::KEYS
+                        .iter()
+                        .map(|k| format!("{k:?}")),
+                );
+            }
             return Err(AnnotationRefused(format!(
                 "unrecognised user annotation {key:?}; this signer recognises only {}",
                 known.join(", ")
@@ -489,8 +504,10 @@ impl SignerPolicy {
             );
         for (rule, expr) in exprs {
             for key in annotation_keys_read(&expr) {
-                let declared =
-                    key == DNS_NAMES_ANNOTATION || self.annotations.iter().any(|a| a.key == key);
+                let declared = key == DNS_NAMES_ANNOTATION
+                    || self.annotations.iter().any(|a| a.key == key)
+                    || (self.service_ca.is_some()
+                        && crate::names::service_ca::KEYS.contains(&key.as_str()));
                 if !declared && !found.contains(&(rule.clone(), key.clone())) {
                     found.push((rule.clone(), key));
                 }
@@ -523,6 +540,25 @@ impl SignerPolicy {
                 return Err(PolicyError::Annotation(format!(
                     "{key:?}: max_length {} is outside 1..=65536",
                     declared.max_length
+                )));
+            }
+        }
+        if let Some(profile) = &self.service_ca {
+            if let Some(key) = self
+                .annotations
+                .iter()
+                .find(|a| crate::names::service_ca::KEYS.contains(&a.key.as_str()))
+            {
+                return Err(PolicyError::Annotation(format!(
+                    "{:?} belongs to the kubernetes.io/service-ca vocabulary, which service_ca \
+                     governs; do not declare it",
+                    key.key
+                )));
+            }
+            if !is_dns_name(&profile.cluster_domain) {
+                return Err(PolicyError::Annotation(format!(
+                    "service_ca.cluster_domain {:?} is not a DNS name",
+                    profile.cluster_domain
                 )));
             }
         }
@@ -647,6 +683,11 @@ impl SignerPolicy {
             push_unique(&mut dns_names, name);
         }
         for (key, value) in facts.user_annotations {
+            if self.service_ca.is_some() && crate::names::service_ca::KEYS.contains(&key.as_str()) {
+                // The controller parsed and checked these against the pod and its Services
+                // (`crate::names::service_ca`); sign_request_with adds the SANs.
+                continue;
+            }
             if key != DNS_NAMES_ANNOTATION {
                 match self.declared_annotation(key, value) {
                     Ok(()) => continue,
@@ -827,6 +868,56 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"));
         policy.validate().unwrap_or_else(|e| panic!("{e}"));
         policy
+    }
+
+    /// Issue #42 item 3: `service_ca` takes the vocabulary's keys (they may not also be
+    /// declared), a DNS cluster domain, and nothing else; a rule reading its keys is not warned
+    /// about.
+    #[test]
+    fn the_service_ca_table_is_checked_at_load() {
+        let on = declaring("[service_ca]\n");
+        assert_eq!(
+            on.service_ca.as_ref().map(|p| p.cluster_domain.as_str()),
+            Some("cluster.local")
+        );
+        let custom = declaring("[service_ca]\ncluster_domain = \"corp.example\"\n");
+        assert_eq!(
+            custom.service_ca.map(|p| p.cluster_domain),
+            Some("corp.example".to_owned())
+        );
+        for (text, needle) in [
+            (
+                "[service_ca]\ncluster_domain = \"not a domain\"\n",
+                "service_ca.cluster_domain \"not a domain\" is not a DNS name",
+            ),
+            (
+                "[[annotations]]\nkey = \"kubernetes.io/add-pod-ips\"\n[service_ca]\n",
+                "\"kubernetes.io/add-pod-ips\" belongs to the kubernetes.io/service-ca \
+                 vocabulary",
+            ),
+        ] {
+            let policy: SignerPolicy =
+                toml::from_str(&format!("trust_domain = \"cluster.local\"\n{text}")).unwrap();
+            let e = policy.validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+        let unknown = toml::from_str::<SignerPolicy>(
+            "trust_domain = \"cluster.local\"\n[service_ca]\nclusterDomain = \"x\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            unknown.contains("unknown field `clusterDomain`"),
+            "{unknown}"
+        );
+        let reads = "[[rules]]\nname = \"r\"\nrequire = \"'kubernetes.io/service-names' in \
+                     request.annotations\"\nreason = \"R\"\n";
+        assert!(
+            declaring(&format!("[service_ca]\n{reads}"))
+                .undeclared_annotation_reads()
+                .is_empty()
+        );
+        assert_eq!(declaring(reads).undeclared_annotation_reads().len(), 1);
     }
 
     /// Issue #42: a declared key reaches the rules within its pattern and length; others are

@@ -75,6 +75,10 @@ condition_reasons! {
         /// A DNS name of podca's own serving certificate (its gRPC Service names): a workload
         /// holding it could pose as podca to clients.
         ReservedDnsName => "ReservedDNSName",
+        /// A `kubernetes.io/service-ca` annotation asks for a name the pod is not entitled to: a
+        /// Service that does not exist, is in another namespace or does not select the pod; no
+        /// pod IPs; no hostname or headless Service for the pod's FQDN.
+        NotEntitledToName => "NameNotEntitled",
         @dynamic
         /// A signer's CEL rule denied the request (the rule's configured reason), or failed to
         /// evaluate (`PolicyRuleFailed:<rule>`), or a CEL output gave a bad value
@@ -133,6 +137,7 @@ mod tests {
                 "PolicyPodNotFound",
                 "NameNotPermittedByCA",
                 "ReservedDNSName",
+                "NameNotEntitled",
                 "CAExpiresTooSoon",
                 "LifetimeNotSatisfiable",
                 "InvalidDNSNameTemplate",

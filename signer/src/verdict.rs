@@ -34,6 +34,8 @@ pub struct Verdict {
 pub struct IssuedFacts {
     pub spiffe_id: String,
     pub dns_names: Vec<String>,
+    /// iPAddress SANs (the `kubernetes.io/service-ca` vocabulary).
+    pub ip_addresses: Vec<std::net::IpAddr>,
     pub lifetime_seconds: i64,
     /// None for JWT-SVIDs (the token is dated when signed).
     pub not_before: Option<OffsetDateTime>,
@@ -49,6 +51,7 @@ impl Verdict {
                     json!({
                         "spiffe_id": i.spiffe_id,
                         "dns_names": i.dns_names,
+                        "ip_addresses": i.ip_addresses,
                         "lifetime_seconds": i.lifetime_seconds,
                         "not_before": i.not_before.map(time),
                         "not_after": time(i.not_after),
@@ -90,6 +93,11 @@ impl Verdict {
                         let _ = writeln!(out, "dns names:  (none)");
                     } else {
                         let _ = writeln!(out, "dns names:  {}", i.dns_names.join(", "));
+                    }
+                    if !i.ip_addresses.is_empty() {
+                        let ips: Vec<String> =
+                            i.ip_addresses.iter().map(ToString::to_string).collect();
+                        let _ = writeln!(out, "ip sans:    {}", ips.join(", "));
                     }
                     let _ = match i.not_before {
                         Some(nb) => writeln!(
@@ -152,6 +160,7 @@ pub fn verdict(
             v.issued = Some(IssuedFacts {
                 spiffe_id: cert.spiffe_id.clone(),
                 dns_names: cert.dns_names.clone(),
+                ip_addresses: cert.ip_addresses.clone(),
                 lifetime_seconds: (validity.not_after - validity.not_before).whole_seconds(),
                 not_before: Some(validity.not_before),
                 not_after: validity.not_after,
@@ -181,6 +190,9 @@ pub fn verdict(
                 }
                 (DenyReason::NameNotPermittedByCa, _) => "the CA's nameConstraints".into(),
                 (DenyReason::ReservedDnsName, _) => "podca's own serving names".into(),
+                (DenyReason::NotEntitledToName, _) => {
+                    "service_ca: the pod and the Services its annotations name".into()
+                }
             };
             v.message = message;
         }

@@ -390,3 +390,113 @@ fn a_cel_output_cannot_give_podcas_own_serving_name() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The `kubernetes.io/service-ca` SANs the controller looked up reach the leaf (DNS and IP,
+/// checked by webpki as a TLS client would), and the ledger records them; podca's own serving
+/// names stay reserved; the vocabulary on a path that looks nothing up is refused, never
+/// dropped; without `service_ca` its keys are unknown annotations.
+#[test]
+fn service_ca_sans_reach_the_leaf_and_are_refused_where_nobody_looked_them_up() {
+    use podca_signer::names::service_ca::{Profile, Sans};
+    use podca_signer::{Outcome, RequestContext, RequestSource, sign_request_with};
+    let ca = two_level_ca(CaAlgorithm::EcdsaP256);
+    let mut policy = podca_signer::SignerPolicy::permissive("cluster.local");
+    policy.service_ca = Some(Profile::default());
+    policy.validate().unwrap();
+    let key = podca_signer::keys::GeneratedKey::generate(KeyType::EcdsaP256).unwrap();
+    let mut request = common::request_for(&key, &[]);
+    request
+        .user_annotations
+        .insert("kubernetes.io/service-names".into(), "web".into());
+    request
+        .user_annotations
+        .insert("kubernetes.io/add-pod-ips".into(), "true".into());
+    let sans = Sans {
+        dns_names: vec!["web.prod.svc".into(), "web.prod.svc.cluster.local".into()],
+        ip_addresses: vec!["10.96.0.10".parse().unwrap(), "fd00::7".parse().unwrap()],
+    };
+    let pcr = RequestContext {
+        source: RequestSource::Pcr,
+        signer_name: "example.com/serving",
+        service_sans: Some(&sans),
+        ..RequestContext::CLI
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let cert = match sign_request_with(&policy, &ca, &request, &pcr, now) {
+        Outcome::Issued(cert) => cert,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(cert.dns_names, sans.dns_names);
+    assert_eq!(cert.ip_addresses, sans.ip_addresses);
+    webpki_verify(&ca.roots_pem(), &cert.chain_pem).unwrap();
+    let chain = ders(&cert.chain_pem);
+    let leaf = webpki::EndEntityCert::try_from(&chain[0]).unwrap();
+    for name in ["web.prod.svc.cluster.local", "10.96.0.10", "fd00::7"] {
+        leaf.verify_is_valid_for_subject_name(&ServerName::try_from(name).unwrap())
+            .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+    }
+    assert!(
+        leaf.verify_is_valid_for_subject_name(&ServerName::try_from("10.96.0.11").unwrap())
+            .is_err()
+    );
+    let record = podca_signer::LedgerRecord::issued(&record_context(), &cert);
+    assert_eq!(record.ip_addresses, ["10.96.0.10", "fd00::7"]);
+    // podca's own serving names are reserved for these SANs too.
+    policy.reserved_dns_names = vec!["web.prod.svc".into()];
+    match sign_request_with(&policy, &ca, &request, &pcr, now) {
+        Outcome::Denied { reason, message } => {
+            assert_eq!(reason, podca_signer::DenyReason::ReservedDnsName);
+            assert!(message.contains("\"web.prod.svc\""), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    policy.reserved_dns_names.clear();
+    // The gRPC paths look nothing up: the vocabulary is refused there, not ignored.
+    let grpc = RequestContext {
+        source: RequestSource::Grpc,
+        ..RequestContext::CLI
+    };
+    match sign_request_with(&policy, &ca, &request, &grpc, now) {
+        Outcome::Denied { reason, message } => {
+            assert_eq!(reason, podca_signer::DenyReason::InvalidUserAnnotations);
+            assert!(
+                message.contains("answered for PodCertificateRequests only"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Without service_ca the keys are unknown annotations, denied before policy.
+    policy.service_ca = None;
+    match sign_request_with(&policy, &ca, &request, &pcr, now) {
+        Outcome::Denied { reason, message } => {
+            assert_eq!(reason, podca_signer::DenyReason::InvalidUserAnnotations);
+            assert!(
+                message.contains("unrecognised user annotation"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn record_context() -> podca_signer::RecordContext {
+    podca_signer::RecordContext {
+        source: podca_signer::Source::Pcr,
+        signer: "example.com/serving".into(),
+        identity: "spiffe://cluster.local/ns/prod/sa/web".into(),
+        requester: None,
+        namespace: "prod".into(),
+        service_account: "web".into(),
+        pod_name: Some("web-0".into()),
+        pod_uid: None,
+        node_name: None,
+        request_uid: None,
+        request_name: None,
+        ca_generation: None,
+        issuer_fingerprint: None,
+        replica: "test".into(),
+        time: time::OffsetDateTime::now_utc(),
+        auth: None,
+    }
+}

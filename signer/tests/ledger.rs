@@ -34,6 +34,7 @@ fn record(i: u64, identity: &str, issued_at: OffsetDateTime) -> LedgerRecord {
         spki_sha256: Some(format!("{i:064x}")),
         key_type: Some("ECDSAP256".into()),
         dns_names: vec![],
+        ip_addresses: vec![],
         not_before: Some(issued_at),
         not_after: Some(issued_at + Duration::hours(24)),
         ca_generation: Some(1),

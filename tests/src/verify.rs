@@ -68,6 +68,19 @@ pub fn openssl_verify_at(
     anchors_pem: &str,
     at: Option<i64>,
 ) -> Result<(), VerifyFailure> {
+    match at {
+        Some(at) => openssl_verify_with(chain_pem, anchors_pem, &["-attime", &at.to_string()]),
+        None => openssl_verify_with(chain_pem, anchors_pem, &[]),
+    }
+}
+
+/// [`openssl_verify`] with more of `openssl verify`'s options, e.g. `-verify_ip 10.0.0.7` or
+/// `-verify_hostname web.shop.svc` (the leaf must carry that name, as a TLS client checks it).
+pub fn openssl_verify_with(
+    chain_pem: &str,
+    anchors_pem: &str,
+    options: &[&str],
+) -> Result<(), VerifyFailure> {
     let blocks = pem_blocks(chain_pem);
     assert!(
         !blocks.is_empty(),
@@ -90,9 +103,7 @@ pub fn openssl_verify_at(
     let mut cmd = Command::new("openssl");
     cmd.args(["verify", "-x509_strict", "-CAfile"])
         .arg(&anchors_file);
-    if let Some(at) = at {
-        cmd.arg("-attime").arg(at.to_string());
-    }
+    cmd.args(options);
     if blocks.len() > 1 {
         cmd.arg("-untrusted").arg(&untrusted);
     }

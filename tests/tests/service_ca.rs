@@ -2,12 +2,13 @@
 //! controller's lookups (`podca_controller::service_ca::look_up`) read the pod and Services
 //! created there, through RBAC, and the signer's pure decision
 //! (`podca_signer::names::service_ca::entitled`) gives the KEP's SANs or refuses with the
-//! reason. Not yet wired into `podca serve`'s PCR reconcile (see the issue).
+//! reason; end to end, `podca serve` with `[signers."…".service_ca]` issues those SANs (checked
+//! with openssl, which verifies the chain for each name and IP) and denies the rest.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use podca_controller::service_ca::{LookupFailed, look_up};
+use podca_controller::service_ca::{ForRequest, LookupFailed, look_up};
 use podca_signer::names::service_ca::{Asked, Sans, entitled};
 use podca_tests::emulator::services::{ServiceFixture, Serving};
 use podca_tests::emulator::{PodFixture, PolicyRule, Subject};
@@ -100,6 +101,16 @@ async fn cluster(services_allowed: bool) -> (Emulator, tempfile::TempDir, String
     (emu, dir, web, bare)
 }
 
+/// The lookup of the pod `name` (UID `uid`, service account `web`) in [`NS`].
+fn request<'a>(name: &'a str, uid: &'a str) -> ForRequest<'a> {
+    ForRequest {
+        namespace: NS,
+        pod_name: name,
+        pod_uid: uid,
+        service_account: "web",
+    }
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("a test IP")
 }
@@ -115,7 +126,7 @@ async fn the_keps_sans_for_a_pod_its_services_select() {
         ("kubernetes.io/add-pod-ips", "true"),
         ("kubernetes.io/add-pod-fqdn", "true"),
     ]);
-    let (pod, services) = look_up(&client, NS, ("web-0", &web), &want)
+    let (pod, services) = look_up(&client, request("web-0", &web), &want)
         .await
         .expect("lookups");
     let sans = entitled(&want, NS, "cluster.local", &pod, &services).expect("entitled");
@@ -180,7 +191,7 @@ async fn each_san_the_pod_is_not_entitled_to_is_refused_with_its_reason() {
         ),
     ] {
         let want = asked(&pairs);
-        let (pod, services) = look_up(&client, NS, (pod_name, uid), &want)
+        let (pod, services) = look_up(&client, request(pod_name, uid), &want)
             .await
             .expect("lookups");
         let refused =
@@ -202,7 +213,7 @@ async fn each_san_the_pod_is_not_entitled_to_is_refused_with_its_reason() {
     );
     // A request whose pod was replaced speaks for no pod.
     let want = asked(&[("kubernetes.io/add-pod-ips", "true")]);
-    let gone = look_up(&client, NS, ("web-0", "another-uid"), &want)
+    let gone = look_up(&client, request("web-0", "another-uid"), &want)
         .await
         .expect_err("another UID");
     assert!(
@@ -218,7 +229,7 @@ async fn without_rbac_on_services_the_lookup_is_unavailable_not_a_denial() {
         .await
         .expect("client");
     let want = asked(&[("kubernetes.io/service-names", "web")]);
-    let failed = look_up(&client, NS, ("web-0", &web), &want)
+    let failed = look_up(&client, request("web-0", &web), &want)
         .await
         .expect_err("services get is not granted");
     match failed {
@@ -230,5 +241,331 @@ async fn without_rbac_on_services_the_lookup_is_unavailable_not_a_denial() {
             );
         }
         other => panic!("want Unavailable, got {other:?}"),
+    }
+}
+
+mod serve {
+    //! `podca serve` with a signer that opts in to the vocabulary, against the emulator.
+
+    use std::time::{Duration, Instant};
+
+    use podca_tests::cluster::{Cluster, NewPcr, PODCA_USER};
+    use podca_tests::emulator::services::{ServiceFixture, Serving};
+    use podca_tests::emulator::{PodFixture, PolicyRule, Res, Subject};
+    use podca_tests::process::ServeProcess;
+    use podca_tests::verify::{openssl_verify, openssl_verify_with};
+    use serde_json::json;
+
+    use super::{NS, service, strings};
+
+    const SIGNER: &str = "example.com/serving";
+    /// A signer without `service_ca`: the vocabulary's keys are unknown annotations there.
+    const PLAIN: &str = "example.com/plain";
+
+    /// A PCR of `signer` in [`NS`] with `annotations`, and its pod (`pod-<name>`, running as
+    /// `account`, labelled `app=<app>`, with `serving`'s IPs, hostname and subdomain).
+    fn pcr<'a>(
+        c: &Cluster,
+        (name, signer): (&str, &'a str),
+        (account, app): (&str, &str),
+        serving: &Serving,
+        annotations: &[(&str, &str)],
+    ) -> NewPcr<'a> {
+        let mut request = NewPcr::p256(name, signer);
+        request.namespace = NS;
+        request.annotations = Some(json!(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), json!(v)))
+                .collect::<serde_json::Map<_, _>>()
+        ));
+        c.emu.add_serving_pod(
+            &PodFixture {
+                namespace: NS.into(),
+                name: format!("pod-{name}"),
+                node_name: "node-1".into(),
+                service_account: account.into(),
+                pod_certificates: vec![],
+                uid: Some(request.pod_uid.clone()),
+                mirror: false,
+            },
+            &Serving {
+                labels: strings(&[("app", app)]),
+                ..serving.clone()
+            },
+        );
+        request
+    }
+
+    /// The first condition of `NS/name` once it has one: (type, reason, message, chain).
+    async fn settled(c: &Cluster, name: &str) -> (String, String, String, String) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(o) = c.emu.get_object(Res::Pcr, NS, name)
+                && let Some(cond) = o["status"]["conditions"].as_array().and_then(|c| c.first())
+            {
+                let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+                return (
+                    s(&cond["type"]),
+                    s(&cond["reason"]),
+                    s(&cond["message"]),
+                    s(&o["status"]["certificateChain"]),
+                );
+            }
+            assert!(Instant::now() < deadline, "{NS}/{name} did not settle");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The leaf's subjectAltName as openssl prints it.
+    fn openssl_sans(chain_pem: &str) -> String {
+        let leaf = podca_tests::verify::pem_blocks(chain_pem).remove(0);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("leaf.pem");
+        std::fs::write(&path, leaf).expect("leaf");
+        let out = std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+            .arg(&path)
+            .output()
+            .expect("openssl");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .skip(1)
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn podca_serve_issues_the_keps_sans_and_denies_every_other_name() {
+        let (c, ca_dir) = Cluster::for_serve(SIGNER, NS).await;
+        c.emu.grant_signer_role(PODCA_USER, PLAIN);
+        // What deploy/components/service-ca adds to podca's ClusterRole.
+        c.emu.grant(
+            Subject::User(PODCA_USER.into()),
+            PolicyRule::new(&[""], &["pods", "services"], &["get"]),
+        );
+        c.emu
+            .add_service(&service(NS, "web", "web", &["10.96.0.10", "fd00:96::10"]));
+        c.emu.add_service(&service(NS, "web-hl", "web", &[]));
+        c.emu.add_service(&service(NS, "db", "db", &["10.96.0.11"]));
+        c.emu.add_service(&ServiceFixture {
+            // Selects the web pods from another namespace: not the request's to name.
+            namespace: "other".into(),
+            ..service("other", "api", "web", &["10.96.0.13"])
+        });
+        let web = Serving {
+            labels: vec![],
+            pod_ips: vec!["10.0.0.7".into(), "fd00::7".into()],
+            hostname: Some("web-0".into()),
+            subdomain: Some("web-hl".into()),
+        };
+        let everything = [
+            ("kubernetes.io/service-names", "web, web-hl"),
+            ("kubernetes.io/add-pod-ips", "true"),
+            ("kubernetes.io/add-pod-fqdn", "true"),
+        ];
+        let no_ips = Serving {
+            pod_ips: vec![],
+            ..web.clone()
+        };
+        let under_clusterip = Serving {
+            subdomain: Some("web".into()),
+            ..web.clone()
+        };
+        let cases: Vec<(NewPcr<'_>, &str, &str)> = vec![
+            (
+                pcr(&c, ("all", SIGNER), ("app", "web"), &web, &everything),
+                "Issued",
+                "",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("singular", SIGNER),
+                    ("app", "web"),
+                    &web,
+                    &[("kubernetes.io/add-pod-ip", "true")],
+                ),
+                "Issued",
+                "",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("unselected", SIGNER),
+                    ("app", "web"),
+                    &web,
+                    &[("kubernetes.io/service-names", "web,db")],
+                ),
+                "NameNotEntitled",
+                "kubernetes.io/service-names: Service shop/db does not select this pod (its \
+                 selector does not match the pod's labels)",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("elsewhere", SIGNER),
+                    ("app", "web"),
+                    &web,
+                    &[("kubernetes.io/service-names", "api")],
+                ),
+                "NameNotEntitled",
+                "kubernetes.io/service-names: Service shop/api does not exist",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("qualified", SIGNER),
+                    ("app", "web"),
+                    &web,
+                    &[("kubernetes.io/service-names", "other/api")],
+                ),
+                "InvalidUnverifiedUserAnnotations",
+                "kubernetes.io/service-names: \"other/api\" names a Service in another \
+                 namespace; only Services in the request's namespace can be named",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("no-hostname", SIGNER),
+                    ("app", "web"),
+                    &Serving {
+                        hostname: None,
+                        ..web.clone()
+                    },
+                    &[("kubernetes.io/add-pod-fqdn", "true")],
+                ),
+                "NameNotEntitled",
+                "kubernetes.io/add-pod-fqdn: the pod has no spec.hostname",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("not-headless", SIGNER),
+                    ("app", "web"),
+                    &under_clusterip,
+                    &[("kubernetes.io/add-pod-fqdn", "true")],
+                ),
+                "NameNotEntitled",
+                "kubernetes.io/add-pod-fqdn: Service shop/web (spec.subdomain) is not \
+                 headless, so no per-pod DNS name exists under it",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("no-ips", SIGNER),
+                    ("app", "web"),
+                    &no_ips,
+                    &[("kubernetes.io/add-pod-ips", "true")],
+                ),
+                "NameNotEntitled",
+                "kubernetes.io/add-pod-ips: the pod has no IPs in status.podIPs",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("not-a-flag", SIGNER),
+                    ("app", "web"),
+                    &web,
+                    &[("kubernetes.io/add-pod-ips", "yes")],
+                ),
+                "InvalidUnverifiedUserAnnotations",
+                "kubernetes.io/add-pod-ips: \"yes\" is neither \"true\" nor \"false\"",
+            ),
+            (
+                // The pod runs as another account than the request names (only a node's
+                // requests are cross-checked by the API server).
+                pcr(
+                    &c,
+                    ("other-account", SIGNER),
+                    ("db", "web"),
+                    &web,
+                    &[("kubernetes.io/add-pod-ips", "true")],
+                ),
+                "PolicyPodNotFound",
+                "pod shop/pod-other-account does not run as service account app, which the \
+                 request names",
+            ),
+            (
+                pcr(
+                    &c,
+                    ("plain", PLAIN),
+                    ("app", "web"),
+                    &web,
+                    &[("kubernetes.io/service-names", "web")],
+                ),
+                "InvalidUnverifiedUserAnnotations",
+                "unrecognised user annotation \"kubernetes.io/service-names\"; this signer \
+                 recognises only \"podca.dev/dns-names\"",
+            ),
+        ];
+        let config = c.dir.path().join("podca.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\
+                 \n[signers.\"{SIGNER}\".service_ca]\ncluster_domain = \"cluster.local\"\n\n\
+                 [signers.\"{PLAIN}\"]\ntrust_domain = \"plain.local\"\n\n\
+                 [ledger]\nbackend = \"none\"\n",
+                ca_dir.display().to_string()
+            ),
+        )
+        .expect("config");
+        let _serve = ServeProcess::start(&config, &c.kubeconfig, &["--no-grpc"], &[]);
+        for (request, _, _) in &cases {
+            request.file(&c.admin).await;
+        }
+        let anchors = std::fs::read_to_string(ca_dir.join("root.pem")).expect("root.pem");
+        for (request, want, message) in &cases {
+            let (ty, reason, said, chain) = settled(&c, &request.name).await;
+            if *want == "Issued" {
+                assert_eq!(ty, "Issued", "{}: {reason} {said}", request.name);
+                openssl_verify(&chain, &anchors).unwrap_or_else(|e| panic!("{e}"));
+            } else {
+                assert_eq!(
+                    (ty.as_str(), reason.as_str(), said.as_str()),
+                    ("Denied", *want, *message),
+                    "{}",
+                    request.name
+                );
+            }
+        }
+        // The KEP's SANs, as openssl reads them, and a TLS client's name checks of each.
+        let (_, _, _, all) = settled(&c, "all").await;
+        assert_eq!(
+            openssl_sans(&all),
+            "URI:spiffe://cluster.local/ns/shop/sa/app, DNS:web.shop.svc, \
+             DNS:web.shop.svc.cluster.local, DNS:web-hl.shop.svc, \
+             DNS:web-hl.shop.svc.cluster.local, DNS:web-0.web-hl.shop.svc.cluster.local, \
+             IP Address:10.96.0.10, IP Address:FD00:96:0:0:0:0:0:10, IP Address:10.0.0.7, \
+             IP Address:FD00:0:0:0:0:0:0:7"
+        );
+        for (option, name) in [
+            ("-verify_hostname", "web.shop.svc.cluster.local"),
+            ("-verify_hostname", "web-0.web-hl.shop.svc.cluster.local"),
+            ("-verify_ip", "10.96.0.10"),
+            ("-verify_ip", "fd00::7"),
+        ] {
+            openssl_verify_with(&all, &anchors, &[option, name])
+                .unwrap_or_else(|e| panic!("{option} {name}: {e}"));
+        }
+        // A name the pod was not entitled to is not in the certificate: openssl refuses it.
+        for (option, name) in [
+            ("-verify_hostname", "db.shop.svc"),
+            ("-verify_ip", "10.96.0.11"),
+        ] {
+            assert!(
+                openssl_verify_with(&all, &anchors, &[option, name]).is_err(),
+                "{option} {name} must not verify"
+            );
+        }
+        let (_, _, _, singular) = settled(&c, "singular").await;
+        assert_eq!(
+            openssl_sans(&singular),
+            "URI:spiffe://cluster.local/ns/shop/sa/app, IP Address:10.0.0.7, \
+             IP Address:FD00:0:0:0:0:0:0:7"
+        );
     }
 }

@@ -26,6 +26,28 @@ pub const KEYS: [&str; 4] = [SERVICE_NAMES, ADD_POD_IPS, ADD_POD_IP, ADD_POD_FQD
 /// Most Services one request may name: each is one GET.
 pub const MAX_SERVICES: usize = 16;
 
+/// A signer's `[signers."…".service_ca]` table: the vocabulary is answered for its
+/// PodCertificateRequests (opt-in; it costs one GET of the pod and one per named Service).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// The cluster's DNS domain (`<svc>.<ns>.svc.<cluster_domain>`); default `cluster.local`.
+    #[serde(default = "default_cluster_domain")]
+    pub cluster_domain: String,
+}
+
+fn default_cluster_domain() -> String {
+    "cluster.local".to_owned()
+}
+
+impl Default for Profile {
+    fn default() -> Self {
+        Profile {
+            cluster_domain: default_cluster_domain(),
+        }
+    }
+}
+
 /// Why the pod is not entitled to what it asked for: the Denied message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
