@@ -77,6 +77,8 @@ struct Setup {
     pod_facts: bool,
     /// The rule of deploy/components/namespace-labels (`namespaces list, watch`).
     namespace_labels: bool,
+    /// The rule of deploy/components/service-ca (`pods, services get`).
+    service_ca: bool,
 }
 
 impl Default for Setup {
@@ -91,6 +93,7 @@ impl Default for Setup {
             config: None,
             pod_facts: false,
             namespace_labels: false,
+            service_ca: false,
         }
     }
 }
@@ -130,6 +133,7 @@ async fn world(setup: Setup) -> World {
         jwks_configmap: Some((NAMESPACE.into(), "podca-jwks".into())),
         namespace_labels: setup.namespace_labels,
         pod_facts: setup.pod_facts,
+        service_ca: setup.service_ca,
     };
     for rule in rbac.rules() {
         if setup.drop_rule.is_some_and(|verbs| rule.verbs == verbs) {
@@ -671,6 +675,45 @@ fn config_with_pod_facts() -> String {
         "{with}\n[[signers.\"{SIGNER}\".rules]]\nname = \"labelled\"\n\
          require = \"pod.labels['certs.example.com/allowed'] == 'true'\"\nreason = \"PodNotLabelled\"\n"
     )
+}
+
+/// deploy/base/config.toml with the signer answering the service-ca vocabulary.
+fn config_with_service_ca() -> String {
+    let base = std::fs::read_to_string(repo("deploy/base/config.toml")).unwrap();
+    format!("{base}\n[signers.\"{SIGNER}\".service_ca]\ncluster_domain = \"cluster.local\"\n")
+}
+
+#[tokio::test]
+async fn service_ca_without_its_reads_is_named_and_with_them_all_is_green() {
+    let without = world(Setup {
+        config: Some(config_with_service_ca()),
+        ..Setup::default()
+    })
+    .await;
+    let out = doctor(&without, &[]).await;
+    let why = "(a signer has a service_ca table: deploy/components/service-ca)";
+    assert_only_failure(
+        &out,
+        "rbac",
+        &[&format!(
+            "2 of 29 permissions missing (see deploy/base/rbac.yaml): get pods cluster-wide \
+             {why}, get services cluster-wide {why}"
+        )],
+    );
+    let with = world(Setup {
+        config: Some(config_with_service_ca()),
+        service_ca: true,
+        ..Setup::default()
+    })
+    .await;
+    let out = doctor(&with, &[]).await;
+    assert_all_green(&out);
+    assert_eq!(
+        lines(&out)[1].2,
+        "all 29 permissions podca needs are granted",
+        "{}",
+        report(&out)
+    );
 }
 
 /// deploy/base/config.toml with a rule on `namespaceObject.metadata.labels`.

@@ -122,6 +122,9 @@ pub struct Needs {
     /// Some signer sets `pod_facts = true`: podca reads the request's pod for its rules
     /// (deploy/components/pod-facts). By the flag, as the manifests grant it.
     pub pod_facts: bool,
+    /// Some signer has a `service_ca` table: podca reads the request's pod and the Services its
+    /// `kubernetes.io/service-names` annotation names (deploy/components/service-ca).
+    pub service_ca: bool,
     /// mTLS renewal is on (`[grpc] mtls_renewal`, TLS not off): podca reads the renewing
     /// certificate's service account (issue #40).
     pub mtls_renewal: bool,
@@ -191,6 +194,10 @@ impl Needs {
                 .values()
                 .any(|policy| policy.rules_use_namespace_labels()),
             pod_facts: config.signers.values().any(|policy| policy.pod_facts),
+            service_ca: config
+                .signers
+                .values()
+                .any(|policy| policy.service_ca.is_some()),
             mtls_renewal: config.grpc.mtls_renewal && config.grpc.tls != TlsSetting::Off,
             metrics_auth: config.admin.metrics_auth == MetricsAuthMode::Kubernetes,
             jwks_configmap,
@@ -270,10 +277,14 @@ impl Needs {
             // The metadata-only namespace watch behind `namespaceObject.metadata.labels`.
             all.extend(each(&["list", "watch"], "", "namespaces"));
         }
-        if self.pod_facts && !self.issue_for_pod {
-            // One GET of the request's pod per request whose rules read it (IssueForPod's
-            // `get` covers it when that is on).
+        if (self.pod_facts || self.service_ca) && !self.issue_for_pod {
+            // One GET of the request's pod per request whose rules (or the service-ca
+            // vocabulary) read it; IssueForPod's `get` covers it when that is on.
             all.push(Permission::new("get", "", "pods"));
+        }
+        if self.service_ca {
+            // One GET per Service a kubernetes.io/service-names annotation names.
+            all.push(Permission::new("get", "", "services"));
         }
         if self.metrics_auth {
             // May this scraper's user get /metrics? (Its TokenReview is the gRPC API's grant.)
@@ -378,6 +389,9 @@ fn component_of(needs: &Needs, p: &Permission) -> Option<&'static str> {
         }
         "pods" if needs.pod_facts => {
             Some("a signer sets pod_facts = true: deploy/components/pod-facts")
+        }
+        "pods" | "services" if needs.service_ca => {
+            Some("a signer has a service_ca table: deploy/components/service-ca")
         }
         "namespaces" if needs.namespace_labels => {
             Some("a rule reads namespaceObject.metadata.labels: deploy/components/namespace-labels")
@@ -556,6 +570,7 @@ mod tests {
             issue_for_pod: false,
             namespace_labels: false,
             pod_facts: false,
+            service_ca: false,
             metrics_auth: false,
             ..needs.clone()
         }
@@ -576,6 +591,7 @@ mod tests {
             issue_for_pod: false,
             namespace_labels: false,
             pod_facts: false,
+            service_ca: false,
             mtls_renewal: true,
             metrics_auth: false,
             jwks_configmap: None,
@@ -662,6 +678,19 @@ mod tests {
         assert_eq!(
             added(&both),
             ["get pods cluster-wide", "list pods cluster-wide"]
+        );
+        // The service-ca vocabulary reads the pod and the Services it names.
+        let service_ca = Needs {
+            service_ca: true,
+            ..base.clone()
+        };
+        assert_eq!(
+            added(&service_ca),
+            ["get pods cluster-wide", "get services cluster-wide"]
+        );
+        assert_eq!(
+            component_of(&service_ca, &Permission::new("get", "", "services")),
+            Some("a signer has a service_ca table: deploy/components/service-ca")
         );
         // A missing one names the component that grants it; the base's do not.
         let get_pods = Permission::new("get", "", "pods");

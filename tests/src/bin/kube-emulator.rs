@@ -60,6 +60,10 @@ struct Args {
     /// rules read the request's pod (`pod.labels`, `pod.annotations`): deploy/components/pod-facts.
     #[arg(long)]
     pod_facts: bool,
+    /// podca may `get` pods and Services cluster-wide, for signers with a `service_ca` table
+    /// (the `kubernetes.io/service-ca` annotations): deploy/components/service-ca.
+    #[arg(long)]
+    service_ca: bool,
     /// Service times and concurrency per class of request: `off`, `real-apiserver` (calibrated
     /// to a kube-apiserver 1.36.3 with etcd on 2 cores), or a spec such as
     /// `servers=3,update=3.75ms+2.22ms,create=2.56ms+1.9ms,list=39ms,watch=5ms`
@@ -160,6 +164,7 @@ impl Args {
             issue_for_pod,
             namespace_labels,
             pod_facts,
+            service_ca,
             latency,
         } = self;
         if signers.is_empty() {
@@ -228,6 +233,7 @@ impl Args {
                 )),
                 namespace_labels,
                 pod_facts,
+                service_ca,
             },
             latency,
         })

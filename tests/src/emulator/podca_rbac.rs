@@ -34,6 +34,9 @@ pub struct PodcaRbac {
     /// (deploy/components/pod-facts). With [`PodcaRbac::issue_for_pod`] too, both rules are
     /// granted, as the two components together grant them.
     pub pod_facts: bool,
+    /// `pods get` and `services get` for signers with a `service_ca` table
+    /// (deploy/components/service-ca).
+    pub service_ca: bool,
 }
 
 impl PodcaRbac {
@@ -96,6 +99,9 @@ impl PodcaRbac {
         }
         if self.pod_facts {
             rules.push(PolicyRule::new(&[""], &["pods"], &["get"]));
+        }
+        if self.service_ca {
+            rules.push(PolicyRule::new(&[""], &["pods", "services"], &["get"]));
         }
         if let Some((namespace, name)) = &self.ca_secret {
             rules.extend(Self::secret_backend_rules(namespace, name));
@@ -183,6 +189,7 @@ mod tests {
             jwks_configmap: Some(("podca-system".into(), "podca-jwks".into())),
             namespace_labels: false,
             pod_facts: false,
+            service_ca: false,
         };
         // The base and the HA overlay, with these components' rules added to the ClusterRole,
         // whose rules come first, in this order.
@@ -212,6 +219,18 @@ mod tests {
             rbac.rules(),
             want(&["issue-for-pod", "namespace-labels", "pod-facts"])
         );
+        // And the service-ca component, after it.
+        rbac.service_ca = true;
+        assert_eq!(
+            rbac.rules(),
+            want(&[
+                "issue-for-pod",
+                "namespace-labels",
+                "pod-facts",
+                "service-ca"
+            ])
+        );
+        rbac.service_ca = false;
         // pod_facts alone: only `pods get`, no list.
         let alone = PodcaRbac {
             issue_for_pod: false,
@@ -240,6 +259,7 @@ mod tests {
             jwks_configmap: None,
             namespace_labels: false,
             pod_facts: false,
+            service_ca: false,
         };
         let rules = rbac.rules();
         assert_eq!(rules.len(), 8);

@@ -780,6 +780,68 @@ fn helm_grants_pods_get_when_a_signer_sets_pod_facts_by_the_flag_alone() {
     );
 }
 
+#[test]
+fn helm_grants_pods_and_services_get_when_a_signer_has_service_ca() {
+    // The ClusterRole's rules on core pods and services, as (resource, verbs) in order.
+    let reads = |r: &Rendered| -> Vec<(String, Vec<String>)> {
+        r.cluster_roles[0]
+            .rules
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|rule| rule.api_groups.as_deref() == Some(&[String::new()][..]))
+            .flat_map(|rule| {
+                rule.resources
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|res| res == "pods" || res == "services")
+                    .map(|res| (res, rule.verbs.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let get = |res: &str| (res.to_string(), vec!["get".to_string()]);
+    let signer = |extra: &str| {
+        format!(
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n{extra}"
+        )
+    };
+    let r = parse_helm_yaml(
+        "helm service_ca",
+        &helm_with_values(&signer(
+            "      service_ca:\n        cluster_domain: corp.example\n",
+        ))
+        .expect("renders"),
+    );
+    check_rbac("helm service_ca", &r);
+    assert_eq!(reads(&r), [get("pods"), get("services")]);
+    let domain = config(&r).signers[SIGNER]
+        .service_ca
+        .as_ref()
+        .map(|p| p.cluster_domain.clone());
+    assert_eq!(domain.as_deref(), Some("corp.example"));
+    // An empty table turns it on with the default domain.
+    let r = parse_helm_yaml(
+        "helm service_ca {}",
+        &helm_with_values(&signer("      service_ca: {}\n")).expect("renders"),
+    );
+    check_rbac("helm service_ca {}", &r);
+    assert_eq!(reads(&r), [get("pods"), get("services")]);
+    // With pod_facts too: one pods rule.
+    let r = parse_helm_yaml(
+        "helm service_ca + pod_facts",
+        &helm_with_values(&signer("      pod_facts: true\n      service_ca: {}\n"))
+            .expect("renders"),
+    );
+    check_rbac("helm service_ca + pod_facts", &r);
+    assert_eq!(reads(&r), [get("pods"), get("services")]);
+    // The schema: a table with cluster_domain only.
+    let err = helm_with_values(&signer("      service_ca:\n        clusterDomain: x\n"))
+        .expect_err("an unknown key");
+    assert!(err.contains("clusterDomain"), "{err}");
+}
+
 /// The chart with `values`, parsed; its config, RBAC and pod checked as every example's.
 pub fn check_helm_values(what: &str, flavour: &str, values: &str) -> Rendered {
     let yaml = helm_with_values(values).unwrap_or_else(|e| panic!("{what}: {e}"));

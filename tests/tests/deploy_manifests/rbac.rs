@@ -81,6 +81,8 @@ pub struct ClusterReads {
     pub namespace_labels: bool,
     /// A signer sets `pod_facts = true` (deploy/components/pod-facts).
     pub pod_facts: bool,
+    /// A signer has a `service_ca` table (deploy/components/service-ca).
+    pub service_ca: bool,
     /// `[admin] metrics_auth = "kubernetes"` (deploy/components/metrics-auth).
     pub metrics_auth: bool,
 }
@@ -106,6 +108,7 @@ pub fn expected_grants(
         issue_for_pod,
         namespace_labels,
         pod_facts,
+        service_ca,
         metrics_auth,
     } = reads;
     let mut g = BTreeSet::new();
@@ -185,6 +188,14 @@ pub fn expected_grants(
     // with IssueForPod on too, the two grants are one set.
     if pod_facts {
         add("cluster", "", "pods", &["get"], None);
+    }
+    // pods get and services get, cluster-wide, only when a signer has a `service_ca` table
+    // (deploy/components/service-ca, or the Helm chart when a signer entry has service_ca):
+    // the request's pod and the Services its kubernetes.io/service-names annotation names, one
+    // GET each.
+    if service_ca {
+        add("cluster", "", "pods", &["get"], None);
+        add("cluster", "", "services", &["get"], None);
     }
     // subjectaccessreviews create, only with `[admin] metrics_auth = "kubernetes"`
     // (deploy/components/metrics-auth, or the Helm chart's config.admin.metrics_auth): may the
@@ -422,6 +433,10 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
         .any(|policy| policy.rules_use_namespace_labels());
     // By the flag, not by the rules: the RBAC follows `pod_facts`, as the chart does.
     let pod_facts = cfg.signers.values().any(|policy| policy.pod_facts);
+    let service_ca = cfg
+        .signers
+        .values()
+        .any(|policy| policy.service_ca.is_some());
     let jwt_keys_secret = jwt_keys_secret(&cfg);
     let ca_secrets: Vec<(&str, &str)> = ca_secrets
         .iter()
@@ -435,6 +450,7 @@ pub fn expected_for(r: &Rendered) -> BTreeSet<Grant> {
             issue_for_pod,
             namespace_labels,
             pod_facts,
+            service_ca,
             metrics_auth: cfg.admin.metrics_auth == MetricsAuthMode::Kubernetes,
         },
         jwks,
@@ -1317,5 +1333,72 @@ fn subjectaccessreviews_only_with_metrics_auth_kubernetes() {
     assert!(
         problems.iter().any(|p| p.contains("subjectaccessreviews")),
         "{problems:?}"
+    );
+}
+
+/// The component that lets signers with a `service_ca` table read pods and Services.
+const SERVICE_CA: &str = "deploy/components/service-ca";
+
+/// The base config with a `service_ca` table for its signer.
+pub fn config_with_service_ca() -> String {
+    let base = std::fs::read_to_string(repo_root().join("deploy/base/config.toml")).unwrap();
+    format!("{base}\n[signers.\"{SIGNER}\".service_ca]\ncluster_domain = \"cluster.local\"\n")
+}
+
+#[test]
+fn pods_and_services_get_only_with_a_signer_that_has_service_ca() {
+    for overlay in OVERLAYS {
+        let r = parse_overlay(overlay);
+        assert!(
+            !config(&r).signers.values().any(|p| p.service_ca.is_some()),
+            "overlay {overlay}"
+        );
+    }
+    let with = config_with_service_ca();
+    let cfg = podca_authority::config::Config::parse(&with).expect("podca accepts the config");
+    assert!(cfg.signers[SIGNER].service_ca.is_some());
+    // The component with the table: exactly the expected grants.
+    let r = parse_kustomization(&render_default_with(&[SERVICE_CA], Some(&with)));
+    check_rbac("default + service-ca", &r);
+    let mut problems = Vec::new();
+    let reads: Vec<Grant> = expand(
+        "cluster",
+        &r.cluster_roles[0].rules.clone().unwrap_or_default(),
+        &mut problems,
+    )
+    .into_iter()
+    .filter(|(_, group, res, _, _)| group.is_empty() && (res == "pods" || res == "services"))
+    .collect();
+    let get = |res: &str| {
+        (
+            "cluster".to_string(),
+            String::new(),
+            res.to_string(),
+            "get".to_string(),
+            None,
+        )
+    };
+    assert_eq!(
+        reads,
+        [get("pods"), get("services")],
+        "get only, no list, no watch"
+    );
+    assert_eq!(problems, [] as [String; 0]);
+    // Without the table the component's grants are more than podca needs; with the table and
+    // without the component, podca lacks them.
+    let base = std::fs::read_to_string(repo_root().join("deploy/base/config.toml")).unwrap();
+    let extra = parse_kustomization(&render_default_with(&[SERVICE_CA], Some(&base)));
+    let want = expected_for(&extra);
+    assert!(!want.contains(&get("services")));
+    let missing = parse_kustomization(&render_default_with(&[], Some(&with)));
+    assert!(expected_for(&missing).contains(&get("services")));
+    assert!(
+        !expand(
+            "cluster",
+            &missing.cluster_roles[0].rules.clone().unwrap_or_default(),
+            &mut Vec::new()
+        )
+        .contains(&get("services")),
+        "the base grants no Service reads"
     );
 }
