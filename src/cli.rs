@@ -69,6 +69,7 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
+    podca_authority::closed_pipe::install();
     let cli = Cli::parse();
     init_logging(cli.log_format, &cli.log);
     let result = match cli.command {
@@ -89,6 +90,7 @@ pub fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if podca_authority::closed_pipe::caused(e.chain()) => ExitCode::SUCCESS,
         Err(e) => {
             // One clear line: the context chain, outermost first.
             eprintln!("podca: {e:#}");
