@@ -192,9 +192,15 @@ impl Rotator {
     pub fn reload_described(&self) -> (bool, String) {
         let dir = self.dir().display();
         match self.reload_now() {
-            Ok(generation) => (
+            // The generation `podca ca show` lists, not the count of reloads.
+            Ok(_) => (
                 true,
-                format!("reloaded the CA from {dir} (generation {generation})"),
+                match self.ca.current().ca_generation {
+                    Some(generation) => {
+                        format!("reloaded the CA from {dir} (generation {generation} signs)")
+                    }
+                    None => format!("reloaded the CA from {dir}"),
+                },
             ),
             Err(e) => (
                 false,

@@ -163,7 +163,7 @@ impl ServingLedger {
     pub async fn record(
         &self,
         cert: &ServingCert,
-        generation: u64,
+        generation: Option<u32>,
         now: OffsetDateTime,
     ) -> Result<(), LedgerUnavailable> {
         let Some(issued) = &cert.issued else {
@@ -186,7 +186,7 @@ impl ServingLedger {
             node_name: None,
             request_uid: None,
             request_name: None,
-            ca_generation: Some(generation),
+            ca_generation: generation.map(u64::from),
             issuer_fingerprint: Some(cert.issuer_fingerprint.clone()),
             auth: None,
             replica: podca_signer::ledger::replica_identity(),
@@ -249,7 +249,7 @@ pub async fn run(
         if let Some(ledger) = &ledger
             && recorded.as_deref() != Some(cert.serial.as_str())
         {
-            match ledger.record(&cert, snapshot.generation, now).await {
+            match ledger.record(&cert, snapshot.ca_generation, now).await {
                 Ok(()) => recorded = Some(cert.serial.clone()),
                 Err(e) => {
                     error!(error = %e, serial = %cert.serial, "the ledger cannot record the gRPC serving certificate; retrying");
@@ -261,7 +261,7 @@ pub async fn run(
             match identity.issue(&snapshot.ca, now) {
                 Ok(new) => {
                     let taken = match &ledger {
-                        Some(ledger) => ledger.record(&new, snapshot.generation, now).await,
+                        Some(ledger) => ledger.record(&new, snapshot.ca_generation, now).await,
                         None => Ok(()),
                     };
                     match taken {

@@ -20,8 +20,12 @@ pub struct CaSnapshot {
     pub anchors: Vec<CaCertificate>,
     /// The anchors as PEM.
     pub anchors_pem: String,
-    /// Increases with every swap.
+    /// Increases with every swap in this process: a version for watchers (bundle streams), not
+    /// the CA's generation.
     pub generation: u64,
+    /// The CA generation that signs, as `podca ca show`, the metrics and the ledger number
+    /// them; `None` for a CA made in code.
+    pub ca_generation: Option<u32>,
 }
 
 impl CaSnapshot {
@@ -48,7 +52,20 @@ impl CaHandle {
 
     /// Like [`CaHandle::new`] for a CA that is already shared.
     pub fn from_arc(ca: Arc<IssuingCa>, anchors: Vec<CaCertificate>) -> Self {
-        let (tx, _) = watch::channel(Arc::new(snapshot(ca, anchors, 1)));
+        let numbered = ca.generation();
+        Self::numbered(ca, anchors, numbered)
+    }
+
+    /// Like [`CaHandle::from_arc`], for a CA whose generation its owner knows (see
+    /// [`CaHandle::replace_numbered`]).
+    pub fn numbered(
+        ca: Arc<IssuingCa>,
+        anchors: Vec<CaCertificate>,
+        ca_generation: Option<u32>,
+    ) -> Self {
+        let mut first = snapshot(ca, anchors, 1);
+        first.ca_generation = ca_generation;
+        let (tx, _) = watch::channel(Arc::new(first));
         CaHandle { tx: Arc::new(tx) }
     }
 
@@ -67,10 +84,24 @@ impl CaHandle {
 
     /// Like [`CaHandle::replace`] for a CA that is already shared.
     pub fn replace_arc(&self, ca: Arc<IssuingCa>, anchors: Vec<CaCertificate>) -> u64 {
+        let numbered = ca.generation();
+        self.replace_numbered(ca, anchors, numbered)
+    }
+
+    /// Like [`CaHandle::replace_arc`], for a CA whose generation its owner knows (a Secret's
+    /// history) rather than the CA itself ([`IssuingCa::generation`]).
+    pub fn replace_numbered(
+        &self,
+        ca: Arc<IssuingCa>,
+        anchors: Vec<CaCertificate>,
+        ca_generation: Option<u32>,
+    ) -> u64 {
         let mut generation = 0;
         self.tx.send_modify(|current| {
             generation = current.generation + 1;
-            *current = Arc::new(snapshot(ca, anchors, generation));
+            let mut next = snapshot(ca, anchors, generation);
+            next.ca_generation = ca_generation;
+            *current = Arc::new(next);
         });
         generation
     }
@@ -237,6 +268,7 @@ fn snapshot(ca: Arc<IssuingCa>, anchors: Vec<CaCertificate>, generation: u64) ->
     };
     let anchors_pem = anchors.iter().map(CaCertificate::pem).collect::<String>();
     CaSnapshot {
+        ca_generation: ca.generation(),
         ca,
         anchors,
         anchors_pem,

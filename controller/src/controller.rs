@@ -1021,7 +1021,7 @@ async fn record_decision(
         node_name: Some(pcr.node_name.clone()),
         request_uid: Some(pcr.uid.clone()),
         request_name: Some(format!("{}/{}", pcr.namespace, pcr.name)),
-        ca_generation: Some(snapshot.generation),
+        ca_generation: snapshot.ca_generation.map(u64::from),
         issuer_fingerprint: Some(snapshot.ca.fingerprint().to_owned()),
         auth: Some(podca_signer::ledger::AuthFacts::kubelet()),
         replica: ctx.replica.clone(),

@@ -598,9 +598,9 @@ impl SecretCaDriver {
         }
         let fingerprints: Vec<String> = anchors.iter().map(CaCertificate::fingerprint).collect();
         let snapshot = match &self.handle {
-            Some(h) => h.replace_arc(ca, anchors),
+            Some(h) => h.replace_numbered(ca, anchors, Some(generation)),
             None => {
-                self.handle = Some(CaHandle::from_arc(ca, anchors));
+                self.handle = Some(CaHandle::numbered(ca, anchors, Some(generation)));
                 1
             }
         };

@@ -120,8 +120,8 @@ pub struct Issued {
     pub certificate: IssuedCertificate,
     pub anchors_pem: String,
     pub anchors_der: Vec<u8>,
-    /// The generation of the CA handle that signed it (for the ledger).
-    pub ca_generation: u64,
+    /// The CA generation that signed it, as `podca ca show` numbers them (for the ledger).
+    pub ca_generation: Option<u32>,
 }
 
 /// Which path issued a certificate: the `source` of its ledger record.
@@ -989,7 +989,7 @@ impl Api {
         let mut context = self.record_context(source, signer, subject, caller, request_name);
         let record = match &result {
             Ok(issued) => {
-                context.ca_generation = Some(issued.ca_generation);
+                context.ca_generation = issued.ca_generation.map(u64::from);
                 LedgerRecord::issued(&context, &issued.certificate)
             }
             Err(ApiError::Denied { reason, message }) => LedgerRecord::refused(
@@ -1178,7 +1178,7 @@ fn issue_blocking(
             certificate: *certificate,
             anchors_pem: snapshot.anchors_pem.clone(),
             anchors_der: snapshot.anchors_der(),
-            ca_generation: snapshot.generation,
+            ca_generation: snapshot.ca_generation,
         }),
         Outcome::Denied { reason, message } => Err(ApiError::Denied { reason, message }),
         Outcome::Failed { reason, message } => Err(ApiError::Failed { reason, message }),

@@ -53,7 +53,7 @@ impl RpcFacts<'_> {
             node_name: s.node_name.clone(),
             request_uid: None,
             request_name: self.request_name.clone(),
-            ca_generation: Some(self.snapshot.generation),
+            ca_generation: self.snapshot.ca_generation.map(u64::from),
             issuer_fingerprint: Some(self.snapshot.ca.fingerprint().to_owned()),
             auth: Some(auth_facts(self.caller, self.subject, self.time)),
             replica: self.replica.to_owned(),

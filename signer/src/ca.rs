@@ -337,6 +337,9 @@ pub struct IssuingCa {
     /// The nameConstraints on the path from the issuing certificate to its anchor, with the
     /// subject of the certificate that carries each: every leaf must pass all of them.
     path_constraints: Vec<(String, Subtrees)>,
+    /// The CA generation this is, as `podca ca show` numbers them (its store's or Secret's);
+    /// `None` for a CA made in code. An intermediate it signs inherits it.
+    generation: Option<u32>,
 }
 
 impl fmt::Debug for IssuingCa {
@@ -423,7 +426,9 @@ impl IssuingCa {
         let certificate = CaCertificate::from_der(cert.der())?;
         let mut chain = vec![certificate.clone()];
         chain.extend(self.chain.iter().cloned());
-        Self::assemble(key, certificate, chain, self.roots.clone())
+        let mut intermediate = Self::assemble(key, certificate, chain, self.roots.clone())?;
+        intermediate.generation = self.generation;
+        Ok(intermediate)
     }
 
     /// Loads an issuing CA from its key and PEM certificates: `chain_pem` holds the issuing
@@ -516,7 +521,19 @@ impl IssuingCa {
             chain_suffix_pem,
             fingerprint,
             path_constraints,
+            generation: None,
         })
+    }
+
+    /// This CA, labelled as generation `generation` of its store (what the ledger records).
+    pub fn with_generation(mut self, generation: u32) -> Self {
+        self.generation = Some(generation);
+        self
+    }
+
+    /// The CA generation this is, as `podca ca show` numbers them; `None` for a CA made in code.
+    pub fn generation(&self) -> Option<u32> {
+        self.generation
     }
 
     /// Whether a leaf for `spiffe_id` with `dns_names` passes the nameConstraints of every

@@ -54,8 +54,16 @@ const LOG_PRUNED: TableDefinition<u64, ()> = TableDefinition::new("log_pruned");
 const FRONTIER: &str = "frontier";
 
 /// The version of [`LedgerRecord`]'s JSON form (the `schema` field), in every backend and in
-/// the audit log. A change that removes or retypes a field is a new version.
-pub const SCHEMA_VERSION: u32 = 1;
+/// the audit log. A change that removes, retypes or redefines a field is a new version.
+///
+/// 2: `ca_generation` is the CA generation that signed, as `podca ca show` numbers them. In
+/// schema 1 it counted the CA swaps inside the process that wrote the record (a certificate of
+/// generation 1 could read 3 after a rotation and a reload); those records keep their value and
+/// their `schema`, and `issuer_fingerprint` names their CA ([`LedgerRecord::signing_generation`]).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The first [`SCHEMA_VERSION`] whose `ca_generation` is the CA's own generation number.
+pub const NUMBERED_GENERATIONS: u32 = 2;
 
 /// The memory redb may use for its page cache (read cache and write buffer together). redb's own
 /// default is 1 GiB, and it keeps the pages it writes: the cache grew with the file, about 1.7 KB
@@ -212,8 +220,8 @@ pub struct LedgerRecord {
     pub not_before: Option<OffsetDateTime>,
     #[serde(with = "time::serde::rfc3339::option")]
     pub not_after: Option<OffsetDateTime>,
-    /// The CA generation of the replica's CA handle (it counts every CA swap in that process);
-    /// `issuer_fingerprint` names the issuing CA across replicas.
+    /// The CA generation that signed, as `podca ca show` numbers them (schema 2; see
+    /// [`SCHEMA_VERSION`] for older records); `issuer_fingerprint` names the issuing CA.
     pub ca_generation: Option<u64>,
     /// SHA-256 fingerprint of the issuing CA certificate.
     pub issuer_fingerprint: Option<String>,
@@ -300,6 +308,13 @@ pub struct RecordContext {
 }
 
 impl LedgerRecord {
+    /// The CA generation that signed, as `podca ca show` numbers them; `None` for records of
+    /// schema 1 and older, whose `ca_generation` counted CA swaps in one process.
+    pub fn signing_generation(&self) -> Option<u64> {
+        self.ca_generation
+            .filter(|_| self.schema >= NUMBERED_GENERATIONS)
+    }
+
     /// The record of `outcome`; `None` for [`Outcome::Retry`] (nothing was decided).
     pub fn of_outcome(context: &RecordContext, outcome: &Outcome) -> Option<Self> {
         match outcome {
@@ -1336,8 +1351,13 @@ mod tests {
     fn json_round_trips_and_legacy_records_still_read() {
         let record = LedgerRecord::refused(&context(), RecordOutcome::Denied, "R", "m");
         let json = record.to_json();
-        assert!(json.contains("\"schema\":1"), "{json}");
+        assert!(json.contains("\"schema\":2"), "{json}");
         assert!(json.contains("\"outcome\":\"denied\""), "{json}");
+        // Schema 2 numbers generations as `podca ca show` does; schema 1 counted reloads.
+        assert_eq!(record.signing_generation(), Some(3));
+        let mut older = record.clone();
+        older.schema = 1;
+        assert_eq!(older.signing_generation(), None);
         assert!(json.contains("\"source\":\"pcr\""), "{json}");
         assert_eq!(LedgerRecord::from_json(json.as_bytes()).unwrap(), record);
         let legacy = br#"{"serial":"0a","source":"grpc","request_uid":null,"request_name":null,

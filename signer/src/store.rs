@@ -562,6 +562,7 @@ impl FileStore {
         let chain = read(&gdir.join("issuing.pem"))?;
         let roots = read(&gdir.join("root.pem"))?;
         IssuingCa::from_pem(key, &chain, Some(&roots))
+            .map(|ca| ca.with_generation(id))
             .map_err(|e| self.ca_error(&gdir.join("issuing.pem"), e))
     }
 

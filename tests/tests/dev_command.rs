@@ -530,3 +530,94 @@ async fn every_certificate_podca_dev_issues_is_in_the_ledger() {
     assert!(shown.contains("\"source\": \"workload-api\""), "{shown}");
     assert!(shown.contains("spiffe://podca.dev.local/ns/default/sa/default"));
 }
+
+/// Issue #47 item 4: the ledger records the CA generation `podca ca show` reports, not a count
+/// of reloads: after `podca ca rotate` and a SIGHUP, generation 1 still signs (generation 2
+/// waits out the propagation window) and a new certificate records 1, as does dev's reload
+/// line. A JWT-SVID's row shows its record id, which `ledger show` takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ledger_records_the_generation_ca_show_reports_across_a_rotation_and_sighup() {
+    use podca_proto::podca::v1::IssueCertificateRequest;
+    let tmp = tempfile::tempdir().unwrap();
+    let data_dir = tmp.path().join("data");
+    let dir = data_dir.to_str().unwrap().to_owned();
+    let dev = DevProcess::start_with(DevOptions {
+        data_dir: Some(data_dir.clone()),
+        ..Default::default()
+    });
+    let mut client = dev.tcp_client().await;
+    let mut issue = async || {
+        client
+            .issue_certificate(IssueCertificateRequest {
+                csr: csr_for(&rcgen::KeyPair::generate().unwrap()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .serial
+    };
+    let before = issue().await;
+    let (status, _, stderr) = podca(&["ca", "rotate", "--dir", &dir]);
+    assert!(status.success(), "{stderr}");
+    // A reload that swaps nothing in (the same active CA) and one after the rotation: with the
+    // old count the next certificate would have read generation 3.
+    for _ in 0..2 {
+        dev.signal("HUP");
+        let line = dev.wait_for_line("podca dev: reloaded the CA", Duration::from_secs(20));
+        assert!(line.ends_with("(generation 1 signs)"), "{line}");
+    }
+    let after = issue().await;
+    let token = spiffe::WorkloadApiClient::connect_to(&format!("unix://{}", dev.socket.display()))
+        .await
+        .unwrap()
+        .fetch_jwt_svid(["vault"], None)
+        .await
+        .unwrap();
+    assert!(!token.token().is_empty());
+    assert!(dev.stop().success());
+
+    let (status, shown, stderr) = podca(&["ca", "show", "--dir", &dir]);
+    assert!(status.success(), "{stderr}");
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.contains("generation 1") && l.contains("active")),
+        "{shown}"
+    );
+    let (status, stdout, stderr) = podca(&["ledger", "list", "--json", "--dir", &dir]);
+    assert!(status.success(), "{stderr}");
+    let records: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for serial in [&before, &after] {
+        let record = records
+            .iter()
+            .find(|r| r["serial"] == serial.as_str())
+            .unwrap_or_else(|| panic!("{serial} in {records:?}"));
+        assert_eq!(record["ca_generation"], 1, "{record}");
+        assert_eq!(record["schema"], 2, "{record}");
+    }
+    // The table: generation 1 in the CA column, and the JWT-SVID by its record id.
+    let jwt = records
+        .iter()
+        .find(|r| r["source"] == "jwt")
+        .unwrap_or_else(|| panic!("a JWT-SVID record in {records:?}"));
+    let id = jwt["id"].as_str().unwrap();
+    let (_, table, _) = podca(&["ledger", "list", "--dir", &dir]);
+    let row = |needle: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("a row for {needle} in\n{table}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(row(&after)[4], "1", "the CA column\n{table}");
+    assert_eq!(row(id)[0], id);
+    let (status, shown, stderr) = podca(&["ledger", "show", "--dir", &dir, id]);
+    assert!(status.success(), "{id}: {stderr}");
+    assert!(shown.contains("\"source\": \"jwt\""), "{shown}");
+}

@@ -63,6 +63,7 @@ async fn world(lease: bool, before: impl FnOnce(&Cluster)) -> World {
         jwks_configmap: Some((NAMESPACE.into(), CONFIGMAP.into())),
         namespace_labels: false,
         pod_facts: false,
+        service_ca: false,
     };
     for rule in rbac.rules() {
         cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);

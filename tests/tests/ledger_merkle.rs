@@ -987,6 +987,7 @@ fn with_the_ca_in_a_secret_the_log_key_is_kept_in_a_secret_beside_it() {
         jwks_configmap: None,
         namespace_labels: false,
         pod_facts: false,
+        service_ca: false,
     };
     for rule in rbac.rules() {
         cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);

@@ -76,6 +76,7 @@ async fn start_after(before: impl FnOnce(&Cluster)) -> Oidc {
         jwks_configmap: Some((NAMESPACE.into(), CONFIGMAP.into())),
         namespace_labels: false,
         pod_facts: false,
+        service_ca: false,
     };
     for rule in rbac.rules() {
         cluster.emu.grant(Subject::User(PODCA_USER.into()), rule);

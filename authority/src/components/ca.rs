@@ -486,7 +486,7 @@ async fn record_intermediates(
                 node_name: None,
                 request_uid: None,
                 request_name: None,
-                ca_generation: Some(snapshot.generation),
+                ca_generation: snapshot.ca_generation.map(u64::from),
                 issuer_fingerprint: None,
                 auth: None,
                 replica: podca_signer::ledger::replica_identity(),

@@ -188,24 +188,23 @@ impl Store {
 }
 
 /// `podca ledger list`'s table: a header line, then one line per record. A JWT-SVID has no
-/// serial: its signing key's kid stands in that column; a refusal shows its reason.
+/// serial: its record id (what `ledger show` takes) stands in that column; a refusal shows its
+/// reason. The CA column is the generation `podca ca show` lists (`-` for records of schema 1,
+/// whose number counted reloads; their `issuer_fingerprint` names the CA).
 pub fn table(records: &[LedgerRecord]) -> Vec<String> {
     let header = format!(
         "{:<34} {:<20} {:<7} {:<16} {:<3} IDENTITY",
         "SERIAL", "TIME", "OUTCOME", "NODE", "CA"
     );
     let rows = records.iter().map(|r| {
-        let jwt_kid = r.jwt.as_ref().map(|j| format!("jwt:{}", j.kid));
+        let jwt_id = r.jwt.as_ref().map(|_| r.id.as_str());
         format!(
             "{:<34} {:<20} {:<7} {:<16} {:<3} {}",
-            r.serial
-                .as_deref()
-                .or(jwt_kid.as_deref())
-                .unwrap_or(r.reason.as_str()),
+            r.serial.as_deref().or(jwt_id).unwrap_or(r.reason.as_str()),
             format_time(r.time),
             r.outcome,
             r.node_name.as_deref().unwrap_or("-"),
-            r.ca_generation
+            r.signing_generation()
                 .map_or_else(|| "-".into(), |g| g.to_string()),
             r.identity
         )
