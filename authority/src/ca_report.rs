@@ -95,7 +95,7 @@ pub fn configuration(config: &Config, now: OffsetDateTime) -> String {
             let _ = writeln!(
                 out,
                 "   shared: a certificate of one of these signers verifies under the others' \
-                 bundles; give each its own CA ([cas.<name>], operator guide \"Trust domains\")"
+                 bundles; give each its own CA ([cas.<name>], docs/trust-domains.md)"
             );
         }
         match ca {

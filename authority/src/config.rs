@@ -438,7 +438,7 @@ pub struct GrpcConfig {
     #[serde(default)]
     pub insecure_plaintext: bool,
 
-    // Limits before authentication and mTLS renewal (issue #12; operator guide, "Connection
+    // Limits before authentication and mTLS renewal (issue #12; docs/grpc-api.md, "Connection
     // limits and HTTP/2 settings" and "mTLS renewal").
     /// TCP connections from one IP address at once, TLS handshakes included; more are closed at
     /// accept, before the handshake.
@@ -459,7 +459,7 @@ pub struct GrpcConfig {
     /// re-read on change (`podca renewal deny`); `""` = none.
     #[serde(default)]
     pub renewal_denylist: String,
-    // Authorization and TokenReview bounds (see the operator guide, "Authorization").
+    // Authorization and TokenReview bounds (see `docs/grpc-api.md`, "Authorization").
     /// The signer names gRPC callers may use; default: `signer` only. Must include `signer`.
     pub signers: Option<Vec<String>>,
     /// TokenReviews in flight at once, across all callers.
@@ -471,7 +471,7 @@ pub struct GrpcConfig {
     /// DNS names one gRPC-issued certificate may carry.
     #[serde(default = "default_max_dns_names")]
     pub max_dns_names: usize,
-    // The Istio CA API (issue #16; operator guide, "Istio ambient and sidecars").
+    // The Istio CA API (issue #16; docs/istio.md, "Istio ambient and sidecars").
     /// Serve the Istio CA API (`istio.v1.auth.IstioCertificateService`) beside podca.v1. Off by
     /// default (issue #40): a second way in, for meshes that chose podca as their CA.
     #[serde(default)]

@@ -859,7 +859,7 @@ impl prometheus_client::collector::Collector for PolicyRuleCollector {
 mod tests {
     use super::*;
 
-    /// The label values dashboards and alerts (deploy/monitoring, docs/operator-guide.md) match
+    /// The label values dashboards and alerts (deploy/monitoring, docs/monitoring.md) match
     /// on: renaming one is a breaking change, so the table is pinned here.
     #[test]
     fn cause_labels_are_pinned_and_exported() {

@@ -29,7 +29,7 @@ fn config_error(e: impl std::fmt::Display) -> SampleError {
     SampleError(format!("{e:#}"))
 }
 
-/// A gRPC, Istio or JWT request, as described in a sample file (docs/operator-guide.md,
+/// A gRPC, Istio or JWT request, as described in a sample file (docs/policy.md,
 /// "Testing policy in CI"). Only the facts podca verified for such a request, plus the
 /// annotations the client sent.
 #[derive(Debug, Deserialize)]

@@ -1,5 +1,5 @@
 //! The fuzz targets' shared bodies. `cargo +nightly fuzz run <target>` (see
-//! `docs/operator-guide.md`, "Fuzzing"); the same functions run on stable in `cargo test` as
+//! `docs/security.md`, "Fuzzing"); the same functions run on stable in `cargo test` as
 //! property tests.
 
 pub mod edge_targets;

@@ -331,7 +331,7 @@ const MAX_NEGATIVE_ENTRIES: usize = 10_000;
 const MAX_IN_FLIGHT_ENTRIES: usize = 10_000;
 
 /// How much of the Kubernetes API a flood of bearer tokens can use, and how long answers are
-/// trusted. Every field is documented in the operator guide ("Authorization").
+/// trusted. Every field is documented in `docs/grpc-api.md` ("Authorization").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenReviewLimits {
     /// TokenReviews in flight at once, across all callers (`[grpc] max_token_reviews`).

@@ -1,5 +1,6 @@
-//! Why a gRPC request was refused, and the one place where that becomes a `tonic::Status` (the
-//! table in the module docs of [`crate`]).
+//! Why a gRPC request was refused, and the one place where that becomes a `tonic::Status`. The
+//! table of every refusal is `docs/grpc-api.md` ("Refusals"), and of every policy reason's code
+//! `docs/troubleshooting.md`; `docs_table` fails when they and this mapping disagree.
 
 use podca_signer::jwt::JwtError;
 use podca_signer::{BackendError, DenyReason, FailReason, KeyError};
@@ -337,10 +338,13 @@ impl ApiError {
 }
 
 #[cfg(test)]
+mod docs_table;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Today's code for every reason (the table in [`crate::grpc`]'s docs).
+    /// Today's code for every reason (the table in `docs/troubleshooting.md`).
     #[test]
     fn every_reason_has_its_code() {
         for reason in DenyReason::ALL {

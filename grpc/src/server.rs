@@ -74,7 +74,7 @@ fn workload(
     SpiffeWorkloadApiServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-/// The HTTP/2 settings of every listener (documented in the operator guide, "Connection limits
+/// The HTTP/2 settings of every listener (documented in docs/grpc-api.md, "Connection limits
 /// and HTTP/2 settings").
 fn builder() -> Server {
     Server::builder()

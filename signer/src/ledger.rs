@@ -171,7 +171,7 @@ impl FromStr for RecordOutcome {
 }
 
 /// One decision: a certificate issued, or a request denied or failed. Schema
-/// [`SCHEMA_VERSION`]; the operator guide ("Audit ledger") documents every field.
+/// [`SCHEMA_VERSION`]; `docs/ledger.md` ("Audit ledger") documents every field.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerRecord {
     /// [`SCHEMA_VERSION`] when written.

@@ -10,7 +10,7 @@
 //! gives `dyn`, checked on a sample request), and its estimated cost is bounded. Each error
 //! names the rule and the line:column.
 //!
-//! Variables (see docs/operator-guide.md for their sources):
+//! Variables (see docs/policy.md for their sources):
 //!
 //! | variable | type |
 //! | --- | --- |
@@ -2008,7 +2008,7 @@ mod tests {
         }
     }
 
-    /// Every rule and output the README and the operator guide show compiles and type-checks:
+    /// Every rule and output the README and the docs show compiles and type-checks:
     /// each ```toml block that parses is searched for `rules` arrays and `outputs` tables
     /// (under `[signers."…"]` or on their own).
     #[test]
@@ -2034,8 +2034,15 @@ mod tests {
         }
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut found = vec![];
-        for doc in ["README.md", "docs/operator-guide.md"] {
-            let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        let mut docs = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "md") {
+                docs.push(path);
+            }
+        }
+        for doc in docs {
+            let text = std::fs::read_to_string(doc).unwrap();
             for block in text.split("```toml\n").skip(1) {
                 let block = block.split("```").next().unwrap_or_default();
                 if let Ok(value) = toml::from_str::<toml::Value>(block) {

@@ -93,7 +93,7 @@ pub enum StoreError {
     #[error(
         "{ca}: podca makes none of its successors, so --algorithm {algorithm} would apply to \
          nothing (nothing was changed); bring a next CA with that algorithm yourself (docs/\
-         operator-guide.md, \"HSM-held and imported CAs\")"
+         ca.md, \"HSM-held and imported CAs\")"
     )]
     AlgorithmNotApplicable {
         ca: ForeignCa,

@@ -212,7 +212,7 @@ fn a_ca_whose_key_is_held_elsewhere_is_neither_loaded_nor_rotated_here() {
         err.to_string(),
         "this CA's key is held outside the data directory (HSM): podca makes none of its \
          successors, so --algorithm ml-dsa-65 would apply to nothing (nothing was changed); \
-         bring a next CA with that algorithm yourself (docs/operator-guide.md, \"HSM-held and \
+         bring a next CA with that algorithm yourself (docs/ca.md, \"HSM-held and \
          imported CAs\")"
     );
     assert_eq!(std::fs::read(store.state_path()).unwrap(), state);

@@ -66,7 +66,7 @@ pub struct InitArgs {
     pub issuing_days: i64,
     /// Name constraints: permit only URIs of this SPIFFE trust domain (`cluster.local` or
     /// `spiffe://cluster.local`) below the CA. Repeatable. Rotated generations keep them.
-    /// Caution: rustls refuses every leaf under URI constraints (operator guide).
+    /// Caution: rustls refuses every leaf under URI constraints (docs/trust-domains.md, "Tenants").
     #[arg(
         long = "permitted-trust-domain",
         value_name = "TRUST_DOMAIN",

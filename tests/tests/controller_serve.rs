@@ -171,7 +171,7 @@ async fn metrics_need_a_token_whose_user_may_get_metrics() {
     use podca_tests::emulator::{PolicyRule, ServiceAccountToken, Subject};
     let c = Cluster::start(ApiMode::V1Only, &[SIGNER]).await;
     let emu = &c.emu;
-    // The scraper's ClusterRole, bound to Prometheus' service account (docs/operator-guide.md).
+    // The scraper's ClusterRole, bound to Prometheus' service account (docs/reference.md, "Authenticated /metrics").
     emu.grant(
         Subject::User("system:serviceaccount:monitoring:prometheus".into()),
         PolicyRule::non_resource(&["/metrics"], &["get"]),

@@ -217,7 +217,7 @@ async fn token_review_refuses_tokens_of_pods_that_have_gone() {
     );
 }
 
-/// A rule on the caller's pod labels (`pod_facts`, docs/operator-guide.md "Pod labels and
+/// A rule on the caller's pod labels (`pod_facts`, docs/policy.md "Pod labels and
 /// annotations").
 const POD_RULE: &str = r#"pod_facts = true
 excluded_namespaces = ["blocked"]

@@ -1133,7 +1133,7 @@ fn csr_around(spki: &[u8]) -> Vec<u8> {
 // The Secret CA backend with an ML-DSA-65 CA, through the real `podca serve`.
 
 /// `podca ca init --algorithm ml-dsa-65` makes the CA; its issuing certificate, key and root go
-/// into the `kubernetes.io/tls` Secret as the operator guide says ("Secret backend"); `podca
+/// into the `kubernetes.io/tls` Secret as `docs/ca.md` says ("Secret backend"); `podca
 /// serve` with `[ca] backend = "secret"` publishes the ML-DSA root and signs PCRs for an
 /// ML-DSA-65 and a P-256 subject (emulator with `PodCertificateMLDSA`). Each chain is checked
 /// without aws-lc: both ML-DSA-65 signatures (leaf, issuing) and the root's with RustCrypto.
@@ -1362,7 +1362,7 @@ async fn softhsm2_refuses_an_ml_dsa_ca_at_start_naming_the_algorithm() {
         String::from_utf8_lossy(&rotate.stderr).trim_end(),
         "podca: this CA's key is held outside the data directory (HSM): podca makes none of its \
          successors, so --algorithm ml-dsa-65 would apply to nothing (nothing was changed); \
-         bring a next CA with that algorithm yourself (docs/operator-guide.md, \"HSM-held and \
+         bring a next CA with that algorithm yourself (docs/ca.md, \"HSM-held and \
          imported CAs\")"
     );
     assert_eq!(

@@ -8,7 +8,7 @@
 //!   authority/src/metrics.rs instead ([`EVENT_FAMILIES`]).
 //! * `promtool check rules` and `promtool test rules deploy/monitoring/tests/*.yaml` pass; every
 //!   alert has a test that fires it and one where it stays silent, a runbook section in
-//!   docs/operator-guide.md and a runbook_url pointing at it.
+//!   docs/monitoring.md and a runbook_url pointing at it.
 //!
 //! promtool comes from Debian's `prometheus` package (.ci/run installs it); without it these
 //! tests fail, never skip.
@@ -518,7 +518,7 @@ fn anchor(heading: &str) -> String {
 
 #[test]
 fn every_alert_has_a_runbook_section_and_labels() {
-    let guide = std::fs::read_to_string(repo_root().join("docs/operator-guide.md")).unwrap();
+    let guide = std::fs::read_to_string(repo_root().join("docs/monitoring.md")).unwrap();
     let anchors: BTreeSet<String> = guide
         .lines()
         .filter(|l| l.starts_with('#'))
@@ -540,8 +540,8 @@ fn every_alert_has_a_runbook_section_and_labels() {
         }
         let url = ann["runbook_url"].as_str().unwrap_or_default();
         let section = url
-            .strip_prefix("docs/operator-guide.md#")
-            .unwrap_or_else(|| panic!("{name}: runbook_url {url:?} is not in the operator guide"));
+            .strip_prefix("docs/monitoring.md#")
+            .unwrap_or_else(|| panic!("{name}: runbook_url {url:?} is not in docs/monitoring.md"));
         assert_eq!(
             section,
             name.to_lowercase(),
@@ -549,7 +549,7 @@ fn every_alert_has_a_runbook_section_and_labels() {
         );
         assert!(
             anchors.contains(section),
-            "{name}: docs/operator-guide.md has no section #{section}"
+            "{name}: docs/monitoring.md has no section #{section}"
         );
     }
 }

@@ -571,7 +571,7 @@ async fn a_foreign_jwks_configmap_fails_readyz_and_raises_an_event_until_taken_b
     );
 }
 
-/// The verification recipe of docs/operator-guide.md ("The JWKS ConfigMap"), after its
+/// The verification recipe of docs/jwt.md ("The JWKS ConfigMap"), after its
 /// `kubectl get` lines (the test writes `cm.json` and `ctbs.json` from the API emulator):
 /// the x5c chain against the signer's ClusterTrustBundle, then the ES256 signature over the
 /// exact `jwks.json` bytes, with openssl, jq and coreutils only.
@@ -623,14 +623,13 @@ fn run_recipe(dir: &Path) -> (bool, String) {
 /// forger's own CA.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_published_jwks_verifies_with_openssl_under_the_clustertrustbundle() {
-    // The operator guide shows this very recipe.
-    let guide = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operator-guide.md"),
-    )
-    .unwrap();
+    // docs/jwt.md shows this very recipe.
+    let guide =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/jwt.md"))
+            .unwrap();
     assert!(
         guide.contains(VERIFY_RECIPE),
-        "docs/operator-guide.md's recipe differs from VERIFY_RECIPE"
+        "docs/jwt.md's recipe differs from VERIFY_RECIPE"
     );
     let o = start().await;
     let (jwks, cm) = configmap_jwks(&o, 1, Duration::from_secs(15)).await;

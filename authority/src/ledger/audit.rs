@@ -1,6 +1,6 @@
 //! The audit log: every decision, and every refused unauthenticated caller, as one JSON line on
-//! the tracing target [`TARGET`] (schema [`AUDIT_SCHEMA`], documented in the operator guide).
-//! Ship that target to Loki or a SIEM; the message of each event is the JSON object.
+//! the tracing target [`TARGET`] (schema [`AUDIT_SCHEMA`], documented in docs/ledger.md, "The
+//! audit log"). Ship that target to Loki or a SIEM; the message of each event is the JSON object.
 
 use podca_signer::LedgerRecord;
 use serde::Serialize;

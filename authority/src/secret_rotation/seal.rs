@@ -18,7 +18,7 @@
 //! intermediate or anchor), or is signed by one of them: a history written before cert-manager
 //! re-issued the intermediate under the same root still verifies after a restart. A history
 //! written under a Secret that shares no certificate with today's cannot be verified and is
-//! rejected (see the operator guide, "CA history integrity").
+//! rejected (see `docs/ca.md`, "CA history integrity").
 //!
 //! Replays: the sequence grows with every write; a replica rejects a sequence lower than one it
 //! verified already. Across a restart an older genuine history cannot be told from the newest,

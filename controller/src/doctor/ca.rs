@@ -57,7 +57,7 @@ pub(super) async fn read_secret(
         Ok(None) => {
             return SecretCa::Unusable {
                 secret,
-                problem: "not found: create it (docs/operator-guide.md, \"Secret backend\")".into(),
+                problem: "not found: create it (docs/ca.md, \"Secret backend\")".into(),
             };
         }
         Err(e) => {
@@ -224,7 +224,7 @@ fn validity(
             Status::Fail,
             format!(
                 "{summary}: less than {FAIL_DAYS} days; put the next CA into the Secret now \
-                 (docs/operator-guide.md, \"Runbook: the Secret backend\")"
+                 (docs/ca.md, \"Runbook: the Secret backend\")"
             ),
         )
     } else if left < Duration::days(WARN_DAYS) {

@@ -20,7 +20,7 @@
 //! old or the new state, plus at most a key no state names. A leftover key *file* is removed by
 //! the next change (it never signed anything); a leftover *token object* (label `podca-jwt-…`)
 //! is left alone, because a token may be shared and podca cannot prove the object is its own
-//! (see the operator guide).
+//! (see docs/jwt.md, "Where the JWT keys live").
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;

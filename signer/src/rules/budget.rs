@@ -383,7 +383,7 @@ mod evaluation {
 
     /// The costliest rule found that the static estimate still allows, over strings at the cap:
     /// each element of a split walks and copies the whole string (quadratic in its length),
-    /// repeated as often as the estimate allows. docs/operator-guide.md states the time.
+    /// repeated as often as the estimate allows. docs/policy.md states the time.
     #[test]
     fn the_worst_rule_allowed_over_strings_at_the_cap_runs_in_bounded_time() {
         let body = "pod.annotations['s'].split('').all(x, pod.annotations['s'].replace(x, 'bb').size() > 0)";
