@@ -1,6 +1,5 @@
 //! Command-line parsing and dispatch. One clap `Args` per command.
 
-use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
@@ -71,7 +70,9 @@ pub enum Command {
 pub fn main() -> ExitCode {
     podca_authority::closed_pipe::install();
     let cli = Cli::parse();
-    init_logging(cli.log_format, &cli.log);
+    // doctor reports API errors in its own lines: kube's connection errors would say them twice.
+    let quiet_kube = matches!(cli.command, Command::Doctor(_));
+    init_logging(cli.log_format, &cli.log, quiet_kube);
     let result = match cli.command {
         Command::Ca(c) => c.run(),
         Command::Issue(a) => a.run(),
@@ -107,11 +108,15 @@ fn log_filter(value: &str) -> Result<String, String> {
         .map_err(|e| format!("{e} (expected e.g. `info`, `warn` or `info,podca_grpc=debug`)"))
 }
 
-fn init_logging(format: LogFormat, filter: &str) {
+fn init_logging(format: LogFormat, filter: &str, quiet_kube: bool) {
     // `log_filter` has accepted it when the command line was parsed.
+    let filter = match quiet_kube {
+        true => format!("{filter},kube_client::client::builder=off"),
+        false => filter.to_owned(),
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_ansi(colour(
+        .with_ansi(podca_authority::log_format::colour(
             std::io::stderr().is_terminal(),
             std::env::var_os("NO_COLOR"),
         ))
@@ -125,13 +130,6 @@ fn init_logging(format: LogFormat, filter: &str) {
             .with(podca_authority::traces::slot())
             .try_init(),
     };
-}
-
-/// Colours (ANSI escapes) only for a person at a terminal: a log file, a pipe or a container
-/// runtime's log gets plain lines that `grep` and log shippers read as written. `NO_COLOR`
-/// (any non-empty value, <https://no-color.org>) turns them off at a terminal too.
-fn colour(stderr_is_terminal: bool, no_color: Option<OsString>) -> bool {
-    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 #[cfg(test)]
@@ -151,17 +149,5 @@ mod tests {
             .expect_err("a bad filter");
         assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
         assert!(e.to_string().contains("podca=verbose"), "{e}");
-    }
-
-    #[test]
-    fn colours_only_at_a_terminal_without_no_color() {
-        assert!(colour(true, None));
-        assert!(
-            colour(true, Some(OsString::new())),
-            "an empty NO_COLOR is unset"
-        );
-        assert!(!colour(true, Some("1".into())));
-        assert!(!colour(false, None), "a file, a pipe or a container log");
-        assert!(!colour(false, Some("1".into())));
     }
 }

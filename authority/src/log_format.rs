@@ -144,11 +144,30 @@ fn must_escape(c: char) -> bool {
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
+/// Colours (ANSI escapes) only for a person at a terminal: a log file, a pipe or a container
+/// runtime's log gets plain lines that `grep` and log shippers read as written. `NO_COLOR`
+/// (any non-empty value, <https://no-color.org>) turns them off at a terminal too.
+pub fn colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    #[test]
+    fn colours_only_at_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(
+            colour(true, Some(std::ffi::OsString::new())),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!colour(true, Some("1".into())));
+        assert!(!colour(false, None), "a file, a pipe or a container log");
+        assert!(!colour(false, Some("1".into())));
+    }
 
     /// A `MakeWriter` into a shared buffer.
     #[derive(Clone, Default)]

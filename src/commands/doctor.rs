@@ -70,15 +70,16 @@ impl DoctorArgs {
             impersonate: as_user,
             impersonate_groups: as_groups,
         };
-        let options = DoctorOptions {
-            config,
-            lease,
-            clock: podca_authority::system_clock(),
-        };
         let runtime = super::block_on_runtime()?;
         let report = runtime.block_on(async {
-            let client = doctor::connect(&client_options).await?;
-            anyhow::Ok(doctor::run(&client, &options).await)
+            let (client, server) = doctor::connect(&client_options).await?;
+            let options = DoctorOptions {
+                config,
+                lease,
+                clock: podca_authority::system_clock(),
+                server,
+            };
+            anyhow::Ok(doctor::run(&client, &options).await?)
         })?;
         if json {
             println!("{}", serde_json::to_string_pretty(&report)?);

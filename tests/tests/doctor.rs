@@ -873,12 +873,33 @@ async fn an_admin_asks_as_podca_with_impersonation() {
             .map(|a| (*a).to_owned())
             .collect::<Vec<String>>()
     };
-    // The admin itself may do anything: the least-privilege check says so.
+    // The admin itself may do anything: its answers are the admin's, not podca's. The doctor
+    // says whose they are and how to ask as podca, and never tells it to remove its grants
+    // (issue #47 item 6).
     let out = doctor_with(&w.config, run(&[])).await;
-    assert_eq!(out.status.code(), Some(1), "{}", report(&out));
     let got = lines(&out);
-    assert_eq!(got[1].0, "ok", "{}", report(&out));
-    assert_eq!(got[2].0, "FAIL", "{}", report(&out));
+    let hint = "ask as podca with `podca doctor --as \
+                system:serviceaccount:podca-system:podca --as-group system:serviceaccounts \
+                --as-group system:serviceaccounts:podca-system`";
+    for (line, check) in [(1, "rbac"), (2, "rbac-least-privilege")] {
+        assert_eq!(got[line].1, check, "{}", report(&out));
+        assert_eq!(got[line].0, "warn", "{}", report(&out));
+        assert!(
+            got[line].2.contains(
+                "these answers are for \"admin\", who is not podca's service \
+                                  account"
+            ) && got[line].2.contains(hint),
+            "{}",
+            report(&out)
+        );
+        assert!(!got[line].2.contains("remove"), "{}", report(&out));
+    }
+    assert!(
+        got[2].2.starts_with("granted to the asker: list secrets"),
+        "{}",
+        report(&out)
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", report(&out));
     // As podca, the answers are podca's: its missing `sign` permission.
     let out = doctor_with(&w.config, run(&as_podca)).await;
     assert_only_failure(
@@ -905,4 +926,71 @@ async fn doctor_with(config: &Path, args: Vec<String>) -> Output {
     })
     .await
     .unwrap()
+}
+
+/// Issue #47 item 6: an API server that does not answer is one line naming the address tried,
+/// with nothing on standard output.
+#[tokio::test]
+async fn an_unreachable_api_server_is_one_line_with_its_address() {
+    let w = world(Setup::default()).await;
+    // The same kubeconfig, pointing at a port nobody listens on.
+    let text = std::fs::read_to_string(&w.kubeconfig).unwrap();
+    let server = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server:"))
+        .map(|s| s.trim().trim_matches('"').to_owned())
+        .unwrap();
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let gone = format!("https://127.0.0.1:{closed}");
+    let kubeconfig = w.dir.path().join("gone.kubeconfig");
+    std::fs::write(&kubeconfig, text.replace(&server, &gone)).unwrap();
+    let out = doctor_with(
+        &w.config,
+        vec!["--kubeconfig".into(), kubeconfig.display().to_string()],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", report(&out));
+    assert!(out.stdout.is_empty(), "{}", report(&out));
+    assert_eq!(stderr.lines().count(), 1, "{}", report(&out));
+    assert!(
+        stderr.starts_with(&format!("podca: cannot reach the API server at {gone}/: "))
+            && stderr.contains("Connection refused"),
+        "{}",
+        report(&out)
+    );
+}
+
+/// Issue #47 item 6: a 403 is the API server's one line (verb, resource, user), never kube's
+/// `Status { … }` dump.
+#[tokio::test]
+async fn a_forbidden_read_is_the_api_servers_one_line() {
+    let w = world(Setup {
+        drop_rule: Some(&["get", "list", "watch"]),
+        ..Setup::default()
+    })
+    .await;
+    let out = doctor(&w, &[]).await;
+    let got = lines(&out);
+    let pending = got
+        .iter()
+        .find(|(_, name, _)| name == "pending-requests")
+        .unwrap_or_else(|| panic!("{}", report(&out)));
+    assert_eq!(pending.0, "FAIL", "{}", report(&out));
+    assert!(
+        pending.2.contains("cannot list PodCertificateRequests:")
+            && pending
+                .2
+                .contains("cannot list resource \"podcertificaterequests\"")
+            && pending.2.contains(USER)
+            && pending.2.ends_with("(403)"),
+        "{}",
+        report(&out)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("Status {"), "{stdout}");
+    assert!(!stdout.contains("ApiError"), "{stdout}");
 }

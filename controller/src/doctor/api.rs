@@ -35,9 +35,13 @@ pub(super) async fn discover(client: &Client) -> Discovered {
         .and_then(|v| minor_version(&v.minor));
     Discovered {
         minor,
-        certificates: discovery::certificates(client)
-            .await
-            .map_err(|e| format!("discovery of certificates.k8s.io: {e}").into()),
+        certificates: discovery::certificates(client).await.map_err(|e| {
+            format!(
+                "discovery of certificates.k8s.io: {}",
+                super::error_line(&e)
+            )
+            .into()
+        }),
     }
 }
 

@@ -63,7 +63,7 @@ pub(super) async fn read_secret(
         Err(e) => {
             return SecretCa::Unusable {
                 secret,
-                problem: format!("cannot be read: {e}"),
+                problem: format!("cannot be read: {}", super::error_line(&e)),
             };
         }
     };
@@ -350,7 +350,12 @@ async fn federated_bundle(
                 ),
             );
         }
-        Err(e) => return (Status::Fail, format!("{what}: cannot read {name}: {e}")),
+        Err(e) => {
+            return (
+                Status::Fail,
+                format!("{what}: cannot read {name}: {}", super::error_line(&e)),
+            );
+        }
     };
     let pem = object.data["spec"]["trustBundle"]
         .as_str()
@@ -399,7 +404,7 @@ async fn bundle(
     let list = api
         .list(&ListParams::default().fields(&format!("spec.signerName={signer}")))
         .await
-        .map_err(|e| format!("cannot list ClusterTrustBundles: {e}"))?;
+        .map_err(|e| format!("cannot list ClusterTrustBundles: {}", super::error_line(&e)))?;
     let found = match publisher {
         Some(publisher) => {
             let wanted = publisher

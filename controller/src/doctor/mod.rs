@@ -52,7 +52,7 @@ impl From<&str> for ProbeError {
         ProbeError(detail.to_owned())
     }
 }
-pub use permissions::{Needs, Permission};
+pub use permissions::{Asker, Needs, Permission};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -159,6 +159,9 @@ pub struct DoctorOptions {
     pub lease: Option<LeaseRef>,
     /// The local clock, compared with the API server's.
     pub clock: Clock,
+    /// The API server's address, as [`connect`] found it (for the one line that says it cannot
+    /// be reached).
+    pub server: String,
 }
 
 impl std::fmt::Debug for DoctorOptions {
@@ -166,6 +169,7 @@ impl std::fmt::Debug for DoctorOptions {
         f.debug_struct("DoctorOptions")
             .field("config", &self.config.is_some())
             .field("lease", &self.lease)
+            .field("server", &self.server)
             .finish_non_exhaustive()
     }
 }
@@ -183,8 +187,8 @@ pub struct ClientOptions {
     pub impersonate_groups: Vec<String>,
 }
 
-/// A client as `options` says.
-pub async fn connect(options: &ClientOptions) -> Result<Client, Error> {
+/// A client as `options` says, and the API server's address it talks to.
+pub async fn connect(options: &ClientOptions) -> Result<(Client, String), Error> {
     use kube::config::{KubeConfigOptions, Kubeconfig};
     let kube_options = KubeConfigOptions {
         context: options.context.clone(),
@@ -211,11 +215,77 @@ pub async fn connect(options: &ClientOptions) -> Result<Client, Error> {
     if !options.impersonate_groups.is_empty() {
         config.auth_info.impersonate_groups = Some(options.impersonate_groups.clone());
     }
-    Ok(Client::try_from(config)?)
+    let server = config.cluster_url.to_string();
+    Ok((Client::try_from(config)?, server))
 }
 
-/// Runs every check; never fails as a whole: an API error is the answer of the check that met it.
-pub async fn run(client: &Client, options: &DoctorOptions) -> Report {
+/// The API server did not answer at all: there is nothing to check.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot reach the API server at {server}: {cause}")]
+pub struct Unreachable {
+    pub server: String,
+    pub cause: String,
+}
+
+/// A kube error in one line: the API server's own message for an API error (a 403 names the
+/// verb, the resource and the user), else the chain of causes (`tcp connect error: Connection
+/// refused`); never the `Status { … }` dump of kube's Display.
+pub fn error_line(error: &kube::Error) -> String {
+    if let kube::Error::Api(status) = error {
+        return match (status.message.is_empty(), status.code) {
+            (true, code) => format!("the API server answered {code} {}", status.reason),
+            (false, 0) => status.message.clone(),
+            (false, code) => format!("{} ({code})", status.message),
+        };
+    }
+    let mut parts: Vec<String> = vec![];
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        let text = e.to_string();
+        // Wrappers repeat their source's text, or say only what kind of error follows.
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cause = e.source();
+    }
+    parts.join(": ")
+}
+
+/// Who asks: a SelfSubjectReview's user (`authentication.k8s.io/v1`, Kubernetes ≥ 1.28).
+async fn asker(client: &Client, config: Option<&Config>) -> Asker {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let api: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
+    let review = SelfSubjectReview::default();
+    let Ok(answer) = api.create(&kube::api::PostParams::default(), &review).await else {
+        return Asker::Unknown;
+    };
+    let user = answer
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .unwrap_or_default();
+    if user.is_empty() {
+        return Asker::Unknown;
+    }
+    let namespace = config
+        .and_then(|c| c.grpc.tls_namespace.clone())
+        .unwrap_or_else(|| "podca-system".to_owned());
+    Asker::of(&user, &namespace)
+}
+
+/// Runs every check; fails as a whole only when the API server cannot be reached: any other
+/// API error is the answer of the check that met it.
+pub async fn run(client: &Client, options: &DoctorOptions) -> Result<Report, Unreachable> {
+    match client.apiserver_version().await {
+        Ok(_) | Err(kube::Error::Api(_)) => {}
+        Err(e) => {
+            return Err(Unreachable {
+                server: options.server.clone(),
+                cause: error_line(&e),
+            });
+        }
+    }
+    let asker = asker(client, options.config.as_ref()).await;
     let skew = clock::measure(client, &options.clock).await;
     let served = api::discover(client).await;
     let mut checks = vec![api::check(&served)];
@@ -223,8 +293,8 @@ pub async fn run(client: &Client, options: &DoctorOptions) -> Report {
         .config
         .as_ref()
         .map(|c| Needs::from_config(c, options.lease.clone()));
-    checks.push(permissions::check_required(client, needs.as_ref()).await);
-    checks.push(permissions::check_beyond(client, needs.as_ref()).await);
+    checks.push(permissions::check_required(client, needs.as_ref(), &asker).await);
+    checks.push(permissions::check_beyond(client, needs.as_ref(), &asker).await);
     let now = options.clock.as_ref()();
     let cas = ca::read_all(client, options.config.as_ref(), now, &options.clock).await;
     checks.push(ca::check_secret(&cas, now));
@@ -233,7 +303,7 @@ pub async fn run(client: &Client, options: &DoctorOptions) -> Report {
     let server_now = skew.as_ref().ok().map_or(now, |s| now + s.skew);
     checks.push(pending::check(client, options.config.as_ref(), &served, server_now).await);
     checks.push(clock::check(&skew));
-    Report::new(checks)
+    Ok(Report::new(checks))
 }
 
 /// The text of the check that needs podca's configuration and has none.

@@ -52,7 +52,10 @@ pub(super) async fn check(
         findings.push(match api.list(&params).await {
             Err(e) => (
                 Status::Fail,
-                format!("{signer}: cannot list PodCertificateRequests: {e}"),
+                format!(
+                    "{signer}: cannot list PodCertificateRequests: {}",
+                    super::error_line(&e)
+                ),
             ),
             Ok(list) => verdict(
                 signer,

@@ -434,7 +434,20 @@ async fn allowed(client: &Client, permission: &Permission) -> Result<bool, kube:
 }
 
 /// `rbac`: every required permission is granted.
-pub(super) async fn check_required(client: &Client, needs: Option<&Needs>) -> Check {
+pub(super) async fn check_required(client: &Client, needs: Option<&Needs>, asker: &Asker) -> Check {
+    let check = required_for_asker(client, needs).await;
+    match asker.not_podca() {
+        // Someone else's answers say nothing about podca: never a verdict on podca's RBAC.
+        Some(note) => Check::new(
+            check.name,
+            Status::Warn,
+            format!("{}; {note}", check.detail),
+        ),
+        None => check,
+    }
+}
+
+async fn required_for_asker(client: &Client, needs: Option<&Needs>) -> Check {
     let Some(needs) = needs else {
         return Check::new("rbac", Status::Warn, NO_CONFIG);
     };
@@ -451,7 +464,7 @@ pub(super) async fn check_required(client: &Client, needs: Option<&Needs>) -> Ch
                 return Check::new(
                     "rbac",
                     Status::Fail,
-                    format!("SelfSubjectAccessReview for {p}: {e}"),
+                    format!("SelfSubjectAccessReview for {p}: {}", super::error_line(&e)),
                 );
             }
         }
@@ -477,7 +490,7 @@ pub(super) async fn check_required(client: &Client, needs: Option<&Needs>) -> Ch
 }
 
 /// `rbac-least-privilege`: none of [`beyond`] is granted.
-pub(super) async fn check_beyond(client: &Client, needs: Option<&Needs>) -> Check {
+pub(super) async fn check_beyond(client: &Client, needs: Option<&Needs>, asker: &Asker) -> Check {
     const NAME: &str = "rbac-least-privilege";
     let mut excess = Vec::new();
     let dangerous = beyond(needs);
@@ -489,7 +502,7 @@ pub(super) async fn check_beyond(client: &Client, needs: Option<&Needs>) -> Chec
                 return Check::new(
                     NAME,
                     Status::Fail,
-                    format!("SelfSubjectAccessReview for {p}: {e}"),
+                    format!("SelfSubjectAccessReview for {p}: {}", super::error_line(&e)),
                 );
             }
         }
@@ -507,6 +520,13 @@ pub(super) async fn check_beyond(client: &Client, needs: Option<&Needs>) -> Chec
                     .join(", ")
             ),
         )
+    } else if let Some(note) = asker.not_podca() {
+        // An administrator's own wide grants: nothing to remove from podca.
+        Check::new(
+            NAME,
+            Status::Warn,
+            format!("granted to the asker: {}; {note}", excess.join(", ")),
+        )
     } else {
         Check::new(
             NAME,
@@ -516,6 +536,47 @@ pub(super) async fn check_beyond(client: &Client, needs: Option<&Needs>) -> Chec
                 excess.join(", ")
             ),
         )
+    }
+}
+
+/// Who the SelfSubjectAccessReviews answer for (a SelfSubjectReview says): the RBAC checks
+/// speak of podca only when podca's service account, or one impersonating it, asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Asker {
+    /// A service account (`system:serviceaccount:<ns>:<name>`): podca's, presumably.
+    ServiceAccount(String),
+    /// A user that is no service account (an administrator's kubeconfig), and podca's
+    /// namespace for the `--as` hint.
+    Other { user: String, namespace: String },
+    /// The API server did not say (no SelfSubjectReview).
+    Unknown,
+}
+
+impl Asker {
+    /// Of a user name: a service account, or someone else.
+    pub fn of(user: &str, namespace: &str) -> Asker {
+        if user.starts_with("system:serviceaccount:") {
+            Asker::ServiceAccount(user.to_owned())
+        } else {
+            Asker::Other {
+                user: user.to_owned(),
+                namespace: namespace.to_owned(),
+            }
+        }
+    }
+
+    /// What to tell a reader when the answers are not podca's: whose they are, and how to ask
+    /// as podca.
+    pub fn not_podca(&self) -> Option<String> {
+        let Asker::Other { user, namespace } = self else {
+            return None;
+        };
+        Some(format!(
+            "these answers are for {user:?}, who is not podca's service account: ask as podca \
+             with `podca doctor --as system:serviceaccount:{namespace}:podca --as-group \
+             system:serviceaccounts --as-group system:serviceaccounts:{namespace}` (or podca's \
+             own kubeconfig)"
+        ))
     }
 }
 

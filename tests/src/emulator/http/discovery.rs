@@ -114,6 +114,7 @@ pub(super) fn resource_list(group: &str, version: &str, mode: ApiMode) -> Value 
     }
     if group == "authentication.k8s.io" {
         rs.push(json!({"name": "tokenreviews", "singularName": "tokenreview", "namespaced": false, "kind": "TokenReview", "verbs": ["create"]}));
+        rs.push(json!({"name": "selfsubjectreviews", "singularName": "selfsubjectreview", "namespaced": false, "kind": "SelfSubjectReview", "verbs": ["create"]}));
     }
     if group == "authorization.k8s.io" {
         rs.push(json!({"name": "selfsubjectaccessreviews", "singularName": "selfsubjectaccessreview", "namespaced": false, "kind": "SelfSubjectAccessReview", "verbs": ["create"]}));

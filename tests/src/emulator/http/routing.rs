@@ -6,7 +6,9 @@ use super::create::create;
 use super::delete::{delete, delete_collection};
 use super::discovery::{api_group, api_group_list, group_has_version, resource_list, version_info};
 use super::read::{get, list};
-use super::selfsubjectaccessreview::{self_subject_access_review, subject_access_review};
+use super::selfsubjectaccessreview::{
+    self_subject_access_review, self_subject_review, subject_access_review,
+};
 use super::server::Req;
 use super::token_request::token_request;
 use super::update::update;
@@ -83,6 +85,9 @@ pub(super) async fn route(shared: &Arc<Shared>, r: &Req) -> Result<Response<Resp
         }
         ["apis", "authentication.k8s.io", "v1", "tokenreviews"] => {
             return token_review(shared, r, &user).await;
+        }
+        ["apis", "authentication.k8s.io", "v1", "selfsubjectreviews"] => {
+            return self_subject_review(r, &user);
         }
         [
             "apis",

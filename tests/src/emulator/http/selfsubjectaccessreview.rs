@@ -5,6 +5,7 @@
 //!
 //! * `POST …/selfsubjectaccessreviews`: may the caller do this? Any authenticated user may ask
 //!   (the `system:basic-user` ClusterRole).
+//! * `POST /apis/authentication.k8s.io/v1/selfsubjectreviews`: who is the caller?
 //! * `POST …/subjectaccessreviews`: may this user (`spec.user`, `groups`, `uid`, `extra`, taken
 //!   as given, as kube-rbac-proxy and podca's `/metrics` send them after a TokenReview) do
 //!   this? The caller needs `create` on `subjectaccessreviews`; `spec.user` or `spec.groups`
@@ -171,6 +172,36 @@ fn review(
             "metadata": {"creationTimestamp": null},
             "spec": spec,
             "status": status,
+        }),
+    ))
+}
+
+/// `POST /apis/authentication.k8s.io/v1/selfsubjectreviews` (`kubectl auth whoami`): who the
+/// caller is, as the authenticator (and impersonation) made it. Any authenticated user may ask
+/// (`system:basic-user`); the answer is `201 Created` with `status.userInfo`.
+pub(super) fn self_subject_review(
+    r: &Req,
+    user: &UserInfo,
+) -> Result<Response<RespBody>, ApiError> {
+    if r.method != hyper::Method::POST {
+        return Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        ));
+    }
+    let mut info = json!({"username": user.name, "groups": user.groups});
+    if !user.uid.is_empty() {
+        info["uid"] = json!(user.uid);
+    }
+    if !user.extra.is_empty() {
+        info["extra"] = json!(user.extra);
+    }
+    Ok(json_response(
+        201,
+        &json!({
+            "kind": "SelfSubjectReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"creationTimestamp": null},
+            "status": {"userInfo": info},
         }),
     ))
 }
