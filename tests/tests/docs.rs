@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use podca_tests::process::{DevOptions, DevProcess, podca_binary};
 
@@ -263,4 +262,116 @@ fn the_path_scanner_reads_citations_as_meant() {
         Vec::<String>::new()
     );
     assert_eq!(cited_paths("deploy/Dockerfile."), ["deploy/Dockerfile"]);
+}
+
+/// The command lines of the README's tour: every ```sh block of its "A 5-minute tour" section,
+/// comments dropped and `\` continuations joined.
+fn tour_commands(readme: &str) -> Vec<String> {
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("A 5-minute tour"))
+        .expect("the README has a section \"A 5-minute tour\"");
+    let mut commands = vec![];
+    for block in section.split("```sh\n").skip(1) {
+        let body = block.split("```").next().unwrap_or_default();
+        let mut pending = String::new();
+        for line in body.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            match line.strip_suffix('\\') {
+                Some(start) => pending.push_str(start),
+                None => {
+                    pending.push_str(line);
+                    commands.push(std::mem::take(&mut pending));
+                }
+            }
+        }
+        assert!(
+            pending.is_empty(),
+            "a tour command ends with `\\`: {pending}"
+        );
+    }
+    commands
+}
+
+/// Runs the README's tour as a reader would, against a temporary home directory: the first
+/// command (`cargo run --release -- dev`) becomes the debug `podca dev` the other tests run, with
+/// its data directory where the README says (`~/.local/share/podca`) and a free port in place of
+/// 127.0.0.1:8443; every other command runs as written through `sh`, with `podca` on `PATH`,
+/// and must succeed. Editing the tour in the README changes what runs here.
+#[test]
+fn the_readme_tour_runs_as_written() {
+    let commands = tour_commands(&read(&repo_root().join("README.md")));
+    let (first, rest) = commands.split_first().expect("the tour has commands");
+    assert_eq!(
+        first, "cargo run --release -- dev",
+        "the tour starts podca dev"
+    );
+    assert!(rest.len() >= 5, "the tour has lost commands: {rest:#?}");
+
+    // Inside the target directory, so that `cargo run -p …` finds the workspace.
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let home = work.path().join("home");
+    let data_dir = home.join(".local/share/podca");
+    std::fs::create_dir_all(&data_dir).expect("creating the data directory");
+    let dev = DevProcess::start_with(DevOptions {
+        data_dir: Some(data_dir.clone()),
+        socket_outside: false,
+        ..DevOptions::default()
+    });
+
+    let podca = podca_binary();
+    let cargo = PathBuf::from(env!("CARGO"));
+    let mut path = vec![
+        podca.parent().expect("podca has a directory").to_owned(),
+        cargo.parent().expect("cargo has a directory").to_owned(),
+    ];
+    path.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let real_home = PathBuf::from(std::env::var_os("HOME").expect("HOME is set"));
+    let cargo_home =
+        std::env::var_os("CARGO_HOME").map_or_else(|| real_home.join(".cargo"), PathBuf::from);
+    for command in rest {
+        let command = command.replace("127.0.0.1:8443", &dev.grpc.to_string());
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(&command)
+            .current_dir(work.path())
+            .env("HOME", &home)
+            .env("PATH", std::env::join_paths(&path).expect("a PATH"))
+            .env("CARGO_HOME", &cargo_home)
+            .env("PODCA_LOG", "warn")
+            .env_remove("PODCA_DATA_DIR")
+            .env_remove("XDG_DATA_HOME")
+            .env_remove("PODCA_CONFIG")
+            .output()
+            .expect("running sh");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the tour's `{command}` failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if command.contains("--example spiffe-client") {
+            assert!(
+                stdout.contains("X.509-SVID spiffe://podca.dev.local/ns/default/sa/default")
+                    && stdout.contains("JWT-SVID spiffe://"),
+                "the SPIFFE client got no SVIDs:\n{stdout}"
+            );
+        }
+    }
+    // The tour's `podca ca rotate` prepared generation 2: both roots are the anchors now.
+    assert!(
+        std::fs::read_to_string(data_dir.join("root.pem"))
+            .expect("the anchors")
+            .matches("BEGIN CERTIFICATE")
+            .count()
+            == 2,
+        "after the tour's rotation both roots are published"
+    );
+    assert!(dev.stop().success());
 }
