@@ -1,6 +1,7 @@
 //! The docs hold together: every relative link and `#anchor` in README.md and docs/*.md
-//! resolves, every repository path they cite exists, the configuration-key table names exactly
-//! the keys the config schema accepts, and the README's tour runs as written.
+//! resolves, every repository path they cite exists, the configuration-key table of
+//! docs/reference.md names exactly the keys the config schema accepts, and the README's tour
+//! runs as written.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -374,4 +375,216 @@ fn the_readme_tour_runs_as_written() {
         "after the tour's rotation both roots are published"
     );
     assert!(dev.stop().success());
+}
+
+/// One step from a table of the config to a child: a key, the element of an array of tables
+/// (`[[…]]`), or an entry of a map keyed by name (`[signers."<name>"]`).
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    Key(String),
+    Element,
+    Entry,
+}
+
+/// A TOML document with the table at `path` holding only the key `zzz_probe`.
+fn probe_document(path: &[Step]) -> toml::Value {
+    fn build(path: &[Step]) -> toml::Value {
+        let Some((step, rest)) = path.split_first() else {
+            let mut probe = toml::map::Map::new();
+            probe.insert("zzz_probe".into(), toml::Value::Integer(1));
+            return toml::Value::Table(probe);
+        };
+        match step {
+            Step::Key(key) => {
+                let mut table = toml::map::Map::new();
+                table.insert(key.clone(), build(rest));
+                toml::Value::Table(table)
+            }
+            Step::Element => toml::Value::Array(vec![build(rest)]),
+            Step::Entry => {
+                let mut table = toml::map::Map::new();
+                table.insert("example".into(), build(rest));
+                toml::Value::Table(table)
+            }
+        }
+    }
+    build(path)
+}
+
+/// What the config schema says about the table at `path`: the fields serde lists when it meets
+/// the unknown key (`deny_unknown_fields`), or, for something that is not a struct, the error.
+fn probe(path: &[Step]) -> Result<Vec<String>, String> {
+    let error = match probe_document(path).try_into::<podca_authority::config::Config>() {
+        Ok(_) => return Err("accepted an unknown key".into()),
+        Err(e) => e.to_string(),
+    };
+    let Some(at) = error.find("unknown field `zzz_probe`") else {
+        return Err(error);
+    };
+    let rest = &error[at..];
+    if rest.contains("there are no fields") {
+        return Ok(vec![]);
+    }
+    let expected = rest
+        .split_once("expected ")
+        .map(|(_, e)| e.lines().next().unwrap_or_default())
+        .ok_or_else(|| error.clone())?;
+    Ok(expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Every key the config accepts, as a dotted path (`grpc.listen`, `signers.<name>.rules[].name`),
+/// found by walking the schema with [`probe`]: nothing here lists the keys by hand.
+fn accepted_config_keys() -> BTreeSet<String> {
+    fn name(path: &[Step]) -> String {
+        let mut out = String::new();
+        for step in path {
+            match step {
+                Step::Key(k) if out.is_empty() => out.push_str(k),
+                Step::Key(k) => {
+                    out.push('.');
+                    out.push_str(k);
+                }
+                Step::Element => out.push_str("[]"),
+                Step::Entry => out.push_str(".<name>"),
+            }
+        }
+        out
+    }
+    fn walk(path: Vec<Step>, keys: &mut BTreeSet<String>) {
+        let fields = probe(&path).unwrap_or_else(|e| panic!("{}: {e}", name(&path)));
+        for field in fields {
+            let mut child = path.clone();
+            child.push(Step::Key(field));
+            match probe(&child) {
+                Ok(_) => walk(child, keys),
+                Err(e) if e.contains("expected a sequence") => {
+                    child.push(Step::Element);
+                    if probe(&child).is_ok() {
+                        walk(child, keys);
+                    } else {
+                        child.pop();
+                        keys.insert(name(&child));
+                    }
+                }
+                Err(_) => {
+                    child.push(Step::Entry);
+                    if probe(&child).is_ok() {
+                        walk(child, keys);
+                    } else {
+                        child.pop();
+                        keys.insert(name(&child));
+                    }
+                }
+            }
+        }
+    }
+    let mut keys = BTreeSet::new();
+    walk(vec![], &mut keys);
+    keys
+}
+
+/// The keys the reference table names, each with how many rows name it.
+fn documented_config_keys(reference: &str) -> BTreeMap<String, usize> {
+    let section = reference
+        .split("\n## ")
+        .find(|s| s.starts_with("Configuration keys\n"))
+        .expect("docs/reference.md has a section \"Configuration keys\"");
+    let mut keys = BTreeMap::new();
+    for line in section
+        .lines()
+        .skip_while(|l| *l != "| Key | Default | Meaning |")
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+    {
+        let cell = line
+            .trim_start_matches('|')
+            .split(" | ")
+            .next()
+            .unwrap_or_default();
+        *keys
+            .entry(cell.trim().trim_matches('`').to_owned())
+            .or_default() += 1;
+    }
+    keys
+}
+
+fn config_table_problems(reference: &str, accepted: &BTreeSet<String>) -> Vec<String> {
+    let documented = documented_config_keys(reference);
+    let mut problems = vec![];
+    for key in accepted {
+        if !documented.contains_key(key) {
+            problems.push(format!("{key}: accepted by the config, no row"));
+        }
+    }
+    for (key, rows) in &documented {
+        if !accepted.contains(key) {
+            problems.push(format!("{key}: a row, but the config accepts no such key"));
+        } else if *rows > 1 {
+            problems.push(format!("{key}: {rows} rows"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn the_config_reference_names_exactly_the_accepted_keys() {
+    let accepted = accepted_config_keys();
+    // The walk reaches every level: plain tables, maps of tables, arrays of tables in maps.
+    for key in [
+        "grpc.listen",
+        "ca.pkcs11_pin_file",
+        "cas.<name>.secret",
+        "signers.<name>.trust_domain",
+        "signers.<name>.rules[].require",
+        "signers.<name>.tenants.<name>.rules[].deny",
+        "federation[].trust_domain",
+        "ledger.log.origin",
+    ] {
+        assert!(
+            accepted.contains(key),
+            "the schema walk missed {key}: {accepted:#?}"
+        );
+    }
+    let problems = config_table_problems(&read(&repo_root().join("docs/reference.md")), &accepted);
+    assert!(
+        problems.is_empty(),
+        "docs/reference.md's configuration keys and the config schema disagree:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// A row dropped, a row for a key that does not exist and a key the schema would newly accept
+/// are each caught.
+#[test]
+fn a_broken_config_reference_is_caught() {
+    let reference = read(&repo_root().join("docs/reference.md"));
+    let accepted = accepted_config_keys();
+    let dropped: String = reference
+        .lines()
+        .filter(|l| !l.starts_with("| `grpc.max_dns_names` |"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        config_table_problems(&dropped, &accepted),
+        ["grpc.max_dns_names: accepted by the config, no row"]
+    );
+    let invented = reference.replace(
+        "| `grpc.max_dns_names` |",
+        "| `grpc.max_dns_name` | 1 | x |\n| `grpc.max_dns_names` |",
+    );
+    assert_eq!(
+        config_table_problems(&invented, &accepted),
+        ["grpc.max_dns_name: a row, but the config accepts no such key"]
+    );
+    let mut grown = accepted.clone();
+    grown.insert("grpc.new_key".into());
+    assert_eq!(
+        config_table_problems(&reference, &grown),
+        ["grpc.new_key: accepted by the config, no row"]
+    );
 }
