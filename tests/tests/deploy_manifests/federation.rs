@@ -15,6 +15,7 @@ const VALUES: &str = r#"
 config:
   signers:
     example.com/workload:
+      trust_domain: cluster.local
       federates_with: [cluster-b.example, web.example]
 bundleEndpoint:
   enabled: true

@@ -199,7 +199,7 @@ fn the_values_schema_refuses_unknown_and_ill_typed_values() {
         ),
         (
             "unknown signer policy key",
-            "config:\n  signers:\n    example.com/workload:\n      max_lifetime: 3600\n",
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      max_lifetime: 3600\n",
             "additional properties 'max_lifetime' not allowed",
         ),
         (
@@ -265,7 +265,7 @@ fn the_values_schema_refuses_unknown_and_ill_typed_values() {
         ),
         (
             "unknown key type",
-            "config:\n  signers:\n    example.com/workload:\n      key_types: [ECDSA]\n",
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      key_types: [ECDSA]\n",
             "key_types/0': value must be one of",
         ),
         (
@@ -868,9 +868,11 @@ fn named_in_roles(r: &Rendered, resource: &str) -> Vec<String> {
 #[test]
 fn helm_gives_a_signer_its_named_ca_beside_the_default_one() {
     // example.com/workload signs with `ca` (podca-ca), example.com/payments with cas.payments.
+    // Since issue #47 a values file's signers replace the placeholder: both are given.
     let both = "cas:\n  payments:\n    secretName: ca-payments\n  unused:\n    secretName: ca-unused\n\
                 config:\n  signers:\n    example.com/payments:\n      ca: payments\n      \
-                trust_domain: payments.example.com\n";
+                trust_domain: payments.example.com\n    example.com/workload:\n      \
+                trust_domain: cluster.local\n  grpc:\n    signer: example.com/workload\n";
     let r = check_helm_values("helm default + payments", "default", both);
     let signers = ["example.com/payments", SIGNER];
     check_rbac_signers("helm default + payments", &r, &signers);
@@ -956,7 +958,9 @@ fn the_chart_refuses_cas_podca_would_refuse() {
         ),
         (
             "cas:\n  payments:\n    secretName: podca-ca\nconfig:\n  signers:\n    \
-             example.com/payments:\n      ca: payments\n      trust_domain: payments.example.com\n",
+             example.com/payments:\n      ca: payments\n      trust_domain: payments.example.com\n    \
+             example.com/workload:\n      trust_domain: cluster.local\n  grpc:\n    \
+             signer: example.com/workload\n",
             "CAs default and payments are both the Secret podca-ca",
         ),
     ];
@@ -1168,7 +1172,7 @@ fn the_notes_make_each_tenant_ca_with_its_tenants_name_constraints() {
 
 /// Tenants with every key, and `untenanted = "signer"`, on the chart's placeholder signer.
 const TENANT_KEYS: &str = "cas:\n  team-x:\n    secretName: ca-team-x\n  ca-y:\n    \
-    secretName: ca-y\nconfig:\n  signers:\n    example.com/workload:\n      untenanted: signer\n      \
+    secretName: ca-y\nconfig:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      untenanted: signer\n      \
     tenants:\n        team-x:\n          namespaces: [x1, x2]\n        team-y:\n          \
     namespaces: [y1]\n          ca: ca-y\n          trust_domain: y.example\n          \
     cluster_domain: c.example\n          uri_constraints: true\n          rules:\n          \
@@ -1267,7 +1271,7 @@ fn helm_renders_tenants_and_untenanted_as_podca_reads_them() {
 fn the_values_schema_refuses_tenants_podca_would_refuse() {
     let tenant = |body: &str| {
         format!(
-            "config:\n  signers:\n    example.com/workload:\n      tenants:\n        team-a:\n{body}"
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      tenants:\n        team-a:\n{body}"
         )
     };
     let cases = [
@@ -1301,14 +1305,14 @@ fn the_values_schema_refuses_tenants_podca_would_refuse() {
         ),
         (
             "a tenant name podca refuses",
-            "config:\n  signers:\n    example.com/workload:\n      tenants:\n        Team-A:\n          \
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      tenants:\n        Team-A:\n          \
              namespaces: [a]\n"
                 .to_string(),
             "invalid propertyName 'Team-A'",
         ),
         (
             "an untenanted value podca does not know",
-            "config:\n  signers:\n    example.com/workload:\n      untenanted: allow\n"
+            "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      untenanted: allow\n"
                 .to_string(),
             "at '/config/signers/example.com~1workload/untenanted': value must be one of \
              'deny', 'signer'",
@@ -1328,7 +1332,7 @@ fn the_values_schema_refuses_tenants_podca_would_refuse() {
 
 #[test]
 fn the_chart_refuses_tenant_cas_podca_would_refuse() {
-    let tenants = "config:\n  signers:\n    example.com/workload:\n      tenants:\n        \
+    let tenants = "config:\n  signers:\n    example.com/workload:\n      trust_domain: cluster.local\n      tenants:\n        \
                    team-a:\n          namespaces: [a]\n";
     let cases = [
         (
@@ -1339,7 +1343,8 @@ fn the_chart_refuses_tenant_cas_podca_would_refuse() {
         (
             format!(
                 "cas:\n  payments:\n    secretName: ca-payments\n{tenants}          ca: payments\n    \
-                 example.com/payments:\n      trust_domain: payments.example\n      ca: payments\n"
+                 example.com/payments:\n      trust_domain: payments.example\n      ca: payments\n  \
+                 grpc:\n    signer: example.com/workload\n"
             ),
             "config.signers.example.com/workload.tenants.team-a signs with CA payments, which is \
              also the CA of signer example.com/payments",
@@ -1384,4 +1389,29 @@ fn the_chart_refuses_tenant_cas_podca_would_refuse() {
         secret("team-a")
     );
     Config::parse(&ok).unwrap_or_else(|e| panic!("{e:#}\n{ok}"));
+}
+
+/// Issue #47 item 8: a values file with its own `config.signers` gets exactly those signers:
+/// the placeholder `example.com/workload` is neither configured nor granted `sign`/`attest`
+/// (Helm merges maps, so a placeholder among the defaults stayed beside them). The only signer
+/// is the gRPC signer; several need `config.grpc.signer`, said before anything is installed.
+#[test]
+fn a_values_files_signers_replace_the_placeholder() {
+    let mine = "config:\n  signers:\n    mycorp.example/web:\n      trust_domain: web.mycorp.example\n";
+    let r = check_helm_values("helm own signer", "default", mine);
+    check_rbac_signers("helm own signer", &r, &["mycorp.example/web"]);
+    assert_eq!(
+        config(&r).grpc.signer.as_deref(),
+        Some("mycorp.example/web")
+    );
+    // A first install with no values still works, with the documented placeholder.
+    let r = parse_helm_yaml("helm no values", &helm_with_values("").expect("renders"));
+    check_rbac_signers("helm no values", &r, &[SIGNER]);
+    let two = "config:\n  signers:\n    a.example/x:\n      trust_domain: a.example\n    \
+               b.example/y:\n      trust_domain: b.example\n";
+    let err = helm_with_values(two).expect_err("two signers without grpc.signer");
+    assert!(
+        err.contains("config.grpc.signer: with several signers, name the one gRPC requests get"),
+        "{err}"
+    );
 }

@@ -80,13 +80,30 @@ granted (RBAC) and mounted (the HSM's volumes).
 {{- end -}}
 
 {{/*
+The signers podca is configured with, as JSON: config.signers (entries set to null left out);
+when it has none, the documented placeholder (placeholderSigner), so that a first install works
+and a values file's own signers replace the placeholder instead of being merged with it.
+*/}}
+{{- define "podca.signers" -}}
+{{- $out := dict -}}
+{{- range $name, $policy := .Values.config.signers -}}
+{{- if kindIs "map" $policy -}}{{- $_ := set $out $name $policy -}}{{- end -}}
+{{- end -}}
+{{- if not $out -}}
+{{- $p := .Values.placeholderSigner -}}
+{{- $_ := set $out $p.name $p.policy -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/*
 Every tenant of every signer (config.signers.<signer>.tenants.<tenant>), in signer then tenant
 order, as a JSON list of {signer, tenant, ca, spec}: `ca` is the CA that signs for the tenant,
 its `ca` key, else the CA named like the tenant (as podca's Config::tenant_cas).
 */}}
 {{- define "podca.tenants" -}}
 {{- $out := list -}}
-{{- range $signer, $policy := .Values.config.signers -}}
+{{- range $signer, $policy := include "podca.signers" . | fromJson -}}
 {{- if kindIs "map" $policy -}}
 {{- range $tenant, $spec := (get $policy "tenants" | default dict) -}}
 {{- if kindIs "map" $spec -}}
@@ -105,7 +122,7 @@ every signer, and the CA of every tenant.
 */}}
 {{- define "podca.casInUse" -}}
 {{- $names := list -}}
-{{- range $signer, $policy := .Values.config.signers -}}
+{{- range $signer, $policy := include "podca.signers" . | fromJson -}}
 {{- $names = append $names (include "podca.caOf" $policy) -}}
 {{- end -}}
 {{- range include "podca.tenants" . | fromJsonArray -}}
@@ -151,7 +168,7 @@ only signer, else the only entry of config.grpc.signers), else the first CA in u
 keys live with it only.
 */}}
 {{- define "podca.primaryCa" -}}
-{{- $signers := .Values.config.signers -}}
+{{- $signers := include "podca.signers" . | fromJson -}}
 {{- $grpc := .Values.config.grpc | default dict -}}
 {{- $signer := "" -}}
 {{- if $grpc.signer -}}
@@ -233,11 +250,13 @@ config.ledger.log.key_secret, else <primary CA Secret>-log; empty otherwise. */}
 {{- fail "config.ledger.log needs the gRPC signer's CA in a Secret or a PKCS#11 token: the checkpoint key is kept beside it" -}}
 {{- end -}}
 {{- end -}}
-{{- if not .Values.config.signers -}}
-{{- fail "config.signers: configure at least one signer name" -}}
+{{- $signers := include "podca.signers" . | fromJson -}}
+{{- $grpc := .Values.config.grpc | default dict -}}
+{{- if and (gt (len $signers) 1) (not $grpc.signer) -}}
+{{- fail "config.grpc.signer: with several signers, name the one gRPC requests get" -}}
 {{- end -}}
 {{- $cas := .Values.cas | default dict -}}
-{{- range $signer, $policy := .Values.config.signers -}}
+{{- range $signer, $policy := include "podca.signers" . | fromJson -}}
 {{- $ca := include "podca.caOf" $policy -}}
 {{- if and (ne $ca "default") (not (hasKey $cas $ca)) -}}
 {{- fail (printf "config.signers.%s.ca = %s: no such CA; declare it under cas (cas.%s.secretName), or leave ca out to sign with `ca`" $signer $ca $ca) -}}
@@ -246,7 +265,7 @@ config.ledger.log.key_secret, else <primary CA Secret>-log; empty otherwise. */}
 {{- /* A tenant's CA is a CA of its own (as podca's config check): declared under cas, the
 CA of no signer and of no other tenant. */ -}}
 {{- $signerCas := dict -}}
-{{- range $signer, $policy := .Values.config.signers -}}
+{{- range $signer, $policy := include "podca.signers" . | fromJson -}}
 {{- $_ := set $signerCas (include "podca.caOf" $policy) $signer -}}
 {{- end -}}
 {{- $tenantCas := dict -}}
@@ -281,6 +300,8 @@ podca's integer settings refuse).
 {{- define "podca.config" -}}
 {{- $root := . -}}
 {{- $cfg := deepCopy .Values.config -}}
+{{- $signers := include "podca.signers" . | fromJson -}}
+{{- $_ := set $cfg "signers" $signers -}}
 {{- if .Values.cas -}}
 {{- $cas := dict -}}
 {{- range $name, $ca := .Values.cas -}}
@@ -314,6 +335,9 @@ podca's integer settings refuse).
 {{- end -}}
 {{- end -}}
 {{- $grpc := $cfg.grpc | default dict -}}
+{{- if and (not $grpc.signer) (eq (len $signers) 1) -}}
+{{- $_ := set $grpc "signer" (keys $signers | first) -}}
+{{- end -}}
 {{- $_ := set $grpc "listen" (printf "0.0.0.0:%s" (include "podca.grpcPort" .)) -}}
 {{- if and (eq ($grpc.tls | default "self-issued") "self-issued") (not (hasKey $grpc "tls_service")) (not (hasKey $grpc "tls_dns_names")) -}}
 {{- $_ := set $grpc "tls_service" (include "podca.fullname" .) -}}
