@@ -1415,3 +1415,80 @@ fn a_values_files_signers_replace_the_placeholder() {
         "{err}"
     );
 }
+
+/// Every `helm install` line of the README and the install guide works as written: rendered
+/// with `helm template` and the same arguments from the repository's root (issue #47 item 8).
+#[test]
+fn the_documented_helm_install_lines_render() {
+    let mut found = 0;
+    for doc in ["README.md", "docs/install.md"] {
+        let text = std::fs::read_to_string(repo_root().join(doc)).unwrap();
+        // Shell continuation lines joined.
+        let joined = text.replace("\\\n", " ");
+        for line in joined.lines().map(str::trim) {
+            let Some(rest) = line.strip_prefix("helm install ") else {
+                continue;
+            };
+            found += 1;
+            let args: Vec<&str> = rest.split_whitespace().collect();
+            let out = Command::new(helm())
+                .current_dir(repo_root())
+                .arg("template")
+                .args(&args)
+                .output()
+                .expect("running helm");
+            assert!(
+                out.status.success(),
+                "{doc}: `helm install {rest}` does not render:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    assert!(found >= 2, "the README and the install guide each show a helm install");
+}
+
+/// What the migration from the kustomize manifests to the chart (docs/install.md) relies on:
+/// with the release named `podca`, the chart renders the very objects of the default overlay
+/// (kind, namespace, name), so Helm can adopt each, except the Namespace (not the chart's) and
+/// the config ConfigMap (kustomize adds a content hash to its name). The Deployment's selector
+/// differs (the chart's has `app.kubernetes.io/instance`) and is immutable: the guide deletes
+/// the Deployment first.
+#[test]
+fn the_chart_renders_the_default_overlays_objects_under_the_same_names() {
+    let identities = |yaml: &str| -> std::collections::BTreeSet<String> {
+        documents(yaml)
+            .iter()
+            .map(|d| {
+                let (_, kind) = kind_of(d);
+                format!(
+                    "{kind} {} {}",
+                    d["metadata"]["namespace"].as_str().unwrap_or("-"),
+                    d["metadata"]["name"].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    let kustomize = identities(&crate::render::render_overlay("default"));
+    let chart = identities(&render_helm("default"));
+    let only_kustomize: Vec<&String> = kustomize.difference(&chart).collect();
+    let only_chart: Vec<&String> = chart.difference(&kustomize).collect();
+    assert_eq!(only_chart, ["ConfigMap podca-system podca-config"]);
+    assert_eq!(only_kustomize.len(), 2, "{only_kustomize:?}");
+    assert!(only_kustomize[0].starts_with("ConfigMap podca-system podca-config-"));
+    assert_eq!(only_kustomize[1], "Namespace - podca-system");
+    let selector = |yaml: &str| {
+        documents(yaml)
+            .into_iter()
+            .find(|d| kind_of(d).1 == "Deployment")
+            .map(|d| d["spec"]["selector"]["matchLabels"].clone())
+            .unwrap()
+    };
+    assert_eq!(
+        selector(&crate::render::render_overlay("default")),
+        serde_json::json!({"app.kubernetes.io/name": "podca"})
+    );
+    assert_eq!(
+        selector(&render_helm("default")),
+        serde_json::json!({"app.kubernetes.io/name": "podca", "app.kubernetes.io/instance": "podca"})
+    );
+}
