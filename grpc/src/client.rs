@@ -169,7 +169,7 @@ impl Server {
             .issue_certificate(request)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| fail(format!("{}: {}", self.url, refusal(&status))))
+            .map_err(|status| self.refused(&status))
     }
 
     /// `IssueJwtSvid`; a refusal is one line naming the server.
@@ -181,7 +181,31 @@ impl Server {
             .issue_jwt_svid(request)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| fail(format!("{}: {}", self.url, refusal(&status))))
+            .map_err(|status| self.refused(&status))
+    }
+
+    /// A refusal in one line naming the server; a plaintext (`http://`) connection that broke
+    /// before any gRPC answer adds the likely cause: a TLS listener, such as `podca serve`'s.
+    fn refused(&self, status: &tonic::Status) -> ClientError {
+        // A status the client made from a broken connection carries its cause; a server's
+        // answer does not.
+        let broke = std::error::Error::source(status).is_some()
+            && matches!(
+                status.code(),
+                tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable
+            );
+        let hint = if broke && self.url.starts_with("http://") {
+            let https = self.url.replacen("http://", "https://", 1);
+            format!(
+                "; the connection broke before any gRPC answer, as a TLS listener (podca serve's \
+                 gRPC API) does to plaintext: use --server {https} with --ca-file (`podca \
+                 bundle`, or the signer's ClusterTrustBundle); http:// is for podca dev's \
+                 loopback listener"
+            )
+        } else {
+            String::new()
+        };
+        fail(format!("{}: {}{hint}", self.url, refusal(status)))
     }
 }
 
@@ -431,10 +455,16 @@ pub fn tls_failure_in(
         });
         if let Some(tls) = tls {
             return match tls {
-                Error::InvalidCertificate(CertificateError::NotValidForName)
-                | Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. }) => {
+                Error::InvalidCertificate(CertificateError::NotValidForName) => {
                     format!("TLS: the server's certificate is not valid for {name:?}{fix_name}")
                 }
+                Error::InvalidCertificate(CertificateError::NotValidForNameContext {
+                    presented,
+                    ..
+                }) => format!(
+                    "TLS: the server's certificate is not valid for {name:?}; it carries {}{fix_name}",
+                    presented_names(presented)
+                ),
                 Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
                     format!("TLS: the server's certificate does not chain to an anchor {anchors}")
                 }
@@ -455,6 +485,28 @@ pub fn tls_failure_in(
         cause = e.source();
     }
     last
+}
+
+/// The names a certificate presented, as webpki lists them (`DnsName("podca")`,
+/// `UniformResourceIdentifier("spiffe://…")`, `IpAddress(10.0.0.1)`), for a person: each value,
+/// escaped (the server chose them), in the certificate's order.
+fn presented_names(presented: &[String]) -> String {
+    if presented.is_empty() {
+        return "no subjectAltName a name could match".to_owned();
+    }
+    presented
+        .iter()
+        .map(|p| {
+            let value = ["DnsName(", "UniformResourceIdentifier(", "IpAddress("]
+                .iter()
+                .find_map(|kind| p.strip_prefix(kind)?.strip_suffix(')'));
+            match value {
+                Some(v) => v.trim_matches('"').escape_debug().to_string(),
+                None => format!("a {}", p.escape_debug()),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A bearer token read from a file. Its `Debug` never shows it.
@@ -630,6 +682,25 @@ mod tests {
         );
         let direct = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
         assert!(tls_failure(&direct, "wrong.name").contains("not valid for \"wrong.name\""));
+        // With webpki's context: the names the certificate carries, as values.
+        let context =
+            rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForNameContext {
+                expected: rustls::pki_types::ServerName::try_from("wrong.name")
+                    .unwrap()
+                    .to_owned(),
+                presented: vec![
+                    "UniformResourceIdentifier(\"spiffe://td/ns/a/sa/b\")".into(),
+                    "DnsName(\"podca.podca-system.svc\")".into(),
+                    "IpAddress(10.0.0.1)".into(),
+                    "DirectoryName".into(),
+                ],
+            });
+        assert_eq!(
+            tls_failure(&context, "wrong.name"),
+            "TLS: the server's certificate is not valid for \"wrong.name\"; it carries \
+             spiffe://td/ns/a/sa/b, podca.podca-system.svc, 10.0.0.1, a DirectoryName (set \
+             --server-name to a name it carries)"
+        );
     }
 
     const PODCA_ID: &str = "spiffe://cluster.local/ns/podca-system/sa/podca";

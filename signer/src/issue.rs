@@ -466,6 +466,27 @@ pub struct OperatorRequest<'a> {
 #[error("{0}")]
 pub struct OperatorRefused(String);
 
+/// `podca issue --dns` values, checked in the words of the command line before they travel
+/// as the `podca.dev/dns-names` annotation (whose refusals would speak of an annotation the
+/// operator never wrote): each a DNS name, at most [`crate::policy::MAX_DNS_NAMES`].
+pub fn check_dns_flags(names: &[String]) -> Result<(), OperatorRefused> {
+    for name in names {
+        if let Err(e) = name.parse::<crate::names::DnsName>() {
+            return Err(OperatorRefused(format!(
+                "--dns {name:?} is not a DNS name: it {e}"
+            )));
+        }
+    }
+    if names.len() > crate::policy::MAX_DNS_NAMES {
+        return Err(OperatorRefused(format!(
+            "--dns given {} times; a certificate carries at most {} DNS names",
+            names.len(),
+            crate::policy::MAX_DNS_NAMES
+        )));
+    }
+    Ok(())
+}
+
 /// Issues for the CA's operator (`podca issue` without `--server`) under a permissive policy
 /// of `trust_domain`, and the ledger record to keep before the certificate is handed out.
 pub fn for_operator(
@@ -480,6 +501,7 @@ pub fn for_operator(
     policy
         .validate()
         .map_err(|e| OperatorRefused(format!("--trust-domain {:?}: {e}", request.trust_domain)))?;
+    check_dns_flags(request.dns_names)?;
     let mut user_annotations = BTreeMap::new();
     if !request.dns_names.is_empty() {
         user_annotations.insert(

@@ -167,7 +167,7 @@ pub fn csr_der(bytes: &[u8]) -> Result<Vec<u8>, KeyError> {
         return Ok(bytes.to_vec());
     }
     let text = std::str::from_utf8(bytes).map_err(|_| malformed("not UTF-8 PEM".into()))?;
-    let block = pem::parse(text).map_err(|e| malformed(e.to_string()))?;
+    let block = pem::parse(text).map_err(|e| malformed(pem_in_words(&e)))?;
     match block.tag() {
         "CERTIFICATE REQUEST" | "NEW CERTIFICATE REQUEST" => Ok(block.into_contents()),
         other => Err(malformed(format!(
@@ -464,10 +464,53 @@ fn verify(
         .is_ok()
 }
 
+/// What is wrong with a CSR file's PEM, in words (the pem crate says `malformedframing`).
+fn pem_in_words(error: &pem::PemError) -> String {
+    use pem::PemError;
+    match error {
+        PemError::MalformedFraming | PemError::MissingBeginTag | PemError::MissingEndTag => {
+            "neither a PEM block (-----BEGIN CERTIFICATE REQUEST----- … -----END CERTIFICATE \
+             REQUEST-----) nor DER"
+                .into()
+        }
+        PemError::MismatchedTags(begin, end) => {
+            format!("its PEM block begins as {begin:?} but ends as {end:?}")
+        }
+        PemError::MissingData => "its PEM block is empty".into(),
+        PemError::InvalidData(e) => format!("its PEM block is not valid base64 ({e})"),
+        other => format!("its PEM is malformed: {other}"),
+    }
+}
+
+/// What is wrong with DER that should be a PKCS#10 request, in words (x509-parser says
+/// `Parsing Error: NomError(Eof)` or `Der(UnexpectedTag { … })`).
+fn csr_der_in_words(error: &x509_parser::nom::Err<x509_parser::error::X509Error>) -> String {
+    use x509_parser::asn1_rs::Error as Asn1;
+    use x509_parser::error::X509Error;
+    let inner = match error {
+        x509_parser::nom::Err::Incomplete(_) => None,
+        x509_parser::nom::Err::Error(e) | x509_parser::nom::Err::Failure(e) => Some(e),
+    };
+    match inner {
+        None
+        | Some(X509Error::NomError(x509_parser::nom::error::ErrorKind::Eof))
+        | Some(X509Error::Der(Asn1::Incomplete(_))) => {
+            "it ends before its DER does (truncated or cut short)".into()
+        }
+        Some(X509Error::Der(Asn1::UnexpectedTag { .. } | Asn1::UnexpectedClass { .. })) => {
+            "it is not a PKCS#10 certification request (its DER has another structure)".into()
+        }
+        Some(X509Error::Der(Asn1::InvalidLength)) => {
+            "a DER length does not fit the data (the request is damaged)".into()
+        }
+        Some(other) => format!("it is not a valid PKCS#10 certification request ({other})"),
+    }
+}
+
 fn parse_csr(der: &[u8]) -> Result<X509CertificationRequest<'_>, KeyError> {
     let (rest, csr) = X509CertificationRequest::from_der(der).map_err(|e| KeyError::Malformed {
         what: "CSR",
-        detail: e.to_string(),
+        detail: csr_der_in_words(&e),
     })?;
     if !rest.is_empty() {
         return Err(KeyError::Malformed {

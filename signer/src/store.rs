@@ -52,7 +52,10 @@ pub enum StoreError {
     Io { path: String, detail: String },
     #[error("{dir} already holds a CA (found {file}); refusing to overwrite it")]
     AlreadyInitialised { dir: String, file: String },
-    #[error("{dir} holds no CA yet; run `podca ca init` first")]
+    #[error(
+        "{dir} holds no CA yet; run `podca ca init --dir {}` first",
+        shell_word(dir)
+    )]
     NotInitialised { dir: String },
     /// Another process holds the data directory's writer lock.
     #[error(
@@ -99,6 +102,19 @@ pub enum StoreError {
         ca: ForeignCa,
         algorithm: CaAlgorithm,
     },
+}
+
+/// `word` as one shell word: as it is when that is safe, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-~+:@%=,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// A CA podca did not make itself, so it cannot make its successor either.

@@ -223,6 +223,7 @@ impl IssueArgs {
             Key::Csr(der) => der.clone(),
             Key::Generated(generated) => generated.stub_csr_der()?,
         };
+        podca_signer::issue::check_dns_flags(&self.dns_names)?;
         let mut user_annotations = std::collections::HashMap::new();
         if !self.dns_names.is_empty() {
             user_annotations.insert(DNS_NAMES_ANNOTATION.to_string(), self.dns_names.join(","));

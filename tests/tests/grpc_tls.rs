@@ -375,6 +375,24 @@ async fn serve_speaks_tls_that_clients_verify_with_the_published_anchors() {
         !o.status.success() && stderr.contains("not valid for \"127.0.0.1\""),
         "{stderr}"
     );
+    // The refusal names what the certificate carries (issue #47 item 7).
+    assert!(
+        stderr.contains("; it carries spiffe://") && stderr.contains(&format!(", {SERVER_NAME}")),
+        "{stderr}"
+    );
+    // Plaintext against the TLS listener: the fix is said.
+    let plain = url.replacen("https://", "http://", 1);
+    let o = Command::new(podca_binary())
+        .args(["issue", "--server", &plain])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && stderr.contains(&format!("use --server {url} with --ca-file"))
+            && stderr.lines().count() == 1,
+        "{stderr}"
+    );
 
     let metrics = http_get(serve.admin, "/metrics").unwrap().1;
     assert!(
