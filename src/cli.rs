@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use podca_authority::log_format::EscapedFields;
+use podca_authority::log_format::{EscapedFields, log_filter};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -100,14 +100,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// A `--log` / `PODCA_LOG` value that tracing accepts: a typo (`podca=verbose`) is a usage
-/// error at start, not a silent fall-back to `info` that hides the debug lines asked for.
-fn log_filter(value: &str) -> Result<String, String> {
-    tracing_subscriber::EnvFilter::try_new(value)
-        .map(|_| value.to_owned())
-        .map_err(|e| format!("{e} (expected e.g. `info`, `warn` or `info,podca_grpc=debug`)"))
-}
-
 fn init_logging(format: LogFormat, filter: &str, quiet_kube: bool) {
     // `log_filter` has accepted it when the command line was parsed.
     let filter = match quiet_kube {
@@ -130,24 +122,4 @@ fn init_logging(format: LogFormat, filter: &str, quiet_kube: bool) {
             .with(podca_authority::traces::slot())
             .try_init(),
     };
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_log_filter_tracing_cannot_read_is_a_usage_error() {
-        for good in ["info", "warn", "info,podca_grpc=debug", "podca=trace"] {
-            assert_eq!(log_filter(good).as_deref(), Ok(good));
-        }
-        for bad in ["podca=verbose", "info,podca_grpc=loud"] {
-            let e = log_filter(bad).expect_err(bad);
-            assert!(e.contains("expected e.g."), "{bad}: {e}");
-        }
-        let e = Cli::try_parse_from(["podca", "--log", "podca=verbose", "bundle"])
-            .expect_err("a bad filter");
-        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
-        assert!(e.to_string().contains("podca=verbose"), "{e}");
-    }
 }

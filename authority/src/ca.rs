@@ -4,6 +4,7 @@
 //! intermediate, see [`crate::intermediate`]). A Secret-held CA is read through the Kubernetes
 //! API by `podca_controller`.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +16,24 @@ use time::{Duration, OffsetDateTime};
 
 use crate::config::{CaConfig, FileCa, Pkcs11Ca, Pkcs11Mode};
 use crate::intermediate::Intermediate;
+
+/// Where the command line keeps the CA unless `--dir` (or `PODCA_DATA_DIR`, clap's default of
+/// it) says otherwise: `$XDG_DATA_HOME/podca`, else `~/.local/share/podca`, else `./.podca`.
+/// `crate::cli_pages` documents this rule: change both.
+pub fn default_data_dir() -> PathBuf {
+    data_dir_from(std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME"))
+}
+
+fn data_dir_from(xdg_data_home: Option<OsString>, home: Option<OsString>) -> PathBuf {
+    match (
+        xdg_data_home.filter(|d| !d.is_empty()),
+        home.filter(|d| !d.is_empty()),
+    ) {
+        (Some(dir), _) => PathBuf::from(dir).join("podca"),
+        (None, Some(home)) => PathBuf::from(home).join(".local/share/podca"),
+        (None, None) => PathBuf::from(".podca"),
+    }
+}
 
 /// Opens the active CA of a store (file key, or a key held in an HSM).
 pub type Opener = Arc<dyn Fn(&FileStore) -> Result<IssuingCa, OpenError> + Send + Sync>;
@@ -334,4 +353,25 @@ pub fn pkcs11_log_key(
             source: BackendError::InvalidKey(e.to_string()),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_data_dir_is_xdg_then_home_then_here() {
+        let some = |s: &str| Some(OsString::from(s));
+        let cases = [
+            (some("/x"), some("/h"), "/x/podca"),
+            (some(""), some("/h"), "/h/.local/share/podca"),
+            (None, some("/h"), "/h/.local/share/podca"),
+            (None, some(""), ".podca"),
+            (None, None, ".podca"),
+        ];
+        for (xdg, home, want) in cases {
+            let got = data_dir_from(xdg.clone(), home.clone());
+            assert_eq!(got, PathBuf::from(want), "{xdg:?} {home:?}");
+        }
+    }
 }

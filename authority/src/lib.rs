@@ -33,6 +33,7 @@ pub mod ca_report;
 pub mod closed_pipe;
 pub mod components;
 pub mod config;
+pub mod config_lint;
 pub mod duration;
 pub mod hsm_metrics;
 pub mod intermediate;

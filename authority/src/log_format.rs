@@ -144,6 +144,19 @@ fn must_escape(c: char) -> bool {
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
+/// A `--log` / `PODCA_LOG` value that tracing cannot read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0} (expected e.g. `info`, `warn` or `info,podca_grpc=debug`)")]
+pub struct BadLogFilter(String);
+
+/// A `--log` / `PODCA_LOG` value that tracing accepts: a typo (`podca=verbose`) is a usage
+/// error at start, not a silent fall-back to `info` that hides the debug lines asked for.
+pub fn log_filter(value: &str) -> Result<String, BadLogFilter> {
+    tracing_subscriber::EnvFilter::try_new(value)
+        .map(|_| value.to_owned())
+        .map_err(|e| BadLogFilter(e.to_string()))
+}
+
 /// Colours (ANSI escapes) only for a person at a terminal: a log file, a pipe or a container
 /// runtime's log gets plain lines that `grep` and log shippers read as written. `NO_COLOR`
 /// (any non-empty value, <https://no-color.org>) turns them off at a terminal too.
@@ -156,6 +169,17 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+
+    #[test]
+    fn a_log_filter_tracing_cannot_read_is_refused() {
+        for good in ["info", "warn", "info,podca_grpc=debug", "podca=trace"] {
+            assert_eq!(log_filter(good).as_deref(), Ok(good));
+        }
+        for bad in ["podca=verbose", "info,podca_grpc=loud"] {
+            let e = log_filter(bad).expect_err(bad);
+            assert!(e.to_string().contains("expected e.g."), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn colours_only_at_a_terminal_without_no_color() {

@@ -20,6 +20,8 @@ use podca_authority::config::Config;
 use podca_signer::backend::{PinSource, Pkcs11Config, Pkcs11Uri};
 use podca_signer::{FileStore, IssuingCa};
 
+pub use podca_authority::ca::default_data_dir;
+
 /// Which CA data directory a `podca ca` command works on: `--dir`, or the CA `--ca` names in
 /// `--config`, else the default data directory.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -109,16 +111,4 @@ pub fn block_on_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("starting the async runtime")
-}
-
-/// Where the CA lives unless `--dir` says otherwise: `$PODCA_DATA_DIR`, else
-/// `$XDG_DATA_HOME/podca`, else `~/.local/share/podca`.
-pub fn default_data_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir).join("podca");
-    }
-    match std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-        Some(home) => PathBuf::from(home).join(".local/share/podca"),
-        None => PathBuf::from(".podca"),
-    }
 }

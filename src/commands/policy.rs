@@ -22,7 +22,6 @@ use anyhow::{Context, bail};
 use podca_authority::config::Config;
 use podca_controller::policy_test::{Description, decide_description, decide_pcr, signer_list};
 use podca_controller::sample::{self, LabelsSample, PcrSample, PodSample};
-use podca_signer::rules::lint;
 use podca_signer::verdict::Verdict;
 use serde_json::Value;
 use time::OffsetDateTime;
@@ -164,15 +163,6 @@ fn read_document(path: &Path, what: &str) -> anyhow::Result<Value> {
     }
 }
 
-/// A multi-line library message as one line.
-fn one_line(s: &str) -> String {
-    s.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn test(args: &TestArgs) -> anyhow::Result<Verdict> {
     let config = Config::load(&args.config)?;
     let now = args.now.unwrap_or_else(OffsetDateTime::now_utc);
@@ -252,68 +242,12 @@ fn lint(path: &Path, output: OutputFormat) -> ExitCode {
             return ExitCode::from(EXIT_INPUT);
         }
     };
-    // The verdict is the loader's: exactly what `podca serve` and `podca dev` accept.
-    let loaded = Config::load(path);
-    let parsed = toml::from_str::<Config>(&text);
-    let mut errors = Vec::new();
-    let mut warnings = Vec::new();
-    let (mut signers, mut rules) = (0, 0);
-    match &parsed {
-        Err(e) => errors.push(format!("{}: {}", path.display(), one_line(&e.to_string()))),
-        Ok(config) => {
-            for (name, policy) in &config.signers {
-                signers += 1;
-                rules += policy.rules.len();
-                errors.extend(
-                    lint::signer_errors(policy)
-                        .into_iter()
-                        .map(|e| format!("signer {name:?}: {e}")),
-                );
-                warnings.extend(
-                    lint::policy_warnings(policy)
-                        .into_iter()
-                        .map(|w| format!("signer {name:?}: {w}")),
-                );
-            }
-        }
-    }
-    if let Err(e) = &loaded
-        && errors.is_empty()
-    {
-        // Not a signer's: [grpc], [jwt] and the like.
-        errors.push(one_line(&podca_signer::report::error_chain(e)));
-    }
+    let report = podca_authority::config_lint::lint(path, &text);
     match output {
-        OutputFormat::Json => println!(
-            "{}",
-            serde_json::json!({
-                "config": path.display().to_string(),
-                "errors": errors,
-                "warnings": warnings,
-                "signers": signers,
-                "rules": rules,
-            })
-        ),
-        OutputFormat::Text => {
-            for e in &errors {
-                println!("error: {e}");
-            }
-            for w in &warnings {
-                println!("warning: {w}");
-            }
-            let plural =
-                |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-            println!(
-                "{}: {}, {} ({}, {})",
-                path.display(),
-                plural(errors.len(), "error"),
-                plural(warnings.len(), "warning"),
-                plural(signers, "signer"),
-                plural(rules, "rule")
-            );
-        }
+        OutputFormat::Json => println!("{}", report.to_json(path)),
+        OutputFormat::Text => print!("{}", report.to_text(path)),
     }
-    if errors.is_empty() {
+    if report.errors.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_REFUSED)
