@@ -3,8 +3,10 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Parser, Subcommand};
 use podca_authority::log_format::{EscapedFields, log_filter};
+use podca_signer::spelling::Spelled;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -25,6 +27,18 @@ pub struct Cli {
     pub log: String,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The value parser of an option that names one of a library enum's values: the names of its
+/// [`Spelled`] table are clap's possible values, so `--help` (with each one's aliases), the
+/// completions and the man pages list them. Give the option `ignore_case`, as the table does.
+pub fn spelled<T: Spelled + Clone + Send + Sync>() -> impl TypedValueParser<Value = T> {
+    let values = T::SPELLINGS.iter().map(|s| {
+        PossibleValue::new(s.name)
+            .aliases(s.aliases.iter().copied())
+            .help(s.help_line())
+    });
+    PossibleValuesParser::new(values).try_map(|given| T::from_name(&given))
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

@@ -47,7 +47,7 @@ pub struct ServeArgs {
     pub lease: LeaseFlags,
     /// With --leader-elect, who signs PodCertificateRequests: `leader` or `rendezvous` (every
     /// replica its share); overrides `[controller] sharding`.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::spelled::<Sharding>(), ignore_case = true)]
     pub sharding: Option<Sharding>,
     /// How long shutdown may take, all of it: in-flight status writes and gRPC calls, then the
     /// ledger's last commit and the Lease's release.

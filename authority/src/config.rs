@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use podca_signer::SignerPolicy;
 use podca_signer::backend::PinSource;
 use podca_signer::policy::PolicyError;
+use podca_signer::spelling::{Spelled as _, Spelling, UnknownName};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -1139,21 +1140,30 @@ pub enum Sharding {
     Rendezvous,
 }
 
-/// A `--sharding` value that is none of [`Sharding`]'s.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("expected `leader` or `rendezvous`")]
-pub struct UnknownSharding;
+impl podca_signer::spelling::Spelled for Sharding {
+    const WHAT: &'static str = "sharding";
+    const SPELLINGS: &'static [Spelling<Self>] = &[
+        Spelling {
+            value: Sharding::Leader,
+            name: "leader",
+            aliases: &[],
+            help: "the Lease holder signs every PodCertificateRequest",
+        },
+        Spelling {
+            value: Sharding::Rendezvous,
+            name: "rendezvous",
+            aliases: &[],
+            help: "every live replica signs its share",
+        },
+    ];
+}
 
 /// `--sharding`: the values of `[controller] sharding`.
 impl std::str::FromStr for Sharding {
-    type Err = UnknownSharding;
+    type Err = UnknownName;
 
-    fn from_str(value: &str) -> Result<Self, UnknownSharding> {
-        match value {
-            "leader" => Ok(Sharding::Leader),
-            "rendezvous" => Ok(Sharding::Rendezvous),
-            _ => Err(UnknownSharding),
-        }
+    fn from_str(value: &str) -> Result<Self, UnknownName> {
+        Self::from_name(value)
     }
 }
 

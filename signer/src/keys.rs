@@ -18,6 +18,7 @@ use x509_parser::public_key::PublicKey;
 use x509_parser::x509::SubjectPublicKeyInfo;
 
 use crate::der;
+use crate::spelling::{Spelled as _, Spelling};
 
 /// The subject key types kubelet can request (spec §1.5, §5.1).
 #[derive(
@@ -125,16 +126,74 @@ impl fmt::Display for KeyType {
     }
 }
 
+impl crate::spelling::Spelled for KeyType {
+    const WHAT: &'static str = "key type";
+    const SPELLINGS: &'static [Spelling<Self>] = &[
+        Spelling {
+            value: KeyType::Rsa3072,
+            name: "RSA3072",
+            aliases: &[],
+            help: "RSA, 3072 bits",
+        },
+        Spelling {
+            value: KeyType::Rsa4096,
+            name: "RSA4096",
+            aliases: &[],
+            help: "RSA, 4096 bits",
+        },
+        Spelling {
+            value: KeyType::EcdsaP256,
+            name: "ECDSAP256",
+            aliases: &[],
+            help: "ECDSA on P-256",
+        },
+        Spelling {
+            value: KeyType::EcdsaP384,
+            name: "ECDSAP384",
+            aliases: &[],
+            help: "ECDSA on P-384",
+        },
+        Spelling {
+            value: KeyType::EcdsaP521,
+            name: "ECDSAP521",
+            aliases: &[],
+            help: "ECDSA on P-521",
+        },
+        Spelling {
+            value: KeyType::Ed25519,
+            name: "ED25519",
+            aliases: &[],
+            help: "Ed25519",
+        },
+        Spelling {
+            value: KeyType::MlDsa44,
+            name: "MLDSA44",
+            aliases: &[],
+            help: "post-quantum ML-DSA-44 (a signer's key_types must list it)",
+        },
+        Spelling {
+            value: KeyType::MlDsa65,
+            name: "MLDSA65",
+            aliases: &[],
+            help: "post-quantum ML-DSA-65 (likewise)",
+        },
+        Spelling {
+            value: KeyType::MlDsa87,
+            name: "MLDSA87",
+            aliases: &[],
+            help: "post-quantum ML-DSA-87 (likewise)",
+        },
+    ];
+}
+
+/// A kubelet key type name, in any ASCII case.
 impl FromStr for KeyType {
     type Err = KeyError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        KeyType::EVERY
-            .into_iter()
-            .find(|k| k.kubelet_name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| KeyError::UnsupportedKeyType {
-                found: format!("key type name {s:?}"),
-            })
+        Self::from_name(s).map_err(|_| KeyError::UnsupportedKeyType {
+            found: format!("key type name {s:?}"),
+        })
     }
 }
 

@@ -24,6 +24,7 @@ use time::OffsetDateTime;
 use crate::issue::{IssuedCertificate, Outcome};
 use crate::merkle::{Frontier, Hash, record_leaf_hash};
 use crate::merkle_verify::{LogSnapshot, StoredLeaf};
+use crate::spelling::{Spelled as _, Spelling, UnknownName};
 
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 /// Record id → sequence number. Named for its first use: an issued certificate's id is its
@@ -156,17 +157,34 @@ impl fmt::Display for RecordOutcome {
     }
 }
 
+impl crate::spelling::Spelled for RecordOutcome {
+    const WHAT: &'static str = "outcome";
+    const SPELLINGS: &'static [Spelling<Self>] = &[
+        Spelling {
+            value: RecordOutcome::Issued,
+            name: "issued",
+            aliases: &[],
+            help: "a certificate or JWT-SVID was issued",
+        },
+        Spelling {
+            value: RecordOutcome::Denied,
+            name: "denied",
+            aliases: &[],
+            help: "the request was refused (a DenyReason)",
+        },
+        Spelling {
+            value: RecordOutcome::Failed,
+            name: "failed",
+            aliases: &[],
+            help: "podca could not serve the request (a FailReason)",
+        },
+    ];
+}
+
 impl FromStr for RecordOutcome {
-    type Err = String;
+    type Err = UnknownName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "issued" => Ok(RecordOutcome::Issued),
-            "denied" => Ok(RecordOutcome::Denied),
-            "failed" => Ok(RecordOutcome::Failed),
-            other => Err(format!(
-                "{other:?} is not an outcome (issued, denied or failed)"
-            )),
-        }
+        Self::from_name(s)
     }
 }
 

@@ -23,6 +23,7 @@ pub mod report;
 pub mod rotation;
 pub mod rules;
 pub mod schedule;
+pub mod spelling;
 pub mod spiffe_bundle;
 pub mod store;
 pub mod tenants;

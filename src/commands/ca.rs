@@ -40,7 +40,7 @@ pub struct RotateArgs {
     pub max_leaf_lifetime_seconds: i64,
     /// Key algorithm of the new CA and of every later one (e.g. ml-dsa-65 to migrate to a
     /// post-quantum CA); default: the algorithm the last one was made with.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::spelled::<CaAlgorithm>(), ignore_case = true)]
     pub algorithm: Option<CaAlgorithm>,
 }
 
@@ -51,9 +51,8 @@ pub struct InitArgs {
     pub dir: Option<PathBuf>,
     #[command(flatten)]
     pub select: super::CaSelect,
-    /// CA key algorithm: ecdsa-p256, ecdsa-p384, ed25519, or post-quantum ml-dsa-44,
-    /// ml-dsa-65, ml-dsa-87 (file and Secret backends only).
-    #[arg(long, default_value = "ecdsa-p256")]
+    /// CA key algorithm (any case).
+    #[arg(long, default_value = "ecdsa-p256", value_parser = crate::cli::spelled::<CaAlgorithm>(), ignore_case = true)]
     pub algorithm: CaAlgorithm,
     /// Common-name prefix of the CA certificates.
     #[arg(long, default_value = "podca")]

@@ -34,7 +34,7 @@ pub struct DoctorArgs {
     pub lease_namespace: Option<String>,
     /// podca serve runs with `--sharding rendezvous` (or its config says so): check the member
     /// Leases' permissions too.
-    #[arg(long, requires = "lease_name")]
+    #[arg(long, requires = "lease_name", value_parser = crate::cli::spelled::<podca_authority::config::Sharding>(), ignore_case = true)]
     pub sharding: Option<podca_authority::config::Sharding>,
     /// Print the report as JSON: `{"healthy": bool, "checks": [{"name", "status", "detail"}]}`.
     #[arg(long)]

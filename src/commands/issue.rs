@@ -59,10 +59,9 @@ pub struct IssueArgs {
     /// Certify the key of this PKCS#10 CSR (PEM or DER); its signature is verified.
     #[arg(long, conflicts_with = "key_type")]
     pub csr: Option<PathBuf>,
-    /// Generate a key of this kubelet key type (RSA3072, RSA4096, ECDSAP256, ECDSAP384,
-    /// ECDSAP521, ED25519, or post-quantum MLDSA44, MLDSA65, MLDSA87) and write a credential
-    /// bundle (PRIVATE KEY, then the chain).
-    #[arg(long, default_value = "ECDSAP256")]
+    /// Generate a key of this kubelet key type (any case) and write a credential bundle
+    /// (PRIVATE KEY, then the chain).
+    #[arg(long, default_value = "ECDSAP256", value_parser = crate::cli::spelled::<KeyType>(), ignore_case = true)]
     pub key_type: Option<KeyType>,
     /// Namespace of the workload. With --server it is only a request to podca dev (sent as
     /// `x-podca-namespace`); podca serve takes the identity from the token.

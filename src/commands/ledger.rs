@@ -40,8 +40,8 @@ pub struct StoreArgs {
     /// PEM CA bundle that verifies the PostgreSQL server (with --postgres-url-file).
     #[arg(long, requires = "postgres_url_file")]
     pub postgres_ca_file: Option<PathBuf>,
-    /// `verify-full` (default) or `disable` (Unix sockets and loopback only).
-    #[arg(long, requires = "postgres_url_file")]
+    /// TLS to the PostgreSQL server (default: verify-full).
+    #[arg(long, requires = "postgres_url_file", value_parser = crate::cli::spelled::<PostgresTls>(), ignore_case = true)]
     pub postgres_tls: Option<PostgresTls>,
     /// The configuration file whose `[ledger]` (and `[ca] dir`) to read (over --dir).
     #[arg(long, env = "PODCA_CONFIG")]
@@ -73,8 +73,8 @@ pub struct FilterArgs {
     /// Only records made before this RFC 3339 time.
     #[arg(long)]
     pub until: Option<String>,
-    /// Only `issued`, `denied` or `failed`.
-    #[arg(long)]
+    /// Only records of this outcome.
+    #[arg(long, value_parser = crate::cli::spelled::<RecordOutcome>(), ignore_case = true)]
     pub outcome: Option<RecordOutcome>,
 }
 

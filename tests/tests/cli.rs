@@ -280,7 +280,7 @@ fn rendezvous_sharding_needs_leader_election() {
     let usage = podca(&["serve", "--config", config, "--sharding", "everyone"]);
     let e = String::from_utf8_lossy(&usage.stderr);
     assert_eq!(usage.status.code(), Some(2), "{e}");
-    assert!(e.contains("expected `leader` or `rendezvous`"), "{e}");
+    assert!(e.contains("[possible values: leader, rendezvous]"), "{e}");
     let e = fails(&["serve", "--config", config, "--sharding", "rendezvous"]);
     assert!(
         e.contains("rendezvous sharding needs --leader-elect"),

@@ -29,6 +29,7 @@
 
 use std::path::PathBuf;
 
+use podca_signer::spelling::{Spelled as _, Spelling, UnknownName};
 use serde::Deserialize;
 
 /// `[ledger]`, parsed.
@@ -106,22 +107,31 @@ pub enum PostgresTls {
 }
 
 /// `verify-full` or `disable`, as `--postgres-tls` spells them.
-impl std::str::FromStr for PostgresTls {
-    type Err = UnknownPostgresTls;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        match text {
-            "verify-full" => Ok(PostgresTls::VerifyFull),
-            "disable" => Ok(PostgresTls::Disable),
-            other => Err(UnknownPostgresTls(other.to_owned())),
-        }
-    }
+impl podca_signer::spelling::Spelled for PostgresTls {
+    const WHAT: &'static str = "PostgreSQL TLS mode";
+    const SPELLINGS: &'static [Spelling<Self>] = &[
+        Spelling {
+            value: PostgresTls::VerifyFull,
+            name: "verify-full",
+            aliases: &[],
+            help: "TLS, the server's certificate and name verified (the default)",
+        },
+        Spelling {
+            value: PostgresTls::Disable,
+            name: "disable",
+            aliases: &[],
+            help: "no TLS (Unix sockets and loopback only)",
+        },
+    ];
 }
 
-/// A PostgreSQL TLS mode podca does not know.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?}: use verify-full or disable")]
-pub struct UnknownPostgresTls(pub String);
+impl std::str::FromStr for PostgresTls {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::from_name(text)
+    }
+}
 
 /// What a decision waits for when the store cannot be written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]

@@ -241,7 +241,7 @@ pub fn open_with(
     let algorithm: CaAlgorithm = seal
         .algorithm
         .parse()
-        .map_err(|e: String| unreadable(format!("algorithm: {e}")))?;
+        .map_err(|e: podca_signer::spelling::UnknownName| unreadable(format!("algorithm: {e}")))?;
     let signature =
         hex::decode(&seal.signature).map_err(|e| unreadable(format!("signature: {e}")))?;
     if !vouched(&signer, known) {

@@ -6,6 +6,8 @@
 
 use std::fmt;
 
+use crate::spelling::{Spelled as _, Spelling, UnknownName};
+
 mod file;
 mod memory;
 pub mod pkcs11;
@@ -27,7 +29,7 @@ pub enum CaAlgorithm {
     EcdsaP384,
     /// Ed25519.
     Ed25519,
-    /// RSA PKCS#1 v1.5 with SHA-256 (imported or HSM-held RSA keys only).
+    /// RSA PKCS#1 v1.5 with SHA-256 (a 3072-bit file key, or an imported or HSM-held one).
     RsaSha256,
     /// ML-DSA-44 (FIPS 204, pure, empty context; RFC 9881). File and Secret keys only.
     MlDsa44,
@@ -128,37 +130,66 @@ impl CaAlgorithm {
     }
 }
 
+impl crate::spelling::Spelled for CaAlgorithm {
+    const WHAT: &'static str = "CA key algorithm";
+    const SPELLINGS: &'static [Spelling<Self>] = &[
+        Spelling {
+            value: CaAlgorithm::EcdsaP256,
+            name: "ecdsa-p256",
+            aliases: &["p256", "p-256", "ecdsap256"],
+            help: "ECDSA P-256 with SHA-256",
+        },
+        Spelling {
+            value: CaAlgorithm::EcdsaP384,
+            name: "ecdsa-p384",
+            aliases: &["p384", "p-384", "ecdsap384"],
+            help: "ECDSA P-384 with SHA-384",
+        },
+        Spelling {
+            value: CaAlgorithm::Ed25519,
+            name: "ed25519",
+            aliases: &[],
+            help: "Ed25519",
+        },
+        Spelling {
+            value: CaAlgorithm::RsaSha256,
+            name: "rsa-sha256",
+            aliases: &["rsa"],
+            help: "RSA (3072-bit when podca makes the key) with PKCS#1 v1.5 and SHA-256",
+        },
+        Spelling {
+            value: CaAlgorithm::MlDsa44,
+            name: "ml-dsa-44",
+            aliases: &["mldsa44"],
+            help: "post-quantum ML-DSA-44 (FIPS 204; file and Secret keys only)",
+        },
+        Spelling {
+            value: CaAlgorithm::MlDsa65,
+            name: "ml-dsa-65",
+            aliases: &["mldsa65"],
+            help: "post-quantum ML-DSA-65 (file and Secret keys only)",
+        },
+        Spelling {
+            value: CaAlgorithm::MlDsa87,
+            name: "ml-dsa-87",
+            aliases: &["mldsa87"],
+            help: "post-quantum ML-DSA-87 (file and Secret keys only)",
+        },
+    ];
+}
+
+/// A name of [`CaAlgorithm`]'s spelling table.
 impl std::str::FromStr for CaAlgorithm {
-    type Err = String;
+    type Err = UnknownName;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.to_ascii_lowercase().replace('_', "-").as_str() {
-            "ecdsa-p256" | "p256" | "p-256" | "ecdsap256" => Ok(CaAlgorithm::EcdsaP256),
-            "ecdsa-p384" | "p384" | "p-384" | "ecdsap384" => Ok(CaAlgorithm::EcdsaP384),
-            "ed25519" => Ok(CaAlgorithm::Ed25519),
-            "rsa" | "rsa-sha256" => Ok(CaAlgorithm::RsaSha256),
-            "ml-dsa-44" | "mldsa44" => Ok(CaAlgorithm::MlDsa44),
-            "ml-dsa-65" | "mldsa65" => Ok(CaAlgorithm::MlDsa65),
-            "ml-dsa-87" | "mldsa87" => Ok(CaAlgorithm::MlDsa87),
-            _ => Err(format!(
-                "unknown CA key algorithm {s:?}; expected ecdsa-p256, ecdsa-p384, ed25519, \
-                 ml-dsa-44, ml-dsa-65 or ml-dsa-87"
-            )),
-        }
+        Self::from_name(s)
     }
 }
 
 impl fmt::Display for CaAlgorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            CaAlgorithm::EcdsaP256 => "ecdsa-p256",
-            CaAlgorithm::EcdsaP384 => "ecdsa-p384",
-            CaAlgorithm::Ed25519 => "ed25519",
-            CaAlgorithm::RsaSha256 => "rsa-sha256",
-            CaAlgorithm::MlDsa44 => "ml-dsa-44",
-            CaAlgorithm::MlDsa65 => "ml-dsa-65",
-            CaAlgorithm::MlDsa87 => "ml-dsa-87",
-        })
+        f.write_str(self.canonical_name())
     }
 }
 
