@@ -20,14 +20,17 @@ use crate::{commands, dev, serve};
 )]
 pub struct Cli {
     /// Log format.
-    #[arg(long, global = true, env = "PODCA_LOG_FORMAT", default_value = "text")]
+    #[arg(long, global = true, env = "PODCA_LOG_FORMAT", default_value = "text", help_heading = GLOBAL)]
     pub log_format: LogFormat,
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `podca=debug`.
-    #[arg(long, global = true, env = "PODCA_LOG", default_value = "info", value_parser = log_filter)]
+    #[arg(long, global = true, env = "PODCA_LOG", default_value = "info", value_parser = log_filter, help_heading = GLOBAL)]
     pub log: String,
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// Where `--help` lists the options every command takes, apart from the command's own.
+const GLOBAL: &str = "Global options";
 
 /// The value parser of an option that names one of a library enum's values: the names of its
 /// [`Spelled`] table are clap's possible values, so `--help` (with each one's aliases), the

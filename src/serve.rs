@@ -27,7 +27,7 @@ use podca_authority::duration::parse_duration;
 pub struct ServeArgs {
     /// Configuration file (TOML).
     #[arg(long, env = "PODCA_CONFIG")]
-    pub config: Option<PathBuf>,
+    pub config: PathBuf,
     /// Kubeconfig file; default: KUBECONFIG, ~/.kube/config, then the in-cluster service account.
     #[arg(long, env = "PODCA_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -208,8 +208,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// The configuration file `--config` names, with at least one signer.
-fn load_config(path: Option<PathBuf>) -> anyhow::Result<Config> {
-    let path = path.context("--config is required for `podca serve`")?;
+fn load_config(path: PathBuf) -> anyhow::Result<Config> {
     let config = Config::load(&path)?;
     if config.signers.is_empty() {
         bail!(
@@ -253,15 +252,4 @@ pub struct LeaseFlags {
     /// Wait between attempts after a leader-election error (e.g. `2s`).
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub lease_retry_period: Duration,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_config_file_is_required() {
-        let error = load_config(None).map(|_| ()).unwrap_err();
-        assert_eq!(error.to_string(), "--config is required for `podca serve`");
-    }
 }
