@@ -186,8 +186,10 @@ pub fn certificate_details(
 }
 
 /// The chain check of `podca inspect`: every certificate signed by the next, the last by one of
-/// `anchors` (when known). Returns the lines and whether it all verifies.
-pub fn chain(certs: &[CaCertificate], anchors: Option<&[CaCertificate]>) -> (String, bool) {
+/// `anchors`, or a line saying why it was not checked against any (`Err(why)`): a chain that
+/// merely hangs together must not read as trusted. Returns the lines and whether it all
+/// verifies.
+pub fn chain(certs: &[CaCertificate], anchors: Result<&[CaCertificate], &str>) -> (String, bool) {
     let mut out = String::new();
     let mut ok = true;
     for (i, pair) in certs.windows(2).enumerate() {
@@ -205,7 +207,10 @@ pub fn chain(certs: &[CaCertificate], anchors: Option<&[CaCertificate]>) -> (Str
             }
         }
     }
-    if let (Some(anchors), Some(last)) = (anchors, certs.last()) {
+    if let Err(why) = anchors {
+        let _ = writeln!(out, "chain: not checked against trust anchors ({why})");
+    }
+    if let (Ok(anchors), Some(last)) = (anchors, certs.last()) {
         match anchors
             .iter()
             .find(|a| *a == last || last.verify_signed_by(a).is_ok())

@@ -78,16 +78,18 @@ impl InspectArgs {
             check_private_key(&key, &certs)?;
         }
         let anchors = match (&ca_file, dir) {
-            (Some(path), _) => Some(CaCertificate::all_from_pem(
+            (Some(path), _) => Ok(CaCertificate::all_from_pem(
                 &std::fs::read_to_string(path)
                     .with_context(|| format!("cannot read {}", path.display()))?,
             )?),
             (None, dir) => {
                 let store = FileStore::new(dir.unwrap_or_else(super::default_data_dir));
-                store.roots().ok()
+                let dir = store.dir().display();
+                (store.roots()).map_err(|_| format!("no --ca-file and no local CA in {dir}"))
             }
         };
-        let (lines, ok) = report::chain(&parsed, anchors.as_deref());
+        let anchors = anchors.as_deref().map_err(String::as_str);
+        let (lines, ok) = report::chain(&parsed, anchors);
         print!("{lines}");
         anyhow::ensure!(ok, "{}: the chain does not verify", file.display());
         Ok(())
