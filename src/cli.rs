@@ -80,7 +80,7 @@ pub enum Command {
     Renewal(commands::renewal::RenewalArgs),
     /// kube-apiserver's external service-account token signer, on a Unix socket.
     TokenSigner(commands::token_signer::TokenSignerArgs),
-    /// Print shell completions (bash, zsh, fish) or, with --man, the man page.
+    /// Print shell completions (bash, zsh, fish) or, with --man, the man pages.
     Completions(commands::completions::CompletionsArgs),
 }
 

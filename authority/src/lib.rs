@@ -30,6 +30,7 @@ pub mod admin;
 pub mod bundle_endpoint;
 pub mod ca;
 pub mod ca_report;
+pub mod cli_pages;
 pub mod closed_pipe;
 pub mod components;
 pub mod config;
