@@ -37,6 +37,7 @@ use crate::queue::{Item, WorkQueue};
 use crate::request::{self, ApiVersion, Pcr};
 use crate::service_ca::{self, Entitlement};
 use crate::sharding::{self, Shard, ShardMetrics};
+use crate::watched::WatchedPcr;
 use crate::{Error, Options, lease};
 use podca_authority::admin::{Readiness, ReadyFlag};
 use podca_authority::config::Sharding;
@@ -538,53 +539,136 @@ async fn watch_signer(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, signer: String, sync
     );
     match ctx.version {
         ApiVersion::V1 => {
-            let api: Api<v1::PodCertificateRequest> = Api::all(ctx.client.clone());
+            // Decoded lean (`crate::watched`): no managedFields, no issued chain.
+            let api: Api<WatchedPcr> = Api::all(ctx.client.clone());
             let stream = watcher(api, config).default_backoff();
-            feed(stream, Pcr::from_v1, &queue, &ctx, &signer, &synced).await;
+            feed(stream, Watched::Lean, &queue, &ctx, &signer, &synced).await;
         }
         ApiVersion::V1Beta1 => {
             let api: Api<v1beta1::PodCertificateRequest> = Api::all(ctx.client.clone());
             let stream = watcher(api, config).default_backoff();
-            feed(stream, Pcr::from_v1beta1, &queue, &ctx, &signer, &synced).await;
+            feed(
+                stream,
+                Watched::Whole(Pcr::from_v1beta1),
+                &queue,
+                &ctx,
+                &signer,
+                &synced,
+            )
+            .await;
         }
     }
 }
 
-async fn feed<K>(
+/// How a watch's objects become requests: decoded whole (v1beta1), or lean first and whole
+/// only when this replica works on them (v1, [`WatchedPcr`]).
+enum Watched<K> {
+    Whole(fn(K) -> Option<Pcr>),
+    Lean,
+}
+
+/// What an event's object says, as far as `feed` needs it.
+trait Placeable: Sized {
+    fn uid(&self) -> Option<&str>;
+    /// Settled, or (decoded whole) for another signer.
+    fn done(&self, signer: &str) -> bool;
+    /// The request without its spec, to park (lean), or whole.
+    fn placed(&self, signer: &str, whole: Option<fn(Self) -> Option<Pcr>>) -> Option<Pcr>;
+    fn decode(self, whole: Option<fn(Self) -> Option<Pcr>>) -> Option<Pcr>;
+}
+
+impl Placeable for WatchedPcr {
+    fn uid(&self) -> Option<&str> {
+        WatchedPcr::uid(self)
+    }
+    fn done(&self, _: &str) -> bool {
+        // The field selector filters by signer; a whole decode checks it again (`plan`).
+        self.is_settled()
+    }
+    fn placed(&self, signer: &str, _: Option<fn(Self) -> Option<Pcr>>) -> Option<Pcr> {
+        WatchedPcr::placed(self, signer)
+    }
+    fn decode(self, _: Option<fn(Self) -> Option<Pcr>>) -> Option<Pcr> {
+        WatchedPcr::decode(self)
+    }
+}
+
+impl Placeable for v1beta1::PodCertificateRequest {
+    fn uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+    fn done(&self, signer: &str) -> bool {
+        self.spec.signer_name != signer
+            || self.status.as_ref().is_some_and(|s| {
+                crate::decide::terminal_condition(
+                    s.conditions
+                        .iter()
+                        .flatten()
+                        .filter(|c| c.status == "True")
+                        .map(|c| c.type_.as_str()),
+                )
+                .is_some()
+            })
+    }
+    fn placed(&self, _: &str, whole: Option<fn(Self) -> Option<Pcr>>) -> Option<Pcr> {
+        whole.and_then(|convert| convert(self.clone()))
+    }
+    fn decode(self, whole: Option<fn(Self) -> Option<Pcr>>) -> Option<Pcr> {
+        whole.and_then(|convert| convert(self))
+    }
+}
+
+async fn feed<K: Placeable>(
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    convert: fn(K) -> Option<Pcr>,
+    watched: Watched<K>,
     queue: &WorkQueue,
     ctx: &Ctx,
     signer: &str,
     synced: &Synced,
 ) {
+    let whole = match watched {
+        Watched::Whole(convert) => Some(convert),
+        Watched::Lean => None,
+    };
     let metrics = &ctx.metrics;
     let mut first_sync = true;
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
         match event {
             Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
-                let Some(pcr) = convert(obj) else { continue };
-                // The field selector already filters; a wrong signer here would be an API bug.
-                if pcr.terminal.is_some() || pcr.signer_name != signer {
+                let Some(uid) = obj.uid().map(str::to_owned) else {
+                    continue;
+                };
+                if obj.done(signer) {
                     if let Some(shard) = &ctx.shard {
-                        shard.unpark(&pcr.uid);
+                        shard.unpark(&uid);
                     }
                     continue;
                 }
-                let item = Item::new(pcr);
-                if let Some(shard) = &ctx.shard
-                    && !shard.take_or_park(&item.pcr, (ctx.clock)())
-                {
+                if let Some(shard) = &ctx.shard {
+                    // Placed from its metadata: another replica's request is parked without
+                    // its spec, re-read if it ever comes to this replica.
+                    let Some(placed) = obj.placed(signer, whole) else {
+                        continue;
+                    };
+                    if !shard.take_or_park(&Arc::new(placed), (ctx.clock)()) {
+                        continue;
+                    }
+                }
+                let Some(pcr) = obj.decode(whole) else {
+                    continue;
+                };
+                // The field selector already filters; a wrong signer here would be an API bug.
+                if pcr.terminal.is_some() || pcr.signer_name != signer {
                     continue;
                 }
-                queue.push(item).await;
+                queue.push(Item::new(pcr)).await;
             }
             Ok(watcher::Event::Delete(obj)) => {
-                if let Some(pcr) = convert(obj) {
-                    queue.forget(&pcr.uid);
+                if let Some(uid) = obj.uid() {
+                    queue.forget(uid);
                     if let Some(shard) = &ctx.shard {
-                        shard.unpark(&pcr.uid);
+                        shard.unpark(uid);
                     }
                 }
             }
@@ -680,9 +764,10 @@ async fn reconcile(ctx: &Ctx, mut item: Item, permit: &Permit) -> Step {
     {
         return Step::Dropped;
     }
-    // Fetch: the watched copy on the first try; a fresh read on retries.
+    // Fetch: the watched copy on the first try; a fresh read on retries, and for a request
+    // parked lean (its spec was never decoded here).
     let watched = Arc::clone(&item.pcr);
-    let fresh = if item.attempt > 0 {
+    let fresh = if item.attempt > 0 || watched.lean {
         let fresh = fetch(ctx, ctx.version, &watched.namespace, &watched.name).await;
         if let Err(e) = &fresh {
             debug!(error = %e, "re-reading");

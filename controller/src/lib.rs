@@ -30,6 +30,7 @@ pub mod secret_ca;
 pub mod secret_history;
 pub mod service_ca;
 mod sharding;
+mod watched;
 
 use std::collections::BTreeMap;
 use std::future::Future;

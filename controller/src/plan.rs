@@ -181,6 +181,7 @@ mod tests {
             pkix_public_key: pkix.then(|| b"spki".to_vec()),
             proof_of_possession: pkix.then(|| b"sig".to_vec()),
             user_annotations: Default::default(),
+            lean: false,
         }
     }
 

@@ -31,7 +31,7 @@ impl ApiVersion {
 }
 
 /// The fields of a PCR that reconciliation needs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pcr {
     pub version: ApiVersion,
     pub uid: String,
@@ -52,6 +52,9 @@ pub struct Pcr {
     pub pkix_public_key: Option<Vec<u8>>,
     pub proof_of_possession: Option<Vec<u8>>,
     pub user_annotations: BTreeMap<String, String>,
+    /// Placed by the watch without its spec ([`Pcr::lean`]): everything past `created` is
+    /// empty, and the worker re-reads the request before deciding.
+    pub lean: bool,
 }
 
 /// Where the subject key of a PCR comes from.
@@ -90,7 +93,37 @@ impl Pcr {
             pkix_public_key: None,
             proof_of_possession: None,
             user_annotations: spec.unverified_user_annotations.unwrap_or_default(),
+            lean: false,
         })
+    }
+
+    /// A request placed by the watch from its metadata alone (`crate::watched`): uid, name,
+    /// namespace, signer and creation time; the rest is empty until a read fills it.
+    pub fn lean(
+        version: ApiVersion,
+        (uid, namespace, name): (String, String, String),
+        signer: &str,
+        created: Option<&Time>,
+    ) -> Self {
+        Pcr {
+            version,
+            uid,
+            namespace,
+            name,
+            signer_name: signer.to_owned(),
+            created: created.and_then(to_offset),
+            terminal: None,
+            pod_name: String::new(),
+            pod_uid: String::new(),
+            node_name: String::new(),
+            service_account: String::new(),
+            max_expiration_seconds: None,
+            stub_csr: Vec::new(),
+            pkix_public_key: None,
+            proof_of_possession: None,
+            user_annotations: BTreeMap::new(),
+            lean: true,
+        }
     }
 
     pub fn from_v1beta1(obj: v1beta1::PodCertificateRequest) -> Option<Self> {
@@ -114,6 +147,7 @@ impl Pcr {
             pkix_public_key: spec.pkix_public_key.map(|b| b.0),
             proof_of_possession: spec.proof_of_possession.map(|b| b.0),
             user_annotations: spec.unverified_user_annotations.unwrap_or_default(),
+            lean: false,
         })
     }
 
@@ -232,6 +266,7 @@ pub(crate) fn test_pcr(uid: &str, name: &str) -> Pcr {
         pkix_public_key: None,
         proof_of_possession: None,
         user_annotations: Default::default(),
+        lean: false,
     }
 }
 
