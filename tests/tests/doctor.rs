@@ -683,37 +683,52 @@ fn config_with_service_ca() -> String {
     format!("{base}\n[signers.\"{SIGNER}\".service_ca]\ncluster_domain = \"cluster.local\"\n")
 }
 
-#[tokio::test]
-async fn service_ca_without_its_reads_is_named_and_with_them_all_is_green() {
+/// `config` needs a component's grants: without them the rbac check alone fails, naming each
+/// missing permission (`missing`, of `total`); with them (`with`'s RBAC) all is green.
+async fn a_component_is_named_until_granted(
+    config: String,
+    with: impl Fn(Setup) -> Setup,
+    missing: &str,
+    total: usize,
+) {
     let without = world(Setup {
-        config: Some(config_with_service_ca()),
+        config: Some(config.clone()),
         ..Setup::default()
     })
     .await;
     let out = doctor(&without, &[]).await;
-    let why = "(a signer has a service_ca table: deploy/components/service-ca)";
-    assert_only_failure(
-        &out,
-        "rbac",
-        &[&format!(
-            "2 of 29 permissions missing (see deploy/base/rbac.yaml): get pods cluster-wide \
-             {why}, get services cluster-wide {why}"
-        )],
-    );
-    let with = world(Setup {
-        config: Some(config_with_service_ca()),
-        service_ca: true,
+    assert_only_failure(&out, "rbac", &[missing]);
+    let granted = world(with(Setup {
+        config: Some(config),
         ..Setup::default()
-    })
+    }))
     .await;
-    let out = doctor(&with, &[]).await;
+    let out = doctor(&granted, &[]).await;
     assert_all_green(&out);
     assert_eq!(
         lines(&out)[1].2,
-        "all 29 permissions podca needs are granted",
+        format!("all {total} permissions podca needs are granted"),
         "{}",
         report(&out)
     );
+}
+
+#[tokio::test]
+async fn service_ca_without_its_reads_is_named_and_with_them_all_is_green() {
+    let why = "(a signer has a service_ca table: deploy/components/service-ca)";
+    a_component_is_named_until_granted(
+        config_with_service_ca(),
+        |s| Setup {
+            service_ca: true,
+            ..s
+        },
+        &format!(
+            "2 of 29 permissions missing (see deploy/base/rbac.yaml): get pods cluster-wide \
+             {why}, get services cluster-wide {why}"
+        ),
+        29,
+    )
+    .await;
 }
 
 /// deploy/base/config.toml with a rule on `namespaceObject.metadata.labels`.
@@ -727,34 +742,17 @@ fn config_with_namespace_label_rule() -> String {
 
 #[tokio::test]
 async fn pod_facts_without_pods_get_is_named_and_with_it_all_is_green() {
-    let without = world(Setup {
-        config: Some(config_with_pod_facts()),
-        ..Setup::default()
-    })
+    a_component_is_named_until_granted(
+        config_with_pod_facts(),
+        |s| Setup {
+            pod_facts: true,
+            ..s
+        },
+        "1 of 28 permissions missing (see deploy/base/rbac.yaml): get pods cluster-wide (a \
+         signer sets pod_facts = true: deploy/components/pod-facts)",
+        28,
+    )
     .await;
-    let out = doctor(&without, &[]).await;
-    assert_only_failure(
-        &out,
-        "rbac",
-        &[
-            "1 of 28 permissions missing (see deploy/base/rbac.yaml): get pods cluster-wide (a \
-           signer sets pod_facts = true: deploy/components/pod-facts)",
-        ],
-    );
-    let with = world(Setup {
-        config: Some(config_with_pod_facts()),
-        pod_facts: true,
-        ..Setup::default()
-    })
-    .await;
-    let out = doctor(&with, &[]).await;
-    assert_all_green(&out);
-    assert_eq!(
-        lines(&out)[1].2,
-        "all 28 permissions podca needs are granted",
-        "{}",
-        report(&out)
-    );
     // The grant without the flag is not asked for (and not beyond: only secrets and `*` are).
     let out = doctor(
         &world(Setup {
@@ -774,35 +772,20 @@ async fn pod_facts_without_pods_get_is_named_and_with_it_all_is_green() {
 
 #[tokio::test]
 async fn a_namespace_label_rule_without_the_namespace_watch_is_named() {
-    let without = world(Setup {
-        config: Some(config_with_namespace_label_rule()),
-        ..Setup::default()
-    })
-    .await;
-    let out = doctor(&without, &[]).await;
     let why = "(a rule reads namespaceObject.metadata.labels: deploy/components/namespace-labels)";
-    assert_only_failure(
-        &out,
-        "rbac",
-        &[&format!(
+    a_component_is_named_until_granted(
+        config_with_namespace_label_rule(),
+        |s| Setup {
+            namespace_labels: true,
+            ..s
+        },
+        &format!(
             "2 of 29 permissions missing (see deploy/base/rbac.yaml): list namespaces \
              cluster-wide {why}, watch namespaces cluster-wide {why}"
-        )],
-    );
-    let with = world(Setup {
-        config: Some(config_with_namespace_label_rule()),
-        namespace_labels: true,
-        ..Setup::default()
-    })
+        ),
+        29,
+    )
     .await;
-    let out = doctor(&with, &[]).await;
-    assert_all_green(&out);
-    assert_eq!(
-        lines(&out)[1].2,
-        "all 29 permissions podca needs are granted",
-        "{}",
-        report(&out)
-    );
 }
 
 /// The permissions a component adds to the ClusterRole (its JSON patch's `add` values).
