@@ -48,9 +48,7 @@ pub struct DevArgs {
 }
 
 pub fn run(args: DevArgs) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    podca_authority::runtime::tokio_runtime()
         .context("starting the async runtime")?
         .block_on(run_async(args))
 }

@@ -62,9 +62,7 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    podca_authority::runtime::tokio_runtime()
         .context("starting the async runtime")?
         .block_on(serve(args))
 }

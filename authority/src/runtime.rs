@@ -322,9 +322,36 @@ async fn alive_tasks() -> usize {
     }
 }
 
+/// The tokio runtime a serving command runs on (`podca serve`, `podca dev`), its blocking pool
+/// bounded by [`blocking_threads`] of the machine's cores.
+pub fn tokio_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(blocking_threads(cores))
+        .enable_all()
+        .build()
+}
+
+/// The most threads for blocking work (signing, ledger commits, key generation, file and DNS
+/// calls) on a machine of `cores`: twice the cores, at least 8. tokio's default, 512, let a PCR
+/// burst start one thread per decision in flight (up to 64), each with its own allocator heap:
+/// 88 MiB peak RSS at 10,000 PCRs against 63 MiB with 8 (issue #48, docs/benchmarks.md).
+/// CPU work gains nothing past the cores; the rest leaves room for calls that wait (an HSM over
+/// the network, a DNS lookup).
+pub fn blocking_threads(cores: usize) -> usize {
+    cores.saturating_mul(2).max(8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blocking_threads_are_twice_the_cores_and_at_least_eight() {
+        for (cores, threads) in [(0, 8), (1, 8), (2, 8), (4, 8), (5, 10), (16, 32)] {
+            assert_eq!(blocking_threads(cores), threads, "{cores} cores");
+        }
+    }
 
     fn options() -> RuntimeOptions {
         RuntimeOptions {
