@@ -5,8 +5,9 @@
 //! bench process instead (for profiling; the RSS then includes the emulator).
 //!
 //! `cargo bench -p podca-tests --bench controller_bench -- burst [count]`
-//!   files `count` (default 10,000) PCRs at once, reports the time until all are Issued (PCR/s)
-//!   and the controller's peak RSS. Then, podca stopped, the emulator's ceiling in the same run:
+//!   files `count` (default 10,000) PCRs at once, reports the time until all are Issued (PCR/s),
+//!   the controller's peak RSS, and its RSS up to a minute later against the figure before
+//!   filing (issue #48: back within 20 %). Then, podca stopped, the emulator's ceiling in the same run:
 //!   `count` more PCRs settled by the bench itself with raw `/status` PATCHes of pre-built
 //!   certificate chains ([`podca_tests::bench::raw_patch_ceiling`]) at `PODCA_BENCH_CEILING`
 //!   in flight (default 32, as the real server's raw rate was measured), and podca's rate as a
@@ -81,6 +82,16 @@ impl Controller {
         match self {
             Controller::Process(child, ..) => peak_rss_of(&format!("/proc/{}/status", child.id())),
             Controller::Task(_) => peak_rss_of("/proc/self/status"),
+        }
+    }
+
+    /// Current RSS of the controller (KiB), as [`Controller::peak_rss_kib`].
+    fn rss_kib(&self) -> u64 {
+        match self {
+            Controller::Process(child, ..) => {
+                status_kib(&format!("/proc/{}/status", child.id()), "VmRSS:")
+            }
+            Controller::Task(_) => status_kib("/proc/self/status", "VmRSS:"),
         }
     }
 
@@ -333,14 +344,40 @@ fn bench_ledger(dir: &std::path::Path) -> (String, Option<podca_tests::postgres:
 }
 
 fn peak_rss_of(status: &str) -> u64 {
+    status_kib(status, "VmHWM:")
+}
+
+/// The `field` (KiB) of a `/proc/<pid>/status` file; 0 when it cannot be read.
+fn status_kib(status: &str, field: &str) -> u64 {
     std::fs::read_to_string(status)
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// Issue #48's settle target: reads the controller's RSS every second for up to a minute after
+/// the burst, until it is within 20 % of `before` (KiB); prints the last reading.
+async fn give_back(controller: &Controller, before: u64) {
+    let start = Instant::now();
+    let at_end = controller.rss_kib();
+    let mut now = at_end;
+    while now > before + before / 5 && start.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        now = controller.rss_kib();
+    }
+    println!(
+        "after the burst: RSS {:.1} MiB when the last PCR was Issued, {:.1} MiB {:.0?} later \
+         (before filing {:.1} MiB: {:+.0} %; target within 20 % within a minute)",
+        at_end as f64 / 1024.0,
+        now as f64 / 1024.0,
+        start.elapsed(),
+        before as f64 / 1024.0,
+        100.0 * (now as f64 - before as f64) / before as f64,
+    );
 }
 
 async fn burst(count: usize) {
@@ -349,6 +386,7 @@ async fn burst(count: usize) {
     let stubs = stubs();
     let metrics_before = controller.scrape();
     let rss_before = controller.peak_rss_kib();
+    let rss_now_before = controller.rss_kib();
     let pcrs: Vec<_> = (0..count)
         .map(|i| pcr(&format!("b-{i}"), &stubs[i % stubs.len()].csr))
         .collect();
@@ -432,6 +470,7 @@ async fn burst(count: usize) {
             metric(&after, "podca_controller_concurrency_decreases_total"),
         );
     }
+    give_back(&controller, rss_now_before).await;
     controller.stop();
 
     let concurrency = ceiling_concurrency();
