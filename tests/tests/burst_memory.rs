@@ -10,7 +10,7 @@
 //! figure minus the first is what the 20,000 left:
 //!
 //! * `RssAnon` (heap, stacks, allocator arenas; not the binary's pages) may grow by at most
-//!   [`RETAINED_PER_PCR`] bytes per PCR of the burst: 20,000 × 640 B = 12.2 MiB. Clean runs left
+//!   [`RETAINED_PER_PCR`] bytes per PCR of the burst: 20,000 × 800 B = 15.3 MiB. Clean runs left
 //!   130–390 B per PCR (2.6–7.6 MiB), of which the work queue's settled-uid memory, kept 25
 //!   minutes by design, is about 70 B (its hash table doubles between the bursts); the rest is the
 //!   allocator's. A `Pcr` kept after its answer (its strings and stub CSR, 600 B and more) or its
@@ -40,8 +40,10 @@ const BURST: usize = 20_000;
 /// The first burst, whose leftovers are the "before": as large as the second, so that the second
 /// reaches no new high-water mark (with 5,000 first, the second left 2.8 and 7.4 MiB in two runs).
 const WARM_UP: usize = BURST;
-/// Anonymous memory a settled burst may leave behind, per PCR.
-const RETAINED_PER_PCR: u64 = 640;
+/// Anonymous memory a settled burst may leave behind, per PCR: twice the most a clean run left
+/// (390 B), so that a loaded CI machine's allocator noise does not fail it, and still under the
+/// 1,167 B a deliberate 600 B leak per PCR read.
+const RETAINED_PER_PCR: u64 = 800;
 /// The peak RSS bound (KiB) for the debug build over the whole run.
 const PEAK_BOUND_KIB: u64 = 120 * 1024;
 /// The settled RSS bound (KiB) for the debug build.
