@@ -599,16 +599,11 @@ impl Placeable for v1beta1::PodCertificateRequest {
     }
     fn done(&self, signer: &str) -> bool {
         self.spec.signer_name != signer
-            || self.status.as_ref().is_some_and(|s| {
-                crate::decide::terminal_condition(
-                    s.conditions
-                        .iter()
-                        .flatten()
-                        .filter(|c| c.status == "True")
-                        .map(|c| c.type_.as_str()),
-                )
+            || self
+                .status
+                .as_ref()
+                .and_then(|s| request::terminal(s.conditions.as_deref()))
                 .is_some()
-            })
     }
     fn placed(&self, _: &str, whole: Option<fn(Self) -> Option<Pcr>>) -> Option<Pcr> {
         whole.and_then(|convert| convert(self.clone()))

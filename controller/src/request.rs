@@ -235,7 +235,7 @@ pub(crate) fn sign_pcr(
     sign_request_with(policy, ca, &request, &context, now)
 }
 
-fn terminal(conditions: Option<&[Condition]>) -> Option<String> {
+pub(crate) fn terminal(conditions: Option<&[Condition]>) -> Option<String> {
     let conditions = conditions?;
     decide::terminal_condition(
         conditions
