@@ -922,8 +922,8 @@ fn retry_after_seconds(status: &kube::core::Status) -> u32 {
         .min(60)
 }
 
-/// Signs `source` off the async threads (signing is CPU work) and maps the answer to a write, or
-/// to the cause of a retry.
+/// Signs `source` (inline with a quick in-process CA key, else off the async threads) and maps
+/// the answer to a write, or to the cause of a retry.
 async fn sign(
     ctx: &Ctx,
     policy: &SignerPolicy,
@@ -987,23 +987,36 @@ async fn sign(
         Err(Refusal::Answer(outcome)) => return plan::after_signing(outcome, now),
         Err(Refusal::Retry) => return Err(RetryCause::ServiceCa),
     };
-    let source = source.clone();
-    let span = tracing::Span::current();
-    let outcome = match tokio::task::spawn_blocking(move || {
-        let _in_request = span.enter();
+    // An in-memory ECDSA/Ed25519 CA key signs in tens of microseconds, with the stub CSR's
+    // verification (RSA included: verifying is cheap) about as much again: inline costs less
+    // than a hand-off to the blocking pool and back (issue #41). An HSM or an RSA CA key waits
+    // or works for milliseconds: the blocking pool.
+    let outcome = if ca.key().signs_quickly_in_process() {
         let facts = request::Facts {
             namespace_labels: labels.as_deref(),
             pod: pod.as_ref(),
             service_sans: service_sans.as_ref(),
         };
-        request::sign_pcr(&policy, &ca, &source, facts, now)
-    })
-    .await
-    {
-        Ok(o) => o,
-        Err(e) => {
-            error!(error = %e, "signing task failed");
-            return Err(RetryCause::Sign);
+        request::sign_pcr(&policy, &ca, source, facts, now)
+    } else {
+        let source = source.clone();
+        let span = tracing::Span::current();
+        match tokio::task::spawn_blocking(move || {
+            let _in_request = span.enter();
+            let facts = request::Facts {
+                namespace_labels: labels.as_deref(),
+                pod: pod.as_ref(),
+                service_sans: service_sans.as_ref(),
+            };
+            request::sign_pcr(&policy, &ca, &source, facts, now)
+        })
+        .await
+        {
+            Ok(o) => o,
+            Err(e) => {
+                error!(error = %e, "signing task failed");
+                return Err(RetryCause::Sign);
+            }
         }
     };
     if let Outcome::Retry(e) = &outcome {
