@@ -22,6 +22,11 @@
 //!   `PODCA_BENCH_WORKERS=N` passes `--workers N` to podca (default: its configuration's).
 //!   `PODCA_BENCH_LEDGER=postgres` records into a throwaway PostgreSQL server (tests/src/postgres.rs)
 //!   instead of the default redb file; `none` records nothing durable.
+//! `cargo bench -p podca-tests --bench controller_bench -- linearity [small] [large] [rounds]`
+//!   issue #41 item 6: bursts of `small` (default 10,000) and `large` (100,000) PCRs, each against
+//!   a fresh emulator and `podca serve`, `rounds` (1) times in turn; reports the ratio of the
+//!   median times against 1.1 × linear. No ceiling: both bursts run under the same emulator
+//!   settings, so the ratio is podca's (and the emulator's) scaling.
 //! `cargo bench -p podca-tests --bench controller_bench -- rate [per_second] [seconds]`
 //!   offers PCRs at a steady rate (default 1,000/s for 30 s) and reports p50/p99/max
 //!   creation-to-Issued latency, observed through a watch.
@@ -61,7 +66,15 @@ fn main() {
             let seconds = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(30);
             runtime.block_on(rate(per_second, seconds));
         }
-        other => panic!("unknown mode {other:?}: burst [count] | rate [per_second] [seconds]"),
+        "linearity" => {
+            let arg =
+                |i: usize, default| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+            runtime.block_on(linearity(arg(1, 10_000), arg(2, 100_000), arg(3, 1)));
+        }
+        other => panic!(
+            "unknown mode {other:?}: burst [count] | rate [per_second] [seconds] | \
+             linearity [small] [large] [rounds]"
+        ),
     }
 }
 
@@ -92,6 +105,14 @@ impl Controller {
                 status_kib(&format!("/proc/{}/status", child.id()), "VmRSS:")
             }
             Controller::Task(_) => status_kib("/proc/self/status", "VmRSS:"),
+        }
+    }
+
+    /// CPU time (user + system) the serve process has used so far (`None` in process).
+    fn cpu(&self) -> Option<Duration> {
+        match self {
+            Controller::Process(child, ..) => Some(podca_tests::bench::process_cpu(child.id())),
+            Controller::Task(_) => None,
         }
     }
 
@@ -387,40 +408,14 @@ async fn burst(count: usize) {
     let metrics_before = controller.scrape();
     let rss_before = controller.peak_rss_kib();
     let rss_now_before = controller.rss_kib();
-    let pcrs: Vec<_> = (0..count)
-        .map(|i| pcr(&format!("b-{i}"), &stubs[i % stubs.len()].csr))
-        .collect();
     // Issued times, observed through a watch from before the first create.
     let issued_at = watch_issued(&emu, "b-", count, Duration::from_secs(60)).await;
-    let start = Instant::now();
-    let created = if http {
-        create_all(&emu, pcrs).await
-    } else {
-        let mut created = HashMap::new();
-        for object in pcrs {
-            let name = object["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            created.insert(name, Instant::now());
-            emu.seed_object(Res::Pcr, object);
-        }
-        created
-    };
-    let filed = start.elapsed();
-    loop {
-        let c = emu.counters();
-        if c.issued as usize >= count {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(600),
-            "stuck at {}",
-            c.issued
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let took = start.elapsed();
+    let cpu_before = controller.cpu();
+    let Settled {
+        created,
+        filed,
+        took,
+    } = file_and_settle(&emu, &stubs, count, http).await;
     let c = emu.counters();
     let podca_rate = count as f64 / took.as_secs_f64();
     let filed_how = if http {
@@ -437,6 +432,13 @@ async fn burst(count: usize) {
         controller.peak_rss_kib() / 1024,
         rss_before / 1024,
     );
+    if let (Some(before), Some(after)) = (cpu_before, controller.cpu()) {
+        println!(
+            "burst: podca serve used {:.2?} of CPU, {:.0} µs a PCR",
+            after - before,
+            (after - before).as_secs_f64() * 1e6 / count as f64,
+        );
+    }
     let latencies = creation_to_issued(&created, issued_at.await.expect("watcher"));
     println!(
         "burst: creation-to-Issued ({} observed) p50 {:.2?} p99 {:.2?} max {:.2?}",
@@ -469,6 +471,26 @@ async fn burst(count: usize) {
             metric(&after, "podca_controller_concurrency_limit "),
             metric(&after, "podca_controller_concurrency_decreases_total"),
         );
+        let sum = |page: &str, name: &str| -> f64 {
+            page.lines()
+                .filter(|l| l.starts_with(name))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        let commits = sum(&after, "podca_ledger_commit_seconds_count")
+            - sum(&before, "podca_ledger_commit_seconds_count");
+        let records =
+            sum(&after, "podca_ledger_records_total") - sum(&before, "podca_ledger_records_total");
+        if commits > 0.0 {
+            println!(
+                "podca ledger: {records} records in {commits} commits ({:.1} a commit), \
+                 {:.2} ms a commit",
+                records / commits,
+                1e3 * (sum(&after, "podca_ledger_commit_seconds_sum")
+                    - sum(&before, "podca_ledger_commit_seconds_sum"))
+                    / commits,
+            );
+        }
     }
     give_back(&controller, rss_now_before).await;
     controller.stop();
@@ -509,6 +531,103 @@ async fn burst(count: usize) {
             100.0 * least.as_secs_f64() / took.as_secs_f64(),
         );
     }
+}
+
+/// When a burst's PCRs were created, how long filing them took, and how long until all were
+/// Issued (from the first filing).
+struct Settled {
+    created: HashMap<String, Instant>,
+    filed: Duration,
+    took: Duration,
+}
+
+/// Files `count` PCRs named `b-<i>` (over HTTP if `http`, else straight into the store) and
+/// waits until the emulator has seen `count` of them Issued.
+async fn file_and_settle(
+    emu: &Emulator,
+    stubs: &[podca_tests::bench::Stub],
+    count: usize,
+    http: bool,
+) -> Settled {
+    let pcrs: Vec<_> = (0..count)
+        .map(|i| pcr(&format!("b-{i}"), &stubs[i % stubs.len()].csr))
+        .collect();
+    let start = Instant::now();
+    let created = if http {
+        create_all(emu, pcrs).await
+    } else {
+        let mut created = HashMap::new();
+        for object in pcrs {
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            created.insert(name, Instant::now());
+            emu.seed_object(Res::Pcr, object);
+        }
+        created
+    };
+    let filed = start.elapsed();
+    loop {
+        let c = emu.counters();
+        if c.issued as usize >= count {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(1800),
+            "stuck at {}",
+            c.issued
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Settled {
+        created,
+        filed,
+        took: start.elapsed(),
+    }
+}
+
+/// Issue #41 item 6: a `small` burst and a `large` one in one run, each against a fresh
+/// emulator and a fresh `podca serve`, `rounds` times alternating; the large one's time must
+/// stay within 1.1 × the linear extrapolation of the small one's (100k ≤ 11 × 10k). Medians.
+async fn linearity(small: usize, large: usize, rounds: usize) {
+    let http = create_over_http();
+    let stubs = stubs();
+    let mut times: BTreeMap<usize, Vec<Duration>> = BTreeMap::new();
+    for round in 1..=rounds {
+        for count in [small, large] {
+            let (emu, _dir, controller) = setup().await;
+            let cpu_before = controller.cpu();
+            let settled = file_and_settle(&emu, &stubs, count, http).await;
+            let cpu = controller.cpu().zip(cpu_before).map(|(a, b)| a - b);
+            let c = emu.counters();
+            controller.stop();
+            println!(
+                "round {round}: {count} PCRs all Issued after {:.2?} ({:.0} PCR/s; filed in \
+                 {:.2?}); podca CPU {:.0} µs a PCR; validation rejections {}",
+                settled.took,
+                count as f64 / settled.took.as_secs_f64(),
+                settled.filed,
+                cpu.map_or(f64::NAN, |d| d.as_secs_f64() * 1e6 / count as f64),
+                c.validation_rejections,
+            );
+            times.entry(count).or_default().push(settled.took);
+        }
+    }
+    let median = |count: usize| {
+        let mut v = times[&count].clone();
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (t_small, t_large) = (median(small), median(large));
+    let ratio = t_large.as_secs_f64() / t_small.as_secs_f64();
+    let bound = 1.1 * large as f64 / small as f64;
+    println!(
+        "linearity: median {large} {t_large:.2?} / median {small} {t_small:.2?} = {ratio:.2} × \
+         (linear {:.1} ×; target <= {bound:.1} ×: {})",
+        large as f64 / small as f64,
+        if ratio <= bound { "met" } else { "NOT met" },
+    );
 }
 
 /// The lines of `page` that start with `name`, values only, joined.

@@ -509,8 +509,9 @@ impl Profile {
     }
 }
 
-/// Sampled CPU time by component, in percent of the server's samples.
-struct Breakdown(BTreeMap<&'static str, f64>);
+/// Sampled CPU time by component, in percent of the server's samples, and the symbols no
+/// component claimed ("other"), largest first.
+struct Breakdown(BTreeMap<&'static str, f64>, Vec<(f64, String)>);
 
 /// Components by symbol name, first match wins (kernel samples and libc are told apart by their
 /// DSO first). Inlining moves some work into its caller's crate, so the split is approximate at
@@ -578,6 +579,7 @@ const COMPONENTS: &[(&str, &[&str])] = &[
 impl Breakdown {
     fn parse(report: &str) -> Breakdown {
         let mut out = BTreeMap::new();
+        let mut unclaimed = Vec::new();
         for line in report.lines() {
             let line = line.trim();
             let Some((pct, rest)) = line.split_once('%') else {
@@ -592,17 +594,23 @@ impl Breakdown {
                 if dso.contains("libc") {
                     "libc: malloc, free, memcpy"
                 } else {
-                    COMPONENTS
+                    let found = COMPONENTS
                         .iter()
                         .find(|(_, needles)| needles.iter().any(|n| symbol.contains(n)))
-                        .map_or("other", |(name, _)| *name)
+                        .map(|(name, _)| *name);
+                    if found.is_none() {
+                        unclaimed.push((pct, format!("{} [{}]", symbol.trim(), dso.trim())));
+                    }
+                    found.unwrap_or("other")
                 }
             } else {
                 continue;
             };
             *out.entry(component).or_insert(0.0) += pct;
         }
-        Breakdown(out)
+        unclaimed.sort_by(|a, b| b.0.total_cmp(&a.0));
+        unclaimed.truncate(12);
+        Breakdown(out, unclaimed)
     }
 
     fn print(&self, cpu_us_per_cert: f64) {
@@ -612,6 +620,13 @@ impl Breakdown {
         for (component, pct) in rows {
             println!(
                 "  {pct:5.1} %  {:6.1} µs/cert  {component}",
+                cpu_us_per_cert * pct / 100.0
+            );
+        }
+        println!("the largest symbols in \"other\":");
+        for (pct, symbol) in &self.1 {
+            println!(
+                "  {pct:5.1} %  {:6.1} µs/cert  {symbol}",
                 cpu_us_per_cert * pct / 100.0
             );
         }
