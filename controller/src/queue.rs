@@ -20,6 +20,13 @@ use crate::request::Pcr;
 /// How long a settled uid is remembered.
 pub const SETTLED_MEMORY: Duration = Duration::from_secs(25 * 60);
 
+/// Entries the queued-items tables keep room for once the queue drains. A burst grows them to
+/// the queue's capacity (4,096 by default: a 450 KB hash table and a 100 KB ring), and a table
+/// never gives memory back by itself; the allocator places blocks that large in 4 MiB pages, so
+/// each kept one also pinned the burst's other, freed, blocks of its page (issue #48). 64 is
+/// what a steady trickle uses, so draining it does not reallocate each time.
+const IDLE_ROOM: usize = 64;
+
 /// One unit of work.
 #[derive(Debug, Clone)]
 pub struct Item {
@@ -94,6 +101,16 @@ struct Inner {
     settled: HashMap<SettledUid, Instant>,
     settled_pruned_at: Option<Instant>,
     closed: bool,
+}
+
+impl Inner {
+    /// Gives back the room a burst grew the queued-items tables to, once nothing is queued.
+    fn release_if_drained(&mut self) {
+        if self.order.is_empty() && self.queued.capacity() > IDLE_ROOM {
+            self.order.shrink_to(IDLE_ROOM);
+            self.queued.shrink_to(IDLE_ROOM);
+        }
+    }
 }
 
 /// The queue. Cheap to share behind an `Arc`.
@@ -178,6 +195,7 @@ impl WorkQueue {
                 while let Some(uid) = inner.order.pop_front() {
                     if let Some(item) = inner.queued.remove(&uid) {
                         inner.in_flight.insert(uid);
+                        inner.release_if_drained();
                         drop(inner);
                         self.space.notify_one();
                         return Some(item);
@@ -212,6 +230,7 @@ impl WorkQueue {
         let mut inner = self.lock();
         if inner.queued.remove(uid).is_some() {
             inner.order.retain(|u| u != uid);
+            inner.release_if_drained();
             drop(inner);
             self.space.notify_one();
         }
@@ -299,6 +318,47 @@ mod tests {
         let b = q.pop().await.expect("item");
         q.done(&b.pcr.uid, false);
         assert_eq!(q.push(Item::new(pcr("b", "b2"))).await, Pushed::Queued);
+    }
+
+    #[tokio::test]
+    async fn a_drained_queue_gives_back_the_room_a_burst_took() {
+        let q = WorkQueue::new(4096);
+        for i in 0..4096 {
+            q.push(Item::new(pcr(&format!("u{i}"), "p"))).await;
+        }
+        let room = |q: &WorkQueue| {
+            let inner = q.lock();
+            (inner.order.capacity(), inner.queued.capacity())
+        };
+        let (order, queued) = room(&q);
+        assert!(order >= 4096 && queued >= 4096, "{order} {queued}");
+        for _ in 0..4095 {
+            q.pop().await.expect("item");
+        }
+        let (order, queued) = room(&q);
+        assert!(
+            order >= 4096 && queued >= 4096,
+            "kept while anything is queued: {order} {queued}"
+        );
+        q.pop().await.expect("item");
+        let (order, queued) = room(&q);
+        assert!(
+            order <= 2 * IDLE_ROOM && queued <= 2 * IDLE_ROOM,
+            "{order} {queued}"
+        );
+        // A forgotten last item drains it too.
+        for i in 0..1000 {
+            q.push(Item::new(pcr(&format!("v{i}"), "p"))).await;
+        }
+        for _ in 0..999 {
+            q.pop().await.expect("item");
+        }
+        q.forget("v999");
+        let (order, queued) = room(&q);
+        assert!(
+            order <= 2 * IDLE_ROOM && queued <= 2 * IDLE_ROOM,
+            "{order} {queued}"
+        );
     }
 
     /// Paused time: the sleep below ends only once every task is idle, so the other task
