@@ -700,12 +700,21 @@ impl Step {
 
 /// Starts a decision for each queued item as the concurrency limit allows, until the queue
 /// closes; then waits for the decisions in flight (aborting this task aborts them).
+///
+/// Finished decisions are joined while waiting for the next item too: a finished task keeps its
+/// memory until it is joined, and after a burst the last `max_in_flight` of them (about 5 KB
+/// each) stayed until the next request came, pinning the allocator pages around them (issue #48).
 async fn dispatch(ctx: Arc<Ctx>, queue: Arc<WorkQueue>, gate: Arc<Gate>) {
     let mut decisions = tokio::task::JoinSet::new();
     loop {
         while decisions.try_join_next().is_some() {}
         gate.room().await;
-        let Some(item) = queue.pop().await else { break };
+        // `pop` is cancel-safe: an item leaves the queue only in the poll that returns it.
+        let next = tokio::select! {
+            next = queue.pop() => next,
+            Some(_) = decisions.join_next() => continue,
+        };
+        let Some(item) = next else { break };
         // The only place permits are taken: the room found above is still there.
         let permit = gate.start();
         decisions.spawn(decision(Arc::clone(&ctx), Arc::clone(&queue), item, permit));
