@@ -1130,7 +1130,7 @@ async fn record_decision(
         time: now,
     };
     match LedgerRecord::of_outcome(&context, outcome) {
-        Some(record) => ledger.record(record).await,
+        Some(record) => ledger.record_patiently(record).await,
         None => Ok(()),
     }
 }

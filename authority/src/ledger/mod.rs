@@ -54,15 +54,17 @@ const CHANNEL: usize = 65_536;
 /// commit, not per record. When nothing else is ready a yield returns at once, so an idle
 /// podca commits a lone record without waiting.
 const YIELDS: usize = 2;
-/// Under load (the last commit took in at least [`LINGER_FROM`] records), the writer waits this
-/// long for more before it commits a batch smaller than [`LINGER_UNTIL`]: a PCR burst keeps only
-/// a few of the controller's decisions in the ledger at a time (the rest are signing or writing
-/// their status), so commits of ~10 records paid redb's per-commit cost (~0.5 ms of CPU: page
-/// writes, `fdatasync`) ten times over a burst's (issue #48). Idle or lightly loaded, a record
-/// is committed without waiting; the gRPC API's batches are larger than `LINGER_UNTIL` under load.
-const LINGER: Duration = Duration::from_millis(1);
-const LINGER_FROM: usize = 8;
-const LINGER_UNTIL: usize = 64;
+/// A batch of patient records only ([`LedgerHandle::record_patiently`]: the controller's PCR
+/// decisions) is committed no sooner than `PACE` after the last commit started. A commit costs
+/// ~0.5 ms of CPU however few records it holds (redb's page writes, `fdatasync`); the controller
+/// keeps only a few of its decisions in the ledger at a time, so committing whatever was queued
+/// spent that on every 1–2 PCRs at a real API server's pace (500 PCR/s) and on every ~10 in a
+/// fast burst (issues #41, #48). A PCR after a quiet spell (no commit for `PACE`) is committed at
+/// once; one in a stream waits at most `PACE`, a small part of a kube-apiserver's write. A
+/// record someone waits for at once (gRPC: a client holds its call open) ends the pause, as does
+/// a batch of [`PACE_UNTIL`].
+const PACE: Duration = Duration::from_millis(5);
+const PACE_UNTIL: usize = 64;
 /// How long the writer waits before retrying a held backlog (`continue`).
 const BACKLOG_RETRY: Duration = Duration::from_millis(500);
 
@@ -339,6 +341,8 @@ impl LedgerMetrics {
 
 struct Pending {
     record: LedgerRecord,
+    /// The caller can wait a few milliseconds (see [`PACE`]).
+    patient: bool,
     done: Option<oneshot::Sender<Result<(), LedgerUnavailable>>>,
 }
 
@@ -373,6 +377,20 @@ impl LedgerHandle {
     /// Records `record` and waits until it is durable (or, with `on_unavailable = "continue"`,
     /// held for a later commit).
     pub async fn record(&self, record: LedgerRecord) -> Result<(), LedgerUnavailable> {
+        self.record_with(record, false).await
+    }
+
+    /// [`Self::record`] for a caller that can wait a few milliseconds more under load, so that
+    /// its record shares a commit with more others (the controller's decisions: see [`PACE`]).
+    pub async fn record_patiently(&self, record: LedgerRecord) -> Result<(), LedgerUnavailable> {
+        self.record_with(record, true).await
+    }
+
+    async fn record_with(
+        &self,
+        record: LedgerRecord,
+        patient: bool,
+    ) -> Result<(), LedgerUnavailable> {
         let Some(tx) = &self.tx else {
             audit::decision(&record);
             return Ok(());
@@ -380,6 +398,7 @@ impl LedgerHandle {
         let (done, answer) = oneshot::channel();
         tx.send(Pending {
             record,
+            patient,
             done: Some(done),
         })
         .await
@@ -398,8 +417,8 @@ pub struct LedgerWriter {
     mode: OnUnavailable,
     queue_limit: usize,
     metrics: LedgerMetrics,
-    /// [`LINGER`] (tests stretch it).
-    linger: Duration,
+    /// [`PACE`] (tests stretch it).
+    pace: Duration,
 }
 
 impl std::fmt::Debug for LedgerWriter {
@@ -428,7 +447,7 @@ pub fn start(
         mode: config.on_unavailable,
         queue_limit: config.queue_limit,
         metrics,
-        linger: LINGER,
+        pace: PACE,
     };
     (handle, writer)
 }
@@ -442,14 +461,14 @@ impl LedgerWriter {
             mode,
             queue_limit,
             metrics,
-            linger,
+            pace,
         } = self;
         let backend = store.label();
         // `continue`: records answered already, waiting for the store to come back.
         let mut held: VecDeque<Pending> = VecDeque::new();
         let mut stopping = false;
-        // Records the last commit took in (the load, for the linger).
-        let mut last_batch = 0;
+        // When the last commit started (the pace).
+        let mut last_commit: Option<Instant> = None;
         loop {
             let mut batch: Vec<Pending> = Vec::new();
             if held.is_empty() && !stopping {
@@ -486,15 +505,28 @@ impl LedgerWriter {
                     break;
                 }
             }
-            if last_batch >= LINGER_FROM && !batch.is_empty() && batch.len() < LINGER_UNTIL {
-                tokio::select! {
-                    _ = tokio::time::sleep(linger) => {}
-                    _ = stop.wait_for(|s| *s) => stopping = true,
-                }
-                while batch.len() < room {
-                    match rx.try_recv() {
-                        Ok(p) => batch.push(p),
-                        Err(_) => break,
+            let patient = !batch.is_empty() && batch.iter().all(|p| p.patient);
+            let due = last_commit.map(|t| t + pace).filter(|_| patient);
+            if let Some(due) = due.filter(|due| *due > Instant::now()) {
+                let pause = tokio::time::sleep_until(due.into());
+                tokio::pin!(pause);
+                while batch.len() < room.min(PACE_UNTIL) {
+                    tokio::select! {
+                        _ = &mut pause => break,
+                        _ = stop.wait_for(|s| *s) => {
+                            stopping = true;
+                            break;
+                        }
+                        message = rx.recv() => match message {
+                            Some(p) => {
+                                let waited_for = !p.patient;
+                                batch.push(p);
+                                if waited_for {
+                                    break;
+                                }
+                            }
+                            None => break,
+                        },
                     }
                 }
             }
@@ -510,7 +542,7 @@ impl LedgerWriter {
                 }
                 continue;
             }
-            last_batch = all.len();
+            last_commit = Some(Instant::now());
             let (records, dones): (Vec<LedgerRecord>, Vec<_>) =
                 all.into_iter().map(|p| (p.record, p.done)).unzip();
             let records = Arc::new(records);
@@ -524,7 +556,11 @@ impl LedgerWriter {
             let all = records
                 .into_iter()
                 .zip(dones)
-                .map(|(record, done)| Pending { record, done });
+                .map(|(record, done)| Pending {
+                    record,
+                    patient: false,
+                    done,
+                });
             match result {
                 Ok(inserted) => {
                     for (pending, new) in all.zip(inserted) {
@@ -721,15 +757,14 @@ mod tests {
         );
     }
 
-    #[tokio::test(flavor = "current_thread")]
-    async fn under_load_a_small_batch_waits_for_more_and_an_idle_record_does_not() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn patient_records_faster_than_commits_are_paced_and_others_are_not() {
         let dir = tempfile::tempdir().unwrap();
         let store = redb_store(&dir).await;
         let mut registry = Registry::default();
         let metrics = LedgerMetrics::register(registry.sub_registry_with_prefix("ledger"));
         let (handle, mut writer) = start(store.clone(), &LedgerConfig::default(), metrics);
-        // Stretched so that a record sent well after the writer took the first is still in time.
-        writer.linger = Duration::from_millis(400);
+        writer.pace = Duration::from_millis(100);
         let (stop_tx, stop) = watch::channel(false);
         let task = tokio::spawn(writer.run(stop));
         let commits = || {
@@ -739,42 +774,54 @@ mod tests {
                 .find_map(|l| l.strip_prefix("ledger_commit_seconds_count "))
                 .map_or(0, |n| n.parse::<u64>().unwrap())
         };
-        // Idle: a lone record is committed without waiting for company.
+        // Records every ~2 ms, none waiting for another: `patient` ones commit at most once a
+        // pace (plus the first, unpaced, and the last); the others as they come (many more).
+        let burst = |patient: bool, from: u32| {
+            let handle = handle.clone();
+            async move {
+                let t = std::time::Instant::now();
+                let mut callers = tokio::task::JoinSet::new();
+                for i in 0..100 {
+                    let h = handle.clone();
+                    callers.spawn(async move {
+                        let r = record(from + i);
+                        if patient {
+                            h.record_patiently(r).await
+                        } else {
+                            h.record(r).await
+                        }
+                    });
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                while let Some(answer) = callers.join_next().await {
+                    answer.unwrap().unwrap();
+                }
+                t.elapsed()
+            }
+        };
+        let before = commits();
+        let took = burst(true, 0).await;
+        let paced = commits() - before;
+        let paces = (took.as_millis() / 100) as u64;
+        assert!(paced <= paces + 3, "{paced} commits in {paces} paces");
+        let before = commits();
+        burst(false, 1000).await;
+        let unpaced = commits() - before;
+        assert!(unpaced > 2 * paced, "unpaced {unpaced}, paced {paced}");
+        // A patient record after a quiet spell longer than the pace is committed at once; the
+        // next, right after it, waits out the pace.
+        tokio::time::sleep(Duration::from_millis(150)).await;
         let t = std::time::Instant::now();
-        handle.record(record(0)).await.unwrap();
+        handle.record_patiently(record(2000)).await.unwrap();
+        assert!(t.elapsed() < Duration::from_millis(50), "{:?}", t.elapsed());
+        let t = std::time::Instant::now();
+        handle.record_patiently(record(2001)).await.unwrap();
         assert!(
-            t.elapsed() < Duration::from_millis(300),
+            t.elapsed() >= Duration::from_millis(50),
             "{:?}",
             t.elapsed()
         );
-        assert_eq!(commits(), 1);
-        // A batch of eight is load: the next small batch lingers and takes in a record that
-        // comes 100 ms after it (without the linger: a commit of its own).
-        let mut callers = tokio::task::JoinSet::new();
-        for i in 1..=LINGER_FROM as u32 {
-            let h = handle.clone();
-            callers.spawn(async move { h.record(record(i)).await });
-        }
-        while let Some(answer) = callers.join_next().await {
-            answer.unwrap().unwrap();
-        }
-        let loaded = commits();
-        let early = handle.clone();
-        callers.spawn(async move { early.record(record(100)).await });
-        let late = handle.clone();
-        callers.spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            late.record(record(101)).await
-        });
-        while let Some(answer) = callers.join_next().await {
-            answer.unwrap().unwrap();
-        }
-        assert_eq!(
-            commits(),
-            loaded + 1,
-            "the two records should share one commit"
-        );
-        assert_eq!(store.query(&Filter::default()).await.unwrap().len(), 11);
+        assert_eq!(store.query(&Filter::default()).await.unwrap().len(), 202);
         stop_tx.send_replace(true);
         task.await.unwrap();
     }
