@@ -1000,27 +1000,21 @@ async fn sign(
     // verification (RSA included: verifying is cheap) about as much again: inline costs less
     // than a hand-off to the blocking pool and back (issue #41). An HSM or an RSA CA key waits
     // or works for milliseconds: the blocking pool.
-    let outcome = if ca.key().signs_quickly_in_process() {
+    let inline = ca.key().signs_quickly_in_process();
+    let source = source.clone();
+    let work = move || {
         let facts = request::Facts {
             namespace_labels: labels.as_deref(),
             pod: pod.as_ref(),
             service_sans: service_sans.as_ref(),
         };
-        request::sign_pcr(&policy, &ca, source, facts, now)
+        request::sign_pcr(&policy, &ca, &source, facts, now)
+    };
+    let outcome = if inline {
+        work()
     } else {
-        let source = source.clone();
         let span = tracing::Span::current();
-        match tokio::task::spawn_blocking(move || {
-            let _in_request = span.enter();
-            let facts = request::Facts {
-                namespace_labels: labels.as_deref(),
-                pod: pod.as_ref(),
-                service_sans: service_sans.as_ref(),
-            };
-            request::sign_pcr(&policy, &ca, &source, facts, now)
-        })
-        .await
-        {
+        match tokio::task::spawn_blocking(move || span.in_scope(work)).await {
             Ok(o) => o,
             Err(e) => {
                 error!(error = %e, "signing task failed");
