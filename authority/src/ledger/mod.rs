@@ -542,11 +542,11 @@ impl LedgerWriter {
                 }
                 continue;
             }
-            last_commit = Some(Instant::now());
             let (records, dones): (Vec<LedgerRecord>, Vec<_>) =
                 all.into_iter().map(|p| (p.record, p.done)).unzip();
             let records = Arc::new(records);
             let started = Instant::now();
+            last_commit = Some(started);
             let result = store.append_shared(Arc::clone(&records)).await;
             metrics
                 .commit_seconds
