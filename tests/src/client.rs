@@ -271,21 +271,30 @@ impl WatchStream {
 
     /// The next event, `Ok(None)` when the stream ended, `Err` on timeout.
     pub async fn next_event(&mut self, timeout: Duration) -> Result<Option<Value>, ClientError> {
+        match self.next_line(timeout).await? {
+            Some(line) => serde_json::from_slice(&line).map(Some).map_err(err),
+            None => Ok(None),
+        }
+    }
+
+    /// The next event as the server wrote it (its bytes, without the newline), `Ok(None)` when
+    /// the stream ended, `Err` on timeout.
+    pub async fn next_line(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, ClientError> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                let mut line: Vec<u8> = self.buf.drain(..=i).collect();
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                return serde_json::from_slice(&line).map(Some).map_err(err);
+                line.pop();
+                return Ok(Some(line));
             }
             if self.ended {
                 if self.buf.iter().all(u8::is_ascii_whitespace) {
                     return Ok(None);
                 }
-                let rest = std::mem::take(&mut self.buf);
-                return serde_json::from_slice(&rest).map(Some).map_err(err);
+                return Ok(Some(std::mem::take(&mut self.buf)));
             }
             let frame = tokio::time::timeout_at(deadline, self.body.frame())
                 .await

@@ -1227,3 +1227,45 @@ async fn a_burst_of_pcrs_is_absorbed_with_bounded_history() {
     );
     assert_eq!(emu.counters().pcr_created, 1000);
 }
+
+/// A watch line is `{"type":…,"object":…}` in that order, as kube-apiserver writes it (the
+/// recorded watch vector): a client decoding into an adjacently tagged enum (kube's
+/// `WatchEvent`) reads the object straight into its type only when the tag comes first. Every
+/// watcher that renders an event alike gets the same bytes (serialized once); another version
+/// renders its own.
+#[tokio::test]
+async fn watch_lines_put_the_type_first_and_watchers_share_one_rendering() {
+    let e = env(ApiMode::V1AndV1Beta1).await;
+    let rv = e.emu.resource_version();
+    let mut first = watch_from(&e, rv).await;
+    let mut second = watch_from(&e, rv).await;
+    let mut beta = e
+        .signer
+        .watch(&format!(
+            "{}?watch=1&resourceVersion={rv}",
+            pcrs("v1beta1", None)
+        ))
+        .await
+        .expect("a v1beta1 watch");
+    let name = file_ed25519(&e).await;
+    let a = first.next_line(T).await.unwrap().expect("an event");
+    let b = second.next_line(T).await.unwrap().expect("an event");
+    let c = beta.next_line(T).await.unwrap().expect("an event");
+    for line in [&a, &c] {
+        let text = String::from_utf8_lossy(line);
+        assert!(
+            text.starts_with(r#"{"type":"ADDED","object":{"#),
+            "the type is not first: {text}"
+        );
+        let ev: Value = serde_json::from_slice(line).expect("one JSON object");
+        assert_eq!(ev["object"]["metadata"]["name"], name.as_str());
+    }
+    assert_eq!(a, b, "two v1 watchers got different bytes for one event");
+    let v1: Value = serde_json::from_slice(&a).unwrap();
+    let v1beta1: Value = serde_json::from_slice(&c).unwrap();
+    assert_eq!(v1["object"]["apiVersion"], "certificates.k8s.io/v1");
+    assert_eq!(
+        v1beta1["object"]["apiVersion"],
+        "certificates.k8s.io/v1beta1"
+    );
+}

@@ -5,7 +5,7 @@ use super::resources::Res;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Bound;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
 /// A watch event type.
@@ -38,6 +38,36 @@ pub struct Event {
     /// The object before the change (`None` for ADDED): what a list at an earlier
     /// resourceVersion shows (see [`Store::list_at`]).
     pub before: Option<Arc<Value>>,
+    /// The watch lines already serialized for this event, one per rendering (API version,
+    /// metadata only): every watcher that renders it alike sends the same bytes, serialized
+    /// once, as kube-apiserver's watch cache does (its `cachingObject`).
+    pub lines: Mutex<Vec<(Rendering, bytes::Bytes)>>,
+}
+
+/// How a watch renders an event's object: the API version asked for and whether it asked
+/// for metadata only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendering {
+    pub version: String,
+    pub metadata_only: bool,
+}
+
+impl Event {
+    /// This event's watch line as `rendering` shows it: serialized by `serialize` the first
+    /// time, the same bytes after that.
+    pub fn line(
+        &self,
+        rendering: &Rendering,
+        serialize: impl FnOnce() -> bytes::Bytes,
+    ) -> bytes::Bytes {
+        let mut lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, line)) = lines.iter().find(|(r, _)| r == rendering) {
+            return line.clone();
+        }
+        let line = serialize();
+        lines.push((rendering.clone(), line.clone()));
+        line
+    }
 }
 
 /// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
@@ -239,6 +269,7 @@ impl Store {
             },
             object: obj.clone(),
             before,
+            lines: Mutex::default(),
         });
         obj
     }
@@ -278,6 +309,7 @@ impl Store {
             typ: EventType::Deleted,
             object: last.clone(),
             before: Some(old),
+            lines: Mutex::default(),
         });
         Some(last)
     }

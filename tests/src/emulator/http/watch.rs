@@ -7,7 +7,7 @@ use super::server::Req;
 use super::{RespBody, mode};
 use crate::emulator::errors::ApiError;
 use crate::emulator::resources::{self, Res};
-use crate::emulator::store::{Event, meta_str};
+use crate::emulator::store::{Event, Rendering, meta_str};
 use crate::emulator::{Shared, lock};
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
@@ -70,9 +70,20 @@ impl Body for ChannelBody {
     }
 }
 
+/// One line of a watch stream, in kube-apiserver's order: `type` before `object` (Go's
+/// `metav1.WatchEvent`; the recorded watch vector shows it). The order matters to clients:
+/// serde's adjacently tagged enums (kube's `WatchEvent`) decode the object straight into its
+/// type when the tag comes first, and buffer the whole object in a generic tree when it does
+/// not, so a `{"object":…,"type":…}` line costs a client CPU a real server never does.
 fn line(typ: &str, obj: &Value) -> Bytes {
-    let mut v = serde_json::to_vec(&json!({"type": typ, "object": obj})).unwrap_or_default();
-    v.push(b'\n');
+    let mut v = Vec::with_capacity(1024);
+    v.extend_from_slice(b"{\"type\":\"");
+    v.extend_from_slice(typ.as_bytes());
+    v.extend_from_slice(b"\",\"object\":");
+    if serde_json::to_writer(&mut v, obj).is_err() {
+        v.extend_from_slice(b"null");
+    }
+    v.extend_from_slice(b"}\n");
     Bytes::from(v)
 }
 
@@ -111,6 +122,10 @@ pub(super) fn watch(
         } else {
             resources::to_version(res, obj, &version, md)
         }
+    };
+    let rendering = Rendering {
+        version: t.version.clone(),
+        metadata_only,
     };
     let kind_av = (t.res.kind().to_string(), t.res.api_version(&t.version));
 
@@ -184,13 +199,10 @@ pub(super) fn watch(
         if send_initial && bookmarks && tx.send(bookmark(last, true).into()).await.is_err() {
             return;
         }
+        let event_line =
+            |e: &Event| e.line(&rendering, || line(e.typ.as_str(), &render(&e.object)));
         for e in &backlog {
-            if matches(e.res, &e.object)
-                && tx
-                    .send(line(e.typ.as_str(), &render(&e.object)).into())
-                    .await
-                    .is_err()
-            {
+            if matches(e.res, &e.object) && tx.send(event_line(e).into()).await.is_err() {
                 return;
             }
         }
@@ -209,7 +221,7 @@ pub(super) fn watch(
                             && tx
                                 .send(Line {
                                     due: event_delay.map(|d| tokio::time::Instant::now() + d),
-                                    bytes: line(e.typ.as_str(), &render(&e.object)),
+                                    bytes: event_line(&e),
                                 })
                                 .await
                                 .is_err()
