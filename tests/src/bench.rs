@@ -158,6 +158,25 @@ impl TlsServe {
     }
 }
 
+/// The parent of process `pid` (`None` when it has exited), from `/proc/<pid>/stat`.
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    let stat =
+        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
+    // Field 4; the command name (field 2) is in parentheses and may hold spaces.
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// [`process_cpu`], or zero when the process has exited meanwhile.
+pub fn process_cpu_if_alive(pid: u32) -> Duration {
+    std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))
+        .map(|stat| cpu_from_stat(&stat))
+        .unwrap_or_default()
+}
+
 /// The CPU time (user + system) process `pid` has used so far, from `/proc/<pid>/stat`.
 pub fn process_cpu(pid: u32) -> Duration {
     cpu_from_stat(

@@ -120,6 +120,34 @@ impl Postgres {
         self.dir.path().join("data")
     }
 
+    /// The CPU time the server has used so far: the postmaster and every process it started
+    /// that is still running (the backends, the WAL writer, the checkpointer), from `/proc`.
+    pub fn cpu(&self) -> std::time::Duration {
+        let pid_file = std::fs::read_to_string(self.data_dir().join("postmaster.pid"))
+            .expect("postmaster.pid of a running server");
+        let postmaster: u32 = pid_file
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("the postmaster's pid on postmaster.pid's first line");
+        let mut pids = vec![postmaster];
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if crate::bench::parent_pid(pid) == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+        pids.into_iter()
+            .map(crate::bench::process_cpu_if_alive)
+            .sum()
+    }
+
     /// The directory holding the Unix socket.
     pub fn socket_dir(&self) -> &Path {
         self.dir.path()
