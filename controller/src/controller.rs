@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::certificates::{v1, v1beta1};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
@@ -37,7 +37,7 @@ use crate::queue::{Item, WorkQueue};
 use crate::request::{self, ApiVersion, Pcr};
 use crate::service_ca::{self, Entitlement};
 use crate::sharding::{self, Shard, ShardMetrics};
-use crate::watched::WatchedPcr;
+use crate::watched::{WatchedPcr, Written};
 use crate::{Error, Options, lease};
 use podca_authority::admin::{Readiness, ReadyFlag};
 use podca_authority::config::Sharding;
@@ -1130,7 +1130,8 @@ async fn record_decision(
 }
 
 async fn write_status(ctx: &Ctx, pcr: &Pcr, patch: &Value) -> Result<(), kube::Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(
+    // The answer is the whole request; only whether the write was taken matters (`Written`).
+    let api: Api<Written> = Api::namespaced_with(
         ctx.client.clone(),
         &pcr.namespace,
         &Resource::PodCertificateRequests.api_resource(pcr.version),

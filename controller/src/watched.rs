@@ -155,6 +155,49 @@ impl WatchedPcr {
     }
 }
 
+/// The API server's answer to a status write, read as nothing: the request comes back whole
+/// (managedFields, the issued chain), and the controller needs only the status code. Decoding
+/// it as a `DynamicObject` buffered the whole object through `#[serde(flatten)]` into a JSON
+/// tree for every PCR; serde skips every field of this type unbuilt.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct Written {
+    #[serde(skip)]
+    metadata: ObjectMeta,
+}
+
+impl kube::Resource for Written {
+    type DynamicType = kube::discovery::ApiResource;
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn kind(dt: &Self::DynamicType) -> Cow<'_, str> {
+        dt.kind.as_str().into()
+    }
+
+    fn group(dt: &Self::DynamicType) -> Cow<'_, str> {
+        dt.group.as_str().into()
+    }
+
+    fn version(dt: &Self::DynamicType) -> Cow<'_, str> {
+        dt.version.as_str().into()
+    }
+
+    fn api_version(dt: &Self::DynamicType) -> Cow<'_, str> {
+        dt.api_version.as_str().into()
+    }
+
+    fn plural(dt: &Self::DynamicType) -> Cow<'_, str> {
+        dt.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +250,25 @@ mod tests {
             assert_eq!(settled, one_step.terminal.is_some());
             assert_eq!(two_steps, one_step);
             assert!(!two_steps.lean);
+        }
+    }
+
+    /// A status write's answer reads as nothing, and its URL is the request's, per version.
+    #[test]
+    fn a_status_write_answer_decodes_as_nothing_at_the_request_url() {
+        use crate::discovery::Resource;
+        use kube::Resource as _;
+        let answer = object(json!([{"type": "Issued", "status": "True"}])).to_string();
+        let _: Written = serde_json::from_str(&answer).expect("any object reads");
+        for (version, path) in [
+            (ApiVersion::V1, "certificates.k8s.io/v1"),
+            (ApiVersion::V1Beta1, "certificates.k8s.io/v1beta1"),
+        ] {
+            let dt = Resource::PodCertificateRequests.api_resource(version);
+            assert_eq!(
+                Written::url_path(&dt, Some("apps")),
+                format!("/apis/{path}/namespaces/apps/podcertificaterequests")
+            );
         }
     }
 
