@@ -250,6 +250,12 @@ async fn setup() -> (Emulator, tempfile::TempDir, Controller) {
             api_mode: ApiMode::V1Only,
             auto_create_namespaces: true,
             latency,
+            // The history a watch resumes from and a list's continue token stays valid in:
+            // kube-apiserver keeps both for etcd's 5-minute compaction window, which holds a
+            // whole 100,000 burst (a create and a status write each). With the default 20,000
+            // events a watch that fell behind the filing relisted, and each relist's pages
+            // expired under the status writes ("continue parameter is too old").
+            watch_history_limit: 250_000,
             ..Default::default()
         },
         podca_groups: &["system:authenticated"],
