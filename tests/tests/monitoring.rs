@@ -269,12 +269,18 @@ async fn serve_metrics() -> String {
         let published = metrics
             .lines()
             .any(|l| l.starts_with("podca_ctb_writes_total{"));
-        if signatures >= 1.0 && published {
+        // The controller counts the request once its status write has returned, a moment
+        // after the emulator took the write that `wait_issued` saw.
+        let counted = metrics
+            .lines()
+            .any(|l| l.starts_with("podca_pcr_issued_total{"));
+        if signatures >= 1.0 && published && counted {
             return metrics;
         }
         assert!(
             Instant::now() < deadline,
-            "podca serve never exported the HSM signature and a trust bundle write:\n{metrics}"
+            "podca serve never exported the HSM signature, a trust bundle write and the issued \
+             request:\n{metrics}"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
