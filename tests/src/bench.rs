@@ -158,39 +158,38 @@ impl TlsServe {
     }
 }
 
-/// The parent of process `pid` (`None` when it has exited), from `/proc/<pid>/stat`.
-pub fn parent_pid(pid: u32) -> Option<u32> {
-    let stat =
-        std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")).ok()?;
-    // Field 4; the command name (field 2) is in parentheses and may hold spaces.
-    stat[stat.rfind(')')? + 1..]
+/// `/proc/<pid>/stat`; `None` when the process has exited.
+fn read_stat(pid: u32) -> Option<String> {
+    std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat")).ok()
+}
+
+/// The fields of a stat line after the command name (field 2), which is in parentheses and may
+/// hold spaces: the first is field 3.
+fn fields_after_name(stat: &str) -> Vec<&str> {
+    stat[stat.rfind(')').expect("a stat line") + 1..]
         .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+        .collect()
+}
+
+/// The parent of process `pid` (field 4; `None` when it has exited).
+pub fn parent_pid(pid: u32) -> Option<u32> {
+    fields_after_name(&read_stat(pid)?).get(1)?.parse().ok()
 }
 
 /// [`process_cpu`], or zero when the process has exited meanwhile.
 pub fn process_cpu_if_alive(pid: u32) -> Duration {
-    std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))
-        .map(|stat| cpu_from_stat(&stat))
-        .unwrap_or_default()
+    read_stat(pid).map_or(Duration::ZERO, |stat| cpu_from_stat(&stat))
 }
 
 /// The CPU time (user + system) process `pid` has used so far, from `/proc/<pid>/stat`.
 pub fn process_cpu(pid: u32) -> Duration {
-    cpu_from_stat(
-        &std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))
-            .expect("read /proc/<pid>/stat"),
-    )
+    cpu_from_stat(&read_stat(pid).expect("read /proc/<pid>/stat"))
 }
 
 /// `utime + stime` of a `/proc/<pid>/stat` line, at the kernel's USER_HZ of 100 ticks/s (the
 /// value every Linux architecture exports to user space).
 fn cpu_from_stat(stat: &str) -> Duration {
-    // The command name (field 2) is in parentheses and may hold spaces: count after its ')'.
-    let rest = &stat[stat.rfind(')').expect("a stat line") + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let fields = fields_after_name(stat);
     // Fields 14 and 15 of the line are the 12th and 13th after the name.
     let ticks: u64 =
         fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
