@@ -64,6 +64,35 @@ pub(super) fn find_slot(ctx: &Pkcs11, uri: &Pkcs11Uri) -> Result<Slot, ConnectEr
     Err(ConnectError::NoToken { available })
 }
 
+/// The mechanisms podca may use (key generation and signing) that the token in `slot` offers.
+///
+/// Asked one by one (`C_GetMechanismInfo`), not as `C_GetMechanismList`: cryptoki logs an
+/// ERROR line for every listed mechanism it has no name for, and real tokens list dozens of
+/// vendor and newer ones (SoftHSM2: about 60), which a start-up log must not be full of.
+pub(super) fn offered_mechanisms(
+    ctx: &Pkcs11,
+    slot: Slot,
+) -> Result<Vec<MechanismType>, ConnectError> {
+    const USED: [MechanismType; 7] = [
+        MechanismType::ECC_KEY_PAIR_GEN,
+        MechanismType::ECDSA,
+        MechanismType::RSA_PKCS_KEY_PAIR_GEN,
+        MechanismType::RSA_PKCS,
+        MechanismType::SHA256_RSA_PKCS,
+        MechanismType::ECC_EDWARDS_KEY_PAIR_GEN,
+        MechanismType::EDDSA,
+    ];
+    let mut offered = Vec::new();
+    for mechanism in USED {
+        match ctx.get_mechanism_info(slot, mechanism) {
+            Ok(_) => offered.push(mechanism),
+            Err(e) if is_rv(&e, RvError::MechanismInvalid) => {}
+            Err(e) => return Err(ConnectError::Ck("asking for a mechanism", e)),
+        }
+    }
+    Ok(offered)
+}
+
 pub(super) fn login(session: &Session, pin: &AuthPin) -> Result<(), ConnectError> {
     match session.login(UserType::User, Some(pin)) {
         Ok(()) => Ok(()),
@@ -232,9 +261,7 @@ pub(super) fn connect(
                 "RSA key of about {bits} bits: at least 2048 required"
             )));
         }
-        let mechanisms = ctx
-            .get_mechanism_list(slot)
-            .map_err(|e| ConnectError::Ck("listing mechanisms", e))?;
+        let mechanisms = offered_mechanisms(ctx, slot)?;
         KeyFacts {
             algorithm: CaAlgorithm::RsaSha256,
             public_raw: der::rsa_public_key(&modulus, &exponent),

@@ -3,7 +3,7 @@
 use cryptoki::mechanism::{Mechanism, MechanismType};
 use cryptoki::object::{Attribute, ObjectClass};
 
-use super::connect::{find_private_keys, find_slot, login};
+use super::connect::{find_private_keys, find_slot, login, offered_mechanisms};
 use super::der;
 use super::fault::ConnectError;
 use super::module::Module;
@@ -101,9 +101,7 @@ impl Pkcs11Key {
             let session = ctx
                 .open_rw_session(slot)
                 .map_err(|e| start(ConnectError::Ck("opening a read-write session", e)))?;
-            let offered = ctx
-                .get_mechanism_list(slot)
-                .map_err(|e| start(ConnectError::Ck("listing mechanisms", e)))?;
+            let offered = offered_mechanisms(&ctx, slot).map_err(start)?;
             check_mechanisms(algorithm, &offered)
                 .map_err(|missing| start(ConnectError::Key(missing.to_string())))?;
             login(&session, &pin).map_err(start)?;
@@ -182,9 +180,7 @@ impl Pkcs11Key {
         let ctx = module.read();
         let uri = &config.uri;
         let slot = find_slot(&ctx, uri).map_err(|e| e.startup(uri))?;
-        let offered = ctx
-            .get_mechanism_list(slot)
-            .map_err(|e| ConnectError::Ck("listing mechanisms", e).startup(uri))?;
+        let offered = offered_mechanisms(&ctx, slot).map_err(|e| e.startup(uri))?;
         check_mechanisms(algorithm, &offered)
             .map_err(|missing| ConnectError::Key(missing.to_string()).startup(uri))
     }
