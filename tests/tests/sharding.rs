@@ -12,11 +12,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use podca_tests::bench::{bench_pcr, process_cpu, stubs, watch_issued};
+use podca_tests::bench::{BENCH_NAMESPACE, bench_pcr, process_cpu, stubs, watch_issued};
 use podca_tests::cluster::{Cluster, PODCA_USER};
 use podca_tests::emulator::{Emulator, Res};
+use podca_tests::kubelet::trust_anchors_for_signer;
 use podca_tests::postgres::Postgres;
-use podca_tests::process::{ServeProcess, metric_value};
+use podca_tests::process::{ServeProcess, metric_value, podca_binary};
+use podca_tests::softhsm::{SOFTHSM2_MODULE, softhsm_token};
+use podca_tests::verify::assert_verifies;
 
 const SIGNER: &str = "example.com/workload";
 /// The Lease duration the tests run with (`--lease-duration`).
@@ -26,17 +29,36 @@ struct Setup {
     cluster: Cluster,
     config: PathBuf,
     csrs: Vec<String>,
+    /// `SOFTHSM2_CONF` for the replicas when the CA key is in SoftHSM2.
+    softhsm: Option<PathBuf>,
+}
+
+/// Where the replicas' CA key is.
+#[derive(Clone, Copy, PartialEq)]
+enum CaKey {
+    /// `podca ca init`: a key file in the CA directory.
+    File,
+    /// In SoftHSM2, `pkcs11_mode = "intermediate"`: each replica signs with an in-memory
+    /// intermediate the HSM signed for it.
+    HsmIntermediate,
 }
 
 /// An emulator, a CA, and a config with rendezvous sharding; the PostgreSQL ledger when `pg`.
 async fn setup(pg: bool) -> (Setup, Option<Postgres>) {
-    setup_with(pg, "rendezvous").await
+    setup_with(pg, "rendezvous", CaKey::File).await
 }
 
-/// [`setup`] with `[controller] sharding = "<sharding>"`.
-async fn setup_with(pg: bool, sharding: &str) -> (Setup, Option<Postgres>) {
-    let (cluster, ca_dir) = Cluster::for_serve(SIGNER, "bench").await;
+/// [`setup`] with `[controller] sharding = "<sharding>"` and the CA key `key`.
+async fn setup_with(pg: bool, sharding: &str, key: CaKey) -> (Setup, Option<Postgres>) {
+    let (cluster, file_ca) = Cluster::for_serve(SIGNER, "bench").await;
     let dir = cluster.dir.path().to_owned();
+    let (ca, softhsm) = match key {
+        CaKey::File => (
+            format!("[ca]\ndir = {:?}\n", file_ca.display().to_string()),
+            None,
+        ),
+        CaKey::HsmIntermediate => hsm_ca(&dir),
+    };
     let pg = pg.then(Postgres::start);
     let ledger = match &pg {
         Some(pg) => {
@@ -54,9 +76,8 @@ async fn setup_with(pg: bool, sharding: &str) -> (Setup, Option<Postgres>) {
     std::fs::write(
         &config,
         format!(
-            "[ca]\ndir = {:?}\n\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
-             [controller]\nsharding = \"{sharding}\"\n\n{ledger}",
-            ca_dir.display().to_string()
+            "{ca}\n[signers.\"{SIGNER}\"]\ntrust_domain = \"cluster.local\"\n\n\
+             [controller]\nsharding = \"{sharding}\"\n\n{ledger}"
         ),
     )
     .expect("config");
@@ -66,9 +87,44 @@ async fn setup_with(pg: bool, sharding: &str) -> (Setup, Option<Postgres>) {
             cluster,
             config,
             csrs,
+            softhsm,
         },
         pg,
     )
+}
+
+/// A CA whose key SoftHSM2 generated (`podca ca init --pkcs11-generate`) in `<dir>/hsm-ca`:
+/// its `[ca]` table (intermediate mode) and the `SOFTHSM2_CONF` to run with.
+fn hsm_ca(dir: &Path) -> (String, Option<PathBuf>) {
+    let conf = softhsm_token(dir, "shards", "87654321", "123456");
+    let pin = dir.join("pin");
+    std::fs::write(&pin, "123456\n").expect("pin");
+    let ca = dir.join("hsm-ca");
+    let out = std::process::Command::new(podca_binary())
+        .args(["ca", "init", "--dir"])
+        .arg(&ca)
+        .arg("--pkcs11-uri")
+        .arg(format!(
+            "pkcs11:token=shards;object=podca-ca?module-path={SOFTHSM2_MODULE}"
+        ))
+        .arg("--pkcs11-generate")
+        .arg("--pkcs11-pin-file")
+        .arg(&pin)
+        .env("SOFTHSM2_CONF", &conf)
+        .output()
+        .expect("run podca ca init");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = format!(
+        "[ca]\nbackend = \"pkcs11\"\ndir = {:?}\npkcs11_pin_file = {:?}\n\
+         pkcs11_mode = \"intermediate\"\n",
+        ca.display().to_string(),
+        pin.display().to_string()
+    );
+    (table, Some(conf))
 }
 
 impl Setup {
@@ -84,6 +140,10 @@ impl Setup {
     /// [`Setup::replica`] with its own `kubeconfig` (its own bearer token).
     fn replica_as(&self, identity: &str, kubeconfig: &Path) -> ServeProcess {
         let pod_name = PathBuf::from(identity);
+        let mut env = vec![("PODCA_LOG", Path::new("warn")), ("POD_NAME", &pod_name)];
+        if let Some(conf) = &self.softhsm {
+            env.push(("SOFTHSM2_CONF", conf.as_path()));
+        }
         ServeProcess::start(
             &self.config,
             kubeconfig,
@@ -100,7 +160,7 @@ impl Setup {
                 "--lease-retry-period",
                 "500ms",
             ],
-            &[("PODCA_LOG", Path::new("warn")), ("POD_NAME", &pod_name)],
+            &env,
         )
     }
 
@@ -439,6 +499,112 @@ async fn a_fourth_replica_takes_its_share_within_a_lease() {
     );
 }
 
+/// Issue #45 item 4: with the CA key in an HSM (`pkcs11_mode = "intermediate"`), each replica
+/// signs its share with an intermediate of its own, which the HSM signed once: the HSM's work
+/// does not grow with the PCRs. Each intermediate is in the ledger, every chain verifies under
+/// the published bundle (openssl), and the leaves of one replica do not carry the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_hsm_root_each_replica_signs_with_its_own_intermediate() {
+    let count = 300;
+    let (s, pg) = setup_with(true, "rendezvous", CaKey::HsmIntermediate).await;
+    let pg = pg.expect("PostgreSQL");
+    let replicas = [s.replica("r1"), s.replica("r2")];
+    wait_members(
+        &replicas.iter().collect::<Vec<_>>(),
+        2,
+        Duration::from_secs(30),
+    )
+    .await;
+    s.file("hsm", count);
+    wait_issued_total(s.emu(), count as u64, Duration::from_secs(120)).await;
+    assert_each_issued_once(&s, count as u64);
+
+    // The intermediate of each chain (leaf, intermediate, HSM root), and how many leaves each
+    // signed.
+    let mut leaves_by_intermediate: HashMap<Vec<u8>, usize> = HashMap::new();
+    let mut chains = Vec::new();
+    for i in 0..count {
+        let pcr = s
+            .emu()
+            .get_object(Res::Pcr, BENCH_NAMESPACE, &format!("hsm-{i}"))
+            .expect("the PCR");
+        let chain = pcr["status"]["certificateChain"]
+            .as_str()
+            .unwrap_or_else(|| panic!("hsm-{i} has no chain: {pcr:#}"))
+            .to_owned();
+        let certs = pem::parse_many(&chain).expect("PEM");
+        assert_eq!(certs.len(), 3, "leaf, intermediate, root: {chain}");
+        *leaves_by_intermediate
+            .entry(certs[1].contents().to_vec())
+            .or_default() += 1;
+        chains.push(chain);
+    }
+    assert_eq!(
+        leaves_by_intermediate.len(),
+        2,
+        "one intermediate per replica: {:?}",
+        leaves_by_intermediate.values().collect::<Vec<_>>()
+    );
+    for signed in leaves_by_intermediate.values() {
+        assert!(
+            (count / 4..=count * 3 / 4).contains(signed),
+            "each replica signs about half: {signed} of {count}"
+        );
+    }
+    let bundle = trust_anchors_for_signer(&s.cluster.admin, "v1", SIGNER)
+        .await
+        .expect("the published bundle");
+    assert_eq!(bundle.matches("BEGIN CERTIFICATE").count(), 1, "{bundle}");
+    for chain in chains.iter().step_by(29) {
+        assert_verifies(chain, &bundle);
+    }
+
+    // Each replica recorded its intermediate in the ledger, and nothing else of the kind.
+    let mut serials: Vec<String> = leaves_by_intermediate
+        .keys()
+        .map(|der| {
+            let (_, cert) = x509_parser::parse_x509_certificate(der).expect("DER");
+            podca_signer::x509::hex_lower(cert.raw_serial())
+                .trim_start_matches('0')
+                .to_owned()
+        })
+        .collect();
+    serials.sort();
+    let mut recorded: Vec<String> = pg
+        .psql("select ltrim(serial, '0') from podca_ledger where source = 'intermediate'")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    recorded.sort();
+    assert_eq!(recorded, serials);
+    assert_eq!(
+        pg.psql("select count(distinct replica) from podca_ledger where source = 'intermediate'"),
+        "2"
+    );
+
+    // The HSM signed the two intermediates, not the leaves (its count reaches /metrics every
+    // 5 s).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let signs: Vec<f64> = replicas
+            .iter()
+            .map(|r| metric_value(&r.metrics(), "podca_hsm_signatures_total"))
+            .collect();
+        if signs.iter().all(|n| *n >= 1.0) {
+            assert!(
+                signs.iter().sum::<f64>() <= 4.0,
+                "the HSM signed {signs:?} times for {count} leaves"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no HSM signatures on /metrics: {signs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The failover stall with idle replicas: the replica that would sign (the leader, or in
 /// rendezvous mode a member) is SIGKILLed and PCRs are filed at once. Both modes must answer
 /// within the Lease duration + 2 s; rendezvous answers the survivors' shares at once.
@@ -446,7 +612,7 @@ async fn a_fourth_replica_takes_its_share_within_a_lease() {
 async fn the_failover_stall_is_at_most_a_lease_in_both_modes() {
     let mut stalls = Vec::new();
     for mode in ["leader", "rendezvous"] {
-        let (s, _) = setup_with(false, mode).await;
+        let (s, _) = setup_with(false, mode, CaKey::File).await;
         let replicas = [s.replica("r1"), s.replica("r2"), s.replica("r3")];
         let victim = if mode == "rendezvous" {
             wait_members(
