@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use podca_authority::CaHandle;
+use podca_authority::config::Sharding;
 use podca_controller::publisher::{INSTANCE_LABEL, MANAGED_BY_LABEL, PublisherOptions};
 use podca_controller::{LeaderElection, Options};
 use podca_signer::{CaAlgorithm, CaCertificate, IssuingCa, MemoryKey, SignerPolicy};
@@ -534,87 +535,101 @@ async fn instances_keep_to_their_own_bundles() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_replica_writes_nothing() {
-    let c = cluster(ApiMode::V1Only).await;
-    let rfc3339 = |t: time::OffsetDateTime| {
-        t.format(&time::format_description::well_known::Rfc3339)
-            .expect("time")
-    };
-    let now = rfc3339(time::OffsetDateTime::now_utc());
-    c.emu.seed_object(
-        Res::Lease,
-        json!({
-            "metadata": {"name": "podca-controller", "namespace": "default"},
-            "spec": {
-                "holderIdentity": "other",
-                "leaseDurationSeconds": 2,
-                "acquireTime": now,
-                "renewTime": now,
-                "leaseTransitions": 0,
-            },
-        }),
-    );
-    // Another replica holds the Lease and keeps renewing it.
-    let (stop_renewing, mut stopped) = oneshot::channel::<()>();
-    let renewals = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let renewer = {
-        let admin = c.admin.clone();
-        let renewals = Arc::clone(&renewals);
-        tokio::spawn(async move {
-            loop {
-                let now = rfc3339(time::OffsetDateTime::now_utc());
-                let renewed = admin
-                    .merge_patch(
-                        "/apis/coordination.k8s.io/v1/namespaces/default/leases/podca-controller",
-                        &json!({"spec": {"renewTime": now}}),
-                    )
-                    .await;
-                if renewed.is_ok_and(|r| r.status == 200) {
-                    renewals.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // Both ways of running replicas. The default resync (5 minutes): the takeover must
+    // publish at once, not at the next resync (a sharded replica runs its publisher before
+    // it leads, and its first pass, as a standby, wrote nothing).
+    for sharding in [Sharding::Leader, Sharding::Rendezvous] {
+        let c = cluster(ApiMode::V1Only).await;
+        let rfc3339 = |t: time::OffsetDateTime| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .expect("time")
+        };
+        let now = rfc3339(time::OffsetDateTime::now_utc());
+        c.emu.seed_object(
+            Res::Lease,
+            json!({
+                "metadata": {"name": "podca-controller", "namespace": "default"},
+                "spec": {
+                    "holderIdentity": "other",
+                    "leaseDurationSeconds": 2,
+                    "acquireTime": now,
+                    "renewTime": now,
+                    "leaseTransitions": 0,
+                },
+            }),
+        );
+        // Another replica holds the Lease and keeps renewing it.
+        let (stop_renewing, mut stopped) = oneshot::channel::<()>();
+        let renewals = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let renewer = {
+            let admin = c.admin.clone();
+            let renewals = Arc::clone(&renewals);
+            tokio::spawn(async move {
+                loop {
+                    let now = rfc3339(time::OffsetDateTime::now_utc());
+                    let renewed = admin
+                        .merge_patch(
+                            "/apis/coordination.k8s.io/v1/namespaces/default/leases/podca-controller",
+                            &json!({"spec": {"renewTime": now}}),
+                        )
+                        .await;
+                    if renewed.is_ok_and(|r| r.status == 200) {
+                        renewals.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    tokio::select! {
+                        _ = &mut stopped => return,
+                        () = tokio::time::sleep(Duration::from_millis(300)) => {}
+                    }
                 }
-                tokio::select! {
-                    _ = &mut stopped => return,
-                    () = tokio::time::sleep(Duration::from_millis(300)) => {}
-                }
-            }
+            })
+        };
+        let le = LeaderElection {
+            lease_name: "podca-controller".into(),
+            lease_namespace: "default".into(),
+            identity: "standby".into(),
+            lease_duration: Duration::from_secs(2),
+            renew_deadline: Duration::from_secs(1),
+            retry_period: Duration::from_millis(500),
+        };
+        let run = start(&c, &[WORKLOAD], PublisherOptions::default(), |o| {
+            o.leader_election = Some(le);
+            o.sharding = sharding;
         })
-    };
-    let le = LeaderElection {
-        lease_name: "podca-controller".into(),
-        lease_namespace: "default".into(),
-        identity: "standby".into(),
-        lease_duration: Duration::from_secs(2),
-        renew_deadline: Duration::from_secs(1),
-        retry_period: Duration::from_millis(500),
-    };
-    let run = start(&c, &[WORKLOAD], fast(), |o| o.leader_election = Some(le)).await;
-    // Past the lease duration (2 s) by far: ten renewals 300 ms apart, while the standby
-    // retried every 500 ms. It never led, so it never published.
-    wait_for(
-        "ten renewals by the holder",
-        Duration::from_secs(15),
-        || renewals.load(std::sync::atomic::Ordering::SeqCst) >= 10,
-    )
-    .await;
-    assert_eq!(run.metrics.leader.get(), 0, "the standby took the lease");
-    let holder = c
-        .emu
-        .get_object(Res::Lease, "default", "podca-controller")
-        .map(|l| l["spec"]["holderIdentity"].clone());
-    assert_eq!(holder, Some(json!("other")));
-    assert_eq!(c.emu.count_objects(Res::Ctb), 0);
-    assert_eq!(c.emu.counters().ctb_writes_accepted, 0);
-    assert_eq!(run.writes("create"), 0);
-    // The holder stops renewing: the standby takes over and publishes.
-    let _ = stop_renewing.send(());
-    renewer.await.expect("renewer");
-    let pem = c.anchors_pem();
-    wait_for("takeover and publish", Duration::from_secs(15), || {
-        c.ctb(WORKLOAD_CTB)
-            .is_some_and(|o| o["spec"]["trustBundle"] == pem.as_str())
-    })
-    .await;
-    assert_no_rejections(&c.emu);
-    run.stop().await;
+        .await;
+        // Past the lease duration (2 s) by far: ten renewals 300 ms apart, while the standby
+        // retried every 500 ms. It never led, so it never published.
+        wait_for(
+            "ten renewals by the holder",
+            Duration::from_secs(15),
+            || renewals.load(std::sync::atomic::Ordering::SeqCst) >= 10,
+        )
+        .await;
+        assert_eq!(
+            run.metrics.leader.get(),
+            0,
+            "{sharding:?}: the standby took the lease"
+        );
+        let holder = c
+            .emu
+            .get_object(Res::Lease, "default", "podca-controller")
+            .map(|l| l["spec"]["holderIdentity"].clone());
+        assert_eq!(holder, Some(json!("other")));
+        assert_eq!(c.emu.count_objects(Res::Ctb), 0);
+        assert_eq!(c.emu.counters().ctb_writes_accepted, 0);
+        assert_eq!(run.writes("create"), 0);
+        // The holder stops renewing: the standby takes over and publishes.
+        let _ = stop_renewing.send(());
+        renewer.await.expect("renewer");
+        let pem = c.anchors_pem();
+        let what = format!("{sharding:?}: takeover and publish");
+        wait_for(&what, Duration::from_secs(15), || {
+            c.ctb(WORKLOAD_CTB)
+                .is_some_and(|o| o["spec"]["trustBundle"] == pem.as_str())
+        })
+        .await;
+        assert_no_rejections(&c.emu);
+        run.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

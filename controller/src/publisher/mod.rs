@@ -9,9 +9,9 @@
 //! written or deleted, whatever its name or signer.
 //!
 //! One pass is: read the desired bundles and the owned ones → decide (pure, [`plan`]) → at most
-//! one write per bundle ([`ctb`]), then garbage collection ([`gc`]). A pass runs at start, on
-//! every CA swap, on every watch event of a configured signer's bundles, on the periodic
-//! resync, and after a failure (with backoff). Names and labels are validated once, by
+//! one write per bundle ([`ctb`]), then garbage collection ([`gc`]). A pass runs at start, when
+//! this replica becomes the leader, on every CA swap, on every watch event of a configured
+//! signer's bundles, on the periodic resync, and after a failure (with backoff). Names and labels are validated once, by
 //! [`Publisher::new`] ([`names`]).
 
 mod ctb;
@@ -272,6 +272,12 @@ impl Publisher {
         }));
         // Every change of a federated trust domain's bundle wakes a pass too.
         let mut foreign = self.foreign.clone();
+        // A sharded replica runs the publisher before it leads: the pass that finds it
+        // leading must not wait for the resync. (The first pass, below, sees the value now.)
+        let mut term = Some(leading.clone());
+        if let Some(rx) = &mut term {
+            rx.borrow_and_update();
+        }
         let mut state = State::default();
         let mut resync = tokio::time::interval(self.resync);
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -289,6 +295,13 @@ impl Publisher {
                 }
                 () = poke.notified() => {}
                 () = sleep_until(retry_at) => {}
+                rose = became_leader(&mut term) => match rose {
+                    Some(()) => {
+                        debug!("leading: a pass writes what the last ones skipped");
+                        state = State::default();
+                    }
+                    None => term = None,
+                },
                 changed = foreign_changed(&mut foreign) => {
                     if !changed {
                         foreign = None;
@@ -496,6 +509,20 @@ async fn foreign_changed(foreign: &mut Option<ForeignAnchors>) -> bool {
     match foreign {
         Some(rx) => rx.changed().await.is_ok(),
         None => std::future::pending().await,
+    }
+}
+
+/// Resolves when `term` turns true (a leadership term starts); `None` once its sender is gone,
+/// never after that.
+async fn became_leader(term: &mut Option<watch::Receiver<bool>>) -> Option<()> {
+    let Some(rx) = term else {
+        return std::future::pending().await;
+    };
+    loop {
+        rx.changed().await.ok()?;
+        if *rx.borrow_and_update() {
+            return Some(());
+        }
     }
 }
 
