@@ -664,6 +664,30 @@ pub fn outcome(v: &Value, key: &SubjectKey) -> Result<Option<Outcome>> {
     }))))
 }
 
+/// Waits until the v1 CTBs for `signer_name` hold `n` distinct anchors (see
+/// [`trust_anchors_for_signer`]) and returns them; panics after `within`.
+pub async fn wait_anchors_for_signer(
+    client: &KubeClient,
+    signer_name: &str,
+    n: usize,
+    within: std::time::Duration,
+) -> String {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let pem_text = trust_anchors_for_signer(client, "v1", signer_name)
+            .await
+            .unwrap_or_default();
+        if pem_text.matches("BEGIN CERTIFICATE").count() == n {
+            return pem_text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the published bundle for {signer_name} never held {n} anchors; now:\n{pem_text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Concatenated trust anchors of every CTB for `signer_name` (what a
 /// `clusterTrustBundle` projection with `labelSelector: {}` sees).
 pub async fn trust_anchors_for_signer(

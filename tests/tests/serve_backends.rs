@@ -11,7 +11,7 @@ use podca_tests::EmulatorConfig;
 use podca_tests::client::KubeClient;
 use podca_tests::cluster::{Cluster, ClusterConfig, PODCA_USER, add_pod};
 use podca_tests::emulator::{ApiMode, Res};
-use podca_tests::kubelet::trust_anchors_for_signer;
+use podca_tests::kubelet::{trust_anchors_for_signer, wait_anchors_for_signer};
 use podca_tests::process::{ServeProcess, podca_binary};
 use podca_tests::softhsm::{SOFTHSM2_MODULE, softhsm_token};
 use podca_tests::verify::assert_verifies;
@@ -49,20 +49,7 @@ fn podca(args: &[&str], env: &[(&str, &Path)]) -> Output {
 
 /// Waits until the published bundle for SIGNER holds `n` anchors and returns it.
 async fn published(admin: &KubeClient, n: usize, within: Duration) -> String {
-    let deadline = Instant::now() + within;
-    loop {
-        let pem_text = trust_anchors_for_signer(admin, "v1", SIGNER)
-            .await
-            .unwrap_or_default();
-        if pem_text.matches("BEGIN CERTIFICATE").count() == n {
-            return pem_text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the published bundle never held {n} anchors; now:\n{pem_text}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_anchors_for_signer(admin, SIGNER, n, within).await
 }
 
 fn write_config(path: &Path, ca_table: &str) {
