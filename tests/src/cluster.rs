@@ -97,11 +97,21 @@ impl Cluster {
     /// first use, podca in `system:authenticated` with the signer role for `signer`,
     /// `namespace` made, and a CA made by `podca ca init` in `<dir>/ca` (returned).
     pub async fn for_serve(signer: &str, namespace: &str) -> (Cluster, PathBuf) {
+        Cluster::for_serve_with(signer, namespace, EmulatorConfig::default()).await
+    }
+
+    /// [`Cluster::for_serve`] on an emulator configured as `emulator` (its API mode and
+    /// namespace creation set as there).
+    pub async fn for_serve_with(
+        signer: &str,
+        namespace: &str,
+        emulator: EmulatorConfig,
+    ) -> (Cluster, PathBuf) {
         let cluster = Cluster::start_with(ClusterConfig {
             emulator: EmulatorConfig {
                 api_mode: ApiMode::V1Only,
                 auto_create_namespaces: true,
-                ..Default::default()
+                ..emulator
             },
             podca_groups: &["system:authenticated"],
             signers: &[signer],

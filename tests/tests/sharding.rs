@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use podca_tests::EmulatorConfig;
 use podca_tests::bench::{BENCH_NAMESPACE, bench_pcr, process_cpu, stubs, watch_issued};
 use podca_tests::cluster::{Cluster, PODCA_USER};
 use podca_tests::emulator::{Emulator, Res};
@@ -49,7 +50,15 @@ async fn setup(pg: bool) -> (Setup, Option<Postgres>) {
 
 /// [`setup`] with `[controller] sharding = "<sharding>"` and the CA key `key`.
 async fn setup_with(pg: bool, sharding: &str, key: CaKey) -> (Setup, Option<Postgres>) {
-    let (cluster, file_ca) = Cluster::for_serve(SIGNER, "bench").await;
+    // kube-apiserver's watch cache keeps up to 102,400 events (75 s of them at least), so a
+    // replica that falls behind during the 30,000 burst resumes its watch. With the emulator's
+    // default 20,000 the three replicas relisted the whole burst at once, starving the
+    // emulator until Lease calls timed out (CI, 2026-12-07).
+    let emulator = EmulatorConfig {
+        watch_history_limit: 102_400,
+        ..Default::default()
+    };
+    let (cluster, file_ca) = Cluster::for_serve_with(SIGNER, "bench", emulator).await;
     let dir = cluster.dir.path().to_owned();
     let (ca, softhsm) = match key {
         CaKey::File => (
