@@ -49,6 +49,12 @@ pub struct ServeArgs {
     /// replica its share); overrides `[controller] sharding`.
     #[arg(long, value_parser = crate::cli::spelled::<Sharding>(), ignore_case = true)]
     pub sharding: Option<Sharding>,
+    /// With rendezvous sharding: how long a pending PodCertificateRequest waits for a member
+    /// that renews its Lease but settles nothing before the next member signs it (a member
+    /// seen settling others is waited for ten times as long). Default: four Lease durations,
+    /// at least 60s.
+    #[arg(long, value_parser = parse_duration)]
+    pub takeover_after: Option<Duration>,
     /// How long shutdown may take, all of it: in-flight status writes and gRPC calls, then the
     /// ledger's last commit and the Lease's release.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -79,6 +85,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         leader_elect,
         lease,
         sharding,
+        takeover_after,
         drain_timeout,
         grpc_listen,
         no_grpc,
@@ -96,6 +103,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if lease.lease_renew_deadline >= lease.lease_duration {
         bail!("--lease-renew-deadline must be shorter than --lease-duration");
+    }
+    if let Some(after) = takeover_after {
+        if config.controller.sharding != Sharding::Rendezvous {
+            bail!("--takeover-after applies to rendezvous sharding only (--sharding rendezvous)");
+        }
+        // A member that stops renewing leaves the set after one Lease duration; taking its
+        // requests over sooner would only sign them twice.
+        if after < lease.lease_duration {
+            bail!(
+                "--takeover-after ({after:?}) must be at least --lease-duration ({:?})",
+                lease.lease_duration
+            );
+        }
     }
     let ca_plans = ca::plan(&config, leader_elect)?;
     let grpc_settings = match no_grpc {
@@ -198,6 +218,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }),
     };
     let mut options = kube_component::options(&config, flags, ca, ledger, namespace_labels);
+    options.takeover_after = takeover_after;
     // Each federated trust domain's bundle, as a ClusterTrustBundle for its signers' pods.
     options.foreign_anchors = (!config.federation.is_empty()).then(|| federated.subscribe());
     kube_component::controller(&mut rt, client, options);

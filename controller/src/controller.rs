@@ -85,6 +85,7 @@ pub async fn run(
         queue_capacity,
         leader_election,
         sharding,
+        takeover_after,
         drain_timeout,
         reporting_controller,
         reporting_instance,
@@ -154,12 +155,14 @@ pub async fn run(
         .as_ref()
         .filter(|_| sharding == Sharding::Rendezvous)
         .map(|le| {
+            let settled = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let config = MemberConfig {
                 group: le.lease_name.clone(),
                 namespace: le.lease_namespace.clone(),
                 identity: le.identity.clone(),
                 lease_duration: le.lease_duration,
                 period: le.retry_period.min(le.lease_duration / 3),
+                settled: Arc::clone(&settled),
             };
             let (tx, rx) = watch::channel(Members::default());
             let task = membership::start(
@@ -171,8 +174,9 @@ pub async fn run(
             );
             let shard = Shard::new(
                 rx,
-                sharding::takeover_after(le.lease_duration),
+                takeover_after.unwrap_or_else(|| sharding::takeover_after(le.lease_duration)),
                 shard_metrics.clone(),
+                settled,
             );
             (TaskGuard::new(task), Arc::new(shard))
         });
@@ -861,6 +865,9 @@ async fn reconcile(ctx: &Ctx, mut item: Item, permit: &Permit) -> Step {
     permit.end_write(write, load);
     match written {
         Ok(()) => {
+            if let Some(shard) = &ctx.shard {
+                shard.count_settled();
+            }
             record_settled(ctx, &pcr, settlement, &outcome, now).await;
             Step::Settled
         }

@@ -67,6 +67,10 @@ pub struct Options {
     pub leader_election: Option<LeaderElection>,
     /// With leader election: the holder signs every PCR, or every member its share.
     pub sharding: podca_authority::config::Sharding,
+    /// Rendezvous: how long a pending request waits for a member that renews its Lease but
+    /// settles nothing before the next member takes it; `None`: four Lease durations, at least
+    /// a minute (`sharding::takeover_after`).
+    pub takeover_after: Option<Duration>,
     /// How long shutdown waits for in-flight writes.
     pub drain_timeout: Duration,
     /// The controller name in Events.
@@ -122,6 +126,7 @@ impl Options {
             queue_capacity: 4096,
             leader_election: None,
             sharding: Default::default(),
+            takeover_after: None,
             drain_timeout: Duration::from_secs(10),
             reporting_controller: "podca.dev/signer".into(),
             reporting_instance: None,

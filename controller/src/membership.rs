@@ -9,10 +9,16 @@
 //! does not match its name (someone edited it) is ignored; a member whose own renewals fail
 //! leaves its own set before the others drop it.
 //!
+//! Each renewal also carries how many requests the member has settled (the annotation
+//! [`SETTLED_ANNOTATION`]); the others note when they see that count move, on their own clock
+//! again, so that a member busy with a burst is told from one that renews its Lease but settles
+//! nothing (`sharding::owns`: only the latter's requests are taken over at the first bound).
+//!
 //! [`Roster`] is the pure part (table-tested); [`start`] runs it against the API.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -31,6 +37,9 @@ use crate::bounded;
 
 /// The label that marks a member Lease; its value is the group (the leader Lease's name).
 pub const MEMBER_LABEL: &str = "podca.dev/member";
+/// The annotation on a member Lease with how many requests its holder has settled since it
+/// started (a decimal count, moved at each renewal).
+pub const SETTLED_ANNOTATION: &str = "podca.dev/settled";
 
 /// The live members as this replica sees them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -43,6 +52,9 @@ pub struct Members {
     /// the margin): checked again before each write, as a process resumed after SIGSTOP runs
     /// its decisions before its membership task has looked at the clock.
     pub me_until: Option<Instant>,
+    /// When each live *other* member was last seen to settle something (its
+    /// [`SETTLED_ANNOTATION`] moved), on this replica's clock; first sight counts as progress.
+    pub progressed: Arc<BTreeMap<String, Instant>>,
 }
 
 impl Members {
@@ -64,6 +76,9 @@ pub struct MemberLease {
     pub holder: Option<String>,
     pub renew_time: Option<OffsetDateTime>,
     pub duration: Option<Duration>,
+    /// Its holder's count of settled requests ([`SETTLED_ANNOTATION`]); `None` from a replica
+    /// that does not say (an older podca), which then never counts as progressing.
+    pub settled: Option<u64>,
 }
 
 /// The Lease name of `identity` in `group`: a DNS subdomain (lowercase alphanumerics, `-`, `.`).
@@ -89,6 +104,9 @@ struct Observed {
     renew_time: OffsetDateTime,
     /// Live until then (this replica's clock).
     live_until: Instant,
+    /// Its settled count as last seen, and when it was first seen at that value.
+    settled: Option<u64>,
+    progressed: Instant,
 }
 
 /// The membership decision: which Leases are live, from what was listed and when.
@@ -163,6 +181,11 @@ impl Roster {
                     now + left.min(duration + self.margin)
                 }
             };
+            let progressed = match self.observed.get(&lease.name) {
+                Some(o) if o.settled != lease.settled || &o.holder != holder => now,
+                Some(o) => o.progressed,
+                None => now,
+            };
             let renewed_now = self
                 .observed
                 .get(&lease.name)
@@ -183,6 +206,8 @@ impl Roster {
                     holder: holder.clone(),
                     renew_time,
                     live_until,
+                    settled: lease.settled,
+                    progressed,
                 },
             );
         }
@@ -192,14 +217,16 @@ impl Roster {
 
     /// The live other members at `now`, as last listed (expiries run between listings).
     pub fn live(&self, now: Instant) -> Vec<String> {
-        let mut live: Vec<String> = self
-            .observed
-            .values()
-            .filter(|o| o.live_until > now)
-            .map(|o| o.holder.clone())
-            .collect();
-        live.sort();
-        live.dedup();
+        self.live_progress(now).into_keys().collect()
+    }
+
+    /// The live other members at `now`, each with when it was last seen to settle something.
+    pub fn live_progress(&self, now: Instant) -> BTreeMap<String, Instant> {
+        let mut live = BTreeMap::new();
+        for o in self.observed.values().filter(|o| o.live_until > now) {
+            let at = live.entry(o.holder.clone()).or_insert(o.progressed);
+            *at = (*at).max(o.progressed);
+        }
         live
     }
 
@@ -236,14 +263,14 @@ fn skew_suspected(
 /// The live set including this replica while `renewed_at + fresh_for > now` and it has been a
 /// member for `warm_up` (so the others have seen its Lease before it takes its share).
 pub fn with_me(
-    others: &[String],
+    others: &BTreeMap<String, Instant>,
     me: &str,
     first_renewed: Option<Instant>,
     last_renewed: Option<Instant>,
     (fresh_for, warm_up): (Duration, Duration),
     now: Instant,
 ) -> Members {
-    let mut live = others.to_vec();
+    let mut live: Vec<String> = others.keys().cloned().collect();
     let fresh = last_renewed.is_some_and(|t| now < t + fresh_for);
     let warm = first_renewed.is_some_and(|t| now >= t + warm_up);
     let me_until = (fresh && warm)
@@ -258,6 +285,7 @@ pub fn with_me(
         me: me.to_owned(),
         live: Arc::new(live),
         me_until,
+        progressed: Arc::new(others.clone()),
     }
 }
 
@@ -270,6 +298,8 @@ pub struct MemberConfig {
     pub lease_duration: Duration,
     /// How often the Lease is renewed and the others listed.
     pub period: Duration,
+    /// How many requests this replica has settled (the controller counts, each renewal says).
+    pub settled: Arc<AtomicU64>,
 }
 
 impl MemberConfig {
@@ -304,7 +334,7 @@ pub(crate) fn start(
         // This replica stops counting itself a margin before the others would drop it.
         let fresh_for = config.lease_duration.saturating_sub(margin);
         let warm_up = config.period + margin;
-        let mut others = Vec::new();
+        let mut others = BTreeMap::new();
         loop {
             let started = Instant::now();
             match renew(&api, &name, &config, &metrics).await {
@@ -326,7 +356,9 @@ pub(crate) fn start(
                 Ok(list) => {
                     let leases: Vec<MemberLease> = list.items.iter().map(member_lease).collect();
                     let wall = OffsetDateTime::now_utc();
-                    others = roster.observe(&leases, wall, Instant::now());
+                    let now = Instant::now();
+                    roster.observe(&leases, wall, now);
+                    others = roster.live_progress(now);
                     // Replicas that died without leaving (SIGKILL) leave their Lease behind.
                     for stale in leases.iter().filter(|l| is_stale(l, wall)) {
                         leave(&api, &stale.name, &metrics).await;
@@ -335,7 +367,7 @@ pub(crate) fn start(
                 // The others stay as last seen; their observed expiries still run.
                 Err(e) => warn!(error = %e, "listing the member Leases"),
             }
-            let publish = |others: &[String]| {
+            let publish = |others: &BTreeMap<String, Instant>| {
                 let now = Instant::now();
                 let next = with_me(
                     others,
@@ -387,7 +419,7 @@ pub(crate) fn start(
                 if Instant::now() >= next_round {
                     break;
                 }
-                others = roster.live(Instant::now());
+                others = roster.live_progress(Instant::now());
                 publish(&others);
             }
         }
@@ -408,6 +440,9 @@ async fn renew(
         "metadata": {
             "name": name,
             "labels": { MEMBER_LABEL: config.group },
+            "annotations": {
+                SETTLED_ANNOTATION: config.settled.load(Ordering::Relaxed).to_string(),
+            },
         },
         "spec": {
             "holderIdentity": config.identity,
@@ -449,6 +484,12 @@ fn is_stale(lease: &MemberLease, wall: OffsetDateTime) -> bool {
 /// A Lease object's fields that membership reads.
 fn member_lease(object: &DynamicObject) -> MemberLease {
     let spec = &object.data["spec"];
+    let settled = object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SETTLED_ANNOTATION))
+        .and_then(|v| v.parse().ok());
     MemberLease {
         name: object.metadata.name.clone().unwrap_or_default(),
         holder: spec["holderIdentity"].as_str().map(str::to_owned),
@@ -458,6 +499,7 @@ fn member_lease(object: &DynamicObject) -> MemberLease {
         duration: spec["leaseDurationSeconds"]
             .as_u64()
             .map(Duration::from_secs),
+        settled,
     }
 }
 
@@ -490,6 +532,7 @@ mod tests {
             holder: Some(holder.into()),
             renew_time: Some(renewed),
             duration: Some(D),
+            settled: None,
         }
     }
 
@@ -617,7 +660,7 @@ mod tests {
     #[test]
     fn i_am_a_member_once_warm_and_while_fresh() {
         let t0 = Instant::now();
-        let others = vec!["b".to_string()];
+        let others = BTreeMap::from([("b".to_string(), t0)]);
         let timings = (Duration::from_secs(14), Duration::from_secs(3));
         let m = with_me(&others, "a", None, None, timings, t0);
         assert!(!m.includes_me());

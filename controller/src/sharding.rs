@@ -7,9 +7,14 @@
 //!
 //! A pending request that no one settled within a bound (its owner is stuck, or membership is
 //! moving) falls to the next member in its order: after one `takeover_after` the second may take
-//! it, after two the third, and so on ([`owns`]).
+//! it, after two the third, and so on ([`owns`]) — unless a member ahead of it in that order is
+//! seen settling requests (its member Lease's settled count moved within the bound): an owner
+//! working through a burst longer than the bound is not doubled, which would add writes the
+//! API server refuses just when it is the bottleneck. Such a request is taken over only after
+//! [`BUSY_FACTOR`] bounds (a request its owner lost, say).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -55,14 +60,21 @@ pub fn rank<S: AsRef<str>>(me: &str, members: &[S], uid: &str) -> Option<usize> 
     found.then_some(above)
 }
 
+/// How many bounds a request waits before it is taken over from members that are settling
+/// others (busy, not stuck).
+pub const BUSY_FACTOR: u32 = 10;
+
 /// Whether `me` should work on `uid`, pending for `age`: its owner always; the member ranked
-/// `k` once the request has waited `k × takeover_after` (a stuck owner is covered by the next).
+/// `k` once the request has waited `k × takeover_after` and no member ranked above it is
+/// `busy` (settling requests: a stuck owner is covered by the next), or `k × BUSY_FACTOR`
+/// bounds whatever the others do.
 pub fn owns<S: AsRef<str>>(
     me: &str,
     members: &[S],
     uid: &str,
     age: Duration,
     takeover_after: Duration,
+    busy: impl Fn(&str) -> bool,
 ) -> bool {
     let Some(rank) = rank(me, members, uid) else {
         return false;
@@ -74,7 +86,17 @@ pub fn owns<S: AsRef<str>>(
         return false;
     }
     let waited = age.as_secs_f64() / takeover_after.as_secs_f64();
-    waited >= rank as f64
+    if waited < rank as f64 {
+        return false;
+    }
+    if waited >= (rank * BUSY_FACTOR as usize) as f64 {
+        return true;
+    }
+    let mine = weight(me, uid);
+    !members.iter().map(AsRef::as_ref).any(|member| {
+        let theirs = weight(member, uid);
+        member != me && (theirs > mine || (theirs == mine && member < me)) && busy(member)
+    })
 }
 
 /// How long a pending request waits for its owner before the next member in its order takes
@@ -150,6 +172,8 @@ pub struct Shard {
     pub members: watch::Receiver<Members>,
     pub takeover_after: Duration,
     pub metrics: ShardMetrics,
+    /// Requests this replica settled (its member Lease says so to the others).
+    pub settled: Arc<AtomicU64>,
     parked: Mutex<HashMap<String, Arc<Pcr>>>,
 }
 
@@ -158,13 +182,20 @@ impl Shard {
         members: watch::Receiver<Members>,
         takeover_after: Duration,
         metrics: ShardMetrics,
+        settled: Arc<AtomicU64>,
     ) -> Self {
         Shard {
             members,
             takeover_after,
             metrics,
+            settled,
             parked: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Counts a request this replica settled.
+    pub fn count_settled(&self) {
+        self.settled.fetch_add(1, Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Pcr>>> {
@@ -176,7 +207,8 @@ impl Shard {
     /// and entitled by its age, `None` not its to work on.
     fn standing(&self, pcr: &Pcr, now: OffsetDateTime) -> Option<usize> {
         let members = self.members.borrow();
-        if !members.includes_me_at(tokio::time::Instant::now()) {
+        let clock = tokio::time::Instant::now();
+        if !members.includes_me_at(clock) {
             return None;
         }
         let age = pcr
@@ -189,6 +221,12 @@ impl Shard {
             &pcr.uid,
             age,
             self.takeover_after,
+            |member| {
+                members
+                    .progressed
+                    .get(member)
+                    .is_some_and(|at| clock < *at + self.takeover_after)
+            },
         )
         .then(|| rank(&members.me, &members.live, &pcr.uid))
         .flatten()
@@ -323,19 +361,81 @@ mod tests {
         let mut order: Vec<&str> = members.to_vec();
         order.sort_by_key(|m| rank(m, &members, uid));
         let (first, second, third) = (order[0], order[1], order[2]);
-        assert!(owns(first, &members, uid, Duration::ZERO, bound));
-        assert!(!owns(second, &members, uid, Duration::from_secs(29), bound));
-        assert!(owns(second, &members, uid, Duration::from_secs(30), bound));
-        assert!(!owns(third, &members, uid, Duration::from_secs(59), bound));
-        assert!(owns(third, &members, uid, Duration::from_secs(60), bound));
-        assert!(!owns("z", &members, uid, Duration::from_secs(600), bound));
+        let stuck = |_: &str| false;
+        assert!(owns(first, &members, uid, Duration::ZERO, bound, stuck));
+        assert!(!owns(
+            second,
+            &members,
+            uid,
+            Duration::from_secs(29),
+            bound,
+            stuck
+        ));
+        assert!(owns(
+            second,
+            &members,
+            uid,
+            Duration::from_secs(30),
+            bound,
+            stuck
+        ));
+        assert!(!owns(
+            third,
+            &members,
+            uid,
+            Duration::from_secs(59),
+            bound,
+            stuck
+        ));
+        assert!(owns(
+            third,
+            &members,
+            uid,
+            Duration::from_secs(60),
+            bound,
+            stuck
+        ));
+        assert!(!owns(
+            "z",
+            &members,
+            uid,
+            Duration::from_secs(600),
+            bound,
+            stuck
+        ));
         assert!(!owns(
             second,
             &members,
             uid,
             Duration::from_secs(600),
-            Duration::ZERO
+            Duration::ZERO,
+            stuck
         ));
+    }
+
+    #[test]
+    fn a_busy_member_ahead_is_covered_only_after_ten_bounds() {
+        let members = ["a", "b", "c"];
+        let bound = Duration::from_secs(30);
+        let uid = "another-uid";
+        let mut order: Vec<&str> = members.to_vec();
+        order.sort_by_key(|m| rank(m, &members, uid));
+        let (first, second, third) = (order[0], order[1], order[2]);
+        let s = Duration::from_secs;
+        // The owner settles others: its request waits for it, however long, up to ten bounds.
+        let owner_busy = |m: &str| m == first;
+        assert!(!owns(second, &members, uid, s(299), bound, owner_busy));
+        assert!(owns(second, &members, uid, s(300), bound, owner_busy));
+        // The third waits while either member ahead of it is busy.
+        assert!(!owns(third, &members, uid, s(60), bound, owner_busy));
+        let second_busy = |m: &str| m == second;
+        assert!(owns(second, &members, uid, s(30), bound, second_busy));
+        assert!(!owns(third, &members, uid, s(599), bound, second_busy));
+        assert!(owns(third, &members, uid, s(600), bound, second_busy));
+        // Busy members behind it do not hold it back; the owner is never held back.
+        let third_busy = |m: &str| m == third;
+        assert!(owns(second, &members, uid, s(30), bound, third_busy));
+        assert!(owns(first, &members, uid, s(0), bound, |_| true));
     }
 
     fn pcr(uid: &str) -> Arc<Pcr> {
@@ -350,13 +450,19 @@ mod tests {
             me: me.into(),
             live: Arc::new(live.iter().map(|m| m.to_string()).collect()),
             me_until: Some(tokio::time::Instant::now() + Duration::from_secs(60)),
+            progressed: Default::default(),
         }
     }
 
     #[tokio::test]
     async fn parked_requests_are_claimed_when_their_owner_leaves_or_stalls() {
         let (tx, rx) = watch::channel(members("a", &["a", "b"]));
-        let shard = Shard::new(rx, Duration::from_secs(60), ShardMetrics::default());
+        let shard = Shard::new(
+            rx,
+            Duration::from_secs(60),
+            ShardMetrics::default(),
+            Arc::default(),
+        );
         let now = time::macros::datetime!(2026-12-07 01:00:01 UTC);
         let all: Vec<_> = uids(200).iter().map(|u| pcr(u)).collect();
         let mine = all.iter().filter(|p| shard.take_or_park(p, now)).count();

@@ -266,7 +266,8 @@ fn issue_out_never_writes_a_key_into_a_file_it_did_not_create() {
 }
 
 /// `podca serve --sharding`: a bad value is a usage error naming both values; rendezvous (by
-/// flag or by config) without `--leader-elect` is refused before anything starts.
+/// flag or by config) without `--leader-elect` is refused before anything starts, and so is a
+/// `--takeover-after` without rendezvous or shorter than a Lease.
 #[test]
 fn rendezvous_sharding_needs_leader_election() {
     let tmp = tempfile::tempdir().unwrap();
@@ -310,6 +311,34 @@ fn rendezvous_sharding_needs_leader_election() {
         "leader",
     ]);
     assert!(!e.contains("rendezvous sharding"), "{e}");
+    // --takeover-after: rendezvous only, and not below the Lease duration.
+    let in_config = in_config.to_str().unwrap();
+    let e = fails(&["serve", "--config", config, "--takeover-after", "2m"]);
+    assert!(
+        e.contains("--takeover-after applies to rendezvous sharding only"),
+        "{e}"
+    );
+    let e = fails(&[
+        "serve",
+        "--config",
+        in_config,
+        "--leader-elect",
+        "--takeover-after",
+        "10s",
+    ]);
+    assert!(
+        e.contains("--takeover-after (10s) must be at least --lease-duration (15s)"),
+        "{e}"
+    );
+    let e = fails(&[
+        "serve",
+        "--config",
+        in_config,
+        "--leader-elect",
+        "--takeover-after",
+        "15s",
+    ]);
+    assert!(!e.contains("--takeover-after"), "{e}");
 }
 
 #[test]

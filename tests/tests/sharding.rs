@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use podca_tests::EmulatorConfig;
 use podca_tests::bench::{BENCH_NAMESPACE, bench_pcr, process_cpu, stubs, watch_issued};
 use podca_tests::cluster::{Cluster, PODCA_USER};
+use podca_tests::emulator::latency::LatencyModel;
 use podca_tests::emulator::{Emulator, Res};
 use podca_tests::kubelet::wait_anchors_for_signer;
 use podca_tests::postgres::Postgres;
@@ -23,8 +24,15 @@ use podca_tests::softhsm::{SOFTHSM2_MODULE, softhsm_token};
 use podca_tests::verify::assert_verifies;
 
 const SIGNER: &str = "example.com/workload";
-/// The Lease duration the tests run with (`--lease-duration`).
+/// The Lease duration the fault tests run with (`--lease-duration`), short so that a failover
+/// costs seconds.
 const LEASE: Duration = Duration::from_secs(4);
+/// `--lease-duration`, `--lease-renew-deadline`, `--lease-retry-period` of the fault tests.
+const SHORT_LEASE: [&str; 3] = ["4s", "3s", "500ms"];
+/// kube-controller-manager's timings, podca's defaults: what the 30,000 burst runs with. With
+/// the 4 s Lease a Lease call is bounded at 500 ms, and a CI machine slow enough that the
+/// in-test emulator paused for that long mid-burst churned membership (2026-12-07).
+const DEFAULT_LEASE: [&str; 3] = ["15s", "10s", "2s"];
 
 struct Setup {
     cluster: Cluster,
@@ -50,12 +58,23 @@ async fn setup(pg: bool) -> (Setup, Option<Postgres>) {
 
 /// [`setup`] with `[controller] sharding = "<sharding>"` and the CA key `key`.
 async fn setup_with(pg: bool, sharding: &str, key: CaKey) -> (Setup, Option<Postgres>) {
+    setup_latency(pg, sharding, key, LatencyModel::default()).await
+}
+
+/// [`setup_with`] with the emulator's latency model `latency`.
+async fn setup_latency(
+    pg: bool,
+    sharding: &str,
+    key: CaKey,
+    latency: LatencyModel,
+) -> (Setup, Option<Postgres>) {
     // kube-apiserver's watch cache keeps up to 102,400 events (75 s of them at least), so a
     // replica that falls behind during the 30,000 burst resumes its watch. With the emulator's
     // default 20,000 the three replicas relisted the whole burst at once, starving the
     // emulator until Lease calls timed out (CI, 2026-12-07).
     let emulator = EmulatorConfig {
         watch_history_limit: 102_400,
+        latency,
         ..Default::default()
     };
     let (cluster, file_ca) = Cluster::for_serve_with(SIGNER, "bench", emulator).await;
@@ -145,34 +164,42 @@ impl Setup {
 
     /// `podca serve --leader-elect` as `identity` (also its POD_NAME: the ledger's replica).
     fn replica(&self, identity: &str) -> ServeProcess {
-        self.replica_as(identity, &self.cluster.kubeconfig)
+        self.replica_as(identity, &self.cluster.kubeconfig, SHORT_LEASE)
     }
 
-    /// [`Setup::replica`] with its own `kubeconfig` (its own bearer token).
-    fn replica_as(&self, identity: &str, kubeconfig: &Path) -> ServeProcess {
+    /// [`Setup::replica`] with its own `kubeconfig` (its own bearer token) and Lease `timings`.
+    fn replica_as(&self, identity: &str, kubeconfig: &Path, timings: [&str; 3]) -> ServeProcess {
+        self.replica_with(identity, kubeconfig, timings, &[])
+    }
+
+    /// [`Setup::replica_as`] with `extra` flags.
+    fn replica_with(
+        &self,
+        identity: &str,
+        kubeconfig: &Path,
+        timings: [&str; 3],
+        extra: &[&str],
+    ) -> ServeProcess {
         let pod_name = PathBuf::from(identity);
         let mut env = vec![("PODCA_LOG", Path::new("warn")), ("POD_NAME", &pod_name)];
         if let Some(conf) = &self.softhsm {
             env.push(("SOFTHSM2_CONF", conf.as_path()));
         }
-        ServeProcess::start(
-            &self.config,
-            kubeconfig,
-            &[
-                "--leader-elect",
-                "--lease-namespace",
-                "default",
-                "--lease-identity",
-                identity,
-                "--lease-duration",
-                "4s",
-                "--lease-renew-deadline",
-                "3s",
-                "--lease-retry-period",
-                "500ms",
-            ],
-            &env,
-        )
+        let mut args = vec![
+            "--leader-elect",
+            "--lease-namespace",
+            "default",
+            "--lease-identity",
+            identity,
+            "--lease-duration",
+            timings[0],
+            "--lease-renew-deadline",
+            timings[1],
+            "--lease-retry-period",
+            timings[2],
+        ];
+        args.extend_from_slice(extra);
+        ServeProcess::start(&self.config, kubeconfig, &args, &env)
     }
 
     /// Files `count` PCRs `<prefix>-<i>` into the store; returns when each was filed.
@@ -300,7 +327,9 @@ async fn three_replicas_settle_a_burst_once_each_and_the_ledger_holds_each_once(
         .unwrap_or(3);
     let (s, pg) = setup(true).await;
     let pg = pg.expect("PostgreSQL");
-    let replicas: Vec<_> = (1..=n).map(|i| s.replica(&format!("r{i}"))).collect();
+    let replicas: Vec<_> = (1..=n)
+        .map(|i| s.replica_as(&format!("r{i}"), &s.cluster.kubeconfig, DEFAULT_LEASE))
+        .collect();
     wait_members(
         &replicas.iter().collect::<Vec<_>>(),
         n,
@@ -420,7 +449,7 @@ async fn a_partitioned_replica_or_a_restart_of_all_issues_nothing_twice() {
         .add_identity("podca-r2", PODCA_USER, &["system:authenticated"]);
     let r2_kubeconfig = s.cluster.write_kubeconfig("podca-r2");
     let r1 = s.replica("r1");
-    let r2 = s.replica_as("r2", &r2_kubeconfig);
+    let r2 = s.replica_as("r2", &r2_kubeconfig, SHORT_LEASE);
     let r3 = s.replica("r3");
     wait_members(&[&r1, &r2, &r3], 3, Duration::from_secs(30)).await;
     let no_fault = burst(&s, "calm", count, || {}).await;
@@ -508,6 +537,108 @@ async fn a_fourth_replica_takes_its_share_within_a_lease() {
             .get_object(Res::Lease, "default", "podca-controller-r4")
             .is_none()
     );
+}
+
+/// The sum of `podca_controller_handovers_total{cause="takeover"}` over `replicas`.
+fn takeovers(replicas: &[&ServeProcess]) -> f64 {
+    replicas
+        .iter()
+        .map(|r| {
+            metric_value(
+                &r.metrics(),
+                "podca_controller_handovers_total{cause=\"takeover\"}",
+            )
+        })
+        .sum()
+}
+
+/// A member that renews its Lease but settles nothing (a hung signer, a lost watch): its
+/// requests are signed by the next member in their order once they waited `--takeover-after`,
+/// each once. The "member" is a Lease this test renews every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_renews_but_settles_nothing_is_covered_after_the_bound() {
+    let count = 300;
+    let bound = Duration::from_secs(8);
+    let (s, _) = setup(false).await;
+    let renew_ghost = || {
+        let now = time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .expect("a time");
+        s.emu().seed_object(
+            Res::Lease,
+            serde_json::json!({
+                "metadata": {
+                    "name": "podca-controller-ghost",
+                    "namespace": "default",
+                    "labels": { "podca.dev/member": "podca-controller" },
+                },
+                "spec": {
+                    "holderIdentity": "ghost",
+                    "leaseDurationSeconds": 4,
+                    "renewTime": now,
+                },
+            }),
+        );
+    };
+    renew_ghost();
+    let ghost = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            renew_ghost();
+        }
+    };
+    let kubeconfig = &s.cluster.kubeconfig;
+    let extra = ["--takeover-after", "8s"];
+    let r1 = s.replica_with("r1", kubeconfig, SHORT_LEASE, &extra);
+    let r2 = s.replica_with("r2", kubeconfig, SHORT_LEASE, &extra);
+    let longest = tokio::select! {
+        longest = async {
+            wait_members(&[&r1, &r2], 3, Duration::from_secs(30)).await;
+            burst(&s, "ghost", count, || {}).await
+        } => longest,
+        never = ghost => never,
+    };
+    eprintln!("longest wait with a member that settles nothing: {longest:.2?}");
+    // The ghost's third waited for the bound, then at most the hand-over tick (a quarter of
+    // the bound) and a listing more.
+    assert!(
+        longest >= bound && longest <= bound + bound / 4 + Duration::from_secs(4),
+        "{longest:?}"
+    );
+    let taken = takeovers(&[&r1, &r2]);
+    assert!(
+        (count as f64 * 0.2..=count as f64 * 0.47).contains(&taken),
+        "{taken} of {count} taken over"
+    );
+    assert_each_issued_once(&s, count as u64);
+    assert_eq!(s.emu().counters().validation_rejections, 0);
+}
+
+/// Owners working through a burst that lasts several times `--takeover-after` (the API server
+/// takes 100 writes a second): their requests are not taken over, since each member's Lease
+/// shows it settling others, so no request is signed twice and no write is refused. Before
+/// the settled count, every request older than the bound was signed by a second member too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_busy_with_a_long_burst_is_not_doubled() {
+    let count = 2_000;
+    let latency: LatencyModel = "update=10ms/1".parse().expect("a latency spec");
+    let (s, _) = setup_latency(false, "rendezvous", CaKey::File, latency).await;
+    let kubeconfig = &s.cluster.kubeconfig;
+    // The bound at its least, one Lease duration: the burst lasts about five of them.
+    let extra = ["--takeover-after", "4s"];
+    let r1 = s.replica_with("r1", kubeconfig, SHORT_LEASE, &extra);
+    let r2 = s.replica_with("r2", kubeconfig, SHORT_LEASE, &extra);
+    wait_members(&[&r1, &r2], 2, Duration::from_secs(30)).await;
+    let longest = burst(&s, "busy", count, || {}).await;
+    eprintln!("{count} PCRs at 100 writes/s over two replicas: longest wait {longest:.2?}");
+    assert!(
+        longest >= 3 * LEASE,
+        "the burst was too short to prove anything: {longest:?}"
+    );
+    assert_eq!(takeovers(&[&r1, &r2]), 0.0);
+    assert_each_issued_once(&s, count as u64);
+    let c = s.emu().counters();
+    assert_eq!(c.validation_rejections, 0, "{:?}", c.rejections_by_cause);
 }
 
 /// Issue #45 item 4: with the CA key in an HSM (`pkcs11_mode = "intermediate"`), each replica
