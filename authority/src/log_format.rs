@@ -119,7 +119,14 @@ struct Escaping<'a, W: fmt::Write> {
 
 impl<W: fmt::Write> fmt::Write for Escaping<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
-        let mut rest = s;
+        // Most of a line (an audit record's JSON) has nothing to escape: skip ahead bytewise to
+        // the first byte that can start a character `must_escape` names, and look at chars
+        // only from there (decoding every char cost 0.6 % of a gRPC issuance's CPU).
+        let Some(start) = s.bytes().position(may_start_escape) else {
+            return self.inner.write_str(s);
+        };
+        self.inner.write_str(&s[..start])?;
+        let mut rest = &s[start..];
         while let Some(at) = rest.find(must_escape) {
             self.inner.write_str(&rest[..at])?;
             // `find` returned the index of a char, so one starts there.
@@ -142,6 +149,14 @@ impl<W: fmt::Write> fmt::Write for Escaping<'_, W> {
 fn must_escape(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Whether `b` can be the first byte of a character [`must_escape`] names in UTF-8: C0
+/// controls and DEL are single bytes, C1 controls start with 0xC2, and the separators and
+/// bidirectional controls (U+2028–U+202E, U+2066–U+2069) with 0xE2. A continuation byte is
+/// never one of these, so `position` lands on a char boundary.
+fn may_start_escape(b: u8) -> bool {
+    b < 0x20 || b == 0x7f || b == 0xc2 || b == 0xe2
 }
 
 /// A `--log` / `PODCA_LOG` value that tracing cannot read.
@@ -313,5 +328,20 @@ mod tests {
                 .ends_with(r#"issued é ✓ serial=7 ok=true type="leaf" signer=podca.dev/x"#),
             "{out:?}"
         );
+    }
+
+    #[test]
+    fn the_byte_scan_stops_at_every_character_to_escape() {
+        // Every char: the byte pre-scan never skips one that must be escaped.
+        for c in (0..=u32::from(char::MAX)).filter_map(char::from_u32) {
+            let mut utf8 = [0; 4];
+            let first = c.encode_utf8(&mut utf8).as_bytes()[0];
+            assert!(!must_escape(c) || may_start_escape(first), "{c:?}");
+        }
+        // Text around them is kept as is, a false alarm (✓ starts with 0xE2) too.
+        let mut out = String::new();
+        let mut w = Escaping { inner: &mut out };
+        fmt::Write::write_str(&mut w, "plain ✓ é\u{2028}\u{85}a\u{1b}[31m\nend").unwrap();
+        assert_eq!(out, "plain ✓ é\\u{2028}\\u{85}a\\u{1b}[31m\\nend");
     }
 }
