@@ -184,6 +184,25 @@ pub struct ServeProcess {
     pub grpc: u16,
 }
 
+/// `podca serve --leader-elect` flags for `identity` in the Lease namespace `default`, with the
+/// Lease `timings`: duration, renew deadline, retry period (e.g. `["4s", "3s", "1s"]`).
+pub fn leader_elect_flags<'a>(identity: &'a str, timings: [&'a str; 3]) -> Vec<&'a str> {
+    let [duration, renew_deadline, retry_period] = timings;
+    vec![
+        "--leader-elect",
+        "--lease-namespace",
+        "default",
+        "--lease-identity",
+        identity,
+        "--lease-duration",
+        duration,
+        "--lease-renew-deadline",
+        renew_deadline,
+        "--lease-retry-period",
+        retry_period,
+    ]
+}
+
 impl ServeProcess {
     /// `podca serve --config config --kubeconfig kubeconfig` plus `extra` arguments, with `env`.
     pub fn start(config: &Path, kubeconfig: &Path, extra: &[&str], env: &[(&str, &Path)]) -> Self {

@@ -318,26 +318,22 @@ fn rendezvous_sharding_needs_leader_election() {
         e.contains("--takeover-after applies to rendezvous sharding only"),
         "{e}"
     );
-    let e = fails(&[
-        "serve",
-        "--config",
-        in_config,
-        "--leader-elect",
-        "--takeover-after",
-        "10s",
-    ]);
+    let sharded = |after| {
+        fails(&[
+            "serve",
+            "--config",
+            in_config,
+            "--leader-elect",
+            "--takeover-after",
+            after,
+        ])
+    };
+    let e = sharded("10s");
     assert!(
         e.contains("--takeover-after (10s) must be at least --lease-duration (15s)"),
         "{e}"
     );
-    let e = fails(&[
-        "serve",
-        "--config",
-        in_config,
-        "--leader-elect",
-        "--takeover-after",
-        "15s",
-    ]);
+    let e = sharded("15s");
     assert!(!e.contains("--takeover-after"), "{e}");
 }
 

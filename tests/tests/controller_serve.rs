@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use podca_tests::cluster::Cluster;
 use podca_tests::emulator::{ApiMode, Res};
-use podca_tests::process::{ServeProcess, http_get};
+use podca_tests::process::{ServeProcess, http_get, leader_elect_flags};
 
 const SIGNER: &str = "example.com/workload";
 
@@ -18,19 +18,7 @@ fn start_serve(
     ServeProcess::start(
         config,
         kubeconfig,
-        &[
-            "--leader-elect",
-            "--lease-namespace",
-            "default",
-            "--lease-identity",
-            identity,
-            "--lease-duration",
-            "4s",
-            "--lease-renew-deadline",
-            "3s",
-            "--lease-retry-period",
-            "1s",
-        ],
+        &leader_elect_flags(identity, ["4s", "3s", "1s"]),
         &[],
     )
 }

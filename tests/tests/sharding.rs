@@ -19,7 +19,7 @@ use podca_tests::emulator::latency::LatencyModel;
 use podca_tests::emulator::{Emulator, Res};
 use podca_tests::kubelet::wait_anchors_for_signer;
 use podca_tests::postgres::Postgres;
-use podca_tests::process::{ServeProcess, metric_value, podca_binary};
+use podca_tests::process::{ServeProcess, leader_elect_flags, metric_value, podca_binary};
 use podca_tests::softhsm::{SOFTHSM2_MODULE, softhsm_token};
 use podca_tests::verify::assert_verifies;
 
@@ -185,19 +185,7 @@ impl Setup {
         if let Some(conf) = &self.softhsm {
             env.push(("SOFTHSM2_CONF", conf.as_path()));
         }
-        let mut args = vec![
-            "--leader-elect",
-            "--lease-namespace",
-            "default",
-            "--lease-identity",
-            identity,
-            "--lease-duration",
-            timings[0],
-            "--lease-renew-deadline",
-            timings[1],
-            "--lease-retry-period",
-            timings[2],
-        ];
+        let mut args = leader_elect_flags(identity, timings);
         args.extend_from_slice(extra);
         ServeProcess::start(&self.config, kubeconfig, &args, &env)
     }
