@@ -317,6 +317,9 @@ const EVENT_FAMILIES: &[(&str, &str, &str)] = &[
     // By signer and result: series once a signer with `pod_facts = true` reads a request's pod.
     // Written at each scrape by the policy rule collector (`encode_descriptor`), not registered.
     ("policy_pod_reads", "counter", METRICS_RS),
+    // By cause: series once a rendezvous member takes a request over (`cause="takeover"`) or
+    // is handed one by a membership change.
+    ("controller_handovers", "counter", SHARDING_RS),
     // Per foreign trust domain: series once a `[[federation]]` bundle is in force.
     (
         "federation_last_refresh_timestamp_seconds",
@@ -328,11 +331,15 @@ const EVENT_FAMILIES: &[(&str, &str, &str)] = &[
 const METRICS_RS: &str = "authority/src/metrics.rs";
 const LEDGER_RS: &str = "authority/src/ledger/mod.rs";
 const FEDERATION_RS: &str = "grpc/src/federation_fetch.rs";
+const SHARDING_RS: &str = "controller/src/sharding.rs";
 
 /// The files whose metrics are registered in a component's sub-registry (the runtime's
 /// `Metrics::register_component`), with that sub-registry's prefix.
-const COMPONENT_PREFIXES: &[(&str, &str)] =
-    &[(LEDGER_RS, "ledger_"), (FEDERATION_RS, "federation_")];
+const COMPONENT_PREFIXES: &[(&str, &str)] = &[
+    (LEDGER_RS, "ledger_"),
+    (FEDERATION_RS, "federation_"),
+    (SHARDING_RS, "controller_"),
+];
 
 /// `# TYPE` lines for [`EVENT_FAMILIES`], each checked to be registered under that name in
 /// its file (one registry, prefix `podca_`): `registry.register(`, or a collector's
