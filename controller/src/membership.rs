@@ -700,6 +700,46 @@ mod tests {
     }
 
     #[test]
+    fn progress_is_when_the_settled_count_is_seen_to_move() {
+        let wall = datetime!(2026-12-07 01:00:00 UTC);
+        let t0 = Instant::now();
+        let s = time::Duration::seconds;
+        let a = |renewed: i64, settled: Option<u64>| MemberLease {
+            settled,
+            ..lease("a", wall + s(renewed))
+        };
+        let mut r = Roster::new("podca-controller", "me", M);
+        // First sight counts as progress.
+        r.observe(&[a(0, Some(7))], wall, t0);
+        assert_eq!(r.live_progress(t0), BTreeMap::from([("a".to_string(), t0)]));
+        // Renewed with the same count: progress stays where it was.
+        let t1 = t0 + Duration::from_secs(2);
+        r.observe(&[a(2, Some(7))], wall + s(2), t1);
+        assert_eq!(r.live_progress(t1)["a"], t0);
+        // The count moved: progress now.
+        let t2 = t0 + Duration::from_secs(4);
+        r.observe(&[a(4, Some(9))], wall + s(4), t2);
+        assert_eq!(r.live_progress(t2)["a"], t2);
+        // A Lease without the count (an older podca) never moves it.
+        let mut r = Roster::new("podca-controller", "me", M);
+        r.observe(&[a(0, None)], wall, t0);
+        r.observe(&[a(2, None)], wall + s(2), t1);
+        assert_eq!(r.live_progress(t1)["a"], t0);
+        // The count is read from the Lease's annotation; a garbled one is no count.
+        let object = |value: &str| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": { "name": "podca-controller-a", "annotations": { SETTLED_ANNOTATION: value } },
+                "spec": { "holderIdentity": "a", "leaseDurationSeconds": 15 },
+            }))
+            .unwrap()
+        };
+        assert_eq!(member_lease(&object("12")).settled, Some(12));
+        assert_eq!(member_lease(&object("twelve")).settled, None);
+    }
+
+    #[test]
     fn micro_time_has_six_digits() {
         assert_eq!(
             micro_time(datetime!(2026-12-07 01:02:03.000045678 UTC)),
