@@ -779,22 +779,15 @@ mod tests {
         // time spent waiting for the pace.
         let committing = || Duration::from_secs_f64(metric("ledger_commit_seconds_sum"));
         // Records every ~2 ms, none waiting for another: `patient` ones commit at most once a
-        // pace (plus the first, unpaced, and the last); the others as they come (many more).
-        let burst = |patient: bool, from: u32| {
+        // pace (plus the first, unpaced, and the last).
+        let burst = || {
             let handle = handle.clone();
             async move {
                 let t = std::time::Instant::now();
                 let mut callers = tokio::task::JoinSet::new();
                 for i in 0..100 {
                     let h = handle.clone();
-                    callers.spawn(async move {
-                        let r = record(from + i);
-                        if patient {
-                            h.record_patiently(r).await
-                        } else {
-                            h.record(r).await
-                        }
-                    });
+                    callers.spawn(async move { h.record_patiently(record(i)).await });
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
                 while let Some(answer) = callers.join_next().await {
@@ -804,14 +797,18 @@ mod tests {
             }
         };
         let before = commits();
-        let took = burst(true, 0).await;
+        let took = burst().await;
         let paced = commits() - before;
         let paces = (took.as_millis() / 100) as u64;
         assert!(paced <= paces + 3, "{paced} commits in {paces} paces");
-        let before = commits();
-        burst(false, 1000).await;
-        let unpaced = commits() - before;
-        assert!(unpaced > 2 * paced, "unpaced {unpaced}, paced {paced}");
+        // The others are not paced: one right after a commit, inside that commit's pace, is
+        // committed at once. Timed less the commit itself (a busy disk's fdatasync is slow; a
+        // count of commits against the patient burst's said nothing then: CI, 2026-12-07).
+        handle.record_patiently(record(1000)).await.unwrap();
+        let (t, spent) = (std::time::Instant::now(), committing());
+        handle.record(record(1001)).await.unwrap();
+        let waited = t.elapsed().saturating_sub(committing() - spent);
+        assert!(waited < Duration::from_millis(50), "{waited:?}");
         // A patient record after a quiet spell longer than the pace is committed at once; the
         // next, right after it, waits out the pace.
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -826,7 +823,7 @@ mod tests {
             "{:?}",
             t.elapsed()
         );
-        assert_eq!(store.query(&Filter::default()).await.unwrap().len(), 202);
+        assert_eq!(store.query(&Filter::default()).await.unwrap().len(), 104);
         stop_tx.send_replace(true);
         task.await.unwrap();
     }
