@@ -40,12 +40,12 @@ pub fn weight(member: &str, uid: &str) -> u64 {
     u64::from_str_radix(&hex[..16], 16).unwrap_or(0)
 }
 
-/// Where `me` stands in `uid`'s order over `members` (0: the owner); `None` when `me` is not a
+/// The members ahead of `me` in `uid`'s order (none: `me` owns it); `None` when `me` is not a
 /// member. Ties (never seen with SHA-256) are broken by the member name.
-pub fn rank<S: AsRef<str>>(me: &str, members: &[S], uid: &str) -> Option<usize> {
+fn ahead<'m, S: AsRef<str>>(me: &str, members: &'m [S], uid: &str) -> Option<Vec<&'m str>> {
     let mine = weight(me, uid);
     let mut found = false;
-    let mut above = 0;
+    let mut ahead = Vec::new();
     for member in members {
         let member = member.as_ref();
         if member == me {
@@ -54,10 +54,10 @@ pub fn rank<S: AsRef<str>>(me: &str, members: &[S], uid: &str) -> Option<usize> 
         }
         let theirs = weight(member, uid);
         if theirs > mine || (theirs == mine && member < me) {
-            above += 1;
+            ahead.push(member);
         }
     }
-    found.then_some(above)
+    found.then_some(ahead)
 }
 
 /// How many bounds a request waits before it is taken over from members that are settling
@@ -68,6 +68,8 @@ pub const BUSY_FACTOR: u32 = 10;
 /// `k` once the request has waited `k × takeover_after` and no member ranked above it is
 /// `busy` (settling requests: a stuck owner is covered by the next), or `k × BUSY_FACTOR`
 /// bounds whatever the others do.
+///
+/// `Some(k)`: `me` works on it, ranked `k` in its order (0: the owner); `None`: not `me`'s.
 pub fn owns<S: AsRef<str>>(
     me: &str,
     members: &[S],
@@ -75,28 +77,19 @@ pub fn owns<S: AsRef<str>>(
     age: Duration,
     takeover_after: Duration,
     busy: impl Fn(&str) -> bool,
-) -> bool {
-    let Some(rank) = rank(me, members, uid) else {
-        return false;
-    };
+) -> Option<usize> {
+    let ahead = ahead(me, members, uid)?;
+    let rank = ahead.len();
     if rank == 0 {
-        return true;
+        return Some(0);
     }
     if takeover_after.is_zero() {
-        return false;
+        return None;
     }
     let waited = age.as_secs_f64() / takeover_after.as_secs_f64();
-    if waited < rank as f64 {
-        return false;
-    }
-    if waited >= (rank * BUSY_FACTOR as usize) as f64 {
-        return true;
-    }
-    let mine = weight(me, uid);
-    !members.iter().map(AsRef::as_ref).any(|member| {
-        let theirs = weight(member, uid);
-        member != me && (theirs > mine || (theirs == mine && member < me)) && busy(member)
-    })
+    let entitled = waited >= (rank * BUSY_FACTOR as usize) as f64
+        || (waited >= rank as f64 && !ahead.into_iter().any(busy));
+    entitled.then_some(rank)
 }
 
 /// How long a pending request waits for its owner before the next member in its order takes
@@ -173,7 +166,7 @@ pub struct Shard {
     pub takeover_after: Duration,
     pub metrics: ShardMetrics,
     /// Requests this replica settled (its member Lease says so to the others).
-    pub settled: Arc<AtomicU64>,
+    settled: Arc<AtomicU64>,
     parked: Mutex<HashMap<String, Arc<Pcr>>>,
 }
 
@@ -228,8 +221,6 @@ impl Shard {
                     .is_some_and(|at| clock < *at + self.takeover_after)
             },
         )
-        .then(|| rank(&members.me, &members.live, &pcr.uid))
-        .flatten()
     }
 
     /// Whether this replica works on `pcr` now; if not, it is parked until it does.
@@ -275,6 +266,23 @@ impl Shard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where `me` stands in `uid`'s order over `members` (0: the owner).
+    fn rank<S: AsRef<str>>(me: &str, members: &[S], uid: &str) -> Option<usize> {
+        ahead(me, members, uid).map(|ahead| ahead.len())
+    }
+
+    /// Whether `me` works on `uid` (see [`super::owns`]).
+    fn owns<S: AsRef<str>>(
+        me: &str,
+        members: &[S],
+        uid: &str,
+        age: Duration,
+        takeover_after: Duration,
+        busy: impl Fn(&str) -> bool,
+    ) -> bool {
+        super::owns(me, members, uid, age, takeover_after, busy).is_some()
+    }
 
     /// The owner of `uid` among `members`.
     fn owner<'a, S: AsRef<str>>(members: &'a [S], uid: &str) -> Option<&'a str> {
