@@ -588,9 +588,12 @@ async fn a_member_that_renews_but_settles_nothing_is_covered_after_the_bound() {
     };
     eprintln!("longest wait with a member that settles nothing: {longest:.2?}");
     // The ghost's third waited for the bound, then at most the hand-over tick (a quarter of
-    // the bound) and a listing more.
+    // the bound) and a listing more. A PCR's age is read from its creationTimestamp, which has
+    // whole seconds (as kube-apiserver writes it): one filed late in a second looks up to a
+    // second older than it is, and was seen taken over at 7.98 s of an 8 s bound.
     assert!(
-        longest >= bound && longest <= bound + bound / 4 + Duration::from_secs(4),
+        longest >= bound - Duration::from_secs(1)
+            && longest <= bound + bound / 4 + Duration::from_secs(4),
         "{longest:?}"
     );
     let taken = takeovers(&[&r1, &r2]);
