@@ -312,8 +312,11 @@ fn the_readme_tour_runs_as_written() {
     );
     assert!(rest.len() >= 5, "the tour has lost commands: {rest:#?}");
 
-    // Inside the target directory, so that `cargo run -p …` finds the workspace.
-    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    // Inside the checkout, so that `cargo run -p …` finds the workspace: under its `target/`
+    // (ignored by git), which is not where the build went if CARGO_TARGET_DIR points elsewhere.
+    let scratch = repo_root().join("target");
+    std::fs::create_dir_all(&scratch).expect("creating target/");
+    let work = tempfile::tempdir_in(&scratch).expect("tempdir");
     let home = work.path().join("home");
     let data_dir = home.join(".local/share/podca");
     std::fs::create_dir_all(&data_dir).expect("creating the data directory");
