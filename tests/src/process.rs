@@ -1,6 +1,7 @@
 //! Running the real `podca` binary in tests: building it once, free ports, plain HTTP GETs,
 //! `podca serve` ([`ServeProcess`]) and `podca dev` ([`DevProcess`]).
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -111,8 +112,11 @@ pub fn wait_listening(child: &mut Child, port: u16, log: &Path) {
 /// A port the kernel hands out for `bind(0)` is free again once released, and every outgoing
 /// connection of every test process draws its local port from that same range: CI saw a
 /// `podca serve` fail with "Address already in use" on such a port. Ports below the range are
-/// only ever taken by listeners that chose them, so a random one that binds now stays free
-/// unless another test draws the same one of 12,000 ports in the same instant.
+/// only ever taken by listeners that chose them. Between this check and the listener's bind
+/// (a child process starting: a few hundred milliseconds) another test could still draw the
+/// same port (seen once in a local CI run: a `podca serve`'s admin port taken), so each port
+/// handed out is also claimed for the whole test run: in this process, and under nextest, by a
+/// marker file that every test process of the run (one `NEXTEST_RUN_ID`) creates exclusively.
 pub fn free_port() -> u16 {
     use std::hash::{BuildHasher, Hasher};
     const FIRST: u16 = 20_000;
@@ -127,7 +131,7 @@ pub fn free_port() -> u16 {
                 .as_nanos(),
         );
         let port = FIRST + (h.finish() % u64::from(COUNT)) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if claim_port(port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
@@ -135,6 +139,36 @@ pub fn free_port() -> u16 {
         "no free port in {FIRST}..{} after 1000 tries",
         FIRST + COUNT
     )
+}
+
+/// Whether `port` was not handed out before in this test run (see [`free_port`]); claims it.
+fn claim_port(port: u16) -> bool {
+    static CLAIMED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let fresh = CLAIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(port);
+    let Some(run) = std::env::var_os("NEXTEST_RUN_ID") else {
+        return fresh;
+    };
+    let mut dir = std::env::temp_dir();
+    dir.push(format!("podca-test-ports-{}", run.to_string_lossy()));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        panic!("creating {}: {e}", dir.display());
+    }
+    if !fresh {
+        return false;
+    }
+    let marker = dir.join(port.to_string());
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&marker)
+    {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+        Err(e) => panic!("creating {}: {e}", marker.display()),
+    }
 }
 
 /// `GET path` on 127.0.0.1:port: status and body, or `None` if nothing answers.
