@@ -13,15 +13,15 @@
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] fns panic on broken fixtures too
 
 mod grpc_serve;
+#[path = "support/rotating_ca.rs"]
+mod rotating_ca;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration as StdDuration;
 
 use grpc_serve::{Cluster, NODE_PROXY, TokenSpec, expect_code, issue};
 use podca_authority::CaHandle;
 use podca_authority::metrics::Metrics;
-use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
 use podca_grpc::auth::{
     AuthError, Authenticator, Credentials, Identity, LookupError, NamedPod, Peer, PodDirectory,
     PodInfo,
@@ -30,13 +30,14 @@ use podca_grpc::connections::ConnectionLimits;
 use podca_grpc::core::IstioOptions;
 use podca_grpc::{Api, ApiOptions, server};
 use podca_proto::istio::v1::auth::IstioCertificateRequest;
-use podca_signer::rotation::{Phase, Schedule, Step};
-use podca_signer::{FileStore, InitOptions, SignerPolicy};
+use podca_signer::SignerPolicy;
+use podca_signer::rotation::{Phase, Step};
 use podca_tests::cluster::PODCA_USER;
 use podca_tests::emulator::{PodFixture, PolicyRule, Subject};
 use podca_tests::istio::{Obtained, Ztunnel, csr_with_sans, impersonating, ztunnel_csr};
 use podca_tests::sim::{SimClock, provider};
 use podca_tests::verify::assert_verifies;
+use rotating_ca::Lifetimes;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use time::{Duration, OffsetDateTime, macros::datetime};
 use tonic::Code;
@@ -387,6 +388,11 @@ const CA_LIFETIME: i64 = 6 * 3600;
 /// the shortest leaves podca issues, 1 h).
 const PROPAGATION: i64 = 40 * 60;
 const LEAF_LIFETIME: i64 = 3600;
+const LIFETIMES: Lifetimes = Lifetimes {
+    ca_lifetime: CA_LIFETIME,
+    propagation: PROPAGATION,
+    leaf_lifetime: LEAF_LIFETIME,
+};
 const TRUST_DOMAIN: &str = "cluster.local";
 
 /// Each ztunnel's token stands for its pod-bound identity on its node.
@@ -555,40 +561,13 @@ async fn two_ztunnels_keep_mtls_through_a_full_rotation() {
     provider();
     let sim = SimClock::at(T0);
     let dir = tempfile::tempdir().unwrap();
-    let schedule = Schedule {
-        ca_lifetime_seconds: CA_LIFETIME,
-        prepare_at: 0.5,
-        activate_at: 0.5 + (PROPAGATION + 1) as f64 / CA_LIFETIME as f64,
-        propagation_seconds: PROPAGATION,
-    };
-    let store = FileStore::new(dir.path().join("ca"));
-    store
-        .init(
-            &InitOptions {
-                root_validity: Duration::seconds(CA_LIFETIME),
-                issuing_validity: Duration::seconds(CA_LIFETIME),
-                ..InitOptions::default()
-            },
-            T0,
-        )
-        .expect("CA init");
-    let open = file_opener();
-    let (ca, anchors) = load(&store, &open).expect("CA loads");
-    let handle = CaHandle::new(ca, anchors);
-    let rotator = Rotator::new(
-        RotatorOptions {
-            name: "default".into(),
-            store: store.clone(),
-            schedule,
-            automatic: true,
-            max_leaf_lifetime: Duration::seconds(LEAF_LIFETIME),
-            poll: StdDuration::from_secs(30),
-            open,
-            refresh_when: None,
-        },
-        handle.clone(),
+    let (store, handle, rotator) = rotating_ca::start(
+        &dir.path().join("ca"),
+        LIFETIMES,
+        T0,
         sim.clock(),
         Arc::new(Metrics::new()),
+        |_| {},
     );
 
     // The API, in process, on the simulated clock; plaintext on loopback (the TLS listener is

@@ -1411,14 +1411,14 @@ async fn softhsm2_refuses_an_ml_dsa_ca_at_start_naming_the_algorithm() {
 // ECDSA → ML-DSA CA rotation under continuous mTLS (simulated time, as `rotation_mtls.rs`),
 // between a PQ-capable and a classical-only peer set.
 
+#[path = "support/rotating_ca.rs"]
+mod rotating_ca;
+
 mod migration {
 
-    use podca_authority::CaHandle;
     use podca_authority::metrics::Metrics;
-    use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
     use podca_controller::publisher::PublisherOptions;
-    use podca_signer::rotation::{Phase, Schedule, Step};
-    use podca_signer::{FileStore, InitOptions};
+    use podca_signer::rotation::{Phase, Step};
     use podca_tests::emulator::ClockMode;
     use podca_tests::kubelet::trust_anchors_for_signer;
     use podca_tests::sim::SimClock;
@@ -1426,12 +1426,18 @@ mod migration {
 
     use time::macros::datetime;
 
+    use super::rotating_ca::{self, Lifetimes};
     use super::*;
 
     const T0: OffsetDateTime = datetime!(2027-03-01 00:00 UTC);
     const CA_LIFETIME: i64 = 6 * 3600;
     const PROPAGATION: i64 = 15 * 60;
     const LEAF_LIFETIME: i64 = 3600;
+    const LIFETIMES: Lifetimes = Lifetimes {
+        ca_lifetime: CA_LIFETIME,
+        propagation: PROPAGATION,
+        leaf_lifetime: LEAF_LIFETIME,
+    };
     const BUNDLE_CACHE: i64 = 300;
     /// What rustls without ML-DSA says about an ML-DSA-65-signed peer certificate.
     const UNSUPPORTED_ML_DSA_65: &str = "invalid peer certificate: \
@@ -1596,45 +1602,19 @@ mod migration {
         let kubelet = KubeletSim::new(emu.base_url(), &token, "v1beta1");
 
         // An ECDSA P-256 CA whose next generations are ML-DSA-65.
-        let schedule = Schedule {
-            ca_lifetime_seconds: CA_LIFETIME,
-            prepare_at: 0.5,
-            activate_at: 0.5 + (PROPAGATION + 1) as f64 / CA_LIFETIME as f64,
-            propagation_seconds: PROPAGATION,
-        };
-        let store = FileStore::new(dir.path().join("ca"));
-        store
-            .init(
-                &InitOptions {
-                    root_validity: Duration::seconds(CA_LIFETIME),
-                    issuing_validity: Duration::seconds(CA_LIFETIME),
-                    ..InitOptions::default()
-                },
-                T0,
-            )
-            .expect("CA init");
-        assert_eq!(
-            store.set_algorithm(CaAlgorithm::MlDsa65, T0).expect("set"),
-            CaAlgorithm::EcdsaP256
-        );
-        let open = file_opener();
-        let (ca, anchors) = load(&store, &open).expect("CA loads");
-        let handle = CaHandle::new(ca, anchors);
         let metrics = Arc::new(Metrics::new());
-        let rotator = Rotator::new(
-            RotatorOptions {
-                name: "default".into(),
-                store: store.clone(),
-                schedule,
-                automatic: true,
-                max_leaf_lifetime: Duration::seconds(LEAF_LIFETIME),
-                poll: StdDuration::from_secs(30),
-                open,
-                refresh_when: None,
-            },
-            handle.clone(),
+        let (store, handle, rotator) = rotating_ca::start(
+            &dir.path().join("ca"),
+            LIFETIMES,
+            T0,
             sim.clock(),
             Arc::clone(&metrics),
+            |store| {
+                assert_eq!(
+                    store.set_algorithm(CaAlgorithm::MlDsa65, T0).expect("set"),
+                    CaAlgorithm::EcdsaP256
+                );
+            },
         );
         let mut policy = pq_policy();
         policy.default_lifetime_seconds = LEAF_LIFETIME as u32;

@@ -10,13 +10,16 @@
 //! its cached bundle). From before the next CA is prepared until the old one is dropped, not one
 //! handshake may fail.
 
+#[path = "support/rotating_ca.rs"]
+mod rotating_ca;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use podca_authority::CaHandle;
 use podca_authority::metrics::Metrics;
-use podca_authority::rotation::{Rotator, RotatorOptions, file_opener, load};
+use podca_authority::rotation::{Rotator, file_opener, load};
 use podca_controller::Options;
 use podca_controller::publisher::PublisherOptions;
 use podca_signer::rotation::{Phase, Schedule, Step};
@@ -29,6 +32,7 @@ use podca_tests::kubelet::{
     Credential, KeyType, KubeletSim, Outcome, PodRef, RequestOptions, trust_anchors_for_signer,
 };
 use podca_tests::sim::{SimClock, provider};
+use rotating_ca::Lifetimes;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use time::{Duration, OffsetDateTime, macros::datetime};
 use tokio::sync::oneshot;
@@ -43,6 +47,11 @@ const T0: OffsetDateTime = datetime!(2027-03-01 00:00 UTC);
 const CA_LIFETIME: i64 = 6 * 3600;
 const PROPAGATION: i64 = 15 * 60;
 const LEAF_LIFETIME: i64 = 3600;
+const LIFETIMES: Lifetimes = Lifetimes {
+    ca_lifetime: CA_LIFETIME,
+    propagation: PROPAGATION,
+    leaf_lifetime: LEAF_LIFETIME,
+};
 /// kubelet's trust-bundle cache.
 const BUNDLE_CACHE: i64 = 300;
 
@@ -200,42 +209,14 @@ async fn full_rotation_under_continuous_mtls() {
         .collect();
 
     // The CA: a file store, rotated by the driver on a 6-hour schedule.
-    let schedule = Schedule {
-        ca_lifetime_seconds: CA_LIFETIME,
-        prepare_at: 0.5,
-        // One second more than the window, so rounding never makes the schedule invalid.
-        activate_at: 0.5 + (PROPAGATION + 1) as f64 / CA_LIFETIME as f64,
-        propagation_seconds: PROPAGATION,
-    };
-    let store = FileStore::new(dir.path().join("ca"));
-    store
-        .init(
-            &InitOptions {
-                root_validity: Duration::seconds(CA_LIFETIME),
-                issuing_validity: Duration::seconds(CA_LIFETIME),
-                ..InitOptions::default()
-            },
-            T0,
-        )
-        .expect("CA init");
-    let open = file_opener();
-    let (ca, anchors) = load(&store, &open).expect("CA loads");
-    let handle = CaHandle::new(ca, anchors);
     let metrics = Arc::new(Metrics::new());
-    let rotator = Rotator::new(
-        RotatorOptions {
-            name: "default".into(),
-            store: store.clone(),
-            schedule,
-            automatic: true,
-            max_leaf_lifetime: Duration::seconds(LEAF_LIFETIME),
-            poll: StdDuration::from_secs(30),
-            open,
-            refresh_when: None,
-        },
-        handle.clone(),
+    let (store, handle, rotator) = rotating_ca::start(
+        &dir.path().join("ca"),
+        LIFETIMES,
+        T0,
         sim.clock(),
         Arc::clone(&metrics),
+        |_| {},
     );
 
     // The controller and publisher, on the simulated clock.
@@ -479,18 +460,12 @@ async fn moving_to_a_ca_per_signer_under_continuous_mtls() {
         .expect("the shared CA");
     let shared_roots = shared.roots().expect("roots");
     let rotator = |name: &str, store: &FileStore, handle: &CaHandle, metrics: &Arc<Metrics>| {
-        Rotator::new(
-            RotatorOptions {
-                name: name.into(),
-                store: store.clone(),
-                schedule,
-                automatic: true,
-                max_leaf_lifetime: Duration::seconds(LEAF_LIFETIME),
-                poll: StdDuration::from_secs(30),
-                open: file_opener(),
-                refresh_when: None,
-            },
-            handle.clone(),
+        rotating_ca::rotator(
+            name,
+            store,
+            handle,
+            schedule,
+            LEAF_LIFETIME,
             sim.clock(),
             Arc::clone(metrics),
         )
