@@ -66,3 +66,53 @@ pub fn private_key_labels(conf: &Path, label: &str, user_pin: &str) -> Vec<Strin
         .map(|l| l.trim().to_owned())
         .collect()
 }
+
+/// A CA whose key SoftHSM2 generated (`podca ca init --pkcs11-generate`, object `podca-ca`),
+/// as most PKCS#11 end-to-end tests start: a fresh token `label` in `dir` (SO PIN 87654321, user
+/// PIN 123456, written to `dir/pin`) and the CA's files in `dir/hsm-ca`.
+#[derive(Debug)]
+pub struct HsmCa {
+    /// The `SOFTHSM2_CONF` that makes the token the only one: every podca process needs it.
+    pub conf: PathBuf,
+    /// The user PIN's file (`pkcs11_pin_file`).
+    pub pin: PathBuf,
+    /// The CA's directory (`[ca] dir`).
+    pub dir: PathBuf,
+}
+
+impl HsmCa {
+    pub fn init(dir: &Path, label: &str) -> HsmCa {
+        let conf = softhsm_token(dir, label, "87654321", "123456");
+        let pin = dir.join("pin");
+        std::fs::write(&pin, "123456\n").expect("the PIN file");
+        let ca = dir.join("hsm-ca");
+        let out = Command::new(crate::process::podca_binary())
+            .args(["ca", "init", "--dir"])
+            .arg(&ca)
+            .arg("--pkcs11-uri")
+            .arg(format!(
+                "pkcs11:token={label};object=podca-ca?module-path={SOFTHSM2_MODULE}"
+            ))
+            .args(["--pkcs11-generate", "--pkcs11-pin-file"])
+            .arg(&pin)
+            .env("SOFTHSM2_CONF", &conf)
+            .env("PODCA_LOG", "warn")
+            .output()
+            .expect("running podca ca init");
+        assert!(
+            out.status.success(),
+            "podca ca init --pkcs11-generate: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        HsmCa { conf, pin, dir: ca }
+    }
+
+    /// The `[ca]` table for `podca serve` in `mode` (`hsm-signs-leaves` or `intermediate`).
+    pub fn ca_table(&self, mode: &str) -> String {
+        format!(
+            "[ca]\nbackend = \"pkcs11\"\ndir = {:?}\npkcs11_pin_file = {:?}\npkcs11_mode = \"{mode}\"\n",
+            self.dir.display().to_string(),
+            self.pin.display().to_string()
+        )
+    }
+}

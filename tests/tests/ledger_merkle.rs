@@ -1102,7 +1102,7 @@ fn with_the_ca_in_a_secret_the_log_key_is_kept_in_a_secret_beside_it() {
 /// than making another.
 #[test]
 fn with_an_hsm_ca_the_log_key_is_an_ed25519_key_in_the_token() {
-    use podca_tests::softhsm::{SOFTHSM2_MODULE, private_key_labels, softhsm_token};
+    use podca_tests::softhsm::{HsmCa, private_key_labels};
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let (cluster, _) = runtime.block_on(podca_tests::cluster::Cluster::for_serve(
@@ -1110,22 +1110,7 @@ fn with_an_hsm_ca_the_log_key_is_an_ed25519_key_in_the_token() {
         "default",
     ));
     let dir = cluster.dir.path().to_owned();
-    let conf = softhsm_token(&dir, "ledger", "87654321", "123456");
-    let pin = dir.join("pin");
-    std::fs::write(&pin, "123456\n").unwrap();
-    let ca = dir.join("hsm-ca");
-    let uri = format!("pkcs11:token=ledger;object=podca-ca?module-path={SOFTHSM2_MODULE}");
-    let init = Command::new(podca_binary())
-        .args(["ca", "init", "--dir", arg(&ca), "--pkcs11-uri", &uri])
-        .args(["--pkcs11-generate", "--pkcs11-pin-file", arg(&pin)])
-        .env("SOFTHSM2_CONF", &conf)
-        .output()
-        .unwrap();
-    assert!(
-        init.status.success(),
-        "{}",
-        String::from_utf8_lossy(&init.stderr)
-    );
+    let HsmCa { conf, pin, dir: ca } = HsmCa::init(&dir, "ledger");
     let config = dir.join("podca.toml");
     std::fs::write(
         &config,

@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 use podca_tests::EmulatorConfig;
 use podca_tests::cluster::{Cluster, ClusterConfig};
 use podca_tests::emulator::ApiMode;
-use podca_tests::process::{ServeProcess, podca_binary};
+use podca_tests::process::ServeProcess;
+use podca_tests::softhsm::HsmCa;
 use serde::Deserialize as _;
 use serde_json::Value;
 
 const SIGNER: &str = "example.com/workload";
-const SOFTHSM: &str = "/usr/lib/softhsm/libsofthsm2.so";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -173,36 +173,6 @@ fn unknown_metrics(expressions: &[(String, String)], exported: &BTreeSet<String>
     unknown
 }
 
-/// A fresh SoftHSM2 token in `dir`; returns the SOFTHSM2_CONF path.
-fn softhsm_token(dir: &Path, label: &str) -> PathBuf {
-    assert!(
-        Path::new(SOFTHSM).exists(),
-        "SoftHSM2 is required for this test: apt-get install -y softhsm2 (.ci/run installs it)"
-    );
-    std::fs::create_dir_all(dir.join("tokens")).unwrap();
-    let conf = dir.join("softhsm2.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "directories.tokendir = {}/tokens\nobjectstore.backend = file\n",
-            dir.display()
-        ),
-    )
-    .unwrap();
-    let out = Command::new("softhsm2-util")
-        .args(["--init-token", "--free", "--label", label])
-        .args(["--so-pin", "87654321", "--pin", "123456"])
-        .env("SOFTHSM2_CONF", &conf)
-        .output()
-        .expect("softhsm2-util is required: apt-get install -y softhsm2");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    conf
-}
-
 /// `/metrics` of a running `podca serve` whose CA key is in SoftHSM2 (the core registry and
 /// the HSM families), read once the HSM figures are exported.
 async fn serve_metrics() -> String {
@@ -217,29 +187,7 @@ async fn serve_metrics() -> String {
     })
     .await;
     let t = c.dir.path();
-    let conf = softhsm_token(t, "metrics");
-    let pin = t.join("pin");
-    std::fs::write(&pin, "123456\n").unwrap();
-    let ca = t.join("ca");
-    let uri = format!("pkcs11:token=metrics;object=podca-ca?module-path={SOFTHSM}");
-    let out = Command::new(podca_binary())
-        .args(["ca", "init", "--dir"])
-        .arg(&ca)
-        .args([
-            "--pkcs11-uri",
-            &uri,
-            "--pkcs11-generate",
-            "--pkcs11-pin-file",
-        ])
-        .arg(&pin)
-        .env("SOFTHSM2_CONF", &conf)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let HsmCa { conf, pin, dir: ca } = HsmCa::init(t, "metrics");
     let config = t.join("podca.toml");
     std::fs::write(
         &config,

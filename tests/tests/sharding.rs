@@ -19,8 +19,8 @@ use podca_tests::emulator::latency::LatencyModel;
 use podca_tests::emulator::{Emulator, Res};
 use podca_tests::kubelet::wait_anchors_for_signer;
 use podca_tests::postgres::Postgres;
-use podca_tests::process::{ServeProcess, leader_elect_flags, metric_value, podca_binary};
-use podca_tests::softhsm::{SOFTHSM2_MODULE, softhsm_token};
+use podca_tests::process::{ServeProcess, leader_elect_flags, metric_value};
+use podca_tests::softhsm::HsmCa;
 use podca_tests::verify::assert_verifies;
 
 const SIGNER: &str = "example.com/workload";
@@ -85,8 +85,8 @@ async fn setup_latency(
             None,
         ),
         CaKey::HsmIntermediate => {
-            let (table, conf) = hsm_ca(&dir);
-            (table, Some(conf))
+            let hsm = HsmCa::init(&dir, "shards");
+            (hsm.ca_table("intermediate"), Some(hsm.conf))
         }
     };
     let pg = pg.then(Postgres::start);
@@ -121,40 +121,6 @@ async fn setup_latency(
         },
         pg,
     )
-}
-
-/// A CA whose key SoftHSM2 generated (`podca ca init --pkcs11-generate`) in `<dir>/hsm-ca`:
-/// its `[ca]` table (intermediate mode) and the `SOFTHSM2_CONF` to run with.
-fn hsm_ca(dir: &Path) -> (String, PathBuf) {
-    let conf = softhsm_token(dir, "shards", "87654321", "123456");
-    let pin = dir.join("pin");
-    std::fs::write(&pin, "123456\n").expect("pin");
-    let ca = dir.join("hsm-ca");
-    let out = std::process::Command::new(podca_binary())
-        .args(["ca", "init", "--dir"])
-        .arg(&ca)
-        .arg("--pkcs11-uri")
-        .arg(format!(
-            "pkcs11:token=shards;object=podca-ca?module-path={SOFTHSM2_MODULE}"
-        ))
-        .arg("--pkcs11-generate")
-        .arg("--pkcs11-pin-file")
-        .arg(&pin)
-        .env("SOFTHSM2_CONF", &conf)
-        .output()
-        .expect("run podca ca init");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let table = format!(
-        "[ca]\nbackend = \"pkcs11\"\ndir = {:?}\npkcs11_pin_file = {:?}\n\
-         pkcs11_mode = \"intermediate\"\n",
-        ca.display().to_string(),
-        pin.display().to_string()
-    );
-    (table, conf)
 }
 
 impl Setup {
