@@ -151,8 +151,9 @@ fn claim_port(port: u16) -> bool {
     let Some(run) = std::env::var_os("NEXTEST_RUN_ID") else {
         return fresh;
     };
-    let mut dir = std::env::temp_dir();
-    dir.push(format!("podca-test-ports-{}", run.to_string_lossy()));
+    let dir = std::env::temp_dir().join(format!("{PORTS_DIR}{}", run.to_string_lossy()));
+    static SWEPT: OnceLock<()> = OnceLock::new();
+    SWEPT.get_or_init(|| sweep_port_dirs(&std::env::temp_dir(), Duration::from_secs(86_400)));
     if let Err(e) = std::fs::create_dir_all(&dir) {
         panic!("creating {}: {e}", dir.display());
     }
@@ -168,6 +169,27 @@ fn claim_port(port: u16) -> bool {
         Ok(_) => true,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
         Err(e) => panic!("creating {}: {e}", marker.display()),
+    }
+}
+
+/// The prefix of the directories of claimed ports, one per nextest run.
+const PORTS_DIR: &str = "podca-test-ports-";
+
+/// Removes the claimed-port directories in `tmp` that nothing has written to for `age`:
+/// earlier test runs' (a run's directory gains a file with each port it hands out). Best
+/// effort: a directory another process removes first is no error.
+pub fn sweep_port_dirs(tmp: &Path, age: Duration) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|at| at.elapsed().is_ok_and(|e| e > age));
+        if old && entry.file_name().to_string_lossy().starts_with(PORTS_DIR) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -640,4 +662,34 @@ pub fn csr_for(key: &rcgen::KeyPair) -> Vec<u8> {
         .expect("a CSR for a generated key")
         .der()
         .to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    #[test]
+    fn only_claimed_port_directories_unwritten_for_the_age_are_swept() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let day_ago = SystemTime::now() - Duration::from_secs(86_400);
+        let make = |name: &str, modified: Option<SystemTime>| {
+            let dir = tmp.path().join(name);
+            std::fs::create_dir(&dir).expect("mkdir");
+            std::fs::write(dir.join("20001"), "").expect("a marker");
+            if let Some(at) = modified {
+                std::fs::File::open(&dir)
+                    .and_then(|d| d.set_modified(at))
+                    .expect("setting the mtime");
+            }
+            dir
+        };
+        let old = make("podca-test-ports-old-run", Some(day_ago));
+        let current = make("podca-test-ports-this-run", None);
+        let foreign = make("someone-elses", Some(day_ago));
+        sweep_port_dirs(tmp.path(), Duration::from_secs(3600));
+        assert!(!old.exists());
+        assert!(current.join("20001").exists());
+        assert!(foreign.exists());
+    }
 }
