@@ -148,17 +148,15 @@ fn claim_port(port: u16) -> bool {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .insert(port);
-    let Some(run) = std::env::var_os("NEXTEST_RUN_ID") else {
+    let run = std::env::var_os("NEXTEST_RUN_ID");
+    let (true, Some(run)) = (fresh, run) else {
         return fresh;
     };
-    let dir = std::env::temp_dir().join(format!("{PORTS_DIR}{}", run.to_string_lossy()));
     static SWEPT: OnceLock<()> = OnceLock::new();
     SWEPT.get_or_init(|| sweep_port_dirs(&std::env::temp_dir(), Duration::from_secs(86_400)));
+    let dir = std::env::temp_dir().join(format!("{PORTS_DIR}{}", run.to_string_lossy()));
     if let Err(e) = std::fs::create_dir_all(&dir) {
         panic!("creating {}: {e}", dir.display());
-    }
-    if !fresh {
-        return false;
     }
     let marker = dir.join(port.to_string());
     match std::fs::OpenOptions::new()
@@ -178,7 +176,7 @@ const PORTS_DIR: &str = "podca-test-ports-";
 /// Removes the claimed-port directories in `tmp` that nothing has written to for `age`:
 /// earlier test runs' (a run's directory gains a file with each port it hands out). Best
 /// effort: a directory another process removes first is no error.
-pub fn sweep_port_dirs(tmp: &Path, age: Duration) {
+fn sweep_port_dirs(tmp: &Path, age: Duration) {
     let Ok(entries) = std::fs::read_dir(tmp) else {
         return;
     };
